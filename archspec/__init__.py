@@ -1,0 +1,1 @@
+"""archspec: a declarative architecture compiler for vision transformers with convolutional biases."""

@@ -1,0 +1,95 @@
+"""Stems turning images ``(B, C_in, H_img, W_img)`` into tokens ``(B, N, C)``, row-major on the patch grid."""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import PatchEmbed
+from timm.models.levit import ConvNorm
+from torch import Tensor, nn
+
+__all__ = ["PatchStem", "ConvStem", "IdentityStem"]
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+class PatchStem(PatchEmbed):
+    """ViT / ConViT / MaiT patch embedding: timm ``PatchEmbed`` (``proj`` = ``Conv2d(in, dim, P, stride=P)``).
+
+    Shapes: ``(B, in_chans, H_img, W_img) -> (B, N, dim)``, ``N = (H_img/P)(W_img/P)``; ``grid`` = ``(H_img/P, W_img/P)``.
+    MACs: ``N * dim * in_chans * P * P``.
+
+    Raises:
+        ValueError: if the image size is not divisible by the patch size.
+    """
+
+    def __init__(self, in_chans: int, dim: int, patch_size: int, img_size: int | tuple[int, int]) -> None:
+        img = _pair(img_size)
+        if img[0] % patch_size or img[1] % patch_size:
+            raise ValueError(f"image size {img} is not divisible by patch size {patch_size}")
+        super().__init__(img_size=img, patch_size=patch_size, in_chans=in_chans, embed_dim=dim)
+        self.grid = tuple(self.grid_size)
+
+
+class ConvStem(nn.Sequential):
+    """LeViT convolutional stem: 3x3 stride-2 timm ``ConvNorm`` layers (conv + BatchNorm), activation between
+    layers but not after the last, names ``conv1, act1, conv2, ..., convL`` as timm ``levit.Stem16``
+    (LeViT sec. 4.2; four layers ``3 -> C/8 -> C/4 -> C/2 -> C``).
+
+    Shapes: ``(B, in_chans, H, W) -> (B, N, channels[-1])`` flattened row-major; each layer maps a side
+    ``s`` to ``(s - 1) // 2 + 1``.  MACs per layer: ``H_out W_out C_out C_in 9``.
+
+    Raises:
+        ValueError: for an empty channel list.
+    """
+
+    def __init__(self, in_chans: int, channels: list[int], act_layer: type[nn.Module] = nn.Hardswish) -> None:
+        super().__init__()
+        if not channels:
+            raise ValueError("ConvStem needs at least one layer")
+        prev = in_chans
+        for i, ch in enumerate(channels, start=1):
+            if i > 1:
+                self.add_module(f"act{i - 1}", act_layer())
+            self.add_module(f"conv{i}", ConvNorm(prev, ch, 3, stride=2, padding=1))
+            prev = ch
+        self.channels = list(channels)
+        self.stride = 2 ** len(channels)
+
+    def output_grid(self, img_size: int | tuple[int, int]) -> tuple[int, int]:
+        """Token grid ``(H, W)`` produced for an image of ``img_size``."""
+        h, w = _pair(img_size)
+        for _ in self.channels:
+            h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+        return h, w
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, C_in, H, W) -> (B, N, C)``."""
+        return super().forward(x).flatten(2).transpose(1, 2)
+
+
+class IdentityStem(nn.Module):
+    """CMHSA phase-1 stem: the token of a patch is its raw pixels (patch projection fixed to identity,
+    CMHSA App. B), via ``nn.Unfold``; channel-major order ``(c, i, j)`` within a token.  No parameters.
+
+    Shapes: ``(B, C, H_img, W_img) -> (B, N, C * P * P)``, ``N = (H_img / P)(W_img / P)`` row-major.  MACs: 0.
+
+    Raises:
+        ValueError: (in ``forward``) when the image sides are not divisible by ``patch_size`` or channels differ.
+    """
+
+    def __init__(self, in_chans: int, patch_size: int) -> None:
+        super().__init__()
+        self.in_chans = in_chans
+        self.patch_size = patch_size
+        self.out_dim = in_chans * patch_size * patch_size
+        self.unfold = nn.Unfold(kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, C, H_img, W_img) -> (B, N, C * P * P)``."""
+        P = self.patch_size
+        if x.dim() != 4 or x.shape[1] != self.in_chans or x.shape[2] % P or x.shape[3] % P:
+            raise ValueError(
+                f"IdentityStem expects (B, {self.in_chans}, H, W) with H, W divisible by {P}, got {tuple(x.shape)}")
+        return self.unfold(x).transpose(1, 2)

@@ -1,0 +1,107 @@
+"""User-facing errors: every problem in a spec names its file, line, column and field path.
+
+A :class:`SpecError` carries one or more :class:`Problem` s.  The CLI prints them and exits with
+status 2; library callers catch :class:`SpecError` (a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+Path = tuple[str | int, ...]
+
+
+def format_path(path: Path) -> str:
+    """``('stages', 0, 'layers', 1, 'heads')`` -> ``stages[0].layers[1].heads``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+@dataclass
+class Problem:
+    """One located problem in a spec.
+
+    ``path`` is the field path inside the spec; ``line`` and ``column`` are 1-based positions in
+    ``file`` when the spec came from YAML text (``None`` for specs built from Python objects).
+    """
+
+    path: Path
+    message: str
+    hint: str | None = None
+    file: str | None = None
+    line: int | None = None
+    column: int | None = None
+
+    def format(self) -> str:
+        """Render as ``file:line:col: field: message`` plus an indented hint line."""
+        where = self.file or "<spec>"
+        if self.line is not None:
+            where += f":{self.line}:{self.column or 1}"
+        text = f"{where}: {format_path(self.path)}: {self.message}"
+        if self.hint:
+            text += f"\n    hint: {self.hint}"
+        return text
+
+
+@dataclass
+class SpecError(ValueError):
+    """A spec (or a search space, or a CLI argument) is invalid.  Holds every problem found."""
+
+    problems: list[Problem] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        return "\n".join(p.format() for p in self.problems)
+
+    @classmethod
+    def single(cls, path: Path, message: str, hint: str | None = None, file: str | None = None,
+               line: int | None = None, column: int | None = None) -> "SpecError":
+        """One-problem error."""
+        return cls([Problem(tuple(path), message, hint, file, line, column)])
+
+    def located(self, locate: "Locator | None") -> "SpecError":
+        """Return a copy whose problems have file/line/column filled from ``locate``."""
+        if locate is None:
+            return self
+        return SpecError([locate.fill(p) for p in self.problems])
+
+
+class Locator:
+    """Maps field paths of a parsed YAML document to (line, column), 1-based.
+
+    Built by :func:`archspec.yamlsource.load_yaml`.  A path that is not in the document (a default,
+    or a derived value) is located at its deepest ancestor that is.
+    """
+
+    def __init__(self, file: str | None, positions: dict[Path, tuple[int, int]],
+                 key_positions: dict[Path, tuple[int, int]]):
+        self.file = file
+        self.positions = positions
+        self.key_positions = key_positions
+
+    def position(self, path: Iterable[str | int], key: bool = False) -> tuple[int, int] | None:
+        """Line and column of the value at ``path`` (of its key when ``key``), or of its closest ancestor."""
+        path = tuple(path)
+        if key and path in self.key_positions:
+            return self.key_positions[path]
+        while True:
+            if path in self.positions:
+                return self.positions[path]
+            if not path:
+                return None
+            path = path[:-1]
+
+    def fill(self, problem: Problem) -> Problem:
+        """Fill file/line/column of ``problem`` from its path."""
+        pos = self.position(problem.path, key=True)
+        line, col = pos if pos else (None, None)
+        return Problem(problem.path, problem.message, problem.hint,
+                       problem.file or self.file, problem.line or line, problem.column or col)

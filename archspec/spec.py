@@ -1,0 +1,482 @@
+"""The spec language: pydantic models of an architecture, and loading from YAML.
+
+Step 1 of 3 on the way from YAML to ``nn.Module`` (spec -> :mod:`archspec.graph` ->
+:mod:`archspec.compile`).  This module checks everything a single field or model can check
+(types, ranges, unknown keys, per-head list lengths, layer ranges); checks that need shapes
+(token grids, mask windows against the grid, head-count arithmetic) happen while the graph is
+built, and :func:`load_spec` runs both so that a loaded spec is known to compile.
+
+A minimal spec (DeiT-Ti)::
+
+    input: {channels: 3, resolution: 224}
+    stem: {kind: patch, patch_size: 16}
+    stages:
+      - {depth: 12, dim: 192, heads: 3}
+    head: {num_classes: 1000}
+
+Layer indices in ``stages[i].layers[*].range`` are local to the stage; ``tokens.cls_token`` as an
+integer is a *global* block index (blocks counted across stages from 0).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path as FsPath
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from archspec.errors import Locator, Problem, SpecError
+from archspec.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec, StrictModel
+from archspec.yamlsource import load_yaml
+
+__all__ = [
+    "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "TokensSpec",
+    "StageSpec", "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan",
+    "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "load_spec", "spec_to_yaml", "SPEC_DIR",
+]
+
+# Sane caps: a spec must never be able to exhaust memory before a check can stop it.
+MAX_RESOLUTION = 1024
+MAX_DIM = 4096
+MAX_HEADS = 64
+MAX_DEPTH = 64
+
+
+class InputSpec(StrictModel):
+    """Input images, ``(B, channels, H, W)``."""
+
+    channels: int = Field(3, ge=1, le=64, description="Image channels (3 for RGB).")
+    resolution: tuple[int, int] = Field(
+        (224, 224), description="Input resolution in pixels, an int or [H, W]."
+    )
+
+    @field_validator("resolution", mode="before")
+    @classmethod
+    def _square(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (value, value)
+        return value
+
+    @field_validator("resolution")
+    @classmethod
+    def _range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        for side in value:
+            if not 8 <= side <= MAX_RESOLUTION:
+                raise ValueError(f"resolution sides must be between 8 and {MAX_RESOLUTION} pixels, got {side}")
+        return value
+
+
+class PatchStemSpec(StrictModel):
+    """ViT patchify stem: a ``patch_size`` x ``patch_size`` stride-``patch_size`` convolution (timm ``PatchEmbed``)."""
+
+    kind: Literal["patch"] = "patch"
+    patch_size: int = Field(16, ge=1, le=64, description="Patch side P in pixels; tokens = (H/P) (W/P).")
+
+
+class ConvStemSpec(StrictModel):
+    """LeViT conv stem: 3x3 stride-2 conv + BatchNorm layers with an activation between (LeViT sec. 4.2)."""
+
+    kind: Literal["conv"] = "conv"
+    channels: list[int] | None = Field(
+        None, min_length=1, max_length=6,
+        description="Output channels of each 3x3 stride-2 conv; default [C/8, C/4, C/2, C] for the first stage's C. "
+        "The last must equal the first stage's dim.",
+    )
+    activation: Literal["hardswish", "gelu", "relu"] = Field("hardswish", description="Activation between conv layers.")
+
+    @field_validator("channels")
+    @classmethod
+    def _positive(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(not 1 <= c <= MAX_DIM for c in value):
+            raise ValueError(f"stem channels must be between 1 and {MAX_DIM}")
+        return value
+
+
+class IdentityStemSpec(StrictModel):
+    """Identity patch projection (CMHSA phase 1): a token is the raw flattened P x P patch, dim = P^2 C_in."""
+
+    kind: Literal["identity"] = "identity"
+    patch_size: int = Field(16, ge=1, le=64, description="Patch side P in pixels.")
+
+
+StemSpec = Annotated[Union[PatchStemSpec, ConvStemSpec, IdentityStemSpec], Field(discriminator="kind")]
+
+
+class TokensSpec(StrictModel):
+    """Extra tokens and the absolute position embedding."""
+
+    cls_token: Literal["none", "input"] | int = Field(
+        "input",
+        description="'input': prepended before the first block (ViT/DeiT); 'none': no class token; "
+        "an integer k: inserted before global block k (ConViT inserts it after its last GPSA block).",
+    )
+    dist_token: bool = Field(False, description="DeiT distillation token (needs head.distillation).")
+    pos_embed: Literal["learned", "none"] = Field(
+        "learned", description="Absolute learned position embedding added after the stem (covers the tokens present then)."
+    )
+
+    @field_validator("cls_token", mode="before")
+    @classmethod
+    def _none(cls, value: Any) -> Any:
+        if value is None or value is False:
+            return "none"
+        if value is True:
+            return "input"
+        return value
+
+    @field_validator("cls_token")
+    @classmethod
+    def _non_negative(cls, value: Any) -> Any:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("cls_token layer index must be >= 0")
+        return value
+
+
+class MixerSpec(StrictModel):
+    """Token mixer of a layer: attention (default) or a K x K convolution on the token grid (CMHSA phase 1)."""
+
+    kind: Literal["attention", "conv"] = Field("attention", description="'attention' or 'conv'.")
+    kernel: int = Field(3, ge=1, le=15, description="Conv kernel K (odd), for kind 'conv'.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            match = re.fullmatch(r"\s*conv(\d+)?\s*", value)
+            if value.strip() == "attention":
+                return {"kind": "attention"}
+            if match:
+                return {"kind": "conv", "kernel": int(match.group(1) or 3)}
+            raise ValueError(f"mixer must be 'attention', 'conv', 'conv5' or a mapping, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _odd(self) -> "MixerSpec":
+        if self.kind == "conv" and self.kernel % 2 == 0:
+            raise ValueError(f"conv mixer kernel must be odd (centred, 'same' padding), got {self.kernel}")
+        return self
+
+
+_RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+class LayerOverride(StrictModel):
+    """Per-layer override inside a stage: a layer range and what its heads (or mixer) are."""
+
+    range: tuple[int, int] = Field(
+        ..., description="Stage-local layers, inclusive: '0-7', '8' or [0, 7]."
+    )
+    heads: list[HeadSpec] | None = Field(
+        None, description="One entry per head, e.g. [mask, mask, mhsa] (MaiT Sch.2). Length must equal the stage's heads."
+    )
+    attention: HeadSpec | None = Field(None, description="The same head kind for every head of these layers.")
+    mixer: MixerSpec | None = Field(None, description="Token mixer for these layers (default: the stage's).")
+
+    @field_validator("range", mode="before")
+    @classmethod
+    def _parse_range(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (value, value)
+        if isinstance(value, str):
+            match = _RANGE_RE.match(value)
+            if not match:
+                raise ValueError(f"layer range must look like '0-7' or '8', got {value!r}")
+            start = int(match.group(1))
+            return (start, int(match.group(2)) if match.group(2) is not None else start)
+        return value
+
+    @field_validator("range")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if value[0] < 0 or value[1] < value[0]:
+            raise ValueError(f"layer range {value[0]}-{value[1]} is empty or negative")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "LayerOverride":
+        if self.heads is not None and self.attention is not None:
+            raise ValueError("give either 'heads' (one per head) or 'attention' (all heads), not both")
+        if self.heads is None and self.attention is None and self.mixer is None:
+            raise ValueError("a layer override needs 'heads', 'attention' or 'mixer'")
+        return self
+
+
+class ShrinkSpec(StrictModel):
+    """LeViT shrinking attention entering a stage (LeViT sec. 4.2, 'attention downsampling').
+
+    Queries are subsampled with ``stride``; ``heads`` defaults to C_in / key_dim; value dim is
+    ``attn_ratio * key_dim``; no residual; followed by a residual MLP of ``mlp_ratio``.
+    """
+
+    stride: int = Field(2, ge=2, le=4, description="Query subsampling stride; grid side becomes ceil(side / stride).")
+    heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="Heads; default C_in // key_dim (LeViT).")
+    key_dim: int = Field(16, ge=4, le=256, description="Per-head query/key dim D.")
+    attn_ratio: float = Field(4.0, gt=0, le=8, description="Value dim = attn_ratio * key_dim (LeViT: 4).")
+    mlp_ratio: float = Field(2.0, gt=0, le=8, description="Expansion of the residual MLP after it (LeViT: 2).")
+
+
+class StageSpec(StrictModel):
+    """A stage: ``depth`` blocks at one width and one token grid."""
+
+    depth: int = Field(..., ge=1, le=MAX_DEPTH, description="Number of blocks.")
+    dim: int = Field(..., ge=8, le=MAX_DIM, description="Token width C.")
+    heads: int = Field(..., ge=1, le=MAX_HEADS, description="Attention heads H per block.")
+    head_dim: int | None = Field(
+        None, ge=1, le=MAX_DIM,
+        description="Per-head q/k/v dim; default dim / heads (must divide). Decoupled as CMHSA needs (d_H = d).",
+    )
+    key_dim: int | None = Field(None, ge=1, le=512, description="LeViT key dim: per-head q/k dim (overrides head_dim for q/k).")
+    attn_ratio: float | None = Field(None, gt=0, le=8, description="LeViT attn ratio: per-head value dim = attn_ratio * key_dim.")
+    mlp_ratio: float = Field(4.0, gt=0, le=16, description="MLP hidden = mlp_ratio * dim (ViT 4, LeViT 2).")
+    norm: Literal["layernorm", "batchnorm"] = Field(
+        "layernorm",
+        description="'layernorm': pre-norm ViT blocks; 'batchnorm': LeViT blocks (BatchNorm after every linear, no pre-norm, "
+        "activation on A V before the projection).",
+    )
+    norm_eps: float = Field(1e-6, gt=0, le=1e-2, description="LayerNorm epsilon (timm ViT/ConViT: 1e-6).")
+    act: Literal["gelu", "hardswish", "relu"] = Field("gelu", description="MLP (and LeViT attention) activation.")
+    qkv_bias: bool = Field(True, description="Bias on q/k/v projections (DeiT True, ConViT False); LeViT has none.")
+    drop_path: float | tuple[float, float] = Field(
+        0.0, description="Stochastic depth: one rate for every block, or [first, last] linearly spaced over the stage."
+    )
+    layer_scale: float | None = Field(None, gt=0, le=1, description="LayerScale init (CaiT / MaiT*); None = off.")
+    attention: HeadSpec | None = Field(
+        None,
+        description="Head kind of every head not set by 'layers'. When omitted and 'layers' is given, the ranges "
+        "must cover every layer; when both are omitted, every head is MHSA.",
+    )
+    mixer: MixerSpec = Field(default_factory=MixerSpec, description="Token mixer of the stage's blocks.")
+    layers: list[LayerOverride] = Field(default_factory=list, description="Per-layer overrides (non-overlapping ranges).")
+    shrink: ShrinkSpec | None = Field(None, description="LeViT shrinking attention at the stage's entry (not stage 0).")
+
+    @field_validator("drop_path")
+    @classmethod
+    def _rate(cls, value: Any) -> Any:
+        rates = value if isinstance(value, tuple) else (value,)
+        if any(not 0.0 <= r < 1.0 for r in rates):
+            raise ValueError("drop path rates must be in [0, 1)")
+        return value
+
+
+class HeadOutSpec(StrictModel):
+    """Classifier head."""
+
+    pool: Literal["cls", "mean"] = Field("cls", description="'cls': class token; 'mean': average of patch tokens.")
+    num_classes: int = Field(1000, ge=0, le=100_000, description="Classes; 0 gives features only (timm convention).")
+    distillation: bool = Field(
+        False, description="Second (distillation) head, averaged with the first at eval (DeiT / LeViT)."
+    )
+
+
+class ArchSpec(StrictModel):
+    """A whole architecture.  Build it with :func:`archspec.compile`."""
+
+    name: str = Field("model", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$",
+                      description="Name; the build directory is build/<name>/.")
+    description: str | None = Field(None, max_length=2000, description="Free text.")
+    source: str | None = Field(None, max_length=2000, description="Paper and table the spec follows.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the deterministic initialisation.")
+    input: InputSpec = Field(default_factory=InputSpec, description="Input images.")
+    stem: StemSpec = Field(default_factory=PatchStemSpec, description="Stem: patch, conv or identity.")
+    tokens: TokensSpec = Field(default_factory=TokensSpec, description="Class/distillation tokens and position embedding.")
+    stages: list[StageSpec] = Field(..., min_length=1, max_length=8, description="Stages, in order.")
+    head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head.")
+
+    @property
+    def depth(self) -> int:
+        """Total number of blocks across stages."""
+        return sum(s.depth for s in self.stages)
+
+    def layer_plans(self, stage_index: int) -> list["LayerPlan"]:
+        """Resolve the stage's defaults and overrides into one :class:`LayerPlan` per block."""
+        stage = self.stages[stage_index]
+        default = stage.attention if stage.attention is not None else HeadSpec()
+        plans = []
+        for layer in range(stage.depth):
+            heads = [default] * stage.heads
+            mixer = stage.mixer
+            origin: tuple = ("stages", stage_index, "attention")
+            for j, override in enumerate(stage.layers):
+                if override.range[0] <= layer <= override.range[1]:
+                    if override.heads is not None:
+                        heads = list(override.heads)
+                        origin = ("stages", stage_index, "layers", j, "heads")
+                    elif override.attention is not None:
+                        heads = [override.attention] * stage.heads
+                        origin = ("stages", stage_index, "layers", j, "attention")
+                    if override.mixer is not None:
+                        mixer = override.mixer
+            if isinstance(stage.drop_path, tuple):
+                first, last = stage.drop_path
+                rate = first + (last - first) * (layer / max(stage.depth - 1, 1))
+            else:
+                rate = stage.drop_path
+            plans.append(LayerPlan(heads=heads, mixer=mixer, drop_path=rate, origin=origin))
+        return plans
+
+    def to_yaml(self) -> str:
+        """The resolved spec (every default explicit) as YAML; ``load_spec`` of it gives an equal spec."""
+        return spec_to_yaml(self)
+
+
+class LayerPlan(StrictModel):
+    """What one block is after defaults and overrides are resolved (not part of the YAML)."""
+
+    heads: list[HeadSpec]
+    mixer: MixerSpec
+    drop_path: float
+    origin: tuple = Field((), description="Spec path the heads came from, for error messages.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+# A non-editable install maps the repository's top-level specs/ into the package as archspec/specs
+# (see pyproject.toml); in a source checkout the package sits next to specs/.
+_PACKAGE_SPECS = FsPath(__file__).resolve().parent / "specs"
+SPEC_DIR = _PACKAGE_SPECS if _PACKAGE_SPECS.is_dir() else FsPath(__file__).resolve().parent.parent / "specs"
+
+
+def _field_names() -> set[str]:
+    names: set[str] = set()
+    for model in (ArchSpec, InputSpec, PatchStemSpec, ConvStemSpec, IdentityStemSpec, TokensSpec, StageSpec,
+                  LayerOverride, MixerSpec, ShrinkSpec, HeadOutSpec, HeadSpec, GPSASpec, RelBiasSpec, MaskSpec):
+        names.update(model.model_fields)
+    return names
+
+
+_HINTS = {
+    "int_parsing": "use a whole number",
+    "int_from_float": "use a whole number",
+    "float_parsing": "use a number",
+    "bool_parsing": "use true or false",
+    "missing": "this field is required",
+    "literal_error": None,
+    "union_tag_invalid": "stem kinds: patch, conv, identity",
+}
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    """Drop pydantic's union/validator markers from an error location, keep field names and indices."""
+    out = []
+    for part in loc:
+        if isinstance(part, int):
+            out.append(part)
+        elif isinstance(part, str) and ("[" in part or part in ("function-after", "function-before",
+                                                                   "function-wrap", "tagged-union")):
+            continue
+        elif isinstance(part, str) and part in ("patch", "conv", "identity") and out and out[-1] == "stem":
+            continue  # discriminated-union branch name
+        else:
+            out.append(part)
+    return tuple(out)
+
+
+def _problems_from_validation(exc: ValidationError) -> list[Problem]:
+    problems = []
+    names = _field_names()
+    for err in exc.errors(include_url=False):
+        path = _clean_loc(err["loc"])
+        kind = err["type"]
+        message = err["msg"]
+        hint = _HINTS.get(kind)
+        if kind == "extra_forbidden":
+            key = str(path[-1]) if path else ""
+            close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.6)
+            message = f"unknown key {key!r}"
+            hint = f"did you mean {close[0]!r}?" if close else "see `archspec schema` for the allowed keys"
+        elif kind.startswith("value_error"):
+            message = message.removeprefix("Value error, ")
+        elif "input" in err and kind not in ("missing",):
+            message = f"{message} (got {err['input']!r})" if not isinstance(err["input"], (dict, list)) else message
+        problems.append(Problem(path, message, hint))
+    return problems
+
+
+def _read_source(source: Any) -> tuple[Any, Locator | None, str | None]:
+    """Return (data, locator, default name) for a path, YAML text, shipped spec name or dict."""
+    if isinstance(source, dict):
+        return source, None, None
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source):
+        path = resolve_spec_path(str(source))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise SpecError.single((), "the file is not UTF-8 text", "is this really a YAML spec?", str(path)) from None
+        except OSError as exc:
+            raise SpecError.single((), f"cannot read the file: {exc.strerror}", None, str(path)) from None
+        data, locator = load_yaml(text, str(source))
+        return data, locator, path.stem
+    if isinstance(source, str):
+        data, locator = load_yaml(source, "<string>")
+        return data, locator, None
+    raise TypeError(f"load_spec takes a path, YAML text, a shipped spec name or a dict, not {type(source).__name__}")
+
+
+def resolve_spec_path(name: str) -> FsPath:
+    """A spec file path, or the name of a shipped spec (``mait_tiny_sch2``) -> an existing path.
+
+    Raises:
+        SpecError: no such file and no shipped spec of that name (lists the close names).
+    """
+    path = FsPath(name).expanduser()
+    if path.is_file():
+        return path
+    if path.exists():
+        raise SpecError.single((), "is a directory, not a spec file", None, name)
+    shipped = SPEC_DIR / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+    if shipped.is_file() and (path.parent == FsPath(".") or path.parent.name == "specs"):
+        return shipped
+    names = shipped_specs()
+    close = difflib.get_close_matches(path.stem, names, n=3)
+    hint = f"did you mean {', '.join(close)}?" if close else "`archspec list` shows the shipped specs"
+    raise SpecError.single((), "no such file, and no shipped spec of that name", hint, name)
+
+
+def shipped_specs() -> list[str]:
+    """Names of the specs shipped in the package (``archspec list``)."""
+    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+
+
+def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True) -> ArchSpec:
+    """Load and validate a spec.
+
+    Args:
+        source: a path to a YAML file, the name of a shipped spec (``"mait_tiny_sch2"``), YAML text
+            (anything containing a newline), a dict, or an :class:`ArchSpec` (returned re-checked).
+        check: also run the shape checks of :func:`archspec.graph.build_graph` (token grids,
+            windows, head arithmetic).  ``False`` gives schema validation only.
+
+    Raises:
+        SpecError: every problem found, each with file, line, column and field path.
+    """
+    if isinstance(source, ArchSpec):
+        spec, locator = source, None
+    else:
+        data, locator, default_name = _read_source(source)
+        if not isinstance(data, dict):
+            raise SpecError.single((), f"a spec must be a mapping of keys to values, got a {type(data).__name__}",
+                                   "start from one of `archspec list`").located(locator)
+        if default_name and "name" not in data:
+            data = {"name": re.sub(r"[^A-Za-z0-9_.\-]", "_", default_name), **data}
+        try:
+            spec = ArchSpec.model_validate(data)
+        except ValidationError as exc:
+            raise SpecError(_problems_from_validation(exc)).located(locator) from None
+    if check:
+        from archspec.graph import check_spec  # the graph module owns shape inference
+
+        problems = check_spec(spec)
+        if problems:
+            raise SpecError(problems).located(locator)
+    return spec
+
+
+def spec_to_yaml(spec: ArchSpec) -> str:
+    """Dump a spec with every default made explicit (``mode='json'`` so tuples become lists)."""
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, default_flow_style=None, width=100)
