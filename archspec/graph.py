@@ -24,6 +24,7 @@ and additions count 0.  ``torch.utils.flop_counter.FlopCounterMode`` reports 2 x
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,38 +118,58 @@ def _is_square(n: int) -> bool:
     return n > 0 and math.isqrt(n) ** 2 == n
 
 
+def _report_layer(problems: list[Problem], path: tuple, layer: int, text: str, hint: str | None = None) -> None:
+    """Report ``layer N: text``; a problem already reported at ``path`` for other layers gets ``N`` added
+    (``layers 0-11: text``), so a stage-wide mistake is one problem, not one per block."""
+    for k, p in enumerate(problems):
+        head, _, rest = p.message.partition(": ")
+        if p.path == path and p.hint == hint and rest == text and re.fullmatch(r"layers? [0-9, -]+", head):
+            layers = {layer}
+            for part in head.split(" ", 1)[1].split(", "):
+                a, _, b = part.partition("-")
+                layers.update(range(int(a), int(b or a) + 1))
+            problems[k] = Problem(path, f"layers {_ranges(sorted(layers))}: {text}", hint)
+            return
+    problems.append(Problem(path, f"layer {layer}: {text}", hint))
+
+
 def _check_layer(spec: ArchSpec, stage_index: int, layer: int, plan: LayerPlan, grid: tuple[int, int],
                  n_prefix: int, problems: list[Problem]) -> None:
     stage = spec.stages[stage_index]
     where = plan.origin
     if plan.mixer.kind == "conv":
+        mixer_at: tuple = ("stages", stage_index, "mixer")  # where the conv mixer of this layer was written
+        for j, override in enumerate(stage.layers):
+            if override.mixer is not None and override.range[0] <= layer <= override.range[1]:
+                mixer_at = ("stages", stage_index, "layers", j, "mixer")
         if n_prefix:
-            problems.append(Problem(("stages", stage_index, "mixer"),
-                                    f"layer {layer}: a conv token mixer needs a pure token grid, but a class/distillation token is present",
-                                    "use tokens.cls_token: none with head.pool: mean (CMHSA phase 1)"))
+            _report_layer(problems, mixer_at, layer,
+                          "a conv token mixer needs a pure token grid, but a class/distillation token is present",
+                          "use tokens.cls_token: none with head.pool: mean (CMHSA phase 1)")
         if plan.mixer.kernel > 2 * max(grid) + 1:
-            problems.append(Problem(("stages", stage_index, "mixer", "kernel"),
-                                    f"conv kernel {plan.mixer.kernel} is larger than the {grid[0]}x{grid[1]} token grid allows"))
+            _report_layer(problems, mixer_at + ("kernel",), layer,
+                          f"conv kernel {plan.mixer.kernel} is larger than the {grid[0]}x{grid[1]} token grid allows",
+                          f"use a kernel of at most {2 * max(grid) + 1}")
         return
     gpsa_heads = [h for h in plan.heads if h.gpsa is not None]
     if gpsa_heads and n_prefix:
-        problems.append(Problem(where, f"layer {layer} has GPSA heads but the class token is already present",
-                                "GPSA sees patch tokens only: insert the class token after the last GPSA layer "
-                                "(tokens.cls_token: <index of the first non-GPSA block>, as ConViT)"))
+        _report_layer(problems, where, layer, "GPSA heads, but the class token is already present",
+                      "GPSA sees patch tokens only: insert the class token after the last GPSA layer "
+                      "(tokens.cls_token: <index of the first non-GPSA block>, as ConViT)")
     conv_init = sum(h.gpsa.conv_init for h in gpsa_heads)
     if conv_init and not _is_square(conv_init):
         k = math.isqrt(conv_init)
-        problems.append(Problem(where,
-                                f"layer {layer}: {conv_init} GPSA heads have conv_init, which cannot form a square kernel",
-                                f"ConViT places conv-initialised heads on a sqrt(H) x sqrt(H) grid; use {k * k} or "
-                                f"{(k + 1) ** 2} such heads, or set conv_init: false on {conv_init - k * k} of them"))
+        _report_layer(problems, where, layer,
+                      f"{conv_init} GPSA heads have conv_init, which cannot form a square kernel",
+                      f"ConViT places conv-initialised heads on a sqrt(H) x sqrt(H) grid; use {k * k} or "
+                      f"{(k + 1) ** 2} such heads, or set conv_init: false on {conv_init - k * k} of them")
     for h_index, head in enumerate(plan.heads):
         if head.mask is not None:
             rows, cols = head.mask.window
             if rows > grid[0] or cols > grid[1]:
                 path = where + (h_index, "mask", "window") if where[-1] == "heads" else where + ("mask", "window")
-                problems.append(Problem(path, f"layer {layer}: mask window {rows}x{cols} is larger than the "
-                                        f"{grid[0]}x{grid[1]} token grid", "use a smaller window such as 3x3"))
+                _report_layer(problems, path, layer, f"mask window {rows}x{cols} is larger than the "
+                              f"{grid[0]}x{grid[1]} token grid", "use a smaller window such as 3x3")
                 break
 
 
@@ -176,7 +197,12 @@ def check_stage_overrides(spec: ArchSpec, i: int, problems: list[Problem]) -> No
             if override.heads is not None or override.attention is not None:
                 covered[layer] = j
     if stage.layers and stage.attention is None:
-        gaps = [layer for layer in range(stage.depth) if layer not in covered]
+        conv_layers = set(range(stage.depth)) if stage.mixer.kind == "conv" else set()
+        for override in stage.layers:  # layers whose token mixer is a conv have no heads to cover
+            if override.mixer is not None:
+                span = set(range(override.range[0], override.range[1] + 1))
+                conv_layers = conv_layers | span if override.mixer.kind == "conv" else conv_layers - span
+        gaps = [layer for layer in range(stage.depth) if layer not in covered and layer not in conv_layers]
         if gaps:
             problems.append(Problem(("stages", i, "layers"),
                                     f"layers {_ranges(gaps)} are not covered by any range and the stage has no default 'attention'",

@@ -126,7 +126,11 @@ class TokensSpec(StrictModel):
             return "none"
         if value is True:
             return "input"
-        return value
+        if isinstance(value, str) and value.strip() not in ("none", "input"):
+            raise ValueError(f"cls_token must be 'input', 'none' or a block index (an integer >= 0), got {value!r}")
+        if not isinstance(value, (str, int)):
+            raise ValueError(f"cls_token must be 'input', 'none' or a block index (an integer >= 0), got {value!r}")
+        return value.strip() if isinstance(value, str) else value
 
     @field_validator("cls_token")
     @classmethod
@@ -212,7 +216,8 @@ class ShrinkSpec(StrictModel):
     ``attn_ratio * key_dim``; no residual; followed by a residual MLP of ``mlp_ratio``.
     """
 
-    stride: int = Field(2, ge=2, le=4, description="Query subsampling stride; grid side becomes ceil(side / stride).")
+    stride: int = Field(2, ge=2, le=2, description="Query subsampling stride; grid side becomes ceil(side / 2). "
+                        "LeViT (and timm's AttentionDownsample) use 2, the only value supported.")
     heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="Heads; default C_in // key_dim (LeViT).")
     key_dim: int = Field(16, ge=4, le=256, description="Per-head query/key dim D.")
     attn_ratio: float = Field(4.0, gt=0, le=8, description="Value dim = attn_ratio * key_dim (LeViT: 4).")
@@ -252,6 +257,15 @@ class StageSpec(StrictModel):
     mixer: MixerSpec = Field(default_factory=MixerSpec, description="Token mixer of the stage's blocks.")
     layers: list[LayerOverride] = Field(default_factory=list, description="Per-layer overrides (non-overlapping ranges).")
     shrink: ShrinkSpec | None = Field(None, description="LeViT shrinking attention at the stage's entry (not stage 0).")
+
+    @field_validator("drop_path", mode="before")
+    @classmethod
+    def _rate_shape(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)) and len(value) != 2:
+            raise ValueError(f"drop_path must be one rate or a pair [first, last], got {len(value)} values")
+        if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
+            raise ValueError(f"drop_path must be a number in [0, 1) or a pair [first, last], got {value!r}")
+        return value
 
     @field_validator("drop_path")
     @classmethod
@@ -358,17 +372,31 @@ _HINTS = {
     "missing": "this field is required",
     "literal_error": None,
     "union_tag_invalid": "stem kinds: patch, conv, identity",
+    "union_tag_not_found": "stem kinds: patch, conv, identity",
+    "model_type": "write it as indented 'key: value' lines, or {key: value}",
+    "model_attributes_type": "write it as indented 'key: value' lines, or {key: value}",
+    "string_pattern_mismatch": "use only letters, digits, '_', '.' and '-'",
 }
 
+# Markers pydantic puts in an error location for validator wrappers and the branches of a union
+# (``tokens.cls_token.int``); they are not spec keys.
+_LOC_MARKERS = frozenset({
+    "function-after", "function-before", "function-wrap", "function-plain", "tagged-union", "nullable",
+    "default", "lax-or-strict", "json-or-python", "chain", "is-instance", "int", "float", "str", "bool",
+    "none", "list", "tuple", "dict",
+})
 
-def _clean_loc(loc: tuple) -> tuple:
-    """Drop pydantic's union/validator markers from an error location, keep field names and indices."""
+
+def _clean_loc(loc: tuple, keep_last: bool = False) -> tuple:
+    """Drop pydantic's union/validator markers from an error location, keep field names and indices.
+
+    ``keep_last`` keeps the last part whatever it is (the user's own key of an unknown-key error).
+    """
     out = []
-    for part in loc:
-        if isinstance(part, int):
+    for k, part in enumerate(loc):
+        if isinstance(part, int) or (keep_last and k == len(loc) - 1):
             out.append(part)
-        elif isinstance(part, str) and ("[" in part or part in ("function-after", "function-before",
-                                                                   "function-wrap", "tagged-union")):
+        elif isinstance(part, str) and ("[" in part or part in _LOC_MARKERS):
             continue
         elif isinstance(part, str) and part in ("patch", "conv", "identity") and out and out[-1] == "stem":
             continue  # discriminated-union branch name
@@ -378,24 +406,56 @@ def _clean_loc(loc: tuple) -> tuple:
 
 
 def _problems_from_validation(exc: ValidationError) -> list[Problem]:
-    problems = []
+    errors = exc.errors(include_url=False)
     names = _field_names()
-    for err in exc.errors(include_url=False):
-        path = _clean_loc(err["loc"])
+    missing: dict[tuple, list[str]] = {}  # mapping path -> its missing required keys
+    for err in errors:
+        if err["type"] == "missing":
+            loc = _clean_loc(err["loc"])
+            if loc and isinstance(loc[-1], str):
+                missing.setdefault(loc[:-1], []).append(loc[-1])
+    problems: list[tuple[str, Problem]] = []
+    explained: set[tuple] = set()  # missing keys explained by a misspelt key next to them
+    for err in errors:
         kind = err["type"]
+        path = _clean_loc(err["loc"], keep_last=kind == "extra_forbidden")
         message = err["msg"]
         hint = _HINTS.get(kind)
+        ctx = err.get("ctx") or {}
         if kind == "extra_forbidden":
             key = str(path[-1]) if path else ""
-            close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.6)
+            siblings = missing.get(path[:-1], [])
+            close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.5)
+            if close:
+                explained.add(path[:-1] + (close[0],))
+                hint = f"did you mean {close[0]!r}? (a required key)"
+            else:
+                close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else "see `archspec schema` for the allowed keys"
             message = f"unknown key {key!r}"
-            hint = f"did you mean {close[0]!r}?" if close else "see `archspec schema` for the allowed keys"
+        elif kind == "missing":
+            key = path[-1] if path else ""
+            if isinstance(key, int):
+                message, hint = f"too few values: item [{key}] is missing", None
+            else:
+                message, hint = f"missing required key {key!r}", f"add '{key}: ...' here"
+        elif kind in ("union_tag_invalid", "union_tag_not_found"):
+            disc = str(ctx.get("discriminator", "kind")).strip("'")
+            owner = str(path[-1]) if path else "value"
+            path = path + (disc,)
+            if kind == "union_tag_invalid":
+                message = f"unknown {owner} {disc} {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+            else:
+                message = f"{owner} needs a '{disc}' key"
+        elif kind in ("model_type", "model_attributes_type"):
+            got = err.get("input")
+            message = "expected a mapping of keys to values" + (f", got {got!r}" if not isinstance(got, list) else ", got a list")
         elif kind.startswith("value_error"):
             message = message.removeprefix("Value error, ")
-        elif "input" in err and kind not in ("missing",):
+        elif "input" in err:
             message = f"{message} (got {err['input']!r})" if not isinstance(err["input"], (dict, list)) else message
-        problems.append(Problem(path, message, hint))
-    return problems
+        problems.append((kind, Problem(path, message, hint)))
+    return [p for kind, p in problems if not (kind == "missing" and p.path in explained)]
 
 
 def _read_source(source: Any) -> tuple[Any, Locator | None, str | None]:

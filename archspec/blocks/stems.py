@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from timm.layers import PatchEmbed
 from timm.models.levit import ConvNorm
 from torch import Tensor, nn

@@ -1,0 +1,3 @@
+from archspec.cli import entry
+
+entry()

@@ -1,0 +1,295 @@
+"""The ``archspec`` command line: ``build``, ``validate``, ``list``, ``schema`` (and ``search``).
+
+Every user mistake (a bad spec, a missing file, an impossible option) is printed as a located
+message on stderr with exit status 2 and nothing written; a Python traceback means a bug in archspec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+from archspec.errors import Problem, SpecError
+
+EXIT_USAGE = 2
+
+DESCRIPTION = """\
+archspec compiles YAML architecture specs of vision transformers with convolutional inductive
+biases (ConViT GPSA, LeViT attention bias and shrinking attention, CMHSA relative-bias heads,
+MaiT masked heads) into PyTorch models.
+
+  archspec list                                  the shipped specs
+  archspec validate specs/mait_tiny_sch2.yaml    static checks + per-layer table, no weights
+  archspec build mait_tiny_sch2                  compile, run a real photo through it, save it
+  archspec schema > archspec.schema.json         JSON Schema for editor completion
+
+A SPEC is a path to a YAML file or the name of a shipped spec.  Exit status: 0 ok, 2 bad input.
+"""
+
+
+def _resolution(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX,]\s*(\d+)\s*)?", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected N or HxW, got {text!r}")
+    h = int(match.group(1))
+    return h, int(match.group(2) or h)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="archspec", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"archspec {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    build = sub.add_parser(
+        "build", help="validate, compile, run a real photograph through the model and save it",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Validate SPEC, compile it into a torch model (initial weights from the spec's seed), push a\n"
+                    "real photograph through it (Grace Hopper's portrait, shipped in matplotlib, unless --image),\n"
+                    "print the per-layer table and totals, and write to OUT (default build/<name>/):\n"
+                    "  spec.yaml          the resolved spec, every default explicit\n"
+                    "  report.json        the table and totals\n"
+                    "  model.safetensors  weights; archspec.load(OUT) rebuilds the model exactly",
+        epilog="example: archspec build specs/mait_tiny_sch2.yaml --resolution 160 --out /tmp/mait")
+    build.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name (see `archspec list`)")
+    build.add_argument("--image", metavar="PATH", help="photograph to run (default: the embedded one)")
+    build.add_argument("--out", metavar="DIR", help="output directory (default: build/<name>)")
+    build.add_argument("--resolution", type=_resolution, metavar="N|HxW", help="override the spec's input resolution")
+    build.add_argument("--device", default="cpu", help="torch device for the forward pass (default: cpu)")
+    build.add_argument("--seed", type=int, metavar="N", help="override the spec's initialisation seed")
+    build.add_argument("--repeats", type=int, default=10, metavar="N",
+                       help="timed forward passes for the latency median (default: 10, after 2 warm-up runs)")
+    build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+
+    validate = sub.add_parser("validate", help="static checks and the analysis table only (no weights, fast)")
+    validate.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name")
+    validate.add_argument("--resolution", type=_resolution, metavar="N|HxW", help="override the input resolution")
+    validate.add_argument("--json", action="store_true", help="print the analysis as JSON")
+
+    sub.add_parser("list", help="the shipped specs, with params and MACs")
+    sub.add_parser("schema", help="print the JSON Schema of a spec (for editor completion)")
+
+    try:
+        from archspec.search.cli import add_search_parser
+    except ImportError:  # the search layer is optional at import time
+        pass
+    else:
+        add_search_parser(sub)
+    return parser
+
+
+def _version() -> str:
+    from archspec import __version__
+
+    return __version__
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, width=None if sys.stdout.isatty() else 120, highlight=False)
+
+
+def _load(spec_arg: str, resolution: tuple[int, int] | None = None, seed: int | None = None):
+    from archspec.spec import load_spec
+
+    spec = load_spec(spec_arg, check=resolution is None and seed is None)
+    if resolution is not None or seed is not None:
+        update = {}
+        if resolution is not None:
+            update["input"] = spec.input.model_copy(update={"resolution": resolution})
+        if seed is not None:
+            if not 0 <= seed < 2**31:
+                raise SpecError.single(("--seed",), f"seed must be in [0, 2^31), got {seed}")
+            update["seed"] = seed
+        data = spec.model_copy(update=update).model_dump()
+        try:
+            spec = load_spec(data)
+        except SpecError as exc:  # the override broke a shape check: say which option did it
+            raise SpecError([Problem(p.path, p.message + (" (after --resolution)" if resolution else ""), p.hint,
+                                     spec_arg, None, None) for p in exc.problems]) from None
+    return spec
+
+
+def _table(analysis, title: str):
+    from rich.table import Table
+
+    from archspec.analysis import human
+
+    table = Table(title=title, title_justify="left")
+    for column, justify in (("layer", "left"), ("kind", "left"), ("heads", "left"), ("tokens", "right"),
+                            ("dim", "right"), ("params", "right"), ("MACs", "right")):
+        table.add_column(column, justify=justify)
+    for row in analysis.rows:
+        table.add_row(row.layer, row.kind, row.heads, str(row.tokens), str(row.dim), human(row.params), human(row.macs))
+    return table
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from archspec.analysis import analyze, human
+
+    spec = _load(args.spec, args.resolution)
+    analysis = analyze(spec)
+    if args.json:
+        print(json.dumps({"valid": True, **analysis.to_dict()}, indent=2))
+        return 0
+    console = _console()
+    console.print(_table(analysis, f"{spec.name}: valid"))
+    console.print(f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image "
+                  f"({analysis.macs:,})   input {analysis.input_shape}   output {analysis.output_shape}")
+    return 0
+
+
+def _device(name: str):
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SpecError.single(("--device",), f"unknown device {name!r}", "use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SpecError.single(("--device",), "CUDA is not available on this machine", "use --device cpu")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise SpecError.single(("--device",), f"unsupported device {name!r}", "use cpu, cuda or cuda:N")
+    return device
+
+
+def measure_latency(model, x, repeats: int = 10, warmup: int = 2) -> float:
+    """Median forward latency in ms of ``model(x)`` after ``warmup`` runs (inference mode, synchronised on CUDA)."""
+    import torch
+
+    times = []
+    with torch.inference_mode():
+        for i in range(warmup + repeats):
+            if x.device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            model(x)
+            if x.device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= warmup:
+                times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    import torch
+
+    from archspec import artifact
+    from archspec.analysis import analyze, human
+    from archspec.compile import compile
+    from archspec.image import default_image_path, load_image
+
+    if args.repeats < 1:
+        raise SpecError.single(("--repeats",), "needs at least 1 timed run")
+    device = _device(args.device)
+    spec = _load(args.spec, args.resolution, args.seed)
+    out = Path(args.out) if args.out else Path("build") / spec.name
+    if out.exists() and not out.is_dir():
+        raise SpecError.single(("--out",), "exists and is not a directory", None, str(out))
+    x = load_image(args.image, spec.input.resolution, spec.input.channels).to(device)
+    analysis = analyze(spec)
+    model = compile(spec).eval().to(device)
+    with torch.inference_mode():
+        logits = model(x)
+    latency = measure_latency(model, x, repeats=args.repeats)
+    report = {
+        **analysis.to_dict(),
+        "image": str(Path(args.image) if args.image else default_image_path()),
+        "output_shape": list(logits.shape),
+        "latency_ms": round(latency, 3),
+        "latency_protocol": {"device": str(device), "batch": 1, "threads": torch.get_num_threads(),
+                             "warmup": 2, "repeats": args.repeats, "statistic": "median"},
+        "seed": spec.seed,
+        "out": str(out),
+    }
+    # Write everything into a temporary sibling, then move it into place: no partial output.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        artifact.save(model.cpu(), tmp)
+        (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    console = _console()
+    console.print(_table(analysis, f"{spec.name}  ({spec.source or 'user spec'})"))
+    console.print(
+        f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image   "
+        f"input {tuple(x.shape)} from {Path(report['image']).name}   output {tuple(logits.shape)}\n"
+        f"forward latency {latency:.1f} ms (median of {args.repeats}, batch 1, {device}, "
+        f"{torch.get_num_threads()} threads)   initial weights: seed {spec.seed}\n"
+        f"wrote {out}/: spec.yaml, report.json, model.safetensors   (archspec.load('{out}') rebuilds it)"
+    )
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from archspec.analysis import analyze, human
+    from archspec.spec import SPEC_DIR, load_spec, shipped_specs
+
+    table = Table(title=f"shipped specs ({SPEC_DIR})", title_justify="left")
+    for column in ("name", "params", "MACs", "source"):
+        table.add_column(column, justify="right" if column in ("params", "MACs") else "left")
+    for name in shipped_specs():
+        spec = load_spec(name)
+        analysis = analyze(spec)
+        table.add_row(name, human(analysis.params), human(analysis.macs), (spec.source or "-").splitlines()[0][:60])
+    _console().print(table)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from archspec.spec import ArchSpec
+
+    print(json.dumps(ArchSpec.model_json_schema(), indent=2))
+    return 0
+
+
+COMMANDS = {"build": cmd_build, "validate": cmd_validate, "list": cmd_list, "schema": cmd_schema}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse prints its own usage message
+        return int(exc.code or 0)
+    handler = COMMANDS.get(args.command) or getattr(args, "handler", None)
+    try:
+        return handler(args)
+    except SpecError as exc:
+        print(f"archspec {args.command}: error", file=sys.stderr)
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()
