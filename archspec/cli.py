@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true", help="print the analysis as JSON")
 
     sub.add_parser("list", help="the shipped specs, with params and MACs")
-    sub.add_parser("schema", help="print the JSON Schema of a spec (for editor completion)")
+    schema = sub.add_parser("schema", help="print the JSON Schema of a spec (for editor completion)")
+    schema.add_argument("--markdown", action="store_true", help="print the field reference as Markdown instead")
 
     try:
         from archspec.search.cli import add_search_parser
@@ -260,6 +261,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     from archspec.spec import ArchSpec
 
+    if args.markdown:
+        from archspec.reference import markdown
+
+        print(markdown())
+        return 0
     print(json.dumps(ArchSpec.model_json_schema(), indent=2))
     return 0
 

@@ -169,7 +169,9 @@ def _check_layer(spec: ArchSpec, stage_index: int, layer: int, plan: LayerPlan, 
             if rows > grid[0] or cols > grid[1]:
                 path = where + (h_index, "mask", "window") if where[-1] == "heads" else where + ("mask", "window")
                 _report_layer(problems, path, layer, f"mask window {rows}x{cols} is larger than the "
-                              f"{grid[0]}x{grid[1]} token grid", "use a smaller window such as 3x3")
+                              f"{grid[0]}x{grid[1]} token grid",
+                              f"use at most a {grid[0] - 1 + grid[0] % 2}x{grid[1] - 1 + grid[1] % 2} window, or a "
+                              "larger token grid (larger input or smaller patches)")
                 break
 
 

@@ -23,8 +23,9 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
 
 def _walk(node: yaml.Node, path: Path, positions: dict, key_positions: dict, problems: list[Problem]) -> None:
     if len(positions) > MAX_NODES:
-        raise SpecError.single(path, f"the document expands to more than {MAX_NODES} values",
-                               "avoid deeply nested YAML aliases", None, *_mark(node))
+        top = path[:1]  # the top-level entry that explodes; the deep path inside the expansion says nothing
+        raise SpecError.single(top, f"the document expands to more than {MAX_NODES} values",
+                               "avoid deeply nested YAML aliases", None, *key_positions.get(top, _mark(node)))
     positions[path] = _mark(node)
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, yaml.Node] = {}

@@ -192,6 +192,8 @@ class Attention(nn.Module):
         if self.soft_heads:
             self.mask_alpha_logit = nn.Parameter(torch.zeros(len(self.soft_heads)))
 
+        self._bias_cache: Tensor | None = None
+        self._mult_cache: Tensor | None = None
         self.reset_parameters()
 
     # ------------------------------------------------------------------ init
@@ -282,7 +284,31 @@ class Attention(nn.Module):
         and for heads without a bias), or ``None`` when no head has one."""
         if not (self.abs_bias_heads or self.signed_bias_heads):
             return None
+        # In eval mode the bias is a constant: build it once per device, as timm's LeViT does.
+        if not self.training and self._bias_cache is not None and self._bias_cache.device == self.attention_bias_device:
+            return self._bias_cache
+        bias = self._build_position_bias()
+        self._bias_cache = None if self.training else bias.detach()
+        return bias
+
+    @property
+    def attention_bias_device(self) -> torch.device:
+        return (self.attention_biases if self.abs_bias_heads else self.signed_biases).device
+
+    def train(self, mode: bool = True) -> "Attention":
+        """Switch train/eval mode; drops the eval-mode bias and mask caches."""
+        self._bias_cache = None
+        self._mult_cache = None
+        return super().train(mode)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # new weights invalidate the eval-mode bias cache
+        self._bias_cache = None
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def _build_position_bias(self) -> Tensor:
         p = self.num_prefix_tokens
+        if p == 0 and len(self.abs_bias_heads) == self.num_heads:  # LeViT: every head biased, no prefix
+            return self.attention_biases[:, self.attention_bias_idxs]
         ref = self.attention_biases if self.abs_bias_heads else self.signed_biases
         bias = ref.new_zeros(self.num_heads, self.num_tokens, self.num_tokens)
         if self.abs_bias_heads:
@@ -303,7 +329,14 @@ class Attention(nn.Module):
         """(multiplier ``(H, N, N)`` for hard/soft heads or None, boolean ``-inf`` mask ``(H, N, N)`` or None)."""
         mult = block = None
         N = self.num_tokens
-        if self.hard_heads or self.soft_heads:
+        if self.hard_heads and not self.soft_heads:  # constant: cache per dtype and device
+            cached = self._mult_cache
+            if cached is None or cached.dtype != dtype or cached.device != self.attn_masks.device:
+                cached = torch.ones(self.num_heads, N, N, dtype=dtype, device=self.attn_masks.device)
+                cached[self.hard_heads] = self.attn_masks.to(dtype)[[self.mask_heads.index(i) for i in self.hard_heads]]
+                self._mult_cache = cached
+            mult = cached
+        elif self.hard_heads or self.soft_heads:
             mult = torch.ones(self.num_heads, N, N, dtype=dtype, device=self.attn_masks.device)
             if self.hard_heads:
                 sel = [self.mask_heads.index(i) for i in self.hard_heads]

@@ -1,0 +1,59 @@
+"""A Markdown reference of every spec field, generated from the pydantic models' descriptions.
+
+``archspec schema --markdown`` prints it; ``docs/spec-reference.md`` is its output, kept current by a test.
+"""
+
+from __future__ import annotations
+
+import typing
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from archspec.heads import HEAD_SHORTHANDS, GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
+from archspec.spec import (ArchSpec, ConvStemSpec, HeadOutSpec, IdentityStemSpec, InputSpec, LayerOverride, MixerSpec,
+                           PatchStemSpec, ShrinkSpec, StageSpec, TokensSpec)
+
+SECTIONS: list[tuple[str, type[BaseModel]]] = [
+    ("spec (top level)", ArchSpec), ("input", InputSpec), ("stem (kind: patch)", PatchStemSpec),
+    ("stem (kind: conv)", ConvStemSpec), ("stem (kind: identity)", IdentityStemSpec), ("tokens", TokensSpec),
+    ("stages[]", StageSpec), ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec), ("stages[].shrink", ShrinkSpec),
+    ("head kind (stages[].attention, layers[].heads[])", HeadSpec), ("gpsa", GPSASpec), ("rel_bias", RelBiasSpec),
+    ("mask", MaskSpec), ("head", HeadOutSpec),
+]
+
+
+def _type_name(annotation: typing.Any) -> str:
+    text = str(annotation).replace("typing.", "").replace("archspec.spec.", "").replace("archspec.heads.", "")
+    text = text.replace("<class '", "").replace("'>", "").replace("NoneType", "None")
+    if "Annotated[Union[PatchStemSpec" in text:
+        return "patch | conv | identity stem"
+    return text
+
+
+def _default(field) -> str:
+    if field.default is PydanticUndefined and field.default_factory is None:
+        return "**required**"
+    value = field.default_factory() if field.default_factory is not None else field.default
+    if isinstance(value, BaseModel):
+        return "see below"
+    return f"`{value!r}`" if value is not None else "`None`"
+
+
+def markdown() -> str:
+    """The whole reference as Markdown text."""
+    lines = ["# Spec reference", "",
+             "Generated from the pydantic models by `archspec schema --markdown`; `archspec schema` prints the "
+             "JSON Schema (for editor completion).", ""]
+    for title, model in SECTIONS:
+        doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        lines += [f"## {title}", "", doc, "", "| field | type | default | meaning |", "|---|---|---|---|"]
+        for name, field in model.model_fields.items():
+            desc = (field.description or "").replace("|", "\\|")
+            lines.append(f"| `{name}` | {_type_name(field.annotation).replace('|', '/')} | {_default(field)} | {desc} |")
+        lines.append("")
+    shorthands = ", ".join(f"`{k}`" for k in HEAD_SHORTHANDS)
+    lines += ["## head kind shorthands", "", f"A head may be written as one of {shorthands}; "
+              "`mask:3x5` gives a hard mask with a 3x5 window. Letters in tables: G MHSA, P GPSA, B relative bias, "
+              "M hard mask, S soft mask, X strict mask; composed heads concatenate letters.", ""]
+    return "\n".join(lines)

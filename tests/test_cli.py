@@ -1,0 +1,80 @@
+"""`archspec build / validate / list / schema` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import archspec
+from archspec.cli import main
+from archspec.image import load_image
+from archspec.spec import shipped_specs
+
+
+@pytest.mark.parametrize("name", shipped_specs())
+def test_every_shipped_spec_builds_end_to_end(name: str, tmp_path, capsys) -> None:
+    out = tmp_path / name
+    assert main(["build", f"specs/{name}.yaml", "--out", str(out), "--repeats", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "report.json", "spec.yaml"]
+    analysis = archspec.analyze(name)
+    assert report["params"] == analysis.params and report["macs"] == analysis.macs
+    assert report["output_shape"] == [1, archspec.load_spec(name).head.num_classes]
+    assert report["latency_ms"] > 0 and report["image"].endswith("grace_hopper.jpg")
+    # the artifact rebuilds the same model: same logits on the same real photo
+    spec = archspec.load_spec(out / "spec.yaml")
+    x = load_image(None, spec.input.resolution, spec.input.channels)
+    rebuilt, fresh = archspec.load(out).eval(), archspec.compile(name).eval()
+    with torch.no_grad():
+        assert torch.equal(rebuilt(x), fresh(x))
+
+
+def test_build_table_and_overrides(tmp_path, capsys) -> None:
+    code = main(["build", "mait_tiny_sch2", "--out", str(tmp_path / "m"), "--resolution", "112", "--seed", "3",
+                 "--repeats", "1"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "M M G" in text and "M G G" in text and "G G G" in text and "forward latency" in text
+    spec = archspec.load_spec(tmp_path / "m" / "spec.yaml")
+    assert spec.input.resolution == (112, 112) and spec.seed == 3
+    assert "pos_embed" in archspec.load(tmp_path / "m").state_dict()  # resized with the resolution
+    assert archspec.load(tmp_path / "m").pos_embed.shape == (1, 1 + 7 * 7, 192)
+
+
+def test_validate_list_and_schema(capsys) -> None:
+    assert main(["validate", "convit_tiny", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["valid"] and data["params"] == 5_710_512
+    assert main(["list"]) == 0
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in shipped_specs())
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert "stages" in schema["properties"] and "StageSpec" in schema["$defs"]
+    assert schema["$defs"]["StageSpec"]["properties"]["depth"]["description"]
+
+
+@pytest.mark.parametrize("argv, where", [
+    (["build", "no_such_spec"], "no_such_spec"),
+    (["build", "deit_tiny", "--image", "/nonexistent.jpg"], "/nonexistent.jpg"),
+    (["build", "deit_tiny", "--resolution", "200"], "patch size 16 does not divide"),
+    (["build", "deit_tiny", "--device", "cuda:7" if not torch.cuda.is_available() else "nonsense"], "--device"),
+    (["build", "deit_tiny", "--seed", "-1"], "--seed"),
+])
+def test_user_mistakes_exit_2_with_a_message_and_write_nothing(argv, where, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    assert main(argv + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert where in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_console_script_and_help() -> None:
+    result = subprocess.run([sys.executable, "-m", "archspec", "build", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "model.safetensors" in result.stdout and "--resolution" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "archspec", "validate", "specs/nope.yaml"], capture_output=True, text=True)
+    assert result.returncode == 2 and "specs/nope.yaml" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,741 @@
+"""The malformed-spec suite: every user mistake is a located :class:`SpecError`, never a traceback.
+
+Each case is YAML text written to a real file; the test checks the field path, the 1-based line,
+a message substring (and where useful the hint) of the reported problem, and that every problem
+names the file and a line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from archspec.errors import SpecError, format_path
+from archspec.spec import load_spec
+
+
+@dataclass
+class Case:
+    id: str
+    text: str
+    path: str  # expected field path of the (first such) problem, as format_path writes it
+    line: int  # expected 1-based line in ``text``
+    message: str | tuple[str, ...]  # substring(s) the message must contain
+    hint: str | None = None  # substring the hint must contain
+    count: int | None = None  # expected number of problems, when it matters (no per-layer repeats)
+
+
+# A valid base most cases vary: 32x32 input, 4x4 patches -> 8x8 grid, 64 wide, 4 heads.
+CASES = [
+    # --- YAML level ---------------------------------------------------------------------------
+    Case("yaml-syntax", """\
+name: t
+stages:
+  - depth: 2
+    dim: [64
+    heads: 4
+""", "<root>", 5, "invalid YAML", "indentation"),
+    Case("yaml-tab", "name: t\nstages:\n  - depth: 2\n\tdim: 64\n", "<root>", 4, ("invalid YAML", "'\\t'")),
+    Case("yaml-bad-indent", """\
+name: t
+stages:
+  - depth: 2
+     dim: 64
+""", "<root>", 4, "invalid YAML", "indentation"),
+    Case("yaml-python-tag", """\
+name: t
+stages: !!python/object/apply:os.system ["touch @TMP@/pwned"]
+""", "<root>", 2, ("YAML tag not allowed", "python/object/apply:os.system"), "refused"),
+    Case("yaml-duplicate-key", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    depth: 3
+""", "stages[0].depth", 6, ("duplicate key 'depth'", "line 3"), "remove one"),
+    Case("yaml-empty", "", "<root>", 1, "empty"),
+    Case("yaml-comments-only", "# nothing here\n", "<root>", 1, "empty"),
+    Case("yaml-top-level-list", """\
+- depth: 2
+- dim: 64
+""", "<root>", 1, ("must be a mapping", "list")),
+    Case("yaml-alias-bomb", """\
+a: &a [x, x, x, x, x, x, x, x, x, x]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
+""", "f", 6, "expands to more than", "aliases"),
+    # --- schema: missing, unknown, types, ranges ----------------------------------------------
+    Case("missing-stages", """\
+name: t
+input:
+  resolution: 32
+""", "stages", 1, "missing required key 'stages'", "stages:"),
+    Case("missing-depth", """\
+name: t
+stages:
+  - dim: 64
+    heads: 4
+""", "stages[0].depth", 3, "missing required key 'depth'", "depth:"),
+    Case("unknown-key-dpeth", """\
+name: t
+stages:
+  - dpeth: 2
+    dim: 64
+    heads: 4
+""", "stages[0].dpeth", 3, "unknown key 'dpeth'", "did you mean 'depth'", count=1),
+    Case("unknown-key-patchsize", """\
+name: t
+stem:
+  kind: patch
+  patchsize: 4
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "stem.patchsize", 4, "unknown key 'patchsize'", "did you mean 'patch_size'", count=1),
+    Case("unknown-key-nested-gpsa", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    attention:
+      gpsa:
+        gating: 1.0
+""", "stages[0].attention.gpsa.gating", 8, "unknown key 'gating'", "did you mean 'gating_init'"),
+    Case("unknown-key-conv-stem", """\
+name: t
+stem:
+  kind: conv
+  chanels: [8, 16, 32, 64]
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "stem.chanels", 4, "unknown key 'chanels'", "did you mean 'channels'"),
+    Case("wrong-type-depth", """\
+name: t
+stages:
+  - depth: twelve
+    dim: 64
+    heads: 4
+""", "stages[0].depth", 3, ("valid integer", "'twelve'"), "whole number"),
+    Case("wrong-type-fractional-depth", """\
+name: t
+stages:
+  - depth: 2.5
+    dim: 64
+    heads: 4
+""", "stages[0].depth", 3, ("integer", "2.5"), "whole number"),
+    Case("stage-not-a-mapping", """\
+name: t
+stages:
+  - 12
+""", "stages[0]", 3, ("expected a mapping", "12"), "key: value", count=1),
+    Case("stages-not-a-list", """\
+name: t
+stages:
+  depth: 2
+""", "stages", 2, "valid list"),
+    Case("stages-empty", """\
+name: t
+stages: []
+""", "stages", 2, "at least 1 item"),
+    Case("heads-zero", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 0
+""", "stages[0].heads", 5, ("greater than or equal to 1", "got 0")),
+    Case("resolution-huge", """\
+name: t
+input:
+  resolution: 100000
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "input.resolution", 3, ("between 8 and 1024", "100000")),
+    Case("dim-huge", """\
+name: t
+stages:
+  - depth: 2
+    dim: 1000000
+    heads: 4
+""", "stages[0].dim", 4, ("less than or equal to 4096", "1000000")),
+    Case("name-bad-characters", """\
+name: "my model"
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "name", 1, "'my model'", "letters, digits"),
+    Case("cls-token-bad-string", """\
+name: t
+tokens:
+  cls_token: start
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "tokens.cls_token", 3, ("'input', 'none' or a block index", "'start'"), count=1),
+    Case("drop-path-one-value", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    drop_path: [0.1]
+""", "stages[0].drop_path", 6, "one rate or a pair", count=1),
+    Case("drop-path-out-of-range", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    drop_path: [0.1, 1.5]
+""", "stages[0].drop_path", 6, "[0, 1)"),
+    Case("stem-kind-unknown", """\
+name: t
+stem:
+  kind: convolution
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "stem.kind", 3, ("unknown stem kind 'convolution'", "'patch', 'conv', 'identity'"), "patch, conv, identity",
+         count=1),
+    Case("stem-kind-missing", """\
+name: t
+stem:
+  patch_size: 4
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "stem.kind", 3, "needs a 'kind'", "patch, conv, identity"),
+    # --- heads, masks, mixers, layer ranges ---------------------------------------------------
+    Case("head-kind-unknown", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    layers:
+      - range: 0-1
+        heads: [mask, mask, mhsa, gspa]
+""", "stages[0].layers[0].heads[3]", 8, ("unknown head kind 'gspa'", "gpsa", "mhsa", "soft_mask", "levit_bias")),
+    Case("mask-even-window", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    attention: mask:4x4
+""", "stages[0].attention.mask", 6, ("4x4", "even", "odd")),
+    Case("mask-window-malformed", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    attention:
+      mask:
+        window: 3by3
+""", "stages[0].attention.mask.window", 8, ("'3x3'", "'3by3'")),
+    Case("mask-window-shorthand-malformed", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    attention: mask:3y3
+""", "stages[0].attention.mask.window", 6, "'3y3'"),
+    Case("range-malformed", """\
+name: t
+stages:
+  - depth: 4
+    dim: 64
+    heads: 4
+    layers:
+      - range: 0..9
+        attention: mask
+""", "stages[0].layers[0].range", 7, ("'0-7'", "'0..9'")),
+    Case("range-reversed", """\
+name: t
+stages:
+  - depth: 4
+    dim: 64
+    heads: 4
+    layers:
+      - range: 3-1
+        attention: mask
+""", "stages[0].layers[0].range", 7, "3-1 is empty"),
+    Case("override-heads-and-attention", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    layers:
+      - range: 0-1
+        attention: mask
+        heads: [mask, mask, mask, mask]
+""", "stages[0].layers[0]", 7, "not both"),
+    Case("override-nothing", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    layers:
+      - range: 0-1
+""", "stages[0].layers[0]", 7, "needs 'heads', 'attention' or 'mixer'"),
+    Case("mixer-unknown", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    mixer: pooling
+""", "stages[0].mixer", 6, ("'pooling'", "'attention', 'conv'")),
+    Case("mixer-even-kernel", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    mixer: conv4
+""", "stages[0].mixer", 6, ("odd", "got 4")),
+    Case("mixer-even-kernel-mapping", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    mixer:
+      kind: conv
+      kernel: 4
+""", "stages[0].mixer", 6, ("odd", "got 4")),
+    # --- shape checks (graph) -----------------------------------------------------------------
+    Case("dim-not-divisible-by-heads", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 5
+""", "stages[0].heads", 7, "dim 64 is not divisible by 5 heads", "head_dim", count=1),
+    Case("gpsa-conv-init-not-square", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+tokens: {cls_token: 2}
+stages:
+  - depth: 2
+    dim: 96
+    heads: 3
+    attention: gpsa
+""", "stages[0].attention", 9, ("layers 0-1", "3 GPSA heads have conv_init", "square"), "use 1 or 4", count=1),
+    Case("gpsa-with-class-token", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+tokens:
+  cls_token: input
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    layers:
+      - range: 0-1
+        attention: gpsa
+""", "stages[0].layers[0].attention", 12, ("layers 0-1", "GPSA", "class token"), "tokens.cls_token", count=1),
+    Case("mask-window-larger-than-grid", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 8}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    layers:
+      - range: 0-1
+        heads: [mhsa, mask:5x5, mhsa, mhsa]
+""", "stages[0].layers[0].heads[1].mask.window", 10, ("5x5", "larger than the 4x4 token grid"), "3x3", count=1),
+    Case("cls-token-index-beyond-depth", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+tokens:
+  cls_token: 7
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "tokens.cls_token", 5, ("block 7", "2 blocks")),
+    Case("ranges-overlap", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+stages:
+  - depth: 4
+    dim: 64
+    heads: 4
+    attention: mhsa
+    layers:
+      - range: 0-2
+        attention: mask
+      - range: 2-3
+        attention: soft_mask
+""", "stages[0].layers[1].range", 12, ("2-3 overlaps range 0-2", "layers[0]", "layer 2"), count=1),
+    Case("ranges-gap-without-default", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+tokens: {cls_token: none}
+head: {pool: mean}
+stages:
+  - depth: 4
+    dim: 64
+    heads: 4
+    layers:
+      - range: 0-1
+        attention: mask
+""", "stages[0].layers", 10, ("layers 2-3 are not covered", "no default 'attention'"), "attention", count=1),
+    Case("range-exceeds-depth", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+stages:
+  - depth: 4
+    dim: 64
+    heads: 4
+    attention: mhsa
+    layers:
+      - range: 2-9
+        attention: mask
+""", "stages[0].layers[0].range", 10, ("2-9 exceeds the stage depth 4", "0-3")),
+    Case("per-head-list-length", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    layers:
+      - range: 0-1
+        heads: [mask, mask, mhsa]
+""", "stages[0].layers[0].heads", 10, "3 head entries for a stage of 4 heads", "one entry per head"),
+    Case("patch-size-does-not-divide", """\
+name: t
+input: {resolution: 30}
+stem: {kind: patch, patch_size: 4}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "stem.patch_size", 3, "patch size 4 does not divide the input resolution 30x30", "multiple of 4"),
+    Case("patch-larger-than-input", """\
+name: t
+input:
+  resolution: 8
+stem:
+  kind: patch
+  patch_size: 16
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "stem", 4, "grid 0x0 is empty", "larger input resolution"),
+    Case("conv-stem-tiny-input-grid", """\
+name: t
+input:
+  resolution: 8
+stem:
+  kind: conv
+  channels: [8, 16, 32, 64, 64, 64]
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    attention: mask
+""", "stages[0].attention.mask.window", 11, "larger than the 1x1 token grid", "1x1", count=1),
+    Case("identity-stem-wrong-dim", """\
+name: t
+input: {channels: 3, resolution: 32}
+stem:
+  kind: identity
+  patch_size: 4
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "stages[0].dim", 8, ("4*4*3 = 48", "64"), "dim: 48"),
+    Case("too-many-tokens", """\
+name: t
+input:
+  resolution: 1024
+stem:
+  kind: patch
+  patch_size: 4
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "input.resolution", 3, ("65536 tokens", "cap of 4096"), "larger patch size"),
+    Case("pool-cls-without-class-token", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+tokens:
+  cls_token: none
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+head:
+  pool: cls
+""", "head.pool", 11, "needs a class token", "pool: mean"),
+    Case("dist-token-without-distillation-head", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+tokens:
+  dist_token: true
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+""", "tokens.dist_token", 5, "without a distillation head", "head.distillation: true"),
+    Case("width-change-without-shrink", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+  - depth: 2
+    dim: 128
+    heads: 4
+""", "stages[1].dim", 9, "width changes from 64 to 128", "shrink"),
+    Case("shrink-on-first-stage", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+tokens: {cls_token: none}
+head: {pool: mean}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    shrink:
+      stride: 2
+""", "stages[0].shrink", 10, "first stage cannot start with shrinking", "later stage"),
+    Case("conv-mixer-with-class-token", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    mixer: conv
+""", "stages[0].mixer", 8, ("layers 0-1", "conv token mixer", "class/distillation token"), "cls_token: none",
+         count=1),
+    Case("conv-mixer-override-with-class-token", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    layers:
+      - range: 0-1
+        mixer: conv3
+""", "stages[0].layers[0].mixer", 10, "conv token mixer", "cls_token: none", count=1),
+    Case("conv-mixer-kernel-larger-than-grid", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 8}
+tokens: {cls_token: none}
+head: {pool: mean}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    mixer: conv15
+""", "stages[0].mixer.kernel", 10, "kernel 15 is larger than the 4x4 token grid", "at most 9", count=1),
+]
+
+
+def _write(tmp_path, case: Case):
+    path = tmp_path / f"{case.id}.yaml"
+    path.write_text(case.text.replace("@TMP@", str(tmp_path)), encoding="utf-8")
+    return path
+
+
+def _problem_at(problems, expected_path):
+    for problem in problems:
+        if format_path(problem.path) == expected_path:
+            return problem
+    raise AssertionError(f"no problem at {expected_path!r}; got:\n" + "\n".join(p.format() for p in problems))
+
+
+def test_at_least_30_cases():
+    assert len(CASES) >= 30
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_malformed_spec(tmp_path, case: Case):
+    path = _write(tmp_path, case)
+    with pytest.raises(SpecError) as info:
+        load_spec(str(path))
+    problems = info.value.problems
+    assert problems, "a SpecError must carry at least one problem"
+    for problem in problems:  # every problem is located in the file
+        assert problem.file == str(path), problem.format()
+        assert isinstance(problem.line, int) and problem.line >= 1, problem.format()
+        assert "Traceback" not in problem.message
+    problem = _problem_at(problems, case.path)
+    assert problem.line == case.line, problem.format()
+    for needle in (case.message,) if isinstance(case.message, str) else case.message:
+        assert needle in problem.message, problem.format()
+    if case.hint is not None:
+        assert problem.hint and case.hint in problem.hint, problem.format()
+    if case.count is not None:
+        assert len(problems) == case.count, str(info.value)
+    # The rendered error starts with file:line and names the field.
+    rendered = str(info.value)
+    assert f"{path}:{case.line}:" in rendered
+    assert format_path(problem.path) in rendered
+
+
+def test_python_tag_executes_nothing(tmp_path):
+    case = next(c for c in CASES if c.id == "yaml-python-tag")
+    path = _write(tmp_path, case)
+    with pytest.raises(SpecError):
+        load_spec(str(path))
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_dict_spec_has_path_but_no_line():
+    with pytest.raises(SpecError) as info:
+        load_spec({"stages": [{"depth": 2, "dim": 64, "heads": 0}]})
+    (problem,) = info.value.problems
+    assert format_path(problem.path) == "stages[0].heads"
+    assert problem.line is None and problem.column is None and problem.file is None
+    assert "greater than or equal to 1" in problem.message
+
+
+def test_dict_spec_shape_error_has_path_but_no_line():
+    with pytest.raises(SpecError) as info:
+        load_spec({"input": {"resolution": 32}, "stem": {"kind": "patch", "patch_size": 4},
+                   "stages": [{"depth": 2, "dim": 64, "heads": 5}]})
+    (problem,) = info.value.problems
+    assert format_path(problem.path) == "stages[0].heads"
+    assert problem.line is None and problem.file is None
+
+
+def test_yaml_text_is_located_in_string(tmp_path):
+    with pytest.raises(SpecError) as info:
+        load_spec("name: t\nstages:\n  - depth: 2\n    dim: 64\n    heads: 0\n")
+    (problem,) = info.value.problems
+    assert (problem.file, problem.line, format_path(problem.path)) == ("<string>", 5, "stages[0].heads")
+
+
+VALID = {
+    "convit-mait": """\
+name: rt_convit_mait
+input: {channels: 3, resolution: 64}
+stem: {kind: patch, patch_size: 8}
+tokens: {cls_token: 2}
+stages:
+  - depth: 4
+    dim: 64
+    heads: 4
+    attention: mhsa
+    drop_path: [0.0, 0.1]
+    layers:
+      - range: 0-1
+        attention: gpsa
+      - range: 2-3
+        heads: [mask:3x5, soft_mask, levit_bias, mhsa]
+head: {num_classes: 10}
+""",
+    "levit": """\
+name: rt_levit
+input: {resolution: 64}
+stem: {kind: conv, channels: [16, 32, 64, 128]}
+tokens: {cls_token: none}
+stages:
+  - {depth: 2, dim: 128, heads: 4, key_dim: 16, attn_ratio: 2, mlp_ratio: 2, norm: batchnorm, act: hardswish,
+     qkv_bias: false}
+  - depth: 2
+    dim: 192
+    heads: 6
+    key_dim: 16
+    attn_ratio: 2
+    mlp_ratio: 2
+    norm: batchnorm
+    act: hardswish
+    qkv_bias: false
+    shrink: {stride: 2, key_dim: 16}
+head: {pool: mean, num_classes: 10, distillation: true}
+""",
+    "cmhsa": """\
+name: rt_cmhsa
+input: {channels: 3, resolution: 32}
+stem: {kind: identity, patch_size: 4}
+tokens: {cls_token: none, pos_embed: none}
+stages:
+  - depth: 3
+    dim: 48
+    heads: 4
+    head_dim: 48
+    layers:
+      - {range: 0, mixer: conv5}
+      - {range: 1-2, attention: signed_bias}
+head: {pool: mean, num_classes: 10}
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_valid_spec_round_trips(name):
+    spec = load_spec(VALID[name])
+    text = spec.to_yaml()
+    again = load_spec(text)
+    assert again == spec
+    assert again.to_yaml() == text
+
+
+def _cli_main():
+    cli = pytest.importorskip("archspec.cli")
+    if not hasattr(cli, "main"):
+        pytest.skip("archspec.cli has no main()")
+    return cli.main
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_cli_validate_reports_located_problem(tmp_path, capsys, case: Case):
+    main = _cli_main()
+    path = _write(tmp_path, case)
+    code = main(["validate", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert f"{path}:{case.line}" in err, err
+    assert f": {case.path}: " in err, err
+    assert "Traceback" not in out + err
+    assert not (tmp_path / "pwned").exists()
