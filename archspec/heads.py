@@ -24,9 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class StrictModel(BaseModel):
-    """Base for every spec model: unknown keys are errors, values are validated on assignment."""
+    """Base for every spec model: unknown keys are errors, types are strict, values are validated on assignment.
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    Strict types mean ``depth: true`` or ``heads: "4"`` are errors rather than silently 1 and 4; the
+    tuple-valued fields (resolution, window, layer range, drop path) opt out so YAML lists work.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class GPSASpec(StrictModel):
@@ -79,7 +83,7 @@ class MaskSpec(StrictModel):
     all the patches").
     """
 
-    window: tuple[int, int] = Field((3, 3), description="Window 'rows x cols' on the patch grid, e.g. 3x3, 3x5, 5x5.")
+    window: tuple[int, int] = Field((3, 3), strict=False, description="Window 'rows x cols' on the patch grid, e.g. 3x3, 3x5, 5x5.")
     depth: int | None = Field(
         None, ge=1, le=64,
         description="MaiT 'mask depth': 1 = 3x3, 2 = 5x5, d = (2d+1)x(2d+1). Overrides window when given.",

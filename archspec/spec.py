@@ -51,7 +51,7 @@ class InputSpec(StrictModel):
 
     channels: int = Field(3, ge=1, le=64, description="Image channels (3 for RGB).")
     resolution: tuple[int, int] = Field(
-        (224, 224), description="Input resolution in pixels, an int or [H, W]."
+        (224, 224), strict=False, description="Input resolution in pixels, an int or [H, W]."
     )
 
     @field_validator("resolution", mode="before")
@@ -172,7 +172,7 @@ class LayerOverride(StrictModel):
     """Per-layer override inside a stage: a layer range and what its heads (or mixer) are."""
 
     range: tuple[int, int] = Field(
-        ..., description="Stage-local layers, inclusive: '0-7', '8' or [0, 7]."
+        ..., strict=False, description="Stage-local layers, inclusive: '0-7', '8' or [0, 7]."
     )
     heads: list[HeadSpec] | None = Field(
         None, description="One entry per head, e.g. [mask, mask, mhsa] (MaiT Sch.2). Length must equal the stage's heads."
@@ -265,6 +265,10 @@ class StageSpec(StrictModel):
             raise ValueError(f"drop_path must be one rate or a pair [first, last], got {len(value)} values")
         if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
             raise ValueError(f"drop_path must be a number in [0, 1) or a pair [first, last], got {value!r}")
+        if isinstance(value, list):  # strict mode takes tuples only; YAML gives lists
+            if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+                raise ValueError(f"drop_path rates must be numbers, got {value!r}")
+            return tuple(float(v) for v in value)
         return value
 
     @field_validator("drop_path")
@@ -369,6 +373,11 @@ _HINTS = {
     "int_from_float": "use a whole number",
     "float_parsing": "use a number",
     "bool_parsing": "use true or false",
+    "int_type": "use a whole number (no quotes, not true/false)",
+    "float_type": "use a number (no quotes)",
+    "bool_type": "use true or false",
+    "string_type": "use text",
+    "list_type": "use a list: [a, b] or '- a' lines",
     "missing": "this field is required",
     "literal_error": None,
     "union_tag_invalid": "stem kinds: patch, conv, identity",

@@ -125,6 +125,20 @@ stages:
     dim: 64
     heads: 4
 """, "stages[0].depth", 3, ("valid integer", "'twelve'"), "whole number"),
+    Case("wrong-type-bool-depth", """\
+name: t
+stages:
+  - depth: true
+    dim: 64
+    heads: 4
+""", "stages[0].depth", 3, "valid integer", "whole number"),
+    Case("wrong-type-quoted-heads", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: "4"
+""", "stages[0].heads", 5, "valid integer", "no quotes"),
     Case("wrong-type-fractional-depth", """\
 name: t
 stages:
