@@ -78,3 +78,11 @@ def test_console_script_and_help() -> None:
     assert result.returncode == 0 and "model.safetensors" in result.stdout and "--resolution" in result.stdout
     result = subprocess.run([sys.executable, "-m", "archspec", "validate", "specs/nope.yaml"], capture_output=True, text=True)
     assert result.returncode == 2 and "specs/nope.yaml" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_shipped_specs_work_by_name_outside_the_checkout(tmp_path) -> None:
+    """Run from an empty directory: the specs come from the installed package, not from ./specs."""
+    result = subprocess.run([sys.executable, "-m", "archspec", "validate", "mait_tiny_sch2", "--json"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["params"] == archspec.analyze("mait_tiny_sch2").params
