@@ -2,23 +2,53 @@
 
 The path from YAML to ``nn.Module`` is three steps, each a module: :mod:`archspec.spec` (pydantic
 models, YAML loading), :mod:`archspec.graph` (networkx IR with shapes, parameter and MAC counts) and
-:mod:`archspec.compile` (IR -> :class:`~archspec.model.ArchModel` from :mod:`archspec.blocks`).
+:mod:`archspec.compiler` (IR -> :class:`~archspec.model.ArchModel` from :mod:`archspec.blocks`).
 
     >>> from archspec import compile
     >>> model = compile("mait_tiny_sch2")          # a shipped spec, a path, YAML text or a dict
     >>> model.spec.name, model.num_classes
     ('mait_tiny_sch2', 1000)
+
+Names are imported on first use (PEP 562), so ``archspec validate`` and static analysis never pay
+for importing torch and timm.
 """
 
-from archspec.analysis import Analysis, analyze
-from archspec.artifact import load, save
-from archspec.compile import compile
-from archspec.errors import Problem, SpecError
-from archspec.heads import HeadSpec
-from archspec.model import ArchModel
-from archspec.spec import ArchSpec, load_spec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["ArchSpec", "ArchModel", "Analysis", "HeadSpec", "Problem", "SpecError", "analyze", "compile", "load",
-           "load_spec", "save", "__version__"]
+_EXPORTS = {
+    "ArchSpec": "archspec.spec", "load_spec": "archspec.spec",
+    "Analysis": "archspec.analysis", "analyze": "archspec.analysis",
+    "Problem": "archspec.errors", "SpecError": "archspec.errors",
+    "HeadSpec": "archspec.heads",
+    "ArchModel": "archspec.model",
+    "compile": "archspec.compiler",
+    "load": "archspec.artifact", "save": "archspec.artifact",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from archspec.analysis import Analysis, analyze
+    from archspec.artifact import load, save
+    from archspec.compiler import compile
+    from archspec.errors import Problem, SpecError
+    from archspec.heads import HeadSpec
+    from archspec.model import ArchModel
+    from archspec.spec import ArchSpec, load_spec
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'archspec' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

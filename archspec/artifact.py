@@ -33,7 +33,7 @@ def load(directory: "str | os.PathLike", device: str = "cpu") -> ArchModel:
     Raises:
         SpecError: the directory, its spec or its weights file is missing or does not match.
     """
-    from archspec.compile import compile
+    from archspec.compiler import compile
 
     directory = Path(directory)
     for name in (SPEC, WEIGHTS):

@@ -188,7 +188,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     from archspec import artifact
     from archspec.analysis import analyze, human
-    from archspec.compile import compile
+    from archspec.compiler import compile
     from archspec.image import default_image_path, load_image
 
     if args.repeats < 1:

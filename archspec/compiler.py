@@ -1,4 +1,4 @@
-"""Step 3 of 3 (spec -> graph -> **compile**): turn the IR into an :class:`~archspec.model.ArchModel`.
+"""Step 3 of 3 (spec -> graph -> **compile**), the compiler: turn the IR into an :class:`~archspec.model.ArchModel`.
 
 Each graph node becomes one module from :mod:`archspec.blocks`; the walk is in execution order and
 runs under ``torch.manual_seed(spec.seed)`` inside a forked RNG, so the same spec gives bitwise

@@ -1,0 +1,318 @@
+"""``archspec search``: the command line of the architecture search (mode 1) and mask placement (mode 2).
+
+``archspec.cli`` calls :func:`add_search_parser` with its sub-command registry; the handlers return
+an exit status (0 ok, 1 the search trained nothing usable, 2 bad input via ``SpecError``, 130
+interrupted -- the study and every finished trial are kept and the same command resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+from archspec.errors import SpecError
+
+__all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "DEFAULT_PROXY_THREADS"]
+
+DEFAULT_PROXY_THREADS = 1
+
+SEARCH_DESCRIPTION = """\
+Architecture search with Optuna, in two modes.
+
+MODE 1 -- design under budgets (default):
+  archspec search --budget-flops 1G
+  archspec search --budget-flops 500M --budget-latency 15 --trials 30 --timeout 1800
+  archspec search --budget-params 5M --objective accuracy --data ~/data/cifar-10-batches-py
+Samples LeViT-family candidates (conv stem, shrinking attention, per stage LeViT bias / ConViT GPSA /
+MaiT masked heads; --space FILE for your own space), rejects over-budget ones from the static
+analysis before any weight exists (microseconds, never trained), measures latency at the spec's real
+input size, proxy-trains the rest on real data, and keeps the Pareto front of proxy accuracy vs
+latency (or, with --objective accuracy, the most accurate candidate within the budgets).
+
+MODE 2 -- MaiT mask placement for a given spec:
+  archspec search masks specs/mait_tiny_sch2.yaml --strategy als        (MaiT sec. 4.2, --rounds 2)
+  archspec search masks SPEC --strategy optuna --trials 20            (Optuna over masked heads + windows)
+  archspec search masks SPEC --strategy soft --alpha-threshold 0.5    (MaiT sec. 4.3, learned alphas)
+See `archspec search masks --help`.
+
+Budgets: MACs per image (the papers' "FLOPs"), written 1G, 500M, 1.5e9; params 5M; latency in ms
+under the latency protocol (default LeViT's CPU protocol: batch 1, one thread).
+
+Every run writes a directory (default runs/<study-name>/, --out): study.db (Optuna storage),
+best.yaml and pareto/<rank>_trial<N>.yaml (specs with provenance, accepted by `archspec build`),
+trials.csv, pareto.png, summary.json.  Re-running with the same --study-name (the default name is
+derived from the space, objective and budgets) resumes the study; several processes may work on one
+study through a shared --storage (sqlite:///..., postgresql://..., journal:PATH).
+Exit status: 0 ok, 1 nothing trained successfully, 2 bad input, 130 interrupted (resumable)."""
+
+MASKS_DESCRIPTION = """\
+MaiT mask placement (Li et al. 2022) for the attention layers of SPEC (a YAML file or a shipped name).
+
+  --strategy als     MaiT sec. 4.2: round 1 masks head 0 of every layer, proxy-trains, and computes the
+                     Attention Locality Score (ALS, eq. 3) per layer and head on held-out images; per
+                     layer, head-0 ALS >= --als-high masks every head, <= --als-low removes the mask,
+                     in between keeps head 0 only (scores above uniform attention, (ALS-u)/(1-u),
+                     unless --als-raw: a small proxy grid makes even uniform heads look local).
+                     Later rounds (--rounds, default 2 as in the paper's "2-3 training iterations")
+                     retrain the placement and calibrate: a masked head whose own ALS <= --als-low
+                     loses its mask.
+  --strategy optuna  Optuna (TPE) over the number of masked heads (heads 0..m-1) per group of layers and
+                     their window (--windows), objective proxy accuracy.
+  --strategy soft    MaiT sec. 4.3: every head of every attention layer gets a soft mask (learned alpha
+                     scales the non-neighbour logits), proxy-train, then alpha < --alpha-threshold -> hard
+                     mask (the head learned to be local), otherwise no mask.
+
+Writes to runs/<study-name>/ (--out): best.yaml (the placement at SPEC's real input size, with
+provenance), rounds/ (per-round specs, als), als_round<k>.png / als.png (ALS heatmap, layer x head),
+als.json, trials.csv, study.db, summary.json."""
+
+
+def _positive_int(option: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        return value
+
+    return parse
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _seconds(text: str) -> float:
+    """``600``, ``600s``, ``10m``, ``1.5h``."""
+    t = text.strip().lower()
+    scale = 1.0
+    for suffix, factor in (("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if t.endswith(suffix):
+            t, scale = t[:-1], factor
+            break
+    try:
+        value = float(t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (600, 10m, 1.5h), got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """Options shared by both modes.  On the ``masks`` sub-parser their defaults are suppressed so that
+    ``archspec search --trials 3 masks X`` and ``archspec search masks X --trials 3`` both work."""
+    from archspec.search.design import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS
+
+    def d(value):
+        return value if defaults else argparse.SUPPRESS
+
+    run = p.add_argument_group("run, storage and resume")
+    run.add_argument("--study-name", default=d(None), metavar="NAME",
+                     help="Optuna study name; same name = resume (default: derived from space/spec, objective, budgets)")
+    run.add_argument("--out", default=d(None), metavar="DIR", help="run directory (default: runs/<study-name>/)")
+    run.add_argument("--storage", default=d(None), metavar="URL",
+                     help="Optuna storage shared by workers: sqlite:///PATH, postgresql://..., mysql+pymysql://..., "
+                          "journal:PATH (file journal), memory (default: sqlite:///<run dir>/study.db)")
+    run.add_argument("--trials", type=_positive_int("--trials"), default=d(None), metavar="N",
+                     help=f"candidates to train in this process (default {DEFAULT_TRIALS}; masks --strategy optuna: 12)")
+    run.add_argument("--timeout", type=_seconds, default=d(None), metavar="SECONDS",
+                     help=f"stop starting trials after this long (600, 10m; default {DEFAULT_TIMEOUT_S:g}s for mode 1, "
+                          "none for masks)")
+    run.add_argument("--trial-timeout", type=_seconds, default=d(None), metavar="SECONDS",
+                     help=f"a candidate whose proxy training runs longer fails with this reason (default "
+                          f"{DEFAULT_TRIAL_TIMEOUT_S:g}s in mode 1; the search --timeout also cuts a running trial)")
+    run.add_argument("--seed", type=int, default=d(0), metavar="N",
+                     help="seed of the sampler, the initialisation and the data split (default 0): same seed, same trials")
+    run.add_argument("--sampler", choices=("tpe", "nsga2", "gp", "random"), default=d("tpe"),
+                     help="Optuna sampler (default tpe: multi-objective, constraint aware)")
+    run.add_argument("--json", action="store_true", default=d(False), help="print a JSON summary instead of tables")
+    run.add_argument("--no-progress", action="store_true", default=d(False), help="no progress bar")
+
+    data = p.add_argument_group("data and proxy training protocol")
+    data.add_argument("--data", default=d(None), metavar="PATH",
+                      help="ImageFolder directory or CIFAR-10 python directory (default: the embedded real dataset)")
+    data.add_argument("--max-images", type=_positive_int("--max-images"), default=d(None), metavar="N",
+                      help="use at most N images of the dataset")
+    data.add_argument("--proxy-steps", type=_positive_int("--proxy-steps"), default=d(None), metavar="N",
+                      help="optimizer steps of the proxy training")
+    data.add_argument("--proxy-size", type=_positive_int("--proxy-size"), default=d(None), metavar="PX",
+                      help="image side of the proxy training (MACs and latency are reported at the spec's own size)")
+    data.add_argument("--proxy-batch", type=_positive_int("--proxy-batch"), default=d(None), metavar="N",
+                      help="proxy training batch size")
+    data.add_argument("--proxy-lr", type=_float, default=d(None), metavar="LR", help="proxy training peak learning rate")
+    data.add_argument("--proxy-threads", type=_positive_int("--proxy-threads"), default=d(None), metavar="N",
+                      help=f"torch threads of the proxy training (default {DEFAULT_PROXY_THREADS}: on a busy 2-core machine "
+                           "2 threads ran 18x slower than 1 from OpenMP oversubscription; to use more cores, run more "
+                           "workers on one --storage)")
+
+    lat = p.add_argument_group("latency protocol (measured at the spec's real input size, median after warm-up)")
+    lat.add_argument("--latency-device", default=d("cpu"), metavar="DEV", help="torch device (default cpu)")
+    lat.add_argument("--latency-threads", type=_positive_int("--latency-threads"), default=d(1), metavar="N",
+                     help="torch threads while timing (default 1: LeViT's CPU protocol)")
+    lat.add_argument("--latency-batch", type=_positive_int("--latency-batch"), default=d(1), metavar="N",
+                     help="batch size while timing (default 1)")
+    lat.add_argument("--latency-repeats", type=_positive_int("--latency-repeats"), default=d(None), metavar="N",
+                     help="timed runs per candidate (default: the latency module's, 20 after 5 warm-up runs)")
+
+
+def add_search_parser(sub) -> argparse.ArgumentParser:
+    """Register ``archspec search`` (mode 1) and ``archspec search masks`` (mode 2) on ``sub``."""
+    search = sub.add_parser("search", help="architecture search under MAC/param/latency budgets; "
+                                           "`search masks SPEC`: MaiT mask placement",
+                            description=SEARCH_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    budget = search.add_argument_group("budgets (mode 1)")
+    budget.add_argument("--budget-flops", "--budget-macs", dest="budget_flops", metavar="MACS",
+                        help="MACs per image at the spec's input size (the papers' FLOPs): 1G, 500M, 1.5e9")
+    budget.add_argument("--budget-params", metavar="N", help="parameters: 5M, 2.5e6")
+    budget.add_argument("--budget-latency", metavar="MS", help="latency in ms under the latency protocol")
+    obj = search.add_argument_group("objective and space (mode 1)")
+    obj.add_argument("--objective", choices=("pareto", "accuracy"), default="pareto",
+                     help="pareto (default): maximise proxy accuracy and minimise latency; accuracy: maximise proxy "
+                          "accuracy with the budgets as constraints")
+    obj.add_argument("--space", metavar="FILE", help="search space YAML (default: the embedded LeViT-family space)")
+    obj.add_argument("--prune", action="store_true",
+                     help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
+    _add_common(search, defaults=True)
+    search.set_defaults(handler=cmd_search, search_mode=None)
+
+    modes = search.add_subparsers(dest="search_mode", title="mode 2 (sub-command)", metavar="masks")
+    masks = modes.add_parser("masks", help="MaiT mask placement for SPEC (--strategy als|optuna|soft)",
+                             description=MASKS_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    masks.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name (see `archspec list`)")
+    m = masks.add_argument_group("strategy")
+    m.add_argument("--strategy", choices=("als", "optuna", "soft"), default="als", help="placement strategy (default als)")
+    m.add_argument("--rounds", type=_positive_int("--rounds"), default=2,
+                   help="als: training rounds (default 2: assign, then calibrate)")
+    m.add_argument("--als-high", type=_float, default=None, metavar="X",
+                   help="als: head-0 ALS at or above this masks every head of the layer (default 0.8)")
+    m.add_argument("--als-low", type=_float, default=None, metavar="X",
+                   help="als: ALS at or below this removes the mask (default 0.2; the paper says 'close to 0')")
+    m.add_argument("--als-raw", action="store_true",
+                   help="als: decide on the raw ALS (paper eq. 3) instead of the ALS above uniform attention "
+                        "(ALS-u)/(1-u), u = a uniform head's score on the layer's grid (large on small proxy grids)")
+    m.add_argument("--window", default="3x3", metavar="RxC", help="als/soft: mask window (default 3x3, MaiT's)")
+    m.add_argument("--windows", default="3x3,3x5,5x5", metavar="LIST",
+                   help="optuna: windows to choose from (default 3x3,3x5,5x5)")
+    m.add_argument("--max-masked", type=int, default=None, metavar="N", help="optuna: at most N masked heads per layer")
+    m.add_argument("--alpha-threshold", type=_float, default=0.5, metavar="A",
+                   help="soft: learned alpha below A -> hard mask, else global (default 0.5 = the initial alpha)")
+    _add_common(masks, defaults=False)
+    masks.set_defaults(handler=cmd_search_masks)
+    return search
+
+
+# ----------------------------------------------------------------------------------- building configs
+def _budgets(args):
+    from archspec.search.budget import Budgets, parse_quantity
+
+    return Budgets(
+        macs=parse_quantity(args.budget_flops, "--budget-flops") if getattr(args, "budget_flops", None) else None,
+        params=parse_quantity(args.budget_params, "--budget-params") if getattr(args, "budget_params", None) else None,
+        latency_ms=parse_quantity(args.budget_latency, "--budget-latency") if getattr(args, "budget_latency", None) else None,
+    )
+
+
+def _protocol(args, threads: int | None = None):
+    from archspec.search.proxy import ProxyProtocol
+
+    protocol = ProxyProtocol()
+    update = {}
+    if getattr(args, "proxy_threads", None) is None and protocol.threads is None:
+        update["threads"] = DEFAULT_PROXY_THREADS
+    for option, fieldname in (("proxy_steps", "steps"), ("proxy_size", "image_size"), ("proxy_batch", "batch_size"),
+                              ("proxy_lr", "lr"), ("proxy_threads", "threads")):
+        value = getattr(args, option, None)
+        if value is not None:
+            update[fieldname] = value
+    if "lr" in update and not update["lr"] > 0:
+        raise SpecError.single(("--proxy-lr",), f"must be positive, got {update['lr']}")
+    names = {f.name for f in fields(protocol)}
+    return replace(protocol, **{k: v for k, v in update.items() if k in names})
+
+
+def _latency(args):
+    import torch
+
+    from archspec.search.latency import LatencyProtocol
+
+    device = args.latency_device
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise SpecError.single(("--latency-device",), f"unknown device {device!r}", "use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecError.single(("--latency-device",), "CUDA is not available on this machine", "use --latency-device cpu")
+    protocol = LatencyProtocol(device=device, threads=args.latency_threads, batch=args.latency_batch)
+    if getattr(args, "latency_repeats", None):
+        protocol = replace(protocol, repeats=args.latency_repeats, warmup=min(protocol.warmup, args.latency_repeats))
+    return protocol
+
+
+def _config(args, **overrides):
+    from archspec.search.design import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS, SearchConfig
+
+    cfg = SearchConfig(
+        budgets=_budgets(args), protocol=_protocol(args), latency=_latency(args),
+        study_name=args.study_name, out=Path(args.out) if args.out else None, storage=args.storage,
+        objective=getattr(args, "objective", "pareto"),
+        trials=args.trials or DEFAULT_TRIALS,
+        timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
+        seed=args.seed, sampler=args.sampler, space=getattr(args, "space", None), data=args.data,
+        max_images=args.max_images, progress=not (args.no_progress or args.json), prune=getattr(args, "prune", False),
+        trial_timeout=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
+    )
+    if args.study_name is not None:
+        from archspec.search.study import validate_study_name
+
+        validate_study_name(args.study_name)
+    return replace(cfg, **overrides)
+
+
+def _report(outcome, args) -> int:
+    from archspec.search import runs
+
+    summary = outcome.summary
+    if args.json:
+        print(json.dumps(runs.jsonable(summary), indent=2))
+    else:
+        from rich.console import Console
+
+        runs.print_summary(summary, Console(highlight=False, width=None if sys.stdout.isatty() else 120))
+    if outcome.interrupted:
+        return 130
+    return 0 if outcome.best_file is not None else 1
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """Mode 1 handler."""
+    from archspec.search.design import run_design
+
+    return _report(run_design(_config(args)), args)
+
+
+def cmd_search_masks(args: argparse.Namespace) -> int:
+    """Mode 2 handler."""
+    from archspec.search.design import DEFAULT_TRIALS
+    from archspec.search.masks import MaskConfig, run_masks
+
+    if getattr(args, "budget_flops", None) or getattr(args, "budget_params", None) or getattr(args, "budget_latency", None):
+        raise SpecError.single(("--budget-flops",), "budgets apply to mode 1 (design); mask placement keeps the "
+                                                    "architecture, so its MACs barely change",
+                               "drop the budget options, or run `archspec search --budget-flops ...`")
+    timeout = args.timeout if args.timeout is not None else None
+    trials = args.trials if args.trials is not None else (12 if args.strategy == "optuna" else DEFAULT_TRIALS)
+    cfg = _config(args, objective="accuracy", trials=trials, timeout=timeout, space=None)
+    windows = tuple(w.strip() for w in args.windows.split(",") if w.strip())
+    mcfg = MaskConfig(search=cfg, spec=args.spec, strategy=args.strategy, rounds=args.rounds,
+                      als_high=args.als_high, als_low=args.als_low, window=args.window, windows=windows,
+                      max_masked=args.max_masked, alpha_threshold=args.alpha_threshold, normalise=not args.als_raw)
+    return _report(run_masks(mcfg), args)

@@ -1,0 +1,658 @@
+"""Mode 1 of ``archspec search``: design an architecture under MAC / parameter / latency budgets.
+
+One Optuna trial = one candidate of the search space:
+
+1. ``space.sample(trial)`` -> an :class:`~archspec.spec.ArchSpec` at its real input size;
+2. :func:`~archspec.search.budget.static_check` on the IR (no weights): MACs and params; each budget
+   becomes an Optuna constraint (``trial.set_constraint``, ``value / budget - 1 <= 0`` feasible).  An
+   over-budget candidate is recorded as a PRUNED trial (user attr ``status = infeasible``) with its
+   constraint values -- Optuna's TPE ranks it below every feasible trial -- and costs only the
+   static check: it is never built, measured or trained;
+3. latency: median forward time at the spec's real input size under the latency protocol
+   (:func:`~archspec.search.latency.measure_latency`, cached per architecture); with a latency
+   budget an over-budget candidate is infeasible (never trained);
+4. proxy training on real data (:func:`~archspec.search.proxy.train_proxy`) -> validation accuracy.
+
+Objectives: ``pareto`` (default) maximises proxy accuracy and minimises latency (a Pareto front);
+``accuracy`` maximises accuracy alone, the budgets acting as constraints.  A candidate that raises,
+runs out of memory or produces a NaN loss becomes a FAIL trial with user attr ``fail_reason``; the
+study goes on.  ``--trials N`` counts candidates that reach training (failures included); infeasible
+samples are extra and cheap.
+
+The same engine (:func:`run_optuna_search`) runs mode 2's ``--strategy optuna`` on a mask-placement
+space (:mod:`archspec.search.masks`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import math
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from archspec.analysis import human
+from archspec.errors import SpecError
+from archspec.search import runs
+from archspec.search.study import fail_zombie_trials, make_sampler, mark_worker, open_study, resolve_storage
+
+__all__ = ["SearchConfig", "run_design", "run_optuna_search", "default_study_name", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S"]
+
+DEFAULT_TRIALS = 16          # trained candidates of the bare `archspec search --budget-flops 1G`
+DEFAULT_TIMEOUT_S = 540.0    # ... or this many seconds of search, whichever comes first (2 CPU cores: < 10 min)
+DEFAULT_TRIAL_TIMEOUT_S = 150.0  # one candidate's proxy training may take at most this long
+MAX_CONSECUTIVE_INFEASIBLE = 2000
+
+
+@dataclass
+class SearchConfig:
+    """Everything a search run needs (built by the CLI from its options)."""
+
+    budgets: Any                                    # archspec.search.budget.Budgets
+    protocol: Any                                   # archspec.search.proxy.ProxyProtocol
+    latency: Any                                    # archspec.search.latency.LatencyProtocol
+    study_name: str | None = None
+    out: Path | None = None
+    storage: str | None = None
+    objective: str = "pareto"                       # "pareto" | "accuracy"
+    trials: int = DEFAULT_TRIALS
+    timeout: float | None = DEFAULT_TIMEOUT_S
+    seed: int = 0
+    sampler: str = "tpe"
+    space: Any = None                               # path, dict or None (embedded default)
+    data: str | None = None
+    max_images: int | None = None
+    progress: bool = True
+    prune: bool = False                             # MedianPruner on intermediate accuracy (single objective only)
+    trial_timeout: float | None = DEFAULT_TRIAL_TIMEOUT_S  # per-candidate training limit (FAIL beyond it)
+    budget_options: dict = field(default_factory=lambda: {"macs": "--budget-flops", "params": "--budget-params",
+                                                          "latency_ms": "--budget-latency"})
+
+
+def _tag(value: float) -> str:
+    return human(value).replace(".00", "").replace(".", "p")
+
+
+def default_study_name(space_name: str, objective: str, budgets) -> str:
+    """``<space>-<objective>[-macs1G][-params5M][-lat20ms]``: re-running the same command resumes the same study."""
+    parts = [space_name, objective]
+    if budgets.macs:
+        parts.append(f"macs{_tag(budgets.macs)}")
+    if budgets.params:
+        parts.append(f"params{_tag(budgets.params)}")
+    if budgets.latency_ms:
+        parts.append(f"lat{budgets.latency_ms:g}ms".replace(".", "p"))
+    name = "-".join(parts)
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name)[:80]
+
+
+def _first_problem(exc: SpecError) -> str:
+    return exc.problems[0].format() if exc.problems else str(exc)
+
+
+# ----------------------------------------------------------------------------------- pre-flight checks
+def check_budgets_feasible(space, budgets, options: dict) -> Any:
+    """Raise :class:`SpecError` when even ``space.smallest()`` breaks a static budget."""
+    from archspec.search.budget import static_check
+
+    smallest = space.smallest()
+    check = static_check(smallest, budgets)
+    if check.feasible:
+        return check
+    if check.macs == 0 and check.params == 0 and check.reason:
+        raise SpecError.single(("--space",), f"search space {space.name!r}: its smallest point is invalid: {check.reason}")
+    if budgets.macs is not None and check.macs > budgets.macs:
+        option, what = options["macs"], "MACs"
+        message = (f"no point of search space {space.name!r} fits {human(budgets.macs)} MACs: the smallest achievable "
+                   f"is {human(check.macs)} MACs ({check.macs:,}) and {human(check.params)} params")
+    else:
+        option, what = options["params"], "params"
+        message = (f"no point of search space {space.name!r} fits {human(budgets.params)} params: the smallest "
+                   f"achievable is {human(check.params)} params ({check.params:,}) at {human(check.macs)} MACs")
+    raise SpecError.single((option,), message, f"raise {option} to at least the smallest achievable {what}, "
+                                               "or search a smaller space (--space)")
+
+
+def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
+    """Sample ``n`` random points; a point that is not a valid spec is reported with its field path."""
+    sampler = optuna.samplers.RandomSampler(seed=seed)
+    study = optuna.create_study(sampler=sampler)
+    for _ in range(n):
+        trial = study.ask()
+        try:
+            space.sample(trial)
+        except SpecError as exc:
+            raise SpecError([dataclasses.replace(p, message=f"search space {space.name!r} produced an invalid spec "
+                                                             f"(params {trial.params}): {p.message}")
+                             for p in exc.problems]) from None
+        study.tell(trial, 0.0)
+
+
+def check_data_path(data: str | None) -> None:
+    if data is not None and not Path(data).expanduser().exists():
+        raise SpecError.single(("--data",), f"no such file or directory: {data}",
+                               "give an ImageFolder directory (one sub-directory per class) or a CIFAR-10 python "
+                               "directory (cifar-10-batches-py); omit --data for the embedded dataset")
+
+
+# ----------------------------------------------------------------------------------- objective
+class _Objective:
+    """The Optuna objective of a design (or mask-placement) search; counts what it did."""
+
+    def __init__(self, space, data, cfg: SearchConfig, cache, n_objectives: int,
+                 on_status: Callable[[str], None] | None = None,
+                 after_train: Callable[[optuna.trial.Trial, Any, Any], None] | None = None,
+                 train_fn: Callable | None = None):
+        self.space, self.data, self.cfg, self.cache = space, data, cfg, cache
+        self.train_fn = train_fn
+        self.n_objectives = n_objectives
+        self.on_status = on_status or (lambda text: None)
+        self.after_train = after_train
+        self.attempted = 0             # candidates that reached training (the --trials count)
+        self.infeasible = 0
+        self.consecutive_infeasible = 0
+        self.trained_numbers: list[int] = []
+        self.search_deadline: float | None = None  # perf_counter() time at which --timeout runs out
+
+    def _constraint(self, trial, key: str, value: float, budget: float | None) -> None:
+        if budget is not None:
+            trial.set_constraint(key, float(value) / float(budget) - 1.0)
+
+    def _infeasible(self, trial, reason: str):
+        trial.set_user_attr("status", "infeasible")
+        trial.set_user_attr("infeasible_reason", reason)
+        self.infeasible += 1
+        self.consecutive_infeasible += 1
+        raise optuna.TrialPruned(f"infeasible: {reason}")
+
+    def __call__(self, trial: optuna.trial.Trial):
+        from archspec.search.budget import static_check
+        from archspec.search.latency import measure_latency
+        from archspec.search.proxy import TrialFailure, train_proxy
+
+        mark_worker(trial)
+        budgets = self.cfg.budgets
+        try:
+            try:
+                spec = self.space.sample(trial)
+            except SpecError as exc:
+                raise _Failure(f"the search space produced an invalid spec: {_first_problem(exc)}") from None
+            trial.set_user_attr("spec", spec.model_dump(mode="json"))
+            check = static_check(spec, budgets)
+            trial.set_user_attr("macs", int(check.macs))
+            trial.set_user_attr("params", int(check.params))
+            if check.macs == 0 and check.params == 0 and not check.feasible:
+                raise _Failure(check.reason or "invalid spec")
+            self._constraint(trial, "macs", check.macs, budgets.macs)
+            self._constraint(trial, "params", check.params, budgets.params)
+            if not check.feasible:
+                if budgets.latency_ms is not None:  # not measured (never built): every trial carries every key
+                    trial.set_constraint("latency", 0.0)
+                self._infeasible(trial, check.reason or "over budget")
+            self.on_status(f"trial {trial.number}: latency")
+            latency = float(measure_latency(spec, self.cfg.latency, self.cache))
+            trial.set_user_attr("latency_ms", latency)
+            if budgets.latency_ms is not None:
+                trial.set_constraint("latency", latency / budgets.latency_ms - 1.0)
+                if latency > budgets.latency_ms:
+                    self._infeasible(trial, f"latency {latency:.2f} ms > budget {budgets.latency_ms:g} ms")
+            self.consecutive_infeasible = 0
+            self.attempted += 1
+            self.on_status(f"trial {trial.number}: training")
+
+            def report(step: int, value: float) -> None:
+                self.on_status(f"trial {trial.number}: step {step}, val acc {value:.3f}")
+                if self.n_objectives == 1 and self.cfg.prune:
+                    trial.report(float(value), int(step))
+                    if trial.should_prune():
+                        raise optuna.TrialPruned(f"pruned at step {step} (val acc {value:.3f})")
+
+            start = time.perf_counter()
+            train = self.train_fn or train_proxy
+            deadline, why = math.inf, ""
+            if self.cfg.trial_timeout is not None:
+                deadline, why = start + self.cfg.trial_timeout, f"training exceeded --trial-timeout {self.cfg.trial_timeout:g}s"
+            if self.search_deadline is not None and self.search_deadline < deadline:
+                deadline, why = self.search_deadline, "stopped: the search --timeout was reached during this trial"
+            if math.isfinite(deadline):
+                hook = deadline_hook(deadline, lambda: f"{why} (after {time.perf_counter() - start:.0f}s)")
+                try:
+                    result = train(spec, self.data, self.cfg.protocol, seed=self.cfg.seed, report=report, on_model=hook)
+                finally:
+                    hook.active = False
+            else:
+                result = train(spec, self.data, self.cfg.protocol, seed=self.cfg.seed, report=report)
+            trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 3))
+            for key in ("accuracy", "val_loss", "train_loss"):
+                value = getattr(result, key, None)
+                if value is not None:
+                    trial.set_user_attr(key, float(value) if math.isfinite(float(value)) else None)
+            trial.set_user_attr("steps", int(getattr(result, "steps", 0)))
+            bad = [k for k in ("accuracy", "train_loss", "val_loss")
+                   if getattr(result, k, None) is not None and not math.isfinite(float(getattr(result, k)))]
+            if bad:
+                raise _Failure(f"non-finite {', '.join(bad)} (NaN/inf loss: training diverged)")
+            if self.after_train is not None:
+                self.after_train(trial, spec, result)
+            self.trained_numbers.append(trial.number)
+            accuracy = float(result.accuracy)
+            return accuracy if self.n_objectives == 1 else (accuracy, latency)
+        except optuna.TrialPruned:
+            raise
+        except _Failure as exc:
+            trial.set_user_attr("fail_reason", exc.reason)
+            raise
+        except TrialTimeout as exc:
+            trial.set_user_attr("fail_reason", str(exc))
+            raise
+        except TrialFailure as exc:
+            trial.set_user_attr("fail_reason", str(getattr(exc, "reason", exc))[:1000])
+            raise
+        except KeyboardInterrupt:
+            trial.set_user_attr("fail_reason", "interrupted (Ctrl-C / SIGINT)")
+            raise
+        except MemoryError as exc:
+            gc.collect()
+            trial.set_user_attr("fail_reason", f"out of memory: {exc}"[:1000])
+            raise
+        except Exception as exc:  # noqa: BLE001 - every candidate failure is recorded, the study goes on
+            text = f"{type(exc).__name__}: {exc}".strip()
+            if "out of memory" in text.lower():
+                gc.collect()
+                text = "out of memory: " + text
+            trial.set_user_attr("fail_reason", text[:1000])
+            raise
+
+
+class TrialTimeout(Exception):
+    """Raised from inside the model's forward pass when a candidate's training runs past its deadline.
+
+    Deliberately not a ``RuntimeError``: it must pass through ``train_proxy``'s own error handling.
+    """
+
+
+class deadline_hook:  # noqa: N801 - used like a function
+    """``on_model`` for :func:`~archspec.search.proxy.train_proxy`: the model's forward raises :class:`TrialTimeout` after ``deadline``
+    (``perf_counter`` time) while ``active``; set ``active = False`` once training is over."""
+
+    def __init__(self, deadline: float, describe: Callable[[], str]):
+        self.deadline, self.describe, self.active = deadline, describe, True
+
+    def __call__(self, model) -> None:
+        def check(module, args):
+            if self.active and time.perf_counter() > self.deadline:
+                raise TrialTimeout(self.describe())
+        model.register_forward_pre_hook(check)
+
+
+class _Failure(Exception):
+    """A candidate failure with a readable reason."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _StopAfter:
+    """Optuna callback: stop when this worker has trained ``n`` candidates (or sampled only infeasible ones)."""
+
+    def __init__(self, objective: _Objective, n: int, on_done: Callable[[Any], None]):
+        self.objective, self.n, self.on_done = objective, n, on_done
+
+    def __call__(self, study: optuna.Study, trial) -> None:
+        self.on_done(trial)
+        if self.objective.attempted >= self.n:
+            study.stop()
+        elif self.objective.consecutive_infeasible >= MAX_CONSECUTIVE_INFEASIBLE:
+            study.stop()
+
+
+class _Progress:
+    """A rich progress bar on stderr: trained / requested, best values, ETA."""
+
+    def __init__(self, total: int, enabled: bool, n_objectives: int, timeout: float | None):
+        self.enabled = enabled
+        self.total = total
+        self.n_objectives = n_objectives
+        self.best_acc: float | None = None
+        self.best_lat: float | None = None
+        self.failed = 0
+        self.infeasible = 0
+        self.progress = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+                TimeRemainingColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TextColumn("trained"),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                console=Console(stderr=True, highlight=False), transient=False, refresh_per_second=4)
+            self.task = self.progress.add_task("search", total=total, info=self._info("starting"))
+
+    def _info(self, status: str) -> str:
+        parts = []
+        if self.best_acc is not None:
+            parts.append(f"best acc {self.best_acc:.3f}")
+        if self.best_lat is not None and self.n_objectives > 1:
+            parts.append(f"fastest {self.best_lat:.1f} ms")
+        if self.infeasible:
+            parts.append(f"{self.infeasible} infeasible")
+        if self.failed:
+            parts.append(f"{self.failed} failed")
+        parts.append(status)
+        return " | ".join(parts)
+
+    def __enter__(self):
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
+        return False
+
+    def status(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, info=self._info(text))
+
+    def done(self, trial, attempted: int) -> None:
+        ua = trial.user_attrs
+        if trial.state == TrialState.COMPLETE:
+            acc = ua.get("accuracy")
+            lat = ua.get("latency_ms")
+            if acc is not None:
+                self.best_acc = acc if self.best_acc is None else max(self.best_acc, acc)
+            if lat is not None:
+                self.best_lat = lat if self.best_lat is None else min(self.best_lat, lat)
+        elif trial.state == TrialState.FAIL:
+            self.failed += 1
+        elif ua.get("status") == "infeasible":
+            self.infeasible += 1
+        if self.progress is not None:
+            self.progress.update(self.task, completed=min(attempted, self.total), info=self._info(f"#{trial.number} done"))
+
+
+# ----------------------------------------------------------------------------------- the engine
+@dataclass
+class SearchOutcome:
+    """What :func:`run_optuna_search` returns: the study, its trials and the summary dict."""
+
+    study: optuna.Study
+    summary: dict
+    run_dir: Path
+    interrupted: bool = False
+    best_file: Path | None = None
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: Path):
+    """Serialise the final writes of concurrent workers sharing a run directory (``fcntl.flock``)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(run_dir / ".finalize.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _quiet_optuna() -> None:
+    # Failed trials are reported by the summary (with their fail_reason); Optuna's per-trial warnings
+    # with tracebacks would bury the progress bar.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def _open(cfg: SearchConfig, name: str, directions: list[str], metric_names: list[str], attrs: dict,
+          n_objectives: int):
+    """Run dir + storage + study (storage checked before the run directory is created when explicit)."""
+    out = Path(cfg.out) if cfg.out else Path("runs") / name
+    if out.exists() and not out.is_dir():
+        raise SpecError.single(("--out",), "exists and is not a directory", None, str(out))
+    if cfg.storage is not None:
+        info = resolve_storage(cfg.storage)
+        run_dir = runs.prepare_run_dir(out)
+    else:
+        run_dir = runs.prepare_run_dir(out)
+        info = resolve_storage(None, run_dir)
+    sampler = make_sampler(cfg.sampler, cfg.seed, n_objectives)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=3) if (cfg.prune and n_objectives == 1) else optuna.pruners.NopPruner()
+    study = open_study(name, info, directions, sampler, pruner, metric_names, attrs)
+    return run_dir, info, study
+
+
+def _settings_notes(study: optuna.Study, attrs: dict) -> list[str]:
+    notes = []
+    old = study.user_attrs
+    for key in ("budgets", "proxy", "data", "latency_protocol", "space"):
+        if key in old and key in attrs and runs.jsonable(old[key]) != runs.jsonable(attrs[key]):
+            notes.append(f"resumed study was created with a different {key} ({old[key]}); "
+                         "objective values of old and new trials may not be comparable")
+    return notes
+
+
+def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_attrs: dict | None = None,
+                      after_train=None, finalize_extra=None, train_fn=None) -> SearchOutcome:
+    """Run (or resume) an Optuna search of ``space`` and write the run directory.
+
+    Args:
+        space: a :class:`~archspec.search.space.SearchSpace`.
+        cfg: the settings.
+        mode: label for the summary ("design" or "masks/optuna").
+        name: the study name.
+        extra_attrs: more study attributes (provenance).
+        after_train: ``f(trial, spec, result)`` after a successful proxy training (mode 2 stores ALS).
+        finalize_extra: ``f(study, run_dir, best_trial, summary)`` adds files / summary entries.
+
+    Raises:
+        SpecError: bad input (budgets, space, data path, storage).
+    """
+    from archspec.search.budget import static_check_rate
+    from archspec.search.data import load_data
+    from archspec.search.latency import LatencyCache
+
+    _quiet_optuna()
+    wall_start = time.perf_counter()
+    if cfg.trials < 1:
+        raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")
+    if cfg.timeout is not None and cfg.timeout <= 0:
+        raise SpecError.single(("--timeout",), f"must be positive seconds, got {cfg.timeout}")
+    check_budgets_feasible(space, cfg.budgets, cfg.budget_options)
+    check_space_valid(space, seed=cfg.seed)
+    check_data_path(cfg.data)
+    rate = static_check_rate(space, cfg.budgets, n=200, seed=cfg.seed)
+
+    multi = cfg.objective == "pareto"
+    directions = ["maximize", "minimize"] if multi else ["maximize"]
+    metric_names = ["accuracy", "latency_ms"] if multi else ["accuracy"]
+    attrs = {
+        "mode": mode, "space": getattr(space, "name", "space"), "objective": cfg.objective,
+        "budgets": cfg.budgets.describe(), "proxy": cfg.protocol.describe(),
+        "latency_protocol": dataclasses.asdict(cfg.latency), "data": cfg.data or "embedded",
+        "max_images": cfg.max_images, "seed": cfg.seed, "sampler": cfg.sampler, **(extra_attrs or {}),
+    }
+    run_dir, info, study = _open(cfg, name, directions, metric_names, attrs, len(directions))
+    notes = _settings_notes(study, attrs)
+    zombies = fail_zombie_trials(study)
+    if zombies:
+        notes.append(f"marked {len(zombies)} stale RUNNING trial(s) of dead workers as FAIL: {zombies}")
+
+    data = load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)
+    cache = LatencyCache(run_dir / "latency.json")
+    progress = _Progress(cfg.trials, cfg.progress, len(directions), cfg.timeout)
+    objective = _Objective(space, data, cfg, cache, len(directions), on_status=progress.status, after_train=after_train,
+                           train_fn=train_fn)
+    stopper = _StopAfter(objective, cfg.trials, lambda t: progress.done(t, objective.attempted))
+    interrupted = False
+    optimize_start = time.perf_counter()
+    if cfg.timeout is not None:
+        objective.search_deadline = optimize_start + cfg.timeout
+    try:
+        with progress:
+            study.optimize(objective, n_trials=None, timeout=cfg.timeout, callbacks=[stopper], catch=(Exception,),
+                           gc_after_trial=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        notes.append("interrupted: the study keeps every finished trial; re-run the same command to resume")
+    search_seconds = time.perf_counter() - optimize_start
+    if objective.consecutive_infeasible >= MAX_CONSECUTIVE_INFEASIBLE:
+        notes.append(f"stopped after {MAX_CONSECUTIVE_INFEASIBLE} infeasible samples in a row: the budgets leave "
+                     "almost nothing of the space")
+    if cfg.timeout is not None and objective.attempted < cfg.trials and not interrupted and search_seconds >= cfg.timeout:
+        notes.append(f"--timeout {cfg.timeout:g}s reached after {objective.attempted} of {cfg.trials} trials")
+
+    summary = {
+        "mode": mode, "study": name, "storage": info.url, "run_dir": str(run_dir), "objective": cfg.objective,
+        "budgets": cfg.budgets.describe(), "static_check_rate": round(rate, 1),
+        "trained_this_run": len(objective.trained_numbers), "attempted_this_run": objective.attempted,
+        "infeasible_this_run": objective.infeasible, "search_seconds": round(search_seconds, 2),
+        "data": {**data.describe(), "source": cfg.data or "embedded"},
+        "proxy": cfg.protocol.describe(), "latency_protocol": dataclasses.asdict(cfg.latency),
+        "seed": cfg.seed, "sampler": cfg.sampler, "timeout_s": cfg.timeout, "trial_timeout_s": cfg.trial_timeout,
+        "notes": notes, "interrupted": interrupted,
+    }
+    with _run_lock(run_dir):
+        best_file = _finalize(study, space, cfg, run_dir, info, summary, multi, finalize_extra)
+    summary["wall_seconds"] = round(time.perf_counter() - wall_start, 2)
+    runs.atomic_write_text(run_dir / "summary.json", _json(summary))
+    return SearchOutcome(study, summary, run_dir, interrupted, best_file)
+
+
+def _json(obj) -> str:
+    import json
+
+    return json.dumps(runs.jsonable(obj), indent=2) + "\n"
+
+
+def _feasible(trial) -> bool:
+    return all(v <= 0 for v in trial.constraints.values())
+
+
+def trial_provenance(study_name: str, trial, cfg: SearchConfig, info, summary: dict, spec) -> dict:
+    """The provenance block of an emitted spec."""
+    ua = trial.user_attrs
+    objectives = {"accuracy": ua.get("accuracy")}
+    if ua.get("latency_ms") is not None:
+        objectives["latency_ms"] = round(float(ua["latency_ms"]), 3)
+    return {
+        "study": study_name, "trial": trial.number, "storage": info.url, "objectives": objectives,
+        "macs": ua.get("macs"), "params": ua.get("params"), "input": list(spec.input.resolution),
+        "latency": summary.get("latency_protocol"), "data": summary.get("data"), "proxy": summary.get("proxy"),
+        "budgets": summary.get("budgets"), "objective": cfg.objective, "sampler": cfg.sampler, "seed": cfg.seed,
+        "created": runs.now_iso(),
+    }
+
+
+def spec_of_trial(trial, space=None):
+    """The :class:`ArchSpec` a trial evaluated (user attr ``spec``, else re-sampled from its params)."""
+    from archspec.spec import load_spec
+
+    data = trial.user_attrs.get("spec")
+    if data is not None:
+        return load_spec(data)
+    if space is None:
+        raise ValueError(f"trial {trial.number} has no stored spec")
+    return space.sample(optuna.trial.FixedTrial(trial.params, trial.number))
+
+
+def _finalize(study, space, cfg: SearchConfig, run_dir: Path, info, summary: dict, multi: bool, finalize_extra) -> Path | None:
+    trials = study.get_trials(deepcopy=False)
+    counts: dict[str, int] = {}
+    for t in trials:
+        key = runs._state_status(t)
+        counts[key] = counts.get(key, 0) + 1
+    summary["counts"] = counts
+    summary["failures"] = [{"trial": t.number, "reason": t.user_attrs.get("fail_reason", "unknown")}
+                           for t in trials if t.state == TrialState.FAIL]
+    trained = [t for t in trials if t.state == TrialState.COMPLETE]
+    durations = [t.duration.total_seconds() for t in trained if t.duration is not None]
+    summary["per_trial_seconds"] = round(statistics.median(durations), 2) if durations else None
+    summary["trained_total"] = len(trained)
+    files = []
+    runs.write_trials_csv(trials, run_dir / "trials.csv")
+    files.append("trials.csv")
+    feasible = [t for t in trained if _feasible(t)]
+    best_file = None
+    points = []
+    if multi:
+        front = [t for t in study.best_trials if _feasible(t)] if feasible else []
+        front.sort(key=lambda t: (-t.values[0], t.values[1], t.number))
+        pareto_files = {}
+        for rank, t in enumerate(front):
+            spec = spec_of_trial(t, space)
+            name = f"{summary['study']}_trial{t.number}"[:100]
+            prov = trial_provenance(summary["study"], t, cfg, info, summary, spec)
+            prov["pareto_rank"] = rank
+            _, text = runs.emit_spec(spec, None, name, prov)
+            fname = f"{rank}_trial{t.number}.yaml"
+            pareto_files[fname] = text
+            points.append({"rank": rank, "trial": t.number, "accuracy": t.values[0], "latency_ms": t.values[1],
+                           "macs": t.user_attrs.get("macs"), "params": t.user_attrs.get("params"),
+                           "file": f"pareto/{fname}"})
+        if pareto_files:
+            runs.replace_dir(run_dir / "pareto", pareto_files)
+            files.append(f"pareto/ ({len(pareto_files)} specs)")
+            best_text = pareto_files[f"0_trial{front[0].number}.yaml"]
+            best_file = runs.atomic_write_text(run_dir / "best.yaml", best_text)
+        try:
+            if runs.plot_pareto(feasible, run_dir / "pareto.png", ["maximize", "minimize"],
+                                ["proxy accuracy", "latency (ms)"],
+                                f"{summary['study']}: {len(feasible)} trained feasible trials"):
+                files.append("pareto.png")
+        except Exception as exc:  # noqa: BLE001 - a plot must never lose the search results
+            summary["notes"].append(f"pareto.png not written: {type(exc).__name__}: {exc}")
+        summary["table_title"] = "Pareto front: proxy accuracy vs latency (trained, feasible)"
+    else:
+        best_trial = max(feasible, key=lambda t: (t.value, -t.number)) if feasible else None
+        if best_trial is not None:
+            spec = spec_of_trial(best_trial, space)
+            prov = trial_provenance(summary["study"], best_trial, cfg, info, summary, spec)
+            _, text = runs.emit_spec(spec, None, f"{summary['study']}_trial{best_trial.number}"[:100], prov)
+            best_file = runs.atomic_write_text(run_dir / "best.yaml", text)
+            points.append({"rank": 0, "trial": best_trial.number, "accuracy": best_trial.value,
+                           "latency_ms": best_trial.user_attrs.get("latency_ms"),
+                           "macs": best_trial.user_attrs.get("macs"), "params": best_trial.user_attrs.get("params"),
+                           "file": "best.yaml"})
+        try:
+            if runs.plot_history(feasible, run_dir / "pareto.png", "maximize", "proxy accuracy",
+                                 f"{summary['study']}: optimisation history ({len(feasible)} trained feasible)"):
+                files.append("pareto.png")
+        except Exception as exc:  # noqa: BLE001
+            summary["notes"].append(f"pareto.png not written: {type(exc).__name__}: {exc}")
+        summary["table_title"] = "best trial (single objective: proxy accuracy, budgets as constraints)"
+        summary["best_trial"] = best_trial.number if best_trial is not None else None
+    summary["pareto"] = points
+    if finalize_extra is not None:
+        best_file = finalize_extra(study, run_dir, summary, files, best_file) or best_file
+    if best_file is not None:
+        files.insert(0, "best.yaml")
+        summary["best"] = str(best_file)
+    else:
+        summary["notes"].append("no trained feasible trial yet: no best.yaml written")
+    files.append("summary.json")
+    summary["files"] = files
+    return best_file
+
+
+# ----------------------------------------------------------------------------------- mode 1 entry point
+def run_design(cfg: SearchConfig) -> SearchOutcome:
+    """Mode 1: design under budgets (``archspec search --budget-flops 1G``)."""
+    from archspec.search.space import load_space
+
+    space = load_space(cfg.space)
+    name = cfg.study_name or default_study_name(space.name, cfg.objective, cfg.budgets)
+    return run_optuna_search(space, cfg, mode="design", name=name)

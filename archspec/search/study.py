@@ -1,0 +1,331 @@
+"""Optuna studies for ``archspec search``: storage resolution, samplers, resume and zombie trials.
+
+Everything here is Optuna's own machinery; archspec only chooses it and checks the user's input:
+
+* :func:`resolve_storage` turns ``--storage`` into an Optuna storage: ``None`` -> SQLite in the run
+  directory (``sqlite:///runs/<study>/study.db``); any SQLAlchemy URL (``postgresql://``,
+  ``mysql+pymysql://``, ``sqlite:///path``) -> :class:`optuna.storages.RDBStorage` with Optuna's
+  heartbeat; ``journal:PATH`` -> :class:`optuna.storages.JournalStorage` on a
+  :class:`~optuna.storages.journal.JournalFileBackend` (a lock-protected append-only file, good for
+  several processes on one machine or an NFS share); ``memory`` -> in-memory (no resume).  An
+  unreachable server, a missing driver or a SQLite/journal path in a missing directory is a
+  :class:`~archspec.errors.SpecError` naming ``--storage``.
+* :func:`open_study` creates the study or resumes it (``load_if_exists``), refusing to resume a study
+  whose objectives differ from the ones asked for.
+* :func:`fail_zombie_trials` marks RUNNING trials of dead workers FAIL (``fail_reason`` user attr):
+  trials of this host whose worker process is gone (pid + process start time recorded by
+  :func:`mark_worker`), and, for RDB storages, trials whose Optuna heartbeat went stale
+  (:func:`optuna.storages.fail_stale_trials`).  Run it before a worker starts optimising.
+* :func:`make_sampler`: TPE (default; multi-objective and constraint aware), NSGA-II, GP or random,
+  all seeded.  Budgets are Optuna constraints set with ``trial.set_constraint`` (value <= 0 feasible).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from archspec.errors import SpecError
+
+__all__ = [
+    "StorageInfo", "resolve_storage", "open_study", "make_sampler", "SAMPLERS", "fail_zombie_trials",
+    "fail_trial", "mark_worker", "validate_study_name", "HEARTBEAT_INTERVAL_S",
+]
+
+STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,80}$")
+SAMPLERS = ("tpe", "nsga2", "gp", "random")
+HEARTBEAT_INTERVAL_S = 20  # Optuna heartbeat for RDB storages; a trial is stale after 2x this without one
+
+
+def validate_study_name(name: str) -> str:
+    """Study names double as directory names: letters, digits, ``_ . -``, at most 80 characters."""
+    if not STUDY_NAME_RE.match(name or "") or name in (".", ".."):
+        raise SpecError.single(("--study-name",), f"invalid study name {name!r}",
+                               "use letters, digits, '_', '.' and '-' (at most 80 characters)")
+    return name
+
+
+@dataclass
+class StorageInfo:
+    """A resolved storage: the Optuna object, a display URL and its kind."""
+
+    storage: BaseStorage
+    url: str
+    kind: str  # "sqlite", "rdb", "journal" or "memory"
+    path: Path | None = None  # file of a sqlite / journal storage
+
+
+def _storage_error(url: str, message: str, hint: str | None = None) -> SpecError:
+    return SpecError.single(("--storage",), f"cannot open storage {url!r}: {message}", hint)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def resolve_storage(url: str | None, run_dir: Path | None = None, heartbeat: int | None = HEARTBEAT_INTERVAL_S) -> StorageInfo:
+    """Resolve ``--storage`` into an Optuna storage, connecting (and creating tables) now.
+
+    Args:
+        url: ``None`` (SQLite ``study.db`` in ``run_dir``), an SQLAlchemy URL, ``journal:PATH`` or ``memory``.
+        run_dir: the run directory (must exist when ``url`` is ``None``).
+        heartbeat: Optuna heartbeat interval in seconds for RDB storages (``None`` disables it).
+
+    Raises:
+        SpecError: unknown scheme, missing driver, unreachable server, path in a missing directory.
+    """
+    if url is None:
+        if run_dir is None:
+            raise ValueError("run_dir is needed for the default storage")
+        url = f"sqlite:///{(Path(run_dir) / 'study.db').resolve()}"
+    url = url.strip()
+    if url == "memory":
+        return StorageInfo(optuna.storages.InMemoryStorage(), "memory", "memory")
+    if url.startswith("journal:"):
+        raw = url[len("journal:"):]
+        if raw.startswith("//"):  # tolerate journal:///abs/path and journal://rel
+            raw = raw[2:]
+        if not raw:
+            raise _storage_error(url, "no file path after 'journal:'", "e.g. --storage journal:runs/shared.log")
+        path = Path(raw).expanduser()
+        if not path.parent.is_dir():
+            raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
+        if path.exists() and not path.is_file():
+            raise _storage_error(url, f"{str(path)!r} exists and is not a file")
+        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+        try:
+            backend = JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
+            storage = optuna.storages.JournalStorage(backend)
+        except Exception as exc:  # noqa: BLE001 - any failure to open is a user-facing storage problem
+            raise _storage_error(url, _first_line(exc)) from None
+        return StorageInfo(storage, f"journal:{path}", "journal", path)
+    if "://" not in url:
+        raise _storage_error(url, "not a storage URL",
+                             "use sqlite:///PATH, postgresql://USER@HOST/DB, mysql+pymysql://..., journal:PATH or memory")
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+    except Exception as exc:  # noqa: BLE001
+        raise _storage_error(url, f"malformed URL ({_first_line(exc)})") from None
+    engine_kwargs: dict[str, Any] = {}
+    path = None
+    kind = "rdb"
+    if parsed.get_backend_name() == "sqlite":
+        kind = "sqlite"
+        database = parsed.database
+        if not database or database == ":memory:":
+            raise _storage_error(url, "an in-memory SQLite database cannot be shared or resumed",
+                                 "give a file: sqlite:///runs/name/study.db, or use --storage memory")
+        path = Path(database).expanduser()
+        if not path.parent.is_dir():
+            raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
+        if path.exists() and not path.is_file():
+            raise _storage_error(url, f"{str(path)!r} exists and is not a file")
+        # Several worker processes write one file: wait for the lock instead of failing at once.
+        engine_kwargs["connect_args"] = {"timeout": 120}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+        if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
+            engine_kwargs["connect_args"] = {"connect_timeout": 10}
+    try:
+        storage = _rdb_storage(url, engine_kwargs, heartbeat)
+    except ModuleNotFoundError as exc:
+        raise _storage_error(url, f"the database driver {exc.name!r} is not installed",
+                             f"pip install {exc.name}, or use sqlite:///PATH or journal:PATH") from None
+    except ImportError as exc:
+        raise _storage_error(url, f"a database driver is missing ({_first_line(exc)})") from None
+    except Exception as exc:  # noqa: BLE001 - OperationalError, ArgumentError...: all user-facing
+        raise _storage_error(url, _first_line(exc), "is the server running and the URL right?") from None
+    display = parsed.render_as_string(hide_password=True)
+    return StorageInfo(storage, display, kind, path)
+
+
+def _rdb_storage(url: str, engine_kwargs: dict, heartbeat: int | None, attempts: int = 4) -> BaseStorage:
+    """``RDBStorage``, retried a few times: workers starting together on a fresh database race to create
+    its tables (one gets "table already exists" or "database is locked"); the retry finds them made."""
+    import time
+
+    for attempt in range(attempts):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat)
+        except (ImportError, ModuleNotFoundError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            text = str(exc).lower()
+            if attempt + 1 < attempts and ("already exists" in text or "locked" in text or "unique constraint" in text):
+                time.sleep(0.5 + attempt)
+                continue
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def make_sampler(name: str, seed: int | None, n_objectives: int, n_startup_trials: int = 6) -> optuna.samplers.BaseSampler:
+    """An Optuna sampler by name, seeded for reproducible sampling.
+
+    ``tpe`` (default): multivariate TPE, multi-objective and constraint aware (Optuna reads the
+    constraints set with ``trial.set_constraint``; infeasible trials are ranked last), with
+    ``constant_liar`` so that concurrent workers do not propose the same point.  ``nsga2``: NSGA-II
+    (constrained domination).  ``gp``: Gaussian-process BO.  ``random``: random search.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ExperimentalWarning for multivariate/group/constant_liar
+        if name == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, multivariate=True,
+                                              group=True, constant_liar=True)
+        if name == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, n_startup_trials))
+        if name == "gp":
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup_trials)
+        if name == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+    raise SpecError.single(("--sampler",), f"unknown sampler {name!r}", f"choose one of {', '.join(SAMPLERS)}")
+
+
+def _direction_names(directions: Sequence[optuna.study.StudyDirection]) -> list[str]:
+    return [d.name.lower() for d in directions]
+
+
+def open_study(name: str, info: StorageInfo, directions: Sequence[str], sampler: optuna.samplers.BaseSampler,
+               pruner: optuna.pruners.BasePruner | None = None, metric_names: Sequence[str] | None = None,
+               attrs: dict[str, Any] | None = None) -> optuna.Study:
+    """Create study ``name`` in the storage, or resume it when it exists (Optuna ``load_if_exists``).
+
+    ``attrs`` are set as study user attributes when the study is new (the run's settings).
+
+    Raises:
+        SpecError: the storage fails, or an existing study of that name has other objectives.
+    """
+    validate_study_name(name)
+    try:
+        existing = {s.study_name: s for s in optuna.get_all_study_summaries(info.storage, include_best_trial=False)}
+    except Exception as exc:  # noqa: BLE001
+        raise _storage_error(info.url, _first_line(exc)) from None
+    if name in existing:
+        old = _direction_names(existing[name].directions)
+        if old != list(directions):
+            raise SpecError.single(
+                ("--study-name",),
+                f"study {name!r} already exists in {info.url} with objectives {old}, not {list(directions)}",
+                "use another --study-name (or --out), or the same --objective as before")
+    try:
+        study = optuna.create_study(study_name=name, storage=info.storage, sampler=sampler, pruner=pruner,
+                                    directions=list(directions), load_if_exists=True)
+    except Exception as exc:  # noqa: BLE001
+        raise _storage_error(info.url, _first_line(exc)) from None
+    if name not in existing:
+        try:
+            if metric_names:
+                study.set_metric_names(list(metric_names))
+            for key, value in (attrs or {}).items():
+                study.set_user_attr(key, value)
+        except Exception:  # noqa: BLE001 - another worker created it at the same moment: fine
+            pass
+    return study
+
+
+# ----------------------------------------------------------------------------------- workers / zombies
+def _process_start(pid: int) -> str | None:
+    """Start time of process ``pid`` in clock ticks since boot (Linux ``/proc``), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    if start is not None:
+        now = _process_start(pid)
+        if now is not None and now != start:
+            return False  # the pid was reused by another process
+        try:  # an unreaped child of ours that was killed is a zombie process: dead
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().decode("ascii", "replace").rsplit(")", 1)[1].split()[0] == "Z":
+                    return False
+        except (OSError, IndexError):
+            pass
+    return True
+
+
+def worker_identity() -> dict[str, Any]:
+    """``{"host", "pid", "start"}`` of this process (recorded on each trial it runs)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid())}
+
+
+def mark_worker(trial: optuna.trial.Trial) -> None:
+    """Record which process runs ``trial`` (user attr ``worker``), so a later run can tell it died."""
+    trial.set_user_attr("worker", worker_identity())
+
+
+def fail_trial(study: optuna.Study, trial: FrozenTrial, reason: str) -> bool:
+    """Mark a RUNNING trial FAIL with user attr ``fail_reason``; False if another process finished it first."""
+    storage = study._storage
+    try:
+        storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
+        return storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+    except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
+        return False
+
+
+def fail_zombie_trials(study: optuna.Study) -> list[int]:
+    """Mark RUNNING trials of dead workers FAIL; returns their numbers.
+
+    A RUNNING trial is a zombie when its worker (user attr ``worker``) ran on this host and that
+    process no longer exists, or when the storage's Optuna heartbeat says it is stale (RDB storages,
+    other hosts included).  Trials of live workers (a concurrent process) are left alone.
+    """
+    me = worker_identity()
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = trial.user_attrs.get("worker")
+        if not isinstance(worker, dict) or worker.get("host") != me["host"]:
+            continue
+        pid = worker.get("pid")
+        if not isinstance(pid, int) or pid == me["pid"]:
+            continue
+        if not _alive(pid, worker.get("start")):
+            if fail_trial(study, trial, f"worker process {pid} died while running this trial (killed or interrupted); "
+                                        "marked failed on resume"):
+                failed.append(trial.number)
+    stale = []
+    storage = study._storage
+    from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
+
+    if isinstance(storage, BaseHeartbeat) and is_heartbeat_enabled(storage):
+        try:
+            stale_ids = set(storage._get_stale_trial_ids(study._study_id))
+        except Exception:  # noqa: BLE001 - private API changed: fall back to Optuna's public helper
+            stale_ids = None
+        if stale_ids is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                optuna.storages.fail_stale_trials(study)
+        else:
+            for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                if trial._trial_id in stale_ids and fail_trial(
+                        study, trial, "heartbeat stale: its worker stopped responding; marked failed on resume"):
+                    stale.append(trial.number)
+    return sorted(set(failed) | set(stale))

@@ -1,0 +1,180 @@
+"""Does the proxy rank architectures like longer training does?  Kendall tau of proxy vs long accuracy.
+
+    python bench/proxy_rank.py                        # 8 architectures, 2 processes; see bench/README.md
+    python bench/proxy_rank.py --n 12 --long-steps 1500 --data ~/data/cifar-10-batches-py
+
+Samples ``--n`` distinct architectures of the default design space that fit ``--budget-flops``
+(Optuna ``RandomSampler``, ``--seed``), trains each with the search's proxy protocol (the default
+``ProxyProtocol``: what ``archspec search`` uses to score a trial) and again for ``--long-steps``
+steps (default 3x the proxy's), then reports ``scipy.stats.kendalltau`` between the proxy accuracy
+and the longer-trained accuracy, with its p-value.  Both runs use the same data split; the long
+run uses ``--long-seed`` (default: a different initialisation from the proxy's) so that tau
+measures ranking, not shared noise.
+
+Writes ``bench/proxy_rank.json`` and ``bench/proxy_rank.md`` (``--out`` to change the stem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def sample_architectures(space, budgets, n: int, seed: int, max_draws: int = 5000):
+    """``n`` distinct feasible specs (by architecture key) with their Optuna params."""
+    import optuna
+
+    from archspec.search.budget import static_check
+    from archspec.search.latency import architecture_key
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    chosen, seen = [], set()
+    for _ in range(max_draws):
+        trial = study.ask()
+        spec = space.sample(trial)
+        check = static_check(spec, budgets)
+        study.tell(trial, 0.0)
+        key = architecture_key(spec)
+        if check.feasible and key not in seen:
+            seen.add(key)
+            chosen.append((spec, dict(trial.params), check))
+            if len(chosen) == n:
+                break
+    return chosen
+
+
+_DATA = {}
+
+
+def _train(task: dict) -> dict:
+    """One training run in a worker process (``ProcessPoolExecutor``): ``{index, label, accuracy|failure, seconds}``."""
+    import torch
+
+    from archspec.search.data import load_data
+    from archspec.search.proxy import ProxyProtocol, TrialFailure, train_proxy
+    from archspec.spec import load_spec
+
+    torch.set_num_threads(task["protocol"]["threads"] or 1)
+    key = (task["data"], task["image_size"], task["data_seed"], task["max_images"])
+    if key not in _DATA:
+        _DATA[key] = load_data(task["data"], image_size=task["image_size"], seed=task["data_seed"],
+                               max_images=task["max_images"])
+    start = time.perf_counter()
+    out = {"index": task["index"], "label": task["label"]}
+    try:
+        result = train_proxy(load_spec(task["spec"]), _DATA[key], ProxyProtocol(**task["protocol"]), seed=task["seed"])
+        out["accuracy"] = result.accuracy
+    except TrialFailure as exc:
+        out["accuracy"], out["failure"] = None, exc.reason
+    out["seconds"] = round(time.perf_counter() - start, 1)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=8, help="architectures (default 8)")
+    parser.add_argument("--budget-flops", default="1G", help="only candidates within this MAC budget (default 1G)")
+    parser.add_argument("--proxy-steps", type=int, default=None, help="proxy steps (default: ProxyProtocol's)")
+    parser.add_argument("--long-steps", type=int, default=None, help="long-training steps (default 3x the proxy's)")
+    parser.add_argument("--data", default=None, help="ImageFolder / CIFAR-10 directory (default: embedded digits)")
+    parser.add_argument("--max-images", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed and proxy initialisation seed")
+    parser.add_argument("--long-seed", type=int, default=1, help="initialisation seed of the long runs (default 1)")
+    parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 2),
+                        help="trainings run in parallel processes (default: min(cores, 2))")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per training (default 1, as `archspec search`: avoids OpenMP oversubscription)")
+    parser.add_argument("--out", default=str(HERE / "proxy_rank"), help="output stem (.json and .md)")
+    args = parser.parse_args(argv)
+    if args.n < 3:
+        parser.error("--n must be at least 3 for a rank correlation")
+
+    from scipy.stats import kendalltau
+
+    from archspec.analysis import human
+    from archspec.search.budget import Budgets, parse_quantity
+    from archspec.search.data import load_data
+    from archspec.search.proxy import ProxyProtocol
+    from archspec.search.space import load_space
+
+    proxy = dataclasses.replace(ProxyProtocol(), threads=args.threads)
+    if args.proxy_steps:
+        proxy = dataclasses.replace(proxy, steps=args.proxy_steps)
+    long_steps = args.long_steps or 3 * proxy.steps
+    long = dataclasses.replace(proxy, steps=long_steps, eval_every=max(long_steps // 4, 1),
+                               warmup_steps=max(proxy.warmup_steps, long_steps // 10))
+    budgets = Budgets(macs=parse_quantity(args.budget_flops, "--budget-flops"))
+    space = load_space(None)
+    data = load_data(args.data, image_size=proxy.image_size, seed=args.seed, max_images=args.max_images)
+    archs = sample_architectures(space, budgets, args.n, args.seed)
+    print(f"{len(archs)} architectures of {space.name} within {args.budget_flops} MACs; proxy {proxy.steps} steps, "
+          f"long {long_steps} steps; data {data.name} ({len(data.train)} train / {len(data.val)} val)")
+    rows = [{"index": i, "macs": check.macs, "params": check.params, "space_params": params}
+            for i, (spec, params, check) in enumerate(archs)]
+    tasks = []
+    for i, (spec, _, _) in enumerate(archs):
+        for label, protocol, seed in (("long", long, args.long_seed), ("proxy", proxy, args.seed)):
+            tasks.append({"index": i, "label": label, "spec": spec.model_dump(mode="json"), "protocol": protocol.describe(),
+                          "seed": seed, "data": args.data, "image_size": proxy.image_size, "data_seed": args.seed,
+                          "max_images": args.max_images})
+    tasks.sort(key=lambda t: t["label"] != "long")  # longest first: better packing on the workers
+    start_all = time.perf_counter()
+    if args.jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_train, t) for t in tasks]
+            results = []
+            for future in as_completed(futures):
+                results.append(future.result())
+                r = results[-1]
+                print(f"  [{len(results)}/{len(tasks)}] arch {r['index']} {r['label']}: {r.get('accuracy')} "
+                      f"({r['seconds']} s)", flush=True)
+    else:
+        results = []
+        for t in tasks:
+            results.append(_train(t))
+            r = results[-1]
+            print(f"  [{len(results)}/{len(tasks)}] arch {r['index']} {r['label']}: {r.get('accuracy')} ({r['seconds']} s)",
+                  flush=True)
+    for r in results:
+        row = rows[r["index"]]
+        row[f"{r['label']}_accuracy"] = r.get("accuracy")
+        row[f"{r['label']}_seconds"] = r["seconds"]
+        if "failure" in r:
+            row[f"{r['label']}_failure"] = r["failure"]
+    ok = [r for r in rows if r["proxy_accuracy"] is not None and r["long_accuracy"] is not None]
+    tau, p = kendalltau([r["proxy_accuracy"] for r in ok], [r["long_accuracy"] for r in ok]) if len(ok) >= 3 else (None, None)
+    total = time.perf_counter() - start_all
+    report = {"space": space.name, "budget_macs": budgets.macs, "n": len(ok), "kendall_tau": tau, "p_value": p,
+              "proxy_protocol": proxy.describe(), "long_protocol": long.describe(), "data": data.describe(),
+              "seed": args.seed, "long_seed": args.long_seed, "total_seconds": round(total, 1), "rows": rows}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2, default=float) + "\n", encoding="utf-8")
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    lines = ["# Proxy ranking fidelity (`bench/proxy_rank.py`)", "",
+             f"Kendall tau between proxy accuracy ({proxy.steps} steps, seed {args.seed}) and longer-trained accuracy "
+             f"({long_steps} steps, seed {args.long_seed}) over {len(ok)} architectures of `{space.name}` within "
+             f"{args.budget_flops} MACs, data {data.name}: **tau = {fmt(tau)}** (p = {fmt(p)}); {total / 60:.1f} min.", "",
+             "| # | MACs | params | proxy acc | long acc | proxy s | long s |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['index']} | {human(r['macs'])} | {human(r['params'])} | {fmt(r['proxy_accuracy'])} | "
+                     f"{fmt(r['long_accuracy'])} | {r['proxy_seconds']} | {r['long_seconds']} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(lines[2])
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

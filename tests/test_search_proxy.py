@@ -1,0 +1,218 @@
+"""archspec.search.data, .proxy and .latency: datasets, proxy adaptation and training, latency and its cache."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from archspec import SpecError, analyze, load_spec
+from archspec.search.data import load_data
+from archspec.search.latency import LatencyCache, LatencyProtocol, architecture_key, measure_latency
+from archspec.search.proxy import ProxyProtocol, TrialFailure, proxy_spec, train_proxy
+
+TINY = load_spec({
+    "name": "tiny_proxy", "input": {"channels": 3, "resolution": 224},
+    "stem": {"kind": "conv", "channels": [8, 16, 32, 32]}, "tokens": {"cls_token": "none", "pos_embed": "none"},
+    "stages": [
+        {"depth": 1, "dim": 32, "heads": 2, "key_dim": 8, "attn_ratio": 2, "mlp_ratio": 2, "norm": "batchnorm",
+         "act": "hardswish", "qkv_bias": False, "attention": "levit_bias",
+         "layers": [{"range": 0, "heads": [{"rel_bias": {}, "mask": {"window": "5x5"}}, "levit_bias"]}]},
+        {"depth": 1, "dim": 48, "heads": 2, "key_dim": 8, "attn_ratio": 2, "mlp_ratio": 2, "norm": "batchnorm",
+         "act": "hardswish", "qkv_bias": False, "attention": {"rel_bias": {}, "mask": {"window": "3x3"}},
+         "shrink": {"key_dim": 8}},
+    ],
+    "head": {"pool": "mean", "num_classes": 1000},
+})
+import archspec.compiler as COMPILE_MODULE
+FAST = ProxyProtocol(image_size=32, steps=12, batch_size=16, warmup_steps=2, eval_every=6, lr=3e-3, threads=1)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_data(None, 32, seed=0, max_images=300)
+
+
+# --------------------------------------------------------------------------------------- data
+def test_digits_default():
+    data = load_data(None, 16)
+    assert data.name == "digits" and data.num_classes == 10 and data.channels == 3 and data.image_size == 16
+    x, y = data.train.tensors
+    xv, yv = data.val.tensors
+    assert x.shape == (1437, 3, 16, 16) and xv.shape == (360, 3, 16, 16) and x.dtype == torch.float32
+    assert y.dtype == torch.long and set(y.tolist()) == set(range(10))
+    ratio = np.bincount(yv.numpy(), minlength=10) / np.bincount(y.numpy(), minlength=10)  # stratified
+    assert np.all(np.abs(ratio - 0.25) < 0.03)
+    again = load_data(None, 16)
+    assert torch.equal(again.train.tensors[0], x) and torch.equal(again.val.tensors[1], yv)
+    other = load_data(None, 16, seed=1)
+    assert not torch.equal(other.val.tensors[1], yv)
+    assert abs(x.mean().item()) < 1e-3  # normalised with the train statistics
+
+
+def test_digits_max_images(digits):
+    assert len(digits.train) + len(digits.val) == 300 and len(digits.val) == 60
+    assert set(digits.val.tensors[1].tolist()) == set(range(10))
+
+
+def _write_cifar(root, n=20):
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        labels = [i % 10 for i in range(n)]
+        batch = {b"batch_label": name.encode(), b"labels": labels,
+                 b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+                 b"filenames": [f"{k}.png".encode() for k in range(n)]}
+        with open(folder / name, "wb") as fh:
+            pickle.dump(batch, fh, protocol=2)
+    return folder
+
+
+def test_cifar10_loader(tmp_path):
+    _write_cifar(tmp_path)
+    data = load_data(tmp_path, 16)
+    assert data.name == "cifar10" and data.num_classes == 10 and data.channels == 3
+    assert data.train.tensors[0].shape == (100, 3, 16, 16) and data.val.tensors[0].shape == (20, 3, 16, 16)
+    assert load_data(tmp_path / "cifar-10-batches-py", 32, max_images=60).train.tensors[0].shape[1:] == (3, 32, 32)
+
+
+def test_cifar10_refuses_foreign_pickles(tmp_path):
+    folder = _write_cifar(tmp_path)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    with open(folder / "test_batch", "wb") as fh:
+        pickle.dump({b"data": Evil(), b"labels": [0]}, fh)
+    with pytest.raises(SpecError) as info:
+        load_data(tmp_path, 16)
+    assert info.value.problems[0].path == ("--data",) and "test_batch" in info.value.problems[0].message
+
+
+def test_image_folder(tmp_path):
+    from PIL import Image
+
+    for c, colour in (("cat", (255, 0, 0)), ("dog", (0, 0, 255))):
+        (tmp_path / c).mkdir()
+        for k in range(5):
+            Image.new("RGB", (10 + k, 12), colour).save(tmp_path / c / f"{k}.png")
+    data = load_data(tmp_path, 8)
+    assert data.num_classes == 2 and len(data.train) == 8 and len(data.val) == 2
+    assert sorted(data.val.tensors[1].tolist()) == [0, 1]
+    assert data.train.tensors[0].shape[1:] == (3, 8, 8)
+
+
+@pytest.mark.parametrize("make", ["missing", "file", "empty"])
+def test_bad_data_paths(tmp_path, make):
+    path = tmp_path / "data"
+    if make == "file":
+        path.write_text("x")
+    elif make == "empty":
+        path.mkdir()
+    with pytest.raises(SpecError) as info:
+        load_data(path, 16)
+    problem = info.value.problems[0]
+    assert problem.path == ("--data",) and problem.file == str(path)
+
+
+# --------------------------------------------------------------------------------------- proxy
+def test_proxy_spec_adapts_resolution_stem_and_masks(digits):
+    ps = proxy_spec(TINY, digits, FAST)
+    assert ps.input.resolution == (32, 32) and ps.input.channels == 3 and ps.head.num_classes == 10
+    assert ps.stem.channels == [16, 32, 32]  # one stride-2 conv dropped: 32 px -> 4x4 grid (>= min_grid)
+    rows = {r.layer: r for r in analyze(ps).rows}
+    assert rows["stages.0.blocks.0"].grid == (4, 4) and rows["stages.1.blocks.0"].grid == (2, 2)
+    plan0, plan1 = ps.layer_plans(0)[0], ps.layer_plans(1)[0]
+    assert plan0.heads[0].mask.window == (3, 3)  # 5x5 clipped to the 4x4 grid
+    assert all(h.mask is None and h.rel_bias is not None for h in plan1.heads)  # 3x3 on 2x2 covers all: dropped
+    # widths, depths and heads are unchanged
+    assert [(s.dim, s.depth, s.heads) for s in ps.stages] == [(s.dim, s.depth, s.heads) for s in TINY.stages]
+    big = proxy_spec(load_spec("levit_128s"), digits, ProxyProtocol(image_size=64))
+    assert big.stem.channels == [16, 32, 64, 128]  # 64 px keeps LeViT's stem: 4x4 tokens
+    deit = proxy_spec(load_spec("mait_tiny_sch2"), digits, ProxyProtocol(image_size=32))
+    assert deit.stem.patch_size == 8 and deit.layer_plans(0)[0].heads[0].mask.window == (3, 3)
+
+
+def test_train_proxy_runs_and_is_deterministic(digits):
+    calls = []
+    result = train_proxy(TINY, digits, FAST, seed=0, report=lambda step, acc: calls.append((step, acc)))
+    assert [s for s, _ in calls] == [6, 12] and result.steps == 12 and result.history == calls
+    assert 0.0 <= result.accuracy <= 1.0 and np.isfinite(result.val_loss) and np.isfinite(result.train_loss)
+    assert result.train_loss < 2.45 and result.seconds > 0  # below chance cross-entropy ln(10) = 2.30 + slack
+    again = train_proxy(TINY, digits, FAST, seed=0)
+    assert (again.accuracy, again.train_loss, again.val_loss) == (result.accuracy, result.train_loss, result.val_loss)
+    threads = torch.get_num_threads()
+    train_proxy(TINY, digits, ProxyProtocol(**{**FAST.describe(), "steps": 2, "threads": threads + 1}))
+    assert torch.get_num_threads() == threads
+
+
+def test_train_proxy_improves_over_chance(digits):
+    protocol = ProxyProtocol(image_size=32, steps=60, batch_size=32, warmup_steps=5, eval_every=60, lr=3e-3, threads=1)
+    assert train_proxy(TINY, digits, protocol, seed=0).accuracy > 0.3  # chance is 0.1
+
+
+def test_report_may_prune(digits):
+    import optuna
+
+    def prune(step, acc):
+        raise optuna.TrialPruned()
+
+    with pytest.raises(optuna.TrialPruned):
+        train_proxy(TINY, digits, FAST, report=prune)
+
+
+@pytest.mark.parametrize("kind", ["nan", "error"])
+def test_trial_failures(digits, kind):
+    def break_model(model):
+        if kind == "nan":
+            model.register_forward_hook(lambda mod, inp, out: out * float("nan"))
+        else:
+            def boom(mod, inp, out):
+                raise RuntimeError("kaboom inside the model")
+            model.stem.register_forward_hook(boom)
+
+    with pytest.raises(TrialFailure) as info:
+        train_proxy(TINY, digits, FAST, on_model=break_model)
+    assert ("nan" in info.value.reason) if kind == "nan" else ("kaboom" in info.value.reason)
+
+
+def test_protocol_validation():
+    assert ProxyProtocol().describe()["image_size"] == 64
+    with pytest.raises(SpecError):
+        ProxyProtocol(augmentation="mixup")
+
+
+# --------------------------------------------------------------------------------------- latency
+def test_architecture_key_ignores_name_and_seed():
+    spec = load_spec("levit_128s")
+    key = architecture_key(spec)
+    assert key == architecture_key(spec.model_copy(update={"name": "other", "seed": 7, "description": "x"}))
+    wider = load_spec({**spec.model_dump(mode="json"), "head": {"pool": "mean", "num_classes": 10, "distillation": True}})
+    assert architecture_key(wider) != key and len(key) == 64
+
+
+def test_latency_cache_round_trip(tmp_path, monkeypatch):
+    path = tmp_path / "latency.json"
+    cache = LatencyCache(path)
+    protocol = LatencyProtocol(warmup=1, repeats=3)
+    assert cache.get("k", protocol) is None
+    cache.put("k", protocol, 12.5)
+    assert LatencyCache(path).get("k", protocol) == 12.5  # another process sees it
+    assert LatencyCache(path).get("k", LatencyProtocol(threads=2)) is None
+    path.write_text("{ not json")  # a corrupt file reads as empty and is replaced on the next put
+    assert LatencyCache(path).get("k", protocol) is None
+    LatencyCache(path).put("j", protocol, 1.0)
+    assert set(json.loads(path.read_text())) == {"j"}
+
+    tiny = TINY.model_copy(update={"input": TINY.input.model_copy(update={"resolution": (96, 96)})})
+    threads = torch.get_num_threads()
+    ms = measure_latency(tiny, protocol, cache)
+    assert ms > 0 and torch.get_num_threads() == threads
+    monkeypatch.setattr(COMPILE_MODULE, "compile", lambda spec: (_ for _ in ()).throw(AssertionError("measured again")))
+    assert measure_latency(tiny.model_copy(update={"name": "renamed", "seed": 3}), protocol, cache) == ms
+    assert LatencyCache(None).get("x", protocol) is None
