@@ -17,21 +17,8 @@ import yaml
 from archspec import load_spec
 from archspec.analysis import analyze
 from archspec.cli import main
+from search_fixtures import TINY_SPACE
 
-TINY_SPACE = {
-    "name": "tiny",
-    "kind": "design",
-    "spec": {
-        "input": {"channels": 3, "resolution": 32},
-        "stem": {"kind": "conv"},
-        "tokens": {"cls_token": "none", "pos_embed": "none"},
-        "stages": [{
-            "depth": {"int": [1, 2]}, "dim": {"choice": [16, 32]}, "heads": 2, "key_dim": 8, "attn_ratio": 1,
-            "mlp_ratio": 2, "norm": "batchnorm", "act": "hardswish", "qkv_bias": False, "attention": "levit_bias",
-        }],
-        "head": {"pool": "mean", "num_classes": 10},
-    },
-}
 
 TINY_MAIT = """\
 name: tiny_mait

@@ -16,21 +16,8 @@ import yaml
 from archspec.errors import SpecError
 from archspec.search.study import (fail_zombie_trials, make_sampler, open_study, resolve_storage, validate_study_name,
                                    worker_identity)
+from search_fixtures import TINY_SPACE
 
-TINY_SPACE = {
-    "name": "tiny",
-    "kind": "design",
-    "spec": {
-        "input": {"channels": 3, "resolution": 32},
-        "stem": {"kind": "conv"},
-        "tokens": {"cls_token": "none", "pos_embed": "none"},
-        "stages": [{
-            "depth": {"int": [1, 2]}, "dim": {"choice": [16, 32]}, "heads": 2, "key_dim": 8, "attn_ratio": 1,
-            "mlp_ratio": 2, "norm": "batchnorm", "act": "hardswish", "qkv_bias": False, "attention": "levit_bias",
-        }],
-        "head": {"pool": "mean", "num_classes": 10},
-    },
-}
 FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2", "--no-progress"]
 COMPLETE, RUNNING, FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
 
