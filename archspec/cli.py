@@ -215,16 +215,20 @@ def cmd_build(args: argparse.Namespace) -> int:
         "out": str(out),
     }
     # Write everything into a temporary sibling, then move it into place: no partial output.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp: Path | None = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         artifact.save(model.cpu(), tmp)
         (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
+    except OSError as exc:
+        raise SpecError.single(("--out",), f"cannot write the build directory: {exc.strerror or exc}",
+                               "choose a writable directory with --out", str(out)) from None
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -40,10 +40,14 @@ class Problem:
 
     def format(self) -> str:
         """Render as ``file:line:col: field: message`` plus an indented hint line."""
-        where = self.file or "<spec>"
-        if self.line is not None:
-            where += f":{self.line}:{self.column or 1}"
-        text = f"{where}: {format_path(self.path)}: {self.message}"
+        is_option = bool(self.path) and str(self.path[0]).startswith("--")
+        if self.file is None and is_option:  # a command-line option, not a place in a spec
+            text = f"{format_path(self.path)}: {self.message}"
+        else:
+            where = self.file or "<spec>"
+            if self.line is not None:
+                where += f":{self.line}:{self.column or 1}"
+            text = f"{where}: {format_path(self.path)}: {self.message}"
         if self.hint:
             text += f"\n    hint: {self.hint}"
         return text

@@ -64,6 +64,7 @@ def test_validate_list_and_schema(capsys) -> None:
     (["build", "deit_tiny", "--resolution", "200"], "patch size 16 does not divide"),
     (["build", "deit_tiny", "--device", "cuda:7" if not torch.cuda.is_available() else "nonsense"], "--device"),
     (["build", "deit_tiny", "--seed", "-1"], "--seed"),
+    (["build", "deit_tiny", "--image", "/"], "cannot read the image"),
 ])
 def test_user_mistakes_exit_2_with_a_message_and_write_nothing(argv, where, tmp_path, capsys) -> None:
     out = tmp_path / "out"
@@ -86,3 +87,9 @@ def test_shipped_specs_work_by_name_outside_the_checkout(tmp_path) -> None:
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["params"] == archspec.analyze("mait_tiny_sch2").params
+
+
+def test_unwritable_out_is_a_located_error(capsys) -> None:
+    assert main(["build", "deit_tiny", "--out", "/proc/archspec-cannot-write-here", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "cannot write" in err and "Traceback" not in err
