@@ -137,6 +137,7 @@ def _table(analysis, title: str):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """`archspec validate`: schema and shape checks plus the analysis table; no weights. Returns the exit status."""
     from archspec.analysis import analyze, human
 
     spec = _load(args.spec, args.resolution)
@@ -184,6 +185,7 @@ def measure_latency(model, x, repeats: int = 10, warmup: int = 2) -> float:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    """`archspec build`: validate, compile, run the photo, time it, write the build directory atomically. Returns the exit status."""
     import torch
 
     from archspec import artifact
@@ -246,6 +248,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """`archspec list`: the shipped specs with params and MACs. Returns the exit status."""
     from rich.table import Table
 
     from archspec.analysis import analyze, human
@@ -263,6 +266,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    """`archspec schema`: the JSON Schema (or, with --markdown, the field reference). Returns the exit status."""
     from archspec.spec import ArchSpec
 
     if args.markdown:

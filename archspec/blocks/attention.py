@@ -293,6 +293,7 @@ class Attention(nn.Module):
 
     @property
     def attention_bias_device(self) -> torch.device:
+        """Device of the bias table (the eval-mode bias cache is valid only there)."""
         return (self.attention_biases if self.abs_bias_heads else self.signed_biases).device
 
     def train(self, mode: bool = True) -> "Attention":
