@@ -279,12 +279,16 @@ def plot_pareto(trials: Sequence, path: Path, directions: Sequence[str], names: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ax = optuna.visualization.matplotlib.plot_pareto_front(study, target_names=list(names))
+    return _save_axes(ax, title, path, plt)
+
+
+def _save_axes(ax, title: str, path: Path, plt) -> Path:
+    """Title the Optuna plot's axes, write its figure atomically as PNG, and close it."""
     ax.set_title(title)
-    fig = ax.figure
     try:
-        atomic_savefig(fig, path)
+        atomic_savefig(ax.figure, path)
     finally:
-        plt.close(fig)
+        plt.close(ax.figure)
     return path
 
 
@@ -299,13 +303,7 @@ def plot_history(trials: Sequence, path: Path, direction: str, name: str, title:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ax = optuna.visualization.matplotlib.plot_optimization_history(study, target_name=name)
-    ax.set_title(title)
-    fig = ax.figure
-    try:
-        atomic_savefig(fig, path)
-    finally:
-        plt.close(fig)
-    return path
+    return _save_axes(ax, title, path, plt)
 
 
 def plot_als_heatmap(als: dict[str, Sequence[float]], path: Path, title: str,
