@@ -11,10 +11,8 @@ import json
 import os
 import re
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -152,38 +150,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _device(name: str):
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise SpecError.single(("--device",), f"unknown device {name!r}", "use cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SpecError.single(("--device",), "CUDA is not available on this machine", "use --device cpu")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise SpecError.single(("--device",), f"unsupported device {name!r}", "use cpu, cuda or cuda:N")
-    return device
-
-
-def measure_latency(model, x, repeats: int = 10, warmup: int = 2) -> float:
-    """Median forward latency in ms of ``model(x)`` after ``warmup`` runs (inference mode, synchronised on CUDA)."""
-    import torch
-
-    times = []
-    with torch.inference_mode():
-        for i in range(warmup + repeats):
-            if x.device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            model(x)
-            if x.device.type == "cuda":
-                torch.cuda.synchronize()
-            if i >= warmup:
-                times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def cmd_build(args: argparse.Namespace) -> int:
     """`archspec build`: validate, compile, run the photo, time it, write the build directory atomically. Returns the exit status."""
     import torch
@@ -192,10 +158,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     from archspec.analysis import analyze, human
     from archspec.compiler import compile
     from archspec.image import default_image_path, load_image
+    from archspec.timing import median_forward_ms, parse_device
 
     if args.repeats < 1:
         raise SpecError.single(("--repeats",), "needs at least 1 timed run")
-    device = _device(args.device)
+    device = parse_device(args.device)
     spec = _load(args.spec, args.resolution, args.seed)
     out = Path(args.out) if args.out else Path("build") / spec.name
     if out.exists() and not out.is_dir():
@@ -205,7 +172,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     model = compile(spec).eval().to(device)
     with torch.inference_mode():
         logits = model(x)
-    latency = measure_latency(model, x, repeats=args.repeats)
+    latency = median_forward_ms(model, x, repeats=args.repeats)
     report = {
         **analysis.to_dict(),
         "image": str(Path(args.image) if args.image else default_image_path()),

@@ -251,17 +251,11 @@ def _protocol(args, defaults: dict | None = None):
 
 
 def _latency(args):
-    import torch
-
     from archspec.search.latency import LatencyProtocol
+    from archspec.timing import parse_device
 
     device = args.latency_device
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise SpecError.single(("--latency-device",), f"unknown device {device!r}", "use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SpecError.single(("--latency-device",), "CUDA is not available on this machine", "use --latency-device cpu")
+    parse_device(device, "--latency-device")
     protocol = LatencyProtocol(device=device, threads=args.latency_threads, batch=args.latency_batch)
     if getattr(args, "latency_repeats", None):
         protocol = replace(protocol, repeats=args.latency_repeats, warmup=min(protocol.warmup, args.latency_repeats))

@@ -16,9 +16,7 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -145,6 +143,7 @@ def measure_latency(spec: ArchSpec, protocol: LatencyProtocol = LatencyProtocol(
         RuntimeError: the device is not available.
     """
     from archspec.compiler import compile as compile_spec  # noqa: PLC0415
+    from archspec.timing import median_forward_ms  # noqa: PLC0415
 
     key = architecture_key(spec)
     if cache is not None:
@@ -161,20 +160,9 @@ def measure_latency(spec: ArchSpec, protocol: LatencyProtocol = LatencyProtocol(
             model = compile_spec(spec).to(device).eval()
             c, (h, w) = spec.input.channels, spec.input.resolution
             x = torch.randn(protocol.batch, c, h, w, device=device)
-        times = []
-        with torch.inference_mode():
-            for k in range(protocol.warmup + protocol.repeats):
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                model(x)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                if k >= protocol.warmup:
-                    times.append(time.perf_counter() - start)
+        ms = median_forward_ms(model, x, repeats=protocol.repeats, warmup=protocol.warmup)
     finally:
         torch.set_num_threads(old_threads)
-    ms = statistics.median(times) * 1000.0 if times else float("nan")
-    if cache is not None and times:
+    if cache is not None:
         cache.put(key, protocol, ms)
     return ms
