@@ -361,8 +361,6 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
                                     f"dim {stage.dim} is not divisible by {stage.heads} heads (head dim is dim / heads)",
                                     "change dim or heads, or set head_dim explicitly"))
             continue
-        if stage.head_dim is None and stage.attn_ratio is not None and stage.key_dim is None:
-            pass  # attn ratio applies to the implied head dim
         check_stage_overrides(spec, i, problems)
         dims = attn_dims(stage)
         if dims.v_dim < 1:

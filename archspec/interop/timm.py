@@ -51,10 +51,6 @@ def _stage_of(model: ArchModel) -> list[tuple[int, int]]:
     return [(s, j) for s, stage in enumerate(model.stages) for j in range(len(stage.blocks))]
 
 
-def _global_of(model: ArchModel) -> dict[tuple[int, int], int]:
-    return {pair: i for i, pair in enumerate(_stage_of(model))}
-
-
 def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tensor]:
     """Convert a timm state dict into one that ``model.load_state_dict(..., strict=True)`` accepts.
 
@@ -98,7 +94,6 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
     """
     ours = model.state_dict()
     flat_blocks = any(k.startswith("blocks.") for k in timm_model.state_dict())
-    global_of = _global_of(model)
     out: dict[str, Tensor] = {}
     for key in timm_model.state_dict():
         src = re.sub(r"^patch_embed\.", "stem.", key)
@@ -116,7 +111,6 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
         if src not in ours:
             raise KeyError(f"timm tensor {key!r} has no archspec counterpart (looked for {src!r})")
         out[key] = ours[src]
-    del global_of
     return out
 
 
