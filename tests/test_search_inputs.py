@@ -95,7 +95,7 @@ MASKS = ["search", "masks", "mait.yaml", *FAST]
     (["--data", "nope"], ["--data", "nope"]),
     (["--data", "notes.txt"], ["--data", "not a directory"]),
     (["--data", "foreign"], ["--data", "no images"]),
-    (["--max-images", "1"], ["--data", "at least 2"]),
+    (["--max-images", "1"], ["--max-images", ">= 2"]),
     (["--budget-flops", "1k"], ["--budget-flops", "smallest achievable"]),
     (["--budget-flops", "lots"], ["--budget-flops"]),
     (["--study-name", "../evil"], ["--study-name"]),
@@ -123,11 +123,11 @@ def test_design_bad_space_writes_nothing(work, capsys):
     (["--window", "4x4"], ["--window"]),
     (["--strategy", "soft", "--window", "99x99"], ["--window"]),
     (["--als-low", "0.9"], ["--als-low"]),
-    (["--max-images", "1"], ["--data", "at least 2"]),
+    (["--max-images", "1"], ["--max-images", ">= 2"]),
     (["--data", "nope"], ["--data"]),
     (["--budget-flops", "1G"], ["--budget-flops"]),
     (["--strategy", "optuna", "--windows", "4x4"], ["--windows"]),
-    (["--strategy", "optuna", "--max-images", "1"], ["--data", "at least 2"]),
+    (["--strategy", "optuna", "--max-masked", "0"], ["--max-masked", ">= 1"]),
     (["--storage", "sqlite:///notes.txt"], ["--storage", "not an SQLite database"]),
 ])
 def test_masks_bad_input_writes_nothing(work, capsys, extra, needles):
@@ -189,3 +189,10 @@ def test_storage_refuses_foreign_files_but_accepts_its_own(tmp_path):
 
     sqlite3.connect(real).execute("create table t (x)").connection.commit()
     check_storage(f"sqlite:///{real}")
+
+
+def test_load_data_refuses_one_image():
+    from archspec.search.data import load_data
+
+    with pytest.raises(SpecError, match="--max-images"):
+        load_data(None, image_size=16, max_images=1)

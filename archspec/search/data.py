@@ -298,7 +298,7 @@ def load_data(source: "str | os.PathLike | None", image_size: int, seed: int = 0
     if not isinstance(image_size, int) or image_size < 1:
         raise _fail(f"image size must be a positive integer, got {image_size!r}", None, None)
     if max_images is not None and max_images < 2:
-        raise _fail(f"max_images must be at least 2, got {max_images}", None, None)
+        raise SpecError.single(("--max-images",), f"must be at least 2 (a train and a validation image), got {max_images}")
     if source is None:
         return _digits(image_size, seed, max_images)
     root = Path(source).expanduser()
