@@ -31,7 +31,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from archspec.errors import Locator, Problem, SpecError
 from archspec.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec, StrictModel
-from archspec.yamlsource import load_yaml
+from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = [
     "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "TokensSpec",
@@ -468,43 +468,45 @@ def _problems_from_validation(exc: ValidationError) -> list[Problem]:
 
 
 def _read_source(source: Any) -> tuple[Any, Locator | None, str | None]:
-    """Return (data, locator, default name) for a path, YAML text, shipped spec name or dict."""
+    """Return (data, locator, default name) for a path, YAML text, shipped spec name or dict.
+
+    Which a ``str`` is follows :func:`archspec.yamlsource.is_yaml_text`; an ``os.PathLike`` is always a path.
+    """
     if isinstance(source, dict):
         return source, None, None
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source):
-        path = resolve_spec_path(str(source))
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise SpecError.single((), "the file is not UTF-8 text", "is this really a YAML spec?", str(path)) from None
-        except OSError as exc:
-            raise SpecError.single((), f"cannot read the file: {exc.strerror}", None, str(path)) from None
-        data, locator = load_yaml(text, str(source))
-        return data, locator, path.stem
-    if isinstance(source, str):
+    if isinstance(source, str) and is_yaml_text(source):
         data, locator = load_yaml(source, "<string>")
         return data, locator, None
+    if isinstance(source, (str, os.PathLike)):
+        path = resolve_spec_path(os.fspath(source))
+        text = read_text_file(path, os.fspath(source), "spec")
+        data, locator = load_yaml(text, os.fspath(source))
+        return data, locator, path.stem
     raise TypeError(f"load_spec takes a path, YAML text, a shipped spec name or a dict, not {type(source).__name__}")
 
 
-def resolve_spec_path(name: str) -> FsPath:
+def resolve_spec_path(name: "str | os.PathLike") -> FsPath:
     """A spec file path, or the name of a shipped spec (``mait_tiny_sch2``) -> an existing path.
+
+    An existing entry is returned whatever it is (:func:`archspec.yamlsource.read_text_file` then
+    refuses directories, FIFOs and devices); a missing one is looked up among the shipped specs.
 
     Raises:
         SpecError: no such file and no shipped spec of that name (lists the close names).
     """
     path = FsPath(name).expanduser()
-    if path.is_file():
+    try:
+        os.stat(path)
         return path
-    if path.exists():
-        raise SpecError.single((), "is a directory, not a spec file", None, name)
+    except (OSError, ValueError):  # ValueError: a NUL byte in the name
+        pass
     shipped = SPEC_DIR / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
     if shipped.is_file() and (path.parent == FsPath(".") or path.parent.name == "specs"):
         return shipped
     names = shipped_specs()
     close = difflib.get_close_matches(path.stem, names, n=3)
     hint = f"did you mean {', '.join(close)}?" if close else "`archspec list` shows the shipped specs"
-    raise SpecError.single((), "no such file, and no shipped spec of that name", hint, name)
+    raise SpecError.single((), "no such file, and no shipped spec of that name", hint, os.fspath(name))
 
 
 def shipped_specs() -> list[str]:
@@ -516,13 +518,19 @@ def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True)
     """Load and validate a spec.
 
     Args:
-        source: a path to a YAML file, the name of a shipped spec (``"mait_tiny_sch2"``), YAML text
-            (anything containing a newline), a dict, or an :class:`ArchSpec` (returned re-checked).
+        source: a path to a YAML file, the name of a shipped spec (``"mait_tiny_sch2"``), YAML text,
+            a dict, or an :class:`ArchSpec` (returned re-checked).  An ``os.PathLike`` is always a
+            path.  A ``str`` is YAML text when it contains a newline, is blank, or -- unless it names
+            an existing file or ends in ``.yaml`` / ``.yml`` -- starts with ``{``, ``[`` or ``---`` or
+            holds ``key: value`` (``"{name: t, stages: ...}"``); otherwise it is a path or a shipped name
+            (:func:`archspec.yamlsource.is_yaml_text`).
         check: also run the shape checks of :func:`archspec.graph.build_graph` (token grids,
             windows, head arithmetic).  ``False`` gives schema validation only.
 
     Raises:
-        SpecError: every problem found, each with file, line, column and field path.
+        SpecError: every problem found, each with file, line, column and field path; for a file also
+            a missing file, a directory, FIFO or device, a file over 1 MB, bytes that are not UTF-8.
+        TypeError: ``source`` is none of the types above.
     """
     if isinstance(source, ArchSpec):
         spec, locator = source, None

@@ -74,14 +74,15 @@ provenance), rounds/ (per-round specs, als), als_round<k>.png / als.png (ALS hea
 als.json, trials.csv, study.db, summary.json."""
 
 
-def _positive_int(option: str):
+def _positive_int(option: str, minimum: int = 1):
+    """argparse type: a whole number >= ``minimum`` (argparse reports a bad one with exit 2, before anything runs)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
         return value
 
     return parse
@@ -144,8 +145,8 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
     data = p.add_argument_group("data and proxy training protocol")
     data.add_argument("--data", default=d(None), metavar="PATH",
                       help="ImageFolder directory or CIFAR-10 python directory (default: the embedded real dataset)")
-    data.add_argument("--max-images", type=_positive_int("--max-images"), default=d(None), metavar="N",
-                      help="use at most N images of the dataset")
+    data.add_argument("--max-images", type=_positive_int("--max-images", 2), default=d(None), metavar="N",
+                      help="use at most N images of the dataset (at least 2: a train and a validation image)")
     data.add_argument("--proxy-steps", type=_positive_int("--proxy-steps"), default=d(None), metavar="N",
                       help="optimizer steps of the proxy training")
     data.add_argument("--proxy-size", type=_positive_int("--proxy-size"), default=d(None), metavar="PX",
@@ -206,7 +207,7 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--window", default="3x3", metavar="RxC", help="als/soft: mask window (default 3x3, MaiT's)")
     m.add_argument("--windows", default="3x3,3x5,5x5", metavar="LIST",
                    help="optuna: windows to choose from (default 3x3,3x5,5x5)")
-    m.add_argument("--max-masked", type=int, default=None, metavar="N", help="optuna: at most N masked heads per layer")
+    m.add_argument("--max-masked", type=_positive_int("--max-masked"), default=None, metavar="N", help="optuna: at most N masked heads per layer")
     m.add_argument("--alpha-threshold", type=_float, default=0.5, metavar="A",
                    help="soft: learned alpha below A -> hard mask, else global (default 0.5 = the initial alpha)")
     _add_common(masks, defaults=False)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,8 @@ __all__ = ["Dataset", "load_data", "IMAGE_SUFFIXES"]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".webp", ".tif", ".tiff")
 _CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 _OPTION = ("--data",)
+_CIFAR_MAX_BYTES = 64_000_000  # a CIFAR-10 batch is 31 MB; never read a huge file whole
+_MAX_CLASSES = 1000  # a label beyond this would build an absurd classifier head
 
 
 @dataclass
@@ -148,18 +152,37 @@ def _cifar_dir(path: Path) -> Path | None:
     return None
 
 
+def _regular_file(path: Path, limit: int | None = None) -> os.stat_result:
+    """``stat`` of ``path``, refusing FIFOs, devices and sockets (reading them hangs or never ends) and
+    files over ``limit`` bytes."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise _fail(f"cannot read {path.name}: {exc.strerror}", None, path) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _fail(f"{path.name} is not a regular file (a FIFO, device or socket)", "remove it from the dataset", path)
+    if limit is not None and st.st_size > limit:
+        raise _fail(f"{path.name} is {st.st_size / 1e6:,.0f} MB; a CIFAR-10 batch is 31 MB",
+                    "expected the standard python-format batches of cifar-10-batches-py", path)
+    return st
+
+
 def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    _regular_file(path, _CIFAR_MAX_BYTES)
     try:
         with open(path, "rb") as fh:
-            batch = _ArrayUnpickler(io.BytesIO(fh.read()), encoding="bytes").load()
+            batch = _ArrayUnpickler(io.BytesIO(fh.read(_CIFAR_MAX_BYTES + 1)), encoding="bytes").load()
         data = np.asarray(batch[b"data"], dtype=np.uint8)
         labels = np.asarray(batch.get(b"labels", batch.get(b"fine_labels")), dtype=np.int64)
-    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _fail(f"cannot read CIFAR-10 batch {path.name}: {exc}",
+    except Exception as exc:  # noqa: BLE001 - a malformed pickle raises almost any type; all are the file's fault
+        raise _fail(f"cannot read CIFAR-10 batch {path.name}: {type(exc).__name__}: {str(exc)[:200]}",
                     "expected the standard python-format batches of cifar-10-batches-py", path) from None
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
-        raise _fail(f"CIFAR-10 batch {path.name} has data of shape {data.shape} and {len(labels)} labels",
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or labels.ndim != 1 or len(labels) != len(data):
+        raise _fail(f"CIFAR-10 batch {path.name} has data of shape {data.shape} and labels of shape {labels.shape}",
                     "expected (N, 3072) uint8 rows and N labels", path)
+    if len(labels) and not (0 <= labels.min() and labels.max() < _MAX_CLASSES):
+        raise _fail(f"CIFAR-10 batch {path.name} has labels from {labels.min()} to {labels.max()}",
+                    f"labels are class indices, 0 to {_MAX_CLASSES - 1}", path)
     return data.reshape(-1, 3, 32, 32), labels
 
 
@@ -184,22 +207,41 @@ def _folder_images(root: Path) -> tuple[list[Path], list[str]]:
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     files: list[Path] = []
     for c in classes:
-        files.extend(sorted(p for p in (root / c).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()))
+        for p in sorted((root / c).rglob("*")):
+            if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir():
+                _regular_file(p)  # a FIFO named x.png would block Pillow forever
+                files.append(p)
     return files, classes
 
 
-def _load_images(files: list[Path], image_size: int) -> torch.Tensor:
-    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415
+def _load_image(path: Path, image_size: int) -> np.ndarray:
+    """One image as ``(image_size, image_size, 3)`` float32 in [0, 1].
 
+    Raises:
+        SpecError: the file cannot be decoded, or it is a decompression bomb: more pixels than Pillow's
+            ``Image.MAX_IMAGE_PIXELS`` (89M; Pillow itself only warns up to twice that and would
+            allocate gigabytes), so a 26 kB PNG of 15000 x 15000 pixels is refused before decoding.
+    """
+    from PIL import Image  # noqa: PLC0415
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                img = img.convert("RGB").resize((image_size, image_size), Image.BILINEAR)
+                return np.asarray(img, dtype=np.float32) / 255.0
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise _fail(f"image {path.name} is too large to decode safely: {exc}",
+                    "remove it, or shrink it below 89 megapixels", path) from None
+    except Exception as exc:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, struct.error... for broken files
+        raise _fail(f"cannot read image {path.name}: {type(exc).__name__}: {str(exc)[:200]}",
+                    "remove or fix the file", path) from None
+
+
+def _load_images(files: list[Path], image_size: int) -> torch.Tensor:
     out = torch.empty(len(files), 3, image_size, image_size)
     for k, f in enumerate(files):
-        try:
-            with Image.open(f) as img:
-                img = img.convert("RGB").resize((image_size, image_size), Image.BILINEAR)
-                arr = np.asarray(img, dtype=np.float32) / 255.0
-        except (OSError, UnidentifiedImageError, ValueError) as exc:
-            raise _fail(f"cannot read image {f}: {exc}", "remove or fix the file", f) from None
-        out[k] = torch.from_numpy(arr).permute(2, 0, 1)
+        out[k] = torch.from_numpy(_load_image(f, image_size)).permute(2, 0, 1)
     return out
 
 
@@ -250,12 +292,13 @@ def load_data(source: "str | os.PathLike | None", image_size: int, seed: int = 0
 
     Raises:
         SpecError: at ``--data``: a missing path, a file instead of a directory, no images, unreadable
-            files -- with the path as the file.
+            or undecodable files, decompression bombs, FIFOs or devices among the files, malformed
+            CIFAR-10 batches -- with the offending path as the file.
     """
     if not isinstance(image_size, int) or image_size < 1:
         raise _fail(f"image size must be a positive integer, got {image_size!r}", None, None)
     if max_images is not None and max_images < 2:
-        raise _fail(f"max_images must be at least 2, got {max_images}", None, None)
+        raise SpecError.single(("--max-images",), f"must be at least 2 (a train and a validation image), got {max_images}")
     if source is None:
         return _digits(image_size, seed, max_images)
     root = Path(source).expanduser()

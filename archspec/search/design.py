@@ -42,9 +42,11 @@ from optuna.trial import TrialState
 from archspec.analysis import human
 from archspec.errors import SpecError
 from archspec.search import runs
-from archspec.search.study import fail_zombie_trials, make_sampler, mark_worker, open_study, resolve_storage
+from archspec.search.study import (HEARTBEAT_INTERVAL_S, check_storage, fail_zombie_trials, make_sampler, mark_worker,
+                                   open_study, resolve_storage)
 
-__all__ = ["SearchConfig", "run_design", "run_optuna_search", "default_study_name", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S"]
+__all__ = ["SearchConfig", "run_design", "run_optuna_search", "default_study_name", "check_outputs", "open_run",
+           "run_dir_of", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TRIALS = 16          # trained candidates of the bare `archspec search --budget-flops 1G`
 DEFAULT_TIMEOUT_S = 540.0    # ... or this many seconds of search, whichever comes first (2 CPU cores: < 10 min)
@@ -422,20 +424,45 @@ def _quiet_optuna() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
-def _open(cfg: SearchConfig, name: str, directions: list[str], metric_names: list[str], attrs: dict,
-          n_objectives: int):
-    """Run dir + storage + study (storage checked before the run directory is created when explicit)."""
-    out = Path(cfg.out) if cfg.out else Path("runs") / name
-    if out.exists() and not out.is_dir():
-        raise SpecError.single(("--out",), "exists and is not a directory", None, str(out))
+def run_dir_of(cfg: SearchConfig, name: str) -> Path:
+    """The run directory: ``--out``, or ``runs/<study name>``."""
+    return Path(cfg.out).expanduser() if cfg.out else Path("runs") / name
+
+
+def check_outputs(cfg: SearchConfig, name: str) -> None:
+    """Check ``--out`` and ``--storage`` without creating or connecting to anything.
+
+    Raises:
+        SpecError: ``--out`` is not a usable run directory (:func:`runs.check_run_dir`), or ``--storage``
+            is refused by :func:`~archspec.search.study.check_storage` (a non-SQLite ``study.db`` in an
+            existing run directory included).
+    """
+    out = run_dir_of(cfg, name)
+    runs.check_run_dir(out)
     if cfg.storage is not None:
-        info = resolve_storage(cfg.storage)
+        check_storage(cfg.storage)
+    elif out.is_dir():  # a new run directory is archspec's own and empty
+        check_storage(None, out)
+
+
+def open_run(cfg: SearchConfig, name: str, directions: list[str], metric_names: list[str], attrs: dict,
+             sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner | None = None,
+             heartbeat: int | None = HEARTBEAT_INTERVAL_S):
+    """Create the run directory, open the storage and the study: the first writes of a run.
+
+    Call only after every input is checked (:func:`check_outputs` among them).  An explicit
+    ``--storage`` is connected to before the run directory is created.
+
+    Raises:
+        SpecError: the storage cannot be reached, or the study exists with other objectives.
+    """
+    out = run_dir_of(cfg, name)
+    if cfg.storage is not None:
+        info = resolve_storage(cfg.storage, heartbeat=heartbeat)
         run_dir = runs.prepare_run_dir(out)
     else:
         run_dir = runs.prepare_run_dir(out)
-        info = resolve_storage(None, run_dir)
-    sampler = make_sampler(cfg.sampler, cfg.seed, n_objectives)
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=3) if (cfg.prune and n_objectives == 1) else optuna.pruners.NopPruner()
+        info = resolve_storage(None, run_dir, heartbeat=heartbeat)
     study = open_study(name, info, directions, sampler, pruner, metric_names, attrs)
     return run_dir, info, study
 
@@ -448,6 +475,28 @@ def _settings_notes(study: optuna.Study, attrs: dict) -> list[str]:
             notes.append(f"resumed study was created with a different {key} ({old[key]}); "
                          "objective values of old and new trials may not be comparable")
     return notes
+
+
+def _preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
+    """Check every input of a search, cheapest first, writing nothing; return ``(data, sampler)``.
+
+    Raises:
+        SpecError: the first bad input (trials, timeout, budgets, space, data, ``--out``, ``--storage``).
+    """
+    from archspec.search.data import load_data
+
+    if cfg.trials < 1:
+        raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")
+    if cfg.timeout is not None and cfg.timeout <= 0:
+        raise SpecError.single(("--timeout",), f"must be positive seconds, got {cfg.timeout}")
+    check_budgets_feasible(space, cfg.budgets, cfg.budget_options)
+    check_space_valid(space, seed=cfg.seed)
+    check_data_path(cfg.data)
+    check_outputs(cfg, name)
+    sampler = make_sampler(cfg.sampler, cfg.seed, n_objectives)
+    # Decoding every image is the last input check (the slowest): still nothing written.
+    data = load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)
+    return data, sampler
 
 
 def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_attrs: dict | None = None,
@@ -463,40 +512,35 @@ def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_a
         after_train: ``f(trial, spec, result)`` after a successful proxy training (mode 2 stores ALS).
         finalize_extra: ``f(study, run_dir, best_trial, summary)`` adds files / summary entries.
 
+    Every input (options, budgets, space, data -- every image decoded --, ``--out``, ``--storage``)
+    is checked before the run directory, the study or any file is created.
+
     Raises:
-        SpecError: bad input (budgets, space, data path, storage).
+        SpecError: bad input (budgets, space, data, run directory, storage); nothing is written then.
     """
     from archspec.search.budget import static_check_rate
-    from archspec.search.data import load_data
     from archspec.search.latency import LatencyCache
 
     _quiet_optuna()
     wall_start = time.perf_counter()
-    if cfg.trials < 1:
-        raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")
-    if cfg.timeout is not None and cfg.timeout <= 0:
-        raise SpecError.single(("--timeout",), f"must be positive seconds, got {cfg.timeout}")
-    check_budgets_feasible(space, cfg.budgets, cfg.budget_options)
-    check_space_valid(space, seed=cfg.seed)
-    check_data_path(cfg.data)
-    rate = static_check_rate(space, cfg.budgets, n=200, seed=cfg.seed)
-
     multi = cfg.objective == "pareto"
     directions = ["maximize", "minimize"] if multi else ["maximize"]
     metric_names = ["accuracy", "latency_ms"] if multi else ["accuracy"]
+    data, sampler = _preflight(space, cfg, name, len(directions))
+    rate = static_check_rate(space, cfg.budgets, n=200, seed=cfg.seed)
     attrs = {
         "mode": mode, "space": getattr(space, "name", "space"), "objective": cfg.objective,
         "budgets": cfg.budgets.describe(), "proxy": cfg.protocol.describe(),
         "latency_protocol": dataclasses.asdict(cfg.latency), "data": cfg.data or "embedded",
         "max_images": cfg.max_images, "seed": cfg.seed, "sampler": cfg.sampler, **(extra_attrs or {}),
     }
-    run_dir, info, study = _open(cfg, name, directions, metric_names, attrs, len(directions))
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=3) if (cfg.prune and not multi) else optuna.pruners.NopPruner()
+    run_dir, info, study = open_run(cfg, name, directions, metric_names, attrs, sampler, pruner)
     notes = _settings_notes(study, attrs)
     zombies = fail_zombie_trials(study)
     if zombies:
         notes.append(f"marked {len(zombies)} stale RUNNING trial(s) of dead workers as FAIL: {zombies}")
 
-    data = load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)
     cache = LatencyCache(run_dir / "latency.json")
     progress = _Progress(cfg.trials, cfg.progress, len(directions), cfg.timeout)
     objective = _Objective(space, data, cfg, cache, len(directions), on_status=progress.status, after_train=after_train,

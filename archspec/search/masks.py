@@ -45,18 +45,19 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from archspec.errors import SpecError
+from archspec.errors import SpecError, format_path
 from archspec.heads import HeadSpec, MaskSpec
 from archspec.search import runs
-from archspec.search.design import SearchConfig, SearchOutcome, _json, _quiet_optuna, _run_lock, check_data_path
-from archspec.search.study import fail_zombie_trials, mark_worker, open_study, resolve_storage
+from archspec.search.data import load_data
+from archspec.search.design import (SearchConfig, SearchOutcome, _json, _quiet_optuna, _run_lock, check_data_path,
+                                    check_outputs, open_run)
+from archspec.search.study import fail_zombie_trials, mark_worker
 from archspec.spec import ArchSpec, load_spec
 
 __all__ = ["MaskConfig", "run_masks", "attention_layers", "apply_placement", "assign_from_als", "calibrate",
@@ -334,8 +335,34 @@ def run_masks(mcfg: MaskConfig) -> SearchOutcome:
     if not 0.0 < mcfg.alpha_threshold < 1.0:
         raise SpecError.single(("--alpha-threshold",), f"alpha lies in (0, 1); got {mcfg.alpha_threshold:g}")
     window = _window(mcfg.window, "--window")
+    _first_spec(spec, mcfg.strategy, window)  # a window that does not fit the token grid fails here
     check_data_path(cfg.data)
-    return _run_training_strategy(spec, mcfg, name, window, high, low)
+    check_outputs(cfg, name)
+    # Decoding every image is the last input check: nothing is written before it passes.
+    data = load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)
+    return _run_training_strategy(spec, mcfg, name, window, high, low, data)
+
+
+def _first_spec(spec: ArchSpec, strategy: str, window: tuple[int, int]) -> ArchSpec:
+    """The spec the first training round of ``als`` / ``soft`` trains.
+
+    Raises:
+        SpecError: the masks do not fit ``spec`` (e.g. ``--window 99x99`` on a 14 x 14 token grid).
+    """
+    try:
+        if strategy == "soft":
+            return apply_placement(spec, _soft_heads(spec, window))
+        return apply_placement(spec, placement_heads(spec, head0_placement(spec), window))
+    except SpecError as exc:
+        raise SpecError([dataclasses.replace(p, path=("--window",), file=None, line=None, column=None,
+                                             message=f"{window[0]}x{window[1]} masks do not fit {spec.name!r}: "
+                                                     f"{format_path(p.path)}: {p.message}")
+                         for p in exc.problems]) from None
+
+
+def _soft_heads(spec: ArchSpec, window: tuple[int, int]) -> dict[tuple[int, int], list[HeadSpec]]:
+    """MaiT sec. 4.3: a soft ``window`` mask on every head of every attention layer."""
+    return {(s, l): [_with_mask(_strip_mask(h), window, "soft") for h in heads] for s, l, heads in attention_layers(spec)}
 
 
 def _run_optuna(spec: ArchSpec, mcfg: MaskConfig, name: str) -> SearchOutcome:
@@ -394,8 +421,7 @@ def _run_optuna(spec: ArchSpec, mcfg: MaskConfig, name: str) -> SearchOutcome:
 
 
 def _run_training_strategy(spec: ArchSpec, mcfg: MaskConfig, name: str, window: tuple[int, int], high: float,
-                           low: float) -> SearchOutcome:
-    from archspec.search.data import load_data
+                           low: float, data) -> SearchOutcome:
     from archspec.search.latency import LatencyCache, measure_latency
 
     cfg = mcfg.search
@@ -404,19 +430,13 @@ def _run_training_strategy(spec: ArchSpec, mcfg: MaskConfig, name: str, window: 
              "proxy": cfg.protocol.describe(), "data": cfg.data or "embedded", "seed": cfg.seed,
              "thresholds": {"als_high": high, "als_low": low, "alpha_threshold": mcfg.alpha_threshold},
              "window": list(window), "rounds": mcfg.rounds}
-    out = Path(cfg.out) if cfg.out else Path("runs") / name
-    if cfg.storage is not None:
-        info = resolve_storage(cfg.storage, heartbeat=None)  # ask/tell rounds: zombies are found by pid
-        run_dir = runs.prepare_run_dir(out)
-    else:
-        run_dir = runs.prepare_run_dir(out)
-        info = resolve_storage(None, run_dir, heartbeat=None)
-    study = open_study(name, info, ["maximize"], optuna.samplers.RandomSampler(seed=cfg.seed), None, ["accuracy"], attrs)
+    # heartbeat None: ask/tell rounds; zombies are found by pid
+    run_dir, info, study = open_run(cfg, name, ["maximize"], ["accuracy"], attrs,
+                                    optuna.samplers.RandomSampler(seed=cfg.seed), None, heartbeat=None)
     notes = []
     zombies = fail_zombie_trials(study)
     if zombies:
         notes.append(f"marked {len(zombies)} stale RUNNING trial(s) of dead workers as FAIL: {zombies}")
-    data = load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)
     x_val = data.val.tensors[0][:ALS_IMAGES]
     cache = LatencyCache(run_dir / "latency.json")
     files: list[str] = []
@@ -509,9 +529,7 @@ def _run_training_strategy(spec: ArchSpec, mcfg: MaskConfig, name: str, window: 
                     break
             final_extra = {"rounds": rounds_log}
         else:  # soft
-            soft_heads = {(s, l): [_with_mask(_strip_mask(h), window, "soft") for h in heads]
-                          for s, l, heads in attention_layers(spec)}
-            soft_spec = apply_placement(spec, soft_heads)
+            soft_spec = apply_placement(spec, _soft_heads(spec, window))
             result, model, scores, number = train_round(1, soft_spec, "soft-mask training")
             if result is not None:
                 check_learned("soft-mask training", result.accuracy)

@@ -2,6 +2,7 @@
 
 Layout of ``runs/<study-name>/`` (or ``--out``)::
 
+    .archspec-run             empty marker: this directory is archspec's (a non-empty --out without one is refused)
     study.db                  Optuna storage (SQLite, unless --storage points elsewhere)
     latency.json              latency cache: median ms per (architecture, protocol)
     best.yaml                 the chosen spec (most accurate Pareto point / best trial / final mask placement)
@@ -38,24 +39,53 @@ from archspec.errors import SpecError
 from archspec.spec import ArchSpec, load_spec, spec_to_yaml
 
 __all__ = [
-    "prepare_run_dir", "atomic_write_text", "atomic_write_bytes", "atomic_savefig", "emit_spec",
+    "check_run_dir", "prepare_run_dir", "RUN_MARKER", "atomic_write_text", "atomic_write_bytes", "atomic_savefig", "emit_spec",
     "provenance_header", "write_trials_csv", "trial_rows", "plot_pareto", "plot_history", "plot_als_heatmap",
     "replace_dir", "print_summary", "jsonable",
 ]
 
 
 # ----------------------------------------------------------------------------------- files
-def prepare_run_dir(out: Path) -> Path:
-    """Create the run directory (and parents).
+RUN_MARKER = ".archspec-run"  # written into every run directory archspec creates
+# Files only a run writes: a directory holding one is a run directory (from before the marker existed).
+_RUN_FILES = (RUN_MARKER, "study.db", "summary.json", "latency.json", "trials.csv", ".finalize.lock")
+
+
+def check_run_dir(out: Path) -> None:
+    """Check that ``out`` can be a run directory, writing nothing.
+
+    It may be missing (it will be created), empty, or a run directory of an earlier search (resume);
+    a non-empty directory without any file a run writes is someone else's, and a run would overwrite
+    its ``best.yaml`` or ``summary.json``: refused.
 
     Raises:
-        SpecError: ``out`` exists and is not a directory, or cannot be created.
+        SpecError: ``out`` exists and is not a directory, or is a non-empty directory archspec did not make.
     """
     out = Path(out).expanduser()
-    if out.exists() and not out.is_dir():
+    if os.path.lexists(out) and not out.is_dir():
         raise SpecError.single(("--out",), "exists and is not a directory", None, str(out))
+    if not out.is_dir():
+        return
+    try:
+        entries = {p.name for p in out.iterdir()}
+    except OSError as exc:
+        raise SpecError.single(("--out",), f"cannot read the directory: {exc.strerror}", None, str(out)) from None
+    if entries and not entries.intersection(_RUN_FILES):
+        raise SpecError.single(("--out",), "is a directory with files that archspec did not write",
+                               "give a new or empty directory, or the run directory of an earlier search", str(out))
+
+
+def prepare_run_dir(out: Path) -> Path:
+    """Create the run directory (and parents), marked as archspec's own (:data:`RUN_MARKER`).
+
+    Raises:
+        SpecError: what :func:`check_run_dir` refuses, or the directory cannot be created.
+    """
+    out = Path(out).expanduser()
+    check_run_dir(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        (out / RUN_MARKER).touch()
     except OSError as exc:
         raise SpecError.single(("--out",), f"cannot create the run directory: {exc.strerror}", None, str(out)) from None
     return out

@@ -81,7 +81,7 @@ from pydantic import BaseModel, ValidationError
 from archspec.errors import Locator, Problem, SpecError
 from archspec.heads import HeadSpec, MaskSpec
 from archspec.spec import ArchSpec, StageSpec, load_spec
-from archspec.yamlsource import load_yaml
+from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = ["SearchSpace", "load_space", "mask_placement_space", "MARKERS"]
 
@@ -638,11 +638,14 @@ def load_space(source: "str | os.PathLike | dict | None" = None) -> SearchSpace:
 
     Args:
         source: ``None`` (the embedded LeViT-family design space), a path to a YAML file, the name of
-            a shipped space (``levit_family``), YAML text (containing a newline) or a dict.
+            a shipped space (``levit_family``), YAML text or a dict.  A ``str`` is YAML text or a path
+            by the rule of :func:`archspec.yamlsource.is_yaml_text` (as for :func:`archspec.load_spec`).
 
     Raises:
         SpecError: unknown keys, malformed markers, empty choices, refs to nothing, a space whose
-            smallest point is not a valid spec -- each with file, line and field path.
+            smallest point is not a valid spec -- each with file, line and field path; a file that is
+            missing, a directory, FIFO or device, over 1 MB or not UTF-8; YAML nested too deeply, with
+            recursive aliases or non-scalar keys.
     """
     from archspec.search import DEFAULT_SPACE, SPACES_DIR  # noqa: PLC0415
 
@@ -650,21 +653,19 @@ def load_space(source: "str | os.PathLike | dict | None" = None) -> SearchSpace:
         source = DEFAULT_SPACE
     if isinstance(source, dict):
         return _from_document(source, None, "<dict>")
-    if isinstance(source, str) and "\n" in source:
+    if isinstance(source, str) and is_yaml_text(source):
         data, locator = load_yaml(source, "<string>")
         return _from_document(data, locator, "<string>")
     path = Path(source).expanduser()
-    if not path.is_file():
+    if not os.path.lexists(path):
         shipped = SPACES_DIR / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
         if shipped.is_file() and path.parent == Path("."):
             path = shipped
         else:
             names = sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
             raise SpecError.single((), "no such search space file", f"shipped spaces: {', '.join(names)}", str(source))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError.single((), f"cannot read the search space: {exc}", None, str(source)) from None
+    # Same checks as a spec file: regular file, at most 1 MB (from stat, before reading), UTF-8.
+    text = read_text_file(path, str(source), "search space")
     data, locator = load_yaml(text, str(source))
     return _from_document(data, locator, str(source))
 

@@ -8,8 +8,10 @@ Everything here is Optuna's own machinery; archspec only chooses it and checks t
   heartbeat; ``journal:PATH`` -> :class:`optuna.storages.JournalStorage` on a
   :class:`~optuna.storages.journal.JournalFileBackend` (a lock-protected append-only file, good for
   several processes on one machine or an NFS share); ``memory`` -> in-memory (no resume).  An
-  unreachable server, a missing driver or a SQLite/journal path in a missing directory is a
-  :class:`~archspec.errors.SpecError` naming ``--storage``.
+  unreachable server, a missing driver, a SQLite/journal path in a missing directory, or an existing
+  file that is not an SQLite database / Optuna journal (never turned into one) is a
+  :class:`~archspec.errors.SpecError` naming ``--storage``.  :func:`check_storage` makes every check
+  that needs no connection, so a search can refuse bad input before it writes anything.
 * :func:`open_study` creates the study or resumes it (``load_if_exists``), refusing to resume a study
   whose objectives differ from the ones asked for.
 * :func:`fail_zombie_trials` marks RUNNING trials of dead workers FAIL (``fail_reason`` user attr):
@@ -37,7 +39,7 @@ from optuna.trial import FrozenTrial, TrialState
 from archspec.errors import SpecError
 
 __all__ = [
-    "StorageInfo", "resolve_storage", "open_study", "make_sampler", "SAMPLERS", "fail_zombie_trials",
+    "StorageInfo", "check_storage", "resolve_storage", "open_study", "make_sampler", "SAMPLERS", "fail_zombie_trials",
     "fail_trial", "mark_worker", "validate_study_name", "HEARTBEAT_INTERVAL_S",
 ]
 
@@ -73,43 +75,50 @@ def _first_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:300]
 
 
-def resolve_storage(url: str | None, run_dir: Path | None = None, heartbeat: int | None = HEARTBEAT_INTERVAL_S) -> StorageInfo:
-    """Resolve ``--storage`` into an Optuna storage, connecting (and creating tables) now.
+_SQLITE_MAGIC = b"SQLite format 3\x00"  # the 16-byte header of every SQLite 3 database file
+_JOURNAL_MAGIC = b'{"op_code":'  # Optuna's file journal: one JSON log per line, each starting so
 
-    Args:
-        url: ``None`` (SQLite ``study.db`` in ``run_dir``), an SQLAlchemy URL, ``journal:PATH`` or ``memory``.
-        run_dir: the run directory (must exist when ``url`` is ``None``).
-        heartbeat: Optuna heartbeat interval in seconds for RDB storages (``None`` disables it).
 
-    Raises:
-        SpecError: unknown scheme, missing driver, unreachable server, path in a missing directory.
-    """
-    if url is None:
-        if run_dir is None:
-            raise ValueError("run_dir is needed for the default storage")
-        url = f"sqlite:///{(Path(run_dir) / 'study.db').resolve()}"
-    url = url.strip()
-    if url == "memory":
-        return StorageInfo(optuna.storages.InMemoryStorage(), "memory", "memory")
-    if url.startswith("journal:"):
-        raw = url[len("journal:"):]
-        if raw.startswith("//"):  # tolerate journal:///abs/path and journal://rel
-            raw = raw[2:]
-        if not raw:
-            raise _storage_error(url, "no file path after 'journal:'", "e.g. --storage journal:runs/shared.log")
-        path = Path(raw).expanduser()
-        if not path.parent.is_dir():
-            raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
-        if path.exists() and not path.is_file():
-            raise _storage_error(url, f"{str(path)!r} exists and is not a file")
-        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+def _check_existing_file(url: str, path: Path, magic: bytes, what: str) -> None:
+    """Refuse to let Optuna turn a user's file into a database: an existing ``path`` must be a regular
+    file that is empty (a database a concurrent worker has just created) or starts with ``magic``."""
+    if not os.path.lexists(path):
+        return
+    if not path.is_file():
+        raise _storage_error(url, f"{str(path)!r} exists and is not a file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(magic))
+    except OSError as exc:
+        raise _storage_error(url, f"cannot read {str(path)!r}: {exc.strerror}") from None
+    if head and not magic.startswith(head) and not head.startswith(magic):
+        raise _storage_error(url, f"{str(path)!r} exists and is not {what}; archspec will not write into it",
+                             "give a new file name, or the file of an earlier archspec search")
 
-        try:
-            backend = JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
-            storage = optuna.storages.JournalStorage(backend)
-        except Exception as exc:  # noqa: BLE001 - any failure to open is a user-facing storage problem
-            raise _storage_error(url, _first_line(exc)) from None
-        return StorageInfo(storage, f"journal:{path}", "journal", path)
+
+@dataclass
+class _Target:
+    """A checked ``--storage``: what :func:`resolve_storage` will open, nothing opened yet."""
+
+    url: str
+    kind: str  # "sqlite", "rdb", "journal" or "memory"
+    path: Path | None = None
+
+
+def _journal_target(url: str) -> _Target:
+    raw = url[len("journal:"):]
+    if raw.startswith("//"):  # tolerate journal:///abs/path and journal://rel
+        raw = raw[2:]
+    if not raw:
+        raise _storage_error(url, "no file path after 'journal:'", "e.g. --storage journal:runs/shared.log")
+    path = Path(raw).expanduser()
+    if not path.parent.is_dir():
+        raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
+    _check_existing_file(url, path, _JOURNAL_MAGIC, "an Optuna journal")
+    return _Target(url, "journal", path)
+
+
+def _sqlalchemy_target(url: str) -> _Target:
     if "://" not in url:
         raise _storage_error(url, "not a storage URL",
                              "use sqlite:///PATH, postgresql://USER@HOST/DB, mysql+pymysql://..., journal:PATH or memory")
@@ -119,25 +128,81 @@ def resolve_storage(url: str | None, run_dir: Path | None = None, heartbeat: int
         parsed = make_url(url)
     except Exception as exc:  # noqa: BLE001
         raise _storage_error(url, f"malformed URL ({_first_line(exc)})") from None
+    if parsed.get_backend_name() != "sqlite":
+        return _Target(url, "rdb")
+    database = parsed.database
+    if not database or database == ":memory:":
+        raise _storage_error(url, "an in-memory SQLite database cannot be shared or resumed",
+                             "give a file: sqlite:///runs/name/study.db, or use --storage memory")
+    path = Path(database).expanduser()
+    if not path.parent.is_dir():
+        raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
+    _check_existing_file(url, path, _SQLITE_MAGIC, "an SQLite database")
+    return _Target(url, "sqlite", path)
+
+
+def check_storage(url: str | None, run_dir: Path | None = None) -> None:
+    """Check ``--storage`` without connecting or creating anything (run it before any file is written).
+
+    Args:
+        url: as for :func:`resolve_storage`; ``None`` checks ``study.db`` in ``run_dir`` when the
+            run directory already exists (a new one is created by archspec and holds nothing).
+
+    Raises:
+        SpecError: what :func:`resolve_storage` refuses before connecting: an unknown scheme, a
+            malformed URL, a path in a missing directory, a path that is a directory, or an existing
+            file that is not an SQLite database (16-byte header ``SQLite format 3\\0``) or an Optuna
+            journal (lines ``{"op_code": ...}``) -- archspec never turns a user's file into a database.
+    """
+    _target(url, run_dir)
+
+
+def _target(url: str | None, run_dir: Path | None) -> _Target:
+    if url is None:
+        if run_dir is None:
+            raise ValueError("run_dir is needed for the default storage")
+        url = f"sqlite:///{(Path(run_dir) / 'study.db').resolve()}"
+    url = url.strip()
+    if url == "memory":
+        return _Target("memory", "memory")
+    if url.startswith("journal:"):
+        return _journal_target(url)
+    return _sqlalchemy_target(url)
+
+
+def resolve_storage(url: str | None, run_dir: Path | None = None, heartbeat: int | None = HEARTBEAT_INTERVAL_S) -> StorageInfo:
+    """Resolve ``--storage`` into an Optuna storage, connecting (and creating tables) now.
+
+    Args:
+        url: ``None`` (SQLite ``study.db`` in ``run_dir``), an SQLAlchemy URL, ``journal:PATH`` or ``memory``.
+        run_dir: the run directory (must exist when ``url`` is ``None``).
+        heartbeat: Optuna heartbeat interval in seconds for RDB storages (``None`` disables it).
+
+    Raises:
+        SpecError: everything :func:`check_storage` refuses, a missing driver, an unreachable server.
+    """
+    target = _target(url, run_dir)
+    url = target.url
+    if target.kind == "memory":
+        return StorageInfo(optuna.storages.InMemoryStorage(), "memory", "memory")
+    if target.kind == "journal":
+        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+        path = str(target.path)
+        try:
+            storage = optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+        except Exception as exc:  # noqa: BLE001 - any failure to open is a user-facing storage problem
+            raise _storage_error(url, _first_line(exc)) from None
+        return StorageInfo(storage, f"journal:{target.path}", "journal", target.path)
     engine_kwargs: dict[str, Any] = {}
-    path = None
-    kind = "rdb"
-    if parsed.get_backend_name() == "sqlite":
-        kind = "sqlite"
-        database = parsed.database
-        if not database or database == ":memory:":
-            raise _storage_error(url, "an in-memory SQLite database cannot be shared or resumed",
-                                 "give a file: sqlite:///runs/name/study.db, or use --storage memory")
-        path = Path(database).expanduser()
-        if not path.parent.is_dir():
-            raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
-        if path.exists() and not path.is_file():
-            raise _storage_error(url, f"{str(path)!r} exists and is not a file")
+    if target.kind == "sqlite":
         # Several worker processes write one file: wait for the lock instead of failing at once.
         engine_kwargs["connect_args"] = {"timeout": 120}
     else:
         engine_kwargs["pool_pre_ping"] = True
-        if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
+        from sqlalchemy.engine import make_url
+
+        if make_url(url).get_backend_name() in ("postgresql", "mysql", "mariadb"):
             engine_kwargs["connect_args"] = {"connect_timeout": 10}
     try:
         storage = _rdb_storage(url, engine_kwargs, heartbeat)
@@ -148,8 +213,9 @@ def resolve_storage(url: str | None, run_dir: Path | None = None, heartbeat: int
         raise _storage_error(url, f"a database driver is missing ({_first_line(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - OperationalError, ArgumentError...: all user-facing
         raise _storage_error(url, _first_line(exc), "is the server running and the URL right?") from None
-    display = parsed.render_as_string(hide_password=True)
-    return StorageInfo(storage, display, kind, path)
+    from sqlalchemy.engine import make_url
+
+    return StorageInfo(storage, make_url(url).render_as_string(hide_password=True), target.kind, target.path)
 
 
 def _rdb_storage(url: str, engine_kwargs: dict, heartbeat: int | None, attempts: int = 4) -> BaseStorage:
