@@ -19,11 +19,17 @@ SPEC = "spec.yaml"
 
 
 def save(model: ArchModel, directory: "str | os.PathLike") -> Path:
-    """Write ``model`` to ``directory`` (created if needed): ``model.safetensors`` and ``spec.yaml``."""
+    """Write ``model`` to ``directory`` (created if needed): ``model.safetensors`` and ``spec.yaml``.
+
+    Files get mode ``0o666 & ~umask`` (safetensors alone writes 0o600).
+    """
+    from archspec.builddir import normal_mode
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / SPEC).write_text(model.spec.to_yaml(), encoding="utf-8")
     save_model(model, str(directory / WEIGHTS))
+    os.chmod(directory / WEIGHTS, normal_mode(directory=False))
     return directory
 
 

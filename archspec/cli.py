@@ -10,9 +10,7 @@ import argparse
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -57,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                     "print the per-layer table and totals, and write to OUT (default build/<name>/):\n"
                     "  spec.yaml          the resolved spec, every default explicit\n"
                     "  report.json        the table and totals\n"
-                    "  model.safetensors  weights; archspec.load(OUT) rebuilds the model exactly",
+                    "  model.safetensors  weights; archspec.load(OUT) rebuilds the model exactly\n"
+                    "OUT must be missing, an empty directory, or a build archspec wrote (replaced atomically);\n"
+                    "anything else is refused and left untouched.",
         epilog="example: archspec build specs/mait_tiny_sch2.yaml --resolution 160 --out /tmp/mait")
     build.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name (see `archspec list`)")
     build.add_argument("--image", metavar="PATH", help="photograph to run (default: the embedded one)")
@@ -151,10 +151,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """`archspec build`: validate, compile, run the photo, time it, write the build directory atomically. Returns the exit status."""
+    """`archspec build`: validate, compile, run the photo, time it, write the build directory. Returns the exit status.
+
+    OUT is checked before any work and written by :func:`archspec.builddir.write_build`: a missing OUT or an
+    empty directory is filled, an earlier archspec build is replaced atomically, anything else is refused.
+
+    Raises:
+        SpecError: a bad spec, option, image or OUT (exit 2 in :func:`main`); nothing is written then.
+    """
     import torch
 
-    from archspec import artifact
+    from archspec import artifact, builddir
     from archspec.analysis import analyze, human
     from archspec.compiler import compile
     from archspec.image import default_image_path, load_image
@@ -165,8 +172,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     spec = _load(args.spec, args.resolution, args.seed)
     out = Path(args.out) if args.out else Path("build") / spec.name
-    if out.exists() and not out.is_dir():
-        raise SpecError.single(("--out",), "exists and is not a directory", None, str(out))
+    builddir.check_out(out)  # refuse an OUT that is not ours before any work
     x = load_image(args.image, spec.input.resolution, spec.input.channels).to(device)
     analysis = analyze(spec)
     model = compile(spec).eval().to(device)
@@ -183,22 +189,13 @@ def cmd_build(args: argparse.Namespace) -> int:
         "seed": spec.seed,
         "out": str(out),
     }
-    # Write everything into a temporary sibling, then move it into place: no partial output.
-    tmp: Path | None = None
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        artifact.save(model.cpu(), tmp)
-        (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        report, warning = builddir.write_build(out, lambda d: artifact.save(model.cpu(), d), report)
     except OSError as exc:
         raise SpecError.single(("--out",), f"cannot write the build directory: {exc.strerror or exc}",
                                "choose a writable directory with --out", str(out)) from None
-    finally:
-        if tmp is not None and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    if warning:
+        print(f"archspec build: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
