@@ -69,8 +69,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="timed forward passes for the latency median (default: 10, after 2 warm-up runs)")
     build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
 
-    validate = sub.add_parser("validate", help="static checks and the analysis table only (no weights, fast)")
-    validate.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name")
+    validate = sub.add_parser(
+        "validate", help="static checks and the analysis table only (no weights, fast); or check a build directory",
+        description="Check SPEC (schema and shapes, no weights) and print the analysis table.  Given a directory\n"
+                    "written by `archspec build` or archspec.save, load it instead: spec, weights and the digest\n"
+                    "that ties them together.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    validate.add_argument("spec", metavar="SPEC|DIR", help="YAML file, shipped spec name, or build directory")
+    validate.add_argument("--allow-spec-change", action="store_true",
+                          help="DIR only: load even if spec.yaml was edited after the weights were saved")
     validate.add_argument("--resolution", type=_resolution, metavar="N|HxW", help="override the input resolution")
     validate.add_argument("--json", action="store_true", help="print the analysis as JSON")
 
@@ -134,17 +140,44 @@ def _table(analysis, title: str):
     return table
 
 
+def _load_artifact(directory: str, allow_spec_change: bool):
+    """`archspec validate DIR`: load the saved model; warnings (an artifact without digest) go to stderr."""
+    import warnings
+
+    from archspec import artifact
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = artifact.load(directory, allow_spec_change=allow_spec_change)
+    for warning in caught:
+        print(f"archspec validate: warning: {warning.message}", file=sys.stderr)
+    return model
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    """`archspec validate`: schema and shape checks plus the analysis table; no weights. Returns the exit status."""
+    """`archspec validate SPEC|DIR`: checks plus the analysis table; a directory is loaded as an artifact.
+
+    SPEC: schema and shape checks, no weights.  DIR (written by ``archspec build`` / ``archspec.save``):
+    spec, weights and spec digest via :func:`archspec.artifact.load`.  Returns the exit status.
+
+    Raises:
+        SpecError: anything invalid (exit 2 in :func:`main`); options that do not apply to the argument.
+    """
     from archspec.analysis import analyze, human
 
-    spec = _load(args.spec, args.resolution)
+    is_dir = Path(args.spec).is_dir()
+    if is_dir and args.resolution is not None:
+        raise SpecError.single(("--resolution",), "does not apply to a build directory (its weights fix it)")
+    if not is_dir and args.allow_spec_change:
+        raise SpecError.single(("--allow-spec-change",), "applies only to a build directory (DIR), not to a spec")
+    spec = _load_artifact(args.spec, args.allow_spec_change).spec if is_dir else _load(args.spec, args.resolution)
     analysis = analyze(spec)
+    artifact = {"artifact": args.spec} if is_dir else {}
     if args.json:
-        print(json.dumps({"valid": True, **analysis.to_dict()}, indent=2))
+        print(json.dumps({"valid": True, **artifact, **analysis.to_dict()}, indent=2))
         return 0
     console = _console()
-    console.print(_table(analysis, f"{spec.name}: valid"))
+    console.print(_table(analysis, f"{spec.name}: valid" + (f" artifact {args.spec} (spec, weights, digest)" * is_dir)))
     console.print(f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image "
                   f"({analysis.macs:,})   input {analysis.input_shape}   output {analysis.output_shape}")
     return 0
