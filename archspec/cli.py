@@ -10,9 +10,7 @@ import argparse
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -57,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                     "print the per-layer table and totals, and write to OUT (default build/<name>/):\n"
                     "  spec.yaml          the resolved spec, every default explicit\n"
                     "  report.json        the table and totals\n"
-                    "  model.safetensors  weights; archspec.load(OUT) rebuilds the model exactly",
+                    "  model.safetensors  weights; archspec.load(OUT) rebuilds the model exactly\n"
+                    "OUT must be missing, an empty directory, or a build archspec wrote (replaced atomically);\n"
+                    "anything else is refused and left untouched.",
         epilog="example: archspec build specs/mait_tiny_sch2.yaml --resolution 160 --out /tmp/mait")
     build.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name (see `archspec list`)")
     build.add_argument("--image", metavar="PATH", help="photograph to run (default: the embedded one)")
@@ -69,8 +69,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="timed forward passes for the latency median (default: 10, after 2 warm-up runs)")
     build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
 
-    validate = sub.add_parser("validate", help="static checks and the analysis table only (no weights, fast)")
-    validate.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name")
+    validate = sub.add_parser(
+        "validate", help="static checks and the analysis table only (no weights, fast); or check a build directory",
+        description="Check SPEC (schema and shapes, no weights) and print the analysis table.  Given a directory\n"
+                    "written by `archspec build` or archspec.save, load it instead: spec, weights and the digest\n"
+                    "that ties them together.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    validate.add_argument("spec", metavar="SPEC|DIR", help="YAML file, shipped spec name, or build directory")
+    validate.add_argument("--allow-spec-change", action="store_true",
+                          help="DIR only: load even if spec.yaml was edited after the weights were saved")
     validate.add_argument("--resolution", type=_resolution, metavar="N|HxW", help="override the input resolution")
     validate.add_argument("--json", action="store_true", help="print the analysis as JSON")
 
@@ -134,27 +140,61 @@ def _table(analysis, title: str):
     return table
 
 
+def _load_artifact(directory: str, allow_spec_change: bool):
+    """`archspec validate DIR`: load the saved model; warnings (an artifact without digest) go to stderr."""
+    import warnings
+
+    from archspec import artifact
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = artifact.load(directory, allow_spec_change=allow_spec_change)
+    for warning in caught:
+        print(f"archspec validate: warning: {warning.message}", file=sys.stderr)
+    return model
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    """`archspec validate`: schema and shape checks plus the analysis table; no weights. Returns the exit status."""
+    """`archspec validate SPEC|DIR`: checks plus the analysis table; a directory is loaded as an artifact.
+
+    SPEC: schema and shape checks, no weights.  DIR (written by ``archspec build`` / ``archspec.save``):
+    spec, weights and spec digest via :func:`archspec.artifact.load`.  Returns the exit status.
+
+    Raises:
+        SpecError: anything invalid (exit 2 in :func:`main`); options that do not apply to the argument.
+    """
     from archspec.analysis import analyze, human
 
-    spec = _load(args.spec, args.resolution)
+    is_dir = Path(args.spec).is_dir()
+    if is_dir and args.resolution is not None:
+        raise SpecError.single(("--resolution",), "does not apply to a build directory (its weights fix it)")
+    if not is_dir and args.allow_spec_change:
+        raise SpecError.single(("--allow-spec-change",), "applies only to a build directory (DIR), not to a spec")
+    spec = _load_artifact(args.spec, args.allow_spec_change).spec if is_dir else _load(args.spec, args.resolution)
     analysis = analyze(spec)
+    artifact = {"artifact": args.spec} if is_dir else {}
     if args.json:
-        print(json.dumps({"valid": True, **analysis.to_dict()}, indent=2))
+        print(json.dumps({"valid": True, **artifact, **analysis.to_dict()}, indent=2))
         return 0
     console = _console()
-    console.print(_table(analysis, f"{spec.name}: valid"))
+    console.print(_table(analysis, f"{spec.name}: valid" + (f" artifact {args.spec} (spec, weights, digest)" * is_dir)))
     console.print(f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image "
                   f"({analysis.macs:,})   input {analysis.input_shape}   output {analysis.output_shape}")
     return 0
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """`archspec build`: validate, compile, run the photo, time it, write the build directory atomically. Returns the exit status."""
+    """`archspec build`: validate, compile, run the photo, time it, write the build directory. Returns the exit status.
+
+    OUT is checked before any work and written by :func:`archspec.builddir.write_build`: a missing OUT or an
+    empty directory is filled, an earlier archspec build is replaced atomically, anything else is refused.
+
+    Raises:
+        SpecError: a bad spec, option, image or OUT (exit 2 in :func:`main`); nothing is written then.
+    """
     import torch
 
-    from archspec import artifact
+    from archspec import artifact, builddir
     from archspec.analysis import analyze, human
     from archspec.compiler import compile
     from archspec.image import default_image_path, load_image
@@ -165,8 +205,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     spec = _load(args.spec, args.resolution, args.seed)
     out = Path(args.out) if args.out else Path("build") / spec.name
-    if out.exists() and not out.is_dir():
-        raise SpecError.single(("--out",), "exists and is not a directory", None, str(out))
+    builddir.check_out(out)  # refuse an OUT that is not ours before any work
     x = load_image(args.image, spec.input.resolution, spec.input.channels).to(device)
     analysis = analyze(spec)
     model = compile(spec).eval().to(device)
@@ -183,22 +222,13 @@ def cmd_build(args: argparse.Namespace) -> int:
         "seed": spec.seed,
         "out": str(out),
     }
-    # Write everything into a temporary sibling, then move it into place: no partial output.
-    tmp: Path | None = None
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        artifact.save(model.cpu(), tmp)
-        (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        report, warning = builddir.write_build(out, lambda d: artifact.save(model.cpu(), d), report)
     except OSError as exc:
         raise SpecError.single(("--out",), f"cannot write the build directory: {exc.strerror or exc}",
                                "choose a writable directory with --out", str(out)) from None
-    finally:
-        if tmp is not None and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    if warning:
+        print(f"archspec build: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

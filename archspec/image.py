@@ -8,6 +8,9 @@ scikit-learn ships (``china.jpg``, ``flower.jpg``) for tests that need a batch o
 from __future__ import annotations
 
 import os
+import re
+import stat
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -39,20 +42,71 @@ def _to_tensor(image: Image.Image, resolution: tuple[int, int], channels: int) -
     return x.unsqueeze(0)
 
 
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_regular(path: Path):
+    """Open ``path`` for reading only if it is a regular file; a FIFO or device is never opened for reading.
+
+    ``os.stat`` rejects them before any ``open``; the descriptor is opened non-blocking and checked
+    again with ``fstat``, so a FIFO swapped in between cannot make the read hang.
+
+    Raises:
+        SpecError: missing, unreadable, or not a regular file (directory, FIFO, device, socket).
+    """
+    hint = "give a JPEG or PNG file"
+    try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISREG(mode):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISREG(mode):
+                return os.fdopen(fd, "rb")
+            os.close(fd)
+    except FileNotFoundError:
+        raise SpecError.single(("--image",), "no such image file", None, str(path)) from None
+    except OSError as exc:
+        raise SpecError.single(("--image",), f"cannot read the image: {exc.strerror or exc}", hint, str(path)) from None
+    raise SpecError.single(("--image",), f"cannot read the image: it is {_kind(mode)}, not a regular file", hint, str(path))
+
+
+def _bomb_error(path: Path, exc: Exception) -> SpecError:
+    """PIL's decompression-bomb check, as a message with the pixel count."""
+    match = re.search(r"\((\d+) pixels\)", str(exc))
+    pixels = f"{int(match.group(1)):,} pixels" if match else "too many pixels"
+    return SpecError.single(("--image",), f"the image has {pixels}, more than PIL's limit of "
+                            f"{Image.MAX_IMAGE_PIXELS:,} (PIL.Image.MAX_IMAGE_PIXELS, a guard against decompression bombs)",
+                            "resize it first (the model sees it at the spec's resolution anyway)", str(path))
+
+
 def load_image(path: "str | os.PathLike | None", resolution: tuple[int, int], channels: int = 3) -> torch.Tensor:
     """Load ``path`` (default: the embedded photo) as a normalised batch ``(1, channels, H, W)``.
 
+    Images over PIL's ``MAX_IMAGE_PIXELS`` are refused (PIL itself only warns below twice that).
+
     Raises:
-        SpecError: the file is missing or is not an image.
+        SpecError: the file is missing, not a regular file (a FIFO is never opened for reading, so it
+            cannot hang), not a readable image, or larger than PIL's pixel limit.
     """
     path = Path(path) if path is not None else default_image_path()
-    try:
-        with Image.open(path) as image:
-            return _to_tensor(image, resolution, channels)
-    except FileNotFoundError:
-        raise SpecError.single(("--image",), "no such image file", None, str(path)) from None
-    except (UnidentifiedImageError, OSError) as exc:
-        raise SpecError.single(("--image",), f"cannot read the image: {exc}", "give a JPEG or PNG file", str(path)) from None
+    with _open_regular(path) as fh, warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            with Image.open(fh) as image:
+                return _to_tensor(image, resolution, channels)
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise _bomb_error(path, exc) from None
+        except UnidentifiedImageError:
+            raise SpecError.single(("--image",), "cannot read the image: not an image format PIL knows",
+                                   "give a JPEG or PNG file", str(path)) from None
+        except (OSError, ValueError, SyntaxError, EOFError) as exc:  # PIL's errors for damaged files
+            raise SpecError.single(("--image",), f"cannot read the image: {exc}", "give a JPEG or PNG file",
+                                   str(path)) from None
 
 
 def sample_batch(resolution: tuple[int, int] = (224, 224), channels: int = 3) -> torch.Tensor:

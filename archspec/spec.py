@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from archspec.errors import Locator, Problem, SpecError
 from archspec.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec, StrictModel
@@ -44,6 +45,10 @@ MAX_RESOLUTION = 1024
 MAX_DIM = 4096
 MAX_HEADS = 64
 MAX_DEPTH = 64
+# A spec name is a plain file name: it names the build directory, so no '/', and no leading '.'
+# (which excludes '.' and '..' and hidden names).
+NAME_PATTERN = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*"
+NAME_MAX = 100
 
 
 class InputSpec(StrictModel):
@@ -293,8 +298,9 @@ class HeadOutSpec(StrictModel):
 class ArchSpec(StrictModel):
     """A whole architecture.  Build it with :func:`archspec.compile`."""
 
-    name: str = Field("model", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$",
-                      description="Name; the build directory is build/<name>/.")
+    name: str = Field("model", min_length=1, max_length=NAME_MAX, json_schema_extra={"pattern": f"^{NAME_PATTERN}$"},
+                      description="Plain name: letters, digits, '_', '-', '.', not starting with '.'; "
+                      "the build directory is build/<name>/.")
     description: str | None = Field(None, max_length=2000, description="Free text.")
     source: str | None = Field(None, max_length=2000, description="Paper and table the spec follows.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the deterministic initialisation.")
@@ -303,6 +309,16 @@ class ArchSpec(StrictModel):
     tokens: TokensSpec = Field(default_factory=TokensSpec, description="Class/distillation tokens and position embedding.")
     stages: list[StageSpec] = Field(..., min_length=1, max_length=8, description="Stages, in order.")
     head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head.")
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        # The name becomes a directory name (build/<name>/): '/', '.' or '..' would write outside it.
+        if not re.fullmatch(NAME_PATTERN, value):
+            raise PydanticCustomError(
+                "string_pattern_mismatch",  # reuses that kind's hint: the characters allowed
+                "must be a plain name, not starting with '.' (it names the build directory build/<name>/)")
+        return value
 
     @property
     def depth(self) -> int:
@@ -514,6 +530,16 @@ def shipped_specs() -> list[str]:
     return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
 
 
+def default_spec_name(stem: str) -> str:
+    """The name of a spec file without a ``name:`` key, from its file stem (``my model.yaml`` -> ``my_model``).
+
+    Other characters become ``_``, leading dots go (``...yaml`` has the stem ``..``) and an empty
+    result falls back to ``model``, so the name always matches ``NAME_PATTERN``.  Raises nothing.
+    """
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", stem).lstrip(".")[:NAME_MAX]
+    return name or "model"
+
+
 def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True) -> ArchSpec:
     """Load and validate a spec.
 
@@ -539,8 +565,8 @@ def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True)
         if not isinstance(data, dict):
             raise SpecError.single((), f"a spec must be a mapping of keys to values, got a {type(data).__name__}",
                                    "start from one of `archspec list`").located(locator)
-        if default_name and "name" not in data:
-            data = {"name": re.sub(r"[^A-Za-z0-9_.\-]", "_", default_name), **data}
+        if default_name is not None and "name" not in data:
+            data = {"name": default_spec_name(default_name), **data}
         try:
             spec = ArchSpec.model_validate(data)
         except ValidationError as exc:
