@@ -45,6 +45,9 @@ from archspec.errors import SpecError
 REPORT = "report.json"
 BUILD_FILES = frozenset({"spec.yaml", "model.safetensors", REPORT})
 MARKER = "archspec_build"
+# archspec 0.1.0 wrote report.json without the marker; its report always held these keys together, so
+# a directory of nothing but BUILD_FILES with such a report is a build archspec wrote (replaced, not refused).
+LEGACY_REPORT_KEYS = frozenset({"latency_ms", "latency_protocol", "rows", "seed", "out", "image"})
 MAX_REPORT_BYTES = 10_000_000  # a report is a table of layers; anything bigger is not ours
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2  # linux/fs.h
 _AT_FDCWD = -100
@@ -76,7 +79,7 @@ def _has_marker(report: Path) -> bool:
         data = json.loads(text) if len(text) <= MAX_REPORT_BYTES else None
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and MARKER in data
+    return isinstance(data, dict) and (MARKER in data or LEGACY_REPORT_KEYS <= data.keys())
 
 
 def _only_build_files(path: Path) -> bool:

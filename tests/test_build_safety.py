@@ -110,11 +110,21 @@ def test_an_archspec_build_plus_a_user_file_is_refused(cwd, spec_file, capsys) -
     assert _tree(cwd) == before
 
 
-def test_a_build_without_the_marker_is_refused(cwd, spec_file, capsys) -> None:
-    """An older archspec's build (or a user's own spec.yaml) has no marker: not ours to replace."""
+def test_a_build_of_archspec_0_1_is_replaced(cwd, spec_file) -> None:
+    """archspec 0.1.0 wrote no marker, but its report always held the same keys: that build is ours."""
     assert _build(str(spec_file), "--out", "b") == 0
     report = json.loads((cwd / "b" / "report.json").read_text())
     del report[builddir.MARKER]
+    (cwd / "b" / "report.json").write_text(json.dumps(report))
+    assert _build(str(spec_file), "--out", "b") == 0
+    assert builddir.MARKER in json.loads((cwd / "b" / "report.json").read_text())
+
+
+def test_a_build_without_the_marker_is_refused(cwd, spec_file, capsys) -> None:
+    """A user's own spec.yaml/report.json (no marker, not a 0.1.0 report) is not ours to replace."""
+    assert _build(str(spec_file), "--out", "b") == 0
+    report = json.loads((cwd / "b" / "report.json").read_text())
+    del report[builddir.MARKER], report["latency_protocol"]
     (cwd / "b" / "report.json").write_text(json.dumps(report))
     before = _tree(cwd)
     assert _build(str(spec_file), "--out", "b") == 2
