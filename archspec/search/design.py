@@ -191,7 +191,7 @@ class _Objective:
             except SpecError as exc:
                 raise _Failure(f"the search space produced an invalid spec: {_first_problem(exc)}") from None
             trial.set_user_attr("spec", spec.model_dump(mode="json"))
-            check = static_check(spec, budgets)
+            check = static_check(spec, budgets, self.data, self.cfg.protocol)  # memory: also the proxy batch
             trial.set_user_attr("macs", int(check.macs))
             trial.set_user_attr("params", int(check.params))
             if check.macs == 0 and check.params == 0 and not check.feasible:
