@@ -33,7 +33,7 @@ hidden layer.  Buffers are the index and mask tables and the eval-mode bias / ma
 scale with ``N^2``.  Conservative choices: the SDPA kernel is assumed to materialise the logits
 when a mask or bias is passed (PyTorch's CPU kernel then does) and one copy even without; every
 phase's count takes the larger of the kernels' possibilities; BatchNorm running statistics are the
-only tensors left out.  On the shipped specs and random small ones the estimate is 1-3x the bytes a
+only tensors left out.  On the shipped specs the estimate is 1.0-1.5x the bytes a
 ``TorchDispatchMode`` sees alive at once (tests/test_memory.py).
 
 Training keeps activations for the backward pass, so its figure *sums* what every node creates
