@@ -243,3 +243,17 @@ def test_search_rejects_candidates_whose_training_batch_is_over_the_limit():
     assert not check.feasible and "proxy training step (batch 32 at 64 px)" in check.reason
     assert check.macs > 0  # rejected like an over-budget candidate, not as an invalid spec
     assert static_check(spec, Budgets(memory=training), data, protocol).feasible
+
+
+def test_search_refuses_a_space_whose_smallest_point_is_over_the_limit():
+    from archspec.search.budget import Budgets
+    from archspec.search.design import check_budgets_feasible
+    from archspec.search.space import load_space
+
+    options = {"macs": "--budget-flops", "params": "--budget-params"}
+    space = load_space()
+    assert check_budgets_feasible(space, Budgets(macs=1e12), options).feasible
+    with pytest.raises(SpecError) as info:
+        check_budgets_feasible(space, Budgets(macs=1e12, memory=1000), options)
+    (problem,) = info.value.problems
+    assert problem.path == ("--max-memory",) and "over the memory limit of 1000 B" in problem.message
