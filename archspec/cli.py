@@ -143,7 +143,6 @@ def _table(analysis, title: str):
     from rich.table import Table
 
     from archspec.analysis import human
-
     from archspec.memory import format_bytes
 
     caption = (f"memory of a batch-1 float32 forward (estimate): {format_bytes(analysis.peak_memory_bytes)} = peak "
