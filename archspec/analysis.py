@@ -29,7 +29,15 @@ class LayerRow:
 
 @dataclass
 class Analysis:
-    """Totals and per-layer rows of a spec.  ``params`` counts parameters; ``macs`` is per image."""
+    """Totals and per-layer rows of a spec.  ``params`` counts parameters; ``macs`` is per image.
+
+    Memory estimates of a batch-1 float32 inference forward, in bytes (rule: :mod:`archspec.graph`):
+    ``peak_activation_bytes`` the input image plus the largest set of activations alive at once
+    (at layer ``peak_layer``); ``weight_bytes`` 4 per parameter; ``buffer_bytes`` index/mask tables
+    and eval-mode caches; ``peak_memory_bytes`` their sum, the figure the memory limit applies to.
+    ``saved_activation_bytes`` is what training keeps per image for the backward pass (the sum over
+    layers).
+    """
 
     name: str
     params: int
@@ -37,6 +45,12 @@ class Analysis:
     input_shape: tuple[int, int, int]
     output_shape: tuple[int, ...]
     rows: list[LayerRow] = field(default_factory=list)
+    peak_activation_bytes: int = 0
+    peak_layer: str = ""
+    weight_bytes: int = 0
+    buffer_bytes: int = 0
+    peak_memory_bytes: int = 0
+    saved_activation_bytes: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -44,10 +58,12 @@ class Analysis:
 
 
 def analyze(spec: "ArchSpec | str | os.PathLike | dict") -> Analysis:
-    """Parameters, MACs (per image) and a per-layer table of ``spec``, without building weights.
+    """Parameters, MACs (per image), memory estimates and a per-layer table of ``spec``, without building weights.
+
+    No memory limit is applied: the analysis reports the estimate (``load_spec``/``compile`` refuse).
 
     Raises:
-        SpecError: the spec is invalid.
+        SpecError: the spec is invalid (shape problems).
     """
     spec = spec if isinstance(spec, ArchSpec) else load_spec(spec, check=False)
     graph = build_graph(spec)
@@ -57,8 +73,13 @@ def analyze(spec: "ArchSpec | str | os.PathLike | dict") -> Analysis:
         for n in nodes_in_order(graph) if n["kind"] not in ("input",)
     ]
     h, w = spec.input.resolution
-    return Analysis(name=spec.name, params=graph.graph["params"], macs=graph.graph["macs"],
-                    input_shape=(spec.input.channels, h, w), output_shape=graph.graph["output"], rows=rows)
+    totals = graph.graph
+    return Analysis(name=spec.name, params=totals["params"], macs=totals["macs"],
+                    input_shape=(spec.input.channels, h, w), output_shape=totals["output"], rows=rows,
+                    peak_activation_bytes=totals["peak_activation_bytes"], peak_layer=totals["peak_node"],
+                    weight_bytes=totals["weight_bytes"], buffer_bytes=totals["buffer_bytes"],
+                    peak_memory_bytes=totals["peak_memory_bytes"],
+                    saved_activation_bytes=totals["saved_activation_bytes"])
 
 
 def human(n: float, unit: str = "") -> str:

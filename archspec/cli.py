@@ -40,6 +40,20 @@ def _resolution(text: str) -> tuple[int, int]:
     return h, int(match.group(2) or h)
 
 
+def _memory(text: str) -> int:
+    """``--max-memory`` value: ``32G`` -> bytes (binary units, :func:`archspec.memory.parse_memory`)."""
+    from archspec.memory import parse_memory
+
+    try:
+        return parse_memory(text)
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(exc.problems[0].message + f" ({exc.problems[0].hint})") from None
+
+
+MAX_MEMORY_HELP = ("refuse specs whose batch-1 float32 forward is estimated to need more memory than this "
+                   "(weights + buffers + peak activations; default 8G; binary units: 32G = 32 GiB)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="archspec", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--repeats", type=int, default=10, metavar="N",
                        help="timed forward passes for the latency median (default: 10, after 2 warm-up runs)")
     build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    build.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
     validate = sub.add_parser(
         "validate", help="static checks and the analysis table only (no weights, fast); or check a build directory",
@@ -79,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
                           help="DIR only: load even if spec.yaml was edited after the weights were saved")
     validate.add_argument("--resolution", type=_resolution, metavar="N|HxW", help="override the input resolution")
     validate.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    validate.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
     sub.add_parser("list", help="the shipped specs, with params and MACs")
     schema = sub.add_parser("schema", help="print the JSON Schema of a spec (for editor completion)")
@@ -105,10 +121,13 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, width=None if sys.stdout.isatty() else 120, highlight=False)
 
 
-def _load(spec_arg: str, resolution: tuple[int, int] | None = None, seed: int | None = None):
+def _load(spec_arg: str, resolution: tuple[int, int] | None = None, seed: int | None = None,
+          max_memory: int | None = None):
+    """Load and fully check a spec (after the --resolution/--seed overrides), under the memory limit
+    ``max_memory`` bytes (None: the library default, 8 GiB)."""
     from archspec.spec import load_spec
 
-    spec = load_spec(spec_arg, check=resolution is None and seed is None)
+    spec = load_spec(spec_arg, check=resolution is None and seed is None, max_memory=max_memory)
     if resolution is not None or seed is not None:
         update = {}
         if resolution is not None:
@@ -119,7 +138,7 @@ def _load(spec_arg: str, resolution: tuple[int, int] | None = None, seed: int | 
             update["seed"] = seed
         data = spec.model_copy(update=update).model_dump()
         try:
-            spec = load_spec(data)
+            spec = load_spec(data, max_memory=max_memory)
         except SpecError as exc:  # the override broke a shape check: say which option did it
             raise SpecError([Problem(p.path, p.message + (" (after --resolution)" if resolution else ""), p.hint,
                                      spec_arg, None, None) for p in exc.problems]) from None
@@ -130,8 +149,12 @@ def _table(analysis, title: str):
     from rich.table import Table
 
     from archspec.analysis import human
+    from archspec.memory import format_bytes
 
-    table = Table(title=title, title_justify="left")
+    caption = (f"memory of a batch-1 float32 forward (estimate): {format_bytes(analysis.peak_memory_bytes)} = peak "
+               f"activations {format_bytes(analysis.peak_activation_bytes)} (at {analysis.peak_layer}) + weights "
+               f"{format_bytes(analysis.weight_bytes)} + buffers {format_bytes(analysis.buffer_bytes)}")
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for column, justify in (("layer", "left"), ("kind", "left"), ("heads", "left"), ("tokens", "right"),
                             ("dim", "right"), ("params", "right"), ("MACs", "right")):
         table.add_column(column, justify=justify)
@@ -170,7 +193,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise SpecError.single(("--resolution",), "does not apply to a build directory (its weights fix it)")
     if not is_dir and args.allow_spec_change:
         raise SpecError.single(("--allow-spec-change",), "applies only to a build directory (DIR), not to a spec")
-    spec = _load_artifact(args.spec, args.allow_spec_change).spec if is_dir else _load(args.spec, args.resolution)
+    if is_dir:
+        spec = _load_artifact(args.spec, args.allow_spec_change).spec
+    else:
+        spec = _load(args.spec, args.resolution, max_memory=args.max_memory)
     analysis = analyze(spec)
     artifact = {"artifact": args.spec} if is_dir else {}
     if args.json:
@@ -203,12 +229,12 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise SpecError.single(("--repeats",), "needs at least 1 timed run")
     device = parse_device(args.device)
-    spec = _load(args.spec, args.resolution, args.seed)
+    spec = _load(args.spec, args.resolution, args.seed, max_memory=args.max_memory)
     out = Path(args.out) if args.out else Path("build") / spec.name
     builddir.check_out(out)  # refuse an OUT that is not ours before any work
     x = load_image(args.image, spec.input.resolution, spec.input.channels).to(device)
     analysis = analyze(spec)
-    model = compile(spec).eval().to(device)
+    model = compile(spec, max_memory=args.max_memory).eval().to(device)
     with torch.inference_mode():
         logits = model(x)
     latency = median_forward_ms(model, x, repeats=args.repeats)

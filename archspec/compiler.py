@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from archspec.blocks import Attention, ConvMixer, ConvStem, IdentityStem, LevitBlock, PatchStem, ShrinkBlock, TransformerBlock
-from archspec.graph import build_graph, nodes_in_order
+from archspec.errors import SpecError
+from archspec.graph import build_graph, check_memory, nodes_in_order
 from archspec.model import ArchModel, Stage
 from archspec.spec import ArchSpec, load_spec
 
@@ -54,18 +55,26 @@ def _shrink(node: dict) -> nn.Module:
                        attn_ratio=cfg["attn_ratio"], mlp_ratio=cfg["mlp_ratio"], act_layer=ACTIVATIONS[cfg["act"]])
 
 
-def compile(spec: "ArchSpec | str | os.PathLike | dict") -> ArchModel:  # noqa: A001 - the public verb
+def compile(spec: "ArchSpec | str | os.PathLike | dict", max_memory: float | None = None) -> ArchModel:  # noqa: A001
     """Compile a spec (or a path / shipped spec name / YAML text / dict) into an :class:`ArchModel`.
 
     The model maps images ``(B, C_in, H, W)`` to logits ``(B, num_classes)`` and keeps its spec as
     ``model.spec``.  Initial weights depend only on the spec (``spec.seed``): compiling twice gives
     bitwise identical state dicts.
 
+    Args:
+        max_memory: limit in bytes on the estimated memory of a batch-1 float32 forward (weights,
+            buffers, peak activations; :func:`archspec.graph.check_memory`); ``None`` takes
+            :data:`archspec.graph.DEFAULT_MAX_MEMORY` (8 GiB), ``math.inf`` disables it.
+
     Raises:
-        SpecError: the spec is invalid (every problem, located in its file).
+        SpecError: the spec is invalid or over the memory limit (every problem, located in its file).
     """
     spec = load_spec(spec, check=False) if not isinstance(spec, ArchSpec) else spec
     graph = build_graph(spec)
+    problems = check_memory(graph, max_memory)
+    if problems:
+        raise SpecError(problems)
     nodes = nodes_in_order(graph)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
@@ -77,6 +86,7 @@ def compile(spec: "ArchSpec | str | os.PathLike | dict") -> ArchModel:  # noqa: 
             blocks = [_block(n, spec) for n in nodes if n["kind"] == "block" and n["stage"] == i]
             stages.append(Stage(downsample[0] if downsample else None, blocks))
         model = ArchModel(spec, stem, stages, dim_in=spec.stages[0].dim, dim_out=spec.stages[-1].dim,
-                          cls_at=embed["cls_at"], n_extra=embed["n_extra"], pos_embed_len=embed["pos_embed_len"])
+                          cls_at=embed["cls_at"], n_extra=embed["n_extra"], pos_embed_len=embed["pos_embed_len"],
+                          token_dim=embed["token_dim"])
     model.analysis = graph
     return model

@@ -14,11 +14,36 @@ Node order is execution order; edges link consecutive nodes (the data path).  Ev
 ``tokens``    tokens N after the node; ``grid`` its patch grid ``(rows, cols)``; ``dim`` width C
 ``params``    parameters (trainable and frozen, not buffers)
 ``macs``      multiply-accumulates for ONE image
+``act_bytes``, ``saved_bytes``, ``buffer_bytes``  memory estimates (below; :mod:`archspec.memory`)
 
 MAC convention (the papers' "FLOPs"): every matmul, linear and convolution counts
 ``output elements x reduction length``; attention counts ``Q K^T`` and ``A V``; GPSA counts its
 positional projection ``N^2 * 3 * n_gpsa`` once per forward; softmax, norms, activations, biases
 and additions count 0.  ``torch.utils.flop_counter.FlopCounterMode`` reports 2 x this.
+
+Memory rule (bytes, batch 1, float32; :mod:`archspec.memory` has the per-node formulas).  Inference
+memory of a forward = the input image + the largest per-node activation peak + 4 bytes per parameter +
+every node's buffers.  A node's activation peak is the sum of the tensors alive at its worst moment:
+its input (the caller holds it until the node returns), plus what its forward creates and still
+references -- e.g. in an attention block the norm output, q, k and v, then the largest of: the
+``(H, N, N)`` logits twice over (a product and its scaled copy; plus one more per additive bias,
+soft-mask multiplier or strict mask), the contiguous q/k copies of ``Q K^T``, and ``A V`` with its
+contiguous copy of v; in the MLP the input, the residual sum, the norm output and two copies of the
+hidden layer.  Buffers are the index and mask tables and the eval-mode bias / mask caches that
+scale with ``N^2``.  Conservative choices: the SDPA kernel is assumed to materialise the logits
+when a mask or bias is passed (PyTorch's CPU kernel then does) and one copy even without; every
+phase's count takes the larger of the kernels' possibilities; BatchNorm running statistics are the
+only tensors left out.  On the shipped specs the estimate is 1.0-1.5x the bytes a
+``TorchDispatchMode`` sees alive at once (tests/test_memory.py).
+
+Training keeps activations for the backward pass, so its figure *sums* what every node creates
+(``saved_bytes``) instead of taking the largest peak: ``saved_activation_bytes`` per image;
+:func:`archspec.search.budget.training_memory` multiplies it by the batch and adds weights,
+gradients and AdamW's two moments (4 x the weight bytes).
+
+:func:`check_memory` refuses a spec whose inference estimate exceeds a limit
+(:data:`DEFAULT_MAX_MEMORY`, 8 GiB, unless ``max_memory`` says otherwise); :func:`archspec.load_spec`,
+:func:`archspec.compile` and ``archspec build/validate --max-memory`` pass the limit through.
 """
 
 from __future__ import annotations
@@ -32,10 +57,13 @@ import networkx as nx
 
 from archspec.errors import Problem, SpecError
 from archspec.heads import HeadSpec
+from archspec.memory import (F32, NodeMemory, attention_memory, concat_memory, conv_mixer_memory, format_bytes,
+                             head_memory, mlp_memory, shrink_memory, stem_memory)
 from archspec.spec import ArchSpec, LayerPlan, StageSpec
 
 MAX_TOKENS = 4096  # attention memory grows with N^2; 4096 tokens is a 64x64 grid
 MAX_PARAMS = 1_000_000_000  # 4 GB of float32 weights
+DEFAULT_MAX_MEMORY = 8 * 2**30  # bytes; well under a 24 GB machine, so a refused spec never reaches the allocator
 
 
 @dataclass(frozen=True)
@@ -220,218 +248,367 @@ def _ranges(layers: list[int]) -> str:
     return ", ".join(out)
 
 
+@dataclass
+class _Flow:
+    """What flows along the data path between nodes: token grid, width, prefix tokens present, blocks so far."""
+
+    grid: tuple[int, int]
+    dim: int
+    n_prefix: int = 0
+    block_index: int = 0
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """Resolved ``tokens:`` section: extra tokens, where the class token enters (None: never), their width."""
+
+    n_extra: int
+    cls_at: int | None
+    width: int
+
+
+class _Builder:
+    """Collects nodes in execution order (each linked to the previous one) and the problems found."""
+
+    def __init__(self, spec: ArchSpec):
+        self.spec = spec
+        self.graph = nx.DiGraph(name=spec.name)
+        self.order: list[str] = []
+        self.problems: list[Problem] = []
+
+    def add(self, node_id: str, memory: NodeMemory = NodeMemory(), **attrs: Any) -> None:
+        attrs.setdefault("params", 0)
+        attrs.setdefault("macs", 0)
+        attrs.setdefault("heads", "")
+        self.graph.add_node(node_id, name=node_id, act_bytes=memory.act, saved_bytes=memory.saved,
+                            buffer_bytes=memory.buffers, **attrs)
+        if self.order:
+            self.graph.add_edge(self.order[-1], node_id)
+        self.order.append(node_id)
+
+    def problem(self, path: tuple, message: str, hint: str | None = None) -> None:
+        self.problems.append(Problem(path, message, hint))
+
+
 def build_graph(spec: ArchSpec) -> nx.DiGraph:
-    """Build the IR of ``spec``: shapes, parameter and MAC counts of every node.
+    """Build the IR of ``spec``: shapes, parameter and MAC counts and memory estimates of every node.
 
     Returns:
         A ``networkx.DiGraph`` whose nodes, in execution order, carry the attributes listed in the
-        module docstring; ``graph.graph`` holds totals (``params``, ``macs``, ``output``).
+        module docstring; ``graph.graph`` holds totals (``params``, ``macs``, ``output``, and the
+        memory totals ``peak_activation_bytes``, ``weight_bytes``, ``buffer_bytes``,
+        ``peak_memory_bytes``, ``peak_node``, ``saved_activation_bytes``).  No memory limit is
+        applied here: see :func:`check_memory`.
 
     Raises:
         SpecError: every shape problem found (empty grids, non-dividing resolutions, windows larger
             than the grid, GPSA with a class token, head arithmetic, caps), with field paths.
     """
-    problems: list[Problem] = []
-    g = nx.DiGraph(name=spec.name)
-    order: list[str] = []
+    b = _Builder(spec)
+    height, width = spec.input.resolution
+    b.add("input", kind="input", label="image", tokens=0, grid=(height, width), dim=spec.input.channels)
+    grid, dim = _add_stem(b)
+    _check_grid(b, grid)
+    tokens = _resolve_tokens(b)
+    flow = _add_embed(b, tokens, grid, dim)
+    for i in range(len(spec.stages)):
+        _add_stage(b, i, flow, tokens)
+    if tokens.cls_at is not None and tokens.cls_at == spec.depth and spec.depth > 0:
+        _add_insert(b, flow, tokens)
+    _add_head(b, flow)
+    return _finish(b)
 
-    def add(node_id: str, **attrs: Any) -> None:
-        attrs.setdefault("params", 0)
-        attrs.setdefault("macs", 0)
-        attrs.setdefault("heads", "")
-        g.add_node(node_id, name=node_id, **attrs)
-        if order:
-            g.add_edge(order[-1], node_id)
-        order.append(node_id)
 
+def _add_stem(b: _Builder) -> tuple[tuple[int, int], int]:
+    """The stem node; returns the token grid and width after it."""
+    spec, first = b.spec, b.spec.stages[0]
     in_ch = spec.input.channels
     height, width = spec.input.resolution
-    first = spec.stages[0]
-    add("input", kind="input", label="image", tokens=0, grid=(height, width), dim=in_ch)
-
-    # --- stem -----------------------------------------------------------------------------------
     stem = spec.stem
-    if stem.kind in ("patch", "identity"):
-        p = stem.patch_size
-        if height % p or width % p:
-            problems.append(Problem(("stem", "patch_size"),
-                                    f"patch size {p} does not divide the input resolution {height}x{width}",
-                                    f"use a resolution that is a multiple of {p}, e.g. {max(p, height // p * p)}"))
-        grid = (height // p, width // p)
-        if stem.kind == "patch":
-            params = in_ch * p * p * first.dim + first.dim
-            macs = grid[0] * grid[1] * in_ch * p * p * first.dim
-            stem_dim = first.dim
-        else:
-            params, macs, stem_dim = 0, 0, in_ch * p * p
-            if first.dim != stem_dim:
-                problems.append(Problem(("stages", 0, "dim"),
-                                        f"an identity stem makes tokens of P^2 C = {p}*{p}*{in_ch} = {stem_dim} values, "
-                                        f"but stages[0].dim is {first.dim}", f"set stages[0].dim: {stem_dim}"))
-        add("stem", kind="stem", label=f"{stem.kind}{p}", tokens=grid[0] * grid[1], grid=grid, dim=stem_dim,
-            params=params, macs=macs, config={"stem": stem})
+    if stem.kind == "conv":
+        return _add_conv_stem(b)
+    p = stem.patch_size
+    if height % p or width % p:
+        b.problem(("stem", "patch_size"), f"patch size {p} does not divide the input resolution {height}x{width}",
+                  f"use a resolution that is a multiple of {p}, e.g. {max(p, height // p * p)}")
+    grid = (height // p, width // p)
+    if stem.kind == "patch":
+        params = in_ch * p * p * first.dim + first.dim
+        macs = grid[0] * grid[1] * in_ch * p * p * first.dim
+        stem_dim = first.dim
     else:
-        channels = stem.channels
-        if channels is None:
-            if first.dim % 8:
-                problems.append(Problem(("stem", "channels"),
-                                        f"default conv stem channels [C/8, C/4, C/2, C] need stages[0].dim divisible by 8, got {first.dim}",
-                                        "give stem.channels explicitly"))
-            channels = [max(first.dim // 8, 1), max(first.dim // 4, 1), max(first.dim // 2, 1), first.dim]
-        elif channels[-1] != first.dim:
-            problems.append(Problem(("stem", "channels"),
-                                    f"the conv stem ends with {channels[-1]} channels but stages[0].dim is {first.dim}",
-                                    f"make the last entry {first.dim}"))
-        params = macs = 0
-        h, w, c = height, width, in_ch
-        for c_out in channels:
-            h, w = _conv_out(h), _conv_out(w)
-            params += 9 * c * c_out + 2 * c_out
-            macs += h * w * 9 * c * c_out
-            c = c_out
-        grid = (h, w)
-        if h < 1 or w < 1:
-            problems.append(Problem(("stem",), f"{len(channels)} stride-2 convs leave an empty grid from {height}x{width}"))
-        add("stem", kind="stem", label=f"conv{len(channels)}", tokens=max(h * w, 0), grid=grid, dim=c,
-            params=params, macs=macs, config={"stem": stem, "channels": channels})
-    if grid[0] < 1 or grid[1] < 1:
-        problems.append(Problem(("stem",), f"the stem's output grid {grid[0]}x{grid[1]} is empty",
-                                "use a larger input resolution or a smaller patch size"))
-        raise SpecError(problems)
-    if grid[0] * grid[1] + 2 > MAX_TOKENS:
-        problems.append(Problem(("input", "resolution"),
-                                f"{grid[0]}x{grid[1]} = {grid[0] * grid[1]} tokens exceeds the cap of {MAX_TOKENS}",
-                                "use a larger patch size or a smaller resolution"))
-        raise SpecError(problems)
+        params, macs, stem_dim = 0, 0, in_ch * p * p
+        if first.dim != stem_dim:
+            b.problem(("stages", 0, "dim"), f"an identity stem makes tokens of P^2 C = {p}*{p}*{in_ch} = {stem_dim} "
+                      f"values, but stages[0].dim is {first.dim}", f"set stages[0].dim: {stem_dim}")
+    memory = stem_memory(in_ch * height * width, [grid[0] * grid[1] * stem_dim], norm_per_layer=False)
+    b.add("stem", memory, kind="stem", label=f"{stem.kind}{p}", tokens=grid[0] * grid[1], grid=grid, dim=stem_dim,
+          params=params, macs=macs, config={"stem": stem})
+    return grid, stem_dim
 
-    # --- tokens ---------------------------------------------------------------------------------
-    tok = spec.tokens
+
+def _add_conv_stem(b: _Builder) -> tuple[tuple[int, int], int]:
+    """LeViT's conv stem: 3x3 stride-2 conv + BatchNorm layers."""
+    spec, first = b.spec, b.spec.stages[0]
+    channels = spec.stem.channels
+    if channels is None:
+        if first.dim % 8:
+            b.problem(("stem", "channels"), "default conv stem channels [C/8, C/4, C/2, C] need stages[0].dim "
+                      f"divisible by 8, got {first.dim}", "give stem.channels explicitly")
+        channels = [max(first.dim // 8, 1), max(first.dim // 4, 1), max(first.dim // 2, 1), first.dim]
+    elif channels[-1] != first.dim:
+        b.problem(("stem", "channels"), f"the conv stem ends with {channels[-1]} channels but stages[0].dim is "
+                  f"{first.dim}", f"make the last entry {first.dim}")
+    params = macs = 0
+    height, width = spec.input.resolution
+    h, w, c = height, width, spec.input.channels
+    outputs = []
+    for c_out in channels:
+        h, w = _conv_out(h), _conv_out(w)
+        params += 9 * c * c_out + 2 * c_out
+        macs += h * w * 9 * c * c_out
+        outputs.append(h * w * c_out)
+        c = c_out
+    memory = stem_memory(spec.input.channels * height * width, outputs, norm_per_layer=True)
+    b.add("stem", memory, kind="stem", label=f"conv{len(channels)}", tokens=h * w, grid=(h, w), dim=c,
+          params=params, macs=macs, config={"stem": spec.stem, "channels": channels})
+    return (h, w), c
+
+
+def _check_grid(b: _Builder, grid: tuple[int, int]) -> None:
+    """Stop early (raising every problem so far) on an empty grid or one over :data:`MAX_TOKENS`."""
+    if grid[0] < 1 or grid[1] < 1:
+        b.problem(("stem",), f"the stem's output grid {grid[0]}x{grid[1]} is empty",
+                  "use a larger input resolution or a smaller patch size")
+        raise SpecError(b.problems)
+    if grid[0] * grid[1] + 2 > MAX_TOKENS:
+        b.problem(("input", "resolution"), f"{grid[0]}x{grid[1]} = {grid[0] * grid[1]} tokens exceeds the cap of "
+                  f"{MAX_TOKENS}", "use a larger patch size or a smaller resolution")
+        raise SpecError(b.problems)
+
+
+def _width_before_block(spec: ArchSpec, index: int) -> int:
+    """Token width entering global block ``index`` (the last stage's width after the last block)."""
+    for stage in spec.stages:
+        if index < stage.depth:
+            return stage.dim
+        index -= stage.depth
+    return spec.stages[-1].dim
+
+
+def _resolve_tokens(b: _Builder) -> _Tokens:
+    """Check the ``tokens`` and ``head`` options against each other; where the class token enters."""
+    spec, tok = b.spec, b.spec.tokens
     depth = spec.depth
     n_extra = (tok.cls_token != "none") + tok.dist_token
     cls_at = 0 if tok.cls_token == "input" else (None if tok.cls_token == "none" else tok.cls_token)
     if cls_at is not None and cls_at > depth:
-        problems.append(Problem(("tokens", "cls_token"),
-                                f"class token inserted before block {cls_at}, but the model has {depth} blocks (0-{depth - 1})"))
+        b.problem(("tokens", "cls_token"),
+                  f"class token inserted before block {cls_at}, but the model has {depth} blocks (0-{depth - 1})",
+                  f"use an index from 0 to {depth} ({depth}: after the last block)")
     if tok.dist_token and cls_at is None:
-        problems.append(Problem(("tokens", "dist_token"), "a distillation token needs a class token",
-                                "set tokens.cls_token: input"))
+        b.problem(("tokens", "dist_token"), "a distillation token needs a class token", "set tokens.cls_token: input")
     if tok.dist_token and not spec.head.distillation:
-        problems.append(Problem(("tokens", "dist_token"), "a distillation token without a distillation head is unused",
-                                "set head.distillation: true"))
+        b.problem(("tokens", "dist_token"), "a distillation token without a distillation head is unused",
+                  "set head.distillation: true")
     if spec.head.pool == "cls" and cls_at is None:
-        problems.append(Problem(("head", "pool"), "pool: cls needs a class token", "set tokens.cls_token, or head.pool: mean"))
+        b.problem(("head", "pool"), "pool: cls needs a class token", "set tokens.cls_token, or head.pool: mean")
     if spec.head.distillation and spec.head.pool == "cls" and not tok.dist_token:
-        problems.append(Problem(("head", "distillation"), "a distillation head with pool: cls reads the distillation token",
-                                "set tokens.dist_token: true (DeiT), or head.pool: mean (LeViT)"))
-    dim = first.dim
-    n_prefix = n_extra if cls_at == 0 else 0
+        b.problem(("head", "distillation"), "a distillation head with pool: cls reads the distillation token",
+                  "set tokens.dist_token: true (DeiT), or head.pool: mean (LeViT)")
+    # A token inserted later has the width of the stage it enters (it is concatenated to that stage's tokens).
+    width = _width_before_block(spec, min(cls_at, depth)) if cls_at is not None else spec.stages[0].dim
+    return _Tokens(n_extra=n_extra, cls_at=cls_at, width=width)
+
+
+def _add_embed(b: _Builder, tokens: _Tokens, grid: tuple[int, int], dim: int) -> _Flow:
+    """Class/distillation tokens present from the start and the position embedding (params of every extra token)."""
+    pos = b.spec.tokens.pos_embed == "learned"
+    n_prefix = tokens.n_extra if tokens.cls_at == 0 else 0
     embed_len = grid[0] * grid[1] + n_prefix
-    embed_params = n_extra * dim + (embed_len * dim if tok.pos_embed == "learned" else 0)
-    add("embed", kind="embed", label="tokens", tokens=embed_len, grid=grid, dim=dim, params=embed_params,
-        config={"n_extra": n_extra, "cls_at": cls_at, "pos_embed_len": embed_len if tok.pos_embed == "learned" else 0})
+    params = tokens.n_extra * tokens.width + (embed_len * dim if pos else 0)
+    memory = concat_memory(grid[0] * grid[1], embed_len, dim, pos) if (n_prefix or pos) else NodeMemory()
+    b.add("embed", memory, kind="embed", label="tokens", tokens=embed_len, grid=grid, dim=dim, params=params,
+          config={"n_extra": tokens.n_extra, "cls_at": tokens.cls_at, "token_dim": tokens.width,
+                  "pos_embed_len": embed_len if pos else 0})
+    return _Flow(grid=grid, dim=dim, n_prefix=n_prefix)
 
-    # --- stages ---------------------------------------------------------------------------------
-    block_index = 0
-    for i, stage in enumerate(spec.stages):
-        if stage.shrink is not None:
-            if i == 0:
-                problems.append(Problem(("stages", 0, "shrink"), "the first stage cannot start with shrinking attention",
-                                        "put shrink on a later stage"))
-            else:
-                sh = stage.shrink
-                heads = sh.heads if sh.heads is not None else max(dim // sh.key_dim, 1)
-                if n_prefix:
-                    problems.append(Problem(("stages", i, "shrink"), "shrinking attention needs a pure token grid, "
-                                            "but a class/distillation token is present", "use tokens.cls_token: none"))
-                params, macs, out_grid = shrink_counts(dim, stage.dim, heads, sh.key_dim, sh.attn_ratio,
-                                                       sh.mlp_ratio, grid, sh.stride)
-                add(f"stages.{i}.downsample", kind="shrink", label=f"shrink/{sh.stride}", stage=i,
-                    heads=" ".join(["L"] * heads), tokens=out_grid[0] * out_grid[1], grid=out_grid, dim=stage.dim,
-                    params=params, macs=macs,
-                    config={"in_dim": dim, "out_dim": stage.dim, "heads": heads, "key_dim": sh.key_dim,
-                            "attn_ratio": sh.attn_ratio, "mlp_ratio": sh.mlp_ratio, "grid": grid,
-                            "stride": sh.stride, "act": stage.act})
-                grid, dim = out_grid, stage.dim
-        elif i > 0 and stage.dim != dim:
-            problems.append(Problem(("stages", i, "dim"), f"width changes from {dim} to {stage.dim} without a transition",
-                                    "add 'shrink:' (LeViT shrinking attention) to this stage, or keep the width"))
-            dim = stage.dim
-        if stage.head_dim is None and stage.key_dim is None and stage.dim % stage.heads:
-            problems.append(Problem(("stages", i, "heads"),
-                                    f"dim {stage.dim} is not divisible by {stage.heads} heads (head dim is dim / heads)",
-                                    "change dim or heads, or set head_dim explicitly"))
-            continue
-        check_stage_overrides(spec, i, problems)
-        dims = attn_dims(stage)
-        if dims.v_dim < 1:
-            problems.append(Problem(("stages", i, "attn_ratio"), "value dim attn_ratio * key_dim rounds to 0"))
-            continue
-        plans = spec.layer_plans(i)
-        batchnorm = stage.norm == "batchnorm"
-        for layer, plan in enumerate(plans):
-            if cls_at is not None and cls_at == block_index and cls_at > 0:
-                n_prefix = n_extra
-                add(f"insert_tokens.{block_index}", kind="insert", label="+cls" + ("+dist" if tok.dist_token else ""),
-                    tokens=n_prefix + grid[0] * grid[1], grid=grid, dim=dim, config={"n_extra": n_extra})
-            n_tokens = n_prefix + grid[0] * grid[1]
-            _check_layer(spec, i, layer, plan, grid, n_prefix, problems)
-            if plan.mixer.kind == "conv":
-                k = plan.mixer.kernel
-                p_mix, m_mix = k * k * dim * dim + dim, grid[0] * grid[1] * k * k * dim * dim
-                label, heads_str = f"conv{k}", f"conv{k}x{k}"
-            else:
-                p_mix, m_mix = attention_counts(dim, plan.heads, dims, grid, n_prefix, stage.qkv_bias, batchnorm)
-                label, heads_str = ("levit" if batchnorm else "attn"), " ".join(h.letter for h in plan.heads)
-            hidden = int(dim * stage.mlp_ratio)
-            if batchnorm:
-                p_fc1, m_fc1 = _linear(n_tokens, dim, hidden, bias=False, bn=True)
-                p_fc2, m_fc2 = _linear(n_tokens, hidden, dim, bias=False, bn=True)
-                p_norm = 0
-            else:
-                p_fc1, m_fc1 = _linear(n_tokens, dim, hidden, bias=True)
-                p_fc2, m_fc2 = _linear(n_tokens, hidden, dim, bias=True)
-                p_norm = 4 * dim + (2 * dim if stage.layer_scale is not None else 0)
-            add(f"stages.{i}.blocks.{layer}", kind="block", label=label, stage=i, layer=block_index, heads=heads_str,
-                tokens=n_tokens, grid=grid, dim=dim, params=p_mix + p_fc1 + p_fc2 + p_norm, macs=m_mix + m_fc1 + m_fc2,
-                config={"stage": i, "layer": layer, "plan": plan, "grid": grid, "n_prefix": n_prefix, "dims": dims})
-            block_index += 1
-    if cls_at is not None and cls_at == depth and depth > 0:
-        n_prefix = n_extra
-        add(f"insert_tokens.{depth}", kind="insert", label="+cls", tokens=n_prefix + grid[0] * grid[1], grid=grid,
-            dim=dim, config={"n_extra": n_extra})
 
-    # --- head -----------------------------------------------------------------------------------
-    head = spec.head
-    batchnorm = spec.stages[-1].norm == "batchnorm"
+def _add_insert(b: _Builder, flow: _Flow, tokens: _Tokens) -> None:
+    """Class (and distillation) token concatenated before block ``flow.block_index`` (ConViT)."""
+    n_patches = flow.grid[0] * flow.grid[1]
+    flow.n_prefix = tokens.n_extra
+    label = "+cls" + ("+dist" if b.spec.tokens.dist_token else "")
+    b.add(f"insert_tokens.{flow.block_index}", concat_memory(n_patches, n_patches + flow.n_prefix, flow.dim, False),
+          kind="insert", label=label, tokens=n_patches + flow.n_prefix, grid=flow.grid, dim=flow.dim,
+          config={"n_extra": tokens.n_extra})
+
+
+def _add_stage(b: _Builder, i: int, flow: _Flow, tokens: _Tokens) -> None:
+    """Shrinking attention (if any) and the blocks of ``stages[i]``; advances ``flow``."""
+    stage = b.spec.stages[i]
+    if stage.shrink is not None:
+        _add_shrink(b, i, flow)
+    elif i > 0 and stage.dim != flow.dim:
+        b.problem(("stages", i, "dim"), f"width changes from {flow.dim} to {stage.dim} without a transition",
+                  "add 'shrink:' (LeViT shrinking attention) to this stage, or keep the width")
+        flow.dim = stage.dim
+    if stage.head_dim is None and stage.key_dim is None and stage.dim % stage.heads:
+        b.problem(("stages", i, "heads"), f"dim {stage.dim} is not divisible by {stage.heads} heads (head dim is "
+                  "dim / heads)", "change dim or heads, or set head_dim explicitly")
+        flow.block_index += stage.depth
+        return
+    check_stage_overrides(b.spec, i, b.problems)
+    dims = attn_dims(stage)
+    if dims.qk_dim < 1 or dims.v_dim < 1:  # normally refused by StageSpec already; kept for specs built unchecked
+        b.problem(("stages", i, "attn_ratio"), f"per-head dims q/k {dims.qk_dim}, value {dims.v_dim}: one rounds to 0",
+                  "raise attn_ratio, key_dim or head_dim")
+        flow.block_index += stage.depth
+        return
+    for layer, plan in enumerate(b.spec.layer_plans(i)):
+        if tokens.cls_at is not None and tokens.cls_at == flow.block_index and tokens.cls_at > 0:
+            _add_insert(b, flow, tokens)
+        _check_layer(b.spec, i, layer, plan, flow.grid, flow.n_prefix, b.problems)
+        _add_block(b, i, layer, plan, dims, flow)
+        flow.block_index += 1
+
+
+def _add_shrink(b: _Builder, i: int, flow: _Flow) -> None:
+    """LeViT shrinking attention entering ``stages[i]``: subsamples the grid, changes the width."""
+    stage, sh = b.spec.stages[i], b.spec.stages[i].shrink
+    if i == 0:
+        b.problem(("stages", 0, "shrink"), "the first stage cannot start with shrinking attention",
+                  "put shrink on a later stage")
+        return
+    heads = sh.heads if sh.heads is not None else max(flow.dim // sh.key_dim, 1)
+    if flow.n_prefix:
+        b.problem(("stages", i, "shrink"), "shrinking attention needs a pure token grid, but a class/distillation "
+                  "token is present", "use tokens.cls_token: none, or insert it after this stage (an index)")
+    if int(stage.dim * sh.mlp_ratio) < 1:  # timm's LevitMlp would silently widen a 0 hidden width to dim
+        b.problem(("stages", i, "shrink", "mlp_ratio"), f"the MLP hidden width int(dim * mlp_ratio) = "
+                  f"int({stage.dim} * {sh.mlp_ratio:g}) is 0", f"use mlp_ratio >= {1 / stage.dim:g}")
+        return
+    params, macs, out_grid = shrink_counts(flow.dim, stage.dim, heads, sh.key_dim, sh.attn_ratio, sh.mlp_ratio,
+                                           flow.grid, sh.stride)
+    n, nq = flow.grid[0] * flow.grid[1], out_grid[0] * out_grid[1]
+    memory = shrink_memory(n, nq, flow.dim, stage.dim, heads, sh.key_dim, int(sh.attn_ratio * sh.key_dim),
+                           int(stage.dim * sh.mlp_ratio))
+    b.add(f"stages.{i}.downsample", memory, kind="shrink", label=f"shrink/{sh.stride}", stage=i,
+          heads=" ".join(["L"] * heads), tokens=nq, grid=out_grid, dim=stage.dim, params=params, macs=macs,
+          config={"in_dim": flow.dim, "out_dim": stage.dim, "heads": heads, "key_dim": sh.key_dim,
+                  "attn_ratio": sh.attn_ratio, "mlp_ratio": sh.mlp_ratio, "grid": flow.grid, "stride": sh.stride,
+                  "act": stage.act})
+    flow.grid, flow.dim = out_grid, stage.dim
+
+
+def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims, flow: _Flow) -> None:
+    """One block of ``stages[i]``: token mixer (attention or conv) + MLP, with its counts and memory."""
+    stage = b.spec.stages[i]
+    grid, dim = flow.grid, flow.dim
+    n_patches = grid[0] * grid[1]
+    n_tokens = flow.n_prefix + n_patches
+    batchnorm = stage.norm == "batchnorm"
+    if plan.mixer.kind == "conv":
+        k = plan.mixer.kernel
+        p_mix, m_mix = k * k * dim * dim + dim, n_patches * k * k * dim * dim
+        label, heads_str = f"conv{k}", f"conv{k}x{k}"
+        mix_memory = conv_mixer_memory(n_tokens, dim)
+    else:
+        p_mix, m_mix = attention_counts(dim, plan.heads, dims, grid, flow.n_prefix, stage.qkv_bias, batchnorm)
+        label, heads_str = ("levit" if batchnorm else "attn"), " ".join(h.letter for h in plan.heads)
+        mix_memory = attention_memory(n_tokens, n_patches, dim, plan.heads, dims.qk_dim, dims.v_dim, batchnorm)
+    hidden = int(dim * stage.mlp_ratio)
+    p_fc1, m_fc1 = _linear(n_tokens, dim, hidden, bias=not batchnorm, bn=batchnorm)
+    p_fc2, m_fc2 = _linear(n_tokens, hidden, dim, bias=not batchnorm, bn=batchnorm)
+    layer_scale = stage.layer_scale is not None and not batchnorm
+    p_norm = 0 if batchnorm else 4 * dim + (2 * dim if layer_scale else 0)
+    mlp = mlp_memory(n_tokens, dim, hidden, batchnorm, layer_scale)
+    memory = NodeMemory(act=max(mix_memory.act, mlp.act), saved=mix_memory.saved + mlp.saved,
+                        buffers=mix_memory.buffers)
+    b.add(f"stages.{i}.blocks.{layer}", memory, kind="block", label=label, stage=i, layer=flow.block_index,
+          heads=heads_str, tokens=n_tokens, grid=grid, dim=dim, params=p_mix + p_fc1 + p_fc2 + p_norm,
+          macs=m_mix + m_fc1 + m_fc2,
+          config={"stage": i, "layer": layer, "plan": plan, "grid": grid, "n_prefix": flow.n_prefix, "dims": dims})
+
+
+def _add_head(b: _Builder, flow: _Flow) -> None:
+    """Final norm, pooling and classifier(s).
+
+    layernorm family: one LayerNorm (before cls pooling, or after mean pooling as timm's fc_norm) +
+    Linear heads; batchnorm family: timm NormLinear (BatchNorm1d + Linear) per head; num_classes 0 =
+    no classifier.
+    """
+    head, dim = b.spec.head, flow.dim
+    batchnorm = b.spec.stages[-1].norm == "batchnorm"
     n_cls = head.num_classes
-    # layernorm family: one LayerNorm (before cls pooling, or after mean pooling as timm's fc_norm) + Linear
-    # heads; batchnorm family: timm NormLinear (BatchNorm1d + Linear) per head; num_classes 0 = no head.
     n_heads_out = 2 if head.distillation else 1
     if n_cls == 0:
         params = 0 if batchnorm else 2 * dim
     else:
         params = n_heads_out * (dim * n_cls + n_cls + (2 * dim if batchnorm else 0)) + (0 if batchnorm else 2 * dim)
-    macs = dim * n_cls * (2 if head.distillation else 1)
-    add("head", kind="head", label=f"{head.pool}-pool", tokens=1, grid=(1, 1), dim=n_cls or dim, params=params, macs=macs,
-        heads="", config={"batchnorm": batchnorm})
+    macs = dim * n_cls * n_heads_out
+    n_tokens = flow.n_prefix + flow.grid[0] * flow.grid[1]
+    b.add("head", head_memory(n_tokens, dim, n_cls), kind="head", label=f"{head.pool}-pool", tokens=1, grid=(1, 1),
+          dim=n_cls or dim, params=params, macs=macs, heads="", config={"batchnorm": batchnorm})
 
-    total_params = sum(d["params"] for _, d in g.nodes(data=True))
+
+def _finish(b: _Builder) -> nx.DiGraph:
+    """Totals, the parameter cap, and raising the problems found."""
+    g = b.graph
+    nodes = [g.nodes[n] for n in b.order]
+    total_params = sum(d["params"] for d in nodes)
     if total_params > MAX_PARAMS:
-        problems.append(Problem(("stages",), f"{total_params / 1e9:.1f}B parameters exceeds the cap of {MAX_PARAMS / 1e9:.0f}B"))
-    if problems:
-        raise SpecError(problems)
-    g.graph.update(params=total_params, macs=sum(d["macs"] for _, d in g.nodes(data=True)),
-                   output=(n_cls or dim,), order=order, spec=spec)
+        b.problem(("stages",), f"{total_params / 1e9:.1f}B parameters exceeds the cap of {MAX_PARAMS / 1e9:.0f}B")
+    if b.problems:
+        raise SpecError(b.problems)
+    image = F32 * b.spec.input.channels * b.spec.input.resolution[0] * b.spec.input.resolution[1]
+    peak = max(nodes, key=lambda d: d["act_bytes"])
+    weights, buffers = F32 * total_params, sum(d["buffer_bytes"] for d in nodes)
+    g.graph.update(params=total_params, macs=sum(d["macs"] for d in nodes), output=(nodes[-1]["dim"],), order=b.order, spec=b.spec,
+                   peak_activation_bytes=image + peak["act_bytes"], peak_node=peak["name"], weight_bytes=weights,
+                   buffer_bytes=buffers, peak_memory_bytes=image + peak["act_bytes"] + weights + buffers,
+                   saved_activation_bytes=image + sum(d["saved_bytes"] for d in nodes))
     return g
 
 
-def check_spec(spec: ArchSpec) -> list[Problem]:
-    """Every shape problem of ``spec`` (empty when it compiles)."""
+def check_memory(graph: nx.DiGraph, max_memory: float | None = None) -> list[Problem]:
+    """The memory limit: a batch-1 float32 forward must fit in ``max_memory`` bytes.
+
+    Args:
+        graph: an IR from :func:`build_graph`.
+        max_memory: the limit in bytes; ``None`` takes :data:`DEFAULT_MAX_MEMORY` (read at call time,
+            so a program may change the module default); ``math.inf`` disables the check.
+
+    Returns:
+        One located problem (at the stage, or the stem/input, holding the peak) when the estimate
+        ``graph.graph["peak_memory_bytes"]`` exceeds the limit; else an empty list.
+    """
+    limit = DEFAULT_MAX_MEMORY if max_memory is None else max_memory
+    total = graph.graph["peak_memory_bytes"]
+    if total <= limit:
+        return []
+    node = graph.nodes[graph.graph["peak_node"]]
+    path: tuple = ("stages", node["stage"]) if "stage" in node else (("stem",) if node["kind"] == "stem" else ("input", "resolution"))
+    message = (f"a batch-1 float32 forward needs an estimated {format_bytes(total)} "
+               f"(peak activations {format_bytes(graph.graph['peak_activation_bytes'])} at {node['name']}, "
+               f"weights {format_bytes(graph.graph['weight_bytes'])}, buffers {format_bytes(graph.graph['buffer_bytes'])}), "
+               f"over the memory limit of {format_bytes(limit)}")
+    hint = (f"raise the limit (archspec build/validate --max-memory {_suggest(total)}, or max_memory= in load_spec/"
+            "compile) if the machine has the memory, or reduce resolution, tokens, heads or head_dim")
+    return [Problem(path, message, hint)]
+
+
+def _suggest(total: float) -> str:
+    return f"{math.ceil(total * 1.1 / 2**30)}G"
+
+
+def check_spec(spec: ArchSpec, max_memory: float | None = None) -> list[Problem]:
+    """Every shape problem of ``spec``, then the memory limit (:func:`check_memory`); empty when it compiles."""
     try:
-        build_graph(spec)
+        graph = build_graph(spec)
     except SpecError as exc:
         return exc.problems
-    return []
+    return check_memory(graph, max_memory)
 
 
 def nodes_in_order(graph: nx.DiGraph) -> list[dict]:

@@ -44,13 +44,19 @@ class ArchModel(nn.Module):
     head the output is the average of the two heads, or the tuple ``(cls_logits, dist_logits)`` in
     train mode after ``set_distilled_training(True)``, exactly as timm's distilled DeiT / LeViT.
 
+    Args (besides the built parts): ``dim_in``/``dim_out`` widths of the first/last stage; ``cls_at`` the
+    global block index before which the class (and distillation) token is prepended (0: after the stem,
+    None: no class token); ``n_extra`` the number of such tokens; ``pos_embed_len`` tokens covered by
+    the position embedding (0: none); ``token_dim`` their width (default ``dim_in``; the width of the
+    stage they enter when inserted later).
+
     Attributes:
         spec: the :class:`~archspec.spec.ArchSpec` it was compiled from (``model.spec.to_yaml()``).
         num_classes, num_features, num_prefix_tokens, global_pool: as in timm.
     """
 
     def __init__(self, spec: ArchSpec, stem: nn.Module, stages: Sequence[Stage], dim_in: int, dim_out: int,
-                 cls_at: int | None, n_extra: int, pos_embed_len: int):
+                 cls_at: int | None, n_extra: int, pos_embed_len: int, token_dim: int | None = None):
         super().__init__()
         self.spec = spec
         self.stem = stem
@@ -65,8 +71,10 @@ class ArchModel(nn.Module):
         self.distilled_training = False
         self.grad_checkpointing = False
 
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim_in)) if cls_at is not None else None
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim_in)) if self.has_dist else None
+        # A class token inserted before a later block has that block's width (after a shrink, not dim_in).
+        token_dim = dim_in if token_dim is None else token_dim
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, token_dim)) if cls_at is not None else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, token_dim)) if self.has_dist else None
         self.pos_embed = nn.Parameter(torch.zeros(1, pos_embed_len, dim_in)) if pos_embed_len else None
         # layernorm family as timm ViT: final norm before token pooling, fc_norm after mean pooling
         layernorm = not self.batchnorm_head

@@ -27,7 +27,7 @@ from pathlib import Path as FsPath
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from archspec.errors import Locator, Problem, SpecError
@@ -49,6 +49,9 @@ MAX_DEPTH = 64
 # (which excludes '.' and '..' and hidden names).
 NAME_PATTERN = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*"
 NAME_MAX = 100
+
+# A validator's ValueError text "message<_HINT>hint" becomes a Problem's message and hint.
+_HINT = "\nhint: "
 
 
 class InputSpec(StrictModel):
@@ -205,6 +208,19 @@ class LayerOverride(StrictModel):
             raise ValueError(f"layer range {value[0]}-{value[1]} is empty or negative")
         return value
 
+    @field_validator("heads")
+    @classmethod
+    def _one_gating(cls, value: list[HeadSpec] | None) -> list[HeadSpec] | None:
+        # An attention layer has one gating_param tensor for its GPSA heads: trainable or frozen as a whole.
+        gpsa = [(k, h.gpsa.gating_trainable) for k, h in enumerate(value or []) if h.gpsa is not None]
+        if len({flag for _, flag in gpsa}) > 1:
+            frozen = [k for k, flag in gpsa if not flag]
+            raise ValueError(f"GPSA heads of one layer disagree on gating_trainable (frozen: head "
+                             f"{', '.join(map(str, frozen))}; trainable: the other GPSA heads)"
+                             f"{_HINT}the layer's gating parameters are frozen or trained together: set the same "
+                             "gating_trainable on every GPSA head of the layer")
+        return value
+
     @model_validator(mode="after")
     def _one_of(self) -> "LayerOverride":
         if self.heads is not None and self.attention is not None:
@@ -227,6 +243,15 @@ class ShrinkSpec(StrictModel):
     key_dim: int = Field(16, ge=4, le=256, description="Per-head query/key dim D.")
     attn_ratio: float = Field(4.0, gt=0, le=8, description="Value dim = attn_ratio * key_dim (LeViT: 4).")
     mlp_ratio: float = Field(2.0, gt=0, le=8, description="Expansion of the residual MLP after it (LeViT: 2).")
+
+    @field_validator("attn_ratio")
+    @classmethod
+    def _value_dim(cls, value: float, info: ValidationInfo) -> float:
+        key_dim = info.data.get("key_dim")
+        if key_dim is not None and int(value * key_dim) < 1:
+            raise ValueError(f"value dim attn_ratio * key_dim = {value:g} * {key_dim} rounds to 0"
+                             f"{_HINT}use attn_ratio >= {1 / key_dim:g}, or a larger key_dim")
+        return value
 
 
 class StageSpec(StrictModel):
@@ -262,6 +287,28 @@ class StageSpec(StrictModel):
     mixer: MixerSpec = Field(default_factory=MixerSpec, description="Token mixer of the stage's blocks.")
     layers: list[LayerOverride] = Field(default_factory=list, description="Per-layer overrides (non-overlapping ranges).")
     shrink: ShrinkSpec | None = Field(None, description="LeViT shrinking attention at the stage's entry (not stage 0).")
+
+    @field_validator("attn_ratio")
+    @classmethod
+    def _value_dim(cls, value: float | None, info: ValidationInfo) -> float | None:
+        data = info.data
+        if value is None or not {"dim", "heads"} <= data.keys():
+            return value
+        qk = next((d for d in (data.get("key_dim"), data.get("head_dim")) if d is not None), data["dim"] // data["heads"])
+        if qk >= 1 and int(value * qk) < 1:
+            raise ValueError(f"per-head value dim attn_ratio * key_dim = {value:g} * {qk} rounds to 0"
+                             f"{_HINT}use attn_ratio >= {1 / qk:g}")
+        return value
+
+    @field_validator("mlp_ratio")
+    @classmethod
+    def _hidden(cls, value: float, info: ValidationInfo) -> float:
+        # timm's Mlp would silently use a hidden width of dim for 0, and the counts would be wrong.
+        dim = info.data.get("dim")
+        if dim is not None and int(dim * value) < 1:
+            raise ValueError(f"MLP hidden width int(dim * mlp_ratio) = int({dim} * {value:g}) is 0"
+                             f"{_HINT}use mlp_ratio >= {1 / dim:g} (timm would silently widen it to dim)")
+        return value
 
     @field_validator("drop_path", mode="before")
     @classmethod
@@ -476,7 +523,8 @@ def _problems_from_validation(exc: ValidationError) -> list[Problem]:
             got = err.get("input")
             message = "expected a mapping of keys to values" + (f", got {got!r}" if not isinstance(got, list) else ", got a list")
         elif kind.startswith("value_error"):
-            message = message.removeprefix("Value error, ")
+            message, _, hint_text = message.removeprefix("Value error, ").partition(_HINT)
+            hint = hint_text or hint
         elif "input" in err:
             message = f"{message} (got {err['input']!r})" if not isinstance(err["input"], (dict, list)) else message
         problems.append((kind, Problem(path, message, hint)))
@@ -540,7 +588,8 @@ def default_spec_name(stem: str) -> str:
     return name or "model"
 
 
-def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True) -> ArchSpec:
+def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True,
+              max_memory: float | None = None) -> ArchSpec:
     """Load and validate a spec.
 
     Args:
@@ -551,7 +600,10 @@ def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True)
             holds ``key: value`` (``"{name: t, stages: ...}"``); otherwise it is a path or a shipped name
             (:func:`archspec.yamlsource.is_yaml_text`).
         check: also run the shape checks of :func:`archspec.graph.build_graph` (token grids,
-            windows, head arithmetic).  ``False`` gives schema validation only.
+            windows, head arithmetic) and the memory limit.  ``False`` gives schema validation only.
+        max_memory: with ``check``, the limit in bytes on the estimated memory of a batch-1 float32
+            forward (:func:`archspec.graph.check_memory`); ``None``: ``archspec.graph.DEFAULT_MAX_MEMORY``
+            (8 GiB); ``math.inf``: no limit.
 
     Raises:
         SpecError: every problem found, each with file, line, column and field path; for a file also
@@ -574,7 +626,7 @@ def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True)
     if check:
         from archspec.graph import check_spec  # the graph module owns shape inference
 
-        problems = check_spec(spec)
+        problems = check_spec(spec, max_memory)
         if problems:
             raise SpecError(problems).located(locator)
     return spec

@@ -578,6 +578,79 @@ stages:
       - range: 0-1
         mixer: conv3
 """, "stages[0].layers[0].mixer", 10, "conv token mixer", "cls_token: none", count=1),
+    # --- the "every spec that validates builds" issue: these validated and then crashed in build ---------
+    Case("shrink-value-dim-rounds-to-0", """\
+name: t
+input: {resolution: 32}
+stem: {kind: conv, channels: [16, 32]}
+tokens: {cls_token: none, pos_embed: none}
+head: {pool: mean}
+stages:
+  - {depth: 1, dim: 32, heads: 2, norm: batchnorm}
+  - depth: 1
+    dim: 48
+    heads: 2
+    norm: batchnorm
+    shrink: {key_dim: 16, attn_ratio: 0.01}
+""", "stages[1].shrink.attn_ratio", 12, "0.01 * 16 rounds to 0", "attn_ratio >= 0.0625"),
+    Case("stage-value-dim-rounds-to-0", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+stages:
+  - depth: 1
+    dim: 32
+    heads: 2
+    key_dim: 8
+    attn_ratio: 0.1
+""", "stages[0].attn_ratio", 9, "0.1 * 8 rounds to 0", "attn_ratio >= 0.125"),
+    Case("gpsa-layer-mixed-gating-trainable", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 8}
+tokens: {cls_token: 1}
+stages:
+  - depth: 2
+    dim: 32
+    heads: 2
+    attention: mhsa
+    layers:
+      - range: 0
+        heads: [{gpsa: {gating_trainable: false}}, gpsa]
+""", "stages[0].layers[0].heads", 12, ("disagree on gating_trainable", "frozen: head 0"),
+         "same gating_trainable"),
+    Case("mlp-hidden-rounds-to-0", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 8}
+stages:
+  - {depth: 1, dim: 16, heads: 2, mlp_ratio: 0.01}
+""", "stages[0].mlp_ratio", 5, "int(16 * 0.01) is 0", "mlp_ratio >= 0.0625"),
+    Case("shrink-mlp-hidden-rounds-to-0", """\
+name: t
+input: {resolution: 32}
+stem: {kind: conv, channels: [16, 32]}
+tokens: {cls_token: none, pos_embed: none}
+head: {pool: mean}
+stages:
+  - {depth: 1, dim: 32, heads: 2, norm: batchnorm}
+  - depth: 1
+    dim: 48
+    heads: 2
+    norm: batchnorm
+    shrink:
+      mlp_ratio: 0.01
+""", "stages[1].shrink.mlp_ratio", 13, "int(48 * 0.01) is 0", "mlp_ratio >= 0.0208333"),
+    Case("memory-over-the-limit", """\
+name: t
+input: {resolution: [1008, 1024]}
+stem: {kind: patch, patch_size: 16}
+stages:
+  - depth: 4
+    dim: 64
+    heads: 64
+    head_dim: 4096
+""", "stages[0]", 5, ("24.7 GiB", "over the memory limit of 8.0 GiB"), "--max-memory"),
     Case("conv-mixer-kernel-larger-than-grid", """\
 name: t
 input: {resolution: 32}
@@ -753,3 +826,25 @@ def test_cli_validate_reports_located_problem(tmp_path, capsys, case: Case):
     assert f": {case.path}: " in err, err
     assert "Traceback" not in out + err
     assert not (tmp_path / "pwned").exists()
+
+
+def test_class_token_inserted_after_a_shrink_builds():
+    """It validated and then crashed (the token had the first stage's width); now it has its stage's width."""
+    import torch
+
+    from archspec import analyze, compile
+
+    spec = load_spec("""\
+input: {resolution: 32}
+stem: {kind: conv, channels: [16, 32]}
+tokens: {cls_token: 2, pos_embed: none}
+stages:
+  - {depth: 1, dim: 32, heads: 2, norm: batchnorm, key_dim: 8}
+  - {depth: 2, dim: 48, heads: 2, norm: batchnorm, key_dim: 8, shrink: {key_dim: 8}}
+head: {pool: cls, num_classes: 10}
+""")
+    model = compile(spec).eval()
+    assert model.cls_token.shape == (1, 1, 48)
+    assert sum(p.numel() for p in model.parameters()) == analyze(spec).params
+    with torch.inference_mode():
+        assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)

@@ -24,7 +24,11 @@ from archspec.spec import ArchSpec
 if TYPE_CHECKING:  # pragma: no cover
     from archspec.search.space import SearchSpace
 
-__all__ = ["parse_quantity", "Budgets", "StaticCheck", "static_check", "static_check_rate"]
+__all__ = ["parse_quantity", "Budgets", "StaticCheck", "static_check", "static_check_rate", "training_memory",
+           "TRAINING_STATE_FACTOR"]
+
+# A training step holds, per parameter, the weight, its gradient and AdamW's two moments.
+TRAINING_STATE_FACTOR = 4
 
 _SUFFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _UNITS = ("macs", "mac", "flops", "flop", "params", "param", "ms")
@@ -68,15 +72,21 @@ def parse_quantity(text: "str | float | int", option: str) -> float:
 
 @dataclass(frozen=True)
 class Budgets:
-    """Upper bounds of a search; ``None`` = unconstrained.  MACs per image at the spec's input size."""
+    """Upper bounds of a search; ``None`` = unconstrained.  MACs per image at the spec's input size.
+
+    ``memory`` (bytes) bounds both a batch-1 inference forward at the spec's size and a proxy training
+    step (:func:`training_memory`); ``None`` takes :data:`archspec.graph.DEFAULT_MAX_MEMORY` (8 GiB).
+    """
 
     macs: float | None = None
     params: float | None = None
     latency_ms: float | None = None
+    memory: float | None = None
 
     def describe(self) -> dict:
         """JSON-ready dict."""
-        return {"macs": self.macs, "params": self.params, "latency_ms": self.latency_ms}
+        out = {"macs": self.macs, "params": self.params, "latency_ms": self.latency_ms}
+        return out if self.memory is None else {**out, "memory": self.memory}  # resumed older studies compare equal
 
 
 @dataclass(frozen=True)
@@ -89,11 +99,52 @@ class StaticCheck:
     reason: str | None
 
 
-def static_check(spec: ArchSpec, budgets: Budgets) -> StaticCheck:
-    """Check ``spec`` against the MAC and parameter budgets from the IR alone (no weights).
+def training_memory(graph, batch: int) -> int:
+    """Estimated bytes of one training step of the IR ``graph`` at ``batch`` images.
 
-    The latency budget is not checked here (it needs a measurement).  An invalid spec is
-    infeasible, with the validator's message as the reason (``macs = params = 0``).
+    Training keeps every node's intermediates for the backward pass, so activations are the *sum*
+    over nodes of ``saved_bytes`` (per image; :mod:`archspec.graph`), times the batch -- where
+    inference takes only the largest node's peak; parameters count :data:`TRAINING_STATE_FACTOR`
+    times (weight, gradient, AdamW's two moments); buffers once.
+    """
+    totals = graph.graph
+    return batch * totals["saved_activation_bytes"] + TRAINING_STATE_FACTOR * totals["weight_bytes"] + totals["buffer_bytes"]
+
+
+def _memory_reasons(graph, budgets: Budgets, data, protocol) -> list[str]:
+    """Over-limit reasons: the batch-1 inference forward at the spec's size, and the proxy training batch."""
+    from archspec.graph import DEFAULT_MAX_MEMORY, build_graph, check_memory  # noqa: PLC0415
+    from archspec.memory import format_bytes  # noqa: PLC0415
+
+    limit = DEFAULT_MAX_MEMORY if budgets.memory is None else budgets.memory
+    reasons = [p.message for p in check_memory(graph, limit)]
+    if data is None or protocol is None:
+        return reasons
+    from archspec.search.proxy import proxy_spec  # noqa: PLC0415
+
+    try:
+        proxy = build_graph(proxy_spec(graph.graph["spec"], data, protocol))
+    except SpecError:  # not adaptable to the proxy: train_proxy reports why
+        return reasons
+    need = training_memory(proxy, protocol.batch_size)
+    if need > limit:
+        per_image = proxy.graph["saved_activation_bytes"]
+        reasons.append(f"a proxy training step (batch {protocol.batch_size} at {protocol.image_size} px) needs an "
+                       f"estimated {format_bytes(need)} (activations kept for backward {protocol.batch_size} x "
+                       f"{format_bytes(per_image)}, weights with gradients and AdamW state "
+                       f"{TRAINING_STATE_FACTOR} x {format_bytes(proxy.graph['weight_bytes'])}), over the memory "
+                       f"limit of {format_bytes(limit)} (--max-memory)")
+    return reasons
+
+
+def static_check(spec: ArchSpec, budgets: Budgets, data=None, protocol=None) -> StaticCheck:
+    """Check ``spec`` against the MAC, parameter and memory budgets from the IR alone (no weights).
+
+    Memory: a batch-1 inference forward at the spec's size and, when ``data`` (a
+    :class:`~archspec.search.data.Dataset`) and ``protocol`` (a :class:`~archspec.search.proxy.ProxyProtocol`)
+    are given, one proxy training step of ``protocol.batch_size`` images (:func:`training_memory`),
+    against ``budgets.memory``.  The latency budget is not checked here (it needs a measurement).
+    An invalid spec is infeasible, with the validator's message as the reason (``macs = params = 0``).
     """
     from archspec.graph import build_graph  # noqa: PLC0415 - keep module import light
 
@@ -107,6 +158,7 @@ def static_check(spec: ArchSpec, budgets: Budgets) -> StaticCheck:
         reasons.append(f"{human(macs)} MACs > budget {human(budgets.macs)}")
     if budgets.params is not None and params > budgets.params:
         reasons.append(f"{human(params)} params > budget {human(budgets.params)}")
+    reasons += _memory_reasons(graph, budgets, data, protocol)
     return StaticCheck(not reasons, macs, params, "; ".join(reasons) or None)
 
 

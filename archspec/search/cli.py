@@ -179,6 +179,9 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
                         help="MACs per image at the spec's input size (the papers' FLOPs): 1G, 500M, 1.5e9")
     budget.add_argument("--budget-params", metavar="N", help="parameters: 5M, 2.5e6")
     budget.add_argument("--budget-latency", metavar="MS", help="latency in ms under the latency protocol")
+    budget.add_argument("--max-memory", metavar="SIZE",
+                        help="reject candidates whose batch-1 forward or proxy training step is estimated to need "
+                             "more memory (default 8G; binary units)")
     obj = search.add_argument_group("objective and space (mode 1)")
     obj.add_argument("--objective", choices=("pareto", "accuracy"), default="pareto",
                      help="pareto (default): maximise proxy accuracy and minimise latency; accuracy: maximise proxy "
@@ -217,12 +220,14 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------------- building configs
 def _budgets(args):
+    from archspec.memory import parse_memory
     from archspec.search.budget import Budgets, parse_quantity
 
     return Budgets(
         macs=parse_quantity(args.budget_flops, "--budget-flops") if getattr(args, "budget_flops", None) else None,
         params=parse_quantity(args.budget_params, "--budget-params") if getattr(args, "budget_params", None) else None,
         latency_ms=parse_quantity(args.budget_latency, "--budget-latency") if getattr(args, "budget_latency", None) else None,
+        memory=parse_memory(args.max_memory, "--max-memory") if getattr(args, "max_memory", None) else None,
     )
 
 

@@ -111,7 +111,11 @@ def check_budgets_feasible(space, budgets, options: dict) -> Any:
         return check
     if check.macs == 0 and check.params == 0 and check.reason:
         raise SpecError.single(("--space",), f"search space {space.name!r}: its smallest point is invalid: {check.reason}")
-    if budgets.macs is not None and check.macs > budgets.macs:
+    over_macs = budgets.macs is not None and check.macs > budgets.macs
+    if not over_macs and not (budgets.params is not None and check.params > budgets.params):  # the memory limit
+        raise SpecError.single(("--max-memory",), f"search space {space.name!r}: its smallest point: {check.reason}",
+                               "raise --max-memory, or search a smaller space (--space)")
+    if over_macs:
         option, what = options["macs"], "MACs"
         message = (f"no point of search space {space.name!r} fits {human(budgets.macs)} MACs: the smallest achievable "
                    f"is {human(check.macs)} MACs ({check.macs:,}) and {human(check.params)} params")
@@ -193,7 +197,7 @@ class _Objective:
             except SpecError as exc:
                 raise _Failure(f"the search space produced an invalid spec: {_first_problem(exc)}") from None
             trial.set_user_attr("spec", spec.model_dump(mode="json"))
-            check = static_check(spec, budgets)
+            check = static_check(spec, budgets, self.data, self.cfg.protocol)  # memory: also the proxy batch
             trial.set_user_attr("macs", int(check.macs))
             trial.set_user_attr("params", int(check.params))
             if check.macs == 0 and check.params == 0 and not check.feasible:
