@@ -127,7 +127,8 @@ def _check_tensors(model: ArchModel, shapes: dict[str, tuple[int, ...]], path: P
                                "the weights file belongs to another spec; rebuild it", str(path))
 
 
-def load(directory: "str | os.PathLike", device: str = "cpu", allow_spec_change: bool = False) -> ArchModel:
+def load(directory: "str | os.PathLike", device: str = "cpu", allow_spec_change: bool = False,
+         max_memory: float | None = None) -> ArchModel:
     """Rebuild the model saved in ``directory`` by :func:`save` (or ``archspec build``).
 
     Args:
@@ -136,6 +137,8 @@ def load(directory: "str | os.PathLike", device: str = "cpu", allow_spec_change:
         allow_spec_change: load even when spec.yaml's digest differs from the one saved with the
             weights (a deliberate edit).  Artifacts without a digest (older archspec) load with a
             ``UserWarning``.
+        max_memory: bytes allowed for a batch-1 float32 forward (see :func:`archspec.compiler.compile`);
+            ``None``: the 8 GiB default; pass the limit a large model was built with.
 
     Raises:
         SpecError: a file is missing or not a regular file; the spec is invalid; the weights file is
@@ -148,9 +151,9 @@ def load(directory: "str | os.PathLike", device: str = "cpu", allow_spec_change:
     directory = Path(directory)
     _require_files(directory)
     metadata, shapes = _read_weights_header(directory / WEIGHTS)
-    spec = load_spec(directory / SPEC)
+    spec = load_spec(directory / SPEC, max_memory=max_memory)
     _check_digest(spec, metadata, directory, allow_spec_change)
-    model = compile(spec)
+    model = compile(spec, max_memory=max_memory)
     _check_tensors(model, shapes, directory / WEIGHTS)
     try:
         load_model(model, str(directory / WEIGHTS), strict=True, device=device)

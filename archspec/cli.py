@@ -163,7 +163,7 @@ def _table(analysis, title: str):
     return table
 
 
-def _load_artifact(directory: str, allow_spec_change: bool):
+def _load_artifact(directory: str, allow_spec_change: bool, max_memory: float | None):
     """`archspec validate DIR`: load the saved model; warnings (an artifact without digest) go to stderr."""
     import warnings
 
@@ -171,7 +171,7 @@ def _load_artifact(directory: str, allow_spec_change: bool):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = artifact.load(directory, allow_spec_change=allow_spec_change)
+        model = artifact.load(directory, allow_spec_change=allow_spec_change, max_memory=max_memory)
     for warning in caught:
         print(f"archspec validate: warning: {warning.message}", file=sys.stderr)
     return model
@@ -194,7 +194,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not is_dir and args.allow_spec_change:
         raise SpecError.single(("--allow-spec-change",), "applies only to a build directory (DIR), not to a spec")
     if is_dir:
-        spec = _load_artifact(args.spec, args.allow_spec_change).spec
+        spec = _load_artifact(args.spec, args.allow_spec_change, args.max_memory).spec
     else:
         spec = _load(args.spec, args.resolution, max_memory=args.max_memory)
     analysis = analyze(spec)

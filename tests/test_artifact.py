@@ -164,3 +164,17 @@ def test_saved_weights_get_the_normal_file_mode(tmp_path) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "model.safetensors").st_mode) == 0o644  # safetensors alone: 0o600
+
+
+def test_a_model_over_the_default_memory_limit_reloads_with_its_limit(saved, monkeypatch, capsys) -> None:
+    """A model built with a raised --max-memory reloads when the same limit is given, and only then."""
+    import archspec.graph
+
+    saved, _ = saved
+    monkeypatch.setattr(archspec.graph, "DEFAULT_MAX_MEMORY", 1024)  # the tiny model needs far more
+    with pytest.raises(archspec.SpecError, match="memory"):
+        archspec.load(saved)
+    assert archspec.load(saved, max_memory=2**30).spec.name == "tiny"
+    assert main(["validate", str(saved)]) == 2
+    assert "--max-memory" in capsys.readouterr().err
+    assert main(["validate", str(saved), "--max-memory", "1G"]) == 0
