@@ -66,6 +66,9 @@ def save(model: ArchModel, directory: "str | os.PathLike") -> Path:
 def _require_files(directory: Path) -> None:
     """Both artifact files exist and are regular files (a FIFO named model.safetensors would block a reader)."""
     hint = "point to a directory written by `archspec build` or archspec.save"
+    if not any((directory / name).exists() for name in (SPEC, WEIGHTS)):
+        raise SpecError.single((), f"is a directory, not a spec file or a build directory (no {SPEC}, no {WEIGHTS})",
+                               "give a YAML spec file, or " + hint.replace("point to ", ""), str(directory))
     for name in (SPEC, WEIGHTS):
         try:
             mode = os.stat(directory / name).st_mode
