@@ -230,6 +230,14 @@ class LayerOverride(StrictModel):
         return self
 
 
+def _check_value_dim(attn_ratio: float, key_dim: int, what: str, hint_tail: str = "") -> float:
+    """LeViT's value dim ``int(attn_ratio * key_dim)`` must be at least 1 (0 would build an empty tensor)."""
+    if int(attn_ratio * key_dim) < 1:
+        raise ValueError(f"{what} attn_ratio * key_dim = {attn_ratio:g} * {key_dim} rounds to 0"
+                         f"{_HINT}use attn_ratio >= {1 / key_dim:g}{hint_tail}")
+    return attn_ratio
+
+
 class ShrinkSpec(StrictModel):
     """LeViT shrinking attention entering a stage (LeViT sec. 4.2, 'attention downsampling').
 
@@ -248,10 +256,7 @@ class ShrinkSpec(StrictModel):
     @classmethod
     def _value_dim(cls, value: float, info: ValidationInfo) -> float:
         key_dim = info.data.get("key_dim")
-        if key_dim is not None and int(value * key_dim) < 1:
-            raise ValueError(f"value dim attn_ratio * key_dim = {value:g} * {key_dim} rounds to 0"
-                             f"{_HINT}use attn_ratio >= {1 / key_dim:g}, or a larger key_dim")
-        return value
+        return value if key_dim is None else _check_value_dim(value, key_dim, "value dim", ", or a larger key_dim")
 
 
 class StageSpec(StrictModel):
@@ -295,10 +300,7 @@ class StageSpec(StrictModel):
         if value is None or not {"dim", "heads"} <= data.keys():
             return value
         qk = next((d for d in (data.get("key_dim"), data.get("head_dim")) if d is not None), data["dim"] // data["heads"])
-        if qk >= 1 and int(value * qk) < 1:
-            raise ValueError(f"per-head value dim attn_ratio * key_dim = {value:g} * {qk} rounds to 0"
-                             f"{_HINT}use attn_ratio >= {1 / qk:g}")
-        return value
+        return value if qk < 1 else _check_value_dim(value, qk, "per-head value dim")
 
     @field_validator("mlp_ratio")
     @classmethod
