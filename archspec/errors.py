@@ -39,7 +39,7 @@ class Problem:
     column: int | None = None
 
     def format(self) -> str:
-        """Render as ``file:line:col: field: message`` plus an indented hint line."""
+        """Render as ``file:line:col: field: message`` (no field for a whole-file problem) plus an indented hint line."""
         is_option = bool(self.path) and str(self.path[0]).startswith("--")
         if self.file is None and is_option:  # a command-line option, not a place in a spec
             text = f"{format_path(self.path)}: {self.message}"
@@ -47,7 +47,8 @@ class Problem:
             where = self.file or "<spec>"
             if self.line is not None:
                 where += f":{self.line}:{self.column or 1}"
-            text = f"{where}: {format_path(self.path)}: {self.message}"
+            # A problem of the whole file (its size, its bytes, its YAML syntax) has no field to name.
+            text = f"{where}: {format_path(self.path)}: {self.message}" if self.path else f"{where}: {self.message}"
         if self.hint:
             text += f"\n    hint: {self.hint}"
         return text
