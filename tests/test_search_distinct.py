@@ -1,8 +1,9 @@
-"""Distinct candidates: per-worker sampler seeds, reuse of trained architectures, duplicates."""
+"""Distinct candidates: per-worker sampler seeds, reuse of trained architectures, duplicates, progress lines."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import optuna
@@ -119,3 +120,31 @@ def test_architecture_in_training_elsewhere_is_skipped(space_file, tmp_path):
     assert step_back.state == PRUNED and step_back.user_attrs["duplicate_of"] == busy.number
     assert [t.user_attrs["arch_key"] for t in _trained(_study(storage))].count(key) == 0
     assert same_architecture(_study(storage), key, -1).number == busy.number
+
+
+def test_progress_lines_when_stdout_is_not_a_terminal(space_file, tmp_path, capsys):
+    _search(space_file, tmp_path / "run", f"journal:{tmp_path / 'p.log'}", 2)
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("trial ")]
+    pattern = re.compile(r"^trial (\d+) (COMPLETE|REUSED \(trial \d+\)) accuracy=(\d\.\d{3}) latency_ms=(\d+\.\d\d) "
+                         r"macs=\S+ elapsed=\d+s eta=(\d+s|-) trained=(\d)/2$")
+    matches = [pattern.match(line) for line in lines]
+    assert lines and all(matches), lines
+    trained = [int(m.group(6)) for m in matches]
+    assert trained == sorted(trained) and trained[-1] == 2  # one line per finished trial, in order
+    study = _study(f"journal:{tmp_path / 'p.log'}")
+    assert [int(m.group(1)) for m in matches] == [t.number for t in study.get_trials()]
+    assert [float(m.group(3)) for m in matches] == [round(t.user_attrs["accuracy"], 3) for t in study.get_trials()]
+
+
+def test_progress_line_states_and_eta():
+    from archspec.search.design import progress_line
+
+    failed = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"fail_reason": "boom"})
+    failed.number = 7
+    assert progress_line(failed, 30.0, 3, 5, 100.0) == (
+        "trial 7 FAIL (boom) accuracy=- latency_ms=- macs=- elapsed=30s eta=20s trained=3/5")  # 10 s/trained x 2 left
+    assert progress_line(failed, 95.0, 3, 5, 100.0).endswith("eta=5s trained=3/5")  # capped by --timeout
+    assert " eta=- " in progress_line(failed, 1.0, 0, 5, None)
+    dup = optuna.trial.create_trial(state=PRUNED, user_attrs={"status": "duplicate", "duplicate_of": 4})
+    dup.number = 5
+    assert progress_line(dup, 1.0, 0, 5, 60.0).startswith("trial 5 PRUNED (duplicate of trial 4) ")
