@@ -140,7 +140,8 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
     run.add_argument("--sampler", choices=("tpe", "nsga2", "gp", "random"), default=d("tpe"),
                      help="Optuna sampler (default tpe: multi-objective, constraint aware)")
     run.add_argument("--json", action="store_true", default=d(False), help="print a JSON summary instead of tables")
-    run.add_argument("--no-progress", action="store_true", default=d(False), help="no progress bar")
+    run.add_argument("--no-progress", action="store_true", default=d(False),
+                     help="no progress bar (when stdout is not a terminal: no per-trial progress lines)")
 
     data = p.add_argument_group("data and proxy training protocol")
     data.add_argument("--data", default=d(None), metavar="PATH",

@@ -19,6 +19,17 @@ runs out of memory or produces a NaN loss becomes a FAIL trial with user attr ``
 study goes on.  ``--trials N`` counts candidates that reach training (failures included); infeasible
 samples are extra and cheap.
 
+Distinct candidates: each trial records its architecture key (user attr ``arch_key``,
+:func:`~archspec.search.latency.architecture_key`, the key latency is cached by).  Before training, a
+candidate the study has already trained is not retrained: the trial copies the original's values and
+result attrs (``reused_from``, state COMPLETE, never ranked in the front); one that another worker is
+training is pruned (``status = duplicate``, ``duplicate_of``) and the sampler proposes another.  After
+:data:`MAX_CONSECUTIVE_DUPLICATES` such samples in a row the run stops: the space has no untried
+architectures left.  Each worker reseeds its sampler on its first trial
+(:func:`~archspec.search.study.worker_seed`: ``--seed`` itself for a fresh study), so workers sharing a
+storage and resumed runs do not replay one another's sequence.  When stdout is not a terminal, progress
+is one line per finished trial (:func:`progress_line`).
+
 The same engine (:func:`run_optuna_search`) runs mode 2's ``--strategy optuna`` on a mask-placement
 space (:mod:`archspec.search.masks`).
 """
@@ -42,8 +53,9 @@ from optuna.trial import TrialState
 from archspec.analysis import human
 from archspec.errors import SpecError
 from archspec.search import runs
-from archspec.search.study import (HEARTBEAT_INTERVAL_S, check_storage, fail_zombie_trials, make_sampler, mark_worker,
-                                   open_study, resolve_storage)
+from archspec.search.study import (ARCH_KEY_ATTR, HEARTBEAT_INTERVAL_S, check_storage, fail_zombie_trials, make_sampler,
+                                   mark_worker, open_study, resolve_storage, reused_attrs, same_architecture,
+                                   worker_seed)
 
 __all__ = ["SearchConfig", "run_design", "run_optuna_search", "default_study_name", "check_outputs", "open_run",
            "run_dir_of", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S"]
@@ -52,6 +64,9 @@ DEFAULT_TRIALS = 16          # trained candidates of the bare `archspec search -
 DEFAULT_TIMEOUT_S = 540.0    # ... or this many seconds of search, whichever comes first (2 CPU cores: < 10 min)
 DEFAULT_TRIAL_TIMEOUT_S = 150.0  # one candidate's proxy training may take at most this long
 MAX_CONSECUTIVE_INFEASIBLE = 2000
+# Samples in a row, since the last trained candidate, of architectures the study already trained or is
+# training: the space (within the budgets) has nothing new left for this sampler.
+MAX_CONSECUTIVE_DUPLICATES = 20
 
 
 @dataclass
@@ -171,6 +186,10 @@ class _Objective:
         self.infeasible = 0
         self.consecutive_infeasible = 0
         self.trained_numbers: list[int] = []
+        self.reused = 0                # candidates whose finished result was copied (not retrained)
+        self.duplicates = 0            # candidates another worker was training: stepped back
+        self.consecutive_duplicates = 0
+        self.first_trial: int | None = None  # this worker's first trial number (its sampler seed)
         self.search_deadline: float | None = None  # perf_counter() time at which --timeout runs out
 
     def _constraint(self, trial, key: str, value: float, budget: float | None) -> None:
@@ -184,12 +203,46 @@ class _Objective:
         self.consecutive_infeasible += 1
         raise optuna.TrialPruned(f"infeasible: {reason}")
 
+    def _seed_sampler(self, trial) -> None:
+        """On this worker's first trial, reseed the study's sampler by :func:`worker_seed` (trial numbers
+        are unique, so concurrent and resumed workers sample distinct sequences).  Relative (multivariate)
+        parameters of this first trial were drawn at ``ask`` time, before its number was known: a clash
+        there is caught by the duplicate check."""
+        if self.first_trial is not None:
+            return
+        self.first_trial = trial.number
+        seed = worker_seed(self.cfg.seed, trial.number)
+        if seed != self.cfg.seed:
+            trial.study.sampler = make_sampler(self.cfg.sampler, seed, self.n_objectives)
+
+    def _claim(self, trial, key: str):
+        """Claim architecture ``key`` for training; if the study has it already, return the trial's value(s)
+        copied from the trained original (``reused_from``) or raise ``TrialPruned`` (another worker is
+        training it: ``duplicate_of``); ``None`` when this trial should train it."""
+        trial.set_user_attr("status", "training")  # before the look-up: see same_architecture
+        other = same_architecture(trial.study, key, trial.number)
+        if other is None:
+            return None
+        self.consecutive_duplicates += 1
+        if other.state == TrialState.COMPLETE:
+            self.reused += 1
+            for name, value in reused_attrs(other).items():
+                trial.set_user_attr(name, value)
+            trial.set_user_attr("reused_from", other.number)
+            trial.set_user_attr("status", "reused")
+            return other.values[0] if self.n_objectives == 1 else tuple(other.values)
+        self.duplicates += 1
+        trial.set_user_attr("duplicate_of", other.number)
+        trial.set_user_attr("status", "duplicate")
+        raise optuna.TrialPruned(f"duplicate of trial {other.number} (running)")
+
     def __call__(self, trial: optuna.trial.Trial):
         from archspec.search.budget import static_check
-        from archspec.search.latency import measure_latency
+        from archspec.search.latency import architecture_key, measure_latency
         from archspec.search.proxy import TrialFailure, train_proxy
 
         mark_worker(trial)
+        self._seed_sampler(trial)
         budgets = self.cfg.budgets
         try:
             try:
@@ -197,6 +250,8 @@ class _Objective:
             except SpecError as exc:
                 raise _Failure(f"the search space produced an invalid spec: {_first_problem(exc)}") from None
             trial.set_user_attr("spec", spec.model_dump(mode="json"))
+            key = architecture_key(spec)
+            trial.set_user_attr(ARCH_KEY_ATTR, key)
             check = static_check(spec, budgets, self.data, self.cfg.protocol)  # memory: also the proxy batch
             trial.set_user_attr("macs", int(check.macs))
             trial.set_user_attr("params", int(check.params))
@@ -216,6 +271,10 @@ class _Objective:
                 if latency > budgets.latency_ms:
                     self._infeasible(trial, f"latency {latency:.2f} ms > budget {budgets.latency_ms:g} ms")
             self.consecutive_infeasible = 0
+            reused = self._claim(trial, key)
+            if reused is not None:
+                return reused
+            self.consecutive_duplicates = 0
             self.attempted += 1
             self.on_status(f"trial {trial.number}: training")
 
@@ -254,6 +313,7 @@ class _Objective:
             if self.after_train is not None:
                 self.after_train(trial, spec, result)
             self.trained_numbers.append(trial.number)
+            trial.set_user_attr("status", "trained")
             accuracy = float(result.accuracy)
             return accuracy if self.n_objectives == 1 else (accuracy, latency)
         except optuna.TrialPruned:
@@ -313,24 +373,65 @@ class _Failure(Exception):
 
 
 class _StopAfter:
-    """Optuna callback: stop when this worker has trained ``n`` candidates (or sampled only infeasible ones)."""
+    """Optuna callback: stop when this worker has trained ``n`` candidates, or sampled only infeasible ones
+    or only architectures the study already has (:data:`MAX_CONSECUTIVE_DUPLICATES`)."""
 
     def __init__(self, objective: _Objective, n: int, on_done: Callable[[Any], None]):
         self.objective, self.n, self.on_done = objective, n, on_done
 
     def __call__(self, study: optuna.Study, trial) -> None:
+        # Free the candidate's model and optimiser now (Optuna's gc_after_trial, but a full collection
+        # costs ~0.3 s with torch loaded: skipped for samples that never built a model).
+        if trial.user_attrs.get("status") not in ("infeasible", "reused", "duplicate"):
+            gc.collect()
         self.on_done(trial)
         if self.objective.attempted >= self.n:
             study.stop()
         elif self.objective.consecutive_infeasible >= MAX_CONSECUTIVE_INFEASIBLE:
             study.stop()
+        elif self.objective.consecutive_duplicates >= MAX_CONSECUTIVE_DUPLICATES:
+            study.stop()
+
+
+def _state_label(trial) -> str:
+    """COMPLETE / REUSED / PRUNED / FAIL, with why for the last two (infeasible, duplicate, reason)."""
+    ua = trial.user_attrs
+    if trial.state == TrialState.COMPLETE:
+        return f"REUSED (trial {ua['reused_from']})" if "reused_from" in ua else "COMPLETE"
+    why = ua.get("infeasible_reason") or (f"duplicate of trial {ua['duplicate_of']}" if "duplicate_of" in ua else None)
+    why = why or ua.get("fail_reason") or ua.get("status")
+    return f"{trial.state.name} ({str(why)[:80]})" if why else trial.state.name
+
+
+def progress_line(trial, elapsed: float, attempted: int, total: int, timeout: float | None) -> str:
+    """One log line for a finished trial (the progress report when stdout is not a terminal).
+
+    ``trial 3 COMPLETE accuracy=0.912 latency_ms=12.80 macs=807.2M elapsed=35s eta=130s trained=5/16``;
+    a value the trial does not have is ``-``.  ETA (seconds): the pace so far (elapsed /
+    trained) times the candidates still to train, capped by what is left of ``timeout``; ``-`` before
+    the first trained one without a timeout.  Raises nothing.  Source: archspec.
+    """
+    ua = trial.user_attrs
+    acc, lat, macs = ua.get("accuracy"), ua.get("latency_ms"), ua.get("macs")
+    left = [elapsed / attempted * max(total - attempted, 0)] if attempted else []
+    if timeout is not None:
+        left.append(max(timeout - elapsed, 0.0))
+    return (f"trial {trial.number} {_state_label(trial)} accuracy={'-' if acc is None else f'{acc:.3f}'} "
+            f"latency_ms={'-' if lat is None else f'{lat:.2f}'} macs={'-' if macs is None else human(macs)} "
+            f"elapsed={elapsed:.0f}s eta={f'{min(left):.0f}s' if left else '-'} trained={attempted}/{total}")
 
 
 class _Progress:
-    """A rich progress bar on stderr: trained / requested, best values, ETA."""
+    """Progress of a search: a rich bar on stderr when stdout is a terminal, else one line per finished
+    trial on stdout (:func:`progress_line`; logs and pipes get a readable record)."""
 
     def __init__(self, total: int, enabled: bool, n_objectives: int, timeout: float | None):
+        import sys
+
         self.enabled = enabled
+        self.lines = enabled and not sys.stdout.isatty()
+        self.timeout = timeout
+        self.start = time.perf_counter()
         self.total = total
         self.n_objectives = n_objectives
         self.best_acc: float | None = None
@@ -338,7 +439,7 @@ class _Progress:
         self.failed = 0
         self.infeasible = 0
         self.progress = None
-        if enabled:
+        if enabled and not self.lines:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
                 TimeRemainingColumn
@@ -363,6 +464,7 @@ class _Progress:
         return " | ".join(parts)
 
     def __enter__(self):
+        self.start = time.perf_counter()
         if self.progress is not None:
             self.progress.start()
         return self
@@ -389,6 +491,9 @@ class _Progress:
             self.failed += 1
         elif ua.get("status") == "infeasible":
             self.infeasible += 1
+        if self.lines:
+            elapsed = time.perf_counter() - self.start
+            print(progress_line(trial, elapsed, attempted, self.total, self.timeout), flush=True)
         if self.progress is not None:
             self.progress.update(self.task, completed=min(attempted, self.total), info=self._info(f"#{trial.number} done"))
 
@@ -557,7 +662,7 @@ def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_a
     try:
         with progress:
             study.optimize(objective, n_trials=None, timeout=cfg.timeout, callbacks=[stopper], catch=(Exception,),
-                           gc_after_trial=True)
+                           gc_after_trial=False)  # _StopAfter collects after a trained candidate
     except KeyboardInterrupt:
         interrupted = True
         notes.append("interrupted: the study keeps every finished trial; re-run the same command to resume")
@@ -565,6 +670,9 @@ def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_a
     if objective.consecutive_infeasible >= MAX_CONSECUTIVE_INFEASIBLE:
         notes.append(f"stopped after {MAX_CONSECUTIVE_INFEASIBLE} infeasible samples in a row: the budgets leave "
                      "almost nothing of the space")
+    if objective.consecutive_duplicates >= MAX_CONSECUTIVE_DUPLICATES:
+        notes.append(f"stopped: the space has no untried architectures left ({MAX_CONSECUTIVE_DUPLICATES} samples in "
+                     "a row were architectures this study already trained or is training)")
     if cfg.timeout is not None and objective.attempted < cfg.trials and not interrupted and search_seconds >= cfg.timeout:
         notes.append(f"--timeout {cfg.timeout:g}s reached after {objective.attempted} of {cfg.trials} trials")
 
@@ -572,7 +680,10 @@ def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_a
         "mode": mode, "study": name, "storage": info.url, "run_dir": str(run_dir), "objective": cfg.objective,
         "budgets": cfg.budgets.describe(), "static_check_rate": round(rate, 1),
         "trained_this_run": len(objective.trained_numbers), "attempted_this_run": objective.attempted,
-        "infeasible_this_run": objective.infeasible, "search_seconds": round(search_seconds, 2),
+        "infeasible_this_run": objective.infeasible, "reused_this_run": objective.reused,
+        "duplicates_this_run": objective.duplicates, "sampler_seed": (worker_seed(cfg.seed, objective.first_trial)
+                                                             if objective.first_trial is not None else cfg.seed),
+        "search_seconds": round(search_seconds, 2),
         "data": {**data.describe(), "source": cfg.data or "embedded"},
         "proxy": cfg.protocol.describe(), "latency_protocol": dataclasses.asdict(cfg.latency),
         "seed": cfg.seed, "sampler": cfg.sampler, "timeout_s": cfg.timeout, "trial_timeout_s": cfg.trial_timeout,
@@ -631,7 +742,8 @@ def _finalize(study, space, cfg: SearchConfig, run_dir: Path, info, summary: dic
     summary["counts"] = counts
     summary["failures"] = [{"trial": t.number, "reason": t.user_attrs.get("fail_reason", "unknown")}
                            for t in trials if t.state == TrialState.FAIL]
-    trained = [t for t in trials if t.state == TrialState.COMPLETE]
+    # A reused trial is a copy of its original's result: counted and listed, never ranked twice.
+    trained = [t for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs]
     durations = [t.duration.total_seconds() for t in trained if t.duration is not None]
     summary["per_trial_seconds"] = round(statistics.median(durations), 2) if durations else None
     summary["trained_total"] = len(trained)
@@ -642,7 +754,7 @@ def _finalize(study, space, cfg: SearchConfig, run_dir: Path, info, summary: dic
     best_file = None
     points = []
     if multi:
-        front = [t for t in study.best_trials if _feasible(t)] if feasible else []
+        front = [t for t in study.best_trials if _feasible(t) and "reused_from" not in t.user_attrs] if feasible else []
         front.sort(key=lambda t: (-t.values[0], t.values[1], t.number))
         pareto_files = {}
         for rank, t in enumerate(front):

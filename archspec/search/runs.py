@@ -212,14 +212,14 @@ def emit_spec(spec: ArchSpec | dict, path: Path, name: str, prov: dict) -> tuple
 # ----------------------------------------------------------------------------------- trials table
 TRIAL_COLUMNS = ["number", "state", "status", "accuracy", "latency_ms", "macs", "params", "train_seconds",
                  "duration_s", "val_loss", "train_loss", "feasible", "fail_reason", "worker_pid",
-                 "datetime_start", "datetime_complete"]
+                 "datetime_start", "datetime_complete", "reused_from", "duplicate_of", "arch_key"]
 
 
 def _state_status(trial) -> str:
     from optuna.trial import TrialState
 
     if trial.state == TrialState.COMPLETE:
-        return "trained"
+        return "reused" if "reused_from" in trial.user_attrs else "trained"
     if trial.state == TrialState.PRUNED:
         return trial.user_attrs.get("status", "pruned")
     if trial.state == TrialState.FAIL:
@@ -252,6 +252,7 @@ def trial_rows(trials: Iterable) -> tuple[list[str], list[dict]]:
             "worker_pid": (ua.get("worker") or {}).get("pid") if isinstance(ua.get("worker"), dict) else None,
             "datetime_start": t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else None,
             "datetime_complete": t.datetime_complete.isoformat(timespec="seconds") if t.datetime_complete else None,
+            "reused_from": ua.get("reused_from"), "duplicate_of": ua.get("duplicate_of"), "arch_key": ua.get("arch_key"),
         }
         for name, value in t.params.items():
             key = f"param_{name}"

@@ -17,13 +17,17 @@ Everything here is Optuna's own machinery; archspec only chooses it and checks t
 * :func:`fail_zombie_trials` marks RUNNING trials of dead workers FAIL (``fail_reason`` user attr):
   trials of this host whose worker process is gone (pid + process start time recorded by
   :func:`mark_worker`), and, for RDB storages, trials whose Optuna heartbeat went stale
-  (:func:`optuna.storages.fail_stale_trials`).  Run it before a worker starts optimising.
+  (:func:`optuna.storages.fail_stale_trials`, public API).  Run it before a worker starts optimising.
+* :func:`worker_seed`: the sampler seed of one worker (``--seed`` for the study's first trial, derived
+  from ``--seed`` and the worker's first trial number otherwise), so workers sharing a study and
+  resumed runs do not replay one another's candidates.
 * :func:`make_sampler`: TPE (default; multi-objective and constraint aware), NSGA-II, GP or random,
   all seeded.  Budgets are Optuna constraints set with ``trial.set_constraint`` (value <= 0 feasible).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -40,7 +44,8 @@ from archspec.errors import SpecError
 
 __all__ = [
     "StorageInfo", "check_storage", "resolve_storage", "open_study", "make_sampler", "SAMPLERS", "fail_zombie_trials",
-    "fail_trial", "mark_worker", "validate_study_name", "HEARTBEAT_INTERVAL_S",
+    "fail_trial", "mark_worker", "worker_seed", "validate_study_name", "HEARTBEAT_INTERVAL_S", "ARCH_KEY_ATTR",
+    "same_architecture", "reused_attrs",
 ]
 
 STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,80}$")
@@ -261,6 +266,22 @@ def make_sampler(name: str, seed: int | None, n_objectives: int, n_startup_trial
     raise SpecError.single(("--sampler",), f"unknown sampler {name!r}", f"choose one of {', '.join(SAMPLERS)}")
 
 
+def worker_seed(seed: int, first_trial: int) -> int:
+    """The sampler seed of a worker whose first trial in the study has number ``first_trial``.
+
+    Rule: ``seed`` itself when ``first_trial`` is 0 (the study's first worker, so a fresh single-worker
+    run with ``--seed S`` samples exactly what a plain Optuna sampler seeded with ``S`` samples);
+    otherwise the first 4 bytes of ``sha256("archspec-worker:<seed>:<first_trial>")`` as an unsigned
+    integer.  Trial numbers are unique within a study (the storage hands them out), so concurrent
+    workers and resumed runs get distinct seeds, and a resumed single-worker run stays reproducible.
+    Raises nothing.
+    """
+    if first_trial == 0:
+        return seed
+    digest = hashlib.sha256(f"archspec-worker:{seed}:{first_trial}".encode("ascii")).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
 def _direction_names(directions: Sequence[optuna.study.StudyDirection]) -> list[str]:
     return [d.name.lower() for d in directions]
 
@@ -361,7 +382,11 @@ def fail_zombie_trials(study: optuna.Study) -> list[int]:
 
     A RUNNING trial is a zombie when its worker (user attr ``worker``) ran on this host and that
     process no longer exists, or when the storage's Optuna heartbeat says it is stale (RDB storages,
-    other hosts included).  Trials of live workers (a concurrent process) are left alone.
+    other hosts included; :func:`optuna.storages.fail_stale_trials`, which records no reason, so those
+    trials are only listed in the returned numbers).  Trials of live workers are left alone.
+
+    Raises:
+        Whatever the storage raises when it cannot be read (the caller has just opened it).
     """
     me = worker_identity()
     failed = []
@@ -376,22 +401,49 @@ def fail_zombie_trials(study: optuna.Study) -> list[int]:
             if fail_trial(study, trial, f"worker process {pid} died while running this trial (killed or interrupted); "
                                         "marked failed on resume"):
                 failed.append(trial.number)
-    stale = []
-    storage = study._storage
-    from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
-
-    if isinstance(storage, BaseHeartbeat) and is_heartbeat_enabled(storage):
-        try:
-            stale_ids = set(storage._get_stale_trial_ids(study._study_id))
-        except Exception:  # noqa: BLE001 - private API changed: fall back to Optuna's public helper
-            stale_ids = None
-        if stale_ids is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                optuna.storages.fail_stale_trials(study)
-        else:
-            for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                if trial._trial_id in stale_ids and fail_trial(
-                        study, trial, "heartbeat stale: its worker stopped responding; marked failed on resume"):
-                    stale.append(trial.number)
+    # Other hosts' workers: Optuna's heartbeat (RDB storages; a no-op for storages without one).
+    running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ExperimentalWarning
+        optuna.storages.fail_stale_trials(study)
+    stale = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number in running]
     return sorted(set(failed) | set(stale))
+
+
+# ----------------------------------------------------------------------------------- distinct candidates
+ARCH_KEY_ATTR = "arch_key"  # user attr: archspec.search.latency.architecture_key of the trial's spec
+# Attrs that describe the trial run itself, not the architecture's result: never copied on reuse.
+_NOT_REUSED = frozenset({"worker", "spec", "train_seconds", "fail_reason", "status", "reused_from", "duplicate_of",
+                         ARCH_KEY_ATTR, "macs", "params", "latency_ms", "infeasible_reason"})
+
+
+def same_architecture(study: optuna.Study, key: str, number: int) -> FrozenTrial | None:
+    """Another trial of ``study`` that trained, or is training, the architecture ``key``.
+
+    Looks at trials with user attr ``arch_key == key`` other than trial ``number``: the COMPLETE one
+    that trained it (the original of any reused copy) first, else a RUNNING one that has passed this
+    check too (user attr ``status == "training"``: a worker is training it now).  ``None`` if neither:
+    the caller may train it.  Two workers that claim one key at the same instant can both see the
+    other and both step back (each retries another candidate): never two trainings of one key.
+
+    Raises:
+        Whatever the storage raises when it cannot be read.  Source: archspec (Optuna's public
+        ``Study.get_trials``).
+    """
+    complete, running = None, None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+        if t.number == number or t.user_attrs.get(ARCH_KEY_ATTR) != key:
+            continue
+        if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs:
+            if complete is None or t.number < complete.number:
+                complete = t
+        elif t.state == TrialState.RUNNING and t.user_attrs.get("status") == "training":
+            running = t if running is None or t.number < running.number else running
+    return complete or running
+
+
+def reused_attrs(source: FrozenTrial) -> dict[str, Any]:
+    """The user attrs a trial copies from ``source`` when it reuses its result instead of training:
+    the result (accuracy, losses, steps, mode 2's ALS ...), not the run (worker, timing, status).
+    Raises nothing.  Source: archspec."""
+    return {k: v for k, v in source.user_attrs.items() if k not in _NOT_REUSED}
