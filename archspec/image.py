@@ -50,14 +50,14 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _open_regular(path: Path):
+def _open_regular(path: Path, option: str):
     """Open ``path`` for reading only if it is a regular file; a FIFO or device is never opened for reading.
 
     ``os.stat`` rejects them before any ``open``; the descriptor is opened non-blocking and checked
     again with ``fstat``, so a FIFO swapped in between cannot make the read hang.
 
     Raises:
-        SpecError: missing, unreadable, or not a regular file (directory, FIFO, device, socket).
+        SpecError: on ``option``: missing, unreadable, or not a regular file (directory, FIFO, device, socket).
     """
     hint = "give a JPEG or PNG file"
     try:
@@ -69,44 +69,56 @@ def _open_regular(path: Path):
                 return os.fdopen(fd, "rb")
             os.close(fd)
     except FileNotFoundError:
-        raise SpecError.single(("--image",), "no such image file", None, str(path)) from None
+        raise SpecError.single((option,), "no such image file", None, str(path)) from None
     except OSError as exc:
-        raise SpecError.single(("--image",), f"cannot read the image: {exc.strerror or exc}", hint, str(path)) from None
-    raise SpecError.single(("--image",), f"cannot read the image: it is {_kind(mode)}, not a regular file", hint, str(path))
+        raise SpecError.single((option,), f"cannot read the image: {exc.strerror or exc}", hint, str(path)) from None
+    raise SpecError.single((option,), f"cannot read the image: it is {_kind(mode)}, not a regular file", hint, str(path))
 
 
-def _bomb_error(path: Path, exc: Exception) -> SpecError:
+def _bomb_error(path: Path, exc: Exception, option: str) -> SpecError:
     """PIL's decompression-bomb check, as a message with the pixel count."""
     match = re.search(r"\((\d+) pixels\)", str(exc))
     pixels = f"{int(match.group(1)):,} pixels" if match else "too many pixels"
-    return SpecError.single(("--image",), f"the image has {pixels}, more than PIL's limit of "
-                            f"{Image.MAX_IMAGE_PIXELS:,} (PIL.Image.MAX_IMAGE_PIXELS, a guard against decompression bombs)",
-                            "resize it first (the model sees it at the spec's resolution anyway)", str(path))
+    return SpecError.single((option,), f"the image is too large to decode safely: it has {pixels}, more than PIL's "
+                            f"limit of {Image.MAX_IMAGE_PIXELS:,} (PIL.Image.MAX_IMAGE_PIXELS, a guard against "
+                            "decompression bombs)", "resize it first (the model sees it at a small resolution anyway)",
+                            str(path))
+
+
+def read_image(path: "str | os.PathLike", option: str = "--image") -> Image.Image:
+    """Decode the image file ``path`` into an RGB PIL image (pixels loaded), refusing anything unsafe.
+
+    One reader for ``archspec build --image`` and the search's ``--data`` images.  Images over PIL's
+    ``MAX_IMAGE_PIXELS`` are refused before decoding (PIL itself only warns up to twice that, then
+    allocates gigabytes: a 26 kB PNG can claim 15000 x 15000 pixels).
+
+    Raises:
+        SpecError: on ``option`` with the file named: missing, not a regular file (a FIFO is never
+            opened for reading, so it cannot hang), not a readable image, or over PIL's pixel limit.
+    """
+    path = Path(path)
+    with _open_regular(path, option) as fh, warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            with Image.open(fh) as image:
+                return image.convert("RGB")
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise _bomb_error(path, exc, option) from None
+        except UnidentifiedImageError:
+            raise SpecError.single((option,), "cannot read the image: not an image format PIL knows",
+                                   "give a JPEG or PNG file", str(path)) from None
+        except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, struct.error... for damaged files
+            raise SpecError.single((option,), f"cannot read the image: {type(exc).__name__}: {str(exc)[:200]}",
+                                   "give a JPEG or PNG file", str(path)) from None
 
 
 def load_image(path: "str | os.PathLike | None", resolution: tuple[int, int], channels: int = 3) -> torch.Tensor:
     """Load ``path`` (default: the embedded photo) as a normalised batch ``(1, channels, H, W)``.
 
-    Images over PIL's ``MAX_IMAGE_PIXELS`` are refused (PIL itself only warns below twice that).
-
     Raises:
-        SpecError: the file is missing, not a regular file (a FIFO is never opened for reading, so it
-            cannot hang), not a readable image, or larger than PIL's pixel limit.
+        SpecError: on ``--image``, as :func:`read_image` says.
     """
-    path = Path(path) if path is not None else default_image_path()
-    with _open_regular(path) as fh, warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        try:
-            with Image.open(fh) as image:
-                return _to_tensor(image, resolution, channels)
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-            raise _bomb_error(path, exc) from None
-        except UnidentifiedImageError:
-            raise SpecError.single(("--image",), "cannot read the image: not an image format PIL knows",
-                                   "give a JPEG or PNG file", str(path)) from None
-        except (OSError, ValueError, SyntaxError, EOFError) as exc:  # PIL's errors for damaged files
-            raise SpecError.single(("--image",), f"cannot read the image: {exc}", "give a JPEG or PNG file",
-                                   str(path)) from None
+    return _to_tensor(read_image(path if path is not None else default_image_path()), resolution, channels)
 
 
 def sample_batch(resolution: tuple[int, int] = (224, 224), channels: int = 3) -> torch.Tensor:

@@ -149,7 +149,7 @@ def test_decompression_bomb_is_named(work, capsys):
 
 def test_broken_image_is_named(work, capsys):
     Path("folder/dog/broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
-    _refused([*MASKS, "--data", "folder"], ["--data", "broken.png", "cannot read image"], capsys, work)
+    _refused([*MASKS, "--data", "folder"], ["--data", "broken.png", "cannot read the image"], capsys, work)
 
 
 def test_fifo_image_is_named_not_waited_on(work, capsys):

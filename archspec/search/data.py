@@ -21,7 +21,6 @@ import io
 import os
 import pickle
 import stat
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,27 +214,18 @@ def _folder_images(root: Path) -> tuple[list[Path], list[str]]:
 
 
 def _load_image(path: Path, image_size: int) -> np.ndarray:
-    """One image as ``(image_size, image_size, 3)`` float32 in [0, 1].
+    """One image as ``(image_size, image_size, 3)`` float32 in [0, 1], read by :func:`archspec.image.read_image`.
 
     Raises:
-        SpecError: the file cannot be decoded, or it is a decompression bomb: more pixels than Pillow's
-            ``Image.MAX_IMAGE_PIXELS`` (89M; Pillow itself only warns up to twice that and would
-            allocate gigabytes), so a 26 kB PNG of 15000 x 15000 pixels is refused before decoding.
+        SpecError: on ``--data``: the file cannot be decoded, is not a regular file, or is a
+            decompression bomb (more pixels than Pillow's ``Image.MAX_IMAGE_PIXELS``).
     """
     from PIL import Image  # noqa: PLC0415
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                img = img.convert("RGB").resize((image_size, image_size), Image.BILINEAR)
-                return np.asarray(img, dtype=np.float32) / 255.0
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise _fail(f"image {path.name} is too large to decode safely: {exc}",
-                    "remove it, or shrink it below 89 megapixels", path) from None
-    except Exception as exc:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, struct.error... for broken files
-        raise _fail(f"cannot read image {path.name}: {type(exc).__name__}: {str(exc)[:200]}",
-                    "remove or fix the file", path) from None
+    from archspec.image import read_image  # noqa: PLC0415 - pulls timm; only when images are read
+
+    img = read_image(path, _OPTION[0]).resize((image_size, image_size), Image.BILINEAR)
+    return np.asarray(img, dtype=np.float32) / 255.0
 
 
 def _load_images(files: list[Path], image_size: int) -> torch.Tensor:
