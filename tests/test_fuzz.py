@@ -20,7 +20,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 import yaml
 
@@ -221,15 +220,6 @@ def test_small_bases_are_valid_and_built(one_thread):
         analysis = analyze(spec)
         assert analysis.macs <= BUILD_MACS and analysis.params <= BUILD_PARAMS, (path.name, analysis.macs, analysis.params)
         _check_built(spec, analysis)
-
-
-@pytest.fixture
-def one_thread():
-    """Tiny models run 50x slower with 2 OpenMP threads on a shared 2-core machine (busy-waiting)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_fuzz_only_spec_errors_and_every_valid_spec_builds(one_thread):

@@ -58,14 +58,6 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def measured_inference_peak(spec) -> int:
     """Measured peak activation bytes of a batch-1 eval forward (input image included)."""
     model = compile(spec).eval()

@@ -202,11 +202,8 @@ def _first(rng) -> int:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: 2 OpenMP threads busy-wait on a shared 2-core machine
+def _tiny_models_on_one_thread(one_thread_module):
     yield
-    torch.set_num_threads(threads)
 
 
 @settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
