@@ -14,6 +14,7 @@ from torch import nn
 
 from archspec.blocks import Attention, ConvMixer, ConvStem, IdentityStem, LevitBlock, PatchStem, ShrinkBlock, TransformerBlock
 from archspec.errors import SpecError
+from archspec.families import family
 from archspec.graph import build_graph, check_memory, nodes_in_order
 from archspec.model import ArchModel, Stage
 from archspec.spec import ArchSpec, load_spec
@@ -38,6 +39,8 @@ def _block(node: dict, spec: ArchSpec) -> nn.Module:
     batchnorm = stage.norm == "batchnorm"
     if plan.mixer.kind == "conv":
         mixer: nn.Module = ConvMixer(stage.dim, plan.mixer.kernel, grid)
+    elif stage.talking_heads:  # CaiT (archspec/blocks/talking_heads.py)
+        mixer = family("talking_heads").build(stage.dim, plan.heads, grid, cfg["n_prefix"], stage.qkv_bias)
     else:
         mixer = Attention(
             stage.dim, plan.heads, grid, num_prefix_tokens=cfg["n_prefix"], qk_dim=dims.qk_dim, v_dim=dims.v_dim,
@@ -47,6 +50,12 @@ def _block(node: dict, spec: ArchSpec) -> nn.Module:
         return LevitBlock(stage.dim, mixer, mlp_ratio=stage.mlp_ratio, act_layer=act, drop_path=plan.drop_path)
     return TransformerBlock(stage.dim, mixer, mlp_ratio=stage.mlp_ratio, act_layer=act, norm_eps=stage.norm_eps,
                             drop_path=plan.drop_path, layer_scale=stage.layer_scale)
+
+
+def _class_attention(node: dict, spec: ArchSpec) -> nn.Module:
+    """A CaiT class-attention block (archspec/blocks/class_attention.py); width and activation of the last stage."""
+    last = spec.stages[-1]
+    return family("class_attention").build(**node["config"], act_layer=ACTIVATIONS[last.act], norm_eps=last.norm_eps)
 
 
 def _shrink(node: dict) -> nn.Module:
@@ -85,6 +94,9 @@ def compile(spec: "ArchSpec | str | os.PathLike | dict", max_memory: float | Non
             downsample = [_shrink(n) for n in nodes if n["kind"] == "shrink" and n["stage"] == i]
             blocks = [_block(n, spec) for n in nodes if n["kind"] == "block" and n["stage"] == i]
             stages.append(Stage(downsample[0] if downsample else None, blocks))
+        class_blocks = [_class_attention(n, spec) for n in nodes if n["kind"] == "class_attn"]
+        if class_blocks:  # the class-attention stage runs after the class token is inserted (CaiT)
+            stages.append(Stage(None, class_blocks))
         model = ArchModel(spec, stem, stages, dim_in=spec.stages[0].dim, dim_out=spec.stages[-1].dim,
                           cls_at=embed["cls_at"], n_extra=embed["n_extra"], pos_embed_len=embed["pos_embed_len"],
                           token_dim=embed["token_dim"])

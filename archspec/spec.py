@@ -36,7 +36,7 @@ from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = [
     "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "TokensSpec",
-    "StageSpec", "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan",
+    "StageSpec", "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
     "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "load_spec", "spec_to_yaml", "SPEC_DIR",
 ]
 
@@ -284,6 +284,10 @@ class StageSpec(StrictModel):
         0.0, description="Stochastic depth: one rate for every block, or [first, last] linearly spaced over the stage."
     )
     layer_scale: float | None = Field(None, gt=0, le=1, description="LayerScale init (CaiT / MaiT*); None = off.")
+    talking_heads: bool = Field(
+        False, description="CaiT talking-heads attention: logits mixed across heads before the softmax (proj_l) "
+        "and probabilities after it (proj_w); heads may be mhsa or masks (the mask acts after proj_l).",
+    )
     attention: HeadSpec | None = Field(
         None,
         description="Head kind of every head not set by 'layers'. When omitted and 'layers' is given, the ranges "
@@ -344,6 +348,21 @@ class HeadOutSpec(StrictModel):
     )
 
 
+class ClassAttentionSpec(StrictModel):
+    """CaiT class-attention stage after the last stage (CaiT sec. 3.2): only the class token queries.
+
+    Needs the class token inserted after the last block (``tokens.cls_token: <total depth>``); width,
+    activation and LayerNorm eps are the last stage's.
+    """
+
+    depth: int = Field(2, ge=1, le=MAX_DEPTH, description="Class-attention blocks (CaiT: 2).")
+    heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="Heads; default: the last stage's.")
+    mlp_ratio: float = Field(4.0, gt=0, le=16, description="MLP hidden = mlp_ratio * dim (CaiT: 4).")
+    qkv_bias: bool = Field(True, description="Bias on q, k, v (timm CaiT: True).")
+    layer_scale: float | None = Field(1e-5, gt=0, le=1, description="LayerScale init of gamma_1/gamma_2 "
+                                      "(CaiT-XXS: 1e-5, larger CaiTs 1e-6); None = off.")
+
+
 class ArchSpec(StrictModel):
     """A whole architecture.  Build it with :func:`archspec.compile`."""
 
@@ -357,6 +376,8 @@ class ArchSpec(StrictModel):
     stem: StemSpec = Field(default_factory=PatchStemSpec, description="Stem: patch, conv or identity.")
     tokens: TokensSpec = Field(default_factory=TokensSpec, description="Class/distillation tokens and position embedding.")
     stages: list[StageSpec] = Field(..., min_length=1, max_length=8, description="Stages, in order.")
+    class_attention: ClassAttentionSpec | None = Field(
+        None, description="CaiT class-attention stage after the last stage (needs tokens.cls_token: <total depth>).")
     head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head.")
 
     @field_validator("name")
@@ -428,7 +449,8 @@ SPEC_DIR = _PACKAGE_SPECS if _PACKAGE_SPECS.is_dir() else FsPath(__file__).resol
 def _field_names() -> set[str]:
     names: set[str] = set()
     for model in (ArchSpec, InputSpec, PatchStemSpec, ConvStemSpec, IdentityStemSpec, TokensSpec, StageSpec,
-                  LayerOverride, MixerSpec, ShrinkSpec, HeadOutSpec, HeadSpec, GPSASpec, RelBiasSpec, MaskSpec):
+                  LayerOverride, MixerSpec, ShrinkSpec, HeadOutSpec, HeadSpec, GPSASpec, RelBiasSpec, MaskSpec,
+                  ClassAttentionSpec):
         names.update(model.model_fields)
     return names
 
