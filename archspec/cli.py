@@ -1,4 +1,4 @@
-"""The ``archspec`` command line: ``build``, ``validate``, ``list``, ``schema`` (and ``search``).
+"""The ``archspec`` command line: ``build``, ``validate``, ``inspect``, ``list``, ``schema`` (and ``search``).
 
 Every user mistake (a bad spec, a missing file, an impossible option) is printed as a located
 message on stderr with exit status 2 and nothing written; a Python traceback means a bug in archspec.
@@ -26,6 +26,7 @@ MaiT masked heads) into PyTorch models.
   archspec list                                  the shipped specs
   archspec validate specs/mait_tiny_sch2.yaml    static checks + per-layer table, no weights
   archspec build mait_tiny_sch2                  compile, run a real photo through it, save it
+  archspec inspect masked_cait_xxs24             ALS, nonlocality, gating, cross-layer similarity plots
   archspec schema > archspec.schema.json         JSON Schema for editor completion
 
 A SPEC is a path to a YAML file or the name of a shipped spec.  Exit status: 0 ok, 2 bad input.
@@ -96,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true", help="print the analysis as JSON")
     validate.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
+    _add_inspect_parser(sub)
     sub.add_parser("list", help="the shipped specs, with params and MACs")
     schema = sub.add_parser("schema", help="print the JSON Schema of a spec (for editor completion)")
     schema.add_argument("--markdown", action="store_true", help="print the field reference as Markdown instead")
@@ -107,6 +109,36 @@ def _parser() -> argparse.ArgumentParser:
     else:
         add_search_parser(sub)
     return parser
+
+
+def _window(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match or int(match.group(1)) % 2 == 0 or int(match.group(2)) % 2 == 0:
+        raise argparse.ArgumentTypeError(f"expected an odd window RxC such as 3x3 or 3x5, got {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _add_inspect_parser(sub) -> None:
+    inspect = sub.add_parser(
+        "inspect", help="attention diagnostics on real photos: ALS, nonlocality, gating, cross-layer similarity",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run real photographs (three shipped ones unless --image) through SPEC (random init from its\n"
+                    "seed) or a saved model DIR and write to OUT (default build/<name>-inspect/):\n"
+                    "  als.png          MaiT eq. 3 attention locality score per layer and head\n"
+                    "  nonlocality.png  ConViT eq. 8 mean attention distance per layer and head\n"
+                    "  gating.png       ConViT sigmoid(lambda) of every GPSA head\n"
+                    "  similarity.png   MaiT App. A.3 eq. 5 cross-layer similarity, one L x L map per head\n"
+                    "  inspect.json     the numbers\n"
+                    "OUT must be missing, an empty directory, or an earlier `archspec inspect` output.",
+        epilog="example: archspec inspect masked_cait_xxs24 --out /tmp/mcait")
+    inspect.add_argument("spec", metavar="SPEC|DIR", help="YAML file, shipped spec name, or build directory")
+    inspect.add_argument("--image", action="append", metavar="PATH", help="photograph to run (repeatable)")
+    inspect.add_argument("--out", metavar="DIR", help="output directory (default: build/<name>-inspect)")
+    inspect.add_argument("--window", type=_window, default=(3, 3), metavar="RxC", help="ALS window (default 3x3)")
+    inspect.add_argument("--allow-spec-change", action="store_true",
+                         help="DIR only: load even if spec.yaml was edited after the weights were saved")
+    inspect.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    inspect.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
 
 def _version() -> str:
@@ -270,6 +302,51 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """`archspec inspect SPEC|DIR`: the four attention diagnostics on real photos, as PNG and JSON.
+
+    Returns the exit status.
+
+    Raises:
+        SpecError: a bad spec, directory, option, image or OUT (exit 2 in :func:`main`); nothing is written then.
+    """
+    from archspec import builddir
+    from archspec.compiler import compile
+    from archspec.inspect import INSPECT, diagnose, image_batch, write_plots
+
+    is_dir = Path(args.spec).is_dir()
+    if not is_dir and args.allow_spec_change:
+        raise SpecError.single(("--allow-spec-change",), "applies only to a build directory (DIR), not to a spec")
+    if is_dir:
+        model = _load_artifact(args.spec, args.allow_spec_change, args.max_memory)
+        origin = f"weights of {args.spec}"
+    else:
+        spec = _load(args.spec, max_memory=args.max_memory)
+        model, origin = compile(spec, max_memory=args.max_memory), f"random initialisation (seed {spec.seed})"
+    spec = model.spec
+    out = Path(args.out) if args.out else Path("build") / f"{spec.name}-inspect"
+    builddir.check_out(out, INSPECT)  # refuse an OUT that is not ours before any work
+    images, names = image_batch(args.image, spec.input.resolution, spec.input.channels)
+    try:
+        numbers = diagnose(model.eval(), images, args.window)
+    except ValueError as exc:  # a model without self-attention (e.g. all conv mixers)
+        raise SpecError.single((), str(exc), "inspect a spec with attention layers", args.spec) from None
+    report = {"spec": spec.name, "model": origin, "images": names, **numbers}
+    try:
+        report, warning = builddir.write_build(out, lambda d: write_plots(numbers, d, spec.name), report, INSPECT)
+    except OSError as exc:
+        raise SpecError.single(("--out",), f"cannot write the output directory: {exc.strerror or exc}",
+                               "choose a writable directory with --out", str(out)) from None
+    if warning:
+        print(f"archspec inspect: warning: {warning}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"{spec.name}: {len(numbers['layers'])} attention layers, {len(names)} images, {origin}\n"
+              f"wrote {out}/: {', '.join(sorted(INSPECT.files))}")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """`archspec list`: the shipped specs with params and MACs. Returns the exit status."""
     from rich.table import Table
@@ -301,7 +378,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"build": cmd_build, "validate": cmd_validate, "list": cmd_list, "schema": cmd_schema}
+COMMANDS = {"build": cmd_build, "validate": cmd_validate, "inspect": cmd_inspect, "list": cmd_list,
+            "schema": cmd_schema}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

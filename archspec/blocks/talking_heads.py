@@ -128,11 +128,14 @@ class TalkingHeadAttn(nn.Module):
         logits = logits * mult
         return logits.masked_fill(block, float("-inf")) if self.strict_heads else logits
 
-    def _probs(self, q: Tensor, k: Tensor) -> Tensor:
-        """The map applied to V, ``(B, H, N, N)``: ``proj_w(softmax(mask(proj_l(q k^T))))`` (before dropout)."""
+    def _softmax(self, q: Tensor, k: Tensor) -> Tensor:
+        """Per-head probabilities ``softmax(mask(proj_l(q k^T)))`` ``(B, H, N, N)``, rows summing to 1."""
         attn = q @ k.transpose(-2, -1)
         attn = self.proj_l(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-        attn = self._mask(attn).softmax(dim=-1)
+        return self._mask(attn).softmax(dim=-1)
+
+    def _mix(self, attn: Tensor) -> Tensor:
+        """``proj_w`` over the head axis: the map that weighs the values (rows need not sum to 1)."""
         return self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
     def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -142,14 +145,20 @@ class TalkingHeadAttn(nn.Module):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
         return qkv[0] * self.scale, qkv[1], qkv[2]
 
-    def get_attention(self, x: Tensor) -> Tensor:
-        """The attention map that weighs the values, ``(B, H, N, N)``, after ``proj_w`` (rows need not sum to 1).
+    def get_attention(self, x: Tensor, mixed: bool = False) -> Tensor:
+        """Attention maps ``(B, H, N, N)`` for the diagnostics.
+
+        Default: each head's softmax probabilities (after ``proj_l`` and the masks, before ``proj_w``):
+        rows sum to 1, and a masked head's map is the one its mask shaped -- what ALS (MaiT eq. 3),
+        nonlocality (ConViT eq. 8) and the cross-layer similarity (MaiT eq. 5) read (our choice).
+        ``mixed=True``: after ``proj_w``, the map that actually weighs the values (a signed mix of heads).
 
         Raises:
             ValueError: ``x`` is not ``(B, N, dim)``.
         """
         q, k, _ = self._qkv(x)
-        return self._probs(q, k)
+        attn = self._softmax(q, k)
+        return self._mix(attn) if mixed else attn
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, N, C) -> (B, N, C)``, as timm ``cait.TalkingHeadAttn.forward``.
@@ -159,7 +168,7 @@ class TalkingHeadAttn(nn.Module):
         """
         B, N, C = x.shape
         q, k, v = self._qkv(x)
-        attn = self.attn_drop(self._probs(q, k))
+        attn = self.attn_drop(self._mix(self._softmax(q, k)))
         x = (attn @ v).transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))
 
