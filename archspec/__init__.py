@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ArchSpec": "archspec.spec", "load_spec": "archspec.spec",
+    "ArchSpec": "archspec.spec", "load_spec": "archspec.loader",
     "Analysis": "archspec.analysis", "analyze": "archspec.analysis",
     "Problem": "archspec.errors", "SpecError": "archspec.errors",
     "HeadSpec": "archspec.heads",
@@ -39,7 +39,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from archspec.errors import Problem, SpecError
     from archspec.heads import HeadSpec
     from archspec.model import ArchModel
-    from archspec.spec import ArchSpec, load_spec
+    from archspec.loader import load_spec
+    from archspec.spec import ArchSpec
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,8 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from archspec.graph import build_graph, nodes_in_order
-from archspec.spec import ArchSpec, load_spec
+from archspec.loader import load_spec
+from archspec.spec import ArchSpec
 
 
 @dataclass

@@ -149,7 +149,7 @@ def load(directory: "str | os.PathLike", device: str = "cpu", allow_spec_change:
             match the spec; the spec was changed since the weights were saved.  Each names the file.
     """
     from archspec.compiler import compile
-    from archspec.spec import load_spec
+    from archspec.loader import load_spec
 
     directory = Path(directory)
     _require_files(directory)

@@ -157,7 +157,7 @@ def _load(spec_arg: str, resolution: tuple[int, int] | None = None, seed: int | 
           max_memory: int | None = None):
     """Load and fully check a spec (after the --resolution/--seed overrides), under the memory limit
     ``max_memory`` bytes (None: the library default, 8 GiB)."""
-    from archspec.spec import load_spec
+    from archspec.loader import load_spec
 
     spec = load_spec(spec_arg, check=resolution is None and seed is None, max_memory=max_memory)
     if resolution is not None or seed is not None:
@@ -352,7 +352,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from archspec.analysis import analyze, human
-    from archspec.spec import SPEC_DIR, load_spec, shipped_specs
+    from archspec.loader import load_spec
+    from archspec.spec import SPEC_DIR, shipped_specs
 
     table = Table(title=f"shipped specs ({SPEC_DIR})", title_justify="left")
     for column in ("name", "params", "MACs", "source"):

@@ -17,7 +17,8 @@ from archspec.errors import SpecError
 from archspec.families import family
 from archspec.graph import build_graph, check_memory, nodes_in_order
 from archspec.model import ArchModel, Stage
-from archspec.spec import ArchSpec, load_spec
+from archspec.loader import load_spec
+from archspec.spec import ArchSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "hardswish": nn.Hardswish, "relu": nn.ReLU}
 

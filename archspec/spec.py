@@ -4,7 +4,8 @@ Step 1 of 3 on the way from YAML to ``nn.Module`` (spec -> :mod:`archspec.graph`
 :mod:`archspec.compiler`).  This module checks everything a single field or model can check
 (types, ranges, unknown keys, per-head list lengths, layer ranges); checks that need shapes
 (token grids, mask windows against the grid, head-count arithmetic) happen while the graph is
-built, and :func:`load_spec` runs both so that a loaded spec is known to compile.
+built, and :func:`archspec.loader.load_spec` runs both so that a loaded spec is known to compile
+(:func:`parse_spec` here is the schema step only; this module imports nothing of the later steps).
 
 A minimal spec (DeiT-Ti)::
 
@@ -37,7 +38,7 @@ from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 __all__ = [
     "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "TokensSpec",
     "StageSpec", "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
-    "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "load_spec", "spec_to_yaml", "SPEC_DIR",
+    "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "parse_spec", "spec_to_yaml", "SPEC_DIR",
 ]
 
 # Sane caps: a spec must never be able to exhaust memory before a check can stop it.
@@ -612,48 +613,39 @@ def default_spec_name(stem: str) -> str:
     return name or "model"
 
 
-def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True,
-              max_memory: float | None = None) -> ArchSpec:
-    """Load and validate a spec.
+def parse_spec(source: "str | os.PathLike | dict | ArchSpec") -> tuple[ArchSpec, Locator | None]:
+    """Read and schema-validate a spec (types, ranges, unknown keys); no shape checks.
+
+    The shape checks need the graph (step 2), so they run in :func:`archspec.loader.load_spec`, which
+    calls this first; that keeps the import order spec -> graph -> loader free of circles.
 
     Args:
         source: a path to a YAML file, the name of a shipped spec (``"mait_tiny_sch2"``), YAML text,
-            a dict, or an :class:`ArchSpec` (returned re-checked).  An ``os.PathLike`` is always a
-            path.  A ``str`` is YAML text when it contains a newline, is blank, or -- unless it names
-            an existing file or ends in ``.yaml`` / ``.yml`` -- starts with ``{``, ``[`` or ``---`` or
-            holds ``key: value`` (``"{name: t, stages: ...}"``); otherwise it is a path or a shipped name
-            (:func:`archspec.yamlsource.is_yaml_text`).
-        check: also run the shape checks of :func:`archspec.graph.build_graph` (token grids,
-            windows, head arithmetic) and the memory limit.  ``False`` gives schema validation only.
-        max_memory: with ``check``, the limit in bytes on the estimated memory of a batch-1 float32
-            forward (:func:`archspec.graph.check_memory`); ``None``: ``archspec.graph.DEFAULT_MAX_MEMORY``
-            (8 GiB); ``math.inf``: no limit.
+            a dict, or an :class:`ArchSpec` (returned as is).  An ``os.PathLike`` is always a path.  A
+            ``str`` is YAML text when it contains a newline, is blank, or -- unless it names an existing
+            file or ends in ``.yaml`` / ``.yml`` -- starts with ``{``, ``[`` or ``---`` or holds
+            ``key: value`` (:func:`archspec.yamlsource.is_yaml_text`); otherwise a path or a shipped name.
+
+    Returns:
+        ``(spec, locator)``: the spec and the YAML locator of its file or text (None for a dict or spec).
 
     Raises:
-        SpecError: every problem found, each with file, line, column and field path; for a file also
+        SpecError: every schema problem, each with file, line, column and field path; for a file also
             a missing file, a directory, FIFO or device, a file over 1 MB, bytes that are not UTF-8.
         TypeError: ``source`` is none of the types above.
     """
     if isinstance(source, ArchSpec):
-        spec, locator = source, None
-    else:
-        data, locator, default_name = _read_source(source)
-        if not isinstance(data, dict):
-            raise SpecError.single((), f"a spec must be a mapping of keys to values, got a {type(data).__name__}",
-                                   "start from one of `archspec list`").located(locator)
-        if default_name is not None and "name" not in data:
-            data = {"name": default_spec_name(default_name), **data}
-        try:
-            spec = ArchSpec.model_validate(data)
-        except ValidationError as exc:
-            raise SpecError(_problems_from_validation(exc)).located(locator) from None
-    if check:
-        from archspec.graph import check_spec  # the graph module owns shape inference
-
-        problems = check_spec(spec, max_memory)
-        if problems:
-            raise SpecError(problems).located(locator)
-    return spec
+        return source, None
+    data, locator, default_name = _read_source(source)
+    if not isinstance(data, dict):
+        raise SpecError.single((), f"a spec must be a mapping of keys to values, got a {type(data).__name__}",
+                               "start from one of `archspec list`").located(locator)
+    if default_name is not None and "name" not in data:
+        data = {"name": default_spec_name(default_name), **data}
+    try:
+        return ArchSpec.model_validate(data), locator
+    except ValidationError as exc:
+        raise SpecError(_problems_from_validation(exc)).located(locator) from None
 
 
 def spec_to_yaml(spec: ArchSpec) -> str:

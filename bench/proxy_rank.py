@@ -60,7 +60,7 @@ def _train(task: dict) -> dict:
 
     from archspec.search.data import load_data
     from archspec.search.proxy import ProxyProtocol, TrialFailure, train_proxy
-    from archspec.spec import load_spec
+    from archspec.loader import load_spec
 
     torch.set_num_threads(task["protocol"]["threads"] or 1)
     key = (task["data"], task["image_size"], task["data_seed"], task["max_images"])

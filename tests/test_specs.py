@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from archspec.graph import build_graph
-from archspec.spec import load_spec
+from archspec.loader import load_spec
 from macs_reference import reference_macs
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"

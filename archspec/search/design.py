@@ -723,7 +723,7 @@ def trial_provenance(study_name: str, trial, cfg: SearchConfig, info, summary: d
 
 def spec_of_trial(trial, space=None):
     """The :class:`ArchSpec` a trial evaluated (user attr ``spec``, else re-sampled from its params)."""
-    from archspec.spec import load_spec
+    from archspec.loader import load_spec
 
     data = trial.user_attrs.get("spec")
     if data is not None:

@@ -36,7 +36,8 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from archspec.errors import SpecError
-from archspec.spec import ArchSpec, load_spec, spec_to_yaml
+from archspec.loader import load_spec
+from archspec.spec import ArchSpec, spec_to_yaml
 
 __all__ = [
     "check_run_dir", "prepare_run_dir", "RUN_MARKER", "atomic_write_text", "atomic_write_bytes", "atomic_savefig", "emit_spec",
