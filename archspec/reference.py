@@ -11,15 +11,15 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from archspec.heads import HEAD_SHORTHANDS, GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
-from archspec.spec import (ArchSpec, ConvStemSpec, HeadOutSpec, IdentityStemSpec, InputSpec, LayerOverride, MixerSpec,
-                           PatchStemSpec, ShrinkSpec, StageSpec, TokensSpec)
+from archspec.spec import (ArchSpec, ClassAttentionSpec, ConvStemSpec, HeadOutSpec, IdentityStemSpec, InputSpec,
+                           LayerOverride, MixerSpec, PatchStemSpec, ShrinkSpec, StageSpec, TokensSpec)
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("spec (top level)", ArchSpec), ("input", InputSpec), ("stem (kind: patch)", PatchStemSpec),
     ("stem (kind: conv)", ConvStemSpec), ("stem (kind: identity)", IdentityStemSpec), ("tokens", TokensSpec),
     ("stages[]", StageSpec), ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec), ("stages[].shrink", ShrinkSpec),
     ("head kind (stages[].attention, layers[].heads[])", HeadSpec), ("gpsa", GPSASpec), ("rel_bias", RelBiasSpec),
-    ("mask", MaskSpec), ("head", HeadOutSpec),
+    ("mask", MaskSpec), ("class_attention", ClassAttentionSpec), ("head", HeadOutSpec),
 ]
 
 
