@@ -120,7 +120,7 @@ def check_out(out: "str | os.PathLike", layout: Layout = BUILD) -> str:
     """Classify the output directory before anything is computed or written.
 
     Returns ``"new"`` (missing), ``"empty"`` (an empty directory: written into) or ``"build"`` (an
-    archspec build: replaced).
+    archspec output of this ``layout``: replaced).
 
     Raises:
         SpecError: on ``--out``, naming the path, when OUT is a link, not a directory, unreadable, or a

@@ -137,9 +137,9 @@ def _plot_similarity(path: Path, name: str, runs: list[dict]) -> None:
 def write_plots(report: dict, directory: "str | Path", name: str) -> None:
     """Write :data:`PLOTS` for a :func:`diagnose` report into ``directory`` (matplotlib, Agg canvas)."""
     directory = Path(directory)
-    layers = report["layers"]
+    layers, (rows, cols) = report["layers"], report["window"]
     for key, file, label, title in (
-        ("als", "als.png", f"ALS ({report['window'][0]}x{report['window'][1]} window)", "attention locality score (MaiT eq. 3)"),
+        ("als", "als.png", f"ALS ({rows}x{cols} window)", "attention locality score (MaiT eq. 3)"),
         ("nonlocality", "nonlocality.png", "mean attention distance (patches)", "nonlocality (ConViT eq. 8)"),
     ):
         fig, (ax,) = _figure(f"{name}: {title}")
