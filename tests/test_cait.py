@@ -219,6 +219,23 @@ def test_memory_estimate_is_conservative_and_close(name, one_thread):
     assert measured <= estimate <= 3 * measured, (estimate, measured)
 
 
+@pytest.mark.parametrize("n, dim, heads", [(197, 192, 4), (1025, 64, 2)])
+def test_class_attention_memory_rule_is_conservative_and_close(n, dim, heads, one_thread):
+    """The class-attention block's own rule against the bytes a TorchDispatchMode sees alive at once."""
+    from test_memory import LiveBytes
+
+    from archspec.blocks.class_attention import class_attention_memory
+
+    block = ClassAttentionBlock(dim, heads).eval()
+    x = torch.randn(1, n, dim)
+    with torch.inference_mode():
+        with LiveBytes() as live:
+            live.count(x.nbytes)
+            block(x)
+    estimate = class_attention_memory(dim, heads, n, 4.0).act
+    assert live.peak <= estimate <= 3 * live.peak, (estimate, live.peak)
+
+
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     names = set()
