@@ -76,6 +76,15 @@ def test_cait_xxs24_macs_equal_timm_flop_counter(timm_cait, one_thread):
     assert build_graph(load_spec("masked_cait_xxs24")).graph["macs"] == timm_macs  # masks cost no MACs
 
 
+@pytest.mark.parametrize("name", ["cait_xxs24", "masked_cait_xxs24"])
+def test_cait_specs_match_mait_table4(name):
+    """MaiT Tab. 4: CaiT-T and Masked CaiT, 26 layers, 12M params, 2.5 GFLOPs (= MACs)."""
+    graph = build_graph(load_spec(name))
+    layers = [n for n in graph.graph["order"] if graph.nodes[n]["kind"] in ("block", "class_attn")]
+    assert len(layers) == 26
+    assert round(graph.graph["params"] / 1e6) == 12 and round(graph.graph["macs"] / 1e9, 1) == 2.5
+
+
 def test_cait_xxs24_timm_weights_give_timm_logits_and_convert_back(timm_cait, real_images, one_thread):
     """timm -> archspec: logits to 1e-5 on real photos; archspec -> timm: the exact state dict back."""
     model = archspec.compile("cait_xxs24")
