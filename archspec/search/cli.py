@@ -145,7 +145,8 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
 
     data = p.add_argument_group("data and proxy training protocol")
     data.add_argument("--data", default=d(None), metavar="PATH",
-                      help="ImageFolder directory or CIFAR-10 python directory (default: the embedded real dataset)")
+                      help="'fashion-mnist' (apt-get install dataset-fashion-mnist), a CIFAR-10/100 python directory, "
+                           "a directory of IDX files or an ImageFolder directory (default: 'digits', embedded)")
     data.add_argument("--max-images", type=_positive_int("--max-images", 2), default=d(None), metavar="N",
                       help="use at most N images of the dataset (at least 2: a train and a validation image)")
     data.add_argument("--proxy-steps", type=_positive_int("--proxy-steps"), default=d(None), metavar="N",
