@@ -143,6 +143,10 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
     run.add_argument("--no-progress", action="store_true", default=d(False),
                      help="no progress bar (when stdout is not a terminal: no per-trial progress lines)")
 
+    run.add_argument("--device", default=d("auto"), metavar="DEV",
+                     help="auto (default: cuda when a GPU is present, else cpu), cpu, cuda or cuda:N -- for proxy "
+                          "training and latency")
+
     data = p.add_argument_group("data and proxy training protocol")
     data.add_argument("--data", default=d(None), metavar="PATH",
                       help="'fashion-mnist' (apt-get install dataset-fashion-mnist), a CIFAR-10/100 python directory, "
@@ -162,11 +166,13 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
                            "workers on one --storage)")
 
     lat = p.add_argument_group("latency protocol (measured at the spec's real input size, median after warm-up)")
-    lat.add_argument("--latency-device", default=d("cpu"), metavar="DEV", help="torch device (default cpu)")
+    lat.add_argument("--latency-device", default=d(None), metavar="DEV",
+                     help="torch device of the timing (default: --device); cpu times LeViT's CPU protocol, cuda its "
+                          "GPU protocol (largest power-of-two batch, bf16, ms per image)")
     lat.add_argument("--latency-threads", type=_positive_int("--latency-threads"), default=d(1), metavar="N",
                      help="torch threads while timing (default 1: LeViT's CPU protocol)")
-    lat.add_argument("--latency-batch", type=_positive_int("--latency-batch"), default=d(1), metavar="N",
-                     help="batch size while timing (default 1)")
+    lat.add_argument("--latency-batch", type=_positive_int("--latency-batch"), default=d(None), metavar="N",
+                     help="batch size while timing (default: 1 on CPU, the largest power of two that fits on a GPU)")
     lat.add_argument("--latency-repeats", type=_positive_int("--latency-repeats"), default=d(None), metavar="N",
                      help="timed runs per candidate (default: the latency module's, 20 after 5 warm-up runs)")
 
@@ -262,9 +268,10 @@ def _latency(args):
     from archspec.search.latency import LatencyProtocol
     from archspec.timing import parse_device
 
-    device = args.latency_device
-    parse_device(device, "--latency-device")
-    protocol = LatencyProtocol(device=device, threads=args.latency_threads, batch=args.latency_batch)
+    option = "--latency-device" if args.latency_device else "--device"
+    device = parse_device(args.latency_device or args.device, option)
+    batch = args.latency_batch if args.latency_batch is not None or device.type == "cuda" else 1
+    protocol = LatencyProtocol(device=str(device), threads=args.latency_threads, batch=batch)
     if getattr(args, "latency_repeats", None):
         protocol = replace(protocol, repeats=args.latency_repeats, warmup=min(protocol.warmup, args.latency_repeats))
     return protocol
