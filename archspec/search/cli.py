@@ -197,6 +197,14 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
     obj.add_argument("--space", metavar="FILE", help="search space YAML (default: the embedded LeViT-family space)")
     obj.add_argument("--prune", action="store_true",
                      help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
+    obj.add_argument("--fidelity", choices=("none", "sha", "hyperband"), default="none",
+                     help="multi-fidelity: read accuracy at rungs of min-steps * eta^k proxy steps and train on only "
+                          "the promising candidates (sha: successive halving, also for pareto; hyperband: --objective "
+                          "accuracy only); default none")
+    obj.add_argument("--eta", type=_positive_int("--eta", 2), default=3, metavar="N",
+                     help="multi-fidelity reduction factor (default 3)")
+    obj.add_argument("--min-steps", type=_positive_int("--min-steps"), metavar="N",
+                     help="multi-fidelity first rung in proxy steps (default: --proxy-steps / eta^2)")
     _add_common(search, defaults=True)
     search.set_defaults(handler=cmd_search, search_mode=None)
 
@@ -289,6 +297,7 @@ def _config(args, **overrides):
         seed=args.seed, sampler=args.sampler, space=getattr(args, "space", None), data=args.data,
         max_images=args.max_images, progress=not (args.no_progress or args.json), prune=getattr(args, "prune", False),
         trial_timeout=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
+        fidelity=getattr(args, "fidelity", "none"), eta=getattr(args, "eta", 3), min_steps=getattr(args, "min_steps", None),
     )
     if args.study_name is not None:
         from archspec.search.study import validate_study_name
