@@ -78,10 +78,15 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--image", metavar="PATH", help="photograph to run (default: the embedded one)")
     build.add_argument("--out", metavar="DIR", help="output directory (default: build/<name>)")
     build.add_argument("--resolution", type=_resolution, metavar="N|HxW", help="override the spec's input resolution")
-    build.add_argument("--device", default="cpu", help="torch device for the forward pass (default: cpu)")
+    build.add_argument("--device", default="cpu",
+                       help="auto, cpu, cuda or cuda:N for the forward pass and its timing (default: cpu; LeViT's CPU "
+                            "protocol there, its GPU protocol on cuda: largest power-of-two batch, bf16, images/s)")
+    build.add_argument("--threads", type=int, default=1, metavar="N",
+                       help="torch threads while timing on CPU (default 1: LeViT's CPU protocol)")
     build.add_argument("--seed", type=int, metavar="N", help="override the spec's initialisation seed")
     build.add_argument("--repeats", type=int, default=10, metavar="N",
-                       help="timed forward passes for the latency median (default: 10, after 2 warm-up runs)")
+                       help="timed forward passes for the latency median (default: 10, after 2 warm-up runs; "
+                            "torch.utils.benchmark.Timer)")
     build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     build.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
@@ -256,10 +261,12 @@ def cmd_build(args: argparse.Namespace) -> int:
     from archspec.analysis import analyze, human
     from archspec.compiler import compile
     from archspec.image import default_image_path, load_image
-    from archspec.timing import median_forward_ms, parse_device
+    from archspec.timing import measure_forward, parse_device
 
     if args.repeats < 1:
         raise SpecError.single(("--repeats",), "needs at least 1 timed run")
+    if args.threads < 1:
+        raise SpecError.single(("--threads",), f"needs at least 1 thread, got {args.threads}")
     device = parse_device(args.device)
     spec = _load(args.spec, args.resolution, args.seed, max_memory=args.max_memory)
     out = Path(args.out) if args.out else Path("build") / spec.name
@@ -269,14 +276,14 @@ def cmd_build(args: argparse.Namespace) -> int:
     model = compile(spec, max_memory=args.max_memory).eval().to(device)
     with torch.inference_mode():
         logits = model(x)
-    latency = median_forward_ms(model, x, repeats=args.repeats)
+    timing = measure_forward(model, tuple(x.shape[1:]), device, threads=args.threads, warmup=2, repeats=args.repeats)
     report = {
         **analysis.to_dict(),
         "image": str(Path(args.image) if args.image else default_image_path()),
         "output_shape": list(logits.shape),
-        "latency_ms": round(latency, 3),
-        "latency_protocol": {"device": str(device), "batch": 1, "threads": torch.get_num_threads(),
-                             "warmup": 2, "repeats": args.repeats, "statistic": "median"},
+        "latency_ms": round(timing.ms, 3),
+        "images_per_s": round(timing.images_per_s, 1),
+        "latency_protocol": timing.describe(),
         "seed": spec.seed,
         "out": str(out),
     }
@@ -295,8 +302,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     console.print(
         f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image   "
         f"input {tuple(x.shape)} from {Path(report['image']).name}   output {tuple(logits.shape)}\n"
-        f"forward latency {latency:.1f} ms (median of {args.repeats}, batch 1, {device}, "
-        f"{torch.get_num_threads()} threads)   initial weights: seed {spec.seed}\n"
+        f"forward latency {timing.ms:.1f} ms, {timing.images_per_s:,.0f} images/s (median of {args.repeats}, "
+        f"batch {timing.batch}, {device}, {timing.threads} thread(s){', ' + timing.amp if timing.amp else ''})   "
+        f"initial weights: seed {spec.seed}\n"
         f"wrote {out}/: spec.yaml, report.json, model.safetensors   (archspec.load('{out}') rebuilds it)"
     )
     return 0
