@@ -16,13 +16,20 @@ from typing import Any, Sequence
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import PatchEmbed, resample_abs_pos_embed, to_2tuple, trunc_normal_
+from timm.layers import PatchEmbed, register_notrace_module, resample_abs_pos_embed, to_2tuple, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models.levit import NormLinear
 from torch import Tensor, nn
 
+from archspec.blocks import Attention, ConvMixer, IdentityStem, ShrinkBlock
 from archspec.errors import Problem, SpecError
 from archspec.spec import ArchSpec
+
+# Token mixers and the identity stem check their input shape in Python (data-dependent control flow for torch.fx), so FX
+# treats them as leaves: timm's feature extractors use this registry (FX_LEAF_MODULES for torchvision's).
+FX_LEAF_MODULES = (Attention, ConvMixer, IdentityStem, ShrinkBlock)
+for _leaf in FX_LEAF_MODULES:
+    register_notrace_module(_leaf)
 
 # Parameter leaf names that timm-style optimizers must not decay (position embedding, tokens,
 # attention biases, GPSA gating / positional projection, soft-mask alphas).
@@ -91,7 +98,9 @@ class ArchModel(nn.Module):
         self.norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "token" else nn.Identity()
         self.fc_norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "avg" else nn.Identity()
         self._init_tokens()
-        self.head_drop = nn.Dropout(drop_rate)
+        self.drop_rate = drop_rate
+        # timm ViT's head_drop; timm LeViT's NormLinear head has its own dropout (head.drop) instead.
+        self.head_drop = None if self.batchnorm_head else nn.Dropout(drop_rate)
         self.reset_classifier(spec.head.num_classes)
         self.feature_info = self._feature_info()
         h, w = spec.input.resolution
@@ -141,7 +150,7 @@ class ArchModel(nn.Module):
         if num_classes <= 0:
             return nn.Identity()
         if self.batchnorm_head:
-            return NormLinear(self.num_features, num_classes)  # timm levit: BatchNorm1d + Linear
+            return NormLinear(self.num_features, num_classes, drop=self.drop_rate)  # timm levit: BatchNorm1d + Linear
         head = nn.Linear(self.num_features, num_classes)
         trunc_normal_(head.weight, std=0.02)
         nn.init.zeros_(head.bias)
@@ -233,7 +242,10 @@ class ArchModel(nn.Module):
         else:
             pooled = self.fc_norm(x[:, self.num_prefix_tokens if self.cls_at is not None else 0:].mean(dim=1))
             pooled_dist = pooled
-        pooled, pooled_dist = self.head_drop(pooled), self.head_drop(pooled_dist)
+        if self.head_drop is not None and self.dist_token is not None:  # one call keeps FX node names unique
+            pooled, pooled_dist = self.head_drop(torch.stack((pooled, pooled_dist))).unbind(0)
+        elif self.head_drop is not None:
+            pooled = pooled_dist = self.head_drop(pooled)
         if pre_logits:
             return (pooled + pooled_dist) / 2 if self.dist_token is not None else pooled
         logits = self.head(pooled)
