@@ -97,7 +97,13 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
     sub.add_parser("list", help="the shipped specs, with params and MACs")
-    schema = sub.add_parser("schema", help="print the JSON Schema of a spec (for editor completion)")
+    schema = sub.add_parser(
+        "schema", help="print the JSON Schema of a spec (for editor completion)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print the JSON Schema (Draft 2020-12) of a spec, shorthands included.  For completion and\n"
+                    "checking in an editor with the YAML language server, save it and start the spec with\n"
+                    "  # yaml-language-server: $schema=archspec.schema.json\n"
+                    "(a path relative to the spec, or a URL).  The shipped specs use specs/archspec.schema.json.")
     schema.add_argument("--markdown", action="store_true", help="print the field reference as Markdown instead")
 
     try:
@@ -149,9 +155,11 @@ def _table(analysis, title: str):
     from rich.table import Table
 
     from archspec.analysis import human
+    from archspec.heads import head_letters_legend
     from archspec.memory import format_bytes
 
-    caption = (f"memory of a batch-1 float32 forward (estimate): {format_bytes(analysis.peak_memory_bytes)} = peak "
+    caption = (f"heads: {head_letters_legend()}\n"
+               f"memory of a batch-1 float32 forward (estimate): {format_bytes(analysis.peak_memory_bytes)} = peak "
                f"activations {format_bytes(analysis.peak_activation_bytes)} (at {analysis.peak_layer}) + weights "
                f"{format_bytes(analysis.weight_bytes)} + buffers {format_bytes(analysis.buffer_bytes)}")
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
@@ -290,14 +298,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """`archspec schema`: the JSON Schema (or, with --markdown, the field reference). Returns the exit status."""
-    from archspec.spec import ArchSpec
-
     if args.markdown:
         from archspec.reference import markdown
 
         print(markdown())
         return 0
-    print(json.dumps(ArchSpec.model_json_schema(), indent=2))
+    from archspec.schema import spec_schema
+
+    print(json.dumps(spec_schema(), indent=2))
     return 0
 
 
