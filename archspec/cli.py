@@ -103,8 +103,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Print the JSON Schema (Draft 2020-12) of a spec, shorthands included.  For completion and\n"
                     "checking in an editor with the YAML language server, save it and start the spec with\n"
                     "  # yaml-language-server: $schema=archspec.schema.json\n"
-                    "(a path relative to the spec, or a URL).  The shipped specs use specs/archspec.schema.json.")
+                    "(a path relative to the spec, or a URL).  The shipped specs use specs/archspec.schema.json;\n"
+                    "--space prints the schema of search-space files (archspec/search/spaces/*.yaml use it).")
     schema.add_argument("--markdown", action="store_true", help="print the field reference as Markdown instead")
+    schema.add_argument("--space", action="store_true",
+                        help="print the JSON Schema of a search-space file (archspec search --space) instead")
 
     try:
         from archspec.search.cli import add_search_parser
@@ -303,9 +306,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
         print(markdown())
         return 0
-    from archspec.schema import spec_schema
+    from archspec.schema import space_schema, spec_schema
 
-    print(json.dumps(spec_schema(), indent=2))
+    print(json.dumps(space_schema() if args.space else spec_schema(), indent=2))
     return 0
 
 

@@ -120,3 +120,36 @@ def test_table_prints_the_head_letter_legend(capsys) -> None:
     assert main(["validate", "convit_tiny"]) == 0
     out = capsys.readouterr().out
     assert "P P P P" in out and "A A A A" in out and "P GPSA" in out and "A plain MHSA" in out
+
+
+# ------------------------------------------------------------------------------------------- search spaces
+def test_space_schema_accepts_shipped_and_documented_spaces(capsys) -> None:
+    import textwrap
+
+    from archspec.schema import SPACE_SCHEMA_FILE_NAME, space_schema
+    from archspec.search import SPACES_DIR, space
+    from archspec.search.space import load_space
+    from search_fixtures import TINY_SPACE
+
+    schema = space_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    assert main(["schema", "--space"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads((SPACES_DIR / SPACE_SCHEMA_FILE_NAME).read_text())
+    example = textwrap.dedent(re.search(r"Example::\n\n(.*)$", space.__doc__, re.S).group(1))
+    for path in sorted(SPACES_DIR.glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        assert text.splitlines()[0] == f"# yaml-language-server: $schema={SPACE_SCHEMA_FILE_NAME}"
+        assert list(validator.iter_errors(yaml.safe_load(text))) == [], path.name
+    for document in (TINY_SPACE, yaml.safe_load(example)):
+        load_space(document)
+        assert list(validator.iter_errors(document)) == []
+    bad = [{"spec": {"stages": [{"depth": {"int": [1]}, "dim": 64, "heads": 2}]}},       # range without high
+           {"spec": {"stages": [{"depth": {"int": [1, 2], "choice": [1]}, "dim": 64, "heads": 2}]}},
+           {"spec": {"stages": {"count": 1}}},                                              # no items
+           {"spec": {"stages": [{"depth": 1, "dim": 64, "heads": 2}]}, "kind": "other"},
+           {"spec": {"stages": [{"depth": 1, "dim": 64, "heads": 2, "heads_mix": {"masked": 1}}]}}]
+    for document in bad:
+        assert list(validator.iter_errors(document)), document
+        with pytest.raises(SpecError):
+            load_space(document)
