@@ -136,7 +136,7 @@ def test_cmhsa_pair_differs_only_in_mixer():
     assert [p.mixer.kind for p in conv.layer_plans(0)] == ["conv"] * 6
     assert all(p.mixer.kernel == 3 for p in conv.layer_plans(0))
     assert [p.mixer.kind for p in attn.layer_plans(0)] == ["attention"] * 6
-    assert all([h.letter for h in p.heads] == ["B"] * 9 and p.heads[0].rel_bias.table == "signed"
+    assert all([h.letter for h in p.heads] == ["R"] * 9 and p.heads[0].rel_bias.table == "signed"
                for p in attn.layer_plans(0))
     # same tokens on both sides: 14x14 raw 16x16x3 patches, no class token
     for g in (_graph("cmhsa_k3_conv"), _graph("cmhsa_k3")):
