@@ -12,6 +12,7 @@ It is built by :func:`archspec.compile`; the constructor takes already-built par
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
@@ -456,3 +457,59 @@ def with_resolution(spec: ArchSpec, img_size: int | Sequence[int]) -> ArchSpec:
     except SpecError as exc:
         raise SpecError([Problem(p.path, f"{p.message} (at img_size {size[0]}x{size[1]})", p.hint, p.file, p.line,
                                  p.column) for p in exc.problems]) from None
+
+
+def _square_side(length: int, what: str) -> int:
+    side = math.isqrt(length)
+    if side * side != length:
+        raise ValueError(f"cannot resample {what}: its saved grid ({length} entries) is not square; load it at its "
+                         "own size and call set_input_size instead")
+    return side
+
+
+def resample_state_dict(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tensor]:
+    """Adapt a state dict saved at another input size to ``model``'s (timm ``checkpoint_filter_fn`` style).
+
+    Tensors whose shape differs from the model's are resampled as :meth:`ArchModel.set_input_size` does:
+    ``pos_embed`` (timm ``resample_abs_pos_embed``), LeViT ``attention_biases`` ``(h, H*W)`` and CMHSA
+    ``signed_biases`` ``(h, (2H-1)(2W-1))`` (:func:`~archspec.blocks.position.resample_bias_table`).  The
+    saved grids are assumed square, as timm does (a bare state dict does not record them); everything else
+    is returned unchanged, so ``load_state_dict`` still reports real mismatches.
+
+    Raises:
+        ValueError: a saved grid that is not square.
+    """
+    from archspec.blocks.position import resample_bias_table
+
+    target = model.state_dict()
+    out = dict(state_dict)
+    for key, value in state_dict.items():
+        want = target.get(key)
+        if want is None or want.shape == value.shape:
+            continue
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf == "pos_embed":
+            prefix = model.num_prefix_tokens if model.cls_at == 0 else 0
+            side = _square_side(value.shape[1] - prefix, key)
+            out[key] = resample_abs_pos_embed(value, new_size=list(model.patch_grid), old_size=[side, side],
+                                              num_prefix_tokens=prefix)
+        elif leaf == "attention_biases":
+            side, new = _square_side(value.shape[1], key), _square_side(want.shape[1], key)
+            out[key] = resample_bias_table(value, (side, side), (new, new))
+        elif leaf == "signed_biases":
+            side, new = _square_side(value.shape[1], key), _square_side(want.shape[1], key)
+            out[key] = resample_bias_table(value, (side, side), (new, new))
+    return out
+
+
+class _LeafTracer(torch.fx.Tracer):
+    """``torch.fx`` tracer that keeps :data:`FX_LEAF_MODULES` as leaves."""
+
+    def is_leaf_module(self, module: nn.Module, qualname: str) -> bool:
+        return isinstance(module, FX_LEAF_MODULES) or super().is_leaf_module(module, qualname)
+
+
+def symbolic_trace(model: nn.Module) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace`` for archspec models: token mixers, shrinking attention and the identity stem
+    stay leaf modules (their Python shape checks are not traceable).  Returns the ``GraphModule``."""
+    return torch.fx.GraphModule(model, _LeafTracer().trace(model))

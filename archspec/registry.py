@@ -12,7 +12,8 @@ User specs are added with :func:`register`.  Models are built through timm's ``b
 ``features_only`` / ``out_indices`` (timm ``FeatureGetterNet`` over ``forward_intermediates``),
 ``pretrained_cfg`` / ``pretrained_cfg_overlay`` and the other keyword arguments of ``timm.create_model``
 behave as for timm's own models.  No weights are published: ``pretrained=True`` is refused unless
-``pretrained_cfg_overlay`` names a weight source (``file=...``, e.g. an ``archspec build`` output).
+``pretrained_cfg_overlay`` names a weight source (``file=...``, e.g. an ``archspec build`` output); weights
+saved at another (square) input size are resampled on the way in (:func:`archspec.model.resample_state_dict`).
 
 Importing this module is cheap: torch, timm and the spec parser are imported on first use, and
 :func:`install` registers the shipped specs right away if timm is already imported, otherwise as soon as
@@ -123,9 +124,11 @@ def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrai
     feature_cfg = {"feature_cls": "getter", "out_indices": 3 if n_stages == 1 else tuple(range(n_stages))}
     if isinstance(pretrained_cfg, str):  # a tag: archspec models have only the default one
         pretrained_cfg = None
+    from archspec.model import resample_state_dict
+
     model = build_model_with_cfg(
         _model_factory(spec), variant, pretrained, pretrained_cfg=pretrained_cfg or _default_cfg(spec),
-        pretrained_cfg_overlay=overlay, feature_cfg=feature_cfg, **kwargs)
+        pretrained_cfg_overlay=overlay, feature_cfg=feature_cfg, pretrained_filter_fn=resample_state_dict, **kwargs)
     built = getattr(model, "spec", None)
     if built is not None:  # keep the data config true to the built model (img_size, in_chans, num_classes)
         model.pretrained_cfg = model.default_cfg = {

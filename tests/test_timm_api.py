@@ -21,7 +21,7 @@ import archspec
 from archspec.compiler import compile
 from archspec.errors import SpecError
 from archspec.interop.timm import from_timm
-from archspec.model import FX_LEAF_MODULES
+from archspec.model import FX_LEAF_MODULES, symbolic_trace
 from archspec.spec import load_spec, shipped_specs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,6 +191,7 @@ def test_fx_feature_extraction(make, one_thread) -> None:
     torch.testing.assert_close(extractor(x)["last"], model.forward_features(x))
     traced = timm.layers._fx.create_feature_extractor(model, ["norm"])  # timm's registry knows the leaves
     torch.testing.assert_close(traced(x)["norm"], model.forward_features(x))
+    torch.testing.assert_close(symbolic_trace(model)(x), model(x))
 
 
 # ------------------------------------------------------------------------------------------- input size
@@ -242,6 +243,11 @@ def test_load_at_another_size_rebuilds_tables_and_masks(tmp_path, one_thread) ->
     assert big(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
     with pytest.raises(SpecError, match="img_size 40x40"):
         archspec.load(tmp_path, img_size=40)
+    # the same weights through timm's loader at another size: resampled by the pretrained filter
+    name = archspec.register(small.spec, "tiny_mixed_heads")
+    via_timm = timm.create_model(name, img_size=64, pretrained=True,
+                                 pretrained_cfg_overlay={"file": str(tmp_path / "model.safetensors")})
+    assert all(torch.equal(v, via_timm.state_dict()[k]) for k, v in big.state_dict().items())
 
 
 def test_levit_shrink_moves_to_the_new_grid(one_thread) -> None:
