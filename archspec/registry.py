@@ -202,7 +202,12 @@ class _RegisterAfterTimm(importlib.abc.MetaPathFinder):
 
         def exec_then_register(module):
             exec_module(module)
-            register_shipped()
+            try:
+                register_shipped()
+            except Exception as exc:  # never let archspec break `import timm`
+                import warnings
+
+                warnings.warn(f"archspec could not register its specs with timm: {exc}", RuntimeWarning, stacklevel=2)
 
         found.loader.exec_module = exec_then_register
         return found
