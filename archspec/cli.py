@@ -92,7 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("spec", metavar="SPEC|DIR", help="YAML file, shipped spec name, or build directory")
     validate.add_argument("--allow-spec-change", action="store_true",
                           help="DIR only: load even if spec.yaml was edited after the weights were saved")
-    validate.add_argument("--resolution", type=_resolution, metavar="N|HxW", help="override the input resolution")
+    validate.add_argument("--resolution", type=_resolution, metavar="N|HxW",
+                          help="override the input resolution (DIR: load the weights at it, position embedding and "
+                               "bias tables resampled)")
     validate.add_argument("--json", action="store_true", help="print the analysis as JSON")
     validate.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
@@ -174,15 +176,18 @@ def _table(analysis, title: str):
     return table
 
 
-def _load_artifact(directory: str, allow_spec_change: bool, max_memory: float | None):
-    """`archspec validate DIR`: load the saved model; warnings (an artifact without digest) go to stderr."""
+def _load_artifact(directory: str, allow_spec_change: bool, max_memory: float | None,
+                   resolution: tuple[int, int] | None = None):
+    """`archspec validate DIR`: load the saved model (at ``resolution`` if given, its tables resampled);
+    warnings (an artifact without digest) go to stderr."""
     import warnings
 
     from archspec import artifact
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = artifact.load(directory, allow_spec_change=allow_spec_change, max_memory=max_memory)
+        model = artifact.load(directory, allow_spec_change=allow_spec_change, max_memory=max_memory,
+                              img_size=resolution)
     for warning in caught:
         print(f"archspec validate: warning: {warning.message}", file=sys.stderr)
     return model
@@ -200,12 +205,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from archspec.analysis import analyze, human
 
     is_dir = Path(args.spec).is_dir()
-    if is_dir and args.resolution is not None:
-        raise SpecError.single(("--resolution",), "does not apply to a build directory (its weights fix it)")
     if not is_dir and args.allow_spec_change:
         raise SpecError.single(("--allow-spec-change",), "applies only to a build directory (DIR), not to a spec")
     if is_dir:
-        spec = _load_artifact(args.spec, args.allow_spec_change, args.max_memory).spec
+        spec = _load_artifact(args.spec, args.allow_spec_change, args.max_memory, args.resolution).spec
     else:
         spec = _load(args.spec, args.resolution, max_memory=args.max_memory)
     analysis = analyze(spec)

@@ -7,6 +7,7 @@ its resampling helpers) or against the model's own plain forward.  Models are ti
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -288,3 +289,13 @@ def test_layer_decay_equals_timm_levit(one_thread) -> None:
         return ".".join(name.split(".")[:4 if ".blocks." in name else 3 if ".downsample" in name else 1])
 
     assert _scales(ours, role) == pytest.approx(_scales(theirs, role))
+
+
+def test_validate_a_build_directory_at_another_resolution(tmp_path, capsys, one_thread) -> None:
+    from archspec.cli import main
+
+    archspec.save(compile(_spec("deit_tiny", 32, depth=2)), tmp_path)
+    assert main(["validate", str(tmp_path), "--resolution", "64", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["input_shape"][-2:] == [64, 64]
+    assert main(["validate", str(tmp_path), "--resolution", "40"]) == 2
+    assert "img_size 40x40" in capsys.readouterr().err
