@@ -517,6 +517,8 @@ def _problems_from_validation(exc: ValidationError) -> list[Problem]:
                 close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
                 hint = (f"did you mean {close[0]!r}?" if close else
                         f"keys allowed here: {', '.join(allowed)}" if allowed else "see `archspec schema`")
+                if not close and len(path) == 1:
+                    hint += "; top-level keys starting with 'x-' are ignored (for YAML anchors)"
             message = f"unknown key {key!r}"
         elif kind == "missing":
             key = path[-1] if path else ""

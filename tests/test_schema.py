@@ -153,3 +153,9 @@ def test_space_schema_accepts_shipped_and_documented_spaces(capsys) -> None:
         assert list(validator.iter_errors(document)), document
         with pytest.raises(SpecError):
             load_space(document)
+
+
+def test_top_level_unknown_key_mentions_x_prefix() -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec("anchors: {a: 1}\nstages: [{depth: 2, dim: 64, heads: 2}]", check=False)
+    assert "'x-'" in info.value.problems[0].hint
