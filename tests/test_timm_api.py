@@ -299,3 +299,25 @@ def test_validate_a_build_directory_at_another_resolution(tmp_path, capsys, one_
     assert json.loads(capsys.readouterr().out)["input_shape"][-2:] == [64, 64]
     assert main(["validate", str(tmp_path), "--resolution", "40"]) == 2
     assert "img_size 40x40" in capsys.readouterr().err
+
+
+def test_conv_mixer_model_moves_to_a_new_grid_exactly(one_thread) -> None:
+    """No grid-dependent weights (identity stem, conv mixers): after set_input_size the logits equal a model
+    compiled at the new size with the same weights."""
+    data = _spec("cmhsa_k3_conv", 16, depth=2, dim=48, heads=3)
+    data["stem"]["patch_size"] = 4
+    model = compile(data).eval()
+    model.set_input_size(img_size=24)
+    fresh = compile(data, img_size=24).eval()
+    fresh.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 24, 24)
+    torch.testing.assert_close(model(x), fresh(x))
+
+
+def test_dynamic_convit_equals_set_input_size(one_thread) -> None:
+    dynamic, fixed = _tiny_convit(), _tiny_convit()
+    dynamic.set_dynamic_img_size(True)
+    fixed.set_input_size(img_size=48)
+    x = torch.randn(2, 3, 48, 48)
+    torch.testing.assert_close(dynamic(x), fixed(x))
+    assert dynamic(torch.randn(1, 3, 32, 32)).shape == (1, 1000)  # back to the learned grid
