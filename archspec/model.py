@@ -26,8 +26,9 @@ from archspec.blocks import Attention, ConvMixer, IdentityStem, ShrinkBlock
 from archspec.errors import Problem, SpecError
 from archspec.spec import ArchSpec
 
-# Token mixers and the identity stem check their input shape in Python (data-dependent control flow for torch.fx), so FX
-# treats them as leaves: timm's feature extractors use this registry (FX_LEAF_MODULES for torchvision's).
+# Token mixers and the identity stem check their input shape in Python (data-dependent control flow for
+# torch.fx), so FX treats them as leaves: timm's feature extractors use this registry; torchvision's take
+# FX_LEAF_MODULES as tracer_kwargs, and symbolic_trace below uses them.
 FX_LEAF_MODULES = (Attention, ConvMixer, IdentityStem, ShrinkBlock)
 for _leaf in FX_LEAF_MODULES:
     register_notrace_module(_leaf)
@@ -104,13 +105,7 @@ class ArchModel(nn.Module):
         self.head_drop = None if self.batchnorm_head else nn.Dropout(drop_rate)
         self.reset_classifier(spec.head.num_classes)
         self.feature_info = self._feature_info()
-        h, w = spec.input.resolution
-        self.pretrained_cfg = {
-            "input_size": (spec.input.channels, h, w), "num_classes": spec.head.num_classes,
-            "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875,
-            "interpolation": "bicubic", "classifier": "head", "first_conv": "stem",
-        }
-        self.default_cfg = self.pretrained_cfg
+        self.pretrained_cfg = self.default_cfg = default_pretrained_cfg(spec)
 
     # ----------------------------------------------------------------------------- init / timm API
     def _init_tokens(self) -> None:
@@ -422,6 +417,14 @@ class ArchModel(nn.Module):
         self.dynamic_img_size = enable
         if isinstance(self.stem, PatchEmbed):
             self.stem.strict_img_size = not enable
+
+
+def default_pretrained_cfg(spec: ArchSpec) -> dict[str, Any]:
+    """timm pretrained cfg (data config) of a spec: its input size and classes, ImageNet mean/std, bicubic 0.875
+    crop as timm's DeiT; no weight source (archspec publishes no weights)."""
+    return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
+            "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875,
+            "interpolation": "bicubic", "classifier": "head", "first_conv": "stem"}
 
 
 def stem_reduction(spec: ArchSpec) -> int:

@@ -86,13 +86,11 @@ def _model_factory(spec: Any):
 
 
 def _default_cfg(spec: Any) -> dict[str, Any]:
-    """timm pretrained cfg of a spec (no weight source: archspec publishes no weights)."""
-    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+    """timm pretrained cfg of a spec (the model's data config, plus a note naming the spec)."""
+    from archspec.model import default_pretrained_cfg
 
-    return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
-            "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875,
-            "interpolation": "bicubic", "classifier": "head", "first_conv": "stem", "license": "",
-            "notes": (f"archspec spec {spec.name}" + (f": {spec.source}" if spec.source else ""),)}
+    note = f"archspec spec {spec.name}" + (f": {spec.source}" if spec.source else "")
+    return {**default_pretrained_cfg(spec), "license": "", "notes": (note,)}
 
 
 def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrained_cfg: Any = None,
