@@ -115,7 +115,8 @@ def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrai
     overlay = dict(pretrained_cfg_overlay or {})
     if pretrained and not any(overlay.get(key) for key in _WEIGHT_SOURCES):
         raise ValueError(f"{variant}: no pretrained weights are published for archspec models; create it with "
-                         "pretrained=False, or load your own with pretrained_cfg_overlay=dict(file='.../model.safetensors')"
+                         "pretrained=False, or load your own with "
+                         "pretrained_cfg_overlay=dict(file='.../model.safetensors')"
                          ", timm.create_model(..., checkpoint_path=...) or archspec.load(build_dir)")
     kwargs.pop("cache_dir", None)
     n_stages = len(spec.stages)

@@ -112,7 +112,8 @@ def test_pretrained_is_refused_unless_a_file_is_given(tmp_path, one_thread) -> N
     saved = compile(_spec("deit_tiny", 32, depth=2))
     archspec.save(saved, tmp_path)
     name = archspec.register(saved.spec, "my_tiny_deit")
-    loaded = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(tmp_path / "model.safetensors")})
+    weights = {"file": str(tmp_path / "model.safetensors")}
+    loaded = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=weights)
     assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in saved.state_dict().items())
     with pytest.raises(SpecError):
         timm.create_model(name, img_size=40)  # not a multiple of the patch size
