@@ -104,6 +104,7 @@ def test_create_model_kwargs_match_timm_vit(one_thread) -> None:
     assert ours == pytest.approx(theirs)
     assert model.stem.proj.in_channels == 1 and model.head_drop.p == 0.25 and model.global_pool == "avg"
     assert model(torch.randn(2, 1, 32, 32)).shape == (2, 1000)
+    assert timm.data.resolve_data_config({}, model=model)["input_size"] == (1, 32, 32)  # what train.py feeds it
 
 
 def test_pretrained_is_refused_unless_a_file_is_given(tmp_path, one_thread) -> None:
