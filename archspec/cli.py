@@ -98,14 +98,25 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("spec", metavar="SPEC|DIR", help="YAML file, shipped spec name, or build directory")
     validate.add_argument("--allow-spec-change", action="store_true",
                           help="DIR only: load even if spec.yaml was edited after the weights were saved")
-    validate.add_argument("--resolution", type=_resolution, metavar="N|HxW", help="override the input resolution")
+    validate.add_argument("--resolution", type=_resolution, metavar="N|HxW",
+                          help="override the input resolution (DIR: load the weights at it, position embedding and "
+                               "bias tables resampled)")
     validate.add_argument("--json", action="store_true", help="print the analysis as JSON")
     validate.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
     _add_inspect_parser(sub)
     sub.add_parser("list", help="the shipped specs, with params and MACs")
-    schema = sub.add_parser("schema", help="print the JSON Schema of a spec (for editor completion)")
+    schema = sub.add_parser(
+        "schema", help="print the JSON Schema of a spec (for editor completion)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print the JSON Schema (Draft 2020-12) of a spec, shorthands included.  For completion and\n"
+                    "checking in an editor with the YAML language server, save it and start the spec with\n"
+                    "  # yaml-language-server: $schema=archspec.schema.json\n"
+                    "(a path relative to the spec, or a URL).  The shipped specs use specs/archspec.schema.json;\n"
+                    "--space prints the schema of search-space files (archspec/search/spaces/*.yaml use it).")
     schema.add_argument("--markdown", action="store_true", help="print the field reference as Markdown instead")
+    schema.add_argument("--space", action="store_true",
+                        help="print the JSON Schema of a search-space file (archspec search --space) instead")
 
     try:
         from archspec.search.cli import add_search_parser
@@ -186,9 +197,11 @@ def _table(analysis, title: str):
     from rich.table import Table
 
     from archspec.analysis import human
+    from archspec.heads import head_letters_legend
     from archspec.memory import format_bytes
 
-    caption = (f"memory of a batch-1 float32 forward (estimate): {format_bytes(analysis.peak_memory_bytes)} = peak "
+    caption = (f"heads: {head_letters_legend()}\n"
+               f"memory of a batch-1 float32 forward (estimate): {format_bytes(analysis.peak_memory_bytes)} = peak "
                f"activations {format_bytes(analysis.peak_activation_bytes)} (at {analysis.peak_layer}) + weights "
                f"{format_bytes(analysis.weight_bytes)} + buffers {format_bytes(analysis.buffer_bytes)}")
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
@@ -200,15 +213,18 @@ def _table(analysis, title: str):
     return table
 
 
-def _load_artifact(directory: str, allow_spec_change: bool, max_memory: float | None):
-    """`archspec validate DIR`: load the saved model; warnings (an artifact without digest) go to stderr."""
+def _load_artifact(directory: str, allow_spec_change: bool, max_memory: float | None,
+                   resolution: tuple[int, int] | None = None):
+    """`archspec validate DIR`: load the saved model (at ``resolution`` if given, its tables resampled);
+    warnings (an artifact without digest) go to stderr."""
     import warnings
 
     from archspec import artifact
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = artifact.load(directory, allow_spec_change=allow_spec_change, max_memory=max_memory)
+        model = artifact.load(directory, allow_spec_change=allow_spec_change, max_memory=max_memory,
+                              img_size=resolution)
     for warning in caught:
         print(f"archspec validate: warning: {warning.message}", file=sys.stderr)
     return model
@@ -226,12 +242,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from archspec.analysis import analyze, human
 
     is_dir = Path(args.spec).is_dir()
-    if is_dir and args.resolution is not None:
-        raise SpecError.single(("--resolution",), "does not apply to a build directory (its weights fix it)")
     if not is_dir and args.allow_spec_change:
         raise SpecError.single(("--allow-spec-change",), "applies only to a build directory (DIR), not to a spec")
     if is_dir:
-        spec = _load_artifact(args.spec, args.allow_spec_change, args.max_memory).spec
+        spec = _load_artifact(args.spec, args.allow_spec_change, args.max_memory, args.resolution).spec
     else:
         spec = _load(args.spec, args.resolution, max_memory=args.max_memory)
     analysis = analyze(spec)
@@ -376,14 +390,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """`archspec schema`: the JSON Schema (or, with --markdown, the field reference). Returns the exit status."""
-    from archspec.spec import ArchSpec
-
     if args.markdown:
         from archspec.reference import markdown
 
         print(markdown())
         return 0
-    print(json.dumps(ArchSpec.model_json_schema(), indent=2))
+    from archspec.schema import space_schema, spec_schema
+
+    print(json.dumps(space_schema() if args.space else spec_schema(), indent=2))
     return 0
 
 

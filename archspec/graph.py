@@ -10,7 +10,7 @@ Node order is execution order; edges link consecutive nodes (the data path).  Ev
 ``kind``      one of ``input, stem, embed, insert, shrink, block, class_attn, head``
 ``name``      module path in the compiled model (``stages.1.blocks.0``)
 ``label``     what the block is (``attn``, ``levit``, ``conv3``, ``shrink``...)
-``heads``     head kinds as letters, ``"M M G"`` (see :attr:`archspec.heads.HeadSpec.letter`)
+``heads``     head kinds as letters, ``"M M A"`` (see :attr:`archspec.heads.HeadSpec.letter`)
 ``tokens``    tokens N after the node; ``grid`` its patch grid ``(rows, cols)``; ``dim`` width C
 ``params``    parameters (trainable and frozen, not buffers)
 ``macs``      multiply-accumulates for ONE image

@@ -447,13 +447,22 @@ _PACKAGE_SPECS = FsPath(__file__).resolve().parent / "specs"
 SPEC_DIR = _PACKAGE_SPECS if _PACKAGE_SPECS.is_dir() else FsPath(__file__).resolve().parent.parent / "specs"
 
 
-def _field_names() -> set[str]:
-    names: set[str] = set()
-    for model in (ArchSpec, InputSpec, PatchStemSpec, ConvStemSpec, IdentityStemSpec, TokensSpec, StageSpec,
-                  LayerOverride, MixerSpec, ShrinkSpec, HeadOutSpec, HeadSpec, GPSASpec, RelBiasSpec, MaskSpec,
-                  ClassAttentionSpec):
-        names.update(model.model_fields)
-    return names
+def _models_of(annotation: Any) -> list[type[StrictModel]]:
+    """The spec models an annotation can hold (``StageSpec | None`` -> [StageSpec]; the stem union -> its three)."""
+    if isinstance(annotation, type) and issubclass(annotation, StrictModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _models_of(arg)]
+
+
+def _fields_at(path: tuple) -> list[str]:
+    """The keys valid in the mapping at ``path`` (list indices skipped), for 'did you mean' hints."""
+    models: list[type[StrictModel]] = [ArchSpec]
+    for part in path:
+        if isinstance(part, int):
+            continue
+        models = [m for model in models if part in model.model_fields
+                  for m in _models_of(model.model_fields[part].annotation)]
+    return sorted({name for model in models for name in model.model_fields})
 
 
 _HINTS = {
@@ -504,7 +513,6 @@ def _clean_loc(loc: tuple, keep_last: bool = False) -> tuple:
 
 def _problems_from_validation(exc: ValidationError) -> list[Problem]:
     errors = exc.errors(include_url=False)
-    names = _field_names()
     missing: dict[tuple, list[str]] = {}  # mapping path -> its missing required keys
     for err in errors:
         if err["type"] == "missing":
@@ -526,9 +534,13 @@ def _problems_from_validation(exc: ValidationError) -> list[Problem]:
             if close:
                 explained.add(path[:-1] + (close[0],))
                 hint = f"did you mean {close[0]!r}? (a required key)"
-            else:
-                close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.6)
-                hint = f"did you mean {close[0]!r}?" if close else "see `archspec schema` for the allowed keys"
+            else:  # suggest only keys valid at this place (a mask has no 'stride')
+                allowed = _fields_at(path[:-1])
+                close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+                hint = (f"did you mean {close[0]!r}?" if close else
+                        f"keys allowed here: {', '.join(allowed)}" if allowed else "see `archspec schema`")
+                if not close and len(path) == 1:
+                    hint += "; top-level keys starting with 'x-' are ignored (for YAML anchors)"
             message = f"unknown key {key!r}"
         elif kind == "missing":
             key = path[-1] if path else ""
@@ -640,6 +652,8 @@ def parse_spec(source: "str | os.PathLike | dict | ArchSpec") -> tuple[ArchSpec,
     if not isinstance(data, dict):
         raise SpecError.single((), f"a spec must be a mapping of keys to values, got a {type(data).__name__}",
                                "start from one of `archspec list`").located(locator)
+    # Top-level x-... keys hold the user's YAML anchors (x-common: &common ...), as in Compose files.
+    data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}
     if default_name is not None and "name" not in data:
         data = {"name": default_spec_name(default_name), **data}
     try:

@@ -172,6 +172,17 @@ class TalkingHeadAttn(nn.Module):
         x = (attn @ v).transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))
 
+    def set_grid(self, grid: tuple[int, int]) -> None:
+        """Move to patch grid ``grid`` (``ArchModel.set_input_size``): the token count and the MaiT masks
+        follow; talking heads has no position table, so the weights are unchanged."""
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.num_tokens = self.num_prefix_tokens + self.grid[0] * self.grid[1]
+        if self.mask_heads:
+            device = self.attn_masks.device
+            masks = [window_mask(self.grid, self.head_specs[i].mask.window, self.num_prefix_tokens)
+                     for i in self.mask_heads]
+            self.attn_masks = torch.stack(masks).to(device)
+
     def extra_repr(self) -> str:
         letters = "".join(f"[{h.letter}]" for h in self.head_specs)
         return f"dim={self.dim}, heads={letters}, grid={self.grid}, prefix={self.num_prefix_tokens}, talking_heads"
