@@ -549,8 +549,8 @@ def _check_talking_heads(b: _Builder, i: int) -> None:
     if stage.head_dim is not None or stage.key_dim is not None or stage.attn_ratio is not None:
         b.problem(at, "talking-heads attention uses a head dim of dim / heads (timm CaiT)",
                   "remove head_dim, key_dim and attn_ratio from this stage")
-    kinds = {h.letter for plan in b.spec.layer_plans(i) if plan.mixer.kind != "conv" for h in plan.heads}
-    other = sorted(k for k in kinds if k not in ("G", "M", "S", "X"))
+    other = sorted({h.letter for plan in b.spec.layer_plans(i) if plan.mixer.kind != "conv" for h in plan.heads
+                    if h.gpsa is not None or h.rel_bias is not None})
     if other:
         b.problem(at, f"talking-heads attention takes plain (mhsa) and masked heads only, got head kinds "
                   f"{', '.join(other)}", "use mhsa, mask, soft_mask or strict_mask heads in this stage")

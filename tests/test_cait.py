@@ -179,7 +179,7 @@ def test_mask_acts_after_proj_l_before_the_softmax():
 def test_masked_cait_builds_with_one_masked_head_in_every_self_attention_layer(one_thread):
     graph = build_graph(load_spec("masked_cait_xxs24"))
     blocks = [graph.nodes[n] for n in graph.graph["order"] if graph.nodes[n]["kind"] == "block"]
-    assert len(blocks) == 24 and all(b["heads"] == "M G G G" and b["label"] == "talking" for b in blocks)
+    assert len(blocks) == 24 and all(b["heads"] == "M A A A" and b["label"] == "talking" for b in blocks)
     class_blocks = [graph.nodes[n] for n in graph.graph["order"] if graph.nodes[n]["kind"] == "class_attn"]
     assert [b["name"] for b in class_blocks] == ["stages.1.blocks.0", "stages.1.blocks.1"]
     model = archspec.compile(TINY_CAIT).eval()
@@ -271,3 +271,36 @@ def test_validating_a_spec_without_cait_blocks_imports_no_torch():
             "analyze(load_spec('mait_tiny_sch2')); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------- timm backbone API on a class-attention model
+def test_layer_decay_matches_timm_cait(timm_cait, one_thread):
+    """timm's layer decay gives every parameter of specs/cait_xxs24 the scale it gives timm's own Cait."""
+    from timm.optim import create_optimizer_v2
+
+    ours, theirs = archspec.compile("cait_xxs24"), timm_cait
+
+    def scales(model):
+        opt = create_optimizer_v2(model, "sgd", lr=1.0, weight_decay=0.0, layer_decay=0.75)
+        by_id = {id(p): g["lr_scale"] for g in opt.param_groups for p in g["params"]}
+        return {name: by_id[id(p)] for name, p in model.named_parameters()}
+
+    ours_by_name, theirs_by_name = scales(ours), scales(theirs)
+    params = dict(theirs.named_parameters())
+    converted = from_timm({k: params[k] for k in params}, ours)  # our name -> the same timm tensor
+    timm_name = {id(v): k for k, v in params.items()}
+    mapped = {ours_name: timm_name[id(t)] for ours_name, t in converted.items() if id(t) in timm_name}
+    assert len(mapped) == len(ours_by_name)
+    assert {n: ours_by_name[n] for n in mapped} == pytest.approx({n: theirs_by_name[mapped[n]] for n in mapped})
+
+
+def test_masked_cait_backbone_and_new_input_size(one_thread):
+    model = archspec.compile(TINY_CAIT).eval()
+    x = torch.randn(2, 3, 32, 32)
+    features = model.forward_intermediates(x, intermediates_only=True)
+    assert len(features) == len(model.feature_info) == 2  # the self-attention blocks, not the class attention
+    assert all(f.shape == (2, 32, 4, 4) for f in features)
+    model.set_input_size(img_size=48)  # 6x6 grid: the masks follow
+    assert model(torch.randn(2, 3, 48, 48)).shape == (2, 10)
+    fresh = archspec.compile(model.spec)
+    assert torch.equal(fresh.stages[0].blocks[0].attn.attn_masks, model.stages[0].blocks[0].attn.attn_masks)

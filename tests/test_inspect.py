@@ -50,7 +50,7 @@ def test_inspect_writes_four_plots_and_the_numbers(tmp_path, capsys, one_thread)
     layers = report["layers"]
     assert [row["name"] for row in layers] == ["stages.0.blocks.0.attn", "stages.0.blocks.1.attn"]
     for row in layers:  # 4 heads; ALS a fraction, nonlocality within the grid's diameter, no GPSA
-        assert row["heads"] == "M G G G" and row["gating"] is None
+        assert row["heads"] == "M A A A" and row["gating"] is None
         assert all(0 <= v <= 1 for v in row["als"]) and all(0 <= v <= math.hypot(3, 3) for v in row["nonlocality"])
     (run,) = report["similarity"]
     assert run["layers"] == [row["name"] for row in layers]
