@@ -70,7 +70,7 @@ def start() -> "Server | str":
     try:
         _run([f"{bin_dir}/initdb", "-D", f"{base}/data", "-U", "archspec", "--auth=trust", "-E", "UTF8"], user)
         _run([f"{bin_dir}/pg_ctl", "-D", f"{base}/data", "-w", "-t", "60", "-l", f"{base}/log", "-o",
-              f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c max_connections=50", "start"], user)
+              f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c max_connections=200", "start"], user)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         log = getattr(exc, "stderr", "") or ""
         shutil.rmtree(base, ignore_errors=True)

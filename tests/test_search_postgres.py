@@ -66,7 +66,8 @@ def test_four_workers_share_a_postgres_study(postgres, space_file, tmp_path):
     workers = [_worker(space_file, tmp_path / f"w{k}", postgres, 2) for k in range(4)]
     outputs = [w.communicate(timeout=400)[0] for w in workers]
     assert [w.returncode for w in workers] == [0] * 4, "\n".join(o[-2000:] for o in outputs)
-    study = optuna.load_study(study_name="pg", storage=postgres)
+    storage = optuna.storages.RDBStorage(postgres)  # one engine for every look (each load by URL opens a pool)
+    study = optuna.load_study(study_name="pg", storage=storage)
     trials = study.get_trials()
     assert sorted(t.number for t in trials) == list(range(len(trials)))  # every trial counted once
     keys = _trained_keys(study)
@@ -77,17 +78,16 @@ def test_four_workers_share_a_postgres_study(postgres, space_file, tmp_path):
     victim = _worker(space_file, tmp_path / "victim", postgres, 6, "--proxy-steps", "100000")  # still training when killed
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(
-            t.state == RUNNING for t in optuna.load_study(study_name="pg", storage=postgres).get_trials()):
+            t.state == RUNNING for t in study.get_trials()):
         time.sleep(0.2)
     victim.send_signal(signal.SIGKILL)
     victim.communicate(timeout=60)
-    orphan = [t.number for t in optuna.load_study(study_name="pg", storage=postgres).get_trials() if t.state == RUNNING]
+    orphan = [t.number for t in study.get_trials() if t.state == RUNNING]
     assert orphan, "the killed worker left no running trial"
     from archspec.cli import main  # the resuming worker runs in this process: one interpreter start less
 
     assert main(["search", "--space", str(space_file), "--storage", postgres, "--out", str(tmp_path / "resumed"),
                  "--trials", "2", *FAST]) == 0
-    study = optuna.load_study(study_name="pg", storage=postgres)
     states = {t.number: t for t in study.get_trials()}
     assert all(states[n].state == FAIL and "died" in states[n].user_attrs.get("fail_reason", "") for n in orphan)
     keys = _trained_keys(study)

@@ -250,7 +250,10 @@ def _budgets(args):
 # Mask placement trains the given spec, typically a deep DeiT-style model (class token, LayerNorm,
 # 12-24 blocks).  Those do not learn at the design proxy's lr 2e-3 in 150 steps: MaiT-T Sch.1 stayed
 # at chance (0.12 val top-1, digits at 64 px), while lr 3e-4 for 400 steps reached 0.41 (measured here).
-MASKS_PROXY_DEFAULTS = {"lr": 3e-4, "steps": 400, "warmup_steps": 40, "eval_every": 100}
+# Mask placement needs a token grid where a 3x3 window is local: at least 7x7 (MaiT works on 14x14;
+# on 4x4 a 3x3 window covers most of the image and masked heads attend almost uniformly), reached by a
+# smaller patch (64 px, patch 8: 8x8) or fewer stride-2 stem convs -- see proxy_spec.
+MASKS_PROXY_DEFAULTS = {"lr": 3e-4, "steps": 400, "warmup_steps": 40, "eval_every": 100, "min_grid": 7}
 MASKS_TRIAL_TIMEOUT_S = 900.0
 
 
