@@ -126,3 +126,35 @@ def test_cifar_with_a_foreign_pickle_is_refused_before_unpickling(tmp_path, monk
         load_data(tmp_path, 16)
     assert info.value.problems[0].path == ("--data",) and "test_batch" in info.value.problems[0].message
     assert "MD5" in info.value.problems[0].message
+
+
+def test_search_cli_on_fashion_mnist(tmp_path, monkeypatch, one_thread):
+    """`archspec search --data fashion-mnist` end to end (the Debian directory stood in for by tiny IDX files)."""
+    import json
+
+    import yaml
+
+    from archspec.cli import main
+    from search_fixtures import TINY_SPACE
+
+    monkeypatch.setattr(data_module, "FASHION_MNIST_DIR", _write_idx(tmp_path / "usr-share", n_train=60, n_test=20))
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(TINY_SPACE), encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["search", "--space", str(space), "--data", "fashion-mnist", "--device", "cpu", "--out", str(out),
+                 "--trials", "1", "--proxy-steps", "2", "--proxy-size", "32", "--proxy-batch", "8",
+                 "--latency-repeats", "2", "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["data"]["name"] == "fashion-mnist" and summary["data"]["channels"] == 1
+    assert summary["data"]["train"] == 60 and summary["data"]["val"] == 20
+
+
+def test_search_cli_without_fashion_mnist_says_how_to_install(tmp_path, monkeypatch, capsys):
+    from archspec.cli import main
+
+    monkeypatch.setattr(data_module, "FASHION_MNIST_DIR", tmp_path / "absent")
+    monkeypatch.chdir(tmp_path)
+    assert main(["search", "--data", "fashion-mnist", "--trials", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--data" in err and "apt-get install dataset-fashion-mnist" in err
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -346,6 +346,27 @@ def _image_folder(root: Path, image_size: int, seed: int, max_images: int | None
     return _finish(f"imagefolder:{root.name}", x_train, y_train, x_val, y_val, len(classes), image_size)
 
 
+DATA_HINT = ("give --data fashion-mnist, a CIFAR-10/100 directory (cifar-10-batches-py, cifar-100-python), "
+             "a directory of Fashion-MNIST IDX files or an ImageFolder directory (one sub-directory per class), "
+             "or leave --data out for the built-in digits")
+
+
+def check_source(source: "str | os.PathLike | None") -> None:
+    """Cheap check of ``--data`` before anything is read or written: a name archspec knows (``digits``,
+    ``fashion-mnist`` -- installed), or an existing path.
+
+    Raises:
+        SpecError: at ``--data``: Fashion-MNIST is not installed (with the apt line), or no such path.
+    """
+    if source is None or str(source) == "digits":
+        return
+    if str(source) == "fashion-mnist":
+        _fashion_mnist_dir()
+        return
+    if not Path(source).expanduser().exists():
+        raise _fail(f"no such file or directory: {source}", DATA_HINT, source)
+
+
 def load_data(source: "str | os.PathLike | None", image_size: int, seed: int = 0, max_images: int | None = None) -> Dataset:
     """Load a labelled image dataset into memory at ``image_size`` x ``image_size`` (see the module docstring).
 
@@ -381,9 +402,7 @@ def load_data(source: "str | os.PathLike | None", image_size: int, seed: int = 0
 
 
 def _load_directory(root: Path, image_size: int, seed: int, max_images: int | None) -> Dataset:
-    hint = ("give --data fashion-mnist, a CIFAR-10/100 directory (cifar-10-batches-py, cifar-100-python), "
-            "a directory of Fashion-MNIST IDX files or an ImageFolder directory, or leave --data out for the "
-            "built-in digits")
+    hint = DATA_HINT
     if not root.exists():
         raise _fail("no such directory", hint, root)
     if not root.is_dir():

@@ -161,15 +161,15 @@ def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
 
 
 def check_data_path(data: str | None) -> None:
-    """Fail fast, before a study is opened, when ``--data`` names nothing.
+    """Fail fast, before a study is opened, when ``--data`` names nothing (see
+    :func:`archspec.search.data.check_source`).
 
     Raises:
-        SpecError: the path does not exist (exit 2 from the CLI).
+        SpecError: a missing path, or Fashion-MNIST asked for where it is not installed (exit 2 from the CLI).
     """
-    if data is not None and not Path(data).expanduser().exists():
-        raise SpecError.single(("--data",), f"no such file or directory: {data}",
-                               "give an ImageFolder directory (one sub-directory per class) or a CIFAR-10 python "
-                               "directory (cifar-10-batches-py); omit --data for the embedded dataset")
+    from archspec.search.data import check_source
+
+    check_source(data)
 
 
 # ----------------------------------------------------------------------------------- objective
