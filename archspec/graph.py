@@ -521,7 +521,7 @@ def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims,
     n_tokens = flow.n_prefix + n_patches
     batchnorm = stage.norm == "batchnorm"
     if plan.mixer.kind == "conv":  # CMHSA phase 1: K x K conv on the pixel view, c = d / P^2 channels
-        k, patch = plan.mixer.kernel, b.spec.pixel_patch(plan.mixer)
+        k, patch = plan.mixer.kernel, b.spec.pixel_patch(plan.mixer) or 1  # None: reported by _check_layer
         c = dim // (patch * patch)
         p_mix, m_mix = k * k * c * c + c, n_patches * patch * patch * k * k * c * c
         label, heads_str = f"conv{k}", f"conv{k}x{k}" + (f"/P{patch}" if patch > 1 else "")
