@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
         pass
     else:
         add_search_parser(sub)
+    from archspec.transfer.cli import add_transfer_parsers  # two-phase (sets its own handler)
+
+    add_transfer_parsers(sub)
     return parser
 
 
