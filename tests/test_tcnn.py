@@ -102,3 +102,27 @@ def test_stages_and_errors():
         tcnn(cnn, stages=[7])
     with pytest.raises(TransferError, match="ResNet"):
         tcnn(torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3)))
+
+
+def test_tcnn_cli_writes_a_loadable_model_and_refuses_bad_input(one_thread, tmp_path, capsys):
+    import json
+
+    from archspec.cli import main
+    from archspec.transfer.tcnn import load_tcnn
+
+    out = tmp_path / "t"
+    assert main(["tcnn", "resnet10t", "--resolution", "64", "--num-classes", "5", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gpsa_layers"] == 2 and report["params"]["tcnn"] > report["params"]["cnn"]
+    assert report["exactness_max_layer_error"] < 1e-4 and report["exactness_max_logit_error"] < 1e-4
+    model = load_tcnn(out)
+    assert len(transformed_layers(model)) == 2 and model(torch.randn(1, 3, 64, 64)).shape == (1, 5)
+    assert main(["tcnn", "resnet10t", "--resolution", "64", "--out", str(out)]) == 0  # replaces its own build
+    assert main(["tcnn", "no_such_net", "--out", str(tmp_path / "x")]) == 2
+    assert main(["tcnn", "vit_tiny_patch16_224", "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "a.txt").write_text("keep")
+    assert main(["tcnn", "resnet10t", "--resolution", "64", "--out", str(mine)]) == 2
+    assert [p.name for p in mine.iterdir()] == ["a.txt"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from archspec.errors import SpecError
 
-__all__ = ["add_transfer_parsers", "cmd_two_phase"]
+__all__ = ["add_transfer_parsers", "cmd_tcnn", "cmd_two_phase"]
 
 TWO_PHASE_DESCRIPTION = """\
 CMHSA's two-phase training (Li et al., "Can Vision Transformers Perform Convolution?", sec. 4.1, App. B):
@@ -50,6 +50,35 @@ def add_transfer_parsers(sub) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip the random-init phase-2 baseline")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=cmd_two_phase)
+
+    t = sub.add_parser("tcnn", help="T-CNN: a timm ResNet's last-stage 3x3 convs as 9-head GPSA layers",
+                       description=TCNN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example: archspec tcnn resnetrs50 --checkpoint rs50.safetensors --out build/t-rs50")
+    t.add_argument("model", metavar="MODEL", help="timm ResNet-family model name (resnetrs50, resnet50d, ...)")
+    t.add_argument("--checkpoint", metavar="PATH", help="weights to load into MODEL (timm load_checkpoint)")
+    t.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (downloads from its hub)")
+    t.add_argument("--stages", nargs="+", default=["-1"], metavar="S",
+                   help="stages to transform: 1-4, layer4, or -1 for the last (default)")
+    t.add_argument("--alpha", type=float, default=1.0, help="initial locality strength (paper: 1)")
+    t.add_argument("--gating", type=float, default=1.0, help="initial gating lambda (paper: 1)")
+    t.add_argument("--no-stride-one", action="store_true", help="keep the stage's stride-2 conv (default: stride 1)")
+    t.add_argument("--resolution", type=int, default=224, metavar="N", help="input side for counts and checks")
+    t.add_argument("--num-classes", type=int, metavar="N", help="classifier size (default: the model's)")
+    t.add_argument("--out", metavar="DIR", help="output directory (default: build/t-<MODEL>)")
+    t.add_argument("--json", action="store_true", help="print the report as JSON")
+    t.set_defaults(handler=cmd_tcnn)
+
+
+TCNN_DESCRIPTION = """\
+T-CNN (d'Ascoli et al., "Transformed CNNs", sec. 2-3): re-express the 3x3 convolutions of MODEL's chosen stages
+(default the last) as 9-head GPSA layers -- W_val = I shared by the heads, W_out^h = kernel tap h, new W_qry
+and W_key, locality alpha (softplus, beta = 5) and gating lambda per head, explicit zero padding -- with the
+stage's first stride-2 conv made stride 1 (BoTNet).  Runs Grace Hopper's portrait through MODEL and, with
+alpha = lambda = 40 and the stride unchanged, through its transform, and reports the largest logit difference
+(the exactness of the construction), the parameter counts and the MACs at --resolution.  Writes OUT (default
+build/t-<MODEL>): spec.yaml (the T-CNN recipe: base model, stages, alpha, gating, stride), model.safetensors
+and report.json; archspec.transfer.load_tcnn(OUT) rebuilds the model.  OUT must be missing, empty or a
+directory archspec wrote."""
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -134,3 +163,78 @@ def _table(report: dict, out: Path) -> str:
     lines += [f"{name:<34}{steps:>7}{acc:>11.4f}" for name, steps, acc in rows]
     lines.append(f"wrote {out}/{{phase1,phase2{',baseline' if report['baseline'] else ''}}}")
     return "\n".join(lines)
+
+
+def cmd_tcnn(args: argparse.Namespace) -> int:
+    """Convert, check exactness on a real photograph, count, and write the T-CNN (nothing written on error)."""
+    import timm
+    import torch
+    import yaml
+    from safetensors.torch import save_model
+
+    from archspec.builddir import check_out, write_build
+    from archspec.image import load_image
+    from archspec.transfer.cmhsa import TransferError
+    from archspec.transfer.tcnn import count_macs, tcnn_from_recipe, transformed_layers
+
+    if not timm.is_model(args.model):
+        raise SpecError.single(("MODEL",), f"timm has no model {args.model!r}", "e.g. resnetrs50, resnet50d, resnet18")
+    if args.resolution < 32 or (args.num_classes is not None and args.num_classes < 1):
+        raise SpecError.single(("--resolution",), "the resolution must be >= 32 and --num-classes >= 1")
+    stages = [int(s) if s.lstrip("-").isdigit() else s for s in args.stages]
+    recipe = {"base": args.model, "stages": stages, "alpha": args.alpha, "gating": args.gating,
+              "stride_one": not args.no_stride_one, "num_classes": args.num_classes}
+    out = Path(args.out or Path("build") / f"t-{args.model}")
+    check_out(out)
+    try:
+        base = tcnn_from_recipe({**recipe, "stages": []}, pretrained=args.pretrained)  # the CNN itself
+        if args.checkpoint:
+            timm.models.load_checkpoint(base, args.checkpoint)
+        model = _transform(base, recipe)
+        exact = _transform(base, {**recipe, "stride_one": False})
+    except TransferError as exc:
+        raise SpecError.single(("MODEL",), str(exc), None, args.model) from None
+    except (OSError, RuntimeError, KeyError) as exc:
+        raise SpecError.single(("--checkpoint",), f"cannot load: {str(exc).splitlines()[0][:300]}") from None
+    for layer in transformed_layers(exact):
+        layer.set_exact(40.0, 40.0)
+    x = load_image(None, (args.resolution, args.resolution), 3)  # (1, 3, R, R)
+    layer_errors = []  # each GPSA layer against its own conv on the features it sees (meaningful even where a
+    hooks = [layer.register_forward_hook(  # random init zeroes a residual branch and so hides it from the logits)
+        lambda m, inp, out: layer_errors.append((out - m.conv_reference(inp[0])).abs().max().item()))
+        for layer in transformed_layers(exact)]
+    with torch.no_grad():
+        ref = base.eval()(x)
+        error = (exact.eval()(x) - ref).abs().max().item()
+    for hook in hooks:
+        hook.remove()
+    params = {"cnn": sum(p.numel() for p in base.parameters()), "tcnn": sum(p.numel() for p in model.parameters())}
+    macs = {"cnn": count_macs(base, x), "tcnn": count_macs(model.eval(), x)}
+    report = {"tcnn": recipe, "resolution": args.resolution, "gpsa_layers": len(transformed_layers(model)),
+              "params": params, "macs": macs, "exactness_max_logit_error": error,
+              "exactness_max_layer_error": max(layer_errors),
+              "exactness_setting": "alpha = lambda = 40, stride unchanged, Grace Hopper's portrait",
+              "logit_scale": ref.abs().max().item()}
+
+    def fill(directory: Path) -> None:
+        (directory / "spec.yaml").write_text(yaml.safe_dump({"tcnn": recipe}, sort_keys=False), encoding="utf-8")
+        save_model(model, str(directory / "model.safetensors"))
+
+    write_build(out, fill, report)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"T-CNN of {args.model}: {report['gpsa_layers']} GPSA layers in stages {stages}\n"
+              f"params {params['cnn']:,} -> {params['tcnn']:,}   MACs at {args.resolution} px "
+              f"{macs['cnn'] / 1e9:.2f}G -> {macs['tcnn'] / 1e9:.2f}G\n"
+              f"exactness (alpha = lambda = 40, stride kept): max |logit difference| {error:.2e} "
+              f"(logits up to {report['logit_scale']:.2f}), max |GPSA - its conv| per layer {max(layer_errors):.2e}\n"
+              f"wrote {out}")
+    return 0
+
+
+def _transform(base, recipe: dict):
+    from archspec.transfer.tcnn import tcnn
+
+    return tcnn(base, stages=recipe["stages"], alpha=recipe["alpha"], gating=recipe["gating"],
+                stride_one=recipe["stride_one"])

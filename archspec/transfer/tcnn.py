@@ -28,6 +28,7 @@ its block's shortcut loses its stride too (the ResNet-D average pool, or the 1x1
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 import math
 from typing import Iterable, Sequence
 
@@ -37,7 +38,8 @@ from torch import Tensor, nn
 
 from archspec.transfer.cmhsa import TransferError
 
-__all__ = ["BETA", "ConvGPSA", "conv_gpsa_macs", "gating_param_groups", "tcnn", "transformed_layers"]
+__all__ = ["BETA", "ConvGPSA", "conv_gpsa_macs", "count_macs", "gating_param_groups", "load_tcnn", "tcnn",
+           "tcnn_from_recipe", "transformed_layers"]
 
 BETA = 5.0
 """Softplus sharpness of the locality strength (footnote 1)."""
@@ -102,6 +104,12 @@ class ConvGPSA(nn.Module):
             self.locality.fill_(_inverse_softplus(alpha))
             self.gating.fill_(gating)
         return self
+
+    def conv_reference(self, x: Tensor) -> Tensor:
+        """The convolution this layer was built from, from its current ``W_out`` (``(B, D_in, H, W)`` ->
+        ``(B, D_out, H_out, W_out)``, stride ``self.stride``): what the layer equals at large alpha and lambda."""
+        weight = self.out_weight.reshape(3, 3, self.d_in, self.d_out).permute(3, 2, 0, 1)
+        return F.conv2d(x, weight.to(x.dtype), self.out_bias, stride=self.stride, padding=1)
 
     def _positions(self, rows: int, cols: int, device, dtype) -> Tensor:
         r = torch.arange(rows, device=device, dtype=dtype)
@@ -223,3 +231,58 @@ def gating_param_groups(model: nn.Module, lr: float, gating_lr: float = 0.1, wei
     return [{"params": groups["decay"], "lr": lr, "weight_decay": weight_decay},
             {"params": groups["no_decay"], "lr": lr, "weight_decay": 0.0},
             {"params": groups["gating"], "lr": gating_lr, "weight_decay": 0.0}]
+
+
+RECIPE_KEYS = ("base", "stages", "alpha", "gating", "stride_one", "num_classes")
+
+
+def tcnn_from_recipe(recipe: dict, pretrained: bool = False) -> nn.Module:
+    """Build a T-CNN from its recipe (``base`` timm model name, ``stages``, ``alpha``, ``gating``, ``stride_one``,
+    ``num_classes``) -- what ``archspec tcnn`` writes as ``spec.yaml`` -- with the base's timm initialisation
+    (or its pretrained weights).
+
+    Raises:
+        TransferError: an unknown key or timm model, or a model T-CNN cannot transform.
+    """
+    import timm  # noqa: PLC0415
+
+    unknown = set(recipe) - set(RECIPE_KEYS)
+    if unknown or "base" not in recipe:
+        raise TransferError(f"a T-CNN recipe has the keys {', '.join(RECIPE_KEYS)} ('base' required); "
+                            f"got {', '.join(sorted(recipe))}")
+    if not timm.is_model(recipe["base"]):
+        raise TransferError(f"timm has no model {recipe['base']!r}")
+    kwargs = {} if recipe.get("num_classes") is None else {"num_classes": int(recipe["num_classes"])}
+    cnn = timm.create_model(recipe["base"], pretrained=pretrained, **kwargs).eval()
+    return tcnn(cnn, stages=recipe.get("stages", [-1]), alpha=recipe.get("alpha", 1.0),
+                gating=recipe.get("gating", 1.0), stride_one=recipe.get("stride_one", True))
+
+
+def load_tcnn(directory: "str | Path") -> nn.Module:
+    """Load a T-CNN that ``archspec tcnn`` wrote: its recipe (``spec.yaml``) and weights (``model.safetensors``).
+
+    Raises:
+        TransferError: a missing or malformed recipe; OSError / safetensors errors for unreadable weights.
+    """
+    import yaml  # noqa: PLC0415
+    from safetensors.torch import load_model  # noqa: PLC0415
+
+    directory = Path(directory)
+    try:
+        recipe = yaml.safe_load((directory / "spec.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise TransferError(f"{directory / 'spec.yaml'}: not a T-CNN recipe ({exc})") from None
+    if not isinstance(recipe, dict) or "tcnn" not in recipe:
+        raise TransferError(f"{directory / 'spec.yaml'}: not a T-CNN recipe (no 'tcnn' key)")
+    model = tcnn_from_recipe(recipe["tcnn"])
+    load_model(model, str(directory / "model.safetensors"))
+    return model.eval()
+
+
+def count_macs(model: nn.Module, x: Tensor) -> int:
+    """Multiply-accumulates of ``model(x)``: torch's ``FlopCounterMode`` total / 2 (matmuls, convs, einsums)."""
+    from torch.utils.flop_counter import FlopCounterMode  # noqa: PLC0415
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(x)
+    return int(counter.get_total_flops() // 2)
