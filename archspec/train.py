@@ -114,7 +114,8 @@ def augment(x: torch.Tensor, mode: str, gen: torch.Generator) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: "Dataset", batch: int = 256, device: str | torch.device = "cpu") -> tuple[float, float]:
+def evaluate(model: torch.nn.Module, data: "Dataset", batch: int = 256,
+             device: str | torch.device = "cpu") -> tuple[float, float]:
     """Val top-1 (0..1) and mean cross-entropy of ``model`` on ``data.val``, in eval mode (restored after)."""
     device = torch.device(device)
     was = model.training
@@ -215,8 +216,8 @@ def train(model: torch.nn.Module, data: "Dataset", config: TrainConfig, seed: in
             if report is not None:
                 report(step, accuracy)
     model.eval()
-    return TrainResult(accuracy=history[-1][1], val_loss=val_loss, train_loss=sum(recent) / len(recent), steps=config.steps,
-                       seconds=time.perf_counter() - start_time, history=history)
+    return TrainResult(accuracy=history[-1][1], val_loss=val_loss, train_loss=sum(recent) / len(recent),
+                       steps=config.steps, seconds=time.perf_counter() - start_time, history=history)
 
 
 def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, step: int,

@@ -6,6 +6,7 @@ T-CNN's parameter / MAC growth against Tab. 2 of d'Ascoli et al.
 CMHSA: the shipped cmhsa_k{3,5}_conv specs (224 px, 16x16x3 patches, 6 layers, d = d_H = 768, 9 heads), random
 init (seed 0, the spec's), transferred by archspec.transfer.conv_to_mhsa at several relative-bias peaks M; max
 |logit difference| on the three real photographs of archspec.image.sample_batch.
+Border: the same transfer without the ring of zero tokens, on cmhsa_k3_conv_digits (32 px).
 T-CNN: timm resnetrs50 / resnet50d (random init; parameter and MAC counts do not depend on weights),
 archspec.transfer.tcnn with the paper's defaults (last stage, stride 1); MACs by torch's FlopCounterMode at
 224 px (and ResNet50-RS at 160 px, Tab. 2's own row); the exactness with alpha = lambda = 40 and the stride
@@ -41,6 +42,28 @@ def cmhsa_rows(images: torch.Tensor) -> list[dict]:
             rows.append({"kernel": k, "peak": peak, "max_logit_error": error, "logit_scale": ref.abs().max().item()})
             print(rows[-1], flush=True)
             del attn
+    return rows
+
+
+def border_rows(images: torch.Tensor) -> list[dict]:
+    """cmhsa_k3_conv_digits (32 px, 8x8 grid): the transfer with and without the ring of zero-padding tokens."""
+    import torch.nn.functional as F
+
+    import archspec
+    from archspec.spec import load_spec
+    from archspec.transfer import attention_spec, conv_to_mhsa
+
+    conv = archspec.compile("cmhsa_k3_conv_digits").eval()
+    x = F.interpolate(images, size=(32, 32), mode="area")
+    unpadded = attention_spec(conv.spec).model_dump()
+    unpadded["stages"][0]["mixer"]["pad_tokens"] = 0
+    rows = []
+    with torch.no_grad():
+        ref = conv(x)
+        for pad, spec in ((1, None), (0, load_spec(unpadded))):
+            error = (conv_to_mhsa(conv, spec=spec)(x) - ref).abs().max().item()
+            rows.append({"pad_tokens": pad, "max_logit_error": error, "logit_scale": ref.abs().max().item()})
+            print(rows[-1], flush=True)
     return rows
 
 
@@ -87,7 +110,7 @@ def main() -> None:
 
     images = sample_batch((224, 224))
     start = time.perf_counter()
-    result = {"cmhsa": cmhsa_rows(images), "tcnn": tcnn_rows(images), "torch": torch.__version__,
+    result = {"cmhsa": cmhsa_rows(images), "border": border_rows(images), "tcnn": tcnn_rows(images), "torch": torch.__version__,
               "threads": torch.get_num_threads()}
     result["seconds"] = round(time.perf_counter() - start, 1)
     (HERE / "transfers.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import archspec
 from archspec.blocks import Attention, ConvMixer
 from archspec.spec import SPEC_DIR, load_spec
-from archspec.transfer import DEFAULT_PEAK, TransferError, attention_spec, conv_to_attention_weights, conv_to_mhsa, patch_offsets
+from archspec.transfer import (DEFAULT_PEAK, TransferError, attention_spec, conv_to_attention_weights, conv_to_mhsa,
+                               patch_offsets)
 
 
 def _phase1(k: int, resolution: int = 32, patch: int = 4, depth: int = 2, classes: int = 10) -> archspec.ArchModel:

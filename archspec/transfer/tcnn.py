@@ -75,7 +75,8 @@ class ConvGPSA(nn.Module):
                  qk_init_std: float = 0.02) -> None:
         super().__init__()
         if conv.kernel_size != (3, 3) or conv.groups != 1 or conv.dilation != (1, 1) or conv.padding != (1, 1):
-            raise TransferError(f"T-CNN transforms plain 3x3 convolutions (padding 1, no groups or dilation), got {conv}")
+            raise TransferError("T-CNN transforms plain 3x3 convolutions (padding 1, no groups or dilation), "
+                                f"got {conv}")
         d_in, d_out = conv.in_channels, conv.out_channels
         self.num_heads, self.d_in, self.d_out = 9, d_in, d_out
         self.head_dim = max(d_in // self.num_heads, 1)
