@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 import archspec
 from archspec.blocks import Attention, ConvMixer
-from archspec.spec import SPEC_DIR, load_spec
+from archspec.loader import load_spec
+from archspec.spec import SPEC_DIR
 from archspec.transfer import (DEFAULT_PEAK, TransferError, attention_spec, conv_to_attention_weights, conv_to_mhsa,
                                patch_offsets)
 

@@ -8,7 +8,8 @@ import torch
 
 import archspec
 from archspec.cli import main
-from archspec.spec import SPEC_DIR, load_spec
+from archspec.loader import load_spec
+from archspec.spec import SPEC_DIR
 
 FAST = ["--steps1", "6", "--steps2", "4", "--max-images", "120", "--batch-size", "16", "--warmup1", "2"]
 

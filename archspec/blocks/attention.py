@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from archspec.heads import HeadSpec
 
 from .masks import alpha_to_logit, soft_mask_scale, window_mask
-from .position import conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, signed_bias_idxs
+from .position import conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table, signed_bias_idxs
 
 __all__ = ["Attention", "coerce_heads"]
 
@@ -442,3 +442,43 @@ class Attention(nn.Module):
         letters = "".join(f"[{h.letter}]" for h in self.head_specs)
         return (f"dim={self.dim}, heads={letters}, grid={self.grid}, prefix={self.num_prefix_tokens}, "
                 f"qk_dim={self.qk_dim}, v_dim={self.v_dim}, norm={self.norm}")
+
+    @torch.no_grad()
+    def set_grid(self, grid: tuple[int, int]) -> None:
+        """Move the layer to another patch grid ``(H', W')`` (a new input resolution), keeping its weights.
+
+        Rebuilt for the new grid: the relative-offset index tables, GPSA's fixed ``r_ij``
+        (:func:`~archspec.blocks.position.gpsa_rel_indices`) and the MaiT masks (same window, new grid).
+        The learned bias tables are resampled bicubically on their offset grids
+        (:func:`~archspec.blocks.position.resample_bias_table`, as timm ``resize_rel_pos_bias_table_levit``):
+        LeViT's ``attention_biases`` ``(h, H*W) -> (h, H'*W')``, CMHSA's ``signed_biases``
+        ``(h, (2H-1)(2W-1)) -> (h, (2H'-1)(2W'-1))``.  Afterwards the layer expects ``(B, prefix + H'*W', C)``.
+
+        Raises:
+            ValueError: for a grid side < 1.
+        """
+        rows, cols = int(grid[0]), int(grid[1])
+        if rows < 1 or cols < 1:
+            raise ValueError(f"grid sides must be >= 1, got {grid!r}")
+        old = self.grid
+        device = next(self.parameters()).device
+        if self.abs_bias_heads:
+            table = resample_bias_table(self.attention_biases.data, old, (rows, cols))
+            self.attention_biases = nn.Parameter(table, requires_grad=self.attention_biases.requires_grad)
+            self.attention_bias_idxs = levit_bias_idxs((rows, cols)).to(device)
+        if self.signed_bias_heads:
+            table = resample_bias_table(self.signed_biases.data, (2 * old[0] - 1, 2 * old[1] - 1),
+                                        (2 * rows - 1, 2 * cols - 1))
+            self.signed_biases = nn.Parameter(table, requires_grad=self.signed_biases.requires_grad)
+            self.signed_bias_idxs = signed_bias_idxs((rows, cols)).to(device)
+        if self.gpsa_heads:
+            self.rel_indices = gpsa_rel_indices((rows, cols)).to(device)
+        if self.mask_heads:
+            masks = [window_mask((rows, cols), self.head_specs[i].mask.window, self.num_prefix_tokens)
+                     for i in self.mask_heads]
+            self.attn_masks = torch.stack(masks).to(device)
+        self.grid = (rows, cols)
+        self.num_patches = rows * cols
+        self.num_tokens = self.num_prefix_tokens + rows * cols
+        self._bias_cache = None
+        self._mult_cache = None

@@ -121,5 +121,11 @@ class ZeroPadTokens(nn.Module):
         out = out.reshape(B, rows + 2 * p, cols + 2 * p, C)[:, p:p + rows, p:p + cols]
         return out.reshape(B, N, C)
 
+    def set_grid(self, grid: tuple[int, int]) -> None:
+        """Move to another token grid ``(H', W')`` (a new input size): the inner attention moves to the padded
+        ``(H' + 2 pad, W' + 2 pad)`` (``Attention.set_grid``, which resamples its bias tables)."""
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.attn.set_grid((self.grid[0] + 2 * self.pad, self.grid[1] + 2 * self.pad))
+
     def extra_repr(self) -> str:
         return f"grid={self.grid}, pad={self.pad}"

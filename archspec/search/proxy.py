@@ -14,7 +14,8 @@ import torch
 
 from archspec.errors import SpecError
 from archspec.search.data import Dataset
-from archspec.spec import ArchSpec, load_spec
+from archspec.loader import load_spec
+from archspec.spec import ArchSpec
 from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
 from archspec.train import TrainConfig, TrialFailure, failure, train
 

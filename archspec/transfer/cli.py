@@ -101,7 +101,7 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
 
     from archspec.builddir import check_out
     from archspec.search.data import load_data
-    from archspec.spec import load_spec
+    from archspec.loader import load_spec
     from archspec.train import TrainConfig, TrialFailure, resolve_device
     from archspec.transfer.cmhsa import DEFAULT_PEAK, TransferError, attention_spec
     from archspec.transfer.two_phase import two_phase
