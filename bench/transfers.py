@@ -1,7 +1,7 @@
 """The weight transfers' figures for the README: CMHSA's conv-to-attention exactness at the paper's scale and
 T-CNN's parameter / MAC growth against Tab. 2 of d'Ascoli et al.
 
-    OMP_NUM_THREADS=2 python bench/transfers.py            # ~3 min on 2 CPU cores, ~6 GB RAM
+    OMP_NUM_THREADS=2 python bench/transfers.py            # 2-4 min on 2 CPU cores, ~6 GB RAM
 
 CMHSA: the shipped cmhsa_k{3,5}_conv specs (224 px, 16x16x3 patches, 6 layers, d = d_H = 768, 9 heads), random
 init (seed 0, the spec's), transferred by archspec.transfer.conv_to_mhsa at several relative-bias peaks M; max
