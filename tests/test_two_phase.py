@@ -48,3 +48,17 @@ def test_two_phase_refuses_user_files_and_specs_without_conv(tmp_path, capsys):
     assert main(["two-phase", "deit_tiny", "--out", str(tmp_path / "x"), *FAST]) == 2
     assert "no conv mixer" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["two-phase", str(_spec_file(tmp_path)), "--steps1", "0"]) == 2
+
+
+def test_grey_data_is_repeated_to_the_specs_three_channels():
+    from torch.utils.data import TensorDataset
+
+    from archspec.search.data import Dataset
+    from archspec.transfer.two_phase import match_channels
+
+    split = TensorDataset(torch.arange(8.0).reshape(2, 1, 2, 2), torch.tensor([0, 1]))
+    grey = Dataset(name="g", train=split, val=split, num_classes=2, channels=1, image_size=2)
+    rgb = match_channels(grey, 3)
+    assert rgb.channels == 3 and rgb.train.tensors[0].shape == (2, 3, 2, 2)
+    assert torch.equal(rgb.val.tensors[0][:, 2], grey.val.tensors[0][:, 0])
+    assert match_channels(grey, 1) is grey

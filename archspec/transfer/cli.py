@@ -104,7 +104,7 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
     from archspec.loader import load_spec
     from archspec.train import TrainConfig, TrialFailure, resolve_device
     from archspec.transfer.cmhsa import DEFAULT_PEAK, TransferError, attention_spec
-    from archspec.transfer.two_phase import two_phase
+    from archspec.transfer.two_phase import match_channels, two_phase
 
     _check_args(args)
     spec = load_spec(args.spec)
@@ -122,6 +122,7 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
     for name in names:
         check_out(out / name)  # refuses what archspec did not write, before any training
     data = load_data(args.data, spec.input.resolution[0], seed=args.seed, max_images=args.max_images)
+    data = match_channels(data, spec.input.channels)
     common = {"batch_size": args.batch_size, "weight_decay": args.weight_decay, "augmentation": args.augmentation,
               "device": device, "eval_every": 50}
     phase1 = TrainConfig(steps=args.steps1, lr=args.lr1, warmup_steps=args.warmup1, **common)

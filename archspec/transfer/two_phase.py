@@ -19,7 +19,7 @@ from archspec.spec import ArchSpec
 from archspec.train import TrainConfig, TrainResult, evaluate, resolve_device, train
 from archspec.transfer.cmhsa import DEFAULT_PEAK, attention_spec, conv_to_mhsa
 
-__all__ = ["TwoPhaseResult", "fit_to_data", "two_phase"]
+__all__ = ["TwoPhaseResult", "fit_to_data", "match_channels", "two_phase"]
 
 
 @dataclass
@@ -38,6 +38,20 @@ def fit_to_data(spec: ArchSpec, data: Any) -> ArchSpec:
     doc["input"] = {"channels": data.channels, "resolution": [data.image_size, data.image_size]}
     doc["head"]["num_classes"] = data.num_classes
     return ArchSpec.model_validate(doc)
+
+
+def match_channels(data: Any, channels: int) -> Any:
+    """``data`` with ``channels`` image channels: grey images repeated to 3 (as the built-in digits are), so a
+    3-channel spec runs on Fashion-MNIST; any other mismatch is returned unchanged (the spec's check names it)."""
+    from archspec.search.data import Dataset  # noqa: PLC0415
+    from torch.utils.data import TensorDataset  # noqa: PLC0415
+
+    if data.channels != 1 or channels != 3:
+        return data
+    rgb = [TensorDataset(split.tensors[0].expand(-1, 3, -1, -1).contiguous(), split.tensors[1])
+           for split in (data.train, data.val)]
+    return Dataset(name=data.name + " (grey as RGB)", train=rgb[0], val=rgb[1], num_classes=data.num_classes,
+                   channels=3, image_size=data.image_size)
 
 
 def _summary(result: TrainResult) -> dict[str, Any]:
