@@ -28,6 +28,8 @@ MaiT masked heads) into PyTorch models.
   archspec build mait_tiny_sch2                  compile, run a real photo through it, save it
   archspec inspect masked_cait_xxs24             ALS, nonlocality, gating, cross-layer similarity plots
   archspec schema > archspec.schema.json         JSON Schema for editor completion
+  archspec two-phase cmhsa_k3_conv_digits        CMHSA: conv phase, exact transfer to attention, attention phase
+  archspec tcnn resnetrs50 --checkpoint W.pth    T-CNN: a timm ResNet's last stage as 9-head GPSA
 
 A SPEC is a path to a YAML file or the name of a shipped spec.  Exit status: 0 ok, 2 bad input.
 """
@@ -124,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
         pass
     else:
         add_search_parser(sub)
+    from archspec.transfer.cli import add_transfer_parsers  # two-phase (sets its own handler)
+
+    add_transfer_parsers(sub)
     return parser
 
 

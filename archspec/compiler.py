@@ -12,7 +12,8 @@ import os
 import torch
 from torch import nn
 
-from archspec.blocks import Attention, ConvMixer, ConvStem, IdentityStem, LevitBlock, PatchStem, ShrinkBlock, TransformerBlock
+from archspec.blocks import (Attention, ConvMixer, ConvStem, IdentityStem, LevitBlock, PatchStem, ShrinkBlock, TransformerBlock,
+                             ZeroPadTokens)
 from archspec.errors import SpecError
 from archspec.families import family
 from archspec.graph import build_graph, check_memory, nodes_in_order
@@ -38,15 +39,19 @@ def _block(node: dict, spec: ArchSpec) -> nn.Module:
     plan, dims, grid = cfg["plan"], cfg["dims"], cfg["grid"]
     act = ACTIVATIONS[stage.act]
     batchnorm = stage.norm == "batchnorm"
+    pad = plan.mixer.pad_tokens
     if plan.mixer.kind == "conv":
-        mixer: nn.Module = ConvMixer(stage.dim, plan.mixer.kernel, grid)
+        mixer: nn.Module = ConvMixer(stage.dim, plan.mixer.kernel, grid, spec.pixel_patch(plan.mixer))
     elif stage.talking_heads:  # CaiT (archspec/blocks/talking_heads.py)
         mixer = family("talking_heads").build(stage.dim, plan.heads, grid, cfg["n_prefix"], stage.qkv_bias)
     else:
+        attn_grid = (grid[0] + 2 * pad, grid[1] + 2 * pad)
         mixer = Attention(
-            stage.dim, plan.heads, grid, num_prefix_tokens=cfg["n_prefix"], qk_dim=dims.qk_dim, v_dim=dims.v_dim,
+            stage.dim, plan.heads, attn_grid, num_prefix_tokens=cfg["n_prefix"], qk_dim=dims.qk_dim, v_dim=dims.v_dim,
             qkv_bias=stage.qkv_bias and not batchnorm, norm=stage.norm, proj_act=act if batchnorm else None,
         )
+        if pad:  # CMHSA App. A.2: zero tokens around the grid keep a transferred conv exact at the border
+            mixer = ZeroPadTokens(mixer, grid, pad)
     if batchnorm:
         return LevitBlock(stage.dim, mixer, mlp_ratio=stage.mlp_ratio, act_layer=act, drop_path=plan.drop_path)
     return TransformerBlock(stage.dim, mixer, mlp_ratio=stage.mlp_ratio, act_layer=act, norm_eps=stage.norm_eps,

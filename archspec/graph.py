@@ -175,11 +175,23 @@ def _check_layer(spec: ArchSpec, stage_index: int, layer: int, plan: LayerPlan, 
             _report_layer(problems, mixer_at, layer,
                           "a conv token mixer needs a pure token grid, but a class/distillation token is present",
                           "use tokens.cls_token: none with head.pool: mean (CMHSA phase 1)")
-        if plan.mixer.kernel > 2 * max(grid) + 1:
+        patch = spec.pixel_patch(plan.mixer)
+        if patch is None:
+            _report_layer(problems, mixer_at, layer, "a conv mixer's pixel view needs a patch size, and a conv "
+                          "stem has none", "set mixer: {kind: conv, patch: P} (1 = conv on the token grid)")
+        elif stage.dim % (patch * patch):
+            _report_layer(problems, mixer_at, layer, f"the conv mixer's pixel view needs dim {stage.dim} to be a "
+                          f"multiple of patch**2 = {patch * patch} (a token is a PxPxc block of pixels)",
+                          "use a patch that fits, or token_conv3 for a conv on the token grid")
+        elif plan.mixer.kernel > 2 * max(grid) * patch + 1:
             _report_layer(problems, mixer_at + ("kernel",), layer,
-                          f"conv kernel {plan.mixer.kernel} is larger than the {grid[0]}x{grid[1]} token grid allows",
-                          f"use a kernel of at most {2 * max(grid) + 1}")
+                          f"conv kernel {plan.mixer.kernel} is larger than the {grid[0] * patch}x{grid[1] * patch} "
+                          f"{'token' if patch == 1 else 'pixel'} grid allows",
+                          f"use a kernel of at most {2 * max(grid) * patch + 1}")
         return
+    if plan.mixer.pad_tokens and n_prefix:
+        _report_layer(problems, where, layer, "zero-padding tokens (mixer.pad_tokens) need a pure token grid, but "
+                      "a class/distillation token is present", "use tokens.cls_token: none with head.pool: mean")
     gpsa_heads = [h for h in plan.heads if h.gpsa is not None]
     if gpsa_heads and n_prefix:
         _report_layer(problems, where, layer, "GPSA heads, but the class token is already present",
@@ -513,10 +525,11 @@ def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims,
     n_patches = grid[0] * grid[1]
     n_tokens = flow.n_prefix + n_patches
     batchnorm = stage.norm == "batchnorm"
-    if plan.mixer.kind == "conv":
-        k = plan.mixer.kernel
-        p_mix, m_mix = k * k * dim * dim + dim, n_patches * k * k * dim * dim
-        label, heads_str = f"conv{k}", f"conv{k}x{k}"
+    if plan.mixer.kind == "conv":  # CMHSA phase 1: K x K conv on the pixel view, c = d / P^2 channels
+        k, patch = plan.mixer.kernel, b.spec.pixel_patch(plan.mixer) or 1  # None: reported by _check_layer
+        c = dim // (patch * patch)
+        p_mix, m_mix = k * k * c * c + c, n_patches * patch * patch * k * k * c * c
+        label, heads_str = f"conv{k}", f"conv{k}x{k}" + (f"/P{patch}" if patch > 1 else "")
         mix_memory = conv_mixer_memory(n_tokens, dim)
     elif stage.talking_heads:  # CaiT: the family's own rules (archspec/blocks/talking_heads.py)
         th = family("talking_heads")
@@ -524,9 +537,12 @@ def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims,
         label, heads_str = "talking", " ".join(h.letter for h in plan.heads)
         mix_memory = th.memory(dim, plan.heads, grid, flow.n_prefix, stage.qkv_bias)
     else:
-        p_mix, m_mix = attention_counts(dim, plan.heads, dims, grid, flow.n_prefix, stage.qkv_bias, batchnorm)
+        pad = plan.mixer.pad_tokens  # zero-padding tokens: attention runs on the padded grid
+        attn_grid = (grid[0] + 2 * pad, grid[1] + 2 * pad)
+        p_mix, m_mix = attention_counts(dim, plan.heads, dims, attn_grid, flow.n_prefix, stage.qkv_bias, batchnorm)
         label, heads_str = ("levit" if batchnorm else "attn"), " ".join(h.letter for h in plan.heads)
-        mix_memory = attention_memory(n_tokens, n_patches, dim, plan.heads, dims.qk_dim, dims.v_dim, batchnorm)
+        n_attn = flow.n_prefix + attn_grid[0] * attn_grid[1]
+        mix_memory = attention_memory(n_attn, n_attn - flow.n_prefix, dim, plan.heads, dims.qk_dim, dims.v_dim, batchnorm)
     hidden = int(dim * stage.mlp_ratio)
     p_fc1, m_fc1 = _linear(n_tokens, dim, hidden, bias=not batchnorm, bn=batchnorm)
     p_fc2, m_fc2 = _linear(n_tokens, hidden, dim, bias=not batchnorm, bn=batchnorm)

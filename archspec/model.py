@@ -23,14 +23,14 @@ from timm.models._features import feature_take_indices
 from timm.models.levit import NormLinear
 from torch import Tensor, nn
 
-from archspec.blocks import Attention, ConvMixer, IdentityStem, ShrinkBlock
+from archspec.blocks import Attention, ConvMixer, IdentityStem, ShrinkBlock, ZeroPadTokens
 from archspec.errors import Problem, SpecError
 from archspec.spec import ArchSpec
 
 # Token mixers and the identity stem check their input shape in Python (data-dependent control flow for
 # torch.fx), so FX treats them as leaves: timm's feature extractors use this registry; torchvision's take
 # FX_LEAF_MODULES as tracer_kwargs, and symbolic_trace below uses them.
-FX_LEAF_MODULES = (Attention, ConvMixer, IdentityStem, ShrinkBlock)
+FX_LEAF_MODULES = (Attention, ConvMixer, IdentityStem, ShrinkBlock, ZeroPadTokens)
 for _leaf in FX_LEAF_MODULES:
     register_notrace_module(_leaf)
 

@@ -68,7 +68,8 @@ def spec_schema() -> dict[str, Any]:
         {"type": "boolean", "description": "true = 'input', false = 'none'"}, {"type": "null"}]
     _shorthand_or_mapping(defs, "HeadSpec", HEAD_SHORTHAND_PATTERN,
                           f"{', '.join(_PLAIN_KINDS + _MASK_KINDS)}; a mask kind may name a window: 'mask:3x5'")
-    _shorthand_or_mapping(defs, "MixerSpec", r"^\s*(?:attention|conv\d*)\s*$", "'attention', 'conv' or 'conv<K>'")
+    _shorthand_or_mapping(defs, "MixerSpec", r"^\s*(?:attention|(?:token_)?conv\d*)\s*$",
+                          "'attention', 'conv<K>' (pixel view) or 'token_conv<K>' (token grid)")
     for stem in ("PatchStemSpec", "ConvStemSpec", "IdentityStemSpec"):
         defs[stem]["required"] = ["kind"]  # the loader needs the tag to choose the stem
     schema["patternProperties"] = {X_KEY_PATTERN: {"description": "ignored: a place for YAML anchors"}}

@@ -150,27 +150,45 @@ class TokensSpec(StrictModel):
 
 
 class MixerSpec(StrictModel):
-    """Token mixer of a layer: attention (default) or a K x K convolution on the token grid (CMHSA phase 1)."""
+    """Token mixer of a layer: attention (default) or a K x K convolution (CMHSA phase 1).
+
+    ``kind: conv`` is the CMHSA convolution phase (Thm. 1, App. A.2): a K x K convolution over the *pixel view*
+    of the tokens -- a token of width ``d = P^2 c`` is a ``P x P x c`` block of pixels -- so the conv runs on
+    the ``(H P) x (W P)`` pixel grid with ``c = d / P^2`` channels.  ``patch`` = ``P``; by default the stem's
+    ``patch_size``.  ``patch: 1`` (shorthand ``token_conv3``) is a conv on the token grid with ``d`` channels.
+    ``pad_tokens`` (attention only) surrounds the token grid with that many rings of zero tokens that the
+    queries may attend to (App. A.2: the transferred conv stays exact on border patches).
+    """
 
     kind: Literal["attention", "conv"] = Field("attention", description="'attention' or 'conv'.")
     kernel: int = Field(3, ge=1, le=15, description="Conv kernel K (odd), for kind 'conv'.")
+    patch: int | None = Field(None, ge=1, le=64, description=(
+        "Conv: pixel-view patch side P (token = P x P x d/P^2 pixels); default: the stem's patch_size; "
+        "1 = conv on the token grid."))
+    pad_tokens: int = Field(0, ge=0, le=4, description=(
+        "Attention: rings of zero-padding tokens around the grid, attended to but not output (CMHSA App. A.2)."))
 
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
         if isinstance(value, str):
-            match = re.fullmatch(r"\s*conv(\d+)?\s*", value)
+            match = re.fullmatch(r"\s*(token_)?conv(\d+)?\s*", value)
             if value.strip() == "attention":
                 return {"kind": "attention"}
             if match:
-                return {"kind": "conv", "kernel": int(match.group(1) or 3)}
-            raise ValueError(f"mixer must be 'attention', 'conv', 'conv5' or a mapping, got {value!r}")
+                kernel = int(match.group(2) or 3)
+                return {"kind": "conv", "kernel": kernel, "patch": 1} if match.group(1) else {"kind": "conv", "kernel": kernel}
+            raise ValueError(f"mixer must be 'attention', 'conv', 'conv5', 'token_conv3' or a mapping, got {value!r}")
         return value
 
     @model_validator(mode="after")
     def _odd(self) -> "MixerSpec":
         if self.kind == "conv" and self.kernel % 2 == 0:
             raise ValueError(f"conv mixer kernel must be odd (centred, 'same' padding), got {self.kernel}")
+        if self.kind == "conv" and self.pad_tokens:
+            raise ValueError("pad_tokens applies to attention mixers only (a conv pads its pixels itself)")
+        if self.kind == "attention" and self.patch is not None:
+            raise ValueError("patch applies to conv mixers only")
         return self
 
 
@@ -395,6 +413,13 @@ class ArchSpec(StrictModel):
     def depth(self) -> int:
         """Total number of blocks across stages."""
         return sum(s.depth for s in self.stages)
+
+    def pixel_patch(self, mixer: MixerSpec) -> int | None:
+        """Patch side ``P`` of a conv mixer's pixel view: ``mixer.patch``, else the patch/identity stem's
+        ``patch_size``; ``None`` for a conv stem without ``mixer.patch`` (its tokens have no pixel layout)."""
+        if mixer.patch is not None:
+            return mixer.patch
+        return getattr(self.stem, "patch_size", None) if self.stem.kind in ("patch", "identity") else None
 
     def layer_plans(self, stage_index: int) -> list["LayerPlan"]:
         """Resolve the stage's defaults and overrides into one :class:`LayerPlan` per block."""

@@ -323,6 +323,16 @@ def test_decoupled_head_dims_and_batchnorm_family():
 
 
 # ----------------------------------------------------------------------------- mixer, stems, blocks
+def test_conv_mixer_is_a_conv_on_the_pixel_view():
+    """CMHSA phase 1: after an identity stem, the pixel-view conv of the tokens is the conv of the image."""
+    stem, mix = IdentityStem(3, 4), ConvMixer(48, 3, (2, 3), patch=4)
+    img = torch.randn(2, 3, 8, 12)
+    ref = F.conv2d(img, mix.conv.weight, mix.conv.bias, padding=1)
+    assert torch.allclose(mix(stem(img)), stem(ref), atol=1e-5)
+    with pytest.raises(ValueError):
+        ConvMixer(40, 3, (2, 3), patch=4)  # 16 does not divide 40
+
+
 def test_conv_mixer_equals_conv2d_on_grid():
     mix = ConvMixer(6, 3, (3, 4))
     x = torch.randn(2, 12, 6)

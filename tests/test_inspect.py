@@ -101,7 +101,7 @@ def test_inspect_mistakes_exit_2_and_write_nothing(tmp_path, capsys, setup, argv
 
 def test_inspect_a_model_without_attention_is_a_located_error(tmp_path, capsys):
     doc = {"name": "conv_only", "input": {"channels": 3, "resolution": 32}, "stem": {"kind": "patch", "patch_size": 8},
-           "tokens": {"cls_token": "none"}, "stages": [{"depth": 1, "dim": 32, "heads": 4, "mixer": "conv3"}],
+           "tokens": {"cls_token": "none"}, "stages": [{"depth": 1, "dim": 32, "heads": 4, "mixer": "token_conv3"}],
            "head": {"pool": "mean", "num_classes": 10}}
     assert main(["inspect", _write(tmp_path, doc), "--out", str(tmp_path / "o")]) == 2
     assert "no self-attention layer" in capsys.readouterr().err

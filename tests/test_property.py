@@ -182,10 +182,10 @@ def _stage_body(draw, dim: int | None, grid: tuple[int, int], start: int, cls_at
                            "attention": _fix_uniform(draw(head_kinds(grid, gpsa_ok(layer))), heads)})
         elif not prefix(layer):
             kernel = draw(st.sampled_from([k for k in (1, 3, 5) if k <= 2 * max(grid) + 1]))
-            layers.append({"range": [layer, layer], "mixer": f"conv{kernel}"})
+            layers.append({"range": [layer, layer], "mixer": f"token_conv{kernel}"})
     body["layers"] = layers
     if cls_at is None and draw(EDGE):  # a whole stage of conv mixers (CMHSA phase 1)
-        body["mixer"] = draw(st.sampled_from([k for k in ("conv1", "conv3", "conv5") if int(k[4:]) <= 2 * max(grid) + 1]))
+        body["mixer"] = draw(st.sampled_from([f"token_conv{k}" for k in (1, 3, 5) if k <= 2 * max(grid) + 1]))
     body["attention"] = _fix_uniform(body["attention"], heads)
     return body
 

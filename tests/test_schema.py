@@ -73,7 +73,7 @@ stages:
     attention: mask:5x3
     layers:
       - {range: 0, heads: [mhsa, " soft_mask:3x3 ", {mask: {window: 3, mode: strict}}, {gpsa: {}, rel_bias: {}}]}
-      - {range: "1-1", mixer: conv5}
+      - {range: "1-1", mixer: token_conv5}
 """
 
 

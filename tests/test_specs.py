@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import archspec
 from archspec.graph import build_graph
 from archspec.loader import load_spec
 from macs_reference import reference_macs
@@ -32,7 +33,7 @@ MACS_TOL = 0.02
 EXPECTED_SPECS = {
     "deit_tiny", "convit_tiny", "convit_small", "levit_128s", "levit_256", "levit_128s_v1",
     "mait_tiny_sch1", "mait_tiny_sch2", "mait_tiny_sch3", "mait_xs_sch2", "cmhsa_k3_conv", "cmhsa_k3",
-    "cait_xxs24", "masked_cait_xxs24",
+    "cmhsa_k5_conv", "cmhsa_k5", "cait_xxs24", "masked_cait_xxs24",
 }
 
 
@@ -131,6 +132,46 @@ def test_convit_layers():
         plans = spec.layer_plans(0)
         assert [all(h.letter == "P" for h in p.heads) for p in plans] == [True] * 10 + [False] * 2
         assert spec.tokens.cls_token == 10 and not spec.stages[0].qkv_bias
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_cmhsa_conv_phase_is_a_pixel_conv(k: int):
+    """Thm. 1 / App. A.2: the phase-1 mixer is a K x K conv on the 224x224x3 pixel view (c = 768 / 16^2 = 3),
+    not a 768-channel conv on the 14x14 token grid; hand counts, and the compiled module's own count."""
+    g = _graph(f"cmhsa_k{k}_conv")
+    block = g.nodes["stages.0.blocks.0"]
+    hidden = 3072
+    mlp_params = 768 * hidden + hidden + hidden * 768 + 768 + 4 * 768
+    assert block["params"] == k * k * 3 * 3 + 3 + mlp_params
+    assert block["macs"] == 224 * 224 * k * k * 3 * 3 + 2 * 196 * 768 * hidden
+    model = archspec.compile(_small_cmhsa(k, conv=True))
+    conv = model.stages[0].blocks[0].attn.conv
+    assert tuple(conv.weight.shape) == (3, 3, k, k) and conv.padding == (k // 2, k // 2)
+    assert sum(p.numel() for p in model.parameters()) == build_graph(model.spec).graph["params"]
+    # the 14x14 token-grid conv stays available under its own name
+    token = load_spec(SPEC_DIR / f"cmhsa_k{k}_conv.yaml").model_dump()
+    token["stages"][0]["mixer"] = f"token_conv{k}"
+    assert build_graph(load_spec(token)).nodes["stages.0.blocks.0"]["params"] == k * k * 768 * 768 + 768 + mlp_params
+
+
+def test_cmhsa_attention_phase_pads_one_ring_of_zero_tokens():
+    block = _graph("cmhsa_k3").nodes["stages.0.blocks.0"]
+    qkv = 768 * 3 * 9 * 768 + 3 * 9 * 768
+    assert block["params"] == qkv + 9 * 768 * 768 + 768 + 9 * 31 * 31 + 768 * 3072 * 2 + 3072 + 768 + 4 * 768
+    model = archspec.compile(_small_cmhsa(3, conv=False))  # 8x8 grid of 4x4x3 patches
+    mixer = model.stages[0].blocks[0].attn
+    assert mixer.pad == 1 and mixer.attn.grid == (10, 10) and mixer.attn.signed_biases.shape == (9, 19 * 19)
+    assert sum(p.numel() for p in model.parameters()) == build_graph(model.spec).graph["params"]
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def _small_cmhsa(k: int, conv: bool) -> dict:
+    """The shipped CMHSA spec at CPU scale: 32 px, 4x4x3 patches (d = 48), two layers, 10 classes."""
+    doc = load_spec(SPEC_DIR / f"cmhsa_k{k}{'_conv' if conv else ''}.yaml").model_dump()
+    doc["input"]["resolution"], doc["stem"]["patch_size"] = 32, 4
+    doc["stages"][0].update(depth=2, dim=48, head_dim=48)
+    doc["head"]["num_classes"] = 10
+    return doc
 
 
 def test_cmhsa_pair_differs_only_in_mixer():

@@ -661,7 +661,7 @@ stages:
   - depth: 2
     dim: 64
     heads: 4
-    mixer: conv15
+    mixer: token_conv15
 """, "stages[0].mixer.kernel", 10, "kernel 15 is larger than the 4x4 token grid", "at most 9", count=1),
 ]
 

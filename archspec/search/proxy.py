@@ -6,23 +6,20 @@ architecture; :func:`train_proxy` trains it for a fixed number of steps and retu
 
 from __future__ import annotations
 
-import math
-import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 
 from archspec.errors import SpecError
 from archspec.search.data import Dataset
 from archspec.loader import load_spec
 from archspec.spec import ArchSpec
+from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
+from archspec.train import TrainConfig, TrialFailure, failure, train
 
 __all__ = ["ProxyProtocol", "ProxyResult", "TrialFailure", "proxy_spec", "train_proxy"]
-
-_AUGMENTATIONS = ("none", "flip", "crop", "flip+crop")
 
 
 @dataclass
@@ -85,6 +82,12 @@ class ProxyProtocol:
         """JSON-ready dict of every setting."""
         return asdict(self)
 
+    def train_config(self) -> TrainConfig:
+        """The optimisation settings for :func:`archspec.train.train` (the one training loop), on the CPU."""
+        return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
+                           optimizer=self.optimizer, warmup_steps=self.warmup_steps, augmentation=self.augmentation,
+                           eval_every=self.eval_every, device="cpu")
+
 
 @dataclass
 class ProxyResult:
@@ -97,14 +100,6 @@ class ProxyResult:
     seconds: float
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, val accuracy) at every eval point
     model: Any = field(default=None, repr=False, compare=False)  # the trained ArchModel (eval mode), for ALS / alphas
-
-
-class TrialFailure(Exception):
-    """A candidate that cannot be trained: NaN/inf loss, an exception inside the model, out of memory."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,53 +223,13 @@ def _threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def _augment(x: torch.Tensor, mode: str, gen: torch.Generator) -> torch.Tensor:
-    b, _, h, w = x.shape
-    if "crop" in mode:
-        pad = max(h // 8, 1)
-        padded = F.pad(x, (pad, pad, pad, pad))
-        dy = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
-        dx = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
-        rows = (torch.arange(h)[None, :] + dy[:, None])  # (B, h)
-        cols = (torch.arange(w)[None, :] + dx[:, None])  # (B, w)
-        x = padded[torch.arange(b)[:, None, None, None], torch.arange(x.shape[1])[None, :, None, None],
-                   rows[:, None, :, None], cols[:, None, None, :]]
-    if "flip" in mode:
-        flip = torch.rand(b, generator=gen) < 0.5
-        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-    return x
-
-
-@torch.no_grad()
-def _evaluate(model: torch.nn.Module, data: Dataset, batch: int = 256) -> tuple[float, float]:
-    was = model.training
-    model.eval()
-    correct, loss_sum, n = 0, 0.0, 0
-    images, labels = data.val.tensors
-    for start in range(0, len(labels), batch):
-        x, y = images[start:start + batch], labels[start:start + batch]
-        logits = model(x)
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += (logits.argmax(dim=1) == y).sum().item()
-        n += len(y)
-    model.train(was)
-    return correct / max(n, 1), loss_sum / max(n, 1)
-
-
-def _failure(exc: BaseException, where: str) -> TrialFailure:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower() or isinstance(exc, torch.OutOfMemoryError):
-        return TrialFailure(f"out of memory {where}: {text[:300]}")
-    return TrialFailure(f"{type(exc).__name__} {where}: {text[:300]}")
-
-
 def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: int = 0,
                 report: Callable[[int, float], None] | None = None,
                 on_model: Callable[[torch.nn.Module], None] | None = None) -> ProxyResult:
     """Train ``proxy_spec(spec, ...)`` for ``protocol.steps`` steps and return its val top-1.
 
-    timm's optimizer factory (``create_optimizer_v2``, honouring ``model.no_weight_decay``) and a
-    linear-warm-up + cosine schedule; batches are drawn from seeded epoch permutations, augmentation
+    The training loop is :func:`archspec.train.train` (the package's one loop): timm's optimizer factory
+    (``create_optimizer_v2``, honouring ``model.no_weight_decay``) and a linear-warm-up + cosine schedule; batches are drawn from seeded epoch permutations, augmentation
     uses the same seeded generator, and the weights are initialised from ``seed`` (the spec's seed is
     replaced), so a run is deterministic given ``seed`` and the thread count.  The caller's RNG state
     and thread count are left as they were.
@@ -292,71 +247,20 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
         TrialFailure: NaN/inf loss, an exception inside the model (with its message), out of memory.
         SpecError: the spec cannot be adapted to the proxy.
     """
-    from timm.optim import create_optimizer_v2  # noqa: PLC0415
-
     from archspec.compiler import compile as compile_spec  # noqa: PLC0415
 
     pspec = proxy_spec(spec, data, protocol).model_copy(update={"seed": seed})
-    start_time = time.perf_counter()
-    images, labels = data.train.tensors
-    n_train = len(labels)
-    if n_train == 0:
+    if len(data.train) == 0:
         raise TrialFailure("the training set is empty")
-    history: list[tuple[int, float]] = []
     with _threads(protocol.threads), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
             model = compile_spec(pspec)
         except (RuntimeError, ValueError, MemoryError) as exc:
-            raise _failure(exc, "while building the model") from None
+            raise failure(exc, "while building the model") from None
         if on_model is not None:
             on_model(model)
-        model.train()
-        optimizer = create_optimizer_v2(model, opt=protocol.optimizer, lr=protocol.lr, weight_decay=protocol.weight_decay)
-        warm, total = protocol.warmup_steps, protocol.steps
-
-        def lr_factor(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            progress = (step - warm) / max(total - warm, 1)
-            return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-        gen = torch.Generator().manual_seed(seed)
-        order = torch.randperm(n_train, generator=gen)
-        cursor = 0
-        recent: list[float] = []
-        batch = min(protocol.batch_size, n_train)
-        for step in range(1, total + 1):
-            if cursor + batch > n_train:
-                order, cursor = torch.randperm(n_train, generator=gen), 0
-            idx = order[cursor:cursor + batch]
-            cursor += batch
-            x = _augment(images[idx], protocol.augmentation, gen) if protocol.augmentation != "none" else images[idx]
-            try:
-                logits = model(x)
-                loss = F.cross_entropy(logits, labels[idx])
-                if not torch.isfinite(loss):
-                    raise TrialFailure(f"loss became {loss.item()} at step {step}")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-            except TrialFailure:
-                raise
-            except (RuntimeError, ValueError, MemoryError, IndexError) as exc:
-                raise _failure(exc, f"at step {step}") from None
-            scheduler.step()
-            recent.append(loss.item())
-            recent = recent[-20:]
-            if step % protocol.eval_every == 0 or step == total:
-                try:
-                    accuracy, val_loss = _evaluate(model, data)
-                except (RuntimeError, ValueError, MemoryError) as exc:
-                    raise _failure(exc, f"while evaluating at step {step}") from None
-                if not math.isfinite(val_loss):
-                    raise TrialFailure(f"validation loss became {val_loss} at step {step}")
-                history.append((step, accuracy))
-                if report is not None:
-                    report(step, accuracy)
-    return ProxyResult(accuracy=history[-1][1], val_loss=val_loss, train_loss=sum(recent) / len(recent), steps=total,
-                       seconds=time.perf_counter() - start_time, history=history, model=model.eval())
+        result = train(model, data, protocol.train_config(), seed=seed, report=report)
+    return ProxyResult(accuracy=result.accuracy, val_loss=result.val_loss, train_loss=result.train_loss,
+                       steps=result.steps, seconds=result.seconds, history=[(s, a) for s, a, _ in result.history],
+                       model=model)

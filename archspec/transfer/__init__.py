@@ -1,0 +1,8 @@
+"""Weight transfers of the seed papers: CMHSA's exact conv-to-attention construction (App. A.2) with its
+two-phase training pipeline, and T-CNN's re-expression of a timm ResNet's 3x3 convolutions as GPSA layers."""
+
+from .cmhsa import DEFAULT_PEAK, TransferError, attention_spec, conv_to_attention_weights, conv_to_mhsa, patch_offsets
+from .tcnn import ConvGPSA, conv_gpsa_macs, gating_param_groups, tcnn, transformed_layers
+
+__all__ = ["DEFAULT_PEAK", "TransferError", "attention_spec", "conv_to_attention_weights", "conv_to_mhsa",
+           "patch_offsets", "ConvGPSA", "conv_gpsa_macs", "gating_param_groups", "tcnn", "transformed_layers"]

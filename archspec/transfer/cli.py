@@ -1,0 +1,241 @@
+"""``archspec two-phase``: CMHSA's two-phase training from the command line (see :mod:`.two_phase`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from archspec.errors import SpecError
+
+__all__ = ["add_transfer_parsers", "cmd_tcnn", "cmd_two_phase"]
+
+TWO_PHASE_DESCRIPTION = """\
+CMHSA's two-phase training (Li et al., "Can Vision Transformers Perform Convolution?", sec. 4.1, App. B):
+  1. train SPEC, a convolutional ViT (mixer: conv3 / conv5, a KxK conv on the pixel view of the tokens);
+  2. transfer every conv into 9-head self-attention by App. A.2's exact construction (the transferred
+     model's val accuracy at step 0 equals phase 1's; the report gives the max logit difference);
+  3. train the attention model; and (unless --no-baseline) the same attention model from random
+     initialisation for the steps of both phases together.
+Data: --data as for `archspec search` (default: scikit-learn's digits), resized to SPEC's input resolution;
+the classifier is sized to the data's classes.  Writes OUT/phase1 and OUT/phase2, each an archspec build
+directory (spec.yaml, model.safetensors, report.json; archspec.load reads them), and OUT/phase2/report.json
+holds the whole report (and OUT/baseline when trained).  Each must be missing, empty, or a build archspec
+wrote; anything else is refused before training starts."""
+
+
+def add_transfer_parsers(sub) -> None:
+    """Register ``archspec two-phase`` on the CLI's sub-parsers."""
+    p = sub.add_parser("two-phase", help="CMHSA two-phase training: conv phase, exact transfer, attention phase",
+                       description=TWO_PHASE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example: archspec two-phase specs/cmhsa_k3_conv_digits.yaml --steps1 300 --steps2 300")
+    p.add_argument("spec", metavar="SPEC", help="phase-1 spec (YAML file or shipped name) with conv mixers")
+    p.add_argument("--data", metavar="PATH", help="ImageFolder or CIFAR-10 directory (default: sklearn digits)")
+    p.add_argument("--max-images", type=int, metavar="N", help="keep at most N images (stratified)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: build/<phase-2 name>-two-phase)")
+    p.add_argument("--steps1", type=int, default=300, metavar="N", help="phase-1 steps (default 300)")
+    p.add_argument("--steps2", type=int, default=300, metavar="N", help="phase-2 steps (default 300)")
+    p.add_argument("--lr1", type=float, default=2e-3, help="phase-1 peak lr (default 2e-3)")
+    p.add_argument("--lr2", type=float, default=5e-4, help="phase-2 peak lr (default 5e-4)")
+    p.add_argument("--warmup1", type=int, default=20, metavar="N", help="phase-1 warm-up steps (default 20)")
+    p.add_argument("--warmup2", type=int, default=0, metavar="N",
+                   help="phase-2 warm-up steps (default 0: the transferred init needs none, sec. 4.3)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N")
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--augmentation", default="flip+crop", choices=["none", "flip", "crop", "flip+crop"])
+    p.add_argument("--peak", type=float, default=None, metavar="M", help="relative-bias peak of the transfer (40)")
+    p.add_argument("--seed", type=int, default=0, metavar="N")
+    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the random-init phase-2 baseline")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=cmd_two_phase)
+
+    t = sub.add_parser("tcnn", help="T-CNN: a timm ResNet's last-stage 3x3 convs as 9-head GPSA layers",
+                       description=TCNN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example: archspec tcnn resnetrs50 --checkpoint rs50.safetensors --out build/t-rs50")
+    t.add_argument("model", metavar="MODEL", help="timm ResNet-family model name (resnetrs50, resnet50d, ...)")
+    t.add_argument("--checkpoint", metavar="PATH", help="weights to load into MODEL (timm load_checkpoint)")
+    t.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (downloads from its hub)")
+    t.add_argument("--stages", nargs="+", default=["-1"], metavar="S",
+                   help="stages to transform: 1-4, layer4, or -1 for the last (default)")
+    t.add_argument("--alpha", type=float, default=1.0, help="initial locality strength (paper: 1)")
+    t.add_argument("--gating", type=float, default=1.0, help="initial gating lambda (paper: 1)")
+    t.add_argument("--no-stride-one", action="store_true", help="keep the stage's stride-2 conv (default: stride 1)")
+    t.add_argument("--resolution", type=int, default=224, metavar="N", help="input side for counts and checks")
+    t.add_argument("--num-classes", type=int, metavar="N", help="classifier size (default: the model's)")
+    t.add_argument("--out", metavar="DIR", help="output directory (default: build/t-<MODEL>)")
+    t.add_argument("--json", action="store_true", help="print the report as JSON")
+    t.set_defaults(handler=cmd_tcnn)
+
+
+TCNN_DESCRIPTION = """\
+T-CNN (d'Ascoli et al., "Transformed CNNs", sec. 2-3): re-express the 3x3 convolutions of MODEL's chosen stages
+(default the last) as 9-head GPSA layers -- W_val = I shared by the heads, W_out^h = kernel tap h, new W_qry
+and W_key, locality alpha (softplus, beta = 5) and gating lambda per head, explicit zero padding -- with the
+stage's first stride-2 conv made stride 1 (BoTNet).  Runs Grace Hopper's portrait through MODEL and, with
+alpha = lambda = 40 and the stride unchanged, through its transform, and reports the largest logit difference
+(the exactness of the construction), the parameter counts and the MACs at --resolution.  Writes OUT (default
+build/t-<MODEL>): spec.yaml (the T-CNN recipe: base model, stages, alpha, gating, stride), model.safetensors
+and report.json; archspec.transfer.load_tcnn(OUT) rebuilds the model.  OUT must be missing, empty or a
+directory archspec wrote."""
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("steps1", "steps2", "batch_size"):
+        if getattr(args, name) < 1:
+            raise SpecError.single(("--" + name.replace("_", "-"),), f"must be at least 1, got {getattr(args, name)}")
+    for name in ("warmup1", "warmup2"):
+        if getattr(args, name) < 0:
+            raise SpecError.single(("--" + name,), f"must be >= 0, got {getattr(args, name)}")
+    for name in ("lr1", "lr2"):
+        if not getattr(args, name) > 0:
+            raise SpecError.single(("--" + name,), f"must be positive, got {getattr(args, name)}")
+    if args.threads is not None and args.threads < 1:
+        raise SpecError.single(("--threads",), f"must be at least 1, got {args.threads}")
+
+
+def cmd_two_phase(args: argparse.Namespace) -> int:
+    """Validate everything (spec, data, output directories) before training; write the three builds."""
+    import torch
+
+    from archspec.builddir import check_out
+    from archspec.search.data import load_data
+    from archspec.loader import load_spec
+    from archspec.train import TrainConfig, TrialFailure, resolve_device
+    from archspec.transfer.cmhsa import DEFAULT_PEAK, TransferError, attention_spec
+    from archspec.transfer.two_phase import match_channels, two_phase
+
+    _check_args(args)
+    spec = load_spec(args.spec)
+    try:
+        phase2_name = attention_spec(spec).name
+    except TransferError as exc:
+        raise SpecError.single(("stages",), str(exc), "give a phase-1 spec, e.g. specs/cmhsa_k3_conv.yaml",
+                               args.spec) from None
+    try:
+        device = str(resolve_device(args.device))
+    except ValueError as exc:
+        raise SpecError.single(("--device",), str(exc)) from None
+    out = Path(args.out or Path("build") / f"{phase2_name}-two-phase")
+    names = ["phase1", "phase2"] + ([] if args.no_baseline else ["baseline"])
+    for name in names:
+        check_out(out / name)  # refuses what archspec did not write, before any training
+    data = load_data(args.data, spec.input.resolution[0], seed=args.seed, max_images=args.max_images)
+    data = match_channels(data, spec.input.channels)
+    common = {"batch_size": args.batch_size, "weight_decay": args.weight_decay, "augmentation": args.augmentation,
+              "device": device, "eval_every": 50}
+    phase1 = TrainConfig(steps=args.steps1, lr=args.lr1, warmup_steps=args.warmup1, **common)
+    phase2 = TrainConfig(steps=args.steps2, lr=args.lr2, warmup_steps=args.warmup2, **common)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        result = two_phase(spec, data, phase1, phase2, peak=DEFAULT_PEAK if args.peak is None else args.peak,
+                           seed=args.seed, baseline=not args.no_baseline)
+    except (TransferError, TrialFailure) as exc:
+        raise SpecError.single((), str(exc), None, args.spec) from None
+    _write(out, result, names)
+    report = result.report
+    print(json.dumps(report, indent=2) if args.json else _table(report, out))
+    return 0
+
+
+def _write(out: Path, result, names: list[str]) -> None:
+    from archspec.artifact import save
+    from archspec.builddir import write_build
+
+    models = {"phase1": result.phase1, "phase2": result.phase2, "baseline": result.baseline}
+    for name in names:
+        model = models[name].cpu()
+        report = {"two_phase": name, **({k: v for k, v in result.report.items()} if name == "phase2" else
+                                        {k: result.report[k] for k in ("data", "seed", name)})}
+        write_build(out / name, lambda d, m=model: save(m, d), report)
+
+
+def _table(report: dict, out: Path) -> str:
+    rows = [("phase 1 (conv)", report["phase1"]["steps"], report["phase1"]["accuracy"]),
+            ("phase 2 at step 0 (transferred)", 0, report["transfer"]["accuracy_step0"]),
+            ("phase 2 (attention)", report["phase2"]["steps"], report["phase2"]["accuracy"])]
+    if report["baseline"] is not None:
+        rows.append(("attention from random init", report["baseline"]["steps"], report["baseline"]["accuracy"]))
+    lines = [f"data: {report['data']['name']} ({report['data']['train']} train / {report['data']['val']} val, "
+             f"{report['data']['image_size']} px)   transfer peak {report['peak']}: max |logit difference| "
+             f"{report['transfer']['max_logit_error']:.2e}", f"{'run':<34}{'steps':>7}{'val top-1':>11}"]
+    lines += [f"{name:<34}{steps:>7}{acc:>11.4f}" for name, steps, acc in rows]
+    lines.append(f"wrote {out}/{{phase1,phase2{',baseline' if report['baseline'] else ''}}}")
+    return "\n".join(lines)
+
+
+def cmd_tcnn(args: argparse.Namespace) -> int:
+    """Convert, check exactness on a real photograph, count, and write the T-CNN (nothing written on error)."""
+    import timm
+    import torch
+    import yaml
+    from safetensors.torch import save_model
+
+    from archspec.builddir import check_out, write_build
+    from archspec.image import load_image
+    from archspec.transfer.cmhsa import TransferError
+    from archspec.transfer.tcnn import count_macs, tcnn_from_recipe, transformed_layers
+
+    if not timm.is_model(args.model):
+        raise SpecError.single(("MODEL",), f"timm has no model {args.model!r}", "e.g. resnetrs50, resnet50d, resnet18")
+    if args.resolution < 32 or (args.num_classes is not None and args.num_classes < 1):
+        raise SpecError.single(("--resolution",), "the resolution must be >= 32 and --num-classes >= 1")
+    stages = [int(s) if s.lstrip("-").isdigit() else s for s in args.stages]
+    recipe = {"base": args.model, "stages": stages, "alpha": args.alpha, "gating": args.gating,
+              "stride_one": not args.no_stride_one, "num_classes": args.num_classes}
+    out = Path(args.out or Path("build") / f"t-{args.model}")
+    check_out(out)
+    try:
+        base = tcnn_from_recipe({**recipe, "stages": []}, pretrained=args.pretrained)  # the CNN itself
+        if args.checkpoint:
+            timm.models.load_checkpoint(base, args.checkpoint)
+        model = _transform(base, recipe)
+        exact = _transform(base, {**recipe, "stride_one": False})
+    except TransferError as exc:
+        raise SpecError.single(("MODEL",), str(exc), None, args.model) from None
+    except (OSError, RuntimeError, KeyError) as exc:
+        raise SpecError.single(("--checkpoint",), f"cannot load: {str(exc).splitlines()[0][:300]}") from None
+    for layer in transformed_layers(exact):
+        layer.set_exact(40.0, 40.0)
+    x = load_image(None, (args.resolution, args.resolution), 3)  # (1, 3, R, R)
+    layer_errors = []  # each GPSA layer against its own conv on the features it sees (meaningful even where a
+    hooks = [layer.register_forward_hook(  # random init zeroes a residual branch and so hides it from the logits)
+        lambda m, inp, out: layer_errors.append((out - m.conv_reference(inp[0])).abs().max().item()))
+        for layer in transformed_layers(exact)]
+    with torch.no_grad():
+        ref = base.eval()(x)
+        error = (exact.eval()(x) - ref).abs().max().item()
+    for hook in hooks:
+        hook.remove()
+    params = {"cnn": sum(p.numel() for p in base.parameters()), "tcnn": sum(p.numel() for p in model.parameters())}
+    macs = {"cnn": count_macs(base, x), "tcnn": count_macs(model.eval(), x)}
+    report = {"tcnn": recipe, "resolution": args.resolution, "gpsa_layers": len(transformed_layers(model)),
+              "params": params, "macs": macs, "exactness_max_logit_error": error,
+              "exactness_max_layer_error": max(layer_errors),
+              "exactness_setting": "alpha = lambda = 40, stride unchanged, Grace Hopper's portrait",
+              "logit_scale": ref.abs().max().item()}
+
+    def fill(directory: Path) -> None:
+        (directory / "spec.yaml").write_text(yaml.safe_dump({"tcnn": recipe}, sort_keys=False), encoding="utf-8")
+        save_model(model, str(directory / "model.safetensors"))
+
+    write_build(out, fill, report)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"T-CNN of {args.model}: {report['gpsa_layers']} GPSA layers in stages {stages}\n"
+              f"params {params['cnn']:,} -> {params['tcnn']:,}   MACs at {args.resolution} px "
+              f"{macs['cnn'] / 1e9:.2f}G -> {macs['tcnn'] / 1e9:.2f}G\n"
+              f"exactness (alpha = lambda = 40, stride kept): max |logit difference| {error:.2e} "
+              f"(logits up to {report['logit_scale']:.2f}), max |GPSA - its conv| per layer {max(layer_errors):.2e}\n"
+              f"wrote {out}")
+    return 0
+
+
+def _transform(base, recipe: dict):
+    from archspec.transfer.tcnn import tcnn
+
+    return tcnn(base, stages=recipe["stages"], alpha=recipe["alpha"], gating=recipe["gating"],
+                stride_one=recipe["stride_one"])

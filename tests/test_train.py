@@ -1,0 +1,64 @@
+"""archspec.train: the package's one training loop (used by the search's proxy and the two-phase pipeline)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import archspec
+from archspec.search import proxy
+from archspec.search.data import load_data
+from archspec.train import TrainConfig, TrialFailure, resolve_device, train
+
+TINY = """
+name: t
+input: {resolution: 16}
+stem: {kind: patch, patch_size: 4}
+tokens: {cls_token: none, pos_embed: learned}
+stages:
+  - {depth: 1, dim: 16, heads: 2, mlp_ratio: 2}
+head: {pool: mean, num_classes: 10}
+"""
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_data(None, 16, seed=0, max_images=200)
+
+
+def _run(data, seed=0, **kw):
+    torch.manual_seed(0)
+    model = archspec.compile(TINY)
+    config = TrainConfig(steps=30, batch_size=16, lr=3e-3, warmup_steps=3, eval_every=10, **kw)
+    return model, train(model, data, config, seed=seed)
+
+
+def test_loss_falls_and_runs_are_reproducible(one_thread, digits):
+    model, first = _run(digits)
+    _, again = _run(digits)
+    losses = [loss for _, _, loss in first.history]
+    assert losses[-1] < losses[0] and first.accuracy > 0.1  # chance is 0.1
+    assert first.history == again.history and first.val_loss == again.val_loss
+    assert not model.training and [s for s, _, _ in first.history] == [10, 20, 30]
+    _, other = _run(digits, seed=1)
+    assert other.history != first.history
+
+
+def test_the_search_trains_with_this_loop(one_thread, digits, monkeypatch):
+    calls = []
+    monkeypatch.setattr(proxy, "train", lambda *a, **k: calls.append(a) or train(*a, **k))
+    result = proxy.train_proxy(archspec.load_spec(TINY), digits,
+                               proxy.ProxyProtocol(image_size=16, steps=2, eval_every=2, min_grid=2), seed=0)
+    assert len(calls) == 1 and result.steps == 2
+
+
+def test_devices_and_failures(one_thread, digits):
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device"):
+        resolve_device("mps:0" if not torch.cuda.is_available() else "meta")
+    model = archspec.compile(TINY)
+    with torch.no_grad():
+        model.head.weight.fill_(float("nan"))
+    with pytest.raises(TrialFailure, match="loss became nan at step 1"):
+        train(model, digits, TrainConfig(steps=2, eval_every=1))
