@@ -53,6 +53,12 @@ def coerce_heads(heads: Sequence[HeadSpec | str | dict]) -> tuple[HeadSpec, ...]
     return out
 
 
+def _usable(cached: Tensor | None) -> bool:
+    """A cached constant can be reused: it exists, and it was not made under ``inference_mode`` unless we are in it
+    (autograd refuses to save inference tensors for backward)."""
+    return cached is not None and (not cached.is_inference() or torch.is_inference_mode_enabled())
+
+
 class Attention(nn.Module):
     """Multi-head self-attention whose heads each compose MHSA, GPSA, a relative bias and a MaiT mask.
 
@@ -367,7 +373,7 @@ class Attention(nn.Module):
         if not (self.abs_bias_heads or self.signed_bias_heads):
             return None
         # In eval mode the bias is a constant: build it once per device, as timm's LeViT does.
-        if not self.training and self._bias_cache is not None and self._bias_cache.device == self.attention_bias_device:
+        if not self.training and _usable(self._bias_cache) and self._bias_cache.device == self.attention_bias_device:
             return self._bias_cache
         bias = self._build_position_bias()
         self._bias_cache = None if self.training else bias.detach()
@@ -413,7 +419,7 @@ class Attention(nn.Module):
         N = self.num_tokens
         if self.hard_heads and not self.soft_heads:  # constant: cache per dtype and device
             cached = self._mult_cache
-            if cached is None or cached.dtype != dtype or cached.device != self.attn_masks.device:
+            if not _usable(cached) or cached.dtype != dtype or cached.device != self.attn_masks.device:
                 cached = torch.ones(self.num_heads, N, N, dtype=dtype, device=self.attn_masks.device)
                 cached[self.hard_heads] = self.attn_masks.to(dtype)[[self.mask_heads.index(i) for i in self.hard_heads]]
                 self._mult_cache = cached
@@ -445,18 +451,23 @@ class Attention(nn.Module):
         if not self.gpsa_heads:
             raise ValueError("this attention layer has no GPSA head")
         cached = self._positional_cache
-        if not self.training and cached is not None and cached.device == self.pos_proj.weight.device:
+        if not self.training and _usable(cached) and cached.device == self.pos_proj.weight.device:
             return cached
         pos = self.pos_proj(self.rel_indices.to(self.pos_proj.weight.dtype)).permute(2, 0, 1).softmax(dim=-1)
         self._positional_cache = None if self.training else pos.detach()
         return pos
+
+    @property
+    def attn_device(self) -> torch.device:
+        """Device of the layer's weights."""
+        return next(self.parameters()).device
 
     def _additive_mask(self, dtype: torch.dtype) -> Tensor | None:
         """Additive float mask ``(H, N, N)`` for SDPA: relative biases, ``-inf`` on strict non-neighbours; or None.
 
         Cached in eval mode per dtype and device (it is a constant then)."""
         cached = self._additive_cache
-        if not self.training and cached is not None and cached.dtype == dtype:
+        if not self.training and _usable(cached) and cached.dtype == dtype and cached.device == self.attn_device:
             return cached
         mask = self.position_bias()
         if mask is not None:

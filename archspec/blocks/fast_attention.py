@@ -118,8 +118,8 @@ def hard_window_attention(q: Tensor, k: Tensor, v: Tensor, grid: tuple[int, int]
     q_grid = (q[:, :, p:] * scale).reshape(B, h, rows, cols, -1)
     keys = _window_views(k[:, :, p:], grid, window)
     logits = [torch.stack([(q_grid * key).sum(-1) for key in keys], dim=-1) + tables["outside"]]
-    if p:
-        logits.insert(0, q_grid @ k[:, :, :p].transpose(-2, -1).unsqueeze(2))  # (B, h, H, W, p)
+    if p:  # one (H*W, d) @ (d, p) matmul per head
+        logits.insert(0, (q_grid.flatten(2, 3) @ k[:, :, :p].transpose(-2, -1)).view(B, h, rows, cols, p))
     n0 = tables["n0"]
     logits.append(n0.log().expand(B, h, rows, cols, 1))  # log(0) = -inf: no non-neighbours, no virtual key
     probs = torch.cat(logits, dim=-1).softmax(dim=-1)
@@ -127,13 +127,12 @@ def hard_window_attention(q: Tensor, k: Tensor, v: Tensor, grid: tuple[int, int]
     per_non_neighbour = probs[..., -1:] / n0.clamp(min=1)
     coeff = probs[..., :-1] - per_non_neighbour
     out = per_non_neighbour * v.sum(dim=2).view(B, h, 1, 1, -1)
-    if p:
-        out = out + coeff[..., :p] @ v[:, :, :p].unsqueeze(2)
     for cell, value in enumerate(_window_views(v[:, :, p:], grid, window)):
-        out = out + coeff[..., p + cell:p + cell + 1] * value
+        out = out.addcmul_(coeff[..., p + cell:p + cell + 1], value)  # in place: autograd needs no old `out`
     out = out.reshape(B, h, rows * cols, -1)
     if not p:
         return out
+    out = out + coeff[..., :p].reshape(B, h, rows * cols, p) @ v[:, :, :p]
     prefix_out = F.scaled_dot_product_attention(q[:, :, :p], k, v, scale=scale)
     return torch.cat([prefix_out, out], dim=2)
 
