@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--seed", type=int, metavar="N", help="override the spec's initialisation seed")
     build.add_argument("--repeats", type=int, default=10, metavar="N",
                        help="timed forward passes for the latency median (default: 10, after 2 warm-up runs)")
+    build.add_argument("--fuse", action="store_true",
+                       help="also fold every BatchNorm into its linear/conv (LeViT sec. 5.3) and time the folded model; "
+                            "the saved weights stay unfolded (model.fuse() after archspec.load)")
     build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     build.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
@@ -238,6 +241,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         logits = model(x)
     latency = median_forward_ms(model, x, repeats=args.repeats)
+    fused = _fused_report(model, x, logits, args.repeats) if args.fuse else None
     report = {
         **analysis.to_dict(),
         "image": str(Path(args.image) if args.image else default_image_path()),
@@ -247,6 +251,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                              "warmup": 2, "repeats": args.repeats, "statistic": "median"},
         "seed": spec.seed,
         "out": str(out),
+        **({"fused": fused} if fused else {}),
     }
     try:
         report, warning = builddir.write_build(out, lambda d: artifact.save(model.cpu(), d), report)
@@ -265,9 +270,27 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"input {tuple(x.shape)} from {Path(report['image']).name}   output {tuple(logits.shape)}\n"
         f"forward latency {latency:.1f} ms (median of {args.repeats}, batch 1, {device}, "
         f"{torch.get_num_threads()} threads)   initial weights: seed {spec.seed}\n"
-        f"wrote {out}/: spec.yaml, report.json, model.safetensors   (archspec.load('{out}') rebuilds it)"
+        + (f"folded (--fuse): {fused['batchnorms_folded']} BatchNorms folded, params {fused['params']:,}, "
+           f"latency {fused['latency_ms']:.1f} ms, max |logit diff| {fused['max_abs_logit_diff']:.1e}\n" if fused else "")
+        + f"wrote {out}/: spec.yaml, report.json, model.safetensors   (archspec.load('{out}') rebuilds it)"
     )
     return 0
+
+
+def _fused_report(model, x, logits, repeats: int) -> dict:
+    """``--fuse``: fold the BatchNorms of ``model`` (LeViT sec. 5.3), check it against ``logits`` and time it (ms)."""
+    import torch
+
+    from archspec.fuse import count_batchnorms
+    from archspec.timing import median_forward_ms
+
+    folded = model.fuse()
+    with torch.inference_mode():
+        diff = (folded(x) - logits).abs().max().item()
+    return {"batchnorms_folded": count_batchnorms(model) - count_batchnorms(folded),
+            "params": sum(p.numel() for p in folded.parameters()),
+            "latency_ms": round(median_forward_ms(folded, x, repeats=repeats), 3),
+            "max_abs_logit_diff": diff}
 
 
 def cmd_list(args: argparse.Namespace) -> int:
