@@ -159,10 +159,11 @@ def _table(analysis, title: str):
                f"{format_bytes(analysis.weight_bytes)} + buffers {format_bytes(analysis.buffer_bytes)}")
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for column, justify in (("layer", "left"), ("kind", "left"), ("heads", "left"), ("tokens", "right"),
-                            ("dim", "right"), ("params", "right"), ("MACs", "right")):
+                            ("dim", "right"), ("params", "right"), ("MACs", "right"), ("MACs executed", "right")):
         table.add_column(column, justify=justify)
     for row in analysis.rows:
-        table.add_row(row.layer, row.kind, row.heads, str(row.tokens), str(row.dim), human(row.params), human(row.macs))
+        table.add_row(row.layer, row.kind, row.heads, str(row.tokens), str(row.dim), human(row.params), human(row.macs),
+                      human(row.macs_executed))
     return table
 
 
@@ -266,7 +267,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     console = _console()
     console.print(_table(analysis, f"{spec.name}  ({spec.source or 'user spec'})"))
     console.print(
-        f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image   "
+        f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image "
+        f"({human(analysis.macs_executed)} executed: linear-time hard masks)   "
         f"input {tuple(x.shape)} from {Path(report['image']).name}   output {tuple(logits.shape)}\n"
         f"forward latency {latency:.1f} ms (median of {args.repeats}, batch 1, {device}, "
         f"{torch.get_num_threads()} threads)   initial weights: seed {spec.seed}\n"

@@ -156,3 +156,21 @@ def test_rebuilding_grid_tables_keeps_the_layer_exact():
     clone = copy.deepcopy(layer)
     clone._build_grid_tables((5, 7))
     torch.testing.assert_close(clone(x), want)
+
+
+def test_analyze_reports_executed_macs_of_linear_time_heads():
+    """Papers' totals unchanged; executed MACs drop by N^2 (qk+v) - window cost for each linear-time head (by hand)."""
+    from archspec.analysis import analyze
+    from archspec.spec import load_spec
+
+    spec = load_spec("mait_tiny_sch2").model_dump(mode="json", exclude_none=True)
+    small = analyze(spec)
+    assert small.macs_executed == small.macs  # 14x14 grid: under the crossover, masked heads run dense
+    spec["input"]["resolution"] = 512
+    large = analyze(spec)
+    n, d = 1025, 64
+    window_head = 1024 * (1 + 9) * 2 * d + 1 * n * 2 * d + n * d  # patch queries, class query, value sum
+    masked_heads = 8 * 2 + 12 * 1  # Sch.2: layers 0-7 two masked heads, 8-19 one
+    assert large.macs - large.macs_executed == masked_heads * (n * n * 2 * d - window_head)
+    first = next(row for row in large.rows if row.layer == "stages.0.blocks.0")
+    assert first.macs - first.macs_executed == 2 * (n * n * 2 * d - window_head)

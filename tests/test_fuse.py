@@ -51,3 +51,15 @@ def test_build_fuse_reports_the_folded_model(tmp_path, capsys, one_thread):
     assert report["fused"]["batchnorms_folded"] > 0 and report["fused"]["max_abs_logit_diff"] < 1e-5
     assert report["fused"]["params"] < report["params"]
     assert any(key.endswith(".bn.running_var") for key in archspec.load(out).state_dict())  # saved unfolded
+
+
+def test_analyze_counts_the_folded_model(one_thread):
+    from archspec.analysis import analyze
+
+    model = _small_levit()
+    spec = load_spec("levit_128s").model_dump(mode="json", exclude_none=True)
+    spec["input"]["resolution"] = 64
+    analysis = analyze(spec)
+    assert analysis.params == sum(p.numel() for p in model.parameters())
+    assert analysis.params_folded == sum(p.numel() for p in model.fuse().parameters())
+    assert analysis.macs_executed == analysis.macs  # no masked heads: BatchNorm is 0 MACs either way

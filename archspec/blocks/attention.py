@@ -26,9 +26,10 @@ from timm.layers import trunc_normal_
 from timm.models.levit import LinearNorm
 from torch import Tensor, nn
 
+from archspec.executed_macs import hard_head_on_window_path
 from archspec.heads import HeadSpec
 
-from .fast_attention import flex_masked_attention, gpsa_attention, hard_window_attention, window_path_pays, window_tables
+from .fast_attention import flex_masked_attention, gpsa_attention, hard_window_attention, window_tables
 from .masks import alpha_to_logit, soft_mask_scale, window_mask
 from .position import conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, signed_bias_idxs
 
@@ -328,8 +329,8 @@ class Attention(nn.Module):
         if self.attn_impl == "flex" and spec.gpsa is None:
             return ("flex",)
         window = tuple(spec.mask.window)
-        linear_ok = mode == "hard" and spec.gpsa is None and spec.rel_bias is None
-        if linear_ok and (self.attn_impl == "fast" or window_path_pays(self.num_patches, window)):
+        plain_hard = mode == "hard" and spec.gpsa is None and spec.rel_bias is None
+        if plain_hard and (self.attn_impl == "fast" or hard_head_on_window_path(spec, self.num_patches)):
             return ("window", window)
         return ("dense",)
 

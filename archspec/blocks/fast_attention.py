@@ -24,38 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from archspec.executed_macs import window_attention_macs, window_path_pays
+
 __all__ = ["window_tables", "hard_window_attention", "gpsa_attention", "window_path_pays",
            "window_attention_macs", "flex_masked_attention"]
-
-# Crossover measured with bench/speed.py --kernels (2 heads of 64, batch 1, one CPU thread, torch 2.14): the
-# eager window path overtakes the dense path at about 250 patches for a 3x3 window and 350 for 5x5.
-_CROSSOVER_BASE_PATCHES = 200
-_CROSSOVER_PATCHES_PER_WINDOW_CELL = 6
-
-
-def window_path_pays(num_patches: int, window: tuple[int, int]) -> bool:
-    """Whether the linear-time hard-mask path is expected to beat the dense path on CPU.
-
-    Rule (our measurement, see the module constants): ``num_patches >= 200 + 6 * rows * cols`` (3x3: 254
-    patches, 16x16 grid and up; 5x5: 350).  Below it the window path's ~30 small ops cost more than the
-    ``N^2`` work they save.
-    """
-    rows, cols = window
-    return num_patches >= _CROSSOVER_BASE_PATCHES + _CROSSOVER_PATCHES_PER_WINDOW_CELL * rows * cols
-
-
-def window_attention_macs(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int,
-                          qk_dim: int, v_dim: int) -> int:
-    """MACs of one hard-masked head as :func:`hard_window_attention` executes it, per image.
-
-    Patch queries: ``(prefix + window cells) * (qk_dim + v_dim)`` each, plus one ``v_dim`` for the global
-    value sum per token; prefix queries attend to all ``N`` tokens: ``N * (qk_dim + v_dim)`` each.
-    Border windows are counted full (the padded cells are computed and discarded).
-    """
-    n_patches = grid[0] * grid[1]
-    n = num_prefix_tokens + n_patches
-    per_patch_query = (num_prefix_tokens + window[0] * window[1]) * (qk_dim + v_dim)
-    return n_patches * per_patch_query + num_prefix_tokens * n * (qk_dim + v_dim) + n * v_dim
 
 
 def window_tables(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int) -> dict[str, Tensor]:
