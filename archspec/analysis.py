@@ -3,7 +3,7 @@
 MACs follow the papers' "FLOPs" convention (multiply-accumulates; attention matmuls included), see
 :mod:`archspec.graph` for the exact counting rules.  ``macs_executed`` is what the compiled model runs with
 ``attn_impl='auto'``: hard-masked heads on the linear-time path (MaiT sec. 5.3, :mod:`archspec.executed_macs`)
-count their window work instead of ``N^2``.  BatchNorm counts 0 MACs in both (it is an affine map per element,
+count their window work instead of ``N^2``; GPSA heads add their ``P @ v`` (``N^2 v_dim``).  BatchNorm counts 0 MACs in both (it is an affine map per element,
 folded away entirely by ``model.fuse()``); ``params_folded`` is the parameter count after that fold.
 """
 
@@ -28,7 +28,7 @@ class LayerRow:
     dim: int     # width C after the node
     params: int
     macs: int    # multiply-accumulates per image (papers' convention)
-    macs_executed: int = 0  # multiply-accumulates per image as executed (linear-time hard-mask heads)
+    macs_executed: int = 0  # multiply-accumulates per image as executed (linear-time masks, GPSA as SDPA + P V)
 
 
 @dataclass

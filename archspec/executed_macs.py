@@ -2,12 +2,15 @@
 
 The papers' convention (:mod:`archspec.graph`) counts every head's ``QK^T`` and ``AV`` as ``N^2 (qk_dim + v_dim)``.
 A hard-masked head on the linear-time path (:func:`archspec.blocks.fast_attention.hard_window_attention`,
-MaiT sec. 5.3) computes far less; these functions say when that path is taken and what it costs.
+MaiT sec. 5.3) computes far less; a GPSA head on the ``(1 - g) SDPA + g P V`` path computes ``N^2 v_dim`` more
+(the ``P V`` product; it still runs faster than the explicit mixture).  These functions say when each path
+is taken and what it costs.
 """
 
 from __future__ import annotations
 
-__all__ = ["window_path_pays", "window_attention_macs", "hard_head_on_window_path"]
+__all__ = ["window_path_pays", "window_attention_macs", "hard_head_on_window_path", "gpsa_head_on_sdpa_path",
+           "attention_macs_change"]
 
 # Crossover measured with timings like bench/speed.py --part kernel (2 heads of 64, batch 1, one CPU thread,
 # torch 2.14): the eager window path overtakes the dense path at about 250 patches for a 3x3 window, 350 for 5x5.
@@ -45,3 +48,26 @@ def window_attention_macs(grid: tuple[int, int], window: tuple[int, int], num_pr
     n = num_prefix_tokens + n_patches
     per_patch_query = (num_prefix_tokens + window[0] * window[1]) * (qk_dim + v_dim)
     return n_patches * per_patch_query + num_prefix_tokens * n * (qk_dim + v_dim) + n * v_dim
+
+
+def gpsa_head_on_sdpa_path(head) -> bool:
+    """Whether a GPSA head runs as ``(1 - g) SDPA(q, k, v) + g (P @ v)`` (no hard/soft mask on its content)."""
+    return head.gpsa is not None and (head.mask is None or head.mask.mode == "strict")
+
+
+def attention_macs_change(heads, qk_dim: int, v_dim: int, grid: tuple[int, int], n_prefix: int) -> int:
+    """Executed minus papers' MACs per image of one attention layer under ``attn_impl='auto'``.
+
+    Each linear-time hard head: ``window_attention_macs - N^2 (qk_dim + v_dim)`` (negative); each GPSA head on the
+    SDPA path: ``+ N^2 v_dim`` (its ``P @ v``).  ``heads`` are :class:`~archspec.heads.HeadSpec` objects.
+    """
+    n_patches = grid[0] * grid[1]
+    n = n_prefix + n_patches
+    change = 0
+    for head in heads:
+        if hard_head_on_window_path(head, n_patches):
+            change += window_attention_macs(grid, tuple(head.mask.window), n_prefix, qk_dim, v_dim)
+            change -= n * n * (qk_dim + v_dim)
+        elif gpsa_head_on_sdpa_path(head):
+            change += n * n * v_dim
+    return change

@@ -56,7 +56,7 @@ from typing import Any
 import networkx as nx
 
 from archspec.errors import Problem, SpecError
-from archspec.executed_macs import hard_head_on_window_path, window_attention_macs
+from archspec.executed_macs import attention_macs_change
 from archspec.heads import HeadSpec
 from archspec.memory import (F32, NodeMemory, attention_memory, concat_memory, conv_mixer_memory, format_bytes,
                              head_memory, mlp_memory, shrink_memory, stem_memory)
@@ -123,16 +123,6 @@ def attention_counts(dim: int, heads: list[HeadSpec], dims: AttnDims, grid: tupl
     params += n_abs * rows * cols + n_signed * (2 * rows - 1) * (2 * cols - 1)
     params += sum(h.mask is not None and h.mask.mode == "soft" for h in heads)
     return params, macs
-
-
-def attention_macs_saved(heads: list[HeadSpec], dims: AttnDims, grid: tuple[int, int], n_prefix: int) -> int:
-    """MACs per image that the linear-time hard-mask heads skip (``attn_impl='auto'``, see
-    :mod:`archspec.executed_macs`): the papers' ``N^2 (qk_dim + v_dim)`` minus what the window path executes."""
-    n_patches = grid[0] * grid[1]
-    n = n_prefix + n_patches
-    return sum(n * n * (dims.qk_dim + dims.v_dim)
-               - window_attention_macs(grid, tuple(h.mask.window), n_prefix, dims.qk_dim, dims.v_dim)
-               for h in heads if hard_head_on_window_path(h, n_patches))
 
 
 def shrink_counts(in_dim: int, out_dim: int, heads: int, key_dim: int, attn_ratio: float, mlp_ratio: float,
@@ -533,7 +523,7 @@ def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims,
         mix_memory = conv_mixer_memory(n_tokens, dim)
     else:
         p_mix, m_mix = attention_counts(dim, plan.heads, dims, grid, flow.n_prefix, stage.qkv_bias, batchnorm)
-        m_mix_executed = m_mix - attention_macs_saved(plan.heads, dims, grid, flow.n_prefix)
+        m_mix_executed = m_mix + attention_macs_change(plan.heads, dims.qk_dim, dims.v_dim, grid, flow.n_prefix)
         label, heads_str = ("levit" if batchnorm else "attn"), " ".join(h.letter for h in plan.heads)
         mix_memory = attention_memory(n_tokens, n_patches, dim, plan.heads, dims.qk_dim, dims.v_dim, batchnorm)
         if batchnorm:

@@ -26,7 +26,7 @@ from timm.layers import trunc_normal_
 from timm.models.levit import LinearNorm
 from torch import Tensor, nn
 
-from archspec.executed_macs import hard_head_on_window_path
+from archspec.executed_macs import gpsa_head_on_sdpa_path, hard_head_on_window_path
 from archspec.heads import HeadSpec
 
 from .fast_attention import flex_masked_attention, gpsa_attention, hard_window_attention, window_tables
@@ -324,8 +324,10 @@ class Attention(nn.Module):
         """Path of one head under ``attn_impl`` (not ``'dense'``): a hashable group key."""
         spec = self.head_specs[head]
         mode = spec.mask.mode if spec.mask is not None else None
+        if gpsa_head_on_sdpa_path(spec):
+            return ("gpsa",)
         if mode in (None, "strict"):
-            return ("gpsa",) if spec.gpsa is not None else ("sdpa",)
+            return ("sdpa",)
         if self.attn_impl == "flex" and spec.gpsa is None:
             return ("flex",)
         window = tuple(spec.mask.window)
