@@ -486,17 +486,16 @@ class Attention(nn.Module):
         """Explicit (dense reference) path: final attention probabilities ``(B, h, N, N)`` before dropout.
 
         ``q``, ``k`` hold the heads ``heads`` (all heads when None), in that order."""
-        every = heads is None or len(heads) == self.num_heads
         heads = list(range(self.num_heads)) if heads is None else heads
         attn = (q @ k.transpose(-2, -1)) * self.scale
         bias = self.position_bias()
         if bias is not None:
-            attn = attn + (bias if every else bias[heads]).to(attn.dtype)
+            attn = attn + self._heads(bias, heads, dim=0).to(attn.dtype)
         mult, block = self._mask_terms(attn.dtype)
         if mult is not None:
-            attn = attn * (mult if every else mult[heads])
+            attn = attn * self._heads(mult, heads, dim=0)
         if block is not None:
-            attn = attn.masked_fill(block if every else block[heads], float("-inf"))
+            attn = attn.masked_fill(self._heads(block, heads, dim=0), float("-inf"))
         attn = attn.softmax(dim=-1)
         local = [pos for pos, h in enumerate(heads) if h in self.gpsa_heads]
         if local:
@@ -526,7 +525,6 @@ class Attention(nn.Module):
 
     def _group_forward(self, key: tuple, heads: list[int], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Output ``(B, len(heads), N, v_dim)`` of one group of heads on its path (see :meth:`_head_path`)."""
-        every = len(heads) == self.num_heads
         kind = key[0]
         if kind == "window":
             prefix = f"window{key[1][0]}x{key[1][1]}_"
@@ -535,8 +533,8 @@ class Attention(nn.Module):
         if kind == "dense":
             return self.attn_drop(self._probs(q, k, heads)) @ v
         mask = self._additive_mask(q.dtype)
-        if mask is not None and not every:
-            mask = mask[heads]
+        if mask is not None:
+            mask = self._heads(mask, heads, dim=0)
         if kind == "gpsa":
             rows = [self.gpsa_heads.index(h) for h in heads]
             gpsa_all = len(rows) == len(self.gpsa_heads)
@@ -562,11 +560,12 @@ class Attention(nn.Module):
         return flex_masked_attention(q, k, v, self.scale, self.attn_masks[sel], scale,
                                      None if bias is None else bias[heads].to(q.dtype))
 
-    def _heads(self, t: Tensor, heads: list[int]) -> Tensor:
-        """The heads ``heads`` of ``t`` ``(B, H, N, d)``: a view when they are contiguous."""
+    def _heads(self, t: Tensor, heads: list[int], dim: int = 1) -> Tensor:
+        """The heads ``heads`` of ``t`` along ``dim`` (``(B, H, N, d)``: 1; ``(H, N, N)`` tables: 0; ``H = num_heads``):
+        a view (no copy) when they are contiguous, ``t`` itself when they are all heads in order."""
         if heads == list(range(heads[0], heads[-1] + 1)):
-            return t[:, heads[0]:heads[-1] + 1]
-        return t[:, heads]
+            return t if len(heads) == self.num_heads else t.narrow(dim, heads[0], len(heads))
+        return t.index_select(dim, torch.tensor(heads, device=t.device))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """``(B, H, N, v_dim)`` on the planned paths; the dense reference when ``attn_impl == 'dense'`` or when
