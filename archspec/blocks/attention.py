@@ -304,7 +304,7 @@ class Attention(nn.Module):
 
     def _drop_caches(self) -> None:
         self._bias_cache: Tensor | None = None
-        self._mult_cache: Tensor | None = None
+        self._zero_cache: Tensor | None = None
         self._additive_cache: Tensor | None = None
         self._positional_cache: Tensor | None = None
 
@@ -416,30 +416,27 @@ class Attention(nn.Module):
         """``sigmoid(gating_param)`` per GPSA head ``(n_gpsa,)``: the weight of positional attention, or ``None``."""
         return torch.sigmoid(self.gating_param) if self.gpsa_heads else None
 
-    def _mask_terms(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
-        """(multiplier ``(H, N, N)`` for hard/soft heads or None, boolean ``-inf`` mask ``(H, N, N)`` or None)."""
-        mult = block = None
+    def _mask_terms(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """(``zero``: bool ``(H, N, N)``, True where a hard head's logit becomes 0, i.e. ``M (.) S`` as a masked fill
+        that keeps no float copy of ``M``; ``mult``: soft heads' multiplier ``(H, N, N)`` (1 elsewhere);
+        ``block``: bool ``(H, N, N)`` strict ``-inf`` positions), each None when no head needs it."""
+        zero = mult = block = None
         N = self.num_tokens
-        if self.hard_heads and not self.soft_heads:  # constant: cache per dtype and device
-            cached = self._mult_cache
-            if not _usable(cached) or cached.dtype != dtype or cached.device != self.attn_masks.device:
-                cached = torch.ones(self.num_heads, N, N, dtype=dtype, device=self.attn_masks.device)
-                cached[self.hard_heads] = self.attn_masks.to(dtype)[[self.mask_heads.index(i) for i in self.hard_heads]]
-                self._mult_cache = cached
-            mult = cached
-        elif self.hard_heads or self.soft_heads:
+        if self.hard_heads:  # constant: cached (bool, a quarter of a float multiplier's memory)
+            zero = self._zero_cache
+            if not _usable(zero) or zero.device != self.attn_masks.device:
+                zero = torch.zeros(self.num_heads, N, N, dtype=torch.bool, device=self.attn_masks.device)
+                zero[self.hard_heads] = ~self.attn_masks[[self.mask_heads.index(i) for i in self.hard_heads]]
+                self._zero_cache = zero
+        if self.soft_heads:
             mult = torch.ones(self.num_heads, N, N, dtype=dtype, device=self.attn_masks.device)
-            if self.hard_heads:
-                sel = [self.mask_heads.index(i) for i in self.hard_heads]
-                mult[self.hard_heads] = self.attn_masks[sel].to(dtype)
-            if self.soft_heads:
-                sel = [self.mask_heads.index(i) for i in self.soft_heads]
-                mult[self.soft_heads] = soft_mask_scale(self.attn_masks[sel], self.mask_alpha().to(dtype))
+            sel = [self.mask_heads.index(i) for i in self.soft_heads]
+            mult[self.soft_heads] = soft_mask_scale(self.attn_masks[sel], self.mask_alpha().to(dtype))
         if self.strict_heads:
             block = torch.zeros(self.num_heads, N, N, dtype=torch.bool, device=self.attn_masks.device)
             sel = [self.mask_heads.index(i) for i in self.strict_heads]
             block[self.strict_heads] = ~self.attn_masks[sel]
-        return mult, block
+        return zero, mult, block
 
     def positional_attention(self) -> Tensor:
         """GPSA positional attention ``softmax(pos_proj(r))`` ``(n_gpsa, N, N)`` (ConViT eq. 5).
@@ -475,7 +472,7 @@ class Attention(nn.Module):
         mask = self.position_bias()
         if mask is not None:
             mask = mask.to(dtype)
-        _, block = self._mask_terms(dtype)
+        _, _, block = self._mask_terms(dtype)
         if block is not None:
             mask = torch.zeros(block.shape, dtype=dtype, device=block.device) if mask is None else mask
             mask = mask.masked_fill(block, float("-inf"))
@@ -491,7 +488,9 @@ class Attention(nn.Module):
         bias = self.position_bias()
         if bias is not None:
             attn = attn + self._heads(bias, heads, dim=0).to(attn.dtype)
-        mult, block = self._mask_terms(attn.dtype)
+        zero, mult, block = self._mask_terms(attn.dtype)
+        if zero is not None:
+            attn = attn.masked_fill(self._heads(zero, heads, dim=0), 0.0)
         if mult is not None:
             attn = attn * self._heads(mult, heads, dim=0)
         if block is not None:
