@@ -12,6 +12,13 @@ Each head of an :class:`Attention` layer is described by a :class:`~archspec.hea
    (ConViT eq. 5-7), with ``lambda_h`` the gating parameter;
 
 then ``out = proj(proj_act(concat_h(A_h V_h)))``.
+
+That formula is the *dense reference* (``attn_impl='dense'``, :meth:`Attention._probs`).  By default
+(``attn_impl='auto'``) each layer groups its heads at construction and runs each group on an exact faster path
+(:mod:`archspec.blocks.fast_attention`): plain / biased / strict heads in one SDPA call, GPSA heads as
+``(1 - g) SDPA + g P V``, hard-masked heads in linear time on grids past the measured crossover.  With attention
+dropout active in training every head takes the dense reference (the fast paths have no dropout on the
+implicit non-neighbour weights).
 """
 
 from __future__ import annotations
