@@ -87,11 +87,12 @@ def hard_window_attention(q: Tensor, k: Tensor, v: Tensor, grid: tuple[int, int]
     p = num_prefix_tokens
     B, h, _, _ = q.shape
     rows, cols = grid
-    q_grid = (q[:, :, p:] * scale).reshape(B, h, rows, cols, -1)
+    q_grid = q[:, :, p:].reshape(B, h, rows, cols, -1)  # a view of the projection output: no copy to keep
     keys = _window_views(k[:, :, p:], grid, window)
-    logits = [torch.stack([(q_grid * key).sum(-1) for key in keys], dim=-1) + tables["outside"]]
+    logits = [torch.stack([(q_grid * key).sum(-1) for key in keys], dim=-1) * scale + tables["outside"]]
     if p:  # one (H*W, d) @ (d, p) matmul per head
-        logits.insert(0, (q_grid.flatten(2, 3) @ k[:, :, :p].transpose(-2, -1)).view(B, h, rows, cols, p))
+        prefix_logits = q[:, :, p:] @ k[:, :, :p].transpose(-2, -1)
+        logits.insert(0, (prefix_logits * scale).view(B, h, rows, cols, p))
     n0 = tables["n0"]
     logits.append(n0.log().expand(B, h, rows, cols, 1))  # log(0) = -inf: no non-neighbours, no virtual key
     probs = torch.cat(logits, dim=-1).softmax(dim=-1)
