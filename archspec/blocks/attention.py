@@ -399,6 +399,10 @@ class Attention(nn.Module):
         self._drop_caches()
         return super().train(mode)
 
+    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda() / .half(): the cached constants are stale
+        self._drop_caches()
+        return super()._apply(fn, *args, **kwargs)
+
     def _load_from_state_dict(self, *args, **kwargs) -> None:  # new weights invalidate the eval-mode caches
         self._drop_caches()
         super()._load_from_state_dict(*args, **kwargs)
@@ -464,17 +468,12 @@ class Attention(nn.Module):
         self._positional_cache = None if self.training else pos.detach()
         return pos
 
-    @property
-    def attn_device(self) -> torch.device:
-        """Device of the layer's weights."""
-        return next(self.parameters()).device
-
     def _additive_mask(self, dtype: torch.dtype) -> Tensor | None:
         """Additive float mask ``(H, N, N)`` for SDPA: relative biases, ``-inf`` on strict non-neighbours; or None.
 
         Cached in eval mode per dtype and device (it is a constant then)."""
         cached = self._additive_cache
-        if not self.training and _usable(cached) and cached.dtype == dtype and cached.device == self.attn_device:
+        if not self.training and _usable(cached) and cached.dtype == dtype:  # _apply drops it on a device move
             return cached
         mask = self.position_bias()
         if mask is not None:
