@@ -208,6 +208,9 @@ class Attention(nn.Module):
             self.mask_alpha_logit = nn.Parameter(torch.zeros(len(self.soft_heads)))
 
         self.attn_impl = "auto"
+        # Whether SDPA has a fused kernel for a float attn_mask (CUDA: memory-efficient attention); on CPU the
+        # biased / strict heads use the explicit formula instead.  Updated by _apply (.to(), .cuda()).
+        self._masked_sdpa_fused = False
         self._build_grid_tables((rows, cols))
         self.reset_parameters()
 
@@ -401,7 +404,9 @@ class Attention(nn.Module):
 
     def _apply(self, fn, *args, **kwargs):  # .to() / .cuda() / .half(): the cached constants are stale
         self._drop_caches()
-        return super()._apply(fn, *args, **kwargs)
+        out = super()._apply(fn, *args, **kwargs)
+        self._masked_sdpa_fused = next(self.parameters()).device.type == "cuda"  # static: set when moved
+        return out
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:  # new weights invalidate the eval-mode caches
         self._drop_caches()
@@ -548,6 +553,10 @@ class Attention(nn.Module):
                                   self.scale, mask)
         if kind == "flex":
             return self._flex_forward(heads, q, k, v)
+        if mask is not None and not self._masked_sdpa_fused:
+            # CPU SDPA runs a float attn_mask on its math backend plus a "safe softmax" (where/all per call):
+            # the plain formula, as timm's LeViT writes it, is cheaper there.
+            return ((q @ k.transpose(-2, -1)) * self.scale + mask).softmax(dim=-1) @ v
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=None if mask is None else mask.unsqueeze(0),
             dropout_p=self.attn_drop_p if self.training else 0.0, scale=self.scale)
