@@ -315,6 +315,7 @@ class Attention(nn.Module):
     def _drop_caches(self) -> None:
         self._bias_cache: Tensor | None = None
         self._zero_cache: Tensor | None = None
+        self._qkv_cache: tuple[Tensor, Tensor | None] | None = None
         self._additive_cache: Tensor | None = None
         self._positional_cache: Tensor | None = None
 
@@ -372,13 +373,31 @@ class Attention(nn.Module):
         B, N, _ = x.shape
         H = self.num_heads
         if self.norm == "layernorm":
-            qk = self.qk(x).reshape(B, N, 2, H, self.qk_dim).permute(2, 0, 3, 1, 4)
+            n_qk = 2 * H * self.qk_dim
+            if self.training:
+                qk, v = self.qk(x), self.v(x)
+            else:  # one GEMM with the stacked weights instead of two (timm's single qkv linear)
+                weight, bias = self._stacked_qkv()
+                qkv = F.linear(x, weight, bias)
+                qk, v = qkv[..., :n_qk], qkv[..., n_qk:]
+            qk = qk.reshape(B, N, 2, H, self.qk_dim).permute(2, 0, 3, 1, 4)
             q, k = qk[0], qk[1]
-            v = self.v(x).reshape(B, N, H, self.v_dim).permute(0, 2, 1, 3)
+            v = v.reshape(B, N, H, self.v_dim).permute(0, 2, 1, 3)
         else:
             q, k, v = self.qkv(x).view(B, N, H, -1).split([self.qk_dim, self.qk_dim, self.v_dim], dim=3)
             q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
         return q, k, v
+
+    def _stacked_qkv(self) -> tuple[Tensor, Tensor | None]:
+        """Eval mode: ``cat([qk.weight, v.weight])`` ``(2 H qk_dim + H v_dim, C)`` and the stacked biases, cached
+        (dropped by ``train()``, ``load_state_dict`` and device / dtype moves)."""
+        cached = self._qkv_cache
+        if _usable(cached[0] if cached else None):
+            return cached
+        weight = torch.cat([self.qk.weight, self.v.weight]).detach()
+        bias = None if self.qk.bias is None else torch.cat([self.qk.bias, self.v.bias]).detach()
+        self._qkv_cache = (weight, bias)
+        return weight, bias
 
     def position_bias(self) -> Tensor | None:
         """Additive relative-position bias of every head, ``(H, N, N)`` (zero outside the patch-patch block
