@@ -3,8 +3,9 @@
 MACs follow the papers' "FLOPs" convention (multiply-accumulates; attention matmuls included), see
 :mod:`archspec.graph` for the exact counting rules.  ``macs_executed`` is what the compiled model runs with
 ``attn_impl='auto'``: hard-masked heads on the linear-time path (MaiT sec. 5.3, :mod:`archspec.executed_macs`)
-count their window work instead of ``N^2``; GPSA heads add their ``P @ v`` (``N^2 v_dim``).  BatchNorm counts 0 MACs in both (it is an affine map per element,
-folded away entirely by ``model.fuse()``); ``params_folded`` is the parameter count after that fold.
+count their window work instead of ``N^2``; GPSA heads add their ``P @ v`` (``N^2 v_dim``).  BatchNorm counts
+0 MACs in both (an affine map per element, folded away entirely by ``model.fuse()``); ``params_folded`` is the
+parameter count after that fold.
 """
 
 from __future__ import annotations

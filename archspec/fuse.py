@@ -20,7 +20,7 @@ def count_batchnorms(model: nn.Module) -> int:
 
 
 def fuse_model(model: nn.Module, inplace: bool = False) -> nn.Module:
-    """Fold every ``LinearNorm`` / ``ConvNorm`` / ``NormLinear`` of ``model`` into a plain ``nn.Linear`` / ``nn.Conv2d``.
+    """Fold every ``LinearNorm`` / ``ConvNorm`` / ``NormLinear`` of ``model`` into an ``nn.Linear`` / ``nn.Conv2d``.
 
     The result is an inference model (returned in eval mode): it uses the BatchNorm running statistics, so it
     equals ``model.eval()`` up to float rounding (about 1e-6 relative in float32), with fewer parameters

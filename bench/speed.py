@@ -14,8 +14,8 @@ Parts (each prints a Markdown table; every case is measured twice, interleaved A
   class token), linear-time path vs the dense reference (``attn_impl='dense'``), forward and forward+backward.
 
 CPU protocol: batch 1, one thread (LeViT's).  CUDA: bf16 autocast, batch 256 at 224 px, 64 at 384, 32 at 512.
-Times are medians of 7 interleaved ``torch.utils.benchmark.Timer.timeit`` samples per round; only the ratios mean something on a
-shared machine.
+Times are medians of 7 interleaved ``torch.utils.benchmark.Timer.timeit`` samples per round; only the ratios
+mean something on a shared machine.
 """
 
 from __future__ import annotations
@@ -193,7 +193,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", nargs="*", default=["kernel", "timm", "masks"], choices=["kernel", "timm", "masks"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true", help="shorter timings (0.5 s per case and round instead of 2 s)")
+    parser.add_argument("--quick", action="store_true",
+                        help="shorter timings (0.5 s per case and round instead of 2 s)")
     parser.add_argument("--sizes", nargs="*", type=int, default=[224, 384, 512])
     parser.add_argument("--models", nargs="*", default=PARITY)
     parser.add_argument("--no-train", action="store_true", help="skip the training-step rows")

@@ -174,3 +174,15 @@ def test_analyze_reports_executed_macs_of_linear_time_heads():
     assert large.macs - large.macs_executed == masked_heads * (n * n * 2 * d - window_head)
     first = next(row for row in large.rows if row.layer == "stages.0.blocks.0")
     assert first.macs - first.macs_executed == 2 * (n * n * 2 * d - window_head)
+
+
+def test_eval_stacked_qkv_equals_separate_projections_and_follows_new_weights():
+    """Eval mode runs qk and v as one GEMM on cached stacked weights; training mode runs the two linears."""
+    layer = _layer(["mhsa", "mask"], (3, 4), 1)
+    x = torch.randn(2, 13, 32)
+    with torch.no_grad():
+        want = layer.train()(x)  # no dropout configured: train and eval compute the same function
+        torch.testing.assert_close(layer.eval()(x), want, atol=1e-6, rtol=1e-6)
+        other = _layer(["mhsa", "mask"], (3, 4), 1, seed=7)
+        layer.load_state_dict(other.state_dict())
+        torch.testing.assert_close(layer(x), other.train()(x), atol=1e-6, rtol=1e-6)

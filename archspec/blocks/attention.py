@@ -358,7 +358,8 @@ class Attention(nn.Module):
             groups.setdefault(self._head_path(head), []).append(head)
         self._groups = sorted(groups.items(), key=lambda item: item[1][0])
         order = [h for _, heads in self._groups for h in heads]
-        self._head_order = None if order == list(range(self.num_heads)) else [order.index(h) for h in range(self.num_heads)]
+        in_order = order == list(range(self.num_heads))
+        self._head_order = None if in_order else [order.index(h) for h in range(self.num_heads)]
 
     # ------------------------------------------------------------------ pieces
     def _check_input(self, x: Tensor) -> None:

@@ -59,7 +59,8 @@ def window_tables(grid: tuple[int, int], window: tuple[int, int], num_prefix_tok
 
 
 def _window_views(t: Tensor, grid: tuple[int, int], window: tuple[int, int]) -> list[Tensor]:
-    """Shifted ``(B, h, H, W, d)`` views of the zero-padded patch grid of ``t`` ``(B, h, H*W, d)``, one per window cell."""
+    """Shifted ``(B, h, H, W, d)`` views of the zero-padded patch grid of ``t`` ``(B, h, H*W, d)``, one per
+    window cell (row-major)."""
     B, h, _, d = t.shape
     rows, cols = grid
     wr, wc = window
