@@ -10,7 +10,8 @@ models, YAML loading), :mod:`archspec.graph` (networkx IR with shapes, parameter
     ('mait_tiny_sch2', 1000)
 
 Names are imported on first use (PEP 562), so ``archspec validate`` and static analysis never pay
-for importing torch and timm.
+for importing torch and timm.  The shipped specs become timm models (``timm.create_model(
+"archspec_mait_tiny_sch2")``) as soon as timm is imported too (:mod:`archspec.registry`).
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from archspec import registry as _registry
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ArchSpec": "archspec.spec", "load_spec": "archspec.spec",
+    "ArchSpec": "archspec.spec", "load_spec": "archspec.loader",
     "Analysis": "archspec.analysis", "analyze": "archspec.analysis",
     "Problem": "archspec.errors", "SpecError": "archspec.errors",
     "HeadSpec": "archspec.heads",
     "ArchModel": "archspec.model",
     "compile": "archspec.compiler",
     "load": "archspec.artifact", "save": "archspec.artifact",
+    "register": "archspec.registry",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -39,7 +43,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from archspec.errors import Problem, SpecError
     from archspec.heads import HeadSpec
     from archspec.model import ArchModel
-    from archspec.spec import ArchSpec, load_spec
+    from archspec.loader import load_spec
+    from archspec.registry import register
+    from archspec.spec import ArchSpec
+
+
+_registry.install()  # registers the shipped specs with timm once timm is imported (no torch import here)
 
 
 def __getattr__(name: str) -> Any:

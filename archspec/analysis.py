@@ -14,7 +14,8 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from archspec.graph import build_graph, nodes_in_order
-from archspec.spec import ArchSpec, load_spec
+from archspec.loader import load_spec
+from archspec.spec import ArchSpec
 
 
 @dataclass
@@ -23,7 +24,7 @@ class LayerRow:
 
     layer: str   # module path in the compiled model, e.g. "stages.0.blocks.3"
     kind: str    # what the node is: patch16, conv4, attn, levit, conv3, shrink/2, cls-pool...
-    heads: str   # head kinds as letters, e.g. "M M G" (G MHSA, P GPSA, B biased, M/S/X hard/soft/strict mask)
+    heads: str   # head kinds as letters, e.g. "M M A" (archspec.heads.HEAD_LETTERS)
     tokens: int  # tokens N after the node
     grid: tuple[int, int]
     dim: int     # width C after the node

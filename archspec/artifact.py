@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
@@ -131,7 +132,8 @@ def _check_tensors(model: ArchModel, shapes: dict[str, tuple[int, ...]], path: P
 
 
 def load(directory: "str | os.PathLike", device: str = "cpu", allow_spec_change: bool = False,
-         max_memory: float | None = None) -> ArchModel:
+         max_memory: float | None = None, img_size: "int | tuple[int, int] | None" = None,
+         resolution: "int | tuple[int, int] | None" = None) -> ArchModel:
     """Rebuild the model saved in ``directory`` by :func:`save` (or ``archspec build``).
 
     Args:
@@ -142,14 +144,18 @@ def load(directory: "str | os.PathLike", device: str = "cpu", allow_spec_change:
             ``UserWarning``.
         max_memory: bytes allowed for a batch-1 float32 forward (see :func:`archspec.compiler.compile`);
             ``None``: the 8 GiB default; pass the limit a large model was built with.
+        img_size: run the loaded model at this input resolution (an int or ``(H, W)`` in pixels, timm's
+            name; ``resolution`` is an alias): the saved weights are loaded at the saved size, then
+            :meth:`~archspec.model.ArchModel.set_input_size` resamples the position embedding and bias tables.
 
     Raises:
         SpecError: a file is missing or not a regular file; the spec is invalid; the weights file is
             not readable safetensors (empty, truncated, a pickle, a bad or huge header) or does not
-            match the spec; the spec was changed since the weights were saved.  Each names the file.
+            match the spec; the spec was changed since the weights were saved; the spec is invalid at
+            ``img_size``.  Each names the file.
     """
     from archspec.compiler import compile
-    from archspec.spec import load_spec
+    from archspec.loader import load_spec
 
     directory = Path(directory)
     _require_files(directory)
@@ -165,4 +171,10 @@ def load(directory: "str | os.PathLike", device: str = "cpu", allow_spec_change:
         reason = f"missing tensors {', '.join(missing[:3])}" if missing else str(exc).splitlines()[0]
         raise SpecError.single((), f"weights do not match the spec: {reason}", "rebuild it",
                                str(directory / WEIGHTS)) from None
+    size = img_size if img_size is not None else resolution
+    if size is not None:
+        try:
+            model.set_input_size(img_size=size)
+        except SpecError as exc:
+            raise SpecError([replace(p, file=p.file or str(directory / SPEC)) for p in exc.problems]) from None
     return model.to(device)

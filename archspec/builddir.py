@@ -33,6 +33,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
 try:  # POSIX only: the lock that tells a running build's staging directory from a leftover
@@ -44,6 +45,19 @@ from archspec.errors import SpecError
 
 REPORT = "report.json"
 BUILD_FILES = frozenset({"spec.yaml", "model.safetensors", REPORT})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What an archspec output directory holds: exactly ``files``, one of which, ``report``, is the JSON
+    carrying :data:`MARKER`.  :data:`BUILD` is ``archspec build``'s; ``archspec inspect`` has its own
+    (:data:`archspec.inspect.INSPECT`), under the same rules."""
+
+    files: frozenset
+    report: str
+
+
+BUILD = Layout(BUILD_FILES, REPORT)
 MARKER = "archspec_build"
 # archspec 0.1.0 wrote report.json without the marker; its report always held these keys together, so
 # a directory of nothing but BUILD_FILES with such a report is a build archspec wrote (replaced, not refused).
@@ -82,31 +96,31 @@ def _has_marker(report: Path) -> bool:
     return isinstance(data, dict) and (MARKER in data or LEGACY_REPORT_KEYS <= data.keys())
 
 
-def _only_build_files(path: Path) -> bool:
-    """True when ``path`` is a real directory whose entries are all :data:`BUILD_FILES`, as regular files."""
+def _only_build_files(path: Path, layout: Layout = BUILD) -> bool:
+    """True when ``path`` is a real directory whose entries are all ``layout.files``, as regular files."""
     try:
         if not stat.S_ISDIR(os.lstat(path).st_mode):
             return False
         with os.scandir(path) as entries:
-            return all(e.name in BUILD_FILES and e.is_file(follow_symlinks=False) for e in entries)
+            return all(e.name in layout.files and e.is_file(follow_symlinks=False) for e in entries)
     except OSError:
         return False
 
 
-def is_build(path: "str | os.PathLike") -> bool:
-    """True when ``path`` is a directory archspec built: nothing but :data:`BUILD_FILES` and the marker.
+def is_build(path: "str | os.PathLike", layout: Layout = BUILD) -> bool:
+    """True when ``path`` is a directory archspec built: nothing but ``layout.files`` and the marker.
 
     Raises nothing (an unreadable directory is not a build).
     """
     path = Path(path)
-    return _only_build_files(path) and _has_marker(path / REPORT)
+    return _only_build_files(path, layout) and _has_marker(path / layout.report)
 
 
-def check_out(out: "str | os.PathLike") -> str:
+def check_out(out: "str | os.PathLike", layout: Layout = BUILD) -> str:
     """Classify the output directory before anything is computed or written.
 
     Returns ``"new"`` (missing), ``"empty"`` (an empty directory: written into) or ``"build"`` (an
-    archspec build: replaced).
+    archspec output of this ``layout``: replaced).
 
     Raises:
         SpecError: on ``--out``, naming the path, when OUT is a link, not a directory, unreadable, or a
@@ -130,15 +144,15 @@ def check_out(out: "str | os.PathLike") -> str:
         raise _out_error(out, f"cannot list it: {exc.strerror or exc}", "choose another --out") from None
     if not names:
         return "empty"
-    if is_build(out):
+    if is_build(out, layout):
         return "build"
-    raise _not_ours(out, names)
+    raise _not_ours(out, names, layout)
 
 
-def _not_ours(out: Path, names: list[str]) -> SpecError:
+def _not_ours(out: Path, names: list[str], layout: Layout = BUILD) -> SpecError:
     hint = "choose another --out, or move its contents away yourself; archspec never deletes what it did not write"
-    if set(names) <= BUILD_FILES and _only_build_files(out):
-        return _out_error(out, f"holds {', '.join(names)} but is not marked as an archspec build (its {REPORT} has "
+    if set(names) <= layout.files and _only_build_files(out, layout):
+        return _out_error(out, f"holds {', '.join(names)} but is not marked as an archspec build (its {layout.report} has "
                                f"no {MARKER!r} key: an older archspec or an interrupted build wrote it)", hint)
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return _out_error(out, f"is not an empty directory or an archspec build: it holds {shown}", hint)
@@ -228,7 +242,7 @@ def _leftover_pattern(out: Path) -> re.Pattern:
     return re.compile(rf"\.{re.escape(out.name)}\.archspec-(?:tmp|old)-[A-Za-z0-9_]+")
 
 
-def clean_leftovers(out: Path) -> list[Path]:
+def clean_leftovers(out: Path, layout: Layout = BUILD) -> list[Path]:
     """Remove staging directories a killed build of ``out`` left next to it; return those removed.
 
     Only directories named ``.<name>.archspec-tmp-*`` / ``-old-*`` holding nothing but build files,
@@ -241,13 +255,13 @@ def clean_leftovers(out: Path) -> list[Path]:
     except OSError:
         return removed
     for path in candidates:
-        if fcntl is None or not _only_build_files(path):
+        if fcntl is None or not _only_build_files(path, layout):
             continue
         fd = _lock(path, blocking=False)
         if fd is None:  # a build is writing it right now
             continue
         try:
-            if _only_build_files(path):
+            if _only_build_files(path, layout):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
         finally:
@@ -264,13 +278,15 @@ def write_report(path: Path, report: dict) -> dict:
     return marked
 
 
-def write_build(out: "str | os.PathLike", fill: Callable[[Path], None], report: dict) -> tuple[dict, str | None]:
+def write_build(out: "str | os.PathLike", fill: Callable[[Path], None], report: dict,
+                layout: Layout = BUILD) -> tuple[dict, str | None]:
     """Write a build to ``out`` by the rules in the module docstring.
 
     Args:
         out: the output directory (``--out``).
         fill: writes ``spec.yaml`` and ``model.safetensors`` into the directory it is given.
-        report: the report; written as ``report.json`` with the marker added.
+        report: the report; written as ``report.json`` (``layout.report``) with the marker added.
+        layout: the files the directory holds (default: ``archspec build``'s).
 
     Returns:
         ``(report as written, warning)``: the warning (or None) says where an old build was left when
@@ -280,33 +296,33 @@ def write_build(out: "str | os.PathLike", fill: Callable[[Path], None], report: 
         SpecError: ``out`` is not archspec's to write (see :func:`check_out`).
         OSError: writing failed; nothing is left behind but what was there before.
     """
-    state = check_out(out)  # again: OUT may have changed while the model was built
+    state = check_out(out, layout)  # again: OUT may have changed while the model was built
     out = Path(os.path.abspath(out))  # staging names need a real last component (not '.')
     if state == "empty":
-        return _write_into_empty(out, fill, report), None
+        return _write_into_empty(out, fill, report, layout), None
     out.parent.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(out)
+    clean_leftovers(out, layout)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.archspec-tmp-", dir=out.parent))
     lock = _lock(staging, blocking=True)
     try:
         os.chmod(staging, normal_mode(directory=True))  # mkdtemp makes it 0o700
-        marked = write_report(staging / REPORT, report)  # first: a leftover is recognisably ours
+        marked = write_report(staging / layout.report, report)  # first: a leftover is recognisably ours
         fill(staging)
         if state == "new":
             move_in(staging, out)
             return marked, None
         old = swap_in(staging, out)
-        return marked, _remove_old(old)
+        return marked, _remove_old(old, layout)
     finally:
         if lock is not None:
             os.close(lock)
-        if _only_build_files(staging):  # a failure before the move: our own staging directory
+        if _only_build_files(staging, layout):  # a failure before the move: our own staging directory
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _remove_old(old: Path) -> str | None:
+def _remove_old(old: Path, layout: Layout = BUILD) -> str | None:
     """Remove the swapped-out old build if it is still nothing but an archspec build; else say where it is."""
-    if is_build(old):
+    if is_build(old, layout):
         shutil.rmtree(old, ignore_errors=True)
         return None
     if not os.path.lexists(old):
@@ -314,13 +330,13 @@ def _remove_old(old: Path) -> str | None:
     return f"the previous build held files archspec did not write by the time it was replaced; it is kept at {old}"
 
 
-def _write_into_empty(out: Path, fill: Callable[[Path], None], report: dict) -> dict:
+def _write_into_empty(out: Path, fill: Callable[[Path], None], report: dict, layout: Layout = BUILD) -> dict:
     """Write the build files into the empty directory ``out``, the marker last; on failure remove them again."""
     try:
         fill(out)
-        return write_report(out / REPORT, report)
+        return write_report(out / layout.report, report)
     except BaseException:
-        for name in BUILD_FILES:  # the directory was empty: these are ours
+        for name in layout.files:  # the directory was empty: these are ours
             try:
                 os.unlink(out / name)
             except OSError:

@@ -1,4 +1,4 @@
-"""The ``archspec`` command line: ``build``, ``validate``, ``list``, ``schema`` (and ``search``).
+"""The ``archspec`` command line: ``build``, ``validate``, ``inspect``, ``list``, ``schema`` (and ``search``).
 
 Every user mistake (a bad spec, a missing file, an impossible option) is printed as a located
 message on stderr with exit status 2 and nothing written; a Python traceback means a bug in archspec.
@@ -26,6 +26,7 @@ MaiT masked heads) into PyTorch models.
   archspec list                                  the shipped specs
   archspec validate specs/mait_tiny_sch2.yaml    static checks + per-layer table, no weights
   archspec build mait_tiny_sch2                  compile, run a real photo through it, save it
+  archspec inspect masked_cait_xxs24             ALS, nonlocality, gating, cross-layer similarity plots
   archspec schema > archspec.schema.json         JSON Schema for editor completion
 
 A SPEC is a path to a YAML file or the name of a shipped spec.  Exit status: 0 ok, 2 bad input.
@@ -77,10 +78,15 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--image", metavar="PATH", help="photograph to run (default: the embedded one)")
     build.add_argument("--out", metavar="DIR", help="output directory (default: build/<name>)")
     build.add_argument("--resolution", type=_resolution, metavar="N|HxW", help="override the spec's input resolution")
-    build.add_argument("--device", default="cpu", help="torch device for the forward pass (default: cpu)")
+    build.add_argument("--device", default="cpu",
+                       help="auto, cpu, cuda or cuda:N for the forward pass and its timing (default: cpu; LeViT's CPU "
+                            "protocol there, its GPU protocol on cuda: largest power-of-two batch, bf16, images/s)")
+    build.add_argument("--threads", type=int, default=1, metavar="N",
+                       help="torch threads while timing on CPU (default 1: LeViT's CPU protocol)")
     build.add_argument("--seed", type=int, metavar="N", help="override the spec's initialisation seed")
     build.add_argument("--repeats", type=int, default=10, metavar="N",
-                       help="timed forward passes for the latency median (default: 10, after 2 warm-up runs)")
+                       help="timed forward passes for the latency median (default: 10, after 2 warm-up runs; "
+                            "torch.utils.benchmark.Timer)")
     build.add_argument("--fuse", action="store_true",
                        help="also fold every BatchNorm into its linear/conv (LeViT sec. 5.3) and time the folded model; "
                             "the saved weights stay unfolded (model.fuse() after archspec.load)")
@@ -95,13 +101,25 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("spec", metavar="SPEC|DIR", help="YAML file, shipped spec name, or build directory")
     validate.add_argument("--allow-spec-change", action="store_true",
                           help="DIR only: load even if spec.yaml was edited after the weights were saved")
-    validate.add_argument("--resolution", type=_resolution, metavar="N|HxW", help="override the input resolution")
+    validate.add_argument("--resolution", type=_resolution, metavar="N|HxW",
+                          help="override the input resolution (DIR: load the weights at it, position embedding and "
+                               "bias tables resampled)")
     validate.add_argument("--json", action="store_true", help="print the analysis as JSON")
     validate.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
+    _add_inspect_parser(sub)
     sub.add_parser("list", help="the shipped specs, with params and MACs")
-    schema = sub.add_parser("schema", help="print the JSON Schema of a spec (for editor completion)")
+    schema = sub.add_parser(
+        "schema", help="print the JSON Schema of a spec (for editor completion)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print the JSON Schema (Draft 2020-12) of a spec, shorthands included.  For completion and\n"
+                    "checking in an editor with the YAML language server, save it and start the spec with\n"
+                    "  # yaml-language-server: $schema=archspec.schema.json\n"
+                    "(a path relative to the spec, or a URL).  The shipped specs use specs/archspec.schema.json;\n"
+                    "--space prints the schema of search-space files (archspec/search/spaces/*.yaml use it).")
     schema.add_argument("--markdown", action="store_true", help="print the field reference as Markdown instead")
+    schema.add_argument("--space", action="store_true",
+                        help="print the JSON Schema of a search-space file (archspec search --space) instead")
 
     try:
         from archspec.search.cli import add_search_parser
@@ -110,6 +128,36 @@ def _parser() -> argparse.ArgumentParser:
     else:
         add_search_parser(sub)
     return parser
+
+
+def _window(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match or int(match.group(1)) % 2 == 0 or int(match.group(2)) % 2 == 0:
+        raise argparse.ArgumentTypeError(f"expected an odd window RxC such as 3x3 or 3x5, got {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _add_inspect_parser(sub) -> None:
+    inspect = sub.add_parser(
+        "inspect", help="attention diagnostics on real photos: ALS, nonlocality, gating, cross-layer similarity",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run real photographs (three shipped ones unless --image) through SPEC (random init from its\n"
+                    "seed) or a saved model DIR and write to OUT (default build/<name>-inspect/):\n"
+                    "  als.png          MaiT eq. 3 attention locality score per layer and head\n"
+                    "  nonlocality.png  ConViT eq. 8 mean attention distance per layer and head\n"
+                    "  gating.png       ConViT sigmoid(lambda) of every GPSA head\n"
+                    "  similarity.png   MaiT App. A.3 eq. 5 cross-layer similarity, one L x L map per head\n"
+                    "  inspect.json     the numbers\n"
+                    "OUT must be missing, an empty directory, or an earlier `archspec inspect` output.",
+        epilog="example: archspec inspect masked_cait_xxs24 --out /tmp/mcait")
+    inspect.add_argument("spec", metavar="SPEC|DIR", help="YAML file, shipped spec name, or build directory")
+    inspect.add_argument("--image", action="append", metavar="PATH", help="photograph to run (repeatable)")
+    inspect.add_argument("--out", metavar="DIR", help="output directory (default: build/<name>-inspect)")
+    inspect.add_argument("--window", type=_window, default=(3, 3), metavar="RxC", help="ALS window (default 3x3)")
+    inspect.add_argument("--allow-spec-change", action="store_true",
+                         help="DIR only: load even if spec.yaml was edited after the weights were saved")
+    inspect.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    inspect.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
 
 def _version() -> str:
@@ -128,7 +176,7 @@ def _load(spec_arg: str, resolution: tuple[int, int] | None = None, seed: int | 
           max_memory: int | None = None):
     """Load and fully check a spec (after the --resolution/--seed overrides), under the memory limit
     ``max_memory`` bytes (None: the library default, 8 GiB)."""
-    from archspec.spec import load_spec
+    from archspec.loader import load_spec
 
     spec = load_spec(spec_arg, check=resolution is None and seed is None, max_memory=max_memory)
     if resolution is not None or seed is not None:
@@ -152,9 +200,11 @@ def _table(analysis, title: str):
     from rich.table import Table
 
     from archspec.analysis import human
+    from archspec.heads import head_letters_legend
     from archspec.memory import format_bytes
 
-    caption = (f"memory of a batch-1 float32 forward (estimate): {format_bytes(analysis.peak_memory_bytes)} = peak "
+    caption = (f"heads: {head_letters_legend()}\n"
+               f"memory of a batch-1 float32 forward (estimate): {format_bytes(analysis.peak_memory_bytes)} = peak "
                f"activations {format_bytes(analysis.peak_activation_bytes)} (at {analysis.peak_layer}) + weights "
                f"{format_bytes(analysis.weight_bytes)} + buffers {format_bytes(analysis.buffer_bytes)}")
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
@@ -167,15 +217,18 @@ def _table(analysis, title: str):
     return table
 
 
-def _load_artifact(directory: str, allow_spec_change: bool, max_memory: float | None):
-    """`archspec validate DIR`: load the saved model; warnings (an artifact without digest) go to stderr."""
+def _load_artifact(directory: str, allow_spec_change: bool, max_memory: float | None,
+                   resolution: tuple[int, int] | None = None):
+    """`archspec validate DIR`: load the saved model (at ``resolution`` if given, its tables resampled);
+    warnings (an artifact without digest) go to stderr."""
     import warnings
 
     from archspec import artifact
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = artifact.load(directory, allow_spec_change=allow_spec_change, max_memory=max_memory)
+        model = artifact.load(directory, allow_spec_change=allow_spec_change, max_memory=max_memory,
+                              img_size=resolution)
     for warning in caught:
         print(f"archspec validate: warning: {warning.message}", file=sys.stderr)
     return model
@@ -193,12 +246,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from archspec.analysis import analyze, human
 
     is_dir = Path(args.spec).is_dir()
-    if is_dir and args.resolution is not None:
-        raise SpecError.single(("--resolution",), "does not apply to a build directory (its weights fix it)")
     if not is_dir and args.allow_spec_change:
         raise SpecError.single(("--allow-spec-change",), "applies only to a build directory (DIR), not to a spec")
     if is_dir:
-        spec = _load_artifact(args.spec, args.allow_spec_change, args.max_memory).spec
+        spec = _load_artifact(args.spec, args.allow_spec_change, args.max_memory, args.resolution).spec
     else:
         spec = _load(args.spec, args.resolution, max_memory=args.max_memory)
     analysis = analyze(spec)
@@ -228,10 +279,12 @@ def cmd_build(args: argparse.Namespace) -> int:
     from archspec.analysis import analyze, human
     from archspec.compiler import compile
     from archspec.image import default_image_path, load_image
-    from archspec.timing import median_forward_ms, parse_device
+    from archspec.timing import measure_forward, parse_device
 
     if args.repeats < 1:
         raise SpecError.single(("--repeats",), "needs at least 1 timed run")
+    if args.threads < 1:
+        raise SpecError.single(("--threads",), f"needs at least 1 thread, got {args.threads}")
     device = parse_device(args.device)
     spec = _load(args.spec, args.resolution, args.seed, max_memory=args.max_memory)
     out = Path(args.out) if args.out else Path("build") / spec.name
@@ -241,15 +294,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     model = compile(spec, max_memory=args.max_memory).eval().to(device)
     with torch.inference_mode():
         logits = model(x)
-    latency = median_forward_ms(model, x, repeats=args.repeats)
-    fused = _fused_report(model, x, logits, args.repeats) if args.fuse else None
+    timing = measure_forward(model, tuple(x.shape[1:]), device, threads=args.threads, warmup=2, repeats=args.repeats)
+    fused = _fused_report(model, x, logits, args) if args.fuse else None
     report = {
         **analysis.to_dict(),
         "image": str(Path(args.image) if args.image else default_image_path()),
         "output_shape": list(logits.shape),
-        "latency_ms": round(latency, 3),
-        "latency_protocol": {"device": str(device), "batch": 1, "threads": torch.get_num_threads(),
-                             "warmup": 2, "repeats": args.repeats, "statistic": "median"},
+        "latency_ms": round(timing.ms, 3),
+        "images_per_s": round(timing.images_per_s, 1),
+        "latency_protocol": timing.describe(),
         "seed": spec.seed,
         "out": str(out),
         **({"fused": fused} if fused else {}),
@@ -270,8 +323,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image "
         f"({human(analysis.macs_executed)} executed: linear-time hard masks)   "
         f"input {tuple(x.shape)} from {Path(report['image']).name}   output {tuple(logits.shape)}\n"
-        f"forward latency {latency:.1f} ms (median of {args.repeats}, batch 1, {device}, "
-        f"{torch.get_num_threads()} threads)   initial weights: seed {spec.seed}\n"
+        f"forward latency {timing.ms:.1f} ms, {timing.images_per_s:,.0f} images/s (median of {args.repeats}, "
+        f"batch {timing.batch}, {device}, {timing.threads} thread(s){', ' + timing.amp if timing.amp else ''})   "
+        f"initial weights: seed {spec.seed}\n"
         + (f"folded (--fuse): {fused['batchnorms_folded']} BatchNorms folded, params {fused['params']:,}, "
            f"latency {fused['latency_ms']:.1f} ms, max |logit diff| {fused['max_abs_logit_diff']:.1e}\n" if fused else "")
         + f"wrote {out}/: spec.yaml, report.json, model.safetensors   (archspec.load('{out}') rebuilds it)"
@@ -279,19 +333,65 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fused_report(model, x, logits, repeats: int) -> dict:
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """`archspec inspect SPEC|DIR`: the four attention diagnostics on real photos, as PNG and JSON.
+
+    Returns the exit status.
+
+    Raises:
+        SpecError: a bad spec, directory, option, image or OUT (exit 2 in :func:`main`); nothing is written then.
+    """
+    from archspec import builddir
+    from archspec.compiler import compile
+    from archspec.inspect import INSPECT, diagnose, image_batch, write_plots
+
+    is_dir = Path(args.spec).is_dir()
+    if not is_dir and args.allow_spec_change:
+        raise SpecError.single(("--allow-spec-change",), "applies only to a build directory (DIR), not to a spec")
+    if is_dir:
+        model = _load_artifact(args.spec, args.allow_spec_change, args.max_memory)
+        origin = f"weights of {args.spec}"
+    else:
+        spec = _load(args.spec, max_memory=args.max_memory)
+        model, origin = compile(spec, max_memory=args.max_memory), f"random initialisation (seed {spec.seed})"
+    spec = model.spec
+    out = Path(args.out) if args.out else Path("build") / f"{spec.name}-inspect"
+    builddir.check_out(out, INSPECT)  # refuse an OUT that is not ours before any work
+    images, names = image_batch(args.image, spec.input.resolution, spec.input.channels)
+    try:
+        numbers = diagnose(model.eval(), images, args.window)
+    except ValueError as exc:  # a model without self-attention (e.g. all conv mixers)
+        raise SpecError.single((), str(exc), "inspect a spec with attention layers", args.spec) from None
+    report = {"spec": spec.name, "model": origin, "images": names, **numbers}
+    try:
+        report, warning = builddir.write_build(out, lambda d: write_plots(numbers, d, spec.name), report, INSPECT)
+    except OSError as exc:
+        raise SpecError.single(("--out",), f"cannot write the output directory: {exc.strerror or exc}",
+                               "choose a writable directory with --out", str(out)) from None
+    if warning:
+        print(f"archspec inspect: warning: {warning}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"{spec.name}: {len(numbers['layers'])} attention layers, {len(names)} images, {origin}\n"
+              f"wrote {out}/: {', '.join(sorted(INSPECT.files))}")
+    return 0
+
+
+def _fused_report(model, x, logits, args) -> dict:
     """``--fuse``: fold the BatchNorms of ``model`` (LeViT sec. 5.3), check it against ``logits`` and time it (ms)."""
     import torch
 
     from archspec.fuse import count_batchnorms
-    from archspec.timing import median_forward_ms
+    from archspec.timing import measure_forward
 
     folded = model.fuse()
     with torch.inference_mode():
         diff = (folded(x) - logits).abs().max().item()
     return {"batchnorms_folded": count_batchnorms(model) - count_batchnorms(folded),
             "params": sum(p.numel() for p in folded.parameters()),
-            "latency_ms": round(median_forward_ms(folded, x, repeats=repeats), 3),
+            "latency_ms": round(measure_forward(folded, tuple(x.shape[1:]), x.device, threads=args.threads,
+                                                warmup=2, repeats=args.repeats).ms, 3),
             "max_abs_logit_diff": diff}
 
 
@@ -300,7 +400,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from archspec.analysis import analyze, human
-    from archspec.spec import SPEC_DIR, load_spec, shipped_specs
+    from archspec.loader import load_spec
+    from archspec.spec import SPEC_DIR, shipped_specs
 
     table = Table(title=f"shipped specs ({SPEC_DIR})", title_justify="left")
     for column in ("name", "params", "MACs", "source"):
@@ -315,18 +416,19 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """`archspec schema`: the JSON Schema (or, with --markdown, the field reference). Returns the exit status."""
-    from archspec.spec import ArchSpec
-
     if args.markdown:
         from archspec.reference import markdown
 
         print(markdown())
         return 0
-    print(json.dumps(ArchSpec.model_json_schema(), indent=2))
+    from archspec.schema import space_schema, spec_schema
+
+    print(json.dumps(space_schema() if args.space else spec_schema(), indent=2))
     return 0
 
 
-COMMANDS = {"build": cmd_build, "validate": cmd_validate, "list": cmd_list, "schema": cmd_schema}
+COMMANDS = {"build": cmd_build, "validate": cmd_validate, "inspect": cmd_inspect, "list": cmd_list,
+            "schema": cmd_schema}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

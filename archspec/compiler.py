@@ -14,9 +14,11 @@ from torch import nn
 
 from archspec.blocks import Attention, ConvMixer, ConvStem, IdentityStem, LevitBlock, PatchStem, ShrinkBlock, TransformerBlock
 from archspec.errors import SpecError
+from archspec.families import family
 from archspec.graph import build_graph, check_memory, nodes_in_order
-from archspec.model import ArchModel, Stage
-from archspec.spec import ArchSpec, load_spec
+from archspec.loader import load_spec
+from archspec.model import ArchModel, Stage, with_resolution
+from archspec.spec import ArchSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "hardswish": nn.Hardswish, "relu": nn.ReLU}
 
@@ -38,6 +40,8 @@ def _block(node: dict, spec: ArchSpec) -> nn.Module:
     batchnorm = stage.norm == "batchnorm"
     if plan.mixer.kind == "conv":
         mixer: nn.Module = ConvMixer(stage.dim, plan.mixer.kernel, grid)
+    elif stage.talking_heads:  # CaiT (archspec/blocks/talking_heads.py)
+        mixer = family("talking_heads").build(stage.dim, plan.heads, grid, cfg["n_prefix"], stage.qkv_bias)
     else:
         mixer = Attention(
             stage.dim, plan.heads, grid, num_prefix_tokens=cfg["n_prefix"], qk_dim=dims.qk_dim, v_dim=dims.v_dim,
@@ -49,13 +53,20 @@ def _block(node: dict, spec: ArchSpec) -> nn.Module:
                             drop_path=plan.drop_path, layer_scale=stage.layer_scale)
 
 
+def _class_attention(node: dict, spec: ArchSpec) -> nn.Module:
+    """A CaiT class-attention block (archspec/blocks/class_attention.py); width and activation of the last stage."""
+    last = spec.stages[-1]
+    return family("class_attention").build(**node["config"], act_layer=ACTIVATIONS[last.act], norm_eps=last.norm_eps)
+
+
 def _shrink(node: dict) -> nn.Module:
     cfg = node["config"]
     return ShrinkBlock(cfg["in_dim"], cfg["out_dim"], cfg["key_dim"], cfg["grid"], num_heads=cfg["heads"],
                        attn_ratio=cfg["attn_ratio"], mlp_ratio=cfg["mlp_ratio"], act_layer=ACTIVATIONS[cfg["act"]])
 
 
-def compile(spec: "ArchSpec | str | os.PathLike | dict", max_memory: float | None = None) -> ArchModel:  # noqa: A001
+def compile(spec: "ArchSpec | str | os.PathLike | dict", max_memory: float | None = None,  # noqa: A001
+            img_size: "int | tuple[int, int] | None" = None, drop_rate: float = 0.0) -> ArchModel:
     """Compile a spec (or a path / shipped spec name / YAML text / dict) into an :class:`ArchModel`.
 
     The model maps images ``(B, C_in, H, W)`` to logits ``(B, num_classes)`` and keeps its spec as
@@ -66,11 +77,16 @@ def compile(spec: "ArchSpec | str | os.PathLike | dict", max_memory: float | Non
         max_memory: limit in bytes on the estimated memory of a batch-1 float32 forward (weights,
             buffers, peak activations; :func:`archspec.graph.check_memory`); ``None`` takes
             :data:`archspec.graph.DEFAULT_MAX_MEMORY` (8 GiB), ``math.inf`` disables it.
+        img_size: input resolution in pixels (an int or ``(H, W)``, timm's name) replacing the spec's
+            ``input.resolution``; the spec is re-checked at that size.
+        drop_rate: dropout before the classifier (timm's ``drop_rate``); not stored in the spec.
 
     Raises:
         SpecError: the spec is invalid or over the memory limit (every problem, located in its file).
     """
     spec = load_spec(spec, check=False) if not isinstance(spec, ArchSpec) else spec
+    if img_size is not None:
+        spec = with_resolution(spec, img_size)
     graph = build_graph(spec)
     problems = check_memory(graph, max_memory)
     if problems:
@@ -85,8 +101,11 @@ def compile(spec: "ArchSpec | str | os.PathLike | dict", max_memory: float | Non
             downsample = [_shrink(n) for n in nodes if n["kind"] == "shrink" and n["stage"] == i]
             blocks = [_block(n, spec) for n in nodes if n["kind"] == "block" and n["stage"] == i]
             stages.append(Stage(downsample[0] if downsample else None, blocks))
+        class_blocks = [_class_attention(n, spec) for n in nodes if n["kind"] == "class_attn"]
+        if class_blocks:  # the class-attention stage runs after the class token is inserted (CaiT)
+            stages.append(Stage(None, class_blocks))
         model = ArchModel(spec, stem, stages, dim_in=spec.stages[0].dim, dim_out=spec.stages[-1].dim,
                           cls_at=embed["cls_at"], n_extra=embed["n_extra"], pos_embed_len=embed["pos_embed_len"],
-                          token_dim=embed["token_dim"])
+                          token_dim=embed["token_dim"], drop_rate=drop_rate)
     model.analysis = graph
     return model

@@ -7,10 +7,10 @@ in microseconds.
 
 Node order is execution order; edges link consecutive nodes (the data path).  Every node carries:
 
-``kind``      one of ``input, stem, embed, shrink, block, head``
+``kind``      one of ``input, stem, embed, insert, shrink, block, class_attn, head``
 ``name``      module path in the compiled model (``stages.1.blocks.0``)
 ``label``     what the block is (``attn``, ``levit``, ``conv3``, ``shrink``...)
-``heads``     head kinds as letters, ``"M M G"`` (see :attr:`archspec.heads.HeadSpec.letter`)
+``heads``     head kinds as letters, ``"M M A"`` (see :attr:`archspec.heads.HeadSpec.letter`)
 ``tokens``    tokens N after the node; ``grid`` its patch grid ``(rows, cols)``; ``dim`` width C
 ``params``    parameters (trainable and frozen, not buffers)
 ``macs``      multiply-accumulates for ONE image
@@ -57,6 +57,7 @@ import networkx as nx
 
 from archspec.errors import Problem, SpecError
 from archspec.executed_macs import attention_macs_change
+from archspec.families import family
 from archspec.heads import HeadSpec
 from archspec.memory import (F32, NodeMemory, attention_memory, concat_memory, conv_mixer_memory, format_bytes,
                              head_memory, mlp_memory, shrink_memory, stem_memory)
@@ -317,6 +318,8 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
         _add_stage(b, i, flow, tokens)
     if tokens.cls_at is not None and tokens.cls_at == spec.depth and spec.depth > 0:
         _add_insert(b, flow, tokens)
+    if spec.class_attention is not None:
+        _add_class_attention(b, flow, tokens)
     _add_head(b, flow)
     return _finish(b)
 
@@ -461,6 +464,8 @@ def _add_stage(b: _Builder, i: int, flow: _Flow, tokens: _Tokens) -> None:
         flow.block_index += stage.depth
         return
     check_stage_overrides(b.spec, i, b.problems)
+    if stage.talking_heads:
+        _check_talking_heads(b, i)
     dims = attn_dims(stage)
     if dims.qk_dim < 1 or dims.v_dim < 1:  # normally refused by StageSpec already; kept for specs built unchecked
         b.problem(("stages", i, "attn_ratio"), f"per-head dims q/k {dims.qk_dim}, value {dims.v_dim}: one rounds to 0",
@@ -521,6 +526,11 @@ def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims,
         m_mix_executed = m_mix
         label, heads_str = f"conv{k}", f"conv{k}x{k}"
         mix_memory = conv_mixer_memory(n_tokens, dim)
+    elif stage.talking_heads:  # CaiT: the family's own rules (archspec/blocks/talking_heads.py)
+        th = family("talking_heads")
+        p_mix, m_mix = th.counts(dim, plan.heads, grid, flow.n_prefix, stage.qkv_bias)
+        label, heads_str = "talking", " ".join(h.letter for h in plan.heads)
+        mix_memory = th.memory(dim, plan.heads, grid, flow.n_prefix, stage.qkv_bias)
     else:
         p_mix, m_mix = attention_counts(dim, plan.heads, dims, grid, flow.n_prefix, stage.qkv_bias, batchnorm)
         m_mix_executed = m_mix + attention_macs_change(plan.heads, dims.qk_dim, dims.v_dim, grid, flow.n_prefix)
@@ -540,6 +550,48 @@ def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims,
           macs=m_mix + m_fc1 + m_fc2, macs_executed=m_mix_executed + m_fc1 + m_fc2,
           bn_channels=bn_channels,
           config={"stage": i, "layer": layer, "plan": plan, "grid": grid, "n_prefix": flow.n_prefix, "dims": dims})
+
+
+def _check_talking_heads(b: _Builder, i: int) -> None:
+    """Talking-heads attention (CaiT) has plain or masked heads of dim / heads, in pre-norm blocks."""
+    stage, at = b.spec.stages[i], ("stages", i, "talking_heads")
+    if stage.norm == "batchnorm":
+        b.problem(at, "talking-heads attention is a pre-norm (layernorm) block", "set norm: layernorm")
+    if stage.head_dim is not None or stage.key_dim is not None or stage.attn_ratio is not None:
+        b.problem(at, "talking-heads attention uses a head dim of dim / heads (timm CaiT)",
+                  "remove head_dim, key_dim and attn_ratio from this stage")
+    other = sorted({h.letter for plan in b.spec.layer_plans(i) if plan.mixer.kind != "conv" for h in plan.heads
+                    if h.gpsa is not None or h.rel_bias is not None})
+    if other:
+        b.problem(at, f"talking-heads attention takes plain (mhsa) and masked heads only, got head kinds "
+                  f"{', '.join(other)}", "use mhsa, mask, soft_mask or strict_mask heads in this stage")
+
+
+def _add_class_attention(b: _Builder, flow: _Flow, tokens: _Tokens) -> None:
+    """CaiT's class-attention blocks after the last stage (rules: archspec/blocks/class_attention.py)."""
+    spec, ca = b.spec, b.spec.class_attention
+    if tokens.cls_at != spec.depth or spec.tokens.dist_token:
+        b.problem(("class_attention",), "the class-attention stage needs the class token, and only it, inserted "
+                  "after the last block", f"set tokens.cls_token: {spec.depth} (CaiT) and no dist_token")
+        return
+    heads = ca.heads if ca.heads is not None else spec.stages[-1].heads
+    if flow.dim % heads:
+        b.problem(("class_attention", "heads"), f"dim {flow.dim} is not divisible by {heads} heads",
+                  "choose heads dividing the last stage's dim")
+        return
+    if int(flow.dim * ca.mlp_ratio) < 1:
+        b.problem(("class_attention", "mlp_ratio"), f"the MLP hidden width int({flow.dim} * {ca.mlp_ratio:g}) is 0",
+                  f"use mlp_ratio >= {1 / flow.dim:g}")
+        return
+    rule = family("class_attention")
+    n = flow.n_prefix + flow.grid[0] * flow.grid[1]
+    shape = dict(dim=flow.dim, heads=heads, n_tokens=n, mlp_ratio=ca.mlp_ratio, qkv_bias=ca.qkv_bias)
+    params, macs = rule.counts(**shape, layer_scale=ca.layer_scale is not None)
+    memory = rule.memory(**shape, layer_scale=ca.layer_scale is not None)
+    for j in range(ca.depth):
+        b.add(f"stages.{len(spec.stages)}.blocks.{j}", memory, kind="class_attn", label="class-attn",
+              heads=" ".join(["C"] * heads), tokens=n, grid=flow.grid, dim=flow.dim, params=params, macs=macs,
+              layer=flow.block_index + j, config={**shape, "layer_scale": ca.layer_scale})
 
 
 def _add_head(b: _Builder, flow: _Flow) -> None:

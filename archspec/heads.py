@@ -133,6 +133,18 @@ HEAD_SHORTHANDS: dict[str, dict[str, Any]] = {
 }
 
 
+# The letters of HeadSpec.letter, for table legends.
+HEAD_LETTERS: dict[str, str] = {
+    "A": "plain MHSA", "P": "GPSA (ConViT)", "L": "LeViT bias (absolute offsets)", "R": "signed bias (CMHSA)",
+    "M": "hard mask (MaiT)", "S": "soft mask", "X": "strict mask (-inf)",
+}
+
+
+def head_letters_legend() -> str:
+    """One line explaining the head letters of the tables, e.g. ``A plain MHSA, P GPSA (ConViT), ...``."""
+    return ", ".join(f"{k} {v}" for k, v in HEAD_LETTERS.items()) + "; composed heads concatenate letters (PM)"
+
+
 class HeadSpec(StrictModel):
     """What one attention head is: MHSA plus any of GPSA gating, relative bias and a MaiT mask.
 
@@ -162,7 +174,8 @@ class HeadSpec(StrictModel):
 
     @property
     def letter(self) -> str:
-        """One-letter summary used in tables: G global MHSA, P GPSA, B biased, M/S/X hard/soft/strict mask.
+        """Letters used in tables (legend: :data:`HEAD_LETTERS`): A plain MHSA, P GPSA, L LeViT bias, R signed
+        (CMHSA) bias, M/S/X hard/soft/strict mask.  No 'G', which readers take for GPSA.
 
         Composed heads concatenate letters (``PM`` = GPSA over a hard-masked content attention).
         """
@@ -170,10 +183,10 @@ class HeadSpec(StrictModel):
         if self.gpsa is not None:
             parts += "P"
         if self.rel_bias is not None:
-            parts += "B"
+            parts += {"absolute": "L", "signed": "R"}[self.rel_bias.table]
         if self.mask is not None:
             parts += {"hard": "M", "soft": "S", "strict": "X"}[self.mask.mode]
-        return parts or "G"
+        return parts or "A"
 
     @property
     def is_plain(self) -> bool:

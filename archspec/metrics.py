@@ -7,6 +7,10 @@
 * :func:`layer_als` -- ALS of every layer and head with a window mask on that layer's token grid.
 * :func:`nonlocality` -- ConViT eq. 8: ``D_loc = sum_j A_ij ||delta_ij||`` in patch units, averaged
   over patch queries (and the batch), per head.
+* :func:`cross_layer_similarity` -- MaiT App. A.3 eq. 5 (after DeepViT): the cosine similarity
+  ``M^{i,j}_{h,t}`` of the attention rows ``A^i_{h,t,:}`` and ``A^j_{h,t,:}`` of layers ``i`` and ``j``,
+  per head and token; :func:`layer_cross_similarity` runs it on a model's layers.
+* :func:`layer_gating` -- ConViT's gating ``sigmoid(lambda_h)`` of every GPSA layer.
 
 These work on any archspec model (whatever its heads: masked, biased, GPSA or plain), and the
 functions on tensors work on any attention map.
@@ -20,23 +24,30 @@ from torch import Tensor, nn
 from archspec.blocks.attention import Attention
 from archspec.blocks.masks import window_mask
 from archspec.blocks.position import grid_positions
+from archspec.blocks.talking_heads import TalkingHeadAttn
 
-__all__ = ["attention_maps", "attention_locality_score", "layer_als", "nonlocality", "patch_window_mask"]
+__all__ = ["attention_maps", "attention_locality_score", "layer_als", "nonlocality", "patch_window_mask",
+           "cross_layer_similarity", "layer_cross_similarity", "layer_gating", "SELF_ATTENTION_LAYERS"]
+
+# Token-to-token attention layers (square (B, H, N, N) maps on a patch grid): what the diagnostics read.
+SELF_ATTENTION_LAYERS = (Attention, TalkingHeadAttn)
 
 
 @torch.no_grad()
 def attention_maps(model: nn.Module, x: Tensor) -> dict[str, Tensor]:
-    """``{module path: (B, H, N, N)}`` for every :class:`~archspec.blocks.Attention` of ``model``.
+    """``{module path: (B, H, N, N)}`` for every self-attention layer of ``model`` (:data:`SELF_ATTENTION_LAYERS`).
 
     One forward pass in ``eval`` mode without gradients; a forward pre-hook on each attention layer
     calls its ``get_attention`` on the layer's input (probabilities after masks, biases and GPSA
-    gating, without dropout).  The model's train/eval mode is restored afterwards.
+    gating, without dropout; for CaiT's talking heads each head's softmax, before ``proj_w``).
+    CaiT's class-attention layers (one query) are not included.  The model's train/eval mode is
+    restored afterwards.
     """
     maps: dict[str, Tensor] = {}
     handles = []
     for name, module in model.named_modules():
-        if isinstance(module, Attention):
-            def hook(mod: Attention, args: tuple, _name: str = name) -> None:
+        if isinstance(module, SELF_ATTENTION_LAYERS):
+            def hook(mod: nn.Module, args: tuple, _name: str = name) -> None:
                 maps[_name] = mod.get_attention(args[0]).detach()
             handles.append(module.register_forward_pre_hook(hook))
     was_training = model.training
@@ -128,3 +139,69 @@ def nonlocality(attn: Tensor, grid: tuple[int, int], num_prefix_tokens: int = 0)
     p = num_prefix_tokens
     patch = attn[:, :, p:, p:]
     return (patch * dist).sum(dim=-1).mean(dim=(0, 2))
+
+
+def cross_layer_similarity(maps: "list[Tensor]", eps: float = 1e-12) -> Tensor:
+    """MaiT App. A.3 eq. 5: ``M^{i,j}_{h,t} = A^i_{h,t,:} . A^j_{h,t,:} / (||A^i_{h,t,:}|| ||A^j_{h,t,:}||)``.
+
+    The cosine similarity, for head ``h`` and output token ``t``, between the attention row of layer ``i``
+    and that of layer ``j`` (the weights token ``t`` gives every input token), for every pair of layers.
+
+    Args:
+        maps: ``L`` attention maps ``(B, H, N, N)`` of the same shape, one per layer, in layer order.
+        eps: guards a zero row (its similarity is then 0).
+
+    Returns:
+        ``(B, H, L, L, N)``: ``out[b, h, i, j, t] = M^{i,j}_{h,t}`` for image ``b``; symmetric in ``i, j``,
+        1 on the diagonal for non-zero rows.  MaiT's Fig. 7-9 heat maps are per head, ``L x L``: we
+        average over tokens and images, ``out.mean(dim=(0, 4))`` (what :func:`layer_cross_similarity` returns).
+
+    Raises:
+        ValueError: fewer than one map, or maps of different shapes or not ``(B, H, N, N)``.
+    """
+    if not maps:
+        raise ValueError("cross_layer_similarity needs at least one attention map")
+    shape = maps[0].shape
+    if len(shape) != 4 or shape[-1] != shape[-2] or any(m.shape != shape for m in maps):
+        raise ValueError(f"maps must all be (B, H, N, N) of one shape, got {[tuple(m.shape) for m in maps]}")
+    stacked = torch.stack(maps, dim=2)  # (B, H, L, N, N): [b, h, layer, t, :]
+    unit = stacked / stacked.norm(dim=-1, keepdim=True).clamp_min(eps)
+    return torch.einsum("bhitk,bhjtk->bhijt", unit, unit)
+
+
+def layer_cross_similarity(model: nn.Module, x: Tensor,
+                           maps: "dict[str, Tensor] | None" = None) -> tuple[list[str], Tensor]:
+    """Cross-layer similarity (eq. 5) of every self-attention layer of ``model`` on images ``x``.
+
+    Returns ``(layer names, (H, L, L))``: ``M^{i,j}_h`` averaged over tokens ``t`` and images.  When all
+    layers see the same tokens (DeiT, MaiT, CaiT's self-attention stage), the rows cover all ``N``
+    tokens as in the paper; when they differ (ConViT inserts the class token later) every map is cut
+    to its patch-to-patch block so the layers compare on the same tokens (our choice).
+
+    ``maps`` (from :func:`attention_maps` of the same ``model`` and ``x``) saves the forward pass.
+
+    Raises:
+        ValueError: no self-attention layer, or layers with different head counts or patch grids.
+    """
+    maps = attention_maps(model, x) if maps is None else maps
+    if not maps:
+        raise ValueError("the model has no self-attention layer")
+    names, tensors = list(maps), list(maps.values())
+    if len({t.shape for t in tensors}) > 1:
+        modules = dict(model.named_modules())
+        tensors = [t[..., modules[n].num_prefix_tokens:, modules[n].num_prefix_tokens:] for n, t in zip(names, tensors)]
+    return names, cross_layer_similarity(tensors).mean(dim=(0, 4))
+
+
+def layer_gating(model: nn.Module) -> dict[str, Tensor]:
+    """``{layer: sigmoid(lambda_h) (n_gpsa,)}`` of every attention layer with GPSA heads (ConViT eq. 7).
+
+    The weight of positional attention per GPSA head; empty for models without GPSA.
+    """
+    out: dict[str, Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, SELF_ATTENTION_LAYERS):
+            gate = module.gating()
+            if gate is not None:
+                out[name] = gate.detach()
+    return out

@@ -10,16 +10,16 @@ import typing
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from archspec.heads import HEAD_SHORTHANDS, GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
-from archspec.spec import (ArchSpec, ConvStemSpec, HeadOutSpec, IdentityStemSpec, InputSpec, LayerOverride, MixerSpec,
-                           PatchStemSpec, ShrinkSpec, StageSpec, TokensSpec)
+from archspec.heads import HEAD_SHORTHANDS, GPSASpec, HeadSpec, MaskSpec, RelBiasSpec, head_letters_legend
+from archspec.spec import (ArchSpec, ClassAttentionSpec, ConvStemSpec, HeadOutSpec, IdentityStemSpec, InputSpec,
+                           LayerOverride, MixerSpec, PatchStemSpec, ShrinkSpec, StageSpec, TokensSpec)
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("spec (top level)", ArchSpec), ("input", InputSpec), ("stem (kind: patch)", PatchStemSpec),
     ("stem (kind: conv)", ConvStemSpec), ("stem (kind: identity)", IdentityStemSpec), ("tokens", TokensSpec),
     ("stages[]", StageSpec), ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec), ("stages[].shrink", ShrinkSpec),
     ("head kind (stages[].attention, layers[].heads[])", HeadSpec), ("gpsa", GPSASpec), ("rel_bias", RelBiasSpec),
-    ("mask", MaskSpec), ("head", HeadOutSpec),
+    ("mask", MaskSpec), ("class_attention", ClassAttentionSpec), ("head", HeadOutSpec),
 ]
 
 
@@ -54,6 +54,5 @@ def markdown() -> str:
         lines.append("")
     shorthands = ", ".join(f"`{k}`" for k in HEAD_SHORTHANDS)
     lines += ["## head kind shorthands", "", f"A head may be written as one of {shorthands}; "
-              "`mask:3x5` gives a hard mask with a 3x5 window. Letters in tables: G MHSA, P GPSA, B relative bias, "
-              "M hard mask, S soft mask, X strict mask; composed heads concatenate letters.", ""]
+              f"`mask:3x5` gives a hard mask with a 3x5 window. Letters in tables: {head_letters_legend()}.", ""]
     return "\n".join(lines)

@@ -4,7 +4,8 @@ Step 1 of 3 on the way from YAML to ``nn.Module`` (spec -> :mod:`archspec.graph`
 :mod:`archspec.compiler`).  This module checks everything a single field or model can check
 (types, ranges, unknown keys, per-head list lengths, layer ranges); checks that need shapes
 (token grids, mask windows against the grid, head-count arithmetic) happen while the graph is
-built, and :func:`load_spec` runs both so that a loaded spec is known to compile.
+built, and :func:`archspec.loader.load_spec` runs both so that a loaded spec is known to compile
+(:func:`parse_spec` here is the schema step only; this module imports nothing of the later steps).
 
 A minimal spec (DeiT-Ti)::
 
@@ -36,8 +37,8 @@ from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = [
     "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "TokensSpec",
-    "StageSpec", "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan",
-    "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "load_spec", "spec_to_yaml", "SPEC_DIR",
+    "StageSpec", "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
+    "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "parse_spec", "spec_to_yaml", "SPEC_DIR",
 ]
 
 # Sane caps: a spec must never be able to exhaust memory before a check can stop it.
@@ -284,6 +285,10 @@ class StageSpec(StrictModel):
         0.0, description="Stochastic depth: one rate for every block, or [first, last] linearly spaced over the stage."
     )
     layer_scale: float | None = Field(None, gt=0, le=1, description="LayerScale init (CaiT / MaiT*); None = off.")
+    talking_heads: bool = Field(
+        False, description="CaiT talking-heads attention: logits mixed across heads before the softmax (proj_l) "
+        "and probabilities after it (proj_w); heads may be mhsa or masks (the mask acts after proj_l).",
+    )
     attention: HeadSpec | None = Field(
         None,
         description="Head kind of every head not set by 'layers'. When omitted and 'layers' is given, the ranges "
@@ -344,6 +349,21 @@ class HeadOutSpec(StrictModel):
     )
 
 
+class ClassAttentionSpec(StrictModel):
+    """CaiT class-attention stage after the last stage (CaiT sec. 3.2): only the class token queries.
+
+    Needs the class token inserted after the last block (``tokens.cls_token: <total depth>``); width,
+    activation and LayerNorm eps are the last stage's.
+    """
+
+    depth: int = Field(2, ge=1, le=MAX_DEPTH, description="Class-attention blocks (CaiT: 2).")
+    heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="Heads; default: the last stage's.")
+    mlp_ratio: float = Field(4.0, gt=0, le=16, description="MLP hidden = mlp_ratio * dim (CaiT: 4).")
+    qkv_bias: bool = Field(True, description="Bias on q, k, v (timm CaiT: True).")
+    layer_scale: float | None = Field(1e-5, gt=0, le=1, description="LayerScale init of gamma_1/gamma_2 "
+                                      "(CaiT-XXS: 1e-5, larger CaiTs 1e-6); None = off.")
+
+
 class ArchSpec(StrictModel):
     """A whole architecture.  Build it with :func:`archspec.compile`."""
 
@@ -357,6 +377,8 @@ class ArchSpec(StrictModel):
     stem: StemSpec = Field(default_factory=PatchStemSpec, description="Stem: patch, conv or identity.")
     tokens: TokensSpec = Field(default_factory=TokensSpec, description="Class/distillation tokens and position embedding.")
     stages: list[StageSpec] = Field(..., min_length=1, max_length=8, description="Stages, in order.")
+    class_attention: ClassAttentionSpec | None = Field(
+        None, description="CaiT class-attention stage after the last stage (needs tokens.cls_token: <total depth>).")
     head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head.")
 
     @field_validator("name")
@@ -425,12 +447,22 @@ _PACKAGE_SPECS = FsPath(__file__).resolve().parent / "specs"
 SPEC_DIR = _PACKAGE_SPECS if _PACKAGE_SPECS.is_dir() else FsPath(__file__).resolve().parent.parent / "specs"
 
 
-def _field_names() -> set[str]:
-    names: set[str] = set()
-    for model in (ArchSpec, InputSpec, PatchStemSpec, ConvStemSpec, IdentityStemSpec, TokensSpec, StageSpec,
-                  LayerOverride, MixerSpec, ShrinkSpec, HeadOutSpec, HeadSpec, GPSASpec, RelBiasSpec, MaskSpec):
-        names.update(model.model_fields)
-    return names
+def _models_of(annotation: Any) -> list[type[StrictModel]]:
+    """The spec models an annotation can hold (``StageSpec | None`` -> [StageSpec]; the stem union -> its three)."""
+    if isinstance(annotation, type) and issubclass(annotation, StrictModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _models_of(arg)]
+
+
+def _fields_at(path: tuple) -> list[str]:
+    """The keys valid in the mapping at ``path`` (list indices skipped), for 'did you mean' hints."""
+    models: list[type[StrictModel]] = [ArchSpec]
+    for part in path:
+        if isinstance(part, int):
+            continue
+        models = [m for model in models if part in model.model_fields
+                  for m in _models_of(model.model_fields[part].annotation)]
+    return sorted({name for model in models for name in model.model_fields})
 
 
 _HINTS = {
@@ -481,7 +513,6 @@ def _clean_loc(loc: tuple, keep_last: bool = False) -> tuple:
 
 def _problems_from_validation(exc: ValidationError) -> list[Problem]:
     errors = exc.errors(include_url=False)
-    names = _field_names()
     missing: dict[tuple, list[str]] = {}  # mapping path -> its missing required keys
     for err in errors:
         if err["type"] == "missing":
@@ -503,9 +534,13 @@ def _problems_from_validation(exc: ValidationError) -> list[Problem]:
             if close:
                 explained.add(path[:-1] + (close[0],))
                 hint = f"did you mean {close[0]!r}? (a required key)"
-            else:
-                close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.6)
-                hint = f"did you mean {close[0]!r}?" if close else "see `archspec schema` for the allowed keys"
+            else:  # suggest only keys valid at this place (a mask has no 'stride')
+                allowed = _fields_at(path[:-1])
+                close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+                hint = (f"did you mean {close[0]!r}?" if close else
+                        f"keys allowed here: {', '.join(allowed)}" if allowed else "see `archspec schema`")
+                if not close and len(path) == 1:
+                    hint += "; top-level keys starting with 'x-' are ignored (for YAML anchors)"
             message = f"unknown key {key!r}"
         elif kind == "missing":
             key = path[-1] if path else ""
@@ -590,48 +625,41 @@ def default_spec_name(stem: str) -> str:
     return name or "model"
 
 
-def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True,
-              max_memory: float | None = None) -> ArchSpec:
-    """Load and validate a spec.
+def parse_spec(source: "str | os.PathLike | dict | ArchSpec") -> tuple[ArchSpec, Locator | None]:
+    """Read and schema-validate a spec (types, ranges, unknown keys); no shape checks.
+
+    The shape checks need the graph (step 2), so they run in :func:`archspec.loader.load_spec`, which
+    calls this first; that keeps the import order spec -> graph -> loader free of circles.
 
     Args:
         source: a path to a YAML file, the name of a shipped spec (``"mait_tiny_sch2"``), YAML text,
-            a dict, or an :class:`ArchSpec` (returned re-checked).  An ``os.PathLike`` is always a
-            path.  A ``str`` is YAML text when it contains a newline, is blank, or -- unless it names
-            an existing file or ends in ``.yaml`` / ``.yml`` -- starts with ``{``, ``[`` or ``---`` or
-            holds ``key: value`` (``"{name: t, stages: ...}"``); otherwise it is a path or a shipped name
-            (:func:`archspec.yamlsource.is_yaml_text`).
-        check: also run the shape checks of :func:`archspec.graph.build_graph` (token grids,
-            windows, head arithmetic) and the memory limit.  ``False`` gives schema validation only.
-        max_memory: with ``check``, the limit in bytes on the estimated memory of a batch-1 float32
-            forward (:func:`archspec.graph.check_memory`); ``None``: ``archspec.graph.DEFAULT_MAX_MEMORY``
-            (8 GiB); ``math.inf``: no limit.
+            a dict, or an :class:`ArchSpec` (returned as is).  An ``os.PathLike`` is always a path.  A
+            ``str`` is YAML text when it contains a newline, is blank, or -- unless it names an existing
+            file or ends in ``.yaml`` / ``.yml`` -- starts with ``{``, ``[`` or ``---`` or holds
+            ``key: value`` (:func:`archspec.yamlsource.is_yaml_text`); otherwise a path or a shipped name.
+
+    Returns:
+        ``(spec, locator)``: the spec and the YAML locator of its file or text (None for a dict or spec).
 
     Raises:
-        SpecError: every problem found, each with file, line, column and field path; for a file also
+        SpecError: every schema problem, each with file, line, column and field path; for a file also
             a missing file, a directory, FIFO or device, a file over 1 MB, bytes that are not UTF-8.
         TypeError: ``source`` is none of the types above.
     """
     if isinstance(source, ArchSpec):
-        spec, locator = source, None
-    else:
-        data, locator, default_name = _read_source(source)
-        if not isinstance(data, dict):
-            raise SpecError.single((), f"a spec must be a mapping of keys to values, got a {type(data).__name__}",
-                                   "start from one of `archspec list`").located(locator)
-        if default_name is not None and "name" not in data:
-            data = {"name": default_spec_name(default_name), **data}
-        try:
-            spec = ArchSpec.model_validate(data)
-        except ValidationError as exc:
-            raise SpecError(_problems_from_validation(exc)).located(locator) from None
-    if check:
-        from archspec.graph import check_spec  # the graph module owns shape inference
-
-        problems = check_spec(spec, max_memory)
-        if problems:
-            raise SpecError(problems).located(locator)
-    return spec
+        return source, None
+    data, locator, default_name = _read_source(source)
+    if not isinstance(data, dict):
+        raise SpecError.single((), f"a spec must be a mapping of keys to values, got a {type(data).__name__}",
+                               "start from one of `archspec list`").located(locator)
+    # Top-level x-... keys hold the user's YAML anchors (x-common: &common ...), as in Compose files.
+    data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}
+    if default_name is not None and "name" not in data:
+        data = {"name": default_spec_name(default_name), **data}
+    try:
+        return ArchSpec.model_validate(data), locator
+    except ValidationError as exc:
+        raise SpecError(_problems_from_validation(exc)).located(locator) from None
 
 
 def spec_to_yaml(spec: ArchSpec) -> str:

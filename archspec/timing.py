@@ -1,58 +1,137 @@
-"""Forward latency measurement and device parsing, shared by ``archspec build`` and the search.
+"""Forward latency, measured one way for ``archspec build`` and ``archspec search``, and device parsing.
 
-Latency is measured, not estimated: the median of repeated forward passes after warm-up, in
-inference mode, synchronised on CUDA so that a reading covers the whole kernel queue.
+Latency is measured, not estimated, with ``torch.utils.benchmark.Timer`` (explicit thread count; it
+synchronises CUDA around each timed run) in ``eval`` mode under ``torch.inference_mode``, following
+LeViT's two protocols (sec. 5.1, "Speed"):
+
+* **CPU**: batch 1, one thread by default (``threads``); the figure is the median time of one forward
+  pass in ms.
+* **GPU**: the largest power-of-two batch that fits in memory (up to :data:`MAX_GPU_BATCH`), mixed
+  precision (bf16 autocast); the figure is images/s (and the median time of one batch).
+
+Both report ``ms`` (median per forward of ``batch`` images) and ``images_per_s`` = ``batch / ms * 1000``.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 
 import torch
 
 from archspec.errors import SpecError
 
+__all__ = ["Latency", "measure_forward", "parse_device", "resolve_device", "MAX_GPU_BATCH"]
+
+MAX_GPU_BATCH = 2048  # LeViT's GPU protocol: largest power of two that fits; capped so probing stays short
+
+
+def resolve_device(name: str) -> str:
+    """``'auto'`` -> ``'cuda'`` when a GPU is present, else ``'cpu'``; any other name unchanged."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
 
 def parse_device(name: str, option: str = "--device") -> torch.device:
-    """A torch device from a command-line value.
+    """A torch device from a command-line value: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` (``mps`` too).
 
     Raises:
-        SpecError: unknown or unsupported device, or CUDA asked for where none is available
-            (located at ``option``).
+        SpecError: unknown or unsupported device, or CUDA (or the CUDA device N) asked for where none is
+            available (located at ``option``).
     """
     try:
-        device = torch.device(name)
+        device = torch.device(resolve_device(name))
     except RuntimeError:
-        raise SpecError.single((option,), f"unknown device {name!r}", "use cpu, cuda or cuda:N") from None
+        raise SpecError.single((option,), f"unknown device {name!r}", "use auto, cpu, cuda or cuda:N") from None
     if device.type not in ("cpu", "cuda", "mps"):
-        raise SpecError.single((option,), f"unsupported device {name!r}", "use cpu, cuda or cuda:N")
+        raise SpecError.single((option,), f"unsupported device {name!r}", "use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SpecError.single((option,), "CUDA is not available on this machine", f"use {option} cpu")
+        raise SpecError.single((option,), "CUDA is not available on this machine", f"use {option} cpu (or auto)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise SpecError.single((option,), f"there is no {device} (this machine has {torch.cuda.device_count()} GPU(s))",
+                               f"use {option} cuda:0")
     return device
 
 
-def median_forward_ms(model: torch.nn.Module, x: torch.Tensor, repeats: int = 10, warmup: int = 2) -> float:
-    """Median wall time in ms of ``model(x)`` over ``repeats`` runs after ``warmup`` untimed runs.
+@dataclass(frozen=True)
+class Latency:
+    """One latency measurement.
 
-    Runs in ``torch.inference_mode``; on CUDA the device is synchronised before and after each run.
-    ``x`` is the batch as given, e.g. ``(B, C, H, W)``.
+    Attributes:
+        ms: median wall time of one forward pass of ``batch`` images, in ms.
+        images_per_s: ``batch * 1000 / ms``.
+        batch, threads, device, warmup, repeats: the protocol it was measured under; ``amp``: the autocast
+            dtype (``"bfloat16"``) or ``None`` for float32.
+    """
+
+    ms: float
+    images_per_s: float
+    batch: int
+    threads: int
+    device: str
+    warmup: int
+    repeats: int
+    amp: str | None
+
+    def describe(self) -> dict:
+        """JSON-ready dict, with the statistic named."""
+        return {**asdict(self), "statistic": "median", "timer": "torch.utils.benchmark.Timer"}
+
+
+def _timed_runs(model: torch.nn.Module, x: torch.Tensor, threads: int, warmup: int, repeats: int, amp) -> list[float]:
+    """Seconds of each of ``repeats`` forward passes after ``warmup`` untimed ones.  ``Timer.timeit(1)``
+    itself runs the statement twice untimed before its timed run, so a median never includes a cold run."""
+    from torch.utils.benchmark import Timer  # noqa: PLC0415
+
+    autocast = torch.autocast(x.device.type, dtype=amp) if amp is not None else nullcontext()
+    timer = Timer(stmt="model(x)", globals={"model": model, "x": x}, num_threads=threads)
+    with torch.inference_mode(), autocast:
+        if warmup:
+            timer.timeit(warmup)
+        return [timer.timeit(1).median for _ in range(repeats)]
+
+
+def _largest_batch(model: torch.nn.Module, shape: tuple[int, int, int], device: torch.device, amp) -> int:
+    """LeViT's GPU protocol: the largest power-of-two batch whose forward fits in memory."""
+    batch, fits = 1, 0
+    autocast = torch.autocast(device.type, dtype=amp) if amp is not None else nullcontext()
+    while batch <= MAX_GPU_BATCH:
+        try:
+            with torch.inference_mode(), autocast:
+                model(torch.randn(batch, *shape, device=device))
+            torch.cuda.synchronize(device)
+        except torch.OutOfMemoryError:
+            break
+        fits, batch = batch, batch * 2
+    torch.cuda.empty_cache()
+    if not fits:
+        raise torch.OutOfMemoryError(f"one image does not fit on {device}")
+    return fits
+
+
+def measure_forward(model: torch.nn.Module, shape: tuple[int, int, int], device: "str | torch.device" = "cpu",
+                    threads: int = 1, batch: int | None = None, warmup: int = 5, repeats: int = 20) -> Latency:
+    """Time ``model`` on random images of ``shape`` ``(C, H, W)`` under LeViT's protocol for ``device``.
+
+    The model is put in ``eval`` mode and moved to ``device``.  CPU: ``batch`` defaults to 1, float32,
+    ``threads`` torch threads (restored afterwards).  CUDA: ``batch`` defaults to the largest power of
+    two that fits (:func:`_largest_batch`), bf16 autocast.
 
     Raises:
-        ValueError: ``repeats < 1``.
+        ValueError: ``repeats < 1``, ``warmup < 0`` or ``threads < 1``.
+        torch.OutOfMemoryError: not even one image fits on the GPU.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    cuda = x.device.type == "cuda"
-    times = []
-    with torch.inference_mode():
-        for i in range(warmup + repeats):
-            if cuda:
-                torch.cuda.synchronize(x.device)
-            start = time.perf_counter()
-            model(x)
-            if cuda:
-                torch.cuda.synchronize(x.device)
-            if i >= warmup:
-                times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    if repeats < 1 or warmup < 0 or threads < 1:
+        raise ValueError(f"need repeats >= 1, warmup >= 0, threads >= 1; got {repeats}, {warmup}, {threads}")
+    device = torch.device(resolve_device(str(device)))
+    model = model.eval().to(device)
+    amp = torch.bfloat16 if device.type == "cuda" else None
+    if batch is None:
+        batch = _largest_batch(model, shape, device, amp) if device.type == "cuda" else 1
+    x = torch.randn(batch, *shape, device=device)
+    seconds = statistics.median(_timed_runs(model, x, threads, warmup, repeats, amp))
+    ms = seconds * 1e3
+    return Latency(ms=ms, images_per_s=batch * 1e3 / ms, batch=batch, threads=threads, device=str(device),
+                   warmup=warmup, repeats=repeats, amp=str(amp).removeprefix("torch.") if amp else None)

@@ -1,12 +1,12 @@
 """Does the proxy rank architectures like longer training does?  Kendall tau of proxy vs long accuracy.
 
-    python bench/proxy_rank.py                        # 8 architectures, 2 processes; see bench/README.md
-    python bench/proxy_rank.py --n 12 --long-steps 1500 --data ~/data/cifar-10-batches-py
+    python bench/proxy_rank.py                        # 12 architectures on Fashion-MNIST, 2 processes
+    python bench/proxy_rank.py --data digits --n 8 --long-steps 450   # the earlier digits figure
 
 Samples ``--n`` distinct architectures of the default design space that fit ``--budget-flops``
 (Optuna ``RandomSampler``, ``--seed``), trains each with the search's proxy protocol (the default
 ``ProxyProtocol``: what ``archspec search`` uses to score a trial) and again for ``--long-steps``
-steps (default 3x the proxy's), then reports ``scipy.stats.kendalltau`` between the proxy accuracy
+steps (default 4x the proxy's), then reports ``scipy.stats.kendalltau`` between the proxy accuracy
 and the longer-trained accuracy, with its p-value.  Both runs use the same data split; the long
 run uses ``--long-seed`` (default: a different initialisation from the proxy's) so that tau
 measures ranking, not shared noise.
@@ -60,7 +60,7 @@ def _train(task: dict) -> dict:
 
     from archspec.search.data import load_data
     from archspec.search.proxy import ProxyProtocol, TrialFailure, train_proxy
-    from archspec.spec import load_spec
+    from archspec.loader import load_spec
 
     torch.set_num_threads(task["protocol"]["threads"] or 1)
     key = (task["data"], task["image_size"], task["data_seed"], task["max_images"])
@@ -80,11 +80,13 @@ def _train(task: dict) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=8, help="architectures (default 8)")
+    parser.add_argument("--n", type=int, default=12, help="architectures (default 12)")
     parser.add_argument("--budget-flops", default="1G", help="only candidates within this MAC budget (default 1G)")
     parser.add_argument("--proxy-steps", type=int, default=None, help="proxy steps (default: ProxyProtocol's)")
-    parser.add_argument("--long-steps", type=int, default=None, help="long-training steps (default 3x the proxy's)")
-    parser.add_argument("--data", default=None, help="ImageFolder / CIFAR-10 directory (default: embedded digits)")
+    parser.add_argument("--long-steps", type=int, default=None, help="long-training steps (default 4x the proxy's)")
+    parser.add_argument("--data", default="fashion-mnist",
+                        help="fashion-mnist (default; apt-get install dataset-fashion-mnist), digits, or a directory "
+                             "load_data reads (CIFAR-10/100, ImageFolder, IDX files)")
     parser.add_argument("--max-images", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0, help="sampling seed and proxy initialisation seed")
     parser.add_argument("--long-seed", type=int, default=1, help="initialisation seed of the long runs (default 1)")
@@ -108,7 +110,7 @@ def main(argv=None) -> int:
     proxy = dataclasses.replace(ProxyProtocol(), threads=args.threads)
     if args.proxy_steps:
         proxy = dataclasses.replace(proxy, steps=args.proxy_steps)
-    long_steps = args.long_steps or 3 * proxy.steps
+    long_steps = args.long_steps or 4 * proxy.steps
     long = dataclasses.replace(proxy, steps=long_steps, eval_every=max(long_steps // 4, 1),
                                warmup_steps=max(proxy.warmup_steps, long_steps // 10))
     budgets = Budgets(macs=parse_quantity(args.budget_flops, "--budget-flops"))

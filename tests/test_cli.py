@@ -38,7 +38,7 @@ def test_build_table_and_overrides(tmp_path, capsys) -> None:
                  "--repeats", "1"])
     text = capsys.readouterr().out
     assert code == 0
-    assert "M M G" in text and "M G G" in text and "G G G" in text and "forward latency" in text
+    assert "M M A" in text and "M A A" in text and "A A A" in text and "forward latency" in text
     spec = archspec.load_spec(tmp_path / "m" / "spec.yaml")
     assert spec.input.resolution == (112, 112) and spec.seed == 3
     assert "pos_embed" in archspec.load(tmp_path / "m").state_dict()  # resized with the resolution

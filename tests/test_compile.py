@@ -148,4 +148,4 @@ def test_analyze_needs_no_weights_and_agrees_with_the_model() -> None:
     analysis = archspec.analyze("mait_tiny_sch2")
     assert abs(analysis.params - 11e6) / 11e6 < 0.05 and abs(analysis.macs - 2.5e9) / 2.5e9 < 0.05  # MaiT Tab. 4
     heads = [row.heads for row in analysis.rows if row.layer.startswith("stages.0.blocks.")]
-    assert heads[0] == "M M G" and heads[-1] == "G G G"
+    assert heads[0] == "M M A" and heads[-1] == "A A A"

@@ -80,3 +80,54 @@ def test_attention_maps_and_layer_als_on_a_model():
         own = attention_locality_score(maps["stages.0.blocks.0.attn"], window_mask((4, 4), (3, 3), 1), 1)
         assert own[0] == pytest.approx(1.0, abs=1e-5)
         assert 0.0 < scores[0] <= 1.0 and 0.0 < scores[1] < scores[0]
+
+
+# --------------------------------------------------------------------------- MaiT App. A.3 eq. 5
+def test_cross_layer_similarity_hand_case():
+    """Two layers, one head, two tokens: row 0 is orthogonal across layers, row 1 identical.
+
+    Layer 0: token 0 attends [1, 0], token 1 [0.6, 0.4]; layer 1: token 0 [0, 1], token 1 [0.6, 0.4].
+    eq. 5: M^{0,1}_{0} = 0, M^{0,1}_{1} = 1; M^{i,i}_t = 1; the per-head L x L map averages tokens: 0.5.
+    A third layer with token 0 at [0.6, 0.8] gives cos([1, 0], [0.6, 0.8]) = 0.6 against layer 0.
+    """
+    from archspec.metrics import cross_layer_similarity
+
+    a0 = torch.tensor([[1.0, 0.0], [0.6, 0.4]]).view(1, 1, 2, 2)
+    a1 = torch.tensor([[0.0, 1.0], [0.6, 0.4]]).view(1, 1, 2, 2)
+    a2 = torch.tensor([[0.6, 0.8], [0.6, 0.4]]).view(1, 1, 2, 2)
+    m = cross_layer_similarity([a0, a1, a2])
+    assert m.shape == (1, 1, 3, 3, 2)
+    assert torch.allclose(m[0, 0, 0, 1], torch.tensor([0.0, 1.0]))
+    assert torch.allclose(m[0, 0, 0, 2], torch.tensor([0.6, 1.0]))
+    assert torch.allclose(m[0, 0, 1, 2], torch.tensor([0.8, 1.0]))
+    assert torch.allclose(m[0, 0].diagonal(dim1=0, dim2=1), torch.ones(2, 3))
+    assert torch.allclose(m.mean(dim=(0, 4))[0], torch.tensor([[1.0, 0.5, 0.8], [0.5, 1.0, 0.9], [0.8, 0.9, 1.0]]))
+
+
+def test_cross_layer_similarity_rejects_mixed_shapes():
+    from archspec.metrics import cross_layer_similarity
+
+    with pytest.raises(ValueError):
+        cross_layer_similarity([torch.rand(1, 2, 4, 4), torch.rand(1, 3, 4, 4)])
+    with pytest.raises(ValueError):
+        cross_layer_similarity([])
+
+
+def test_layer_cross_similarity_of_a_model_is_symmetric_with_unit_diagonal(one_thread):
+    from archspec.metrics import layer_cross_similarity
+
+    model = compile(TINY)
+    names, sim = layer_cross_similarity(model, torch.randn(2, 3, 32, 32))
+    assert names == ["stages.0.blocks.0.attn", "stages.0.blocks.1.attn"] and sim.shape == (2, 2, 2)
+    assert torch.allclose(sim, sim.transpose(1, 2), atol=1e-6)
+    assert torch.allclose(sim.diagonal(dim1=1, dim2=2), torch.ones(2, 2), atol=1e-5)
+    assert (sim <= 1 + 1e-6).all() and (sim >= 0).all()  # probabilities: non-negative rows
+
+
+def test_layer_cross_similarity_compares_patches_when_the_class_token_comes_late(one_thread):
+    """ConViT-like: block 0 has no class token, block 1 has it; the maps are cut to the patch block."""
+    from archspec.metrics import layer_cross_similarity
+
+    doc = {**TINY, "tokens": {"cls_token": 1}, "stages": [{"depth": 2, "dim": 32, "heads": 2, "attention": "mhsa"}]}
+    _, sim = layer_cross_similarity(compile(doc), torch.randn(1, 3, 32, 32))
+    assert sim.shape == (2, 2, 2)

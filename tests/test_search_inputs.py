@@ -160,15 +160,16 @@ def test_fifo_image_is_named_not_waited_on(work, capsys):
 def test_cifar_problems_are_named(work, capsys):
     cifar = Path("cifar-10-batches-py")
     cifar.mkdir()
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
         (cifar / name).write_bytes(b"not a pickle")
-    _refused([*DESIGN, "--data", str(cifar)], ["--data", "data_batch_1", "cannot read CIFAR-10 batch"], capsys, work)
+    _refused([*DESIGN, "--data", str(cifar)], ["--data", "data_batch_1", "not the published CIFAR10 file"], capsys, work)
     os.remove(cifar / "data_batch_1")
+    _refused([*DESIGN, "--data", str(cifar)], ["--data", "data_batch_1 is missing"], capsys, work)
     os.mkfifo(cifar / "data_batch_1")
-    _refused([*DESIGN, "--data", str(cifar)], ["--data", "incomplete CIFAR-10"], capsys, work)
+    _refused([*DESIGN, "--data", str(cifar)], ["--data", "data_batch_1", "not a regular file"], capsys, work)
     os.remove(cifar / "data_batch_1")
     with open(cifar / "data_batch_1", "wb") as f:
-        f.truncate(10**9)  # sparse 1 GB: refused from its size, not unpickled
+        f.truncate(10**9)  # sparse 1 GB: refused from its size, never hashed or unpickled
     _refused([*DESIGN, "--data", str(cifar)], ["--data", "data_batch_1", "1,000 MB"], capsys, work)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 
 import numpy as np
 import pytest
@@ -56,42 +55,6 @@ def test_digits_default():
 def test_digits_max_images(digits):
     assert len(digits.train) + len(digits.val) == 300 and len(digits.val) == 60
     assert set(digits.val.tensors[1].tolist()) == set(range(10))
-
-
-def _write_cifar(root, n=20):
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        labels = [i % 10 for i in range(n)]
-        batch = {b"batch_label": name.encode(), b"labels": labels,
-                 b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
-                 b"filenames": [f"{k}.png".encode() for k in range(n)]}
-        with open(folder / name, "wb") as fh:
-            pickle.dump(batch, fh, protocol=2)
-    return folder
-
-
-def test_cifar10_loader(tmp_path):
-    _write_cifar(tmp_path)
-    data = load_data(tmp_path, 16)
-    assert data.name == "cifar10" and data.num_classes == 10 and data.channels == 3
-    assert data.train.tensors[0].shape == (100, 3, 16, 16) and data.val.tensors[0].shape == (20, 3, 16, 16)
-    assert load_data(tmp_path / "cifar-10-batches-py", 32, max_images=60).train.tensors[0].shape[1:] == (3, 32, 32)
-
-
-def test_cifar10_refuses_foreign_pickles(tmp_path):
-    folder = _write_cifar(tmp_path)
-
-    class Evil:
-        def __reduce__(self):
-            return (print, ("pwned",))
-
-    with open(folder / "test_batch", "wb") as fh:
-        pickle.dump({b"data": Evil(), b"labels": [0]}, fh)
-    with pytest.raises(SpecError) as info:
-        load_data(tmp_path, 16)
-    assert info.value.problems[0].path == ("--data",) and "test_batch" in info.value.problems[0].message
 
 
 def test_image_folder(tmp_path):

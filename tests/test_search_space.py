@@ -75,7 +75,7 @@ def test_default_space_points_are_valid_and_varied(default_points):
         assert "stages.0.dim" in params and "stages.count" in params
     assert len(keys) >= 0.9 * len(points)
     letters = {h.letter for _, spec in points for i in range(len(spec.stages)) for p in spec.layer_plans(i) for h in p.heads}
-    assert {"B", "P", "BM"} <= letters  # LeViT bias, GPSA, masked biased heads all occur
+    assert {"L", "P", "LM"} <= letters  # LeViT bias, GPSA, masked biased heads all occur
 
 
 def test_default_space_cuts_a_1g_budget(default_points):
@@ -174,7 +174,7 @@ def test_small_space_language():
     params = {"stages.count": 2, "stages.0.depth": 2, "stages.0.dim": 128, "stages.0.heads_mix": "mait",
               "stages.0.heads_mix.mait.masked": 3, "stages.0.heads_mix.mait.window": "5x5"}
     spec = space.sample(FixedTrial(params))
-    assert [h.letter for h in spec.layer_plans(0)[0].heads] == ["BM", "BM", "BM", "B"]
+    assert [h.letter for h in spec.layer_plans(0)[0].heads] == ["LM", "LM", "LM", "L"]
     assert spec.layer_plans(0)[1].heads[0].mask.window == (5, 5)
     assert spec.stages[1].shrink.key_dim == 16 and spec.stages[0].dim == 128
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from archspec.graph import build_graph
-from archspec.spec import load_spec
+from archspec.loader import load_spec
 from macs_reference import reference_macs
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"
@@ -24,13 +24,15 @@ TIMM_TWINS = {
     "convit_small": "convit_small",
     "levit_128s": "levit_128s",
     "levit_256": "levit_256",
+    "cait_xxs24": "cait_xxs24_224",
 }
-MACS_CHECKED = ("deit_tiny", "convit_tiny", "levit_128s")
+MACS_CHECKED = ("deit_tiny", "convit_tiny", "levit_128s")  # cait_xxs24: tests/test_cait.py
 MACS_TOL = 0.02
 
 EXPECTED_SPECS = {
     "deit_tiny", "convit_tiny", "convit_small", "levit_128s", "levit_256", "levit_128s_v1",
     "mait_tiny_sch1", "mait_tiny_sch2", "mait_tiny_sch3", "mait_xs_sch2", "cmhsa_k3_conv", "cmhsa_k3",
+    "cait_xxs24", "masked_cait_xxs24",
 }
 
 
@@ -112,15 +114,15 @@ def _letters(stem: str) -> list[str]:
 @pytest.mark.parametrize("stem", ["mait_tiny_sch2", "mait_xs_sch2"])
 def test_mait_sch2_head_kinds(stem: str):
     # Sch.2: H-1 = 2 masked heads in layers 0-7, one in 8-19 (layer 8: our reading), none in 20-23.
-    assert _letters(stem) == ["MMG"] * 8 + ["MGG"] * 12 + ["GGG"] * 4
+    assert _letters(stem) == ["MMA"] * 8 + ["MAA"] * 12 + ["AAA"] * 4
     spec = load_spec(SPEC_DIR / f"{stem}.yaml")
     masks = [h.mask for plan in spec.layer_plans(0) for h in plan.heads if h.mask is not None]
     assert masks and all(m.window == (3, 3) and m.mode == "hard" for m in masks)
 
 
 def test_mait_sch1_and_sch3_head_kinds():
-    assert _letters("mait_tiny_sch1") == ["MGG"] * 24
-    assert _letters("mait_tiny_sch3") == ["SSS"] * 21 + ["GGG"] * 3
+    assert _letters("mait_tiny_sch1") == ["MAA"] * 24
+    assert _letters("mait_tiny_sch3") == ["SSS"] * 21 + ["AAA"] * 3
 
 
 def test_convit_layers():
@@ -136,7 +138,7 @@ def test_cmhsa_pair_differs_only_in_mixer():
     assert [p.mixer.kind for p in conv.layer_plans(0)] == ["conv"] * 6
     assert all(p.mixer.kernel == 3 for p in conv.layer_plans(0))
     assert [p.mixer.kind for p in attn.layer_plans(0)] == ["attention"] * 6
-    assert all([h.letter for h in p.heads] == ["B"] * 9 and p.heads[0].rel_bias.table == "signed"
+    assert all([h.letter for h in p.heads] == ["R"] * 9 and p.heads[0].rel_bias.table == "signed"
                for p in attn.layer_plans(0))
     # same tokens on both sides: 14x14 raw 16x16x3 patches, no class token
     for g in (_graph("cmhsa_k3_conv"), _graph("cmhsa_k3")):

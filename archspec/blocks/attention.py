@@ -38,7 +38,7 @@ from archspec.heads import HeadSpec
 
 from .fast_attention import flex_masked_attention, gpsa_attention, hard_window_attention, window_tables
 from .masks import alpha_to_logit, soft_mask_scale, window_mask
-from .position import conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, signed_bias_idxs
+from .position import conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table, signed_bias_idxs
 
 __all__ = ["Attention", "coerce_heads", "ATTN_IMPLS", "set_attention_impl", "attention_impl"]
 
@@ -652,6 +652,35 @@ class Attention(nn.Module):
         letters = "".join(f"[{h.letter}]" for h in self.head_specs)
         return (f"dim={self.dim}, heads={letters}, grid={self.grid}, prefix={self.num_prefix_tokens}, "
                 f"qk_dim={self.qk_dim}, v_dim={self.v_dim}, norm={self.norm}, attn_impl={self.attn_impl}")
+
+    @torch.no_grad()
+    def set_grid(self, grid: tuple[int, int]) -> None:
+        """Move the layer to another patch grid ``(H', W')`` (a new input resolution), keeping its weights.
+
+        Rebuilt for the new grid by :meth:`_build_grid_tables`: the relative-offset index tables, GPSA's fixed
+        ``r_ij`` (:func:`~archspec.blocks.position.gpsa_rel_indices`), the MaiT masks (same window, new grid), the
+        linear-time window tables, the eval caches and the per-head path plan (the crossover depends on the grid).
+        The learned bias tables are resampled bicubically on their offset grids
+        (:func:`~archspec.blocks.position.resample_bias_table`, as timm ``resize_rel_pos_bias_table_levit``):
+        LeViT's ``attention_biases`` ``(h, H*W) -> (h, H'*W')``, CMHSA's ``signed_biases``
+        ``(h, (2H-1)(2W-1)) -> (h, (2H'-1)(2W'-1))``.  Afterwards the layer expects ``(B, prefix + H'*W', C)``.
+
+        Raises:
+            ValueError: for a grid side < 1.
+        """
+        rows, cols = int(grid[0]), int(grid[1])
+        if rows < 1 or cols < 1:
+            raise ValueError(f"grid sides must be >= 1, got {grid!r}")
+        old = self.grid
+        if self.abs_bias_heads:
+            table = resample_bias_table(self.attention_biases.data, old, (rows, cols))
+            self.attention_biases = nn.Parameter(table, requires_grad=self.attention_biases.requires_grad)
+        if self.signed_bias_heads:
+            table = resample_bias_table(self.signed_biases.data, (2 * old[0] - 1, 2 * old[1] - 1),
+                                        (2 * rows - 1, 2 * cols - 1))
+            self.signed_biases = nn.Parameter(table, requires_grad=self.signed_biases.requires_grad)
+        # index tables, GPSA's r_ij, masks, linear-time window tables, caches and the per-head path plan
+        self._build_grid_tables((rows, cols))
 
 
 def set_attention_impl(model: nn.Module, impl: str) -> nn.Module:

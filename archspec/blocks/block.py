@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 from timm.layers import DropPath, LayerScale, Mlp
 from timm.models.levit import LevitDownsample, LevitMlp
+
+from .position import levit_bias_idxs, resample_bias_table
 
 __all__ = ["TransformerBlock", "LevitBlock", "ShrinkBlock"]
 
@@ -165,3 +168,28 @@ class ShrinkBlock(LevitDownsample):
         if x.dim() != 3 or x.shape[1] != rows * cols or x.shape[2] != self.in_dim:
             raise ValueError(f"ShrinkBlock expects (B, {rows * cols}, {self.in_dim}), got {tuple(x.shape)}")
         return super().forward(x.contiguous())
+
+    @torch.no_grad()
+    def set_grid(self, grid: tuple[int, int]) -> None:
+        """Move the block to another input grid ``(H', W')``, keeping its weights.
+
+        Resamples the attention-bias table ``(h, H*W) -> (h, H'*W')`` bicubically on its offset grid
+        (:func:`~archspec.blocks.position.resample_bias_table`, as timm ``resize_rel_pos_bias_table_levit``)
+        and recomputes timm ``AttentionDownsample``'s index table and its query subsampler's resolution.
+        Afterwards :attr:`grid` is ``(H', W')`` and :attr:`out_grid` ``(ceil(H'/2), ceil(W'/2))``.
+
+        Raises:
+            ValueError: for a grid side < 1.
+        """
+        rows, cols = int(grid[0]), int(grid[1])
+        if rows < 1 or cols < 1:
+            raise ValueError(f"grid sides must be >= 1, got {grid!r}")
+        attn = self.attn_downsample
+        table = resample_bias_table(attn.attention_biases.data, self.grid, (rows, cols))
+        attn.attention_biases = nn.Parameter(table, requires_grad=attn.attention_biases.requires_grad)
+        attn.resolution = (rows, cols)
+        attn.q.down.resolution = (rows, cols)
+        attn.attention_bias_idxs = levit_bias_idxs((rows, cols), stride=attn.stride).to(table.device)
+        attn.attention_bias_cache = {}
+        self.grid = (rows, cols)
+        self.out_grid = ((rows - 1) // 2 + 1, (cols - 1) // 2 + 1)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["grid_positions", "gpsa_rel_indices", "levit_bias_idxs", "signed_bias_idxs", "conv_kernel_offsets"]
+__all__ = ["grid_positions", "gpsa_rel_indices", "levit_bias_idxs", "signed_bias_idxs", "conv_kernel_offsets",
+           "resample_bias_table"]
 
 
 def _check_grid(grid: tuple[int, int]) -> tuple[int, int]:
@@ -145,3 +147,32 @@ def conv_kernel_offsets(n_heads: int) -> list[tuple[float, float]]:
         for h2 in range(k):
             offsets[h1 + k * h2] = (float(h1 - center), float(h2 - center))
     return offsets
+
+
+def resample_bias_table(table: Tensor, old_shape: tuple[int, int], new_shape: tuple[int, int]) -> Tensor:
+    """Resample per-head relative-bias tables laid out on a 2-D offset grid to another grid.
+
+    LeViT's absolute-offset table ``(heads, H * W)`` lies on the ``(H, W)`` grid of ``(|dy|, |dx|)``;
+    CMHSA's signed table ``(heads, (2H-1)(2W-1))`` on the ``(2H-1, 2W-1)`` grid of ``(dy, dx)``.  Both are
+    resized with bicubic, antialiased ``F.interpolate`` as timm ``layers.resize_rel_pos_bias_table_levit``
+    (equal to it for square grids; this one also takes non-square grids).  Values are computed in float32
+    and returned in the table's dtype.
+
+    Args:
+        table: ``(heads, old_shape[0] * old_shape[1])``.
+        old_shape, new_shape: ``(rows, cols)`` of the offset grid before and after.
+
+    Returns:
+        Tensor ``(heads, new_shape[0] * new_shape[1])`` (``table`` itself when the shapes are equal).
+
+    Raises:
+        ValueError: when ``table`` does not have ``old_shape[0] * old_shape[1]`` columns.
+    """
+    heads, length = table.shape
+    if length != old_shape[0] * old_shape[1]:
+        raise ValueError(f"bias table has {length} entries per head, not {old_shape[0]}x{old_shape[1]}")
+    if tuple(old_shape) == tuple(new_shape):
+        return table
+    grid = table.float().reshape(1, heads, old_shape[0], old_shape[1])
+    resized = F.interpolate(grid, size=tuple(new_shape), mode="bicubic", antialias=True)
+    return resized.reshape(heads, -1).to(table.dtype)

@@ -5,8 +5,9 @@ Supported timm families (the blocks archspec mirrors):
 * ``VisionTransformer`` / ``VisionTransformerDistilled`` (DeiT): ``specs/deit_tiny.yaml``
 * ``ConVit`` (GPSA + MHSA blocks): ``specs/convit_tiny.yaml``, ``convit_small.yaml``
 * ``Levit`` / ``LevitDistilled``: ``specs/levit_128s.yaml``, ``levit_256.yaml``
+* ``Cait`` (talking heads, LayerScale, class attention): ``specs/cait_xxs24.yaml``
 
-Names differ in three places only; everything else (LayerNorms, MLPs, GPSA ``qk``/``v``/``pos_proj``/
+Names differ in these places only; everything else (LayerNorms, MLPs, GPSA ``qk``/``v``/``pos_proj``/
 ``gating_param``, LeViT ``LinearNorm`` / ``attention_biases`` / downsampling) is identical:
 
 ====================================  ==========================================
@@ -16,7 +17,11 @@ timm                                  archspec
 ``blocks.{i}.*`` (ViT, ConViT)         ``stages.{s}.blocks.{j}.*`` (global i -> stage s, layer j)
 ``...attn.qkv.{weight,bias}`` (MHSA)  ``...attn.qk`` (rows [q; k]) and ``...attn.v`` (rows v)
 ``stages.{s}.blocks.{j}.attn.proj.1`` ``stages.{s}.blocks.{j}.attn.proj.ln`` (LeViT)
+``blocks.{i}.gamma_{1,2}`` (CaiT)     ``stages.0.blocks.{i}.ls{1,2}.gamma``
+``blocks_token_only.{j}.*`` (CaiT)    ``stages.{S}.blocks.{j}.*`` (S: the class-attention stage, last)
 ====================================  ==========================================
+
+CaiT's talking-heads ``attn.qkv`` is kept whole (archspec's ``TalkingHeadAttn`` has the same ``qkv``).
 
 Pretrained timm weights convert with the same code (``timm.create_model(name, pretrained=True)``
 where the hub can be reached); the tests use random initialisations.
@@ -38,12 +43,27 @@ TIMM_EQUIVALENTS = {
     "convit_small": "convit_small",
     "levit_128s": "levit_128s",
     "levit_256": "levit_256",
+    "cait_xxs24": "cait_xxs24_224",
 }
 
 _QKV = re.compile(r"^(?P<prefix>.*\.attn)\.qkv\.(?P<kind>weight|bias)$")
 _VIT_BLOCK = re.compile(r"^blocks\.(\d+)\.")
 _OUR_BLOCK = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.")
 _LEVIT_PROJ = (".attn.proj.1.", ".attn.proj.ln.")
+_CAIT_TOKEN_BLOCK = re.compile(r"^blocks_token_only\.(\d+)\.")
+_CAIT_GAMMA = re.compile(r"^(?P<block>stages\.\d+\.blocks\.\d+)\.gamma_(?P<n>[12])$")
+
+
+def _cait_from_timm(key: str, model: ArchModel, ours: set[str]) -> str:
+    """CaiT names: ``blocks_token_only.{j}`` -> the class-attention stage (the model's last); a
+    self-attention block's ``gamma_{1,2}`` -> ``ls{1,2}.gamma`` (archspec's blocks use timm ``LayerScale``)."""
+    match = _CAIT_TOKEN_BLOCK.match(key)
+    if match:
+        return f"stages.{len(model.stages) - 1}.blocks.{match.group(1)}." + key[match.end():]
+    gamma = _CAIT_GAMMA.match(key)
+    if gamma and key not in ours:
+        return f"{gamma['block']}.ls{gamma['n']}.gamma"
+    return key
 
 
 def _stage_of(model: ArchModel) -> list[tuple[int, int]]:
@@ -62,6 +82,7 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
         ValueError: a timm block index beyond the archspec model's depth.
     """
     stage_of = _stage_of(model)
+    ours = set(model.state_dict())
     out: dict[str, Tensor] = {}
     for key, value in state_dict.items():
         key = re.sub(r"^patch_embed\.", "stem.", key)
@@ -72,9 +93,10 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
                 raise ValueError(f"timm block {index} has no counterpart: the archspec model has {len(stage_of)} blocks")
             stage, layer = stage_of[index]
             key = f"stages.{stage}.blocks.{layer}." + key[match.end():]
+        key = _cait_from_timm(key, model, ours)
         key = key.replace(*_LEVIT_PROJ) if _OUR_BLOCK.match(key) else key
         qkv = _QKV.match(key)
-        if qkv:  # timm MHSA: rows [q; k; v] -> archspec qk = [q; k], v
+        if qkv and key not in ours:  # timm MHSA: rows [q; k; v] -> archspec qk = [q; k], v (CaiT keeps qkv)
             qk_rows = 2 * value.shape[0] // 3
             out[f"{qkv['prefix']}.qk.{qkv['kind']}"] = value[:qk_rows].clone()
             out[f"{qkv['prefix']}.v.{qkv['kind']}"] = value[qk_rows:].clone()
@@ -93,6 +115,7 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
         KeyError: a tensor of ``timm_model`` has no archspec counterpart.
     """
     ours = model.state_dict()
+    our_keys = set(ours)
     flat_blocks = any(k.startswith("blocks.") for k in timm_model.state_dict())
     out: dict[str, Tensor] = {}
     for key in timm_model.state_dict():
@@ -104,6 +127,7 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
                 src = f"stages.{stage}.blocks.{layer}." + src[match.end():]
         elif _OUR_BLOCK.match(src):
             src = src.replace(_LEVIT_PROJ[0], _LEVIT_PROJ[1])
+        src = _cait_from_timm(src, model, our_keys)
         qkv = _QKV.match(src)
         if qkv and f"{qkv['prefix']}.qk.{qkv['kind']}" in ours:
             out[key] = torch.cat([ours[f"{qkv['prefix']}.qk.{qkv['kind']}"], ours[f"{qkv['prefix']}.v.{qkv['kind']}"]])

@@ -143,9 +143,14 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
     run.add_argument("--no-progress", action="store_true", default=d(False),
                      help="no progress bar (when stdout is not a terminal: no per-trial progress lines)")
 
+    run.add_argument("--device", default=d("auto"), metavar="DEV",
+                     help="auto (default: cuda when a GPU is present, else cpu), cpu, cuda or cuda:N -- for proxy "
+                          "training and latency")
+
     data = p.add_argument_group("data and proxy training protocol")
     data.add_argument("--data", default=d(None), metavar="PATH",
-                      help="ImageFolder directory or CIFAR-10 python directory (default: the embedded real dataset)")
+                      help="'fashion-mnist' (apt-get install dataset-fashion-mnist), a CIFAR-10/100 python directory, "
+                           "a directory of IDX files or an ImageFolder directory (default: 'digits', embedded)")
     data.add_argument("--max-images", type=_positive_int("--max-images", 2), default=d(None), metavar="N",
                       help="use at most N images of the dataset (at least 2: a train and a validation image)")
     data.add_argument("--proxy-steps", type=_positive_int("--proxy-steps"), default=d(None), metavar="N",
@@ -161,11 +166,13 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
                            "workers on one --storage)")
 
     lat = p.add_argument_group("latency protocol (measured at the spec's real input size, median after warm-up)")
-    lat.add_argument("--latency-device", default=d("cpu"), metavar="DEV", help="torch device (default cpu)")
+    lat.add_argument("--latency-device", default=d(None), metavar="DEV",
+                     help="torch device of the timing (default: --device); cpu times LeViT's CPU protocol, cuda its "
+                          "GPU protocol (largest power-of-two batch, bf16, ms per image)")
     lat.add_argument("--latency-threads", type=_positive_int("--latency-threads"), default=d(1), metavar="N",
                      help="torch threads while timing (default 1: LeViT's CPU protocol)")
-    lat.add_argument("--latency-batch", type=_positive_int("--latency-batch"), default=d(1), metavar="N",
-                     help="batch size while timing (default 1)")
+    lat.add_argument("--latency-batch", type=_positive_int("--latency-batch"), default=d(None), metavar="N",
+                     help="batch size while timing (default: 1 on CPU, the largest power of two that fits on a GPU)")
     lat.add_argument("--latency-repeats", type=_positive_int("--latency-repeats"), default=d(None), metavar="N",
                      help="timed runs per candidate (default: the latency module's, 20 after 5 warm-up runs)")
 
@@ -190,6 +197,14 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
     obj.add_argument("--space", metavar="FILE", help="search space YAML (default: the embedded LeViT-family space)")
     obj.add_argument("--prune", action="store_true",
                      help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
+    obj.add_argument("--fidelity", choices=("none", "sha", "hyperband"), default="none",
+                     help="multi-fidelity: read accuracy at rungs of min-steps * eta^k proxy steps and train on only "
+                          "the promising candidates (sha: successive halving, also for pareto; hyperband: --objective "
+                          "accuracy only); default none")
+    obj.add_argument("--eta", type=_positive_int("--eta", 2), default=3, metavar="N",
+                     help="multi-fidelity reduction factor (default 3)")
+    obj.add_argument("--min-steps", type=_positive_int("--min-steps"), metavar="N",
+                     help="multi-fidelity first rung in proxy steps (default: --proxy-steps / eta^2)")
     _add_common(search, defaults=True)
     search.set_defaults(handler=cmd_search, search_mode=None)
 
@@ -235,7 +250,10 @@ def _budgets(args):
 # Mask placement trains the given spec, typically a deep DeiT-style model (class token, LayerNorm,
 # 12-24 blocks).  Those do not learn at the design proxy's lr 2e-3 in 150 steps: MaiT-T Sch.1 stayed
 # at chance (0.12 val top-1, digits at 64 px), while lr 3e-4 for 400 steps reached 0.41 (measured here).
-MASKS_PROXY_DEFAULTS = {"lr": 3e-4, "steps": 400, "warmup_steps": 40, "eval_every": 100}
+# Mask placement needs a token grid where a 3x3 window is local: at least 7x7 (MaiT works on 14x14;
+# on 4x4 a 3x3 window covers most of the image and masked heads attend almost uniformly), reached by a
+# smaller patch (64 px, patch 8: 8x8) or fewer stride-2 stem convs -- see proxy_spec.
+MASKS_PROXY_DEFAULTS = {"lr": 3e-4, "steps": 400, "warmup_steps": 40, "eval_every": 100, "min_grid": 7}
 MASKS_TRIAL_TIMEOUT_S = 900.0
 
 
@@ -261,9 +279,10 @@ def _latency(args):
     from archspec.search.latency import LatencyProtocol
     from archspec.timing import parse_device
 
-    device = args.latency_device
-    parse_device(device, "--latency-device")
-    protocol = LatencyProtocol(device=device, threads=args.latency_threads, batch=args.latency_batch)
+    option = "--latency-device" if args.latency_device else "--device"
+    device = parse_device(args.latency_device or args.device, option)
+    batch = args.latency_batch if args.latency_batch is not None or device.type == "cuda" else 1
+    protocol = LatencyProtocol(device=str(device), threads=args.latency_threads, batch=batch)
     if getattr(args, "latency_repeats", None):
         protocol = replace(protocol, repeats=args.latency_repeats, warmup=min(protocol.warmup, args.latency_repeats))
     return protocol
@@ -281,6 +300,7 @@ def _config(args, **overrides):
         seed=args.seed, sampler=args.sampler, space=getattr(args, "space", None), data=args.data,
         max_images=args.max_images, progress=not (args.no_progress or args.json), prune=getattr(args, "prune", False),
         trial_timeout=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
+        fidelity=getattr(args, "fidelity", "none"), eta=getattr(args, "eta", 3), min_steps=getattr(args, "min_steps", None),
     )
     if args.study_name is not None:
         from archspec.search.study import validate_study_name

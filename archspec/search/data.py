@@ -5,21 +5,25 @@ Sources:
 * ``None``: scikit-learn's ``load_digits`` -- 1797 real 8x8 handwritten digits, 10 classes, shipped
   inside the scikit-learn wheel.  Upsampled (bilinear) to ``image_size``, repeated to 3 channels;
   a fixed stratified 80/20 train/val split (seeded).
-* a directory in torchvision ``ImageFolder`` layout (``root/<class>/<image>``); when it holds
-  ``train/`` and ``val/`` (or ``test/``) sub-folders those are the split, otherwise a stratified
-  80/20 split.  Images are converted to RGB and resized to ``image_size`` x ``image_size``.
-* a CIFAR-10 directory in its standard python format (``cifar-10-batches-py`` with ``data_batch_1``
-  ... ``data_batch_5`` and ``test_batch``; the directory itself or its parent).  Only those standard
-  files are unpickled, with ``encoding='bytes'`` and an unpickler restricted to numpy arrays.
+* ``"fashion-mnist"``: Fashion-MNIST (70,000 real 28x28 grey photos of clothing, 10 classes; 60,000
+  train / 10,000 test as published), from Debian's ``dataset-fashion-mnist`` package
+  (``apt-get install dataset-fashion-mnist`` puts the gzipped IDX files under
+  ``/usr/share/datasets/fashion-mnist/``), read with torchvision's ``FashionMNIST``.  A directory holding
+  the four IDX files (plain or ``.gz``) is read the same way.  One channel.
+* a CIFAR-10 or CIFAR-100 directory in the standard python format (``cifar-10-batches-py`` /
+  ``cifar-100-python``; the directory itself or its parent), read with torchvision's ``CIFAR10`` /
+  ``CIFAR100``: each file's MD5 is checked against the published one before anything is unpickled.
+* a directory in torchvision ``ImageFolder`` layout (``root/<class>/<image>``), listed by torchvision's
+  ``ImageFolder``; when it holds ``train/`` and ``val/`` (or ``test/``) sub-folders those are the split,
+  otherwise a stratified 80/20 split.  Images are read by :func:`archspec.image.read_image`, converted to
+  RGB and resized to ``image_size`` x ``image_size``.
 
 Pixels are scaled to [0, 1] and normalised per channel with the *train* split's mean and std.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +38,8 @@ from archspec.errors import SpecError
 __all__ = ["Dataset", "load_data", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".webp", ".tif", ".tiff")
-_CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 _OPTION = ("--data",)
-_CIFAR_MAX_BYTES = 64_000_000  # a CIFAR-10 batch is 31 MB; never read a huge file whole
+_CIFAR_MAX_BYTES = 200_000_000  # a CIFAR-10 batch is 31 MB, CIFAR-100 train 155 MB; never hash a huge file
 _MAX_CLASSES = 1000  # a label beyond this would build an absurd classifier head
 
 
@@ -127,31 +130,7 @@ def _digits(image_size: int, seed: int, max_images: int | None) -> Dataset:
     return _finish("digits", x[train], labels[train], x[val], labels[val], 10, image_size)
 
 
-class _ArrayUnpickler(pickle.Unpickler):
-    """Unpickler that only builds numpy arrays, dtypes and plain containers (CIFAR batches need no more)."""
-
-    _ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-        ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"), ("copy_reg", "_reconstructor"),
-        ("copyreg", "_reconstructor"), ("__builtin__", "object"), ("builtins", "object"),
-    }
-
-    def find_class(self, module: str, name: str):  # noqa: ANN201
-        if (module, name) in self._ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR batch")
-
-
-def _cifar_dir(path: Path) -> Path | None:
-    for candidate in (path, path / "cifar-10-batches-py"):
-        if all((candidate / f).is_file() for f in _CIFAR_FILES):
-            return candidate
-    return None
-
-
-def _regular_file(path: Path, limit: int | None = None) -> os.stat_result:
+def _regular_file(path: Path, limit: int | None = None, what: str = "file") -> os.stat_result:
     """``stat`` of ``path``, refusing FIFOs, devices and sockets (reading them hangs or never ends) and
     files over ``limit`` bytes."""
     try:
@@ -161,56 +140,152 @@ def _regular_file(path: Path, limit: int | None = None) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise _fail(f"{path.name} is not a regular file (a FIFO, device or socket)", "remove it from the dataset", path)
     if limit is not None and st.st_size > limit:
-        raise _fail(f"{path.name} is {st.st_size / 1e6:,.0f} MB; a CIFAR-10 batch is 31 MB",
-                    "expected the standard python-format batches of cifar-10-batches-py", path)
+        raise _fail(f"{path.name} is {st.st_size / 1e6:,.0f} MB; a {what} is at most {limit / 1e6:,.0f} MB",
+                    "expected the standard files of the dataset", path)
     return st
 
 
-def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    _regular_file(path, _CIFAR_MAX_BYTES)
-    try:
-        with open(path, "rb") as fh:
-            batch = _ArrayUnpickler(io.BytesIO(fh.read(_CIFAR_MAX_BYTES + 1)), encoding="bytes").load()
-        data = np.asarray(batch[b"data"], dtype=np.uint8)
-        labels = np.asarray(batch.get(b"labels", batch.get(b"fine_labels")), dtype=np.int64)
-    except Exception as exc:  # noqa: BLE001 - a malformed pickle raises almost any type; all are the file's fault
-        raise _fail(f"cannot read CIFAR-10 batch {path.name}: {type(exc).__name__}: {str(exc)[:200]}",
-                    "expected the standard python-format batches of cifar-10-batches-py", path) from None
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or labels.ndim != 1 or len(labels) != len(data):
-        raise _fail(f"CIFAR-10 batch {path.name} has data of shape {data.shape} and labels of shape {labels.shape}",
-                    "expected (N, 3072) uint8 rows and N labels", path)
-    if len(labels) and not (0 <= labels.min() and labels.max() < _MAX_CLASSES):
-        raise _fail(f"CIFAR-10 batch {path.name} has labels from {labels.min()} to {labels.max()}",
-                    f"labels are class indices, 0 to {_MAX_CLASSES - 1}", path)
-    return data.reshape(-1, 3, 32, 32), labels
+# ------------------------------------------------------------------------------------ CIFAR-10/100
 
 
-def _cifar(root: Path, image_size: int, seed: int, max_images: int | None) -> Dataset:
-    parts = [_read_cifar_batch(root / f) for f in _CIFAR_FILES[:-1]]
-    x_train = np.concatenate([p[0] for p in parts])
-    y_train = np.concatenate([p[1] for p in parts])
-    x_val, y_val = _read_cifar_batch(root / "test_batch")
-    if max_images is not None:
-        n_val = max(1, round(max_images * len(y_val) / (len(y_val) + len(y_train))))
-        keep_train = _stratified_subset(y_train, max(1, max_images - n_val), seed)
-        keep_val = _stratified_subset(y_val, n_val, seed)
-        x_train, y_train, x_val, y_val = x_train[keep_train], y_train[keep_train], x_val[keep_val], y_val[keep_val]
-    if len(y_train) == 0 or len(y_val) == 0:
-        raise _fail("the CIFAR-10 batches hold no images", None, root)
-    num_classes = int(max(y_train.max(), y_val.max())) + 1
+def _cifar_class(path: Path):
+    """The torchvision CIFAR class whose standard directory ``path`` (or ``path/<base_folder>``) is, else None."""
+    from torchvision.datasets import CIFAR10, CIFAR100  # noqa: PLC0415
+
+    for cls in (CIFAR10, CIFAR100):
+        for folder in (path, path / cls.base_folder):
+            if folder.name == cls.base_folder and folder.is_dir():
+                return cls, folder
+    return None
+
+
+def _check_cifar_files(cls, folder: Path) -> None:
+    """Name the first missing, irregular, oversized or non-genuine file (torchvision checks each file's
+    published MD5 before it unpickles anything, so only the genuine batches are ever unpickled)."""
+    from torchvision.datasets.utils import check_integrity  # noqa: PLC0415
+
+    for name, md5 in [*cls.train_list, *cls.test_list, [cls.meta["filename"], cls.meta["md5"]]]:
+        path = folder / name
+        if not path.exists():
+            raise _fail(f"incomplete {cls.__name__} directory: {name} is missing",
+                        f"expected the files of {cls.base_folder}: "
+                        f"{', '.join(n for n, _ in [*cls.train_list, *cls.test_list])}, {cls.meta['filename']}", folder)
+        _regular_file(path, _CIFAR_MAX_BYTES, f"{cls.__name__} file")
+        if not check_integrity(str(path), md5):
+            raise _fail(f"{name} is not the published {cls.__name__} file (its MD5 differs)",
+                        f"use the python-format archive from https://www.cs.toronto.edu/~kriz/cifar.html", path)
+
+
+def _cifar(cls, folder: Path, image_size: int, seed: int, max_images: int | None) -> Dataset:
+    """CIFAR-10/100 through torchvision's ``CIFAR10``/``CIFAR100`` (``download=False``)."""
+    _check_cifar_files(cls, folder)
+    train, val = (cls(str(folder.parent), train=split, download=False) for split in (True, False))
+    x_train, x_val = (np.asarray(d.data).transpose(0, 3, 1, 2) for d in (train, val))  # (N, 32, 32, 3) -> NCHW
+    y_train, y_val = (np.asarray(d.targets, dtype=np.int64) for d in (train, val))
+    x_train, y_train, x_val, y_val = _subsample(x_train, y_train, x_val, y_val, seed, max_images)
     to_t = lambda a: torch.from_numpy(a.astype(np.float32) / 255.0)  # noqa: E731
-    return _finish("cifar10", to_t(x_train), y_train, to_t(x_val), y_val, max(num_classes, 10), image_size)
+    return _finish(cls.__name__.lower(), to_t(x_train), y_train, to_t(x_val), y_val, len(train.classes), image_size)
+
+
+def _subsample(x_train, y_train, x_val, y_val, seed: int, max_images: int | None):
+    """Keep at most ``max_images`` in total, stratified, in the ratio of the published train/test split."""
+    if max_images is None:
+        return x_train, y_train, x_val, y_val
+    n_val = max(1, round(max_images * len(y_val) / (len(y_val) + len(y_train))))
+    keep_train = _stratified_subset(y_train, max(1, max_images - n_val), seed)
+    keep_val = _stratified_subset(y_val, n_val, seed)
+    return x_train[keep_train], y_train[keep_train], x_val[keep_val], y_val[keep_val]
+
+
+# ------------------------------------------------------------------------------------ Fashion-MNIST
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
+FASHION_MNIST_INSTALL = "apt-get install dataset-fashion-mnist"
+_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_IDX_MAX_BYTES = 64_000_000  # the largest Fashion-MNIST file, train images, is 47 MB uncompressed
+
+
+def _is_idx_dir(path: Path) -> bool:
+    return all((path / f).exists() or (path / f"{f}.gz").exists() for f in _IDX_FILES)
+
+
+def _stage_idx_files(source: Path, raw: Path) -> None:
+    """Put the four IDX files where torchvision's ``FashionMNIST`` reads them (``raw``): a link to an
+    uncompressed file, or the decompressed ``.gz`` (Debian ships them gzipped), capped in size."""
+    import gzip  # noqa: PLC0415
+
+    for name in _IDX_FILES:
+        plain, packed = source / name, source / f"{name}.gz"
+        if plain.exists():
+            _regular_file(plain, _IDX_MAX_BYTES, "Fashion-MNIST file")
+            os.symlink(plain.resolve(), raw / name)
+            continue
+        _regular_file(packed, _IDX_MAX_BYTES, "Fashion-MNIST file")
+        try:
+            with gzip.open(packed, "rb") as fh:
+                data = fh.read(_IDX_MAX_BYTES + 1)
+        except (OSError, EOFError) as exc:
+            raise _fail(f"cannot decompress {packed.name}: {exc}", "expected the gzipped IDX files", packed) from None
+        if len(data) > _IDX_MAX_BYTES:
+            raise _fail(f"{packed.name} decompresses to more than {_IDX_MAX_BYTES / 1e6:,.0f} MB", None, packed)
+        (raw / name).write_bytes(data)
+
+
+def _fashion_mnist(source: Path, image_size: int, seed: int, max_images: int | None) -> Dataset:
+    """Fashion-MNIST (70,000 28x28 grey images, 10 classes) through torchvision's ``FashionMNIST``.
+
+    The IDX files (plain or ``.gz``) are staged into a temporary ``FashionMNIST/raw`` folder that
+    torchvision reads with ``download=False``; the folder is removed afterwards."""
+    import tempfile  # noqa: PLC0415
+
+    from torchvision.datasets import FashionMNIST  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="archspec-fmnist-") as tmp:
+        raw = Path(tmp) / "FashionMNIST" / "raw"
+        raw.mkdir(parents=True)
+        _stage_idx_files(source, raw)
+        try:
+            train, val = (FashionMNIST(tmp, train=split, download=False) for split in (True, False))
+        except (RuntimeError, ValueError, AssertionError) as exc:  # torchvision's checks of the IDX headers
+            raise _fail(f"cannot read the IDX files: {exc}", "expected the four Fashion-MNIST IDX files", source) from None
+    x_train, x_val = (d.data.numpy()[:, None] for d in (train, val))  # (N, 1, 28, 28) uint8
+    y_train, y_val = (d.targets.numpy().astype(np.int64) for d in (train, val))
+    if len(y_train) != len(x_train) or len(y_val) != len(x_val) or not len(y_val):
+        raise _fail("the IDX image and label files disagree in length", None, source)
+    x_train, y_train, x_val, y_val = _subsample(x_train, y_train, x_val, y_val, seed, max_images)
+    to_t = lambda a: torch.from_numpy(a.astype(np.float32) / 255.0)  # noqa: E731
+    return _finish("fashion-mnist", to_t(x_train), y_train, to_t(x_val), y_val, 10, image_size)
+
+
+def _fashion_mnist_dir() -> Path:
+    """The installed Fashion-MNIST, or a SpecError that says how to install it."""
+    if not _is_idx_dir(FASHION_MNIST_DIR):
+        raise _fail(f"Fashion-MNIST is not installed ({FASHION_MNIST_DIR} holds no IDX files)",
+                    f"on Debian/Ubuntu: sudo {FASHION_MNIST_INSTALL}; or give --data DIR holding "
+                    f"{', '.join(_IDX_FILES)} (optionally .gz)", FASHION_MNIST_DIR)
+    return FASHION_MNIST_DIR
+
+
+# ------------------------------------------------------------------------------------ ImageFolder
 
 
 def _folder_images(root: Path) -> tuple[list[Path], list[str]]:
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    files: list[Path] = []
-    for c in classes:
-        for p in sorted((root / c).rglob("*")):
-            if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir():
-                _regular_file(p)  # a FIFO named x.png would block Pillow forever
-                files.append(p)
-    return files, classes
+    """Image files and class names of an ImageFolder directory, as torchvision's ``ImageFolder`` finds them
+    (``root/<class>/**/<image>``, classes sorted; empty class folders count as classes)."""
+    from torchvision.datasets import ImageFolder  # noqa: PLC0415
+
+    def is_image(name: str) -> bool:
+        path = Path(name)
+        if path.suffix.lower() not in IMAGE_SUFFIXES:
+            return False
+        _regular_file(path)  # a FIFO named x.png would block Pillow forever
+        return True
+
+    try:
+        folder = ImageFolder(str(root), loader=str, is_valid_file=is_image, allow_empty=True)
+    except FileNotFoundError:  # torchvision: no class folder at all
+        return [], []
+    return [Path(p) for p, _ in folder.samples], list(folder.classes)
 
 
 def _load_image(path: Path, image_size: int) -> np.ndarray:
@@ -275,34 +350,50 @@ def load_data(source: "str | os.PathLike | None", image_size: int, seed: int = 0
     """Load a labelled image dataset into memory at ``image_size`` x ``image_size`` (see the module docstring).
 
     Args:
-        source: ``None`` (scikit-learn digits), an ImageFolder directory or a CIFAR-10 directory.
+        source: ``None`` (scikit-learn digits), ``"digits"``, ``"fashion-mnist"`` (Debian's
+            ``dataset-fashion-mnist``), a directory holding the four Fashion-MNIST IDX files, a CIFAR-10/100
+            directory (``cifar-10-batches-py`` / ``cifar-100-python`` or their parent) or an ImageFolder directory.
         image_size: side of the square images returned.
         seed: seed of the train/val split and of ``max_images`` subsampling (same seed, same split).
         max_images: keep at most this many images in total (stratified), for quick runs and tests.
 
+    Returns:
+        :class:`Dataset` with images ``(N, C, image_size, image_size)`` float32, normalised per channel.
+
     Raises:
-        SpecError: at ``--data``: a missing path, a file instead of a directory, no images, unreadable
-            or undecodable files, decompression bombs, FIFOs or devices among the files, malformed
-            CIFAR-10 batches -- with the offending path as the file.
+        SpecError: at ``--data``: Fashion-MNIST not installed (with the apt line), a missing path, a file
+            instead of a directory, no images, unreadable or undecodable files, decompression bombs, FIFOs
+            or devices among the files, CIFAR files that are not the published ones, malformed IDX files --
+            with the offending path as the file.
     """
     if not isinstance(image_size, int) or image_size < 1:
         raise _fail(f"image size must be a positive integer, got {image_size!r}", None, None)
     if max_images is not None and max_images < 2:
         raise SpecError.single(("--max-images",), f"must be at least 2 (a train and a validation image), got {max_images}")
-    if source is None:
+    if source is None or str(source) == "digits":
         return _digits(image_size, seed, max_images)
-    root = Path(source).expanduser()
-    if not root.exists():
-        raise _fail("no such directory", "give an ImageFolder directory or a CIFAR-10 directory (cifar-10-batches-py), "
-                    "or leave --data out for the built-in digits", root)
-    if not root.is_dir():
-        raise _fail("not a directory", "give an ImageFolder directory or a CIFAR-10 directory", root)
     try:
-        cifar = _cifar_dir(root)
-        if cifar is not None:
-            return _cifar(cifar, image_size, seed, max_images)
-        if any(root.glob("data_batch_*")) or (root / "cifar-10-batches-py").is_dir():
-            raise _fail("incomplete CIFAR-10 directory", f"expected the files {', '.join(_CIFAR_FILES)}", root)
-        return _image_folder(root, image_size, seed, max_images)
+        if str(source) == "fashion-mnist":
+            return _fashion_mnist(_fashion_mnist_dir(), image_size, seed, max_images)
+        return _load_directory(Path(source).expanduser(), image_size, seed, max_images)
     except PermissionError as exc:
-        raise _fail(f"cannot read: {exc.strerror}", None, exc.filename or root) from None
+        raise _fail(f"cannot read: {exc.strerror}", None, exc.filename or source) from None
+
+
+def _load_directory(root: Path, image_size: int, seed: int, max_images: int | None) -> Dataset:
+    hint = ("give --data fashion-mnist, a CIFAR-10/100 directory (cifar-10-batches-py, cifar-100-python), "
+            "a directory of Fashion-MNIST IDX files or an ImageFolder directory, or leave --data out for the "
+            "built-in digits")
+    if not root.exists():
+        raise _fail("no such directory", hint, root)
+    if not root.is_dir():
+        raise _fail("not a directory", hint, root)
+    cifar = _cifar_class(root)
+    if cifar is not None:
+        return _cifar(*cifar, image_size, seed, max_images)
+    if any(root.glob("data_batch_*")):
+        raise _fail("a CIFAR-10 batch outside a cifar-10-batches-py directory",
+                    "keep the published directory name, cifar-10-batches-py", root)
+    if _is_idx_dir(root):
+        return _fashion_mnist(root, image_size, seed, max_images)
+    return _image_folder(root, image_size, seed, max_images)

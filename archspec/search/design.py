@@ -89,6 +89,9 @@ class SearchConfig:
     max_images: int | None = None
     progress: bool = True
     prune: bool = False                             # MedianPruner on intermediate accuracy (single objective only)
+    fidelity: str = "none"                          # multi-fidelity: none | sha | hyperband (archspec.search.fidelity)
+    eta: int = 3                                    # its reduction factor
+    min_steps: int | None = None                    # its first rung (default: proxy steps / eta**2)
     trial_timeout: float | None = DEFAULT_TRIAL_TIMEOUT_S  # per-candidate training limit (FAIL beyond it)
     budget_options: dict = field(default_factory=lambda: {"macs": "--budget-flops", "params": "--budget-params",
                                                           "latency_ms": "--budget-latency"})
@@ -191,6 +194,8 @@ class _Objective:
         self.consecutive_duplicates = 0
         self.first_trial: int | None = None  # this worker's first trial number (its sampler seed)
         self.search_deadline: float | None = None  # perf_counter() time at which --timeout runs out
+        self.rungs = None              # archspec.search.fidelity.Rungs when multi-fidelity is on
+        self.stopped = 0               # candidates stopped at a rung below the last
 
     def _constraint(self, trial, key: str, value: float, budget: float | None) -> None:
         if budget is not None:
@@ -215,6 +220,31 @@ class _Objective:
         if seed != self.cfg.seed:
             trial.study.sampler = make_sampler(self.cfg.sampler, seed, self.n_objectives)
 
+    def _rung(self, trial, step: int, value: float, latency: float) -> None:
+        """Multi-fidelity (:mod:`archspec.search.fidelity`): record the accuracy at a rung and stop the
+        candidate there unless it is promotable (Optuna's pruner when single-objective)."""
+        from archspec.search.fidelity import RUNGS_ATTR, promotable
+
+        if step not in self.rungs.steps:
+            return
+        reached = {**trial.user_attrs.get(RUNGS_ATTR, {}), str(step): float(value)}
+        trial.set_user_attr(RUNGS_ATTR, reached)
+        if step == self.rungs.steps[-1]:
+            return
+        if self.n_objectives == 1:
+            trial.report(float(value), int(step))
+            stop = trial.should_prune()
+        else:
+            competitors = [(t.user_attrs[RUNGS_ATTR][str(step)], t.user_attrs.get("latency_ms", math.inf))
+                           for t in trial.study.get_trials(deepcopy=False)
+                           if t.number != trial.number and "reused_from" not in t.user_attrs
+                           and str(step) in t.user_attrs.get(RUNGS_ATTR, {})]
+            stop = not promotable(value, latency, [*competitors, (value, latency)], self.rungs.eta)
+        if stop:
+            self.stopped += 1
+            trial.set_user_attr("status", "stopped")
+            raise optuna.TrialPruned(f"stopped at rung {step} steps (val acc {value:.3f}): not promotable")
+
     def _claim(self, trial, key: str):
         """Claim architecture ``key`` for training; if the study has it already, return the trial's value(s)
         copied from the trained original (``reused_from``) or raise ``TrialPruned`` (another worker is
@@ -234,7 +264,8 @@ class _Objective:
         self.duplicates += 1
         trial.set_user_attr("duplicate_of", other.number)
         trial.set_user_attr("status", "duplicate")
-        raise optuna.TrialPruned(f"duplicate of trial {other.number} (running)")
+        why = "stopped early at a rung" if other.state == TrialState.PRUNED else "running"
+        raise optuna.TrialPruned(f"duplicate of trial {other.number} ({why})")
 
     def __call__(self, trial: optuna.trial.Trial):
         from archspec.search.budget import static_check
@@ -280,7 +311,9 @@ class _Objective:
 
             def report(step: int, value: float) -> None:
                 self.on_status(f"trial {trial.number}: step {step}, val acc {value:.3f}")
-                if self.n_objectives == 1 and self.cfg.prune:
+                if self.rungs is not None:
+                    self._rung(trial, step, value, latency)
+                elif self.n_objectives == 1 and self.cfg.prune:
                     trial.report(float(value), int(step))
                     if trial.should_prune():
                         raise optuna.TrialPruned(f"pruned at step {step} (val acc {value:.3f})")
@@ -643,7 +676,10 @@ def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_a
         "latency_protocol": dataclasses.asdict(cfg.latency), "data": cfg.data or "embedded",
         "max_images": cfg.max_images, "seed": cfg.seed, "sampler": cfg.sampler, **(extra_attrs or {}),
     }
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=3) if (cfg.prune and not multi) else optuna.pruners.NopPruner()
+    rungs, pruner = _fidelity(cfg, multi)
+    if rungs is not None:  # every rung is an evaluation point: multiples of the first rung, and the end
+        cfg = dataclasses.replace(cfg, protocol=dataclasses.replace(cfg.protocol, eval_every=rungs.min_steps))
+        attrs["proxy"], attrs["fidelity"] = cfg.protocol.describe(), {"kind": cfg.fidelity, **rungs.describe()}
     run_dir, info, study = open_run(cfg, name, directions, metric_names, attrs, sampler, pruner)
     notes = _settings_notes(study, attrs)
     zombies = fail_zombie_trials(study)
@@ -654,6 +690,7 @@ def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_a
     progress = _Progress(cfg.trials, cfg.progress, len(directions), cfg.timeout)
     objective = _Objective(space, data, cfg, cache, len(directions), on_status=progress.status, after_train=after_train,
                            train_fn=train_fn)
+    objective.rungs = rungs
     stopper = _StopAfter(objective, cfg.trials, lambda t: progress.done(t, objective.attempted))
     interrupted = False
     optimize_start = time.perf_counter()
@@ -688,12 +725,46 @@ def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_a
         "proxy": cfg.protocol.describe(), "latency_protocol": dataclasses.asdict(cfg.latency),
         "seed": cfg.seed, "sampler": cfg.sampler, "timeout_s": cfg.timeout, "trial_timeout_s": cfg.trial_timeout,
         "notes": notes, "interrupted": interrupted,
+        "candidates_per_hour": round(objective.attempted * 3600 / search_seconds, 1) if search_seconds > 0 else None,
+        "fidelity": _fidelity_summary(study, cfg, rungs, objective),
     }
     with _run_lock(run_dir):
         best_file = _finalize(study, space, cfg, run_dir, info, summary, multi, finalize_extra)
     summary["wall_seconds"] = round(time.perf_counter() - wall_start, 2)
     runs.atomic_write_text(run_dir / "summary.json", _json(summary))
     return SearchOutcome(study, summary, run_dir, interrupted, best_file)
+
+
+def _fidelity(cfg: SearchConfig, multi: bool):
+    """``(rungs, pruner)`` for ``cfg.fidelity`` (see :mod:`archspec.search.fidelity`).
+
+    Raises:
+        SpecError: ``--fidelity hyperband`` with ``--objective pareto`` (Optuna prunes single-objective
+            studies only; the Pareto mode has archspec's successive halving, ``sha``), or bad rungs.
+    """
+    from archspec.search.fidelity import make_pruner, rung_schedule
+
+    if cfg.fidelity == "none":
+        median = optuna.pruners.MedianPruner(n_startup_trials=3) if (cfg.prune and not multi) else None
+        return None, median or optuna.pruners.NopPruner()
+    if cfg.fidelity == "hyperband" and multi:
+        raise SpecError.single(("--fidelity",), "hyperband needs --objective accuracy",
+                               "Optuna prunes single-objective studies only; the Pareto search has --fidelity sha")
+    rungs = rung_schedule(cfg.protocol.steps, cfg.eta, cfg.min_steps)
+    pruner = make_pruner(cfg.fidelity, rungs) if not multi else None
+    return rungs, pruner or optuna.pruners.NopPruner()
+
+
+def _fidelity_summary(study, cfg: SearchConfig, rungs, objective) -> dict | None:
+    """Rungs, candidates stopped early, and each rung's rank correlation with the last (whole study)."""
+    from archspec.search.fidelity import RUNGS_ATTR, rung_correlations
+
+    if rungs is None:
+        return None
+    values = [t.user_attrs[RUNGS_ATTR] for t in study.get_trials(deepcopy=False)
+              if RUNGS_ATTR in t.user_attrs and "reused_from" not in t.user_attrs]  # a reused copy is no new run
+    return {"kind": cfg.fidelity, **rungs.describe(), "stopped_this_run": objective.stopped,
+            "rung_correlations": rung_correlations(values, rungs)}
 
 
 def _json(obj) -> str:
@@ -723,7 +794,7 @@ def trial_provenance(study_name: str, trial, cfg: SearchConfig, info, summary: d
 
 def spec_of_trial(trial, space=None):
     """The :class:`ArchSpec` a trial evaluated (user attr ``spec``, else re-sampled from its params)."""
-    from archspec.spec import load_spec
+    from archspec.loader import load_spec
 
     data = trial.user_attrs.get("spec")
     if data is not None:

@@ -32,11 +32,17 @@ _IGNORED = ("name", "description", "source", "seed")
 
 @dataclass(frozen=True)
 class LatencyProtocol:
-    """How latency is measured.  Default = LeViT's CPU protocol: one thread, batch 1."""
+    """How latency is measured (:func:`archspec.timing.measure_forward`).
+
+    Default = LeViT's CPU protocol: one thread, batch 1, float32; the figure is the median ms of one
+    forward pass.  ``device='cuda'`` (or ``'auto'`` on a GPU machine) with ``batch=None`` is LeViT's GPU
+    protocol: the largest power-of-two batch that fits, bf16 autocast; the figure is then ms per image
+    (``1000 / images_per_s``) so candidates measured at different batches compare.
+    """
 
     device: str = "cpu"
     threads: int = 1
-    batch: int = 1
+    batch: int | None = 1
     warmup: int = 5
     repeats: int = 20
 
@@ -135,7 +141,7 @@ class LatencyCache:
 def measure_latency(spec: ArchSpec, protocol: LatencyProtocol = LatencyProtocol(), cache: LatencyCache | None = None) -> float:
     """Median forward time in milliseconds of ``spec`` at its real input size (see the module docstring).
 
-    ``torch.set_num_threads(protocol.threads)`` during the measurement, restored afterwards.  With a
+    ``protocol.threads`` torch threads during the measurement, restored afterwards.  With a
     ``cache``, a known architecture is not measured again.
 
     Raises:
@@ -143,26 +149,22 @@ def measure_latency(spec: ArchSpec, protocol: LatencyProtocol = LatencyProtocol(
         RuntimeError: the device is not available.
     """
     from archspec.compiler import compile as compile_spec  # noqa: PLC0415
-    from archspec.timing import median_forward_ms  # noqa: PLC0415
+    from archspec.timing import measure_forward, resolve_device  # noqa: PLC0415
 
     key = architecture_key(spec)
     if cache is not None:
         cached = cache.get(key, protocol)
         if cached is not None:
             return cached
-    device = torch.device(protocol.device)
+    device = torch.device(resolve_device(protocol.device))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("latency protocol asks for cuda, but no GPU is available")
-    old_threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(protocol.threads)
-        with torch.random.fork_rng(devices=[]):
-            model = compile_spec(spec).to(device).eval()
-            c, (h, w) = spec.input.channels, spec.input.resolution
-            x = torch.randn(protocol.batch, c, h, w, device=device)
-        ms = median_forward_ms(model, x, repeats=protocol.repeats, warmup=protocol.warmup)
-    finally:
-        torch.set_num_threads(old_threads)
+    with torch.random.fork_rng(devices=[]):
+        model = compile_spec(spec)
+    c, (h, w) = spec.input.channels, spec.input.resolution
+    result = measure_forward(model, (c, h, w), device, threads=protocol.threads, batch=protocol.batch,
+                             warmup=protocol.warmup, repeats=protocol.repeats)
+    ms = result.ms if protocol.batch is not None else 1e3 / result.images_per_s
     if cache is not None:
         cache.put(key, protocol, ms)
     return ms

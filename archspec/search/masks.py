@@ -58,7 +58,8 @@ from archspec.search.data import load_data
 from archspec.search.design import (SearchConfig, SearchOutcome, _json, _quiet_optuna, _run_lock, check_data_path,
                                     check_outputs, open_run)
 from archspec.search.study import fail_zombie_trials, mark_worker
-from archspec.spec import ArchSpec, load_spec
+from archspec.loader import load_spec
+from archspec.spec import ArchSpec
 
 __all__ = ["MaskConfig", "run_masks", "attention_layers", "apply_placement", "assign_from_als", "calibrate",
            "soft_placement", "DEFAULT_ALS_HIGH", "DEFAULT_ALS_LOW"]

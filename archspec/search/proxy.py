@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from archspec.errors import SpecError
 from archspec.search.data import Dataset
-from archspec.spec import ArchSpec, load_spec
+from archspec.loader import load_spec
+from archspec.spec import ArchSpec
 
 __all__ = ["ProxyProtocol", "ProxyResult", "TrialFailure", "proxy_spec", "train_proxy"]
 

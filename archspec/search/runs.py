@@ -36,7 +36,8 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from archspec.errors import SpecError
-from archspec.spec import ArchSpec, load_spec, spec_to_yaml
+from archspec.loader import load_spec
+from archspec.spec import ArchSpec, spec_to_yaml
 
 __all__ = [
     "check_run_dir", "prepare_run_dir", "RUN_MARKER", "atomic_write_text", "atomic_write_bytes", "atomic_savefig", "emit_spec",
@@ -414,6 +415,13 @@ def print_summary(summary: dict, console=None) -> None:
                      f"  (this run: {summary.get('trained_this_run', 0)} trained)")
     if summary.get("per_trial_seconds") is not None:
         lines.append(f"per trained trial: {summary['per_trial_seconds']:.1f} s median; wall {summary.get('wall_seconds', 0):.0f} s")
+    if summary.get("candidates_per_hour"):
+        lines.append(f"candidates evaluated: {summary['candidates_per_hour']:,.0f} per hour")
+    fid = summary.get("fidelity")
+    if fid:
+        taus = ", ".join(f"{r['steps']} steps tau={r['kendall_tau']} (n={r['n']})" for r in fid["rung_correlations"])
+        lines.append(f"multi-fidelity {fid['kind']}: rungs {fid['rungs']} (eta {fid['eta']}), "
+                     f"{fid['stopped_this_run']} stopped early this run; rank correlation with the last rung: {taus}")
     if summary.get("data"):
         d = summary["data"]
         lines.append(f"data: {d.get('name')} ({d.get('train')} train / {d.get('val')} val images, "

@@ -80,7 +80,8 @@ from pydantic import BaseModel, ValidationError
 
 from archspec.errors import Locator, Problem, SpecError
 from archspec.heads import HeadSpec, MaskSpec
-from archspec.spec import ArchSpec, StageSpec, load_spec
+from archspec.loader import load_spec
+from archspec.spec import ArchSpec, StageSpec
 from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = ["SearchSpace", "load_space", "mask_placement_space", "MARKERS"]

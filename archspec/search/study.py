@@ -422,7 +422,8 @@ def same_architecture(study: optuna.Study, key: str, number: int) -> FrozenTrial
 
     Looks at trials with user attr ``arch_key == key`` other than trial ``number``: the COMPLETE one
     that trained it (the original of any reused copy) first, else a RUNNING one that has passed this
-    check too (user attr ``status == "training"``: a worker is training it now).  ``None`` if neither:
+    check too (user attr ``status == "training"``: a worker is training it now), or a PRUNED one that
+    multi-fidelity stopped at a rung (``status == "stopped"``: evaluated, not worth more).  ``None`` if none:
     the caller may train it.  Two workers that claim one key at the same instant can both see the
     other and both step back (each retries another candidate): never two trainings of one key.
 
@@ -431,12 +432,14 @@ def same_architecture(study: optuna.Study, key: str, number: int) -> FrozenTrial
         ``Study.get_trials``).
     """
     complete, running = None, None
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.PRUNED)):
         if t.number == number or t.user_attrs.get(ARCH_KEY_ATTR) != key:
             continue
         if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs:
             if complete is None or t.number < complete.number:
                 complete = t
+        elif t.state == TrialState.PRUNED and t.user_attrs.get("status") == "stopped":  # evaluated, stopped at a rung
+            running = t if running is None or t.number < running.number else running
         elif t.state == TrialState.RUNNING and t.user_attrs.get("status") == "training":
             running = t if running is None or t.number < running.number else running
     return complete or running

@@ -1,0 +1,108 @@
+"""`archspec inspect SPEC|DIR`: the four diagnostics on the shipped photos, as PNG plots and JSON, under
+builddir's output rules (fill missing/empty, replace its own output, refuse anything else)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from archspec.cli import main
+from archspec.image import default_image_path
+from archspec.inspect import INSPECT
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+# A tiny Masked CaiT (4x4 grid, 2 talking-heads blocks, 1 class-attention block) and a tiny ConViT-like spec.
+TINY_CAIT = {
+    "name": "tiny_cait", "input": {"channels": 3, "resolution": 32}, "stem": {"kind": "patch", "patch_size": 8},
+    "tokens": {"cls_token": 2},
+    "stages": [{"depth": 2, "dim": 32, "heads": 4, "layer_scale": 1e-5, "talking_heads": True, "attention": "mhsa",
+                "layers": [{"range": "0-1", "heads": ["mask:3x3", "mhsa", "mhsa", "mhsa"]}]}],
+    "class_attention": {"depth": 1}, "head": {"num_classes": 10},
+}
+TINY_GPSA = {
+    "name": "tiny_gpsa", "input": {"channels": 3, "resolution": 32}, "stem": {"kind": "patch", "patch_size": 8},
+    "tokens": {"cls_token": 1},
+    "stages": [{"depth": 2, "dim": 32, "heads": 4, "attention": "mhsa",
+                "layers": [{"range": "0", "attention": "gpsa"}]}],
+    "head": {"num_classes": 10},
+}
+
+
+def _write(tmp_path, doc) -> str:
+    path = tmp_path / f"{doc['name']}.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return str(path)
+
+
+def test_inspect_writes_four_plots_and_the_numbers(tmp_path, capsys, one_thread):
+    out = tmp_path / "out"
+    assert main(["inspect", _write(tmp_path, TINY_CAIT), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {p.name for p in out.iterdir()} == INSPECT.files
+    for name in ("als.png", "nonlocality.png", "gating.png", "similarity.png"):
+        assert (out / name).read_bytes().startswith(PNG)
+    assert json.loads((out / "inspect.json").read_text()) == report and "archspec_build" in report  # the marker
+    assert len(report["images"]) == 3 and "grace_hopper" in report["images"][0]
+    layers = report["layers"]
+    assert [row["name"] for row in layers] == ["stages.0.blocks.0.attn", "stages.0.blocks.1.attn"]
+    for row in layers:  # 4 heads; ALS a fraction, nonlocality within the grid's diameter, no GPSA
+        assert row["heads"] == "M A A A" and row["gating"] is None
+        assert all(0 <= v <= 1 for v in row["als"]) and all(0 <= v <= math.hypot(3, 3) for v in row["nonlocality"])
+    (run,) = report["similarity"]
+    assert run["layers"] == [row["name"] for row in layers]
+    assert len(run["per_head"]) == 4 and all(abs(h[0][0] - 1) < 1e-5 for h in run["per_head"])
+
+
+def test_inspect_reports_gpsa_gating_and_takes_an_image(tmp_path, capsys, one_thread):
+    out = tmp_path / "g"
+    assert main(["inspect", _write(tmp_path, TINY_GPSA), "--out", str(out), "--image", str(default_image_path()),
+                 "--window", "3x5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["images"] == [str(default_image_path())] and report["window"] == [3, 5]
+    gpsa, mhsa = report["layers"]
+    assert gpsa["gating"] == pytest.approx([1 / (1 + math.exp(-1))] * 4, abs=1e-6)  # ConViT init lambda = 1
+    assert mhsa["gating"] is None
+    # the class token enters at block 1: the two layers are compared on their patch blocks
+    assert report["similarity"][0]["layers"] == [gpsa["name"], mhsa["name"]]
+
+
+def test_inspect_a_build_directory_and_replace_its_own_output(tmp_path, capsys, one_thread):
+    spec = _write(tmp_path, TINY_CAIT)
+    assert main(["build", spec, "--out", str(tmp_path / "b"), "--repeats", "1", "--json"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "i"
+    assert main(["inspect", str(tmp_path / "b"), "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == f"weights of {tmp_path / 'b'}"
+    assert main(["inspect", spec, "--out", str(out)]) == 0  # an earlier inspect output is replaced
+    assert "random initialisation" in json.loads((out / "inspect.json").read_text())["model"]
+
+
+@pytest.mark.parametrize("setup, argv_tail, message", [
+    ("foreign", [], "not an empty directory"),
+    (None, ["--allow-spec-change"], "applies only to a build directory"),
+    (None, ["--window", "2x2"], "odd window"),
+])
+def test_inspect_mistakes_exit_2_and_write_nothing(tmp_path, capsys, setup, argv_tail, message):
+    out = tmp_path / "out"
+    if setup == "foreign":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    assert main(["inspect", _write(tmp_path, TINY_CAIT), "--out", str(out), *argv_tail]) == 2
+    assert message in capsys.readouterr().err
+    if setup == "foreign":
+        assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    else:
+        assert not out.exists()
+
+
+def test_inspect_a_model_without_attention_is_a_located_error(tmp_path, capsys):
+    doc = {"name": "conv_only", "input": {"channels": 3, "resolution": 32}, "stem": {"kind": "patch", "patch_size": 8},
+           "tokens": {"cls_token": "none"}, "stages": [{"depth": 1, "dim": 32, "heads": 4, "mixer": "conv3"}],
+           "head": {"pool": "mean", "num_classes": 10}}
+    assert main(["inspect", _write(tmp_path, doc), "--out", str(tmp_path / "o")]) == 2
+    assert "no self-attention layer" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
