@@ -33,7 +33,7 @@ from torch.utils.benchmark import Timer
 import archspec
 from archspec.blocks.attention import Attention
 from archspec.interop.timm import TIMM_EQUIVALENTS, load_timm_weights
-from archspec.spec import load_spec
+from archspec.loader import load_spec
 
 PARITY = ["deit_tiny", "convit_tiny", "levit_128s", "levit_256"]
 GPU_BATCH = {224: 256, 384: 64, 512: 32}

@@ -161,7 +161,7 @@ def test_rebuilding_grid_tables_keeps_the_layer_exact():
 def test_analyze_reports_executed_macs_of_linear_time_heads():
     """Papers' totals unchanged; executed MACs drop by N^2 (qk+v) - window cost for each linear-time head (by hand)."""
     from archspec.analysis import analyze
-    from archspec.spec import load_spec
+    from archspec.loader import load_spec
 
     spec = load_spec("mait_tiny_sch2").model_dump(mode="json", exclude_none=True)
     small = analyze(spec)

@@ -10,7 +10,7 @@ from torch import nn
 import archspec
 from archspec.cli import main
 from archspec.fuse import count_batchnorms
-from archspec.spec import load_spec
+from archspec.loader import load_spec
 
 
 def _small_levit() -> nn.Module:
