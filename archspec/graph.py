@@ -529,6 +529,7 @@ def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims,
     elif stage.talking_heads:  # CaiT: the family's own rules (archspec/blocks/talking_heads.py)
         th = family("talking_heads")
         p_mix, m_mix = th.counts(dim, plan.heads, grid, flow.n_prefix, stage.qkv_bias)
+        m_mix_executed = m_mix  # its own module: no linear-time paths
         label, heads_str = "talking", " ".join(h.letter for h in plan.heads)
         mix_memory = th.memory(dim, plan.heads, grid, flow.n_prefix, stage.qkv_bias)
     else:
