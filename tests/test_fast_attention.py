@@ -186,3 +186,16 @@ def test_eval_stacked_qkv_equals_separate_projections_and_follows_new_weights():
         other = _layer(["mhsa", "mask"], (3, 4), 1, seed=7)
         layer.load_state_dict(other.state_dict())
         torch.testing.assert_close(layer(x), other.train()(x), atol=1e-6, rtol=1e-6)
+
+
+def test_set_grid_replans_and_stays_exact():
+    """A resolution change (``set_grid``) rebuilds the window tables and moves masked heads onto the linear-time
+    path past the crossover; the result still equals the dense reference."""
+    layer = _layer(["mask", "mhsa"], (5, 7), 1).eval()
+    assert [key for key, _ in layer._groups] == [("dense",), ("sdpa",)]
+    layer.set_grid((16, 17))
+    assert [key for key, _ in layer._groups] == [("window", (3, 3)), ("sdpa",)]
+    x = torch.randn(1, 1 + 16 * 17, 32)
+    with torch.no_grad():
+        want = copy.deepcopy(layer).set_attn_impl("dense")(x)
+        torch.testing.assert_close(layer(x), want, atol=1e-5, rtol=1e-5)
