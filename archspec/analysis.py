@@ -1,7 +1,11 @@
 """Static analysis of a spec: parameters, MACs and a per-layer table, from the IR alone (no weights).
 
 MACs follow the papers' "FLOPs" convention (multiply-accumulates; attention matmuls included), see
-:mod:`archspec.graph` for the exact counting rules.
+:mod:`archspec.graph` for the exact counting rules.  ``macs_executed`` is what the compiled model runs with
+``attn_impl='auto'``: hard-masked heads on the linear-time path (MaiT sec. 5.3, :mod:`archspec.executed_macs`)
+count their window work instead of ``N^2``; GPSA heads add their ``P @ v`` (``N^2 v_dim``).  BatchNorm counts
+0 MACs in both (an affine map per element, folded away entirely by ``model.fuse()``); ``params_folded`` is the
+parameter count after that fold.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ class LayerRow:
     grid: tuple[int, int]
     dim: int     # width C after the node
     params: int
-    macs: int    # multiply-accumulates per image
+    macs: int    # multiply-accumulates per image (papers' convention)
+    macs_executed: int = 0  # multiply-accumulates per image as executed (linear-time masks, GPSA as SDPA + P V)
 
 
 @dataclass
@@ -52,6 +57,8 @@ class Analysis:
     buffer_bytes: int = 0
     peak_memory_bytes: int = 0
     saved_activation_bytes: int = 0
+    macs_executed: int = 0
+    params_folded: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -70,7 +77,7 @@ def analyze(spec: "ArchSpec | str | os.PathLike | dict") -> Analysis:
     graph = build_graph(spec)
     rows = [
         LayerRow(layer=n["name"], kind=n["label"], heads=n["heads"], tokens=n["tokens"], grid=tuple(n["grid"]),
-                 dim=n["dim"], params=n["params"], macs=n["macs"])
+                 dim=n["dim"], params=n["params"], macs=n["macs"], macs_executed=n["macs_executed"])
         for n in nodes_in_order(graph) if n["kind"] not in ("input",)
     ]
     h, w = spec.input.resolution
@@ -80,7 +87,15 @@ def analyze(spec: "ArchSpec | str | os.PathLike | dict") -> Analysis:
                     peak_activation_bytes=totals["peak_activation_bytes"], peak_layer=totals["peak_node"],
                     weight_bytes=totals["weight_bytes"], buffer_bytes=totals["buffer_bytes"],
                     peak_memory_bytes=totals["peak_memory_bytes"],
-                    saved_activation_bytes=totals["saved_activation_bytes"])
+                    saved_activation_bytes=totals["saved_activation_bytes"], macs_executed=totals["macs_executed"],
+                    params_folded=totals["params"] - _folded_away(graph))
+
+
+def _folded_away(graph) -> int:
+    """Parameters that ``model.fuse()`` removes: BatchNorm's ``weight`` and ``bias`` (2C) become the bias (C) of
+    the linear / conv before it, so C per BatchNorm; the head's BatchNorm before its linear (timm ``NormLinear``)
+    folds into that linear's existing bias, so 2C.  Counted from the graph's batchnorm-family nodes."""
+    return sum(n.get("bn_channels", 0) + 2 * n.get("bn_channels_before_linear", 0) for n in nodes_in_order(graph))
 
 
 def human(n: float, unit: str = "") -> str:

@@ -89,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--repeats", type=int, default=10, metavar="N",
                        help="timed forward passes for the latency median (default: 10, after 2 warm-up runs; "
                             "torch.utils.benchmark.Timer)")
+    build.add_argument("--fuse", action="store_true",
+                       help="also fold every BatchNorm into its linear/conv (LeViT sec. 5.3) and time the folded model; "
+                            "the saved weights stay unfolded (model.fuse() after archspec.load)")
     build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     build.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
@@ -211,10 +214,11 @@ def _table(analysis, title: str):
                f"{format_bytes(analysis.weight_bytes)} + buffers {format_bytes(analysis.buffer_bytes)}")
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for column, justify in (("layer", "left"), ("kind", "left"), ("heads", "left"), ("tokens", "right"),
-                            ("dim", "right"), ("params", "right"), ("MACs", "right")):
+                            ("dim", "right"), ("params", "right"), ("MACs", "right"), ("MACs executed", "right")):
         table.add_column(column, justify=justify)
     for row in analysis.rows:
-        table.add_row(row.layer, row.kind, row.heads, str(row.tokens), str(row.dim), human(row.params), human(row.macs))
+        table.add_row(row.layer, row.kind, row.heads, str(row.tokens), str(row.dim), human(row.params), human(row.macs),
+                      human(row.macs_executed))
     return table
 
 
@@ -296,6 +300,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         logits = model(x)
     timing = measure_forward(model, tuple(x.shape[1:]), device, threads=args.threads, warmup=2, repeats=args.repeats)
+    fused = _fused_report(model, x, logits, args) if args.fuse else None
     report = {
         **analysis.to_dict(),
         "image": str(Path(args.image) if args.image else default_image_path()),
@@ -305,6 +310,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         "latency_protocol": timing.describe(),
         "seed": spec.seed,
         "out": str(out),
+        **({"fused": fused} if fused else {}),
     }
     try:
         report, warning = builddir.write_build(out, lambda d: artifact.save(model.cpu(), d), report)
@@ -319,12 +325,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     console = _console()
     console.print(_table(analysis, f"{spec.name}  ({spec.source or 'user spec'})"))
     console.print(
-        f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image   "
+        f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image "
+        f"({human(analysis.macs_executed)} executed: linear-time hard masks)   "
         f"input {tuple(x.shape)} from {Path(report['image']).name}   output {tuple(logits.shape)}\n"
         f"forward latency {timing.ms:.1f} ms, {timing.images_per_s:,.0f} images/s (median of {args.repeats}, "
         f"batch {timing.batch}, {device}, {timing.threads} thread(s){', ' + timing.amp if timing.amp else ''})   "
         f"initial weights: seed {spec.seed}\n"
-        f"wrote {out}/: spec.yaml, report.json, model.safetensors   (archspec.load('{out}') rebuilds it)"
+        + (f"folded (--fuse): {fused['batchnorms_folded']} BatchNorms folded, params {fused['params']:,}, "
+           f"latency {fused['latency_ms']:.1f} ms, max |logit diff| {fused['max_abs_logit_diff']:.1e}\n" if fused else "")
+        + f"wrote {out}/: spec.yaml, report.json, model.safetensors   (archspec.load('{out}') rebuilds it)"
     )
     return 0
 
@@ -372,6 +381,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"{spec.name}: {len(numbers['layers'])} attention layers, {len(names)} images, {origin}\n"
               f"wrote {out}/: {', '.join(sorted(INSPECT.files))}")
     return 0
+
+
+def _fused_report(model, x, logits, args) -> dict:
+    """``--fuse``: fold the BatchNorms of ``model`` (LeViT sec. 5.3), check it against ``logits`` and time it (ms)."""
+    import torch
+
+    from archspec.fuse import count_batchnorms
+    from archspec.timing import measure_forward
+
+    folded = model.fuse()
+    with torch.inference_mode():
+        diff = (folded(x) - logits).abs().max().item()
+    return {"batchnorms_folded": count_batchnorms(model) - count_batchnorms(folded),
+            "params": sum(p.numel() for p in folded.parameters()),
+            "latency_ms": round(measure_forward(folded, tuple(x.shape[1:]), x.device, threads=args.threads,
+                                                warmup=2, repeats=args.repeats).ms, 3),
+            "max_abs_logit_diff": diff}
 
 
 def cmd_list(args: argparse.Namespace) -> int:

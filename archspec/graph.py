@@ -56,6 +56,7 @@ from typing import Any
 import networkx as nx
 
 from archspec.errors import Problem, SpecError
+from archspec.executed_macs import attention_macs_change
 from archspec.families import family
 from archspec.heads import HeadSpec
 from archspec.memory import (F32, NodeMemory, attention_memory, concat_memory, conv_mixer_memory, format_bytes,
@@ -292,6 +293,7 @@ class _Builder:
     def add(self, node_id: str, memory: NodeMemory = NodeMemory(), **attrs: Any) -> None:
         attrs.setdefault("params", 0)
         attrs.setdefault("macs", 0)
+        attrs.setdefault("macs_executed", attrs["macs"])
         attrs.setdefault("heads", "")
         self.graph.add_node(node_id, name=node_id, act_bytes=memory.act, saved_bytes=memory.saved,
                             buffer_bytes=memory.buffers, **attrs)
@@ -386,7 +388,7 @@ def _add_conv_stem(b: _Builder) -> tuple[tuple[int, int], int]:
         c = c_out
     memory = stem_memory(spec.input.channels * height * width, outputs, norm_per_layer=True)
     b.add("stem", memory, kind="stem", label=f"conv{len(channels)}", tokens=h * w, grid=(h, w), dim=c,
-          params=params, macs=macs, config={"stem": spec.stem, "channels": channels})
+          params=params, macs=macs, config={"stem": spec.stem, "channels": channels}, bn_channels=sum(channels))
     return (h, w), c
 
 
@@ -512,6 +514,8 @@ def _add_shrink(b: _Builder, i: int, flow: _Flow) -> None:
                            int(stage.dim * sh.mlp_ratio))
     b.add(f"stages.{i}.downsample", memory, kind="shrink", label=f"shrink/{sh.stride}", stage=i,
           heads=" ".join(["L"] * heads), tokens=nq, grid=out_grid, dim=stage.dim, params=params, macs=macs,
+          bn_channels=(heads * (2 * sh.key_dim + int(sh.attn_ratio * sh.key_dim)) + 2 * stage.dim
+                       + int(stage.dim * sh.mlp_ratio)),  # kv, q, proj, fc1, fc2 (fuse() folds them)
           config={"in_dim": flow.dim, "out_dim": stage.dim, "heads": heads, "key_dim": sh.key_dim,
                   "attn_ratio": sh.attn_ratio, "mlp_ratio": sh.mlp_ratio, "grid": flow.grid, "stride": sh.stride,
                   "act": stage.act})
@@ -525,25 +529,32 @@ def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims,
     n_patches = grid[0] * grid[1]
     n_tokens = flow.n_prefix + n_patches
     batchnorm = stage.norm == "batchnorm"
+    hidden = int(dim * stage.mlp_ratio)
+    # BatchNorm channels that fuse() folds (LeViT LinearNorms): fc1, fc2, and qkv, proj of an attention mixer
+    bn_channels = hidden + dim if batchnorm else 0
     if plan.mixer.kind == "conv":  # CMHSA phase 1: K x K conv on the pixel view, c = d / P^2 channels
         k, patch = plan.mixer.kernel, b.spec.pixel_patch(plan.mixer) or 1  # None: reported by _check_layer
         c = dim // (patch * patch)
         p_mix, m_mix = k * k * c * c + c, n_patches * patch * patch * k * k * c * c
+        m_mix_executed = m_mix
         label, heads_str = f"conv{k}", f"conv{k}x{k}" + (f"/P{patch}" if patch > 1 else "")
         mix_memory = conv_mixer_memory(n_tokens, dim)
     elif stage.talking_heads:  # CaiT: the family's own rules (archspec/blocks/talking_heads.py)
         th = family("talking_heads")
         p_mix, m_mix = th.counts(dim, plan.heads, grid, flow.n_prefix, stage.qkv_bias)
+        m_mix_executed = m_mix  # its own module: no linear-time paths
         label, heads_str = "talking", " ".join(h.letter for h in plan.heads)
         mix_memory = th.memory(dim, plan.heads, grid, flow.n_prefix, stage.qkv_bias)
     else:
         pad = plan.mixer.pad_tokens  # zero-padding tokens: attention runs on the padded grid
         attn_grid = (grid[0] + 2 * pad, grid[1] + 2 * pad)
         p_mix, m_mix = attention_counts(dim, plan.heads, dims, attn_grid, flow.n_prefix, stage.qkv_bias, batchnorm)
+        m_mix_executed = m_mix + attention_macs_change(plan.heads, dims.qk_dim, dims.v_dim, attn_grid, flow.n_prefix)
         label, heads_str = ("levit" if batchnorm else "attn"), " ".join(h.letter for h in plan.heads)
         n_attn = flow.n_prefix + attn_grid[0] * attn_grid[1]
         mix_memory = attention_memory(n_attn, n_attn - flow.n_prefix, dim, plan.heads, dims.qk_dim, dims.v_dim, batchnorm)
-    hidden = int(dim * stage.mlp_ratio)
+        if batchnorm:
+            bn_channels += len(plan.heads) * (2 * dims.qk_dim + dims.v_dim) + dim
     p_fc1, m_fc1 = _linear(n_tokens, dim, hidden, bias=not batchnorm, bn=batchnorm)
     p_fc2, m_fc2 = _linear(n_tokens, hidden, dim, bias=not batchnorm, bn=batchnorm)
     layer_scale = stage.layer_scale is not None and not batchnorm
@@ -553,7 +564,8 @@ def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims,
                         buffers=mix_memory.buffers)
     b.add(f"stages.{i}.blocks.{layer}", memory, kind="block", label=label, stage=i, layer=flow.block_index,
           heads=heads_str, tokens=n_tokens, grid=grid, dim=dim, params=p_mix + p_fc1 + p_fc2 + p_norm,
-          macs=m_mix + m_fc1 + m_fc2,
+          macs=m_mix + m_fc1 + m_fc2, macs_executed=m_mix_executed + m_fc1 + m_fc2,
+          bn_channels=bn_channels,
           config={"stage": i, "layer": layer, "plan": plan, "grid": grid, "n_prefix": flow.n_prefix, "dims": dims})
 
 
@@ -617,7 +629,8 @@ def _add_head(b: _Builder, flow: _Flow) -> None:
     macs = dim * n_cls * n_heads_out
     n_tokens = flow.n_prefix + flow.grid[0] * flow.grid[1]
     b.add("head", head_memory(n_tokens, dim, n_cls), kind="head", label=f"{head.pool}-pool", tokens=1, grid=(1, 1),
-          dim=n_cls or dim, params=params, macs=macs, heads="", config={"batchnorm": batchnorm})
+          dim=n_cls or dim, params=params, macs=macs, heads="", config={"batchnorm": batchnorm},
+          bn_channels_before_linear=n_heads_out * dim if batchnorm and n_cls else 0)
 
 
 def _finish(b: _Builder) -> nx.DiGraph:
@@ -632,7 +645,8 @@ def _finish(b: _Builder) -> nx.DiGraph:
     image = F32 * b.spec.input.channels * b.spec.input.resolution[0] * b.spec.input.resolution[1]
     peak = max(nodes, key=lambda d: d["act_bytes"])
     weights, buffers = F32 * total_params, sum(d["buffer_bytes"] for d in nodes)
-    g.graph.update(params=total_params, macs=sum(d["macs"] for d in nodes), output=(nodes[-1]["dim"],), order=b.order, spec=b.spec,
+    g.graph.update(params=total_params, macs=sum(d["macs"] for d in nodes),
+                   macs_executed=sum(d["macs_executed"] for d in nodes), output=(nodes[-1]["dim"],), order=b.order, spec=b.spec,
                    peak_activation_bytes=image + peak["act_bytes"], peak_node=peak["name"], weight_bytes=weights,
                    buffer_bytes=buffers, peak_memory_bytes=image + peak["act_bytes"] + weights + buffers,
                    saved_activation_bytes=image + sum(d["saved_bytes"] for d in nodes))

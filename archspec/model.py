@@ -259,6 +259,13 @@ class ArchModel(nn.Module):
         """Images ``(B, C_in, H, W)`` -> logits ``(B, num_classes)``."""
         return self.forward_head(self.forward_features(x))
 
+    def fuse(self, inplace: bool = False) -> "ArchModel":
+        """Inference copy with every BatchNorm folded into its linear / conv (LeViT sec. 5.3); see
+        :func:`archspec.fuse.fuse_model`.  Equal to ``self.eval()`` to float rounding; returned in eval mode."""
+        from archspec.fuse import fuse_model
+
+        return fuse_model(self, inplace=inplace)
+
     # ----------------------------------------------------------------------------- timm backbone API
     def _feature_info(self) -> list[dict[str, Any]]:
         """timm ``feature_info``: one entry per block (one-stage models, as timm ViT) or per stage (LeViT)."""

@@ -12,12 +12,20 @@ Each head of an :class:`Attention` layer is described by a :class:`~archspec.hea
    (ConViT eq. 5-7), with ``lambda_h`` the gating parameter;
 
 then ``out = proj(proj_act(concat_h(A_h V_h)))``.
+
+That formula is the *dense reference* (``attn_impl='dense'``, :meth:`Attention._probs`).  By default
+(``attn_impl='auto'``) each layer groups its heads at construction and runs each group on an exact faster path
+(:mod:`archspec.blocks.fast_attention`): plain / biased / strict heads in one SDPA call, GPSA heads as
+``(1 - g) SDPA + g P V``, hard-masked heads in linear time on grids past the measured crossover.  With attention
+dropout active in training every head takes the dense reference (the fast paths have no dropout on the
+implicit non-neighbour weights).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Literal, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -25,12 +33,20 @@ from timm.layers import trunc_normal_
 from timm.models.levit import LinearNorm
 from torch import Tensor, nn
 
+from archspec.executed_macs import gpsa_head_on_sdpa_path, hard_head_on_window_path
 from archspec.heads import HeadSpec
 
+from .fast_attention import flex_masked_attention, gpsa_attention, hard_window_attention, window_tables
 from .masks import alpha_to_logit, soft_mask_scale, window_mask
 from .position import conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table, signed_bias_idxs
 
-__all__ = ["Attention", "coerce_heads"]
+__all__ = ["Attention", "coerce_heads", "ATTN_IMPLS", "set_attention_impl", "attention_impl"]
+
+#: Attention implementations: ``dense`` the explicit-logits reference formula (every head in one ``(B, H, N, N)``
+#: softmax, or one SDPA call when no head needs explicit logits); ``auto`` each group of heads on its fastest
+#: exact path, hard masks linear-time where :func:`window_path_pays`; ``fast`` the same with the linear-time
+#: hard-mask path on every grid (tests, benchmarks); ``flex`` hard/soft/biased-masked heads through FlexAttention.
+ATTN_IMPLS = ("auto", "dense", "fast", "flex")
 
 
 def coerce_heads(heads: Sequence[HeadSpec | str | dict]) -> tuple[HeadSpec, ...]:
@@ -43,6 +59,12 @@ def coerce_heads(heads: Sequence[HeadSpec | str | dict]) -> tuple[HeadSpec, ...]
     if not out:
         raise ValueError("an attention layer needs at least one head")
     return out
+
+
+def _usable(cached: Tensor | None) -> bool:
+    """A cached constant can be reused: it exists, and it was not made under ``inference_mode`` unless we are in it
+    (autograd refuses to save inference tensors for backward)."""
+    return cached is not None and (not cached.is_inference() or torch.is_inference_mode_enabled())
 
 
 class Attention(nn.Module):
@@ -173,27 +195,23 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
 
         # ---- per-head extras: parameters only for the heads that use them
-        grid_t = (rows, cols)
         if self.abs_bias_heads:
             self.attention_biases = nn.Parameter(torch.zeros(len(self.abs_bias_heads), rows * cols))
-            self.register_buffer("attention_bias_idxs", levit_bias_idxs(grid_t), persistent=False)
         if self.signed_bias_heads:
             self.signed_biases = nn.Parameter(torch.zeros(len(self.signed_bias_heads), (2 * rows - 1) * (2 * cols - 1)))
-            self.register_buffer("signed_bias_idxs", signed_bias_idxs(grid_t), persistent=False)
         if self.gpsa_heads:
             n_g = len(self.gpsa_heads)
             self.pos_proj = nn.Linear(3, n_g)
             self.gating_param = nn.Parameter(torch.zeros(n_g), requires_grad=trainable == {True})
-            self.register_buffer("rel_indices", gpsa_rel_indices(grid_t), persistent=False)
             self.register_buffer("gpsa_head_idx", torch.tensor(self.gpsa_heads, dtype=torch.long), persistent=False)
-        if self.mask_heads:
-            masks = [window_mask(grid_t, specs[i].mask.window, num_prefix_tokens) for i in self.mask_heads]
-            self.register_buffer("attn_masks", torch.stack(masks), persistent=False)  # (n_mask, N, N) bool
         if self.soft_heads:
             self.mask_alpha_logit = nn.Parameter(torch.zeros(len(self.soft_heads)))
 
-        self._bias_cache: Tensor | None = None
-        self._mult_cache: Tensor | None = None
+        self.attn_impl = "auto"
+        # Whether SDPA has a fused kernel for a float attn_mask (CUDA: memory-efficient attention); on CPU the
+        # biased / strict heads use the explicit formula instead.  Updated by _apply (.to(), .cuda()).
+        self._masked_sdpa_fused = False
+        self._build_grid_tables((rows, cols))
         self.reset_parameters()
 
     # ------------------------------------------------------------------ init
@@ -258,6 +276,91 @@ class Attention(nn.Module):
                 weight, rows = self._value_rows(head)
                 weight[rows] = eye[head * self.v_dim:(head + 1) * self.v_dim].to(weight.dtype)
 
+    # ------------------------------------------------------------------ grid tables and path plan
+    def _build_grid_tables(self, grid: tuple[int, int]) -> None:
+        """(Re)build everything that depends on the patch grid, except the learned bias tables.
+
+        Sets ``grid``, ``num_patches``, ``num_tokens``; registers the non-persistent index / mask buffers
+        (``attention_bias_idxs``, ``signed_bias_idxs``, ``rel_indices``, ``attn_masks``, the window tables of
+        the linear-time hard-mask heads ``window{r}x{c}_{outside,n0}``) on the module's device;
+        drops the eval-mode caches and re-plans which path each head takes (the crossover depends on the grid).
+        A resolution change (``set_grid``) calls this after resizing ``attention_biases`` / ``signed_biases``.
+
+        Raises:
+            ValueError: a grid side < 1.
+        """
+        rows, cols = int(grid[0]), int(grid[1])
+        if rows < 1 or cols < 1:
+            raise ValueError(f"grid sides must be >= 1, got {grid!r}")
+        self.grid = (rows, cols)
+        self.num_patches = rows * cols
+        self.num_tokens = self.num_prefix_tokens + rows * cols
+        device = next(self.parameters()).device
+        p, specs = self.num_prefix_tokens, self.head_specs
+        if self.abs_bias_heads:
+            self.register_buffer("attention_bias_idxs", levit_bias_idxs(self.grid).to(device), persistent=False)
+        if self.signed_bias_heads:
+            self.register_buffer("signed_bias_idxs", signed_bias_idxs(self.grid).to(device), persistent=False)
+        if self.gpsa_heads:
+            self.register_buffer("rel_indices", gpsa_rel_indices(self.grid).to(device), persistent=False)
+        if self.mask_heads:
+            masks = [window_mask(self.grid, specs[i].mask.window, p) for i in self.mask_heads]
+            self.register_buffer("attn_masks", torch.stack(masks).to(device), persistent=False)  # (n_mask, N, N) bool
+        for window in sorted({tuple(specs[i].mask.window) for i in self.hard_heads}):
+            for name, table in window_tables(self.grid, window, p).items():
+                self.register_buffer(f"window{window[0]}x{window[1]}_{name}", table.to(device), persistent=False)
+        self._drop_caches()
+        self._plan_paths()
+
+    def _drop_caches(self) -> None:
+        self._bias_cache: Tensor | None = None
+        self._zero_cache: Tensor | None = None
+        self._qkv_cache: tuple[Tensor, Tensor | None] | None = None
+        self._additive_cache: Tensor | None = None
+        self._positional_cache: Tensor | None = None
+
+    def set_attn_impl(self, impl: str) -> "Attention":
+        """Choose the implementation (one of :data:`ATTN_IMPLS`; ``'dense'`` is the reference) and re-plan.
+
+        Raises:
+            ValueError: an unknown name.
+        """
+        if impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
+        self.attn_impl = impl
+        self._plan_paths()
+        return self
+
+    def _head_path(self, head: int) -> tuple:
+        """Path of one head under ``attn_impl`` (not ``'dense'``): a hashable group key."""
+        spec = self.head_specs[head]
+        mode = spec.mask.mode if spec.mask is not None else None
+        if gpsa_head_on_sdpa_path(spec):
+            return ("gpsa",)
+        if mode in (None, "strict"):
+            return ("sdpa",)
+        if self.attn_impl == "flex" and spec.gpsa is None:
+            return ("flex",)
+        window = tuple(spec.mask.window)
+        plain_hard = mode == "hard" and spec.gpsa is None and spec.rel_bias is None
+        if plain_hard and (self.attn_impl == "fast" or hard_head_on_window_path(spec, self.num_patches)):
+            return ("window", window)
+        return ("dense",)
+
+    def _plan_paths(self) -> None:
+        """Group heads by path (static: head kinds, grid, ``attn_impl``); ``_groups`` lists ``(key, heads)``
+        by first head, ``_head_order`` the permutation restoring head order after concatenation (or None)."""
+        if self.attn_impl == "dense":
+            self._groups, self._head_order = [], None
+            return
+        groups: dict[tuple, list[int]] = {}
+        for head in range(self.num_heads):
+            groups.setdefault(self._head_path(head), []).append(head)
+        self._groups = sorted(groups.items(), key=lambda item: item[1][0])
+        order = [h for _, heads in self._groups for h in heads]
+        in_order = order == list(range(self.num_heads))
+        self._head_order = None if in_order else [order.index(h) for h in range(self.num_heads)]
+
     # ------------------------------------------------------------------ pieces
     def _check_input(self, x: Tensor) -> None:
         if x.dim() != 3 or x.shape[1] != self.num_tokens or x.shape[2] != self.dim:
@@ -271,13 +374,31 @@ class Attention(nn.Module):
         B, N, _ = x.shape
         H = self.num_heads
         if self.norm == "layernorm":
-            qk = self.qk(x).reshape(B, N, 2, H, self.qk_dim).permute(2, 0, 3, 1, 4)
+            n_qk = 2 * H * self.qk_dim
+            if self.training:
+                qk, v = self.qk(x), self.v(x)
+            else:  # one GEMM with the stacked weights instead of two (timm's single qkv linear)
+                weight, bias = self._stacked_qkv()
+                qkv = F.linear(x, weight, bias)
+                qk, v = qkv[..., :n_qk], qkv[..., n_qk:]
+            qk = qk.reshape(B, N, 2, H, self.qk_dim).permute(2, 0, 3, 1, 4)
             q, k = qk[0], qk[1]
-            v = self.v(x).reshape(B, N, H, self.v_dim).permute(0, 2, 1, 3)
+            v = v.reshape(B, N, H, self.v_dim).permute(0, 2, 1, 3)
         else:
             q, k, v = self.qkv(x).view(B, N, H, -1).split([self.qk_dim, self.qk_dim, self.v_dim], dim=3)
             q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
         return q, k, v
+
+    def _stacked_qkv(self) -> tuple[Tensor, Tensor | None]:
+        """Eval mode: ``cat([qk.weight, v.weight])`` ``(2 H qk_dim + H v_dim, C)`` and the stacked biases, cached
+        (dropped by ``train()``, ``load_state_dict`` and device / dtype moves)."""
+        cached = self._qkv_cache
+        if _usable(cached[0] if cached else None):
+            return cached
+        weight = torch.cat([self.qk.weight, self.v.weight]).detach()
+        bias = None if self.qk.bias is None else torch.cat([self.qk.bias, self.v.bias]).detach()
+        self._qkv_cache = (weight, bias)
+        return weight, bias
 
     def position_bias(self) -> Tensor | None:
         """Additive relative-position bias of every head, ``(H, N, N)`` (zero outside the patch-patch block
@@ -285,7 +406,7 @@ class Attention(nn.Module):
         if not (self.abs_bias_heads or self.signed_bias_heads):
             return None
         # In eval mode the bias is a constant: build it once per device, as timm's LeViT does.
-        if not self.training and self._bias_cache is not None and self._bias_cache.device == self.attention_bias_device:
+        if not self.training and _usable(self._bias_cache) and self._bias_cache.device == self.attention_bias_device:
             return self._bias_cache
         bias = self._build_position_bias()
         self._bias_cache = None if self.training else bias.detach()
@@ -297,13 +418,18 @@ class Attention(nn.Module):
         return (self.attention_biases if self.abs_bias_heads else self.signed_biases).device
 
     def train(self, mode: bool = True) -> "Attention":
-        """Switch train/eval mode; drops the eval-mode bias and mask caches."""
-        self._bias_cache = None
-        self._mult_cache = None
+        """Switch train/eval mode; drops the eval-mode bias, mask and positional-attention caches."""
+        self._drop_caches()
         return super().train(mode)
 
-    def _load_from_state_dict(self, *args, **kwargs) -> None:  # new weights invalidate the eval-mode bias cache
-        self._bias_cache = None
+    def _apply(self, fn, *args, **kwargs):  # .to() / .cuda() / .half(): the cached constants are stale
+        self._drop_caches()
+        out = super()._apply(fn, *args, **kwargs)
+        self._masked_sdpa_fused = next(self.parameters()).device.type == "cuda"  # static: set when moved
+        return out
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # new weights invalidate the eval-mode caches
+        self._drop_caches()
         super()._load_from_state_dict(*args, **kwargs)
 
     def _build_position_bias(self) -> Tensor:
@@ -326,67 +452,166 @@ class Attention(nn.Module):
         """``sigmoid(gating_param)`` per GPSA head ``(n_gpsa,)``: the weight of positional attention, or ``None``."""
         return torch.sigmoid(self.gating_param) if self.gpsa_heads else None
 
-    def _mask_terms(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
-        """(multiplier ``(H, N, N)`` for hard/soft heads or None, boolean ``-inf`` mask ``(H, N, N)`` or None)."""
-        mult = block = None
+    def _mask_terms(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """(``zero``: bool ``(H, N, N)``, True where a hard head's logit becomes 0, i.e. ``M (.) S`` as a masked fill
+        that keeps no float copy of ``M``; ``mult``: soft heads' multiplier ``(H, N, N)`` (1 elsewhere);
+        ``block``: bool ``(H, N, N)`` strict ``-inf`` positions), each None when no head needs it."""
+        zero = mult = block = None
         N = self.num_tokens
-        if self.hard_heads and not self.soft_heads:  # constant: cache per dtype and device
-            cached = self._mult_cache
-            if cached is None or cached.dtype != dtype or cached.device != self.attn_masks.device:
-                cached = torch.ones(self.num_heads, N, N, dtype=dtype, device=self.attn_masks.device)
-                cached[self.hard_heads] = self.attn_masks.to(dtype)[[self.mask_heads.index(i) for i in self.hard_heads]]
-                self._mult_cache = cached
-            mult = cached
-        elif self.hard_heads or self.soft_heads:
+        if self.hard_heads:  # constant: cached (bool, a quarter of a float multiplier's memory)
+            zero = self._zero_cache
+            if not _usable(zero) or zero.device != self.attn_masks.device:
+                zero = torch.zeros(self.num_heads, N, N, dtype=torch.bool, device=self.attn_masks.device)
+                zero[self.hard_heads] = ~self.attn_masks[[self.mask_heads.index(i) for i in self.hard_heads]]
+                self._zero_cache = zero
+        if self.soft_heads:
             mult = torch.ones(self.num_heads, N, N, dtype=dtype, device=self.attn_masks.device)
-            if self.hard_heads:
-                sel = [self.mask_heads.index(i) for i in self.hard_heads]
-                mult[self.hard_heads] = self.attn_masks[sel].to(dtype)
-            if self.soft_heads:
-                sel = [self.mask_heads.index(i) for i in self.soft_heads]
-                mult[self.soft_heads] = soft_mask_scale(self.attn_masks[sel], self.mask_alpha().to(dtype))
+            sel = [self.mask_heads.index(i) for i in self.soft_heads]
+            mult[self.soft_heads] = soft_mask_scale(self.attn_masks[sel], self.mask_alpha().to(dtype))
         if self.strict_heads:
             block = torch.zeros(self.num_heads, N, N, dtype=torch.bool, device=self.attn_masks.device)
             sel = [self.mask_heads.index(i) for i in self.strict_heads]
             block[self.strict_heads] = ~self.attn_masks[sel]
-        return mult, block
+        return zero, mult, block
 
     def positional_attention(self) -> Tensor:
         """GPSA positional attention ``softmax(pos_proj(r))`` ``(n_gpsa, N, N)`` (ConViT eq. 5).
 
         Computed on the ``(N, N, 3)`` relative indices once, not per batch element
-        (``N * N * 3 * n_gpsa`` MACs).
+        (``N * N * 3 * n_gpsa`` MACs).  It does not depend on the input, so in eval mode it is cached
+        (dropped by ``train()``, ``load_state_dict`` and :meth:`_build_grid_tables`).
 
         Raises:
             ValueError: when the layer has no GPSA head.
         """
         if not self.gpsa_heads:
             raise ValueError("this attention layer has no GPSA head")
-        return self.pos_proj(self.rel_indices.to(self.pos_proj.weight.dtype)).permute(2, 0, 1).softmax(dim=-1)
+        cached = self._positional_cache
+        if not self.training and _usable(cached) and cached.device == self.pos_proj.weight.device:
+            return cached
+        pos = self.pos_proj(self.rel_indices.to(self.pos_proj.weight.dtype)).permute(2, 0, 1).softmax(dim=-1)
+        self._positional_cache = None if self.training else pos.detach()
+        return pos
 
-    def _probs(self, q: Tensor, k: Tensor) -> Tensor:
-        """Explicit path: final attention probabilities ``(B, H, N, N)`` before dropout."""
+    def _additive_mask(self, dtype: torch.dtype) -> Tensor | None:
+        """Additive float mask ``(H, N, N)`` for SDPA: relative biases, ``-inf`` on strict non-neighbours; or None.
+
+        Cached in eval mode per dtype and device (it is a constant then)."""
+        cached = self._additive_cache
+        if not self.training and _usable(cached) and cached.dtype == dtype:  # _apply drops it on a device move
+            return cached
+        mask = self.position_bias()
+        if mask is not None:
+            mask = mask.to(dtype)
+        _, _, block = self._mask_terms(dtype)
+        if block is not None:
+            mask = torch.zeros(block.shape, dtype=dtype, device=block.device) if mask is None else mask
+            mask = mask.masked_fill(block, float("-inf"))
+        self._additive_cache = None if self.training or mask is None else mask.detach()
+        return mask
+
+    def _probs(self, q: Tensor, k: Tensor, heads: list[int] | None = None) -> Tensor:
+        """Explicit (dense reference) path: final attention probabilities ``(B, h, N, N)`` before dropout.
+
+        ``q``, ``k`` hold the heads ``heads`` (all heads when None), in that order."""
+        heads = list(range(self.num_heads)) if heads is None else heads
         attn = (q @ k.transpose(-2, -1)) * self.scale
         bias = self.position_bias()
         if bias is not None:
-            attn = attn + bias.to(attn.dtype)
-        mult, block = self._mask_terms(attn.dtype)
+            attn = attn + self._heads(bias, heads, dim=0).to(attn.dtype)
+        zero, mult, block = self._mask_terms(attn.dtype)
+        if zero is not None:
+            attn = attn.masked_fill(self._heads(zero, heads, dim=0), 0.0)
         if mult is not None:
-            attn = attn * mult
+            attn = attn * self._heads(mult, heads, dim=0)
         if block is not None:
-            attn = attn.masked_fill(block, float("-inf"))
+            attn = attn.masked_fill(self._heads(block, heads, dim=0), float("-inf"))
         attn = attn.softmax(dim=-1)
-        if self.gpsa_heads:
-            pos = self.positional_attention().to(attn.dtype)
-            gate = self.gating().to(attn.dtype).view(1, -1, 1, 1)
-            content = attn if len(self.gpsa_heads) == self.num_heads else attn[:, self.gpsa_heads]
-            mixed = (1.0 - gate) * content + gate * pos
+        local = [pos for pos, h in enumerate(heads) if h in self.gpsa_heads]
+        if local:
+            rows = [self.gpsa_heads.index(heads[pos]) for pos in local]
+            pos_attn = self.positional_attention()[rows].to(attn.dtype)
+            gate = self.gating()[rows].to(attn.dtype).view(1, -1, 1, 1)
+            content = attn if len(local) == len(heads) else attn[:, local]
+            mixed = (1.0 - gate) * content + gate * pos_attn
             mixed = mixed / mixed.sum(dim=-1, keepdim=True)
-            if len(self.gpsa_heads) == self.num_heads:
+            if len(local) == len(heads):
                 attn = mixed
             else:
-                attn = attn.index_copy(1, self.gpsa_head_idx, mixed)
+                attn = attn.index_copy(1, torch.tensor(local, device=attn.device), mixed)
         return attn
+
+    def _dense_forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Reference path ``(B, H, N, v_dim)``: one explicit softmax over all heads, or one SDPA call."""
+        if self.explicit_logits:
+            return self.attn_drop(self._probs(q, k)) @ v
+        mask = self._additive_mask(q.dtype)
+        return F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=None if mask is None else mask.unsqueeze(0),
+            dropout_p=self.attn_drop_p if self.training else 0.0,
+            scale=self.scale,
+        )
+
+    def _group_forward(self, key: tuple, heads: list[int], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Output ``(B, len(heads), N, v_dim)`` of one group of heads on its path (see :meth:`_head_path`)."""
+        kind = key[0]
+        if kind == "window":
+            prefix = f"window{key[1][0]}x{key[1][1]}_"
+            tables = {name: getattr(self, prefix + name).to(q.dtype) for name in ("outside", "n0")}
+            return hard_window_attention(q, k, v, self.grid, key[1], self.num_prefix_tokens, self.scale, tables)
+        if kind == "dense":
+            return self.attn_drop(self._probs(q, k, heads)) @ v
+        mask = self._additive_mask(q.dtype)
+        if mask is not None:
+            mask = self._heads(mask, heads, dim=0)
+        if kind == "gpsa":
+            rows = [self.gpsa_heads.index(h) for h in heads]
+            gpsa_all = len(rows) == len(self.gpsa_heads)
+            pos, gate = self.positional_attention(), self.gating()
+            return gpsa_attention(q, k, v, pos if gpsa_all else pos[rows], gate if gpsa_all else gate[rows],
+                                  self.scale, mask)
+        if kind == "flex":
+            return self._flex_forward(heads, q, k, v)
+        if mask is not None and not self._masked_sdpa_fused:
+            # CPU SDPA runs a float attn_mask on its math backend plus a "safe softmax" (where/all per call):
+            # the plain formula, as timm's LeViT writes it, is cheaper there.
+            return ((q @ k.transpose(-2, -1)) * self.scale + mask).softmax(dim=-1) @ v
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if mask is None else mask.unsqueeze(0),
+            dropout_p=self.attn_drop_p if self.training else 0.0, scale=self.scale)
+
+    def _flex_forward(self, heads: list[int], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Hard/soft-masked heads (optionally biased) through :func:`flex_masked_attention`."""
+        sel = [self.mask_heads.index(h) for h in heads]
+        scale = torch.zeros(len(heads), dtype=q.dtype, device=q.device)
+        alpha = self.mask_alpha()
+        if alpha is not None:
+            soft = [pos for pos, h in enumerate(heads) if h in self.soft_heads]
+            rows = [self.soft_heads.index(heads[pos]) for pos in soft]
+            scale = scale.index_copy(0, torch.tensor(soft, device=q.device, dtype=torch.long), alpha[rows].to(q.dtype))
+        bias = self.position_bias()
+        return flex_masked_attention(q, k, v, self.scale, self.attn_masks[sel], scale,
+                                     None if bias is None else bias[heads].to(q.dtype))
+
+    def _heads(self, t: Tensor, heads: list[int], dim: int = 1) -> Tensor:
+        """The heads ``heads`` of ``t`` along ``dim`` (``(B, H, N, d)``: 1; ``(H, N, N)`` tables: 0; ``H = num_heads``):
+        a view (no copy) when they are contiguous, ``t`` itself when they are all heads in order."""
+        if heads == list(range(heads[0], heads[-1] + 1)):
+            return t if len(heads) == self.num_heads else t.narrow(dim, heads[0], len(heads))
+        return t.index_select(dim, torch.tensor(heads, device=t.device))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """``(B, H, N, v_dim)`` on the planned paths; the dense reference when ``attn_impl == 'dense'`` or when
+        attention dropout is active in training (the fast paths have no dropout on implicit weights)."""
+        if self.attn_impl == "dense" or (self.training and self.attn_drop_p > 0):
+            return self._dense_forward(q, k, v)
+        if len(self._groups) == 1:
+            return self._group_forward(*self._groups[0], q, k, v)
+        outs = [self._group_forward(key, heads, self._heads(q, heads), self._heads(k, heads), self._heads(v, heads))
+                for key, heads in self._groups]
+        out = torch.cat(outs, dim=1)
+        return out if self._head_order is None else out[:, self._head_order]
 
     # ------------------------------------------------------------------ API
     def get_attention(self, x: Tensor) -> Tensor:
@@ -405,8 +630,9 @@ class Attention(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, N, C) -> (B, N, C)``.
 
-        Uses ``F.scaled_dot_product_attention`` when no head needs explicit logits (plain heads, additive
-        biases and strict masks go in as a float ``attn_mask``); the explicit softmax path otherwise.
+        Heads are grouped by path at construction (:meth:`_plan_paths`): plain / biased / strict heads in one
+        SDPA call, GPSA heads as ``(1 - g) SDPA + g P V``, hard-masked heads linear-time where it pays, the rest
+        on the explicit-logits reference formula.  ``set_attn_impl('dense')`` selects the reference for all.
 
         Raises:
             ValueError: if ``x`` is not ``(B, num_prefix_tokens + H*W, dim)``.
@@ -414,23 +640,7 @@ class Attention(nn.Module):
         self._check_input(x)
         B, N, _ = x.shape
         q, k, v = self._qkv(x)
-        if self.explicit_logits:
-            attn = self.attn_drop(self._probs(q, k))
-            out = attn @ v
-        else:
-            mask = self.position_bias()
-            if mask is not None:
-                mask = mask.to(q.dtype)
-            _, block = self._mask_terms(q.dtype)
-            if block is not None:
-                mask = torch.zeros(block.shape, dtype=q.dtype, device=q.device) if mask is None else mask
-                mask = mask.masked_fill(block, float("-inf"))
-            out = F.scaled_dot_product_attention(
-                q, k, v,
-                attn_mask=None if mask is None else mask.unsqueeze(0),
-                dropout_p=self.attn_drop_p if self.training else 0.0,
-                scale=self.scale,
-            )
+        out = self._attend(q, k, v)
         out = out.transpose(1, 2).reshape(B, N, self.num_heads * self.v_dim)
         if self.norm == "layernorm":
             out = self.proj(self.proj_act(out))
@@ -441,14 +651,15 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         letters = "".join(f"[{h.letter}]" for h in self.head_specs)
         return (f"dim={self.dim}, heads={letters}, grid={self.grid}, prefix={self.num_prefix_tokens}, "
-                f"qk_dim={self.qk_dim}, v_dim={self.v_dim}, norm={self.norm}")
+                f"qk_dim={self.qk_dim}, v_dim={self.v_dim}, norm={self.norm}, attn_impl={self.attn_impl}")
 
     @torch.no_grad()
     def set_grid(self, grid: tuple[int, int]) -> None:
         """Move the layer to another patch grid ``(H', W')`` (a new input resolution), keeping its weights.
 
-        Rebuilt for the new grid: the relative-offset index tables, GPSA's fixed ``r_ij``
-        (:func:`~archspec.blocks.position.gpsa_rel_indices`) and the MaiT masks (same window, new grid).
+        Rebuilt for the new grid by :meth:`_build_grid_tables`: the relative-offset index tables, GPSA's fixed
+        ``r_ij`` (:func:`~archspec.blocks.position.gpsa_rel_indices`), the MaiT masks (same window, new grid), the
+        linear-time window tables, the eval caches and the per-head path plan (the crossover depends on the grid).
         The learned bias tables are resampled bicubically on their offset grids
         (:func:`~archspec.blocks.position.resample_bias_table`, as timm ``resize_rel_pos_bias_table_levit``):
         LeViT's ``attention_biases`` ``(h, H*W) -> (h, H'*W')``, CMHSA's ``signed_biases``
@@ -461,24 +672,43 @@ class Attention(nn.Module):
         if rows < 1 or cols < 1:
             raise ValueError(f"grid sides must be >= 1, got {grid!r}")
         old = self.grid
-        device = next(self.parameters()).device
         if self.abs_bias_heads:
             table = resample_bias_table(self.attention_biases.data, old, (rows, cols))
             self.attention_biases = nn.Parameter(table, requires_grad=self.attention_biases.requires_grad)
-            self.attention_bias_idxs = levit_bias_idxs((rows, cols)).to(device)
         if self.signed_bias_heads:
             table = resample_bias_table(self.signed_biases.data, (2 * old[0] - 1, 2 * old[1] - 1),
                                         (2 * rows - 1, 2 * cols - 1))
             self.signed_biases = nn.Parameter(table, requires_grad=self.signed_biases.requires_grad)
-            self.signed_bias_idxs = signed_bias_idxs((rows, cols)).to(device)
-        if self.gpsa_heads:
-            self.rel_indices = gpsa_rel_indices((rows, cols)).to(device)
-        if self.mask_heads:
-            masks = [window_mask((rows, cols), self.head_specs[i].mask.window, self.num_prefix_tokens)
-                     for i in self.mask_heads]
-            self.attn_masks = torch.stack(masks).to(device)
-        self.grid = (rows, cols)
-        self.num_patches = rows * cols
-        self.num_tokens = self.num_prefix_tokens + rows * cols
-        self._bias_cache = None
-        self._mult_cache = None
+        # index tables, GPSA's r_ij, masks, linear-time window tables, caches and the per-head path plan
+        self._build_grid_tables((rows, cols))
+
+
+def set_attention_impl(model: nn.Module, impl: str) -> nn.Module:
+    """Set ``attn_impl`` (one of :data:`ATTN_IMPLS`) on every :class:`Attention` in ``model``; returns ``model``.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if impl not in ATTN_IMPLS:
+        raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.set_attn_impl(impl)
+    return model
+
+
+@contextmanager
+def attention_impl(model: nn.Module, impl: str) -> Iterator[nn.Module]:
+    """Context manager: run ``model``'s attention layers with ``impl`` (e.g. ``'dense'``), then restore each.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    before = [m.attn_impl for m in layers]
+    set_attention_impl(model, impl)
+    try:
+        yield model
+    finally:
+        for layer, old in zip(layers, before):
+            layer.set_attn_impl(old)
