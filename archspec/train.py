@@ -78,19 +78,19 @@ class TrainResult:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> ``cuda`` when available else ``cpu``; otherwise ``torch.device(name)``.
+    """``auto`` -> ``cuda`` when available else ``cpu``; otherwise ``torch.device(name)``
+    (:func:`archspec.timing.parse_device`, which the timing shares).
 
     Raises:
         ValueError: an unknown device name, or CUDA asked for but not available.
     """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available")
-    return device
+    from archspec.errors import SpecError  # noqa: PLC0415
+    from archspec.timing import parse_device  # noqa: PLC0415
+
+    try:
+        return parse_device(name)
+    except SpecError as exc:
+        raise ValueError(exc.problems[0].message) from None
 
 
 def augment(x: torch.Tensor, mode: str, gen: torch.Generator) -> torch.Tensor:

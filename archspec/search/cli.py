@@ -271,6 +271,10 @@ def _protocol(args, defaults: dict | None = None):
             update[fieldname] = value
     if "lr" in update and not update["lr"] > 0:
         raise SpecError.single(("--proxy-lr",), f"must be positive, got {update['lr']}")
+    if getattr(args, "device", None) is not None:  # --device: proxy training (and latency unless --latency-device)
+        from archspec.timing import parse_device
+
+        update["device"] = str(parse_device(args.device, "--device"))
     names = {f.name for f in fields(protocol)}
     return replace(protocol, **{k: v for k, v in update.items() if k in names})
 

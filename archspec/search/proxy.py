@@ -53,6 +53,8 @@ class ProxyProtocol:
         eval_every: evaluate val top-1 (and call ``report``) every this many steps, and at the end.
         threads: ``torch.set_num_threads`` during the trial (restored afterwards); ``None`` leaves it.
         min_grid: the first stage's token grid side is kept at least this (stem shortened).
+        device: where the proxy trains (``cpu``, ``cuda``, ``cuda:N``; the CLI resolves ``auto``): on CUDA the
+            data set lives on the device and the forward runs under bf16 autocast (:mod:`archspec.train`).
     """
 
     image_size: int = 64
@@ -66,6 +68,7 @@ class ProxyProtocol:
     eval_every: int = 50
     threads: int | None = None
     min_grid: int = 4
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         checks = [("image_size", self.image_size >= 8), ("steps", self.steps >= 1), ("batch_size", self.batch_size >= 1),
@@ -83,10 +86,10 @@ class ProxyProtocol:
         return asdict(self)
 
     def train_config(self) -> TrainConfig:
-        """The optimisation settings for :func:`archspec.train.train` (the one training loop), on the CPU."""
+        """The optimisation settings for :func:`archspec.train.train` (the one training loop) on ``device``."""
         return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
                            optimizer=self.optimizer, warmup_steps=self.warmup_steps, augmentation=self.augmentation,
-                           eval_every=self.eval_every, device="cpu")
+                           eval_every=self.eval_every, device=self.device)
 
 
 @dataclass
