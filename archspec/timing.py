@@ -47,6 +47,8 @@ def parse_device(name: str, option: str = "--device") -> torch.device:
         raise SpecError.single((option,), f"unknown device {name!r}", "use auto, cpu, cuda or cuda:N") from None
     if device.type not in ("cpu", "cuda", "mps"):
         raise SpecError.single((option,), f"unsupported device {name!r}", "use auto, cpu, cuda or cuda:N")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise SpecError.single((option,), f"device {name!r}: MPS (Apple GPU) is not available on this machine", f"use {option} cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpecError.single((option,), "CUDA is not available on this machine", f"use {option} cpu (or auto)")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():

@@ -26,6 +26,26 @@ from archspec.graph import DEFAULT_MAX_MEMORY, build_graph
 from archspec.memory import format_bytes, parse_memory
 
 
+def _data_ptr(tensor: torch.Tensor) -> int | None:
+    """Storage address, or None for tensors without storage (fake tensors that torch.export in another test
+    of this process left for the garbage collector)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
+
+
+def _existing_storages() -> set[int | None]:
+    out = set()
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, torch.Tensor):
+                out.add(_data_ptr(obj))
+        except ReferenceError:  # a weak proxy whose referent is gone (left by another test)
+            continue
+    return out
+
+
 class LiveBytes(TorchDispatchMode):
     """Peak bytes of the tensor storages created inside the context and alive at once."""
 
@@ -33,7 +53,7 @@ class LiveBytes(TorchDispatchMode):
         super().__init__()
         with warnings.catch_warnings():  # isinstance on some deprecated torch objects warns
             warnings.simplefilter("ignore")
-            self.existing = {o.untyped_storage().data_ptr() for o in gc.get_objects() if isinstance(o, torch.Tensor)}
+            self.existing = _existing_storages()
         self.live: dict[int, int] = {}
         self.current = self.peak = 0
 

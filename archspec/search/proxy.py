@@ -7,7 +7,7 @@ architecture; :func:`train_proxy` trains it for a fixed number of steps and retu
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Iterator
 
 import torch
@@ -23,7 +23,7 @@ __all__ = ["ProxyProtocol", "ProxyResult", "TrialFailure", "proxy_spec", "train_
 
 
 @dataclass
-class ProxyProtocol:
+class ProxyProtocol(TrainConfig):
     """How a candidate is trained and scored by the search.
 
     Defaults: 64x64 inputs (the built-in 8x8 digits upsampled), where LeViT's 4-conv stem gives a 4x4
@@ -41,34 +41,17 @@ class ProxyProtocol:
     candidates are told apart but none saturates.  With other processes on the same cores use
     ``threads=1``: two processes with 2 OpenMP threads each on 2 cores ran 5-10x slower here (busy-waiting).
 
-    Attributes:
+    Attributes (besides :class:`archspec.train.TrainConfig`'s optimisation settings -- steps, batch_size,
+    lr, weight_decay, optimizer, warmup_steps, augmentation, eval_every, device -- with the same defaults;
+    ``device`` is where the proxy trains, the CLI resolving ``auto``):
         image_size: proxy input side in pixels (the candidate's own resolution is replaced).
-        steps: optimiser steps.
-        batch_size: images per step.
-        lr: peak learning rate (after warm-up).
-        weight_decay: AdamW weight decay (timm ``create_optimizer_v2`` skips 1-d params and ``no_weight_decay``).
-        optimizer: any name timm's optimizer factory knows (``adamw``, ``sgd``, ``lamb``...).
-        warmup_steps: linear warm-up steps from ``lr / warmup_steps``.
-        augmentation: ``none``, ``flip``, ``crop`` (pad ``image_size // 8`` + random crop) or ``flip+crop``.
-        eval_every: evaluate val top-1 (and call ``report``) every this many steps, and at the end.
         threads: ``torch.set_num_threads`` during the trial (restored afterwards); ``None`` leaves it.
         min_grid: the first stage's token grid side is kept at least this (stem shortened).
-        device: where the proxy trains (``cpu``, ``cuda``, ``cuda:N``; the CLI resolves ``auto``): on CUDA the
-            data set lives on the device and the forward runs under bf16 autocast (:mod:`archspec.train`).
     """
 
     image_size: int = 64
-    steps: int = 150
-    batch_size: int = 32
-    lr: float = 2e-3
-    weight_decay: float = 0.05
-    optimizer: str = "adamw"
-    warmup_steps: int = 20
-    augmentation: str = "flip+crop"
-    eval_every: int = 50
     threads: int | None = None
     min_grid: int = 4
-    device: str = "cpu"
 
     def __post_init__(self) -> None:
         checks = [("image_size", self.image_size >= 8), ("steps", self.steps >= 1), ("batch_size", self.batch_size >= 1),
@@ -87,9 +70,7 @@ class ProxyProtocol:
 
     def train_config(self) -> TrainConfig:
         """The optimisation settings for :func:`archspec.train.train` (the one training loop) on ``device``."""
-        return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
-                           optimizer=self.optimizer, warmup_steps=self.warmup_steps, augmentation=self.augmentation,
-                           eval_every=self.eval_every, device=self.device)
+        return TrainConfig(**{f.name: getattr(self, f.name) for f in fields(TrainConfig)})
 
 
 @dataclass
