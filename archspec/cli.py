@@ -269,6 +269,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_out(verb: str, out: Path, write, report: dict, layout=None) -> dict:
+    """Write ``report`` and what ``write(dir)`` writes into OUT under :mod:`archspec.builddir`'s rules; a
+    warning goes to stderr.  Returns the report as written.
+
+    Raises:
+        SpecError: at ``--out``: the directory cannot be written (exit 2 in :func:`main`).
+    """
+    from archspec import builddir
+
+    try:
+        report, warning = (builddir.write_build(out, write, report) if layout is None
+                           else builddir.write_build(out, write, report, layout))
+    except OSError as exc:
+        raise SpecError.single(("--out",), f"cannot write the output directory: {exc.strerror or exc}",
+                               "choose a writable directory with --out", str(out)) from None
+    if warning:
+        print(f"archspec {verb}: warning: {warning}", file=sys.stderr)
+    return report
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     """`archspec build`: validate, compile, run the photo, time it, write the build directory. Returns the exit status.
 
@@ -312,13 +332,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         "out": str(out),
         **({"fused": fused} if fused else {}),
     }
-    try:
-        report, warning = builddir.write_build(out, lambda d: artifact.save(model.cpu(), d), report)
-    except OSError as exc:
-        raise SpecError.single(("--out",), f"cannot write the build directory: {exc.strerror or exc}",
-                               "choose a writable directory with --out", str(out)) from None
-    if warning:
-        print(f"archspec build: warning: {warning}", file=sys.stderr)
+    report = _write_out("build", out, lambda d: artifact.save(model.cpu(), d), report)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -368,13 +382,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a model without self-attention (e.g. all conv mixers)
         raise SpecError.single((), str(exc), "inspect a spec with attention layers", args.spec) from None
     report = {"spec": spec.name, "model": origin, "images": names, **numbers}
-    try:
-        report, warning = builddir.write_build(out, lambda d: write_plots(numbers, d, spec.name), report, INSPECT)
-    except OSError as exc:
-        raise SpecError.single(("--out",), f"cannot write the output directory: {exc.strerror or exc}",
-                               "choose a writable directory with --out", str(out)) from None
-    if warning:
-        print(f"archspec inspect: warning: {warning}", file=sys.stderr)
+    report = _write_out("inspect", out, lambda d: write_plots(numbers, d, spec.name), report, INSPECT)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -38,7 +38,8 @@ from archspec.heads import HeadSpec
 
 from .fast_attention import flex_masked_attention, gpsa_attention, hard_window_attention, window_tables
 from .masks import alpha_to_logit, soft_mask_scale, window_mask
-from .position import conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table, signed_bias_idxs
+from .position import (check_grid, conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table,
+                       signed_bias_idxs)
 
 __all__ = ["Attention", "coerce_heads", "ATTN_IMPLS", "set_attention_impl", "attention_impl"]
 
@@ -133,9 +134,7 @@ class Attention(nn.Module):
             raise ValueError(f"norm must be 'layernorm' or 'batchnorm', got {norm!r}")
         if num_prefix_tokens < 0:
             raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
-        rows, cols = int(grid[0]), int(grid[1])
-        if rows < 1 or cols < 1:
-            raise ValueError(f"grid sides must be >= 1, got {grid!r}")
+        rows, cols = check_grid(grid)
 
         self.dim = dim
         self.head_specs = specs
@@ -289,9 +288,7 @@ class Attention(nn.Module):
         Raises:
             ValueError: a grid side < 1.
         """
-        rows, cols = int(grid[0]), int(grid[1])
-        if rows < 1 or cols < 1:
-            raise ValueError(f"grid sides must be >= 1, got {grid!r}")
+        rows, cols = check_grid(grid)
         self.grid = (rows, cols)
         self.num_patches = rows * cols
         self.num_tokens = self.num_prefix_tokens + rows * cols
@@ -668,9 +665,7 @@ class Attention(nn.Module):
         Raises:
             ValueError: for a grid side < 1.
         """
-        rows, cols = int(grid[0]), int(grid[1])
-        if rows < 1 or cols < 1:
-            raise ValueError(f"grid sides must be >= 1, got {grid!r}")
+        rows, cols = check_grid(grid)
         old = self.grid
         if self.abs_bias_heads:
             table = resample_bias_table(self.attention_biases.data, old, (rows, cols))

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 from timm.layers import DropPath, LayerScale, Mlp
 from timm.models.levit import LevitDownsample, LevitMlp
 
-from .position import levit_bias_idxs, resample_bias_table
+from .position import check_grid, levit_bias_idxs, resample_bias_table
 
 __all__ = ["TransformerBlock", "LevitBlock", "ShrinkBlock"]
 
@@ -181,9 +181,7 @@ class ShrinkBlock(LevitDownsample):
         Raises:
             ValueError: for a grid side < 1.
         """
-        rows, cols = int(grid[0]), int(grid[1])
-        if rows < 1 or cols < 1:
-            raise ValueError(f"grid sides must be >= 1, got {grid!r}")
+        rows, cols = check_grid(grid)
         attn = self.attn_downsample
         table = resample_bias_table(attn.attention_biases.data, self.grid, (rows, cols))
         attn.attention_biases = nn.Parameter(table, requires_grad=attn.attention_biases.requires_grad)

@@ -13,11 +13,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["grid_positions", "gpsa_rel_indices", "levit_bias_idxs", "signed_bias_idxs", "conv_kernel_offsets",
+__all__ = ["check_grid", "grid_positions", "gpsa_rel_indices", "levit_bias_idxs", "signed_bias_idxs", "conv_kernel_offsets",
            "resample_bias_table"]
 
 
-def _check_grid(grid: tuple[int, int]) -> tuple[int, int]:
+def check_grid(grid: tuple[int, int]) -> tuple[int, int]:
+    """``(rows, cols)`` as ints.
+
+    Raises:
+        ValueError: not two sides, or a side < 1.
+    """
     if len(grid) != 2:
         raise ValueError(f"grid must be (rows, cols), got {grid!r}")
     rows, cols = int(grid[0]), int(grid[1])
@@ -39,7 +44,7 @@ def grid_positions(grid: tuple[int, int], stride: int = 1) -> Tensor:
     Raises:
         ValueError: for a grid side < 1 or ``stride < 1``.
     """
-    rows, cols = _check_grid(grid)
+    rows, cols = check_grid(grid)
     if stride < 1:
         raise ValueError(f"stride must be >= 1, got {stride}")
     r = torch.arange(0, rows, stride, dtype=torch.long)
@@ -88,7 +93,7 @@ def levit_bias_idxs(grid: tuple[int, int], stride: int = 1) -> Tensor:
     Raises:
         ValueError: for a grid side < 1 or ``stride < 1``.
     """
-    rows, cols = _check_grid(grid)
+    rows, cols = check_grid(grid)
     k_pos = grid_positions(grid)
     q_pos = grid_positions(grid, stride)
     rel = (q_pos[:, :, None] - k_pos[:, None, :]).abs()
@@ -111,7 +116,7 @@ def signed_bias_idxs(grid: tuple[int, int]) -> Tensor:
     Raises:
         ValueError: for a grid side < 1.
     """
-    rows, cols = _check_grid(grid)
+    rows, cols = check_grid(grid)
     pos = grid_positions(grid)
     d = pos[:, :, None] - pos[:, None, :]  # query minus key
     return (d[0] + rows - 1) * (2 * cols - 1) + (d[1] + cols - 1)
