@@ -106,3 +106,21 @@ def test_inspect_a_model_without_attention_is_a_located_error(tmp_path, capsys):
     assert main(["inspect", _write(tmp_path, doc), "--out", str(tmp_path / "o")]) == 2
     assert "no self-attention layer" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_inspect_a_shipped_spec_on_the_real_photos(tmp_path, capsys, one_thread):
+    """ConViT-Ti at random init: its GPSA layers start local (ConViT sec. 3, locality init), its last two
+    plain MHSA layers nearly uniform, and every gating sigmoid(lambda = 1) = 0.731."""
+    import math
+
+    out = tmp_path / "o"
+    assert main(["inspect", "convit_tiny", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert sorted(p.name for p in out.iterdir()) == ["als.png", "gating.png", "inspect.json", "nonlocality.png",
+                                                    "similarity.png"]
+    layers = report["layers"]
+    assert len(layers) == 12 and all(row["heads"] == "P P P P" for row in layers[:10])
+    uniform = 9 / 197  # a 3x3 window over 196 patches and the class token
+    assert all(min(row["als"]) > 0.5 for row in layers[:10])
+    assert all(max(row["als"]) < 2 * uniform for row in layers[10:])
+    assert all(g == pytest.approx(1 / (1 + math.exp(-1)), abs=1e-6) for row in layers[:10] for g in row["gating"])
