@@ -104,12 +104,12 @@ def _largest_batch(model: torch.nn.Module, shape: tuple[int, int, int], device: 
             with torch.inference_mode(), autocast:
                 model(torch.randn(batch, *shape, device=device))
             torch.cuda.synchronize(device)
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             break
         fits, batch = batch, batch * 2
     torch.cuda.empty_cache()
     if not fits:
-        raise torch.OutOfMemoryError(f"one image does not fit on {device}")
+        raise torch.cuda.OutOfMemoryError(f"one image does not fit on {device}")
     return fits
 
 
@@ -123,7 +123,7 @@ def measure_forward(model: torch.nn.Module, shape: tuple[int, int, int], device:
 
     Raises:
         ValueError: ``repeats < 1``, ``warmup < 0`` or ``threads < 1``.
-        torch.OutOfMemoryError: not even one image fits on the GPU.
+        torch.cuda.OutOfMemoryError: not even one image fits on the GPU.
     """
     if repeats < 1 or warmup < 0 or threads < 1:
         raise ValueError(f"need repeats >= 1, warmup >= 0, threads >= 1; got {repeats}, {warmup}, {threads}")

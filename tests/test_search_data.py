@@ -77,6 +77,15 @@ def test_fashion_mnist_missing_says_how_to_install(tmp_path, monkeypatch):
     assert "apt-get install dataset-fashion-mnist" in problem.hint
 
 
+def test_idx_file_with_a_wrong_magic_number_is_explained(tmp_path):
+    root = _write_idx(tmp_path / "fm", gz=False)
+    images = root / "train-images-idx3-ubyte"
+    images.write_bytes(b"\x00\x00\x08\x09" + images.read_bytes()[4:])  # magic 0x0809: no IDX type
+    with pytest.raises(SpecError) as info:
+        load_data(root, 28)
+    assert "not in the IDX format" in info.value.problems[0].message
+
+
 def test_broken_idx_file_is_named(tmp_path):
     root = _write_idx(tmp_path / "fm")
     (root / "t10k-labels-idx1-ubyte.gz").write_bytes(b"not gzip at all")

@@ -22,7 +22,7 @@ class Sleeper(torch.nn.Module):
 def test_measures_a_known_duration_with_the_cpu_protocol():
     before = torch.get_num_threads()
     result = measure_forward(Sleeper(), (3, 8, 8), "cpu", threads=1, warmup=1, repeats=5)
-    assert 19.5 <= result.ms <= 40  # sleep(0.02) never returns early; a loaded machine may add a little
+    assert 19.5 <= result.ms <= 100  # sleep(0.02) never returns early; a loaded machine may add some
     assert result.batch == 1 and result.threads == 1 and result.amp is None and result.device == "cpu"
     assert result.images_per_s == pytest.approx(1e3 / result.ms)
     assert torch.get_num_threads() == before  # the Timer restores the thread count

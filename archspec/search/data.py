@@ -247,7 +247,8 @@ def _fashion_mnist(source: Path, image_size: int, seed: int, max_images: int | N
         try:
             train, val = (FashionMNIST(tmp, train=split, download=False) for split in (True, False))
         except (RuntimeError, ValueError, AssertionError) as exc:  # torchvision's checks of the IDX headers
-            raise _fail(f"cannot read the IDX files: {exc}", "expected the four Fashion-MNIST IDX files", source) from None
+            why = str(exc) or "a header is not in the IDX format (magic number or dimensions)"
+            raise _fail(f"cannot read the IDX files: {why}", "expected the four Fashion-MNIST IDX files", source) from None
     x_train, x_val = (d.data.numpy()[:, None] for d in (train, val))  # (N, 1, 28, 28) uint8
     y_train, y_val = (d.targets.numpy().astype(np.int64) for d in (train, val))
     if len(y_train) != len(x_train) or len(y_val) != len(x_val) or not len(y_val):
