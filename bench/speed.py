@@ -118,23 +118,30 @@ def _unmasked_spec(spec: dict) -> dict:
     return plain
 
 
-def _saved_bytes(fn) -> int:
-    """Bytes autograd saves for backward during ``fn()`` (the training step's activation memory)."""
-    storages: dict[int, int] = {}  # views share storage: count each storage once
+def _saved_bytes(model, x, device) -> int:
+    """Bytes autograd holds for backward when a training step's forward ends (its activation memory): every
+    storage saved during the forward, each counted once (views share storage).  Tensors a backward pass
+    recomputes and drops again are not held across the step, so the backward runs outside the hooks."""
+    storages: dict[int, int] = {}
 
     def pack(t):
         storage = t.untyped_storage()
         storages[storage.data_ptr()] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
+    target = torch.zeros(x.shape[0], dtype=torch.long, device=device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _autocast(device):
+        out = model(x)
+        loss = F.cross_entropy((out[0] if isinstance(out, tuple) else out).float(), target)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
     return sum(storages.values())
 
 
-def _peak(fn, device) -> int:
+def _peak(model, x, fn, device) -> int:
+    """CUDA: ``max_memory_allocated`` of ``fn()``; CPU: :func:`_saved_bytes` of a training step."""
     if device.type != "cuda":
-        return _saved_bytes(fn)
+        return _saved_bytes(model, x, device)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     fn()
@@ -165,8 +172,8 @@ def bench_masks(device: torch.device, min_time: float, sizes: list[int], train: 
             fn_m, fn_p = make(masked, x, device), make(plain, x, device)
             rounds = _pair(fn_m, fn_p, device, min_time)
             ms, ratio = _fmt(rounds, batch)
-            mem = f"{_peak(fn_m, device) / 2**20:.0f} / {_peak(fn_p, device) / 2**20:.0f}" if step == "train" or \
-                device.type == "cuda" else "-"
+            mem = (f"{_peak(masked, x, fn_m, device) / 2**20:.1f} / {_peak(plain, x, fn_p, device) / 2**20:.1f}"
+                   if step == "train" or device.type == "cuda" else "-")
             print(f"| {px} | {(px // 16) ** 2 + 1} | {batch} | {step} | {ms} | {ratio} | {mem} |", flush=True)
 
 

@@ -199,3 +199,57 @@ def test_set_grid_replans_and_stays_exact():
     with torch.no_grad():
         want = copy.deepcopy(layer).set_attn_impl("dense")(x)
         torch.testing.assert_close(layer(x), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("grid,window,p", [((4, 5), (3, 3), 0), ((3, 4), (3, 5), 1), ((2, 2), (5, 5), 2), ((1, 1), (3, 3), 1)])
+def test_window_backward_passes_gradcheck(grid, window, p):
+    """The hand-written backward of the linear-time path against finite differences (float64)."""
+    torch.manual_seed(2)
+    n = p + grid[0] * grid[1]
+    q, k, v = (torch.randn(1, 2, n, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    tables = {name: t.double() for name, t in window_tables(grid, window, p).items()}
+    assert torch.autograd.gradcheck(lambda a, b, c: hard_window_attention(a, b, c, grid, window, p, 0.7, tables),
+                                    (q, k, v), eps=1e-6, atol=1e-7)
+
+
+def _bytes_kept_for_backward(layer: Attention, x: torch.Tensor) -> int:
+    """Bytes autograd holds when the forward ends (each storage once; views share storage)."""
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = layer(x)
+    out.sum().backward()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("heads", [["mask", "mask", "mhsa"], ["mask", "mhsa", "mhsa"], ["mask"] * 3])
+def test_masked_layer_keeps_no_more_for_backward_than_unmasked(one_thread, heads):
+    """Issue 11: a masked model's training memory <= the unmasked one's.  The reference is the same layer with
+    every head global (SDPA keeps q, k, v, its output and one log-sum-exp per query)."""
+    masked = Attention(96, heads, (16, 16), num_prefix_tokens=1).set_attn_impl("fast").train()
+    plain = Attention(96, ["mhsa"] * 3, (16, 16), num_prefix_tokens=1).train()
+    plain.load_state_dict(masked.state_dict())
+    x = torch.randn(2, 257, 96, requires_grad=True)
+    assert _bytes_kept_for_backward(masked, x) <= _bytes_kept_for_backward(plain, x)
+
+
+def test_torch_compile_traces_whole_layer_and_takes_window_path(one_thread):
+    """Under torch.compile every plain hard head takes the window path (Inductor fuses it), with no graph break
+    (fullgraph) and the eager result.  The ``eager`` backend checks the trace without a C++ toolchain."""
+    layer = _layer(["mask", "mask", "mhsa"], (5, 5), 1).eval()
+    assert [key for key, _ in layer._groups] == [("dense",), ("sdpa",)]
+    assert [key for key, _ in layer._compiled_plan[0]] == [("window", (3, 3)), ("sdpa",)]
+    x = torch.randn(2, 26, 32)
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), layer(x), atol=1e-5, rtol=1e-5)
+    layer.train()
+    xg = x.clone().requires_grad_()
+    compiled(xg).sum().backward()
+    reference = x.clone().requires_grad_()
+    layer.set_attn_impl("dense")(reference).sum().backward()
+    torch.testing.assert_close(xg.grad, reference.grad, atol=1e-5, rtol=1e-5)

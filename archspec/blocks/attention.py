@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from archspec.executed_macs import gpsa_head_on_sdpa_path, hard_head_on_window_path
 from archspec.heads import HeadSpec
 
-from .fast_attention import flex_masked_attention, gpsa_attention, hard_window_attention, window_tables
+from .fast_attention import _is_compiling, flex_masked_attention, gpsa_attention, hard_window_attention, window_tables
 from .masks import alpha_to_logit, soft_mask_scale, window_mask
 from .position import (check_grid, conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table,
                        signed_bias_idxs)
@@ -64,8 +64,17 @@ def coerce_heads(heads: Sequence[HeadSpec | str | dict]) -> tuple[HeadSpec, ...]
 
 def _usable(cached: Tensor | None) -> bool:
     """A cached constant can be reused: it exists, and it was not made under ``inference_mode`` unless we are in it
-    (autograd refuses to save inference tensors for backward)."""
+    (autograd refuses to save inference tensors for backward).  Never under ``torch.compile``: the compiled graph
+    recomputes (and constant-folds) the tables itself, and Dynamo cannot trace ``is_inference``."""
+    if _is_compiling():
+        return False
     return cached is not None and (not cached.is_inference() or torch.is_inference_mode_enabled())
+
+
+def _cacheable(training: bool) -> bool:
+    """Whether a constant computed now may be stored: eval mode, outside ``torch.compile`` tracing (a traced
+    tensor stored on the module would leak out of the graph)."""
+    return not training and not _is_compiling()
 
 
 class Attention(nn.Module):
@@ -328,8 +337,12 @@ class Attention(nn.Module):
         self._plan_paths()
         return self
 
-    def _head_path(self, head: int) -> tuple:
-        """Path of one head under ``attn_impl`` (not ``'dense'``): a hashable group key."""
+    def _head_path(self, head: int, compiled: bool = False) -> tuple:
+        """Path of one head under ``attn_impl`` (not ``'dense'``): a hashable group key.
+
+        ``compiled``: the plan used while ``torch.compile`` traces the layer.  Inductor fuses the window path's
+        ~30 small ops, after which it beats SDPA on every grid (``bench/speed.py --compile``: 14x14 grid, 2 heads,
+        one CPU thread, 0.26-0.36 ms vs SDPA's 0.38-0.49 ms), so plain hard heads take it regardless of size."""
         spec = self.head_specs[head]
         mode = spec.mask.mode if spec.mask is not None else None
         if gpsa_head_on_sdpa_path(spec):
@@ -340,7 +353,7 @@ class Attention(nn.Module):
             return ("flex",)
         window = tuple(spec.mask.window)
         plain_hard = mode == "hard" and spec.gpsa is None and spec.rel_bias is None
-        if plain_hard and (self.attn_impl == "fast" or hard_head_on_window_path(spec, self.num_patches)):
+        if plain_hard and (self.attn_impl == "fast" or compiled or hard_head_on_window_path(spec, self.num_patches)):
             return ("window", window)
         return ("dense",)
 
@@ -349,14 +362,19 @@ class Attention(nn.Module):
         by first head, ``_head_order`` the permutation restoring head order after concatenation (or None)."""
         if self.attn_impl == "dense":
             self._groups, self._head_order = [], None
+            self._compiled_plan = ([], None)
             return
+        self._groups, self._head_order = self._group_heads(compiled=False)
+        self._compiled_plan = self._group_heads(compiled=True)
+
+    def _group_heads(self, compiled: bool) -> tuple[list[tuple[tuple, list[int]]], list[int] | None]:
         groups: dict[tuple, list[int]] = {}
         for head in range(self.num_heads):
-            groups.setdefault(self._head_path(head), []).append(head)
-        self._groups = sorted(groups.items(), key=lambda item: item[1][0])
-        order = [h for _, heads in self._groups for h in heads]
+            groups.setdefault(self._head_path(head, compiled), []).append(head)
+        ordered = sorted(groups.items(), key=lambda item: item[1][0])
+        order = [h for _, heads in ordered for h in heads]
         in_order = order == list(range(self.num_heads))
-        self._head_order = None if in_order else [order.index(h) for h in range(self.num_heads)]
+        return ordered, None if in_order else [order.index(h) for h in range(self.num_heads)]
 
     # ------------------------------------------------------------------ pieces
     def _check_input(self, x: Tensor) -> None:
@@ -394,7 +412,8 @@ class Attention(nn.Module):
             return cached
         weight = torch.cat([self.qk.weight, self.v.weight]).detach()
         bias = None if self.qk.bias is None else torch.cat([self.qk.bias, self.v.bias]).detach()
-        self._qkv_cache = (weight, bias)
+        if _cacheable(False):
+            self._qkv_cache = (weight, bias)
         return weight, bias
 
     def position_bias(self) -> Tensor | None:
@@ -406,7 +425,7 @@ class Attention(nn.Module):
         if not self.training and _usable(self._bias_cache) and self._bias_cache.device == self.attention_bias_device:
             return self._bias_cache
         bias = self._build_position_bias()
-        self._bias_cache = None if self.training else bias.detach()
+        self._bias_cache = bias.detach() if _cacheable(self.training) else None
         return bias
 
     @property
@@ -460,7 +479,8 @@ class Attention(nn.Module):
             if not _usable(zero) or zero.device != self.attn_masks.device:
                 zero = torch.zeros(self.num_heads, N, N, dtype=torch.bool, device=self.attn_masks.device)
                 zero[self.hard_heads] = ~self.attn_masks[[self.mask_heads.index(i) for i in self.hard_heads]]
-                self._zero_cache = zero
+                if _cacheable(False):
+                    self._zero_cache = zero
         if self.soft_heads:
             mult = torch.ones(self.num_heads, N, N, dtype=dtype, device=self.attn_masks.device)
             sel = [self.mask_heads.index(i) for i in self.soft_heads]
@@ -487,7 +507,7 @@ class Attention(nn.Module):
         if not self.training and _usable(cached) and cached.device == self.pos_proj.weight.device:
             return cached
         pos = self.pos_proj(self.rel_indices.to(self.pos_proj.weight.dtype)).permute(2, 0, 1).softmax(dim=-1)
-        self._positional_cache = None if self.training else pos.detach()
+        self._positional_cache = pos.detach() if _cacheable(self.training) else None
         return pos
 
     def _additive_mask(self, dtype: torch.dtype) -> Tensor | None:
@@ -504,7 +524,7 @@ class Attention(nn.Module):
         if block is not None:
             mask = torch.zeros(block.shape, dtype=dtype, device=block.device) if mask is None else mask
             mask = mask.masked_fill(block, float("-inf"))
-        self._additive_cache = None if self.training or mask is None else mask.detach()
+        self._additive_cache = mask.detach() if _cacheable(self.training) and mask is not None else None
         return mask
 
     def _probs(self, q: Tensor, k: Tensor, heads: list[int] | None = None) -> Tensor:
@@ -598,17 +618,59 @@ class Attention(nn.Module):
             return t if len(heads) == self.num_heads else t.narrow(dim, heads[0], len(heads))
         return t.index_select(dim, torch.tensor(heads, device=t.device))
 
+    def _plan(self) -> tuple[list[tuple[tuple, list[int]]], list[int] | None]:
+        """``(groups, head_order)`` of the running mode.  Under ``torch.compile`` this is a trace-time branch:
+        the compiled plan is fixed into the graph."""
+        return self._compiled_plan if _is_compiling() else (self._groups, self._head_order)
+
+    def _group_outputs(self, q: Tensor, k: Tensor, v: Tensor, groups) -> list[Tensor]:
+        """One ``(B, len(heads), N, v_dim)`` output per group of :meth:`_plan`."""
+        if len(groups) == 1:
+            return [self._group_forward(*groups[0], q, k, v)]
+        return [self._group_forward(key, heads, self._heads(q, heads), self._heads(k, heads), self._heads(v, heads))
+                for key, heads in groups]
+
+    def _uses_dense(self) -> bool:
+        """The dense reference runs: ``attn_impl == 'dense'``, or attention dropout active in training (the fast
+        paths have no dropout on implicit weights)."""
+        return self.attn_impl == "dense" or (self.training and self.attn_drop_p > 0)
+
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """``(B, H, N, v_dim)`` on the planned paths; the dense reference when ``attn_impl == 'dense'`` or when
-        attention dropout is active in training (the fast paths have no dropout on implicit weights)."""
-        if self.attn_impl == "dense" or (self.training and self.attn_drop_p > 0):
+        """``(B, H, N, v_dim)`` on the planned paths (or the dense reference, :meth:`_uses_dense`)."""
+        if self._uses_dense():
             return self._dense_forward(q, k, v)
-        if len(self._groups) == 1:
-            return self._group_forward(*self._groups[0], q, k, v)
-        outs = [self._group_forward(key, heads, self._heads(q, heads), self._heads(k, heads), self._heads(v, heads))
-                for key, heads in self._groups]
-        out = torch.cat(outs, dim=1)
-        return out if self._head_order is None else out[:, self._head_order]
+        groups, head_order = self._plan()
+        outs = self._group_outputs(q, k, v, groups)
+        if len(outs) == 1:
+            return outs[0]
+        # Concatenate in (B, N, H, d) layout, as SDPA lays out its output: forward's transpose + reshape to
+        # (B, N, H * d) is then a view, not one more copy.
+        out = torch.cat([o.transpose(1, 2) for o in outs], dim=2)
+        return (out if head_order is None else out[:, :, head_order]).transpose(1, 2)
+
+    def _projects_per_group(self) -> bool:
+        """Training through several head groups with a plain ``nn.Linear`` output projection (ConViT/DeiT layout):
+        project each group's output by its columns of ``proj.weight`` and sum (:meth:`_project_groups`)."""
+        return (self.norm == "layernorm" and torch.is_grad_enabled() and not self._uses_dense()
+                and len(self._plan()[0]) > 1)
+
+    def _project_groups(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """``proj(act(concat_heads(out)))`` as ``sum_g act(out_g) @ W[:, heads_g]^T + b``, ``(B, N, dim)``.
+
+        Why: autograd keeps the projection's input for backward.  Unmasked, that input is SDPA's own output
+        (laid out ``(B, N, H, d)``, so the reshape is a view), which SDPA keeps anyway; a concatenation of head
+        groups would be one more ``(B, N, H d)`` tensor to keep.  Per group, the SDPA group's input is again
+        its output, and the other groups keep what the concatenation would have: the training step keeps no
+        more than the unmasked model's."""
+        B, N = q.shape[0], q.shape[2]
+        groups, _ = self._plan()
+        weight = self.proj.weight.view(self.dim, self.num_heads, self.v_dim)
+        out = None
+        for (_, heads), o in zip(groups, self._group_outputs(q, k, v, groups)):
+            w = self._heads(weight, heads, dim=1).reshape(self.dim, len(heads) * self.v_dim)
+            part = F.linear(self.proj_act(o.transpose(1, 2).reshape(B, N, -1)), w)
+            out = part if out is None else out + part
+        return out if self.proj.bias is None else out + self.proj.bias
 
     # ------------------------------------------------------------------ API
     def get_attention(self, x: Tensor) -> Tensor:
@@ -637,6 +699,8 @@ class Attention(nn.Module):
         self._check_input(x)
         B, N, _ = x.shape
         q, k, v = self._qkv(x)
+        if self._projects_per_group():
+            return self.proj_drop(self._project_groups(q, k, v))
         out = self._attend(q, k, v)
         out = out.transpose(1, 2).reshape(B, N, self.num_heads * self.v_dim)
         if self.norm == "layernorm":

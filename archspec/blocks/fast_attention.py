@@ -30,6 +30,16 @@ __all__ = ["window_tables", "hard_window_attention", "gpsa_attention", "window_p
            "window_attention_macs", "flex_masked_attention"]
 
 
+def _dynamo_is_compiling() -> bool:  # torch 2.1 / 2.2, before torch.compiler.is_compiling existed
+    from torch._dynamo import is_compiling
+
+    return is_compiling()
+
+
+#: ``torch.compiler.is_compiling`` (torch >= 2.3): True while Dynamo traces, a constant inside the graph.
+_is_compiling = getattr(torch.compiler, "is_compiling", None) or _dynamo_is_compiling
+
+
 def window_tables(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int) -> dict[str, Tensor]:
     """Constant tables of :func:`hard_window_attention` for one grid and window.
 
@@ -68,13 +78,135 @@ def _window_views(t: Tensor, grid: tuple[int, int], window: tuple[int, int]) -> 
     return [padded[:, :, i:i + rows, j:j + cols] for i in range(wr) for j in range(wc)]
 
 
+def _window_logits(q: Tensor, k: Tensor, grid: tuple[int, int], window: tuple[int, int], p: int, scale: float,
+                   tables: dict[str, Tensor]) -> Tensor:
+    """Logits ``(B, h, H, W, p + rows*cols + 1)`` of each patch query over ``[prefix keys, window cells, virtual
+    key]`` (``-inf`` for window cells past the border, ``log n0`` for the virtual key)."""
+    B, h, _, _ = q.shape
+    rows, cols = grid
+    q_grid = q[:, :, p:].reshape(B, h, rows, cols, -1)  # a view of the projection output: no copy to keep
+    keys = _window_views(k[:, :, p:], grid, window)
+    logits = [torch.stack([(q_grid * key).sum(-1) for key in keys], dim=-1) * scale + tables["outside"]]
+    if p:  # one (H*W, d) @ (d, p) matmul per head
+        prefix_logits = q[:, :, p:] @ k[:, :, :p].transpose(-2, -1)
+        logits.insert(0, (prefix_logits * scale).view(B, h, rows, cols, p))
+    logits.append(tables["n0"].log().expand(B, h, rows, cols, 1))  # log(0) = -inf: no non-neighbours, no virtual key
+    return torch.cat(logits, dim=-1)
+
+
+def _patch_window_output(probs: Tensor, v: Tensor, grid: tuple[int, int], window: tuple[int, int], p: int,
+                         n0: Tensor) -> Tensor:
+    """Patch-query rows ``(B, h, H*W, v_dim)`` from the window weights ``probs`` (softmax of :func:`_window_logits`):
+    ``sum_j P_j v_j`` over prefix/window ``+ (P_virtual / n0) (sum_all v - sum_prefix v - sum_window v)``."""
+    B, h, rows, cols, _ = probs.shape
+    per_non_neighbour = probs[..., -1:] / n0.clamp(min=1)
+    coeff = probs[..., :-1] - per_non_neighbour
+    out = per_non_neighbour * v.sum(dim=2).view(B, h, 1, 1, -1)
+    for cell, value in enumerate(_window_views(v[:, :, p:], grid, window)):
+        out = out.addcmul_(coeff[..., p + cell:p + cell + 1], value)
+    out = out.reshape(B, h, rows * cols, -1)
+    if p:
+        out = out + coeff[..., :p].reshape(B, h, rows * cols, p) @ v[:, :, :p]
+    return out
+
+
+def _add_window_views_(target: Tensor, grid: tuple[int, int], window: tuple[int, int], terms) -> Tensor:
+    """Adjoint of :func:`_window_views`: scatter-add ``terms`` (one ``(B, h, H, W, d)`` per window cell) into the
+    zero-padded grid and crop it back: ``(B, h, H*W, d)``."""
+    B, h, _, d = target.shape
+    rows, cols = grid
+    wr, wc = window
+    padded = target.new_zeros(B, h, rows + wr - 1, cols + wc - 1, d)
+    cells = [(i, j) for i in range(wr) for j in range(wc)]
+    for (i, j), term in zip(cells, terms):
+        padded[:, :, i:i + rows, j:j + cols].add_(term)
+    return padded[:, :, wr // 2:wr // 2 + rows, wc // 2:wc // 2 + cols].reshape(B, h, rows * cols, d)
+
+
+class _PatchWindowAttention(torch.autograd.Function):
+    """:func:`hard_window_attention` with a hand-written backward that keeps only ``q, k, v`` (views of the qkv
+    projection, which the unmasked path keeps too) and one log-sum-exp per patch query, as SDPA keeps: the
+    window weights (``O(N * window)``) and the prefix rows' SDPA are recomputed in backward.  Autograd of the
+    forward would keep the padded keys and values and per-cell temporaries (~1.5 N d per head more than
+    SDPA keeps).  Derivation (per patch query, slots s = prefix keys, window cells, virtual key):
+    ``out = sum_s P_s u_s`` with ``u_s = v_s`` and ``u_virtual`` = mean of the non-neighbours' values, so
+    ``dP_s = <g, u_s>``, ``dlogit = P (dP - <g, out>)``; ``dq = scale sum_s dlogit_s k_s``,
+    ``dk_s += scale dlogit_s q``; ``dv_t`` gets ``(P_t - P_virtual / n0) g`` from each query whose window holds t
+    plus ``sum_i (P_virtual,i / n0_i) g_i`` for every token (the global value sum)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, grid, window, p, scale, outside, n0):
+        tables = {"outside": outside, "n0": n0}
+        logits = _window_logits(q, k, grid, window, p, scale, tables)
+        lse = logits.logsumexp(dim=-1, keepdim=True)
+        ctx.save_for_backward(q, k, v, lse)
+        ctx.meta = (grid, window, p, scale, tables)  # constant tables: not activations
+        out = _patch_window_output((logits - lse).exp_(), v, grid, window, p, n0)
+        if not p:
+            return out
+        return torch.cat([F.scaled_dot_product_attention(q[:, :, :p], k, v, scale=scale), out], dim=2)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_all):
+        q, k, v, lse = ctx.saved_tensors
+        grid, window, p, scale, tables = ctx.meta
+        grad = grad_all[:, :, p:]
+        if p:  # prefix rows attend to every token: their SDPA is recomputed here rather than kept (p rows, cheap)
+            with torch.enable_grad():
+                leaves = [t.detach().requires_grad_() for t in (q[:, :, :p], k, v)]
+                prefix_out = F.scaled_dot_product_attention(*leaves, scale=scale)
+                dq_prefix, dk, dv = torch.autograd.grad(prefix_out, leaves, grad_all[:, :, :p])
+        else:
+            dq_prefix, dk, dv = None, torch.zeros_like(k), torch.zeros_like(v)
+        n0 = tables["n0"]
+        probs = (_window_logits(q, k, grid, window, p, scale, tables) - lse).exp_()  # recomputed: O(N * window)
+        B, h, _, _ = q.shape
+        rows, cols = grid
+        g = grad.reshape(B, h, rows, cols, -1)
+        values = _window_views(v[:, :, p:], grid, window)
+        d_slots = [torch.stack([(g * value).sum(-1) for value in values], dim=-1)]  # <g, v_cell>
+        if p:
+            d_slots.insert(0, (grad @ v[:, :, :p].transpose(-2, -1)).view(B, h, rows, cols, p))
+        d_slots = torch.cat(d_slots, dim=-1)
+        n0c = n0.clamp(min=1)
+        g_all = (g * v.sum(dim=2).view(B, h, 1, 1, -1)).sum(-1, keepdim=True)  # <g, sum of all values>
+        d_virtual = (g_all - d_slots.sum(-1, keepdim=True)) / n0c
+        d_probs = torch.cat([d_slots, d_virtual], dim=-1)
+        d_logits = probs * (d_probs - (probs * d_probs).sum(-1, keepdim=True))  # softmax backward
+        d_logits = d_logits[..., :-1] * scale  # the virtual logit log(n0) is a constant
+        q_grid = q[:, :, p:].reshape(B, h, rows, cols, -1)
+        keys = _window_views(k[:, :, p:], grid, window)
+        dq_grid = sum(d_logits[..., p + c:p + c + 1] * key for c, key in enumerate(keys))
+        dk_patch = _add_window_views_(k[:, :, p:], grid, window,
+                                      (d_logits[..., p + c:p + c + 1] * q_grid for c in range(len(keys))))
+        per = probs[..., -1:] / n0c
+        coeff = probs[..., :-1] - per
+        dv_patch = _add_window_views_(v[:, :, p:], grid, window, (coeff[..., p + c:p + c + 1] * g for c in range(len(keys))))
+        dv += (per * g).sum(dim=(2, 3)).unsqueeze(2)  # every token is in the global value sum
+        dv[:, :, p:] += dv_patch
+        dq = torch.empty_like(q)
+        dq[:, :, p:] = dq_grid.reshape(B, h, rows * cols, -1)
+        dk[:, :, p:] += dk_patch
+        if p:
+            dq[:, :, :p] = dq_prefix
+            d_prefix = d_logits[..., :p].reshape(B, h, rows * cols, p)
+            dq[:, :, p:] += d_prefix @ k[:, :, :p]
+            dk[:, :, :p] += d_prefix.transpose(-2, -1) @ q[:, :, p:]
+            dv[:, :, :p] += coeff[..., :p].reshape(B, h, rows * cols, p).transpose(-2, -1) @ grad
+        return dq, dk, dv, None, None, None, None, None, None
+
+
 def hard_window_attention(q: Tensor, k: Tensor, v: Tensor, grid: tuple[int, int], window: tuple[int, int],
                           num_prefix_tokens: int, scale: float, tables: dict[str, Tensor]) -> Tensor:
     """Exact MaiT hard-mask attention (eq. 2: ``softmax(M (.) QK^T * scale) V``) in ``O(N * window)``.
 
     Patch queries see the prefix tokens, their ``rows x cols`` window (clipped at the border) and one
     virtual key standing for all non-neighbours (logit ``log n0``, value = their mean); prefix queries
-    attend to every token (their mask row is all ones) through SDPA.
+    attend to every token (their mask row is all ones) through SDPA.  With autograd on (outside
+    ``torch.compile``, which derives and fuses its own backward) the patch rows run as an
+    ``autograd.Function`` whose backward is written out, so a training step keeps only ``q, k, v`` and the
+    window weights (not differentiable twice).
 
     Args:
         q, k: ``(B, h, N, qk_dim)``; v: ``(B, h, N, v_dim)``, ``N = num_prefix_tokens + H*W``.
@@ -86,27 +218,13 @@ def hard_window_attention(q: Tensor, k: Tensor, v: Tensor, grid: tuple[int, int]
         ``(B, h, N, v_dim)``, equal to the dense formula up to rounding.
     """
     p = num_prefix_tokens
-    B, h, _, _ = q.shape
-    rows, cols = grid
-    q_grid = q[:, :, p:].reshape(B, h, rows, cols, -1)  # a view of the projection output: no copy to keep
-    keys = _window_views(k[:, :, p:], grid, window)
-    logits = [torch.stack([(q_grid * key).sum(-1) for key in keys], dim=-1) * scale + tables["outside"]]
-    if p:  # one (H*W, d) @ (d, p) matmul per head
-        prefix_logits = q[:, :, p:] @ k[:, :, :p].transpose(-2, -1)
-        logits.insert(0, (prefix_logits * scale).view(B, h, rows, cols, p))
-    n0 = tables["n0"]
-    logits.append(n0.log().expand(B, h, rows, cols, 1))  # log(0) = -inf: no non-neighbours, no virtual key
-    probs = torch.cat(logits, dim=-1).softmax(dim=-1)
-    # Numerator: sum_j P_j v_j over prefix/window + (P_virtual / n0) (sum_all v - sum_prefix v - sum_window v)
-    per_non_neighbour = probs[..., -1:] / n0.clamp(min=1)
-    coeff = probs[..., :-1] - per_non_neighbour
-    out = per_non_neighbour * v.sum(dim=2).view(B, h, 1, 1, -1)
-    for cell, value in enumerate(_window_views(v[:, :, p:], grid, window)):
-        out = out.addcmul_(coeff[..., p + cell:p + cell + 1], value)  # in place: autograd needs no old `out`
-    out = out.reshape(B, h, rows * cols, -1)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad and not _is_compiling():
+        return _PatchWindowAttention.apply(q, k, v, tuple(grid), tuple(window), p, scale, tables["outside"], tables["n0"])
+    out = _patch_window_output(_window_logits(q, k, grid, window, p, scale, tables).softmax(dim=-1), v, grid, window,
+                               p, tables["n0"])
     if not p:
         return out
-    out = out + coeff[..., :p].reshape(B, h, rows * cols, p) @ v[:, :, :p]
     prefix_out = F.scaled_dot_product_attention(q[:, :, :p], k, v, scale=scale)
     return torch.cat([prefix_out, out], dim=2)
 
