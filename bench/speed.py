@@ -1,6 +1,6 @@
 """Speed ratios measured side by side in one run: archspec vs timm, masked vs unmasked MaiT, one masked layer.
 
-    OMP_NUM_THREADS=1 python bench/speed.py [--part timm masks kernel] [--quick] [--device cpu|cuda]
+    OMP_NUM_THREADS=1 python bench/speed.py [--part timm masks kernel] [--quick] [--compile] [--device cpu|cuda]
 
 Parts (each prints a Markdown table; every case is measured twice, interleaved A B A B, so the noise shows):
 
@@ -149,8 +149,11 @@ def _peak(model, x, fn, device) -> int:
     return torch.cuda.max_memory_allocated()
 
 
-def bench_masks(device: torch.device, min_time: float, sizes: list[int], train: bool) -> None:
-    """mait_tiny_sch2 vs the same model without masks (same weights): ratio unmasked time / masked time."""
+def bench_masks(device: torch.device, min_time: float, sizes: list[int], train: bool, compiled: bool = False) -> None:
+    """mait_tiny_sch2 vs the same model without masks (same weights): ratio unmasked time / masked time.
+
+    ``compiled``: also a forward row with both models under ``torch.compile(fullgraph=True)`` (Inductor fuses the
+    linear-time hard-mask path; compiling costs one to a few minutes per model and size on 2 cores)."""
     base = load_spec("mait_tiny_sch2").model_dump(mode="json", exclude_none=True)
     memory = "peak CUDA memory MiB" if device.type == "cuda" else "saved-for-backward MiB"
     print(f"\n### mait_tiny_sch2 masked vs unmasked (same weights), {device.type}\n")
@@ -166,10 +169,14 @@ def bench_masks(device: torch.device, min_time: float, sizes: list[int], train: 
         plain.load_state_dict(masked.state_dict())
         x = torch.randn(batch, 3, px, px, device=device)
         steps = [("forward", _forward)] + ([("train", _train_step)] if train else [])
+        steps += [("forward, torch.compile", _forward)] if compiled else []
         for step, make in steps:
             for m in (masked, plain):
                 m.train(step == "train")
-            fn_m, fn_p = make(masked, x, device), make(plain, x, device)
+            if step.endswith("torch.compile"):
+                fn_m, fn_p = (make(torch.compile(m, fullgraph=True), x, device) for m in (masked, plain))
+            else:
+                fn_m, fn_p = make(masked, x, device), make(plain, x, device)
             rounds = _pair(fn_m, fn_p, device, min_time)
             ms, ratio = _fmt(rounds, batch)
             mem = (f"{_peak(masked, x, fn_m, device) / 2**20:.1f} / {_peak(plain, x, fn_p, device) / 2**20:.1f}"
@@ -205,6 +212,8 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="*", type=int, default=[224, 384, 512])
     parser.add_argument("--models", nargs="*", default=PARITY)
     parser.add_argument("--no-train", action="store_true", help="skip the training-step rows")
+    parser.add_argument("--compile", action="store_true",
+                        help="masks part: add a forward row with both models under torch.compile (minutes per size)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -218,7 +227,7 @@ def main() -> None:
     if "timm" in args.part:
         bench_timm(device, min_time, args.models)
     if "masks" in args.part:
-        bench_masks(device, min_time, args.sizes, not args.no_train)
+        bench_masks(device, min_time, args.sizes, not args.no_train, args.compile)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def test_auto_plan_follows_the_grid_crossover():
     small = Attention(192, ["mask", "mask", "mhsa"], (14, 14), num_prefix_tokens=1)
     large = Attention(192, ["mask", "mask", "mhsa"], (32, 32), num_prefix_tokens=1)
     assert not window_path_pays(196, (3, 3)) and window_path_pays(1024, (3, 3))
-    assert [key for key, _ in small._groups] == [("dense",), ("sdpa",)]
+    assert [key for key, _ in small._groups] == [("hard",), ("sdpa",)]
     assert [key for key, _ in large._groups] == [("window", (3, 3)), ("sdpa",)]  # global head stays on SDPA
 
 
@@ -192,7 +192,7 @@ def test_set_grid_replans_and_stays_exact():
     """A resolution change (``set_grid``) rebuilds the window tables and moves masked heads onto the linear-time
     path past the crossover; the result still equals the dense reference."""
     layer = _layer(["mask", "mhsa"], (5, 7), 1).eval()
-    assert [key for key, _ in layer._groups] == [("dense",), ("sdpa",)]
+    assert [key for key, _ in layer._groups] == [("hard",), ("sdpa",)]
     layer.set_grid((16, 17))
     assert [key for key, _ in layer._groups] == [("window", (3, 3)), ("sdpa",)]
     x = torch.randn(1, 1 + 16 * 17, 32)
@@ -226,14 +226,16 @@ def _bytes_kept_for_backward(layer: Attention, x: torch.Tensor) -> int:
     return sum(storages.values())
 
 
+@pytest.mark.parametrize("impl,grid", [("fast", (16, 16)), ("auto", (8, 8))])  # window path; small-grid dense path
 @pytest.mark.parametrize("heads", [["mask", "mask", "mhsa"], ["mask", "mhsa", "mhsa"], ["mask"] * 3])
-def test_masked_layer_keeps_no_more_for_backward_than_unmasked(one_thread, heads):
+def test_masked_layer_keeps_no_more_for_backward_than_unmasked(one_thread, heads, impl, grid):
     """Issue 11: a masked model's training memory <= the unmasked one's.  The reference is the same layer with
     every head global (SDPA keeps q, k, v, its output and one log-sum-exp per query)."""
-    masked = Attention(96, heads, (16, 16), num_prefix_tokens=1).set_attn_impl("fast").train()
-    plain = Attention(96, ["mhsa"] * 3, (16, 16), num_prefix_tokens=1).train()
+    masked = Attention(96, heads, grid, num_prefix_tokens=1).set_attn_impl(impl).train()
+    assert {key[0] for key, _ in masked._groups} <= {"window" if impl == "fast" else "hard", "sdpa"}
+    plain = Attention(96, ["mhsa"] * 3, grid, num_prefix_tokens=1).train()
     plain.load_state_dict(masked.state_dict())
-    x = torch.randn(2, 257, 96, requires_grad=True)
+    x = torch.randn(2, 1 + grid[0] * grid[1], 96, requires_grad=True)
     assert _bytes_kept_for_backward(masked, x) <= _bytes_kept_for_backward(plain, x)
 
 
@@ -241,7 +243,7 @@ def test_torch_compile_traces_whole_layer_and_takes_window_path(one_thread):
     """Under torch.compile every plain hard head takes the window path (Inductor fuses it), with no graph break
     (fullgraph) and the eager result.  The ``eager`` backend checks the trace without a C++ toolchain."""
     layer = _layer(["mask", "mask", "mhsa"], (5, 5), 1).eval()
-    assert [key for key, _ in layer._groups] == [("dense",), ("sdpa",)]
+    assert [key for key, _ in layer._groups] == [("hard",), ("sdpa",)]
     assert [key for key, _ in layer._compiled_plan[0]] == [("window", (3, 3)), ("sdpa",)]
     x = torch.randn(2, 26, 32)
     compiled = torch.compile(layer, backend="eager", fullgraph=True)
@@ -253,3 +255,14 @@ def test_torch_compile_traces_whole_layer_and_takes_window_path(one_thread):
     reference = x.clone().requires_grad_()
     layer.set_attn_impl("dense")(reference).sum().backward()
     torch.testing.assert_close(xg.grad, reference.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_dense_hard_mask_backward_passes_gradcheck():
+    """The small-grid hard-mask path recomputes its weights in backward: against finite differences (float64)."""
+    from archspec.blocks.fast_attention import hard_masked_attention
+
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 10, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    zero = torch.rand(2, 10, 10) > 0.5
+    assert torch.autograd.gradcheck(lambda a, b, c: hard_masked_attention(a, b, c, zero, 0.7), (q, k, v),
+                                    eps=1e-6, atol=1e-7)

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from archspec.executed_macs import gpsa_head_on_sdpa_path, hard_head_on_window_path
 from archspec.heads import HeadSpec
 
-from .fast_attention import _is_compiling, flex_masked_attention, gpsa_attention, hard_window_attention, window_tables
+from .fast_attention import _is_compiling, flex_masked_attention, hard_masked_attention, gpsa_attention, hard_window_attention, window_tables
 from .masks import alpha_to_logit, soft_mask_scale, window_mask
 from .position import (check_grid, conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table,
                        signed_bias_idxs)
@@ -355,7 +355,7 @@ class Attention(nn.Module):
         plain_hard = mode == "hard" and spec.gpsa is None and spec.rel_bias is None
         if plain_hard and (self.attn_impl == "fast" or compiled or hard_head_on_window_path(spec, self.num_patches)):
             return ("window", window)
-        return ("dense",)
+        return ("hard",) if plain_hard else ("dense",)
 
     def _plan_paths(self) -> None:
         """Group heads by path (static: head kinds, grid, ``attn_impl``); ``_groups`` lists ``(key, heads)``
@@ -579,6 +579,9 @@ class Attention(nn.Module):
             return hard_window_attention(q, k, v, self.grid, key[1], self.num_prefix_tokens, self.scale, tables)
         if kind == "dense":
             return self.attn_drop(self._probs(q, k, heads)) @ v
+        if kind == "hard":
+            zero, _, _ = self._mask_terms(q.dtype)
+            return hard_masked_attention(q, k, v, self._heads(zero, heads, dim=0), self.scale)
         mask = self._additive_mask(q.dtype)
         if mask is not None:
             mask = self._heads(mask, heads, dim=0)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from archspec.executed_macs import window_attention_macs, window_path_pays
 
-__all__ = ["window_tables", "hard_window_attention", "gpsa_attention", "window_path_pays",
+__all__ = ["window_tables", "hard_window_attention", "hard_masked_attention", "gpsa_attention", "window_path_pays",
            "window_attention_macs", "flex_masked_attention"]
 
 
@@ -227,6 +227,50 @@ def hard_window_attention(q: Tensor, k: Tensor, v: Tensor, grid: tuple[int, int]
         return out
     prefix_out = F.scaled_dot_product_attention(q[:, :, :p], k, v, scale=scale)
     return torch.cat([prefix_out, out], dim=2)
+
+
+class _HardMaskedAttention(torch.autograd.Function):
+    """``softmax(M (.) QK^T * scale) V`` with explicit ``(B, h, N, N)`` logits (MaiT eq. 2) that keeps only
+    ``q, k, v`` for backward and recomputes the weights there, as SDPA keeps no ``N x N`` tensor: on small grids,
+    where the window path's many small ops cost more than the ``N^2`` work, the dense formula is the faster one,
+    but autograd of it would keep the ``N x N`` weights of every masked head."""
+
+    @staticmethod
+    def _weights(q, k, zero, scale):
+        logits = (q @ k.transpose(-2, -1)) * scale
+        return logits.masked_fill_(zero, 0.0).softmax(dim=-1)
+
+    @staticmethod
+    def forward(ctx, q, k, v, zero, scale):
+        ctx.save_for_backward(q, k, v)
+        ctx.meta = (zero, scale)
+        return _HardMaskedAttention._weights(q, k, zero, scale) @ v
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        zero, scale = ctx.meta
+        with torch.enable_grad():  # recompute the forward and let autograd run its fused softmax backward
+            leaves = [t.detach().requires_grad_() for t in ctx.saved_tensors]
+            out = _HardMaskedAttention._weights(leaves[0], leaves[1], zero, scale) @ leaves[2]
+            return (*torch.autograd.grad(out, leaves, grad), None, None)
+
+
+def hard_masked_attention(q: Tensor, k: Tensor, v: Tensor, zero: Tensor, scale: float) -> Tensor:
+    """MaiT hard masks (eq. 2) on the explicit ``N x N`` logits: ``softmax(M (.) QK^T * scale) V``.
+
+    Args:
+        q, k: ``(B, h, N, qk_dim)``; v: ``(B, h, N, v_dim)``.
+        zero: bool ``(h, N, N)``, True where the mask is 0 (the logit becomes 0, weight ``e^0``).
+        scale: logit scale.
+
+    Returns:
+        ``(B, h, N, v_dim)``.  With autograd on (outside ``torch.compile``) only ``q, k, v`` are kept for backward.
+    """
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad and not _is_compiling():
+        return _HardMaskedAttention.apply(q, k, v, zero, scale)
+    return _HardMaskedAttention._weights(q, k, zero, scale) @ v
 
 
 def gpsa_attention(q: Tensor, k: Tensor, v: Tensor, positional: Tensor, gate: Tensor, scale: float,
