@@ -119,10 +119,13 @@ def main(argv=None) -> int:
     parser.add_argument("--depth", type=int, default=12)
     parser.add_argument("--dim", type=int, default=96)
     parser.add_argument("--steps", type=int, default=400, help="proxy steps of every training (default 400)")
-    parser.add_argument("--max-images", type=int, default=14000, help="images used (default 14000: 2000 held out)")
+    parser.add_argument("--max-images", type=int, default=14000, help="images used (default 14000: 2000 held out; 0: all)")
     parser.add_argument("--optuna-trials", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--strategies", default="als,optuna,soft")
+    parser.add_argument("--placements", default="none,sch1,sch2",
+                        help="fixed placements to train (default none,sch1,sch2; e.g. --placements sch1 --strategies '' "
+                             "--steps 3000 for a longer-trained Fig. 3a plot)")
     parser.add_argument("--quick", action="store_true", help="smoke run: depth 3, 20 steps, 600 images")
     parser.add_argument("--out", default=str(HERE / "mask_placement"), help="output directory")
     args = parser.parse_args(argv)
@@ -140,9 +143,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     protocol = dataclasses.replace(ProxyProtocol(), **{**MASKS_PROXY_DEFAULTS, "steps": args.steps, "threads": 1,
                                                        "eval_every": args.steps})
-    data = load_data(args.data, image_size=protocol.image_size, seed=args.seed, max_images=args.max_images)
+    data = load_data(args.data, image_size=protocol.image_size, seed=args.seed, max_images=args.max_images or None)
     spec = base_spec(args.depth, args.dim)
-    placements = fixed_placements(spec, args.depth)
+    wanted = [name for name in args.placements.split(",") if name]
+    placements = {name: doc for name, doc in fixed_placements(spec, args.depth).items() if name in wanted}
     for strategy in [s for s in args.strategies.split(",") if s]:
         found = found_placement(spec, strategy, args, out)
         if found is not None:

@@ -9,6 +9,13 @@ Each function here is an exact rewrite of the dense reference formula of ``Atten
   denominator their count ``n0``.  We fold them into one *virtual key* per query with logit ``log(n0)``
   and value ``(sum_all(v) - sum_window(v)) / n0``; the softmax over ``[prefix, window, virtual]`` then
   subtracts the running max over every term, the non-neighbours' ``0`` included, as the dense softmax does.
+  With autograd on it runs as an ``autograd.Function`` with a written-out backward that keeps only ``q, k, v``
+  and one log-sum-exp per query (what SDPA keeps), so a masked model trains in no more memory than an
+  unmasked one.  Under ``torch.compile`` it is traced as plain ops; Inductor fuses them, after which it beats
+  SDPA on every grid, so the compiled plan takes it on small grids too (``Attention._compiled_plan``).
+* :func:`hard_masked_attention` -- the same masks on explicit ``N x N`` logits, for small grids in eager mode
+  (where the window path's ~30 small ops cost more than the ``N^2`` work); its backward recomputes the weights
+  rather than keeping them.
 * :func:`gpsa_attention` -- ConViT GPSA (eq. 5-7) as ``(1 - g) SDPA(q, k, v) + g (P @ v)``: both terms are
   convex combinations (rows of ``softmax`` sum to 1), so ConViT's renormalisation divides by 1.
 * :func:`flex_masked_attention` -- hard/soft masks and additive biases as a FlexAttention ``score_mod``
