@@ -36,7 +36,8 @@ from torch import Tensor, nn
 from archspec.executed_macs import gpsa_head_on_sdpa_path, hard_head_on_window_path
 from archspec.heads import HeadSpec
 
-from .fast_attention import _is_compiling, flex_masked_attention, hard_masked_attention, gpsa_attention, hard_window_attention, window_tables
+from .fast_attention import (_is_compiling, flex_masked_attention, gpsa_attention, hard_masked_attention,
+                             hard_window_attention, window_tables)
 from .masks import alpha_to_logit, soft_mask_scale, window_mask
 from .position import (check_grid, conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table,
                        signed_bias_idxs)

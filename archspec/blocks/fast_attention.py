@@ -212,8 +212,8 @@ def hard_window_attention(q: Tensor, k: Tensor, v: Tensor, grid: tuple[int, int]
     virtual key standing for all non-neighbours (logit ``log n0``, value = their mean); prefix queries
     attend to every token (their mask row is all ones) through SDPA.  With autograd on (outside
     ``torch.compile``, which derives and fuses its own backward) the patch rows run as an
-    ``autograd.Function`` whose backward is written out, so a training step keeps only ``q, k, v`` and the
-    window weights (not differentiable twice).
+    ``autograd.Function`` whose backward is written out, so a training step keeps only ``q, k, v`` and one
+    log-sum-exp per patch query (not differentiable twice).
 
     Args:
         q, k: ``(B, h, N, qk_dim)``; v: ``(B, h, N, v_dim)``, ``N = num_prefix_tokens + H*W``.
