@@ -12,7 +12,7 @@ import os
 import torch
 from torch import nn
 
-from archspec.blocks import (Attention, ConvMixer, ConvStem, IdentityStem, LevitBlock, PatchStem, ShrinkBlock, TransformerBlock,
+from archspec.blocks import (Attention, ConvStem, IdentityStem, LevitBlock, PatchStem, TransformerBlock,
                              ZeroPadTokens)
 from archspec.errors import SpecError
 from archspec.families import family
@@ -41,7 +41,7 @@ def _block(node: dict, spec: ArchSpec) -> nn.Module:
     batchnorm = stage.norm == "batchnorm"
     pad = plan.mixer.pad_tokens
     if plan.mixer.kind == "conv":
-        mixer: nn.Module = ConvMixer(stage.dim, plan.mixer.kernel, grid, spec.pixel_patch(plan.mixer))
+        mixer: nn.Module = family("conv_mixer").build(stage.dim, plan.mixer.kernel, grid, spec.pixel_patch(plan.mixer))
     elif stage.talking_heads:  # CaiT (archspec/blocks/talking_heads.py)
         mixer = family("talking_heads").build(stage.dim, plan.heads, grid, cfg["n_prefix"], stage.qkv_bias)
     else:
@@ -65,9 +65,10 @@ def _class_attention(node: dict, spec: ArchSpec) -> nn.Module:
 
 
 def _shrink(node: dict) -> nn.Module:
-    cfg = node["config"]
-    return ShrinkBlock(cfg["in_dim"], cfg["out_dim"], cfg["key_dim"], cfg["grid"], num_heads=cfg["heads"],
-                       attn_ratio=cfg["attn_ratio"], mlp_ratio=cfg["mlp_ratio"], act_layer=ACTIVATIONS[cfg["act"]])
+    """LeViT shrinking attention (archspec/blocks/shrink.py) for the node's shape."""
+    cfg = dict(node["config"])
+    act = ACTIVATIONS[cfg.pop("act")]
+    return family("shrink").build(**cfg, act_layer=act)
 
 
 def compile(spec: "ArchSpec | str | os.PathLike | dict", max_memory: float | None = None,  # noqa: A001

@@ -12,10 +12,16 @@ The registry is torch-free: a family's file (which imports torch) is imported th
 uses that family, so ``archspec validate`` of a spec without it never imports torch.
 
 Families registered here: ``talking_heads`` (CaiT's TalkingHeadAttn, with MaiT masks; CaiT eq. in
-Touvron et al. 2021 sec. 2 / timm ``cait.TalkingHeadAttn``) and ``class_attention`` (CaiT's class-attention
-stage, timm ``cait.ClassAttn`` / ``LayerScaleBlockClassAttn``).  The older families (MHSA/GPSA/bias/mask
-``Attention``, LeViT, shrinking attention, conv mixer) still keep their count rules in
-:mod:`archspec.graph` and :mod:`archspec.memory`; they move here the same way.
+Touvron et al. 2021 sec. 2 / timm ``cait.TalkingHeadAttn``), ``class_attention`` (CaiT's class-attention
+stage, timm ``cait.ClassAttn`` / ``LayerScaleBlockClassAttn``), ``shrink`` (LeViT's shrinking attention,
+timm ``levit.LevitDownsample``) and ``conv_mixer`` (CMHSA's convolution phase, a ``K x K`` conv on the
+pixel view of the tokens).
+
+The one family that stays outside the registry is the multi-head ``Attention`` of every ViT/DeiT/ConViT/
+MaiT/LeViT block (MHSA, GPSA, attention bias, masks): its count and memory rules stay torch-free in
+:mod:`archspec.graph` and :mod:`archspec.memory` so that validating, counting and searching the common
+specs never imports torch (``tests/test_cait.py`` checks it); its module is
+:class:`archspec.blocks.attention.Attention`.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import Any, Callable
 FAMILY_MODULES = {
     "talking_heads": "archspec.blocks.talking_heads",
     "class_attention": "archspec.blocks.class_attention",
+    "shrink": "archspec.blocks.shrink",
+    "conv_mixer": "archspec.blocks.mixers",
 }
 
 
@@ -40,12 +48,14 @@ class BlockFamily:
         counts: ``(**shape) -> (params, MACs per image)``, closed form, no tensor allocated.
         memory: ``(**shape) -> archspec.memory.NodeMemory`` (bytes, batch 1, float32).
         build: ``(**shape, **options) -> nn.Module`` the compiled module for the same shape.
+        out_grid: ``(**shape) -> (rows, cols)`` the token grid after the block; ``None``: the grid is unchanged.
     """
 
     name: str
     counts: Callable[..., tuple[int, int]]
     memory: Callable[..., Any]
     build: Callable[..., Any]
+    out_grid: Callable[..., tuple[int, int]] | None = None
 
 
 def family(name: str) -> BlockFamily:

@@ -59,8 +59,8 @@ from archspec.errors import Problem, SpecError
 from archspec.executed_macs import attention_macs_change
 from archspec.families import family
 from archspec.heads import HeadSpec
-from archspec.memory import (F32, NodeMemory, attention_memory, concat_memory, conv_mixer_memory, format_bytes,
-                             head_memory, mlp_memory, shrink_memory, stem_memory)
+from archspec.memory import (F32, NodeMemory, attention_memory, concat_memory, format_bytes,
+                             head_memory, mlp_memory, stem_memory)
 from archspec.spec import ArchSpec, LayerPlan, StageSpec
 
 MAX_TOKENS = 4096  # attention memory grows with N^2; 4096 tokens is a 64x64 grid
@@ -124,24 +124,6 @@ def attention_counts(dim: int, heads: list[HeadSpec], dims: AttnDims, grid: tupl
     params += n_abs * rows * cols + n_signed * (2 * rows - 1) * (2 * cols - 1)
     params += sum(h.mask is not None and h.mask.mode == "soft" for h in heads)
     return params, macs
-
-
-def shrink_counts(in_dim: int, out_dim: int, heads: int, key_dim: int, attn_ratio: float, mlp_ratio: float,
-                  grid: tuple[int, int], stride: int) -> tuple[int, int, tuple[int, int]]:
-    """(params, MACs, output grid) of LeViT shrinking attention + its residual MLP (timm ``LevitDownsample``)."""
-    rows, cols = grid
-    out_grid = ((rows - 1) // stride + 1, (cols - 1) // stride + 1)
-    n, nq = rows * cols, out_grid[0] * out_grid[1]
-    v_dim = int(attn_ratio * key_dim)
-    p_kv, m_kv = _linear(n, in_dim, heads * (key_dim + v_dim), bias=False, bn=True)
-    p_q, m_q = _linear(nq, in_dim, heads * key_dim, bias=False, bn=True)
-    p_proj, m_proj = _linear(nq, heads * v_dim, out_dim, bias=False, bn=True)
-    hidden = int(out_dim * mlp_ratio)
-    p_fc1, m_fc1 = _linear(nq, out_dim, hidden, bias=False, bn=True)
-    p_fc2, m_fc2 = _linear(nq, hidden, out_dim, bias=False, bn=True)
-    params = p_kv + p_q + p_proj + heads * n + p_fc1 + p_fc2
-    macs = m_kv + m_q + m_proj + nq * n * heads * (key_dim + v_dim) + m_fc1 + m_fc2
-    return params, macs, out_grid
 
 
 def _is_square(n: int) -> bool:
@@ -507,18 +489,17 @@ def _add_shrink(b: _Builder, i: int, flow: _Flow) -> None:
         b.problem(("stages", i, "shrink", "mlp_ratio"), f"the MLP hidden width int(dim * mlp_ratio) = "
                   f"int({stage.dim} * {sh.mlp_ratio:g}) is 0", f"use mlp_ratio >= {1 / stage.dim:g}")
         return
-    params, macs, out_grid = shrink_counts(flow.dim, stage.dim, heads, sh.key_dim, sh.attn_ratio, sh.mlp_ratio,
-                                           flow.grid, sh.stride)
-    n, nq = flow.grid[0] * flow.grid[1], out_grid[0] * out_grid[1]
-    memory = shrink_memory(n, nq, flow.dim, stage.dim, heads, sh.key_dim, int(sh.attn_ratio * sh.key_dim),
-                           int(stage.dim * sh.mlp_ratio))
-    b.add(f"stages.{i}.downsample", memory, kind="shrink", label=f"shrink/{sh.stride}", stage=i,
+    rule = family("shrink")  # LeViT shrinking attention: archspec/blocks/shrink.py
+    shape = dict(in_dim=flow.dim, out_dim=stage.dim, heads=heads, key_dim=sh.key_dim, attn_ratio=sh.attn_ratio,
+                 mlp_ratio=sh.mlp_ratio, grid=flow.grid, stride=sh.stride)
+    params, macs = rule.counts(**shape)
+    out_grid = rule.out_grid(**shape)
+    nq = out_grid[0] * out_grid[1]
+    b.add(f"stages.{i}.downsample", rule.memory(**shape), kind="shrink", label=f"shrink/{sh.stride}", stage=i,
           heads=" ".join(["L"] * heads), tokens=nq, grid=out_grid, dim=stage.dim, params=params, macs=macs,
           bn_channels=(heads * (2 * sh.key_dim + int(sh.attn_ratio * sh.key_dim)) + 2 * stage.dim
                        + int(stage.dim * sh.mlp_ratio)),  # kv, q, proj, fc1, fc2 (fuse() folds them)
-          config={"in_dim": flow.dim, "out_dim": stage.dim, "heads": heads, "key_dim": sh.key_dim,
-                  "attn_ratio": sh.attn_ratio, "mlp_ratio": sh.mlp_ratio, "grid": flow.grid, "stride": sh.stride,
-                  "act": stage.act})
+          config={**shape, "act": stage.act})
     flow.grid, flow.dim = out_grid, stage.dim
 
 
@@ -534,11 +515,11 @@ def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims: AttnDims,
     bn_channels = hidden + dim if batchnorm else 0
     if plan.mixer.kind == "conv":  # CMHSA phase 1: K x K conv on the pixel view, c = d / P^2 channels
         k, patch = plan.mixer.kernel, b.spec.pixel_patch(plan.mixer) or 1  # None: reported by _check_layer
-        c = dim // (patch * patch)
-        p_mix, m_mix = k * k * c * c + c, n_patches * patch * patch * k * k * c * c
+        conv = family("conv_mixer")  # archspec/blocks/mixers.py
+        p_mix, m_mix = conv.counts(dim, k, grid, patch)
         m_mix_executed = m_mix
         label, heads_str = f"conv{k}", f"conv{k}x{k}" + (f"/P{patch}" if patch > 1 else "")
-        mix_memory = conv_mixer_memory(n_tokens, dim)
+        mix_memory = conv.memory(dim, k, grid, patch)
     elif stage.talking_heads:  # CaiT: the family's own rules (archspec/blocks/talking_heads.py)
         th = family("talking_heads")
         p_mix, m_mix = th.counts(dim, plan.heads, grid, flow.n_prefix, stage.qkv_bias)

@@ -140,29 +140,6 @@ def attention_buffers(heads: list[HeadSpec], n: int, n_patches: int) -> int:
     return total
 
 
-def conv_mixer_memory(n: int, dim: int) -> NodeMemory:
-    """Conv token mixer: input, norm output, the (B, C, H, W) copy, the conv output, the residual sum."""
-    x = n * dim
-    return NodeMemory(act=F32 * 5 * x, saved=F32 * 4 * x)
-
-
-def shrink_memory(n: int, nq: int, in_dim: int, out_dim: int, heads: int, key_dim: int, v_dim: int,
-                  hidden: int) -> NodeMemory:
-    """timm ``LevitDownsample``: ``AttentionDownsample`` (kv over ``N`` keys, q over ``Nq`` subsampled
-    queries, logits ``(H, Nq, N)``) then the residual ``LevitMlp`` on ``Nq`` tokens."""
-    x_in, x_out = n * in_dim, nq * out_dim
-    kv, q_sub, q = n * heads * (key_dim + v_dim), nq * in_dim, nq * heads * key_dim
-    logits, v, out = heads * nq * n, n * heads * v_dim, nq * heads * v_dim
-    base = x_in + kv + q_sub + 2 * q
-    phases = [kv, 2 * logits + n * heads * key_dim, logits + v + out, 3 * out + 2 * x_out]
-    attn_act = base + max(phases)
-    mlp = mlp_memory(nq, out_dim, hidden, batchnorm=True, layer_scale=False)
-    act = max(attn_act, x_in + mlp.act)
-    saved = 2 * kv + q_sub + 2 * q + 4 * logits + v + 3 * out + 2 * x_out
-    buffers = I64 * nq * n + F32 * logits  # bias index table and timm's eval-mode bias cache
-    return NodeMemory(act=F32 * act, saved=F32 * saved + mlp.saved, buffers=buffers)
-
-
 def head_memory(n: int, dim: int, n_classes: int) -> NodeMemory:
     """Final norm (a copy of the tokens), pooling and the classifier(s)."""
     return NodeMemory(act=F32 * (2 * n * dim + 4 * (dim + n_classes)), saved=F32 * (n * dim + 4 * (dim + n_classes)))

@@ -1,8 +1,11 @@
 """Token mixers of CMHSA's two-phase training (Li et al., "Can Vision Transformers Perform Convolution?").
 
 * :class:`ConvMixer` -- the convolution phase: a K x K convolution over the pixel view of the tokens (Thm. 1).
+  The block family ``conv_mixer``: this file also holds its count and memory rules (:func:`conv_mixer_counts`,
+  :func:`conv_mixer_memory`), registered as :data:`FAMILY` (see :mod:`archspec.families`).
 * :class:`ZeroPadTokens` -- runs an attention layer over the token grid surrounded by zero tokens, the
-  zero-padding tokens App. A.2's construction needs to stay exact on border patches.
+  zero-padding tokens App. A.2's construction needs to stay exact on border patches (a wrapper of the
+  ``Attention`` family: its counts are the attention's on the padded grid).
 """
 
 from __future__ import annotations
@@ -10,7 +13,11 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ConvMixer", "ZeroPadTokens", "tokens_to_pixels", "pixels_to_tokens"]
+from archspec.families import BlockFamily
+from archspec.memory import F32, NodeMemory
+
+__all__ = ["ConvMixer", "ZeroPadTokens", "tokens_to_pixels", "pixels_to_tokens", "conv_mixer_counts",
+           "conv_mixer_memory", "FAMILY"]
 
 
 def tokens_to_pixels(x: Tensor, grid: tuple[int, int], patch: int) -> Tensor:
@@ -129,3 +136,26 @@ class ZeroPadTokens(nn.Module):
 
     def extra_repr(self) -> str:
         return f"grid={self.grid}, pad={self.pad}"
+
+
+# ------------------------------------------------------------------------------------------- rules
+def conv_mixer_counts(dim: int, kernel: int, grid: tuple[int, int], patch: int) -> tuple[int, int]:
+    """(params, MACs per image) of :class:`ConvMixer`: with ``c = dim / P^2`` channels, ``K^2 c^2 + c`` parameters
+    and ``H W P^2 K^2 c^2`` MACs (a same-size ``K x K`` conv on the ``(H P) x (W P)`` pixel view)."""
+    c = dim // (patch * patch)
+    return kernel * kernel * c * c + c, grid[0] * grid[1] * patch * patch * kernel * kernel * c * c
+
+
+def conv_mixer_memory(dim: int, kernel: int, grid: tuple[int, int], patch: int) -> NodeMemory:
+    """Bytes (batch 1, float32; rule in :mod:`archspec.graph`) of the conv half of a block: its input, the norm
+    output, the ``(B, c, H P, W P)`` copy, the conv output and the residual sum."""
+    x = grid[0] * grid[1] * dim
+    return NodeMemory(act=F32 * 5 * x, saved=F32 * 4 * x)
+
+
+def build_conv_mixer(dim: int, kernel: int, grid: tuple[int, int], patch: int) -> ConvMixer:
+    """The module for the same shape as the count rule."""
+    return ConvMixer(dim, kernel, grid, patch)
+
+
+FAMILY = BlockFamily("conv_mixer", counts=conv_mixer_counts, memory=conv_mixer_memory, build=build_conv_mixer)
