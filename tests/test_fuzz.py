@@ -51,7 +51,7 @@ VALUES: list[Any] = [None, True, False, 0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 48, 64, 4
 
 # Plausible values per key: most mutants stay close to valid, so the build path gets exercised.
 PLAUSIBLE: dict[str, list[Any]] = {
-    "depth": [1, 2, 3, 4], "dim": [8, 16, 24, 32, 48, 64, 96], "heads": [1, 2, 3, 4, 6, 8, 9],
+    "depth": [1, 2, 3, 4], "dim": [8, 16, 24, 32, 48, 64, 96],
     "head_dim": [None, 1, 4, 8, 16, 48], "key_dim": [None, 1, 4, 8, 16, 32], "attn_ratio": [None, 0.01, 0.5, 1, 2, 4],
     "mlp_ratio": [0.01, 0.1, 0.5, 1, 2, 4], "norm": ["layernorm", "batchnorm"], "act": ["gelu", "hardswish", "relu"],
     "qkv_bias": [True, False], "layer_scale": [None, 1e-5, 0.1], "drop_path": [0.0, 0.1, [0.0, 0.2]],
@@ -62,8 +62,10 @@ PLAUSIBLE: dict[str, list[Any]] = {
     "cls_token": ["input", "none", 0, 1, 2, 3, 4, 5, 9], "dist_token": [True, False], "pos_embed": ["learned", "none"],
     "pool": ["cls", "mean"], "num_classes": [0, 1, 10], "distillation": [True, False],
     "resolution": [16, 24, 32, 48, 64, [32, 48], [48, 32], [16, 64]], "window": ["1x1", "3x3", "3x5", "5x3", "7x7"],
-    "range": ["0", "0-1", "1-2", "2", "0-2", [1, 1]], "heads": [["mhsa", "gpsa"], ["mask", "mhsa", "soft_mask"],
-                                                           ["gpsa"] * 4, ["levit_bias"] * 3, ["strict_mask", "mask:3x5"]],
+    "range": ["0", "0-1", "1-2", "2", "0-2", [1, 1]],
+    # one key for a stage's head count (an int) and a layer override's head list
+    "heads": [1, 2, 3, 4, 6, 8, 9, ["mhsa", "gpsa"], ["mask", "mhsa", "soft_mask"], ["gpsa"] * 4, ["levit_bias"] * 3,
+              ["strict_mask", "mask:3x5"]],
     "layers": [[], [{"range": "0", "attention": "gpsa"}], [{"range": "0-1", "mixer": "conv3"}],
                [{"range": "1", "heads": ["mask", "mhsa"]}]],
     "mode": ["hard", "soft", "strict"], "kind": ["patch", "conv", "identity", "attention"],

@@ -173,7 +173,7 @@ def _check_cifar_files(cls, folder: Path) -> None:
         _regular_file(path, _CIFAR_MAX_BYTES, f"{cls.__name__} file")
         if not check_integrity(str(path), md5):
             raise _fail(f"{name} is not the published {cls.__name__} file (its MD5 differs)",
-                        f"use the python-format archive from https://www.cs.toronto.edu/~kriz/cifar.html", path)
+                        "use the python-format archive from https://www.cs.toronto.edu/~kriz/cifar.html", path)
 
 
 def _cifar(cls, folder: Path, image_size: int, seed: int, max_images: int | None) -> Dataset:

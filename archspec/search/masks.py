@@ -40,7 +40,6 @@ provenance; ``archspec build`` accepts it), an ALS heatmap (layer x head) and ``
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time

@@ -83,7 +83,7 @@ def conv_to_attention_weights(conv: ConvMixer, attn: Attention, peak: float = DE
                             f"{len(offsets)} heads (Theorem 1), the layer has {attn.num_heads}")
     if attn.v_dim < d:
         raise TransferError(f"Theorem 1 needs head dim d_H >= d = {d}, got {attn.v_dim}")
-    H, dv = attn.num_heads, attn.v_dim
+    dv = attn.v_dim
     rows, cols = attn.grid
     state = {name: torch.zeros_like(value) for name, value in attn.state_dict().items()}
     eye = torch.eye(d, dtype=state["v.weight"].dtype)
