@@ -27,8 +27,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def sample_architectures(space, budgets, n: int, seed: int, max_draws: int = 5000):
-    """``n`` distinct feasible specs (by architecture key) with their Optuna params."""
+def sample_architectures(space, budgets, n: int, seed: int, max_draws: int = 5000, spread: str = "random"):
+    """``n`` distinct feasible specs (by architecture key) with their Optuna params.
+
+    ``spread="random"`` keeps the first ``n`` distinct feasible draws.  ``spread="macs"`` draws up to
+    ``8 * n`` distinct feasible candidates and keeps the ``n`` at evenly spaced MAC quantiles (smallest
+    and largest included), so the set spans the budget instead of clustering where random sampling
+    lands; ``n`` random designs of one space often differ too little to rank at all.
+    """
     import optuna
 
     from archspec.search.budget import static_check
@@ -37,6 +43,7 @@ def sample_architectures(space, budgets, n: int, seed: int, max_draws: int = 500
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     chosen, seen = [], set()
+    pool_size = n if spread == "random" else 8 * n
     for _ in range(max_draws):
         trial = study.ask()
         spec = space.sample(trial)
@@ -46,8 +53,12 @@ def sample_architectures(space, budgets, n: int, seed: int, max_draws: int = 500
         if check.feasible and key not in seen:
             seen.add(key)
             chosen.append((spec, dict(trial.params), check))
-            if len(chosen) == n:
+            if len(chosen) == pool_size:
                 break
+    if spread == "macs" and len(chosen) > n:
+        chosen.sort(key=lambda c: c[2].macs)
+        picks = sorted({round(i * (len(chosen) - 1) / (n - 1)) for i in range(n)})
+        chosen = [chosen[i] for i in picks]
     return chosen
 
 
@@ -71,10 +82,35 @@ def _train(task: dict) -> dict:
     out = {"index": task["index"], "label": task["label"]}
     try:
         result = train_proxy(load_spec(task["spec"]), _DATA[key], ProxyProtocol(**task["protocol"]), seed=task["seed"])
-        out["accuracy"] = result.accuracy
+        out["accuracy"], out["history"] = result.accuracy, result.history
     except TrialFailure as exc:
         out["accuracy"], out["failure"] = None, exc.reason
     out["seconds"] = round(time.perf_counter() - start, 1)
+    return out
+
+
+def replicate_taus(rows: list[dict], kendalltau) -> list[dict]:
+    """Kendall tau of each fidelity against the ``long`` runs' final accuracy.
+
+    Fidelities: the proxy; each eval point of the ``replicate`` run (the long protocol with the proxy's seed,
+    read at step s: training truncated there, mid-schedule); the replicate's final accuracy (the reference's
+    seed-to-seed agreement, an upper bound for any proxy); and, for the proxy, tau against the mean of the two
+    long seeds.
+    """
+    def tau_of(name: str, xs: list, ys: list) -> dict:
+        pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
+        t, p = kendalltau(*zip(*pairs)) if len(pairs) >= 3 else (None, None)
+        return {"fidelity": name, "n": len(pairs), "tau": t, "p": p}
+
+    long = [r.get("long_accuracy") for r in rows]
+    out = [tau_of("proxy", [r.get("proxy_accuracy") for r in rows], long)]
+    steps = sorted({h[0] for r in rows for h in (r.get("replicate_history") or [])})
+    for step in steps:
+        at = [dict((h[0], h[1]) for h in (r.get("replicate_history") or [])).get(step) for r in rows]
+        out.append(tau_of(f"replicate at step {step}", at, long))
+    mean = [None if r.get("replicate_accuracy") is None or r.get("long_accuracy") is None
+            else (r["replicate_accuracy"] + r["long_accuracy"]) / 2 for r in rows]
+    out.append(tau_of("proxy vs mean of both long seeds", [r.get("proxy_accuracy") for r in rows], mean))
     return out
 
 
@@ -94,6 +130,13 @@ def main(argv=None) -> int:
                         help="trainings run in parallel processes (default: min(cores, 2))")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per training (default 1, as `archspec search`: avoids OpenMP oversubscription)")
+    parser.add_argument("--spread", choices=("random", "macs"), default="random",
+                        help="random: the first --n distinct feasible draws (default); macs: --n designs at evenly "
+                             "spaced MAC quantiles of 8x as many draws, so the set spans the budget")
+    parser.add_argument("--replicate", action="store_true",
+                        help="also train the long protocol with --seed: reports the reference's own seed-to-seed tau, "
+                             "tau against the two seeds' mean, and tau of each of the replicate's eval points "
+                             "(truncated training as a fidelity) against the --long-seed run")
     parser.add_argument("--out", default=str(HERE / "proxy_rank"), help="output stem (.json and .md)")
     args = parser.parse_args(argv)
     if args.n < 3:
@@ -116,18 +159,21 @@ def main(argv=None) -> int:
     budgets = Budgets(macs=parse_quantity(args.budget_flops, "--budget-flops"))
     space = load_space(None)
     data = load_data(args.data, image_size=proxy.image_size, seed=args.seed, max_images=args.max_images)
-    archs = sample_architectures(space, budgets, args.n, args.seed)
+    archs = sample_architectures(space, budgets, args.n, args.seed, spread=args.spread)
     print(f"{len(archs)} architectures of {space.name} within {args.budget_flops} MACs; proxy {proxy.steps} steps, "
           f"long {long_steps} steps; data {data.name} ({len(data.train)} train / {len(data.val)} val)")
     rows = [{"index": i, "macs": check.macs, "params": check.params, "space_params": params}
             for i, (spec, params, check) in enumerate(archs)]
     tasks = []
     for i, (spec, _, _) in enumerate(archs):
-        for label, protocol, seed in (("long", long, args.long_seed), ("proxy", proxy, args.seed)):
+        runs = [("long", long, args.long_seed), ("proxy", proxy, args.seed)]
+        if args.replicate:
+            runs.append(("replicate", long, args.seed))
+        for label, protocol, seed in runs:
             tasks.append({"index": i, "label": label, "spec": spec.model_dump(mode="json"), "protocol": protocol.describe(),
                           "seed": seed, "data": args.data, "image_size": proxy.image_size, "data_seed": args.seed,
                           "max_images": args.max_images})
-    tasks.sort(key=lambda t: t["label"] != "long")  # longest first: better packing on the workers
+    tasks.sort(key=lambda t: t["label"] == "proxy")  # longest first: better packing on the workers
     start_all = time.perf_counter()
     if args.jobs > 1:
         import multiprocessing
@@ -152,12 +198,15 @@ def main(argv=None) -> int:
         row = rows[r["index"]]
         row[f"{r['label']}_accuracy"] = r.get("accuracy")
         row[f"{r['label']}_seconds"] = r["seconds"]
+        row[f"{r['label']}_history"] = r.get("history")
         if "failure" in r:
             row[f"{r['label']}_failure"] = r["failure"]
     ok = [r for r in rows if r["proxy_accuracy"] is not None and r["long_accuracy"] is not None]
     tau, p = kendalltau([r["proxy_accuracy"] for r in ok], [r["long_accuracy"] for r in ok]) if len(ok) >= 3 else (None, None)
     total = time.perf_counter() - start_all
+    fidelities = replicate_taus(rows, kendalltau) if args.replicate else []
     report = {"space": space.name, "budget_macs": budgets.macs, "n": len(ok), "kendall_tau": tau, "p_value": p,
+              "spread": args.spread, "fidelities": fidelities,
               "proxy_protocol": proxy.describe(), "long_protocol": long.describe(), "data": data.describe(),
               "seed": args.seed, "long_seed": args.long_seed, "total_seconds": round(total, 1), "rows": rows}
     out = Path(args.out)
@@ -168,10 +217,16 @@ def main(argv=None) -> int:
              f"Kendall tau between proxy accuracy ({proxy.steps} steps, seed {args.seed}) and longer-trained accuracy "
              f"({long_steps} steps, seed {args.long_seed}) over {len(ok)} architectures of `{space.name}` within "
              f"{args.budget_flops} MACs, data {data.name}: **tau = {fmt(tau)}** (p = {fmt(p)}); {total / 60:.1f} min.", "",
-             "| # | MACs | params | proxy acc | long acc | proxy s | long s |", "|---|---|---|---|---|---|---|"]
+             "| # | MACs | params | proxy acc | long acc | replicate acc | proxy s | long s |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['index']} | {human(r['macs'])} | {human(r['params'])} | {fmt(r['proxy_accuracy'])} | "
-                     f"{fmt(r['long_accuracy'])} | {r['proxy_seconds']} | {r['long_seconds']} |")
+                     f"{fmt(r['long_accuracy'])} | {fmt(r.get('replicate_accuracy'))} | {r['proxy_seconds']} | "
+                     f"{r['long_seconds']} |")
+    if fidelities:
+        lines += ["", f"Each fidelity's Kendall tau against the {long_steps}-step run with seed {args.long_seed}:", "",
+                  "| fidelity | n | tau | p |", "|---|---|---|---|"]
+        lines += [f"| {f['fidelity']} | {f['n']} | {fmt(f['tau'])} | {fmt(f['p'])} |" for f in fidelities]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(lines[2])
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
