@@ -422,58 +422,85 @@ def _run_optuna(spec: ArchSpec, mcfg: MaskConfig, name: str) -> SearchOutcome:
 
 def _run_training_strategy(spec: ArchSpec, mcfg: MaskConfig, name: str, window: tuple[int, int], high: float,
                            low: float, data) -> SearchOutcome:
-    from archspec.search.latency import LatencyCache, measure_latency
+    """The ``als`` and ``soft`` strategies: train rounds of ``spec`` (:class:`_MaskRun`), write the run directory."""
+    run = _MaskRun(spec, mcfg, name, window, high, low, data)
+    interrupted = False
+    placement: Placement | None = None
+    extra: dict = {}
+    try:
+        placement, extra = run.als_rounds() if mcfg.strategy == "als" else run.soft_round()
+    except KeyboardInterrupt:
+        interrupted = True
+        run.notes.append("interrupted: re-run the same command to start again (finished rounds stay in the study)")
+    return run.finish(placement, extra, interrupted)
 
-    cfg = mcfg.search
-    wall_start = time.perf_counter()
-    attrs = {"mode": f"masks/{mcfg.strategy}", "spec": spec.name, "strategy": mcfg.strategy,
-             "proxy": cfg.protocol.describe(), "data": cfg.data or "embedded", "seed": cfg.seed,
-             "thresholds": {"als_high": high, "als_low": low, "alpha_threshold": mcfg.alpha_threshold},
-             "window": list(window), "rounds": mcfg.rounds}
-    # heartbeat None: ask/tell rounds; zombies are found by pid
-    run_dir, info, study = open_run(cfg, name, ["maximize"], ["accuracy"], attrs,
-                                    optuna.samplers.RandomSampler(seed=cfg.seed), None, heartbeat=None)
-    notes = []
-    zombies = fail_zombie_trials(study)
-    if zombies:
-        notes.append(f"marked {len(zombies)} stale RUNNING trial(s) of dead workers as FAIL: {zombies}")
-    x_val = data.val.tensors[0][:ALS_IMAGES]
-    cache = LatencyCache(run_dir / "latency.json")
-    files: list[str] = []
-    rounds_log: list[dict] = []
-    rounds_dir = run_dir / "rounds"
-    baselines: dict[tuple[int, int], float] = {}
-    chance = 1.0 / max(data.num_classes, 1)
 
-    def check_learned(label: str, accuracy: float) -> None:
-        if accuracy < 1.5 * chance:
-            notes.append(f"{label}: proxy accuracy {accuracy:.3f} is near chance ({chance:.3f}): the model hardly "
-                         "learned, so its attention (and the placement read from it) says little; raise --proxy-steps "
-                         "or --proxy-lr")
+class _MaskRun:
+    """One ``als`` / ``soft`` mask-placement run: its study (one trial per trained round), run directory, notes
+    and round log.  MaiT sec. 4.2: ALS rounds assign then calibrate the masks; soft masking reads the learned
+    alphas (eq. 4)."""
 
-    def train_round(round_index: int, round_spec: ArchSpec, label: str):
+    def __init__(self, spec: ArchSpec, mcfg: MaskConfig, name: str, window: tuple[int, int], high: float,
+                 low: float, data) -> None:
+        from archspec.search.latency import LatencyCache
+
+        self.spec, self.mcfg, self.name, self.window, self.high, self.low, self.data = \
+            spec, mcfg, name, window, high, low, data
+        self.cfg = cfg = mcfg.search
+        self.wall_start = time.perf_counter()
+        attrs = {"mode": f"masks/{mcfg.strategy}", "spec": spec.name, "strategy": mcfg.strategy,
+                 "proxy": cfg.protocol.describe(), "data": cfg.data or "embedded", "seed": cfg.seed,
+                 "thresholds": {"als_high": high, "als_low": low, "alpha_threshold": mcfg.alpha_threshold},
+                 "window": list(window), "rounds": mcfg.rounds}
+        # heartbeat None: ask/tell rounds; zombies are found by pid
+        self.run_dir, self.info, self.study = open_run(cfg, name, ["maximize"], ["accuracy"], attrs,
+                                                       optuna.samplers.RandomSampler(seed=cfg.seed), None,
+                                                       heartbeat=None)
+        self.notes: list[str] = []
+        zombies = fail_zombie_trials(self.study)
+        if zombies:
+            self.notes.append(f"marked {len(zombies)} stale RUNNING trial(s) of dead workers as FAIL: {zombies}")
+        self.x_val = data.val.tensors[0][:ALS_IMAGES]
+        self.cache = LatencyCache(self.run_dir / "latency.json")
+        self.files: list[str] = []
+        self.rounds_log: list[dict] = []
+        self.rounds_dir = self.run_dir / "rounds"
+        self.baselines: dict[tuple[int, int], float] = {}
+        self.chance = 1.0 / max(data.num_classes, 1)
+
+    def check_learned(self, label: str, accuracy: float) -> None:
+        """Note a round whose proxy accuracy is near chance: its attention says little."""
+        if accuracy < 1.5 * self.chance:
+            self.notes.append(f"{label}: proxy accuracy {accuracy:.3f} is near chance ({self.chance:.3f}): the model "
+                              "hardly learned, so its attention (and the placement read from it) says little; raise "
+                              "--proxy-steps or --proxy-lr")
+
+    def train_round(self, round_index: int, round_spec: ArchSpec, label: str):
+        """Train ``round_spec`` as one trial: ``(result, model, ALS per layer, trial number)``, or ``(None, None,
+        None, number)`` when it failed (the reason is on the trial and in the notes)."""
+        from archspec.analysis import analyze
+        from archspec.search.latency import measure_latency
+
+        cfg, study = self.cfg, self.study
         trial = study.ask()
         mark_worker(trial)
-        trial.set_user_attr("strategy", mcfg.strategy)
+        trial.set_user_attr("strategy", self.mcfg.strategy)
         trial.set_user_attr("round", round_index)
         trial.set_user_attr("spec", round_spec.model_dump(mode="json"))
-        from archspec.analysis import analyze
-
         analysis = analyze(round_spec)
         trial.set_user_attr("macs", int(analysis.macs))
         trial.set_user_attr("params", int(analysis.params))
         try:
-            latency = float(measure_latency(round_spec, cfg.latency, cache))
-            trial.set_user_attr("latency_ms", latency)
+            trial.set_user_attr("latency_ms", float(measure_latency(round_spec, cfg.latency, self.cache)))
             start = time.perf_counter()
-            result, model = train_keeping_model(round_spec, data, cfg.protocol, cfg.seed)
+            result, model = train_keeping_model(round_spec, self.data, cfg.protocol, cfg.seed)
             trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 3))
             for key in ("accuracy", "val_loss", "train_loss"):
                 trial.set_user_attr(key, float(getattr(result, key)))
             if not all(math.isfinite(float(getattr(result, k))) for k in ("accuracy", "val_loss", "train_loss")):
                 raise RuntimeError("non-finite loss (training diverged)")
-            scores = layer_scores(model, x_val, window)
-            baselines.update(uniform_baselines(model, window))
+            scores = layer_scores(model, self.x_val, self.window)
+            self.baselines.update(uniform_baselines(model, self.window))
             trial.set_user_attr("als", {f"{s}.{l}": v for (s, l), v in scores.items()})
         except KeyboardInterrupt:
             trial.set_user_attr("fail_reason", "interrupted (Ctrl-C / SIGINT)")
@@ -483,134 +510,145 @@ def _run_training_strategy(spec: ArchSpec, mcfg: MaskConfig, name: str, window: 
             reason = str(getattr(exc, "reason", "")) or f"{type(exc).__name__}: {exc}"
             trial.set_user_attr("fail_reason", reason[:1000])
             study.tell(trial, state=TrialState.FAIL)
-            notes.append(f"{label} (trial {trial.number}) failed: {reason}")
+            self.notes.append(f"{label} (trial {trial.number}) failed: {reason}")
             return None, None, None, trial.number
         study.tell(trial, float(result.accuracy))
         return result, model, scores, trial.number
 
-    interrupted = False
-    final_placement: Placement | None = None
-    final_extra: dict = {}
-    try:
-        if mcfg.strategy == "als":
-            placement = head0_placement(spec)
-            for r in range(1, mcfg.rounds + 1):
-                round_spec = apply_placement(spec, placement_heads(spec, placement, window))
-                result, model, scores, number = train_round(r, round_spec, f"round {r}")
-                if result is None:
-                    break
-                check_learned(f"round {r}", result.accuracy)
-                decide = normalise_als(scores, baselines) if mcfg.normalise else scores
-                table, masked = _als_table(spec, decide, placement)
-                raw_table, _ = _als_table(spec, scores, placement)
-                what = "ALS above uniform, (ALS-u)/(1-u)" if mcfg.normalise else "ALS (eq. 3)"
-                runs.plot_als_heatmap(table, run_dir / f"als_round{r}.png",
-                                      f"{name}: round {r}, {what}, {window[0]}x{window[1]} window, trial {number}",
-                                      masked, (high, low))
-                files.append(f"als_round{r}.png")
-                if r == 1:
-                    new, decisions = assign_from_als(placement, decide, high, low)
-                    step = "assignment"
-                else:
-                    new, decisions = calibrate(placement, decide, low)
-                    step = "calibration"
-                rounds_log.append({"round": r, "trial": number, "step": step, "accuracy": result.accuracy,
-                                   "placement_trained": _placement_json(spec, placement), "als": raw_table,
-                                   "als_decided_on": table,
-                                   "uniform_baseline": {_label(spec, k): round(v, 4) for k, v in baselines.items()},
-                                   "decisions": {_label(spec, k): v for k, v in decisions.items()},
-                                   "placement_next": _placement_json(spec, new)})
-                runs.atomic_write_text(rounds_dir / f"round{r}.yaml", provenance_free_yaml(round_spec))
-                changed = new != placement
-                placement = new
-                final_placement = placement
-                if r >= 2 and not changed:
-                    notes.append(f"placement unchanged by the calibration of round {r}: stopped")
-                    break
-            final_extra = {"rounds": rounds_log}
-        else:  # soft
-            soft_spec = apply_placement(spec, _soft_heads(spec, window))
-            result, model, scores, number = train_round(1, soft_spec, "soft-mask training")
-            if result is not None:
-                check_learned("soft-mask training", result.accuracy)
-                alphas = _alphas(model)
-                final_placement = soft_placement(alphas, mcfg.alpha_threshold)
-                unknown = [_label(spec, k) for k, v in alphas.items() if any(a is None for a in v)]
-                if unknown:
-                    notes.append(f"layers {unknown}: the window covers the whole proxy token grid, so the proxy model "
-                                 "had no soft mask there (no alpha learned): left global")
-                table, masked = _als_table(spec, scores, final_placement)
-                runs.plot_als_heatmap(table, run_dir / "als.png",
-                                      f"{name}: ALS of the soft-masked model ({window[0]}x{window[1]}), trial {number}",
-                                      masked, None)
-                files.append("als.png")
-                alpha_table = {_label(spec, k): v for k, v in alphas.items()}
-                final_extra = {"alphas": alpha_table, "als": table, "trial": number, "accuracy": result.accuracy,
-                               "placement": _placement_json(spec, final_placement)}
-                runs.atomic_write_text(rounds_dir / "soft.yaml", provenance_free_yaml(soft_spec))
-    except KeyboardInterrupt:
-        interrupted = True
-        notes.append("interrupted: re-run the same command to start again (finished rounds stay in the study)")
+    def als_rounds(self) -> tuple[Placement | None, dict]:
+        """ALS strategy: round 1 assigns masks from ALS (high/low thresholds), later rounds calibrate; stops when a
+        calibration changes nothing.  Returns the last placement and ``{"rounds": log}``."""
+        spec, window, mcfg = self.spec, self.window, self.mcfg
+        placement, final = head0_placement(spec), None
+        for r in range(1, mcfg.rounds + 1):
+            round_spec = apply_placement(spec, placement_heads(spec, placement, window))
+            result, _, scores, number = self.train_round(r, round_spec, f"round {r}")
+            if result is None:
+                break
+            self.check_learned(f"round {r}", result.accuracy)
+            decide = normalise_als(scores, self.baselines) if mcfg.normalise else scores
+            table, masked = _als_table(spec, decide, placement)
+            raw_table, _ = _als_table(spec, scores, placement)
+            what = "ALS above uniform, (ALS-u)/(1-u)" if mcfg.normalise else "ALS (eq. 3)"
+            runs.plot_als_heatmap(table, self.run_dir / f"als_round{r}.png",
+                                  f"{self.name}: round {r}, {what}, {window[0]}x{window[1]} window, trial {number}",
+                                  masked, (self.high, self.low))
+            self.files.append(f"als_round{r}.png")
+            if r == 1:
+                new, decisions = assign_from_als(placement, decide, self.high, self.low)
+            else:
+                new, decisions = calibrate(placement, decide, self.low)
+            self.rounds_log.append({
+                "round": r, "trial": number, "step": "assignment" if r == 1 else "calibration",
+                "accuracy": result.accuracy, "placement_trained": _placement_json(spec, placement), "als": raw_table,
+                "als_decided_on": table,
+                "uniform_baseline": {_label(spec, k): round(v, 4) for k, v in self.baselines.items()},
+                "decisions": {_label(spec, k): v for k, v in decisions.items()},
+                "placement_next": _placement_json(spec, new)})
+            runs.atomic_write_text(self.rounds_dir / f"round{r}.yaml", provenance_free_yaml(round_spec))
+            changed, placement = new != placement, new
+            final = placement
+            if r >= 2 and not changed:
+                self.notes.append(f"placement unchanged by the calibration of round {r}: stopped")
+                break
+        return final, {"rounds": self.rounds_log}
 
-    summary = {
-        "mode": f"masks/{mcfg.strategy}", "study": name, "storage": info.url, "run_dir": str(run_dir),
-        "strategy": mcfg.strategy, "spec": spec.name, "window": f"{window[0]}x{window[1]}",
-        "thresholds": {"als_high": high, "als_low": low} if mcfg.strategy == "als" else {"alpha_threshold": mcfg.alpha_threshold},
-        "data": data.describe() if hasattr(data, "describe") else {"name": getattr(data, "name", None)},
-        "proxy": cfg.protocol.describe(), "latency_protocol": dataclasses.asdict(cfg.latency), "seed": cfg.seed,
-        "notes": notes, "interrupted": interrupted, **final_extra,
-    }
-    best_file = None
-    with _run_lock(run_dir):
-        trials = study.get_trials(deepcopy=False)
-        runs.write_trials_csv(trials, run_dir / "trials.csv")
-        files.insert(0, "trials.csv")
+    def soft_round(self) -> tuple[Placement | None, dict]:
+        """Soft strategy: train every head soft-masked, keep a hard mask where the learned alpha is below the
+        threshold.  Returns the placement (None if training failed) and the alphas / ALS record."""
+        spec, window = self.spec, self.window
+        soft_spec = apply_placement(spec, _soft_heads(spec, window))
+        result, model, scores, number = self.train_round(1, soft_spec, "soft-mask training")
+        if result is None:
+            return None, {}
+        self.check_learned("soft-mask training", result.accuracy)
+        alphas = _alphas(model)
+        placement = soft_placement(alphas, self.mcfg.alpha_threshold)
+        unknown = [_label(spec, k) for k, v in alphas.items() if any(a is None for a in v)]
+        if unknown:
+            self.notes.append(f"layers {unknown}: the window covers the whole proxy token grid, so the proxy model "
+                              "had no soft mask there (no alpha learned): left global")
+        table, masked = _als_table(spec, scores, placement)
+        runs.plot_als_heatmap(table, self.run_dir / "als.png",
+                              f"{self.name}: ALS of the soft-masked model ({window[0]}x{window[1]}), trial {number}",
+                              masked, None)
+        self.files.append("als.png")
+        runs.atomic_write_text(self.rounds_dir / "soft.yaml", provenance_free_yaml(soft_spec))
+        return placement, {"alphas": {_label(spec, k): v for k, v in alphas.items()}, "als": table, "trial": number,
+                           "accuracy": result.accuracy, "placement": _placement_json(spec, placement)}
+
+    def finish(self, placement: Placement | None, extra: dict, interrupted: bool) -> SearchOutcome:
+        """Write trials.csv, best.yaml (when a placement was decided and not interrupted), als.json and
+        summary.json."""
+        mcfg, cfg, window, data = self.mcfg, self.cfg, self.window, self.data
+        summary = {
+            "mode": f"masks/{mcfg.strategy}", "study": self.name, "storage": self.info.url, "run_dir": str(self.run_dir),
+            "strategy": mcfg.strategy, "spec": self.spec.name, "window": f"{window[0]}x{window[1]}",
+            "thresholds": ({"als_high": self.high, "als_low": self.low} if mcfg.strategy == "als"
+                           else {"alpha_threshold": mcfg.alpha_threshold}),
+            "data": data.describe() if hasattr(data, "describe") else {"name": getattr(data, "name", None)},
+            "proxy": cfg.protocol.describe(), "latency_protocol": dataclasses.asdict(cfg.latency), "seed": cfg.seed,
+            "notes": self.notes, "interrupted": interrupted, **extra,
+        }
+        best_file = None
+        with _run_lock(self.run_dir):
+            self._summarise_trials(summary, placement)
+            if placement is not None and not interrupted:
+                best_file = self._write_best(summary, placement, extra)
+            else:
+                summary["notes"].append("no placement decided: no best.yaml written")
+            als_blob = {"window": f"{window[0]}x{window[1]}", "strategy": mcfg.strategy, **extra}
+            runs.atomic_write_text(self.run_dir / "als.json", _json(als_blob))
+            self.files += ["als.json", "summary.json"]
+            summary["files"] = self.files
+        summary["wall_seconds"] = round(time.perf_counter() - self.wall_start, 2)
+        runs.atomic_write_text(self.run_dir / "summary.json", _json(summary))
+        return SearchOutcome(self.study, summary, self.run_dir, interrupted, best_file)
+
+    def _summarise_trials(self, summary: dict, placement: Placement | None) -> None:
+        """trials.csv, and the study's counts, failures and median trial time into ``summary``."""
+        trials = self.study.get_trials(deepcopy=False)
+        runs.write_trials_csv(trials, self.run_dir / "trials.csv")
+        self.files.insert(0, "trials.csv")
         done = [t for t in trials if t.state == TrialState.COMPLETE]
         summary["counts"] = {"trained": len(done), "failed": sum(t.state == TrialState.FAIL for t in trials)}
-        summary["trained_this_run"] = len(rounds_log) if mcfg.strategy == "als" else int(final_placement is not None)
-        summary["notes"].extend(_round_lines(rounds_log))
+        summary["trained_this_run"] = (len(self.rounds_log) if self.mcfg.strategy == "als"
+                                       else int(placement is not None))
+        summary["notes"].extend(_round_lines(self.rounds_log))
         summary["failures"] = [{"trial": t.number, "reason": t.user_attrs.get("fail_reason", "unknown")}
                                for t in trials if t.state == TrialState.FAIL]
         durations = [t.duration.total_seconds() for t in done if t.duration is not None]
         summary["per_trial_seconds"] = round(sorted(durations)[len(durations) // 2], 2) if durations else None
-        if final_placement is not None and not interrupted:
-            final_spec = apply_placement(spec, placement_heads(spec, final_placement, window))
-            from archspec.analysis import analyze
 
-            analysis = analyze(final_spec)
-            masked_total = sum(sum(v) for v in final_placement.values())
-            prov = {
-                "study": name, "trial": [r["trial"] for r in rounds_log] or final_extra.get("trial"),
-                "strategy": mcfg.strategy, "storage": info.url, "source_spec": spec.name,
-                "objectives": {"proxy_accuracy_of_last_trained_round": (rounds_log[-1]["accuracy"] if rounds_log
-                                                                        else final_extra.get("accuracy"))},
-                "macs": analysis.macs, "params": analysis.params, "input": list(final_spec.input.resolution),
-                "window": f"{window[0]}x{window[1]}", "thresholds": summary["thresholds"],
-                "placement": _placement_json(spec, final_placement), "masked_heads": masked_total,
-                "data": summary["data"], "proxy": summary["proxy"], "seed": cfg.seed, "created": runs.now_iso(),
-            }
-            _, text = runs.emit_spec(final_spec, None, f"{spec.name}_{mcfg.strategy}"[:100], prov)
-            best_file = runs.atomic_write_text(run_dir / "best.yaml", text)
-            files.insert(0, "best.yaml")
-            summary["best"] = str(best_file)
-            summary["masked_heads"] = masked_total
-            summary["placement"] = _placement_json(spec, final_placement)
-            summary["pareto"] = [{"rank": 0, "trial": prov["trial"] if isinstance(prov["trial"], int) else prov["trial"][-1],
-                                  "accuracy": prov["objectives"]["proxy_accuracy_of_last_trained_round"],
-                                  "latency_ms": None, "macs": analysis.macs, "params": analysis.params,
-                                  "file": "best.yaml"}]
-            summary["table_title"] = ("final placement (accuracy: the last trained round; the final placement "
-                                      "itself is untrained)")
-        else:
-            summary["notes"].append("no placement decided: no best.yaml written")
-        als_blob = {"window": f"{window[0]}x{window[1]}", "strategy": mcfg.strategy, **final_extra}
-        runs.atomic_write_text(run_dir / "als.json", _json(als_blob))
-        files.append("als.json")
-        files.append("summary.json")
-        summary["files"] = files
-    summary["wall_seconds"] = round(time.perf_counter() - wall_start, 2)
-    runs.atomic_write_text(run_dir / "summary.json", _json(summary))
-    return SearchOutcome(study, summary, run_dir, interrupted, best_file)
+    def _write_best(self, summary: dict, placement: Placement, extra: dict):
+        """best.yaml: ``spec`` with the decided placement, and its provenance; returns its path."""
+        from archspec.analysis import analyze
+
+        spec, window, rounds_log = self.spec, self.window, self.rounds_log
+        final_spec = apply_placement(spec, placement_heads(spec, placement, window))
+        analysis = analyze(final_spec)
+        masked_total = sum(sum(v) for v in placement.values())
+        prov = {
+            "study": self.name, "trial": [r["trial"] for r in rounds_log] or extra.get("trial"),
+            "strategy": self.mcfg.strategy, "storage": self.info.url, "source_spec": spec.name,
+            "objectives": {"proxy_accuracy_of_last_trained_round": (rounds_log[-1]["accuracy"] if rounds_log
+                                                                    else extra.get("accuracy"))},
+            "macs": analysis.macs, "params": analysis.params, "input": list(final_spec.input.resolution),
+            "window": f"{window[0]}x{window[1]}", "thresholds": summary["thresholds"],
+            "placement": _placement_json(spec, placement), "masked_heads": masked_total,
+            "data": summary["data"], "proxy": summary["proxy"], "seed": self.cfg.seed, "created": runs.now_iso(),
+        }
+        _, text = runs.emit_spec(final_spec, None, f"{spec.name}_{self.mcfg.strategy}"[:100], prov)
+        best_file = runs.atomic_write_text(self.run_dir / "best.yaml", text)
+        self.files.insert(0, "best.yaml")
+        summary.update(best=str(best_file), masked_heads=masked_total, placement=_placement_json(spec, placement))
+        summary["pareto"] = [{"rank": 0, "trial": prov["trial"] if isinstance(prov["trial"], int) else prov["trial"][-1],
+                              "accuracy": prov["objectives"]["proxy_accuracy_of_last_trained_round"],
+                              "latency_ms": None, "macs": analysis.macs, "params": analysis.params,
+                              "file": "best.yaml"}]
+        summary["table_title"] = ("final placement (accuracy: the last trained round; the final placement "
+                                  "itself is untrained)")
+        return best_file
 
 
 def _round_lines(rounds_log: list[dict]) -> list[str]:
