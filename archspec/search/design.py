@@ -53,6 +53,7 @@ from optuna.trial import TrialState
 from archspec.analysis import human
 from archspec.errors import SpecError
 from archspec.search import runs
+from archspec.spec import ArchSpec
 from archspec.search.study import (ARCH_KEY_ATTR, HEARTBEAT_INTERVAL_S, check_storage, fail_zombie_trials, make_sampler,
                                    mark_worker, open_study, resolve_storage, reused_attrs, same_architecture,
                                    worker_seed)
@@ -268,112 +269,157 @@ class _Objective:
         raise optuna.TrialPruned(f"duplicate of trial {other.number} ({why})")
 
     def __call__(self, trial: optuna.trial.Trial):
-        from archspec.search.budget import static_check
-        from archspec.search.latency import architecture_key, measure_latency
-        from archspec.search.proxy import TrialFailure, train_proxy
+        """The Optuna objective: sample a candidate, check it statically, measure its latency, train its proxy.
 
+        Returns the proxy's val top-1 (0..1), or ``(top-1, latency ms)`` with two objectives.
+
+        Raises:
+            optuna.TrialPruned: over budget, a duplicate of a trial training elsewhere, or stopped at a rung.
+            Exception: any failure of the candidate, after putting its reason on the trial (``fail_reason``).
+        """
         mark_worker(trial)
         self._seed_sampler(trial)
-        budgets = self.cfg.budgets
         try:
-            try:
-                spec = self.space.sample(trial)
-            except SpecError as exc:
-                raise _Failure(f"the search space produced an invalid spec: {_first_problem(exc)}") from None
-            trial.set_user_attr("spec", spec.model_dump(mode="json"))
-            key = architecture_key(spec)
-            trial.set_user_attr(ARCH_KEY_ATTR, key)
-            check = static_check(spec, budgets, self.data, self.cfg.protocol)  # memory: also the proxy batch
-            trial.set_user_attr("macs", int(check.macs))
-            trial.set_user_attr("params", int(check.params))
-            if check.macs == 0 and check.params == 0 and not check.feasible:
-                raise _Failure(check.reason or "invalid spec")
-            self._constraint(trial, "macs", check.macs, budgets.macs)
-            self._constraint(trial, "params", check.params, budgets.params)
-            if not check.feasible:
-                if budgets.latency_ms is not None:  # not measured (never built): every trial carries every key
-                    trial.set_constraint("latency", 0.0)
-                self._infeasible(trial, check.reason or "over budget")
-            self.on_status(f"trial {trial.number}: latency")
-            latency = float(measure_latency(spec, self.cfg.latency, self.cache))
-            trial.set_user_attr("latency_ms", latency)
-            if budgets.latency_ms is not None:
-                trial.set_constraint("latency", latency / budgets.latency_ms - 1.0)
-                if latency > budgets.latency_ms:
-                    self._infeasible(trial, f"latency {latency:.2f} ms > budget {budgets.latency_ms:g} ms")
-            self.consecutive_infeasible = 0
-            reused = self._claim(trial, key)
-            if reused is not None:
-                return reused
-            self.consecutive_duplicates = 0
-            self.attempted += 1
-            self.on_status(f"trial {trial.number}: training")
-
-            def report(step: int, value: float) -> None:
-                self.on_status(f"trial {trial.number}: step {step}, val acc {value:.3f}")
-                if self.rungs is not None:
-                    self._rung(trial, step, value, latency)
-                elif self.n_objectives == 1 and self.cfg.prune:
-                    trial.report(float(value), int(step))
-                    if trial.should_prune():
-                        raise optuna.TrialPruned(f"pruned at step {step} (val acc {value:.3f})")
-
-            start = time.perf_counter()
-            train = self.train_fn or train_proxy
-            deadline, why = math.inf, ""
-            if self.cfg.trial_timeout is not None:
-                deadline, why = start + self.cfg.trial_timeout, f"training exceeded --trial-timeout {self.cfg.trial_timeout:g}s"
-            if self.search_deadline is not None and self.search_deadline < deadline:
-                deadline, why = self.search_deadline, "stopped: the search --timeout was reached during this trial"
-            if math.isfinite(deadline):
-                hook = deadline_hook(deadline, lambda: f"{why} (after {time.perf_counter() - start:.0f}s)")
-                try:
-                    result = train(spec, self.data, self.cfg.protocol, seed=self.cfg.seed, report=report, on_model=hook)
-                finally:
-                    hook.active = False
-            else:
-                result = train(spec, self.data, self.cfg.protocol, seed=self.cfg.seed, report=report)
-            trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 3))
-            for key in ("accuracy", "val_loss", "train_loss"):
-                value = getattr(result, key, None)
-                if value is not None:
-                    trial.set_user_attr(key, float(value) if math.isfinite(float(value)) else None)
-            trial.set_user_attr("steps", int(getattr(result, "steps", 0)))
-            bad = [k for k in ("accuracy", "train_loss", "val_loss")
-                   if getattr(result, k, None) is not None and not math.isfinite(float(getattr(result, k)))]
-            if bad:
-                raise _Failure(f"non-finite {', '.join(bad)} (NaN/inf loss: training diverged)")
-            if self.after_train is not None:
-                self.after_train(trial, spec, result)
-            self.trained_numbers.append(trial.number)
-            trial.set_user_attr("status", "trained")
-            accuracy = float(result.accuracy)
-            return accuracy if self.n_objectives == 1 else (accuracy, latency)
+            return self._evaluate(trial)
         except optuna.TrialPruned:
             raise
-        except _Failure as exc:
-            trial.set_user_attr("fail_reason", exc.reason)
+        except (Exception, KeyboardInterrupt) as exc:
+            trial.set_user_attr("fail_reason", _fail_reason(exc))
             raise
-        except TrialTimeout as exc:
-            trial.set_user_attr("fail_reason", str(exc))
-            raise
-        except TrialFailure as exc:
-            trial.set_user_attr("fail_reason", str(getattr(exc, "reason", exc))[:1000])
-            raise
-        except KeyboardInterrupt:
-            trial.set_user_attr("fail_reason", "interrupted (Ctrl-C / SIGINT)")
-            raise
-        except MemoryError as exc:
-            gc.collect()
-            trial.set_user_attr("fail_reason", f"out of memory: {exc}"[:1000])
-            raise
-        except Exception as exc:  # noqa: BLE001 - every candidate failure is recorded, the study goes on
-            text = f"{type(exc).__name__}: {exc}".strip()
-            if "out of memory" in text.lower():
-                gc.collect()
-                text = "out of memory: " + text
-            trial.set_user_attr("fail_reason", text[:1000])
-            raise
+
+    def _evaluate(self, trial: optuna.trial.Trial):
+        """:meth:`__call__` without the failure bookkeeping."""
+        spec, key = self._sample_feasible(trial)
+        latency = self._measure_latency(trial, spec)
+        reused = self._claim(trial, key)
+        if reused is not None:
+            return reused
+        self.consecutive_duplicates = 0
+        self.attempted += 1
+        self.on_status(f"trial {trial.number}: training")
+        start = time.perf_counter()
+        result = self._train(trial, spec, latency, start)
+        self._record_result(trial, result, start)
+        if self.after_train is not None:
+            self.after_train(trial, spec, result)
+        self.trained_numbers.append(trial.number)
+        trial.set_user_attr("status", "trained")
+        accuracy = float(result.accuracy)
+        return accuracy if self.n_objectives == 1 else (accuracy, latency)
+
+    def _sample_feasible(self, trial: optuna.trial.Trial) -> tuple[ArchSpec, str]:
+        """Sample the candidate and check it statically: ``(spec, architecture key)``; MACs and params on the trial.
+
+        Raises:
+            _Failure: the space produced an invalid spec.
+            optuna.TrialPruned: over the MAC, parameter or memory budget (status ``infeasible``).
+        """
+        from archspec.search.budget import static_check
+        from archspec.search.latency import architecture_key
+
+        budgets = self.cfg.budgets
+        try:
+            spec = self.space.sample(trial)
+        except SpecError as exc:
+            raise _Failure(f"the search space produced an invalid spec: {_first_problem(exc)}") from None
+        trial.set_user_attr("spec", spec.model_dump(mode="json"))
+        key = architecture_key(spec)
+        trial.set_user_attr(ARCH_KEY_ATTR, key)
+        check = static_check(spec, budgets, self.data, self.cfg.protocol)  # memory: also the proxy batch
+        trial.set_user_attr("macs", int(check.macs))
+        trial.set_user_attr("params", int(check.params))
+        if check.macs == 0 and check.params == 0 and not check.feasible:
+            raise _Failure(check.reason or "invalid spec")
+        self._constraint(trial, "macs", check.macs, budgets.macs)
+        self._constraint(trial, "params", check.params, budgets.params)
+        if not check.feasible:
+            if budgets.latency_ms is not None:  # not measured (never built): every trial carries every key
+                trial.set_constraint("latency", 0.0)
+            self._infeasible(trial, check.reason or "over budget")
+        return spec, key
+
+    def _measure_latency(self, trial: optuna.trial.Trial, spec: ArchSpec) -> float:
+        """Latency in ms (cached per architecture) on the trial; prunes a candidate over ``--budget-latency``."""
+        from archspec.search.latency import measure_latency
+
+        budgets = self.cfg.budgets
+        self.on_status(f"trial {trial.number}: latency")
+        latency = float(measure_latency(spec, self.cfg.latency, self.cache))
+        trial.set_user_attr("latency_ms", latency)
+        if budgets.latency_ms is not None:
+            trial.set_constraint("latency", latency / budgets.latency_ms - 1.0)
+            if latency > budgets.latency_ms:
+                self._infeasible(trial, f"latency {latency:.2f} ms > budget {budgets.latency_ms:g} ms")
+        self.consecutive_infeasible = 0
+        return latency
+
+    def _train(self, trial: optuna.trial.Trial, spec: ArchSpec, latency: float, start: float):
+        """Train the proxy, reporting every eval point to the rungs / pruner, cut at the trial's or the search's
+        deadline (whichever comes first) by a forward hook raising :class:`TrialTimeout`."""
+        from archspec.search.proxy import train_proxy
+
+        def report(step: int, value: float) -> None:
+            self.on_status(f"trial {trial.number}: step {step}, val acc {value:.3f}")
+            if self.rungs is not None:
+                self._rung(trial, step, value, latency)
+            elif self.n_objectives == 1 and self.cfg.prune:
+                trial.report(float(value), int(step))
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"pruned at step {step} (val acc {value:.3f})")
+
+        train = self.train_fn or train_proxy
+        deadline, why = math.inf, ""
+        if self.cfg.trial_timeout is not None:
+            deadline, why = start + self.cfg.trial_timeout, f"training exceeded --trial-timeout {self.cfg.trial_timeout:g}s"
+        if self.search_deadline is not None and self.search_deadline < deadline:
+            deadline, why = self.search_deadline, "stopped: the search --timeout was reached during this trial"
+        if not math.isfinite(deadline):
+            return train(spec, self.data, self.cfg.protocol, seed=self.cfg.seed, report=report)
+        hook = deadline_hook(deadline, lambda: f"{why} (after {time.perf_counter() - start:.0f}s)")
+        try:
+            return train(spec, self.data, self.cfg.protocol, seed=self.cfg.seed, report=report, on_model=hook)
+        finally:
+            hook.active = False
+
+    @staticmethod
+    def _record_result(trial: optuna.trial.Trial, result, start: float) -> None:
+        """Training time, accuracy and losses on the trial.
+
+        Raises:
+            _Failure: a non-finite accuracy or loss (training diverged).
+        """
+        trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 3))
+        for key in ("accuracy", "val_loss", "train_loss"):
+            value = getattr(result, key, None)
+            if value is not None:
+                trial.set_user_attr(key, float(value) if math.isfinite(float(value)) else None)
+        trial.set_user_attr("steps", int(getattr(result, "steps", 0)))
+        bad = [k for k in ("accuracy", "train_loss", "val_loss")
+               if getattr(result, k, None) is not None and not math.isfinite(float(getattr(result, k)))]
+        if bad:
+            raise _Failure(f"non-finite {', '.join(bad)} (NaN/inf loss: training diverged)")
+
+
+def _fail_reason(exc: BaseException) -> str:
+    """The ``fail_reason`` a trial records for ``exc`` (at most 1,000 characters); frees memory after an OOM."""
+    from archspec.search.proxy import TrialFailure
+
+    if isinstance(exc, _Failure):
+        return exc.reason
+    if isinstance(exc, TrialTimeout):
+        return str(exc)
+    if isinstance(exc, TrialFailure):
+        return str(getattr(exc, "reason", exc))[:1000]
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C / SIGINT)"
+    if isinstance(exc, MemoryError):
+        gc.collect()
+        return f"out of memory: {exc}"[:1000]
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if "out of memory" in text.lower():
+        gc.collect()
+        text = "out of memory: " + text
+    return text[:1000]
 
 
 class TrialTimeout(Exception):
