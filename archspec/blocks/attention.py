@@ -137,6 +137,20 @@ class Attention(nn.Module):
     ) -> None:
         super().__init__()
         specs = coerce_heads(heads)
+        self._set_dims(dim, specs, grid, num_prefix_tokens, qk_dim, v_dim, norm)
+        self._classify_heads(specs)
+        self._build_projections(qkv_bias, proj_act, attn_drop, proj_drop)
+        self._build_head_parameters()
+        self.attn_impl = "auto"
+        # Whether SDPA has a fused kernel for a float attn_mask (CUDA: memory-efficient attention); on CPU the
+        # biased / strict heads use the explicit formula instead.  Updated by _apply (.to(), .cuda()).
+        self._masked_sdpa_fused = False
+        self._build_grid_tables(self.grid)
+        self.reset_parameters()
+
+    def _set_dims(self, dim: int, specs: tuple[HeadSpec, ...], grid: tuple[int, int], num_prefix_tokens: int,
+                  qk_dim: int | None, v_dim: int | None, norm: str) -> None:
+        """Check and store the layer's sizes: width, heads, grid, prefix, per-head q/k and value dims, scale."""
         n_heads = len(specs)
         if (qk_dim is None or v_dim is None) and dim % n_heads != 0:
             raise ValueError(f"dim {dim} is not divisible by {n_heads} heads; pass qk_dim and v_dim explicitly")
@@ -145,7 +159,6 @@ class Attention(nn.Module):
         if num_prefix_tokens < 0:
             raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
         rows, cols = check_grid(grid)
-
         self.dim = dim
         self.head_specs = specs
         self.num_heads = n_heads
@@ -160,7 +173,8 @@ class Attention(nn.Module):
         self.scale = self.qk_dim ** -0.5
         self.norm = norm
 
-        # ---- which head does what (python lists of head indices, in head order)
+    def _classify_heads(self, specs: tuple[HeadSpec, ...]) -> None:
+        """Which head does what: python lists of head indices, in head order; checks GPSA's constraints."""
         self.abs_bias_heads = [i for i, h in enumerate(specs) if h.rel_bias is not None and h.rel_bias.table == "absolute"]
         self.signed_bias_heads = [i for i, h in enumerate(specs) if h.rel_bias is not None and h.rel_bias.table == "signed"]
         self.gpsa_heads = [i for i, h in enumerate(specs) if h.gpsa is not None]
@@ -170,23 +184,22 @@ class Attention(nn.Module):
         self.strict_heads = [i for i in self.mask_heads if specs[i].mask.mode == "strict"]
         # SDPA handles additive terms only (bias, -inf); hard/soft masks and GPSA need explicit logits.
         self.explicit_logits = bool(self.gpsa_heads or self.hard_heads or self.soft_heads)
-
-        if self.gpsa_heads and num_prefix_tokens > 0:
+        if self.gpsa_heads and self.num_prefix_tokens > 0:
             raise ValueError(
                 "GPSA heads need num_prefix_tokens == 0: ConViT concatenates the class token only after "
-                f"the last GPSA block (got num_prefix_tokens={num_prefix_tokens})"
+                f"the last GPSA block (got num_prefix_tokens={self.num_prefix_tokens})"
             )
-        conv_init_heads = [i for i in self.gpsa_heads if specs[i].gpsa.conv_init]
-        if conv_init_heads:
-            conv_kernel_offsets(len(conv_init_heads))  # raises ValueError when not a perfect square
-        self.conv_init_heads = conv_init_heads
-        trainable = {specs[i].gpsa.gating_trainable for i in self.gpsa_heads}
-        if len(trainable) > 1:
+        self.conv_init_heads = [i for i in self.gpsa_heads if specs[i].gpsa.conv_init]
+        if self.conv_init_heads:
+            conv_kernel_offsets(len(self.conv_init_heads))  # raises ValueError when not a perfect square
+        if len({specs[i].gpsa.gating_trainable for i in self.gpsa_heads}) > 1:
             raise ValueError("GPSA heads of one layer must agree on gating_trainable (one gating_param per layer)")
 
-        # ---- projections
-        H, dqk, dv = n_heads, self.qk_dim, self.v_dim
-        if norm == "layernorm":
+    def _build_projections(self, qkv_bias: bool, proj_act: type[nn.Module] | None, attn_drop: float,
+                           proj_drop: float) -> None:
+        """q/k/v and output projections in timm's layout (ConViT ``qk`` + ``v``, or LeViT ``qkv`` LinearNorm)."""
+        dim, H, dqk, dv = self.dim, self.num_heads, self.qk_dim, self.v_dim
+        if self.norm == "layernorm":
             # layout (2, H, qk_dim) as timm convit.GPSA.qk; v (H, v_dim)
             self.qk = nn.Linear(dim, 2 * H * dqk, bias=qkv_bias)
             self.v = nn.Linear(dim, H * dv, bias=qkv_bias)
@@ -203,25 +216,22 @@ class Attention(nn.Module):
         self.attn_drop_p = float(attn_drop)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
 
-        # ---- per-head extras: parameters only for the heads that use them
+    def _build_head_parameters(self) -> None:
+        """Per-head extras, only for the heads that use them: bias tables, GPSA's ``pos_proj`` and gating
+        parameter, soft-mask logits."""
+        rows, cols = self.grid
         if self.abs_bias_heads:
             self.attention_biases = nn.Parameter(torch.zeros(len(self.abs_bias_heads), rows * cols))
         if self.signed_bias_heads:
             self.signed_biases = nn.Parameter(torch.zeros(len(self.signed_bias_heads), (2 * rows - 1) * (2 * cols - 1)))
         if self.gpsa_heads:
             n_g = len(self.gpsa_heads)
+            trainable = self.head_specs[self.gpsa_heads[0]].gpsa.gating_trainable  # one value: _classify_heads
             self.pos_proj = nn.Linear(3, n_g)
-            self.gating_param = nn.Parameter(torch.zeros(n_g), requires_grad=trainable == {True})
+            self.gating_param = nn.Parameter(torch.zeros(n_g), requires_grad=trainable)
             self.register_buffer("gpsa_head_idx", torch.tensor(self.gpsa_heads, dtype=torch.long), persistent=False)
         if self.soft_heads:
             self.mask_alpha_logit = nn.Parameter(torch.zeros(len(self.soft_heads)))
-
-        self.attn_impl = "auto"
-        # Whether SDPA has a fused kernel for a float attn_mask (CUDA: memory-efficient attention); on CPU the
-        # biased / strict heads use the explicit formula instead.  Updated by _apply (.to(), .cuda()).
-        self._masked_sdpa_fused = False
-        self._build_grid_tables((rows, cols))
-        self.reset_parameters()
 
     # ------------------------------------------------------------------ init
     @torch.no_grad()
