@@ -419,51 +419,76 @@ class _Sampler:
         return out
 
     def heads_mix(self, stage: dict, node: Any, ypath: tuple, i: int) -> None:
-        pname = f"stages.{i}.heads_mix"
+        """Resolve stage ``i``'s ``heads_mix`` (a base head kind and how many heads per layer group get a mask) into
+        the stage's ``attention`` and per-layer ``layers`` overrides, in place; same Optuna names, same order."""
+        node, ypath, pname = self._mix_choice(node, ypath, f"stages.{i}.heads_mix")
+        body = {"base": node} if isinstance(node, str) else dict(node)
+        base = self.resolve(body["base"], ypath + ("base",), ("stages", i, "heads_mix", "base"), f"{pname}.base", i)
+        if not isinstance(stage.get("heads"), int) or not isinstance(stage.get("depth"), int):
+            raise self.fail(ypath, "heads_mix needs the stage's 'heads' and 'depth' as integers")
+        keep = base == "keep"
+        if not keep and ("attention" in stage or "layers" in stage):
+            raise self.fail(ypath, "heads_mix sets the stage's attention and layers; remove them from the stage",
+                            "or use base: keep to mask the heads the stage already has")
+        layer_heads, default = self._mix_base_heads(stage, base, keep, ypath)
+        self._mix_masks(layer_heads, body, stage["heads"], ypath, pname, i)
+        if keep:  # the stage's default head stays; only layers that differ from it get an override
+            default = HeadSpec.model_validate(stage["attention"]) if stage.get("attention") is not None else HeadSpec()
+        stage["attention"] = default.model_dump(mode="json", exclude_none=True)
+        overrides = _layer_overrides(layer_heads, default)
+        if overrides:
+            stage["layers"] = overrides
+        else:
+            stage.pop("layers", None)
+        target = ypath + ("window",) if isinstance(node, dict) and "window" in node else ypath
+        self.generated[("stages", i, "attention")] = (ypath, target)
+        self.generated[("stages", i, "layers")] = (ypath, target)
+
+    def _mix_choice(self, node: Any, ypath: tuple, pname: str) -> tuple[Any, tuple, str]:
+        """A ``{choice: ...}`` heads_mix picks one option (a categorical named ``pname``): ``(node, ypath, pname)``
+        of the option."""
         if _is_marker(node) and _marker_kind(node) == "choice":
             options = node["choice"]
             self._ypath_for_name = ypath
             label = self.suggest("categorical", pname, list(options))
             if isinstance(options, dict):
-                node, ypath, pname = options[label], ypath + ("choice", label), f"{pname}.{label}"
-            else:
-                node = label
-        elif _is_marker(node):
+                return options[label], ypath + ("choice", label), f"{pname}.{label}"
+            return label, ypath, pname
+        if _is_marker(node):
             raise self.fail(ypath, "heads_mix takes a head kind, a mapping or a {choice: ...} of those")
-        body = {"base": node} if isinstance(node, str) else dict(node)
-        base = self.resolve(body["base"], ypath + ("base",), ("stages", i, "heads_mix", "base"), f"{pname}.base", i)
-        if not isinstance(stage.get("heads"), int) or not isinstance(stage.get("depth"), int):
-            raise self.fail(ypath, "heads_mix needs the stage's 'heads' and 'depth' as integers")
+        return node, ypath, pname
+
+    def _mix_base_heads(self, stage: dict, base: Any, keep: bool, ypath: tuple) -> tuple[list[list[HeadSpec]], HeadSpec | None]:
+        """Every layer's heads before masking, and the base head (``None`` for ``base: keep``: the stage's own heads,
+        masks removed).  ConViT / timm give the conv init to only ``floor(sqrt(H))^2`` GPSA heads."""
         n_heads, depth = stage["heads"], stage["depth"]
-        keep = base == "keep"
-        if not keep and ("attention" in stage or "layers" in stage):
-            raise self.fail(ypath, "heads_mix sets the stage's attention and layers; remove them from the stage",
-                            "or use base: keep to mask the heads the stage already has")
         if keep:
             try:
                 layer_heads = [list(p.heads) for p in ArchSpec(stages=[StageSpec.model_validate(stage)]).layer_plans(0)]
             except ValidationError as exc:
                 raise self.fail(ypath, f"cannot resolve the stage's heads for base: keep: {exc.errors()[0]['msg']}") from None
-            layer_heads = [[h.model_copy(update={"mask": None}) for h in heads] for heads in layer_heads]
-        else:
-            try:
-                head = HeadSpec.model_validate(base)
-            except ValidationError as exc:
-                raise self.fail(ypath + ("base",), f"invalid head kind {base!r}: {exc.errors()[0]['msg']}") from None
-            heads = [head] * n_heads
-            if head.gpsa is not None and head.gpsa.conv_init and math.isqrt(n_heads) ** 2 != n_heads:
-                square = math.isqrt(n_heads) ** 2  # ConViT / timm: only floor(sqrt(H))^2 heads get the conv init
-                plain = head.model_copy(update={"gpsa": head.gpsa.model_copy(update={"conv_init": False})})
-                heads = [head] * square + [plain] * (n_heads - square)
-            layer_heads = [list(heads) for _ in range(depth)]
-        window_once = body.get("per_layer") is True  # per_layer: masked per layer, one window per stage
+            return [[h.model_copy(update={"mask": None}) for h in heads] for heads in layer_heads], None
+        try:
+            head = HeadSpec.model_validate(base)
+        except ValidationError as exc:
+            raise self.fail(ypath + ("base",), f"invalid head kind {base!r}: {exc.errors()[0]['msg']}") from None
+        heads = [head] * n_heads
+        if head.gpsa is not None and head.gpsa.conv_init and math.isqrt(n_heads) ** 2 != n_heads:
+            square = math.isqrt(n_heads) ** 2
+            plain = head.model_copy(update={"gpsa": head.gpsa.model_copy(update={"conv_init": False})})
+            heads = [head] * square + [plain] * (n_heads - square)
+        return [list(heads) for _ in range(depth)], head
+
+    def _mix_masks(self, layer_heads: list[list[HeadSpec]], body: dict, n_heads: int, ypath: tuple, pname: str,
+                   i: int) -> None:
+        """Mask the first ``masked`` heads of each layer group (``group`` layers; ``per_layer: true``: one layer each
+        with one window for the stage), in place."""
+        depth = len(layer_heads)
+        window_once = body.get("per_layer") is True
         stage_window: Any = None
-        if window_once:
-            group = 1
-        else:
-            group = body.get("group") or depth
-            if isinstance(group, bool) or not isinstance(group, int) or group < 1:
-                raise self.fail(ypath + ("group",), f"group must be a positive integer, got {group!r}")
+        group = 1 if window_once else body.get("group") or depth
+        if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+            raise self.fail(ypath + ("group",), f"group must be a positive integer, got {group!r}")
         for start in range(0, depth, group):
             end = min(start + group, depth) - 1
             suffix = "" if group >= depth else (f".{start}" if start == end else f".{start}-{end}")
@@ -474,44 +499,32 @@ class _Sampler:
                                 f"{n_heads} heads, got {masked!r}", "bound it with {int: [0, {ref: stage.heads}]}")
             if masked == 0:
                 continue
-            if window_once and stage_window is not None:
-                window = stage_window
-            else:
+            if not (window_once and stage_window is not None):
                 wsuffix = "" if window_once else suffix
-                window = self.resolve(body.get("window", "3x3"), ypath + ("window",),
-                                      ("stages", i, "heads_mix", f"window{wsuffix}"), f"{pname}.window{wsuffix}", i)
-                stage_window = window
+                stage_window = self.resolve(body.get("window", "3x3"), ypath + ("window",),
+                                            ("stages", i, "heads_mix", f"window{wsuffix}"), f"{pname}.window{wsuffix}", i)
             try:
-                mask = MaskSpec(window=window)
+                mask = MaskSpec(window=stage_window)
             except ValidationError as exc:
-                raise self.fail(ypath + ("window",), f"invalid window {window!r}: {exc.errors()[0]['msg']}") from None
+                raise self.fail(ypath + ("window",), f"invalid window {stage_window!r}: {exc.errors()[0]['msg']}") from None
             for layer in range(start, end + 1):
                 for h in range(masked):
                     layer_heads[layer][h] = layer_heads[layer][h].model_copy(update={"mask": mask})
-        if keep:  # the stage's default head stays; only layers that differ from it get an override
-            default = HeadSpec.model_validate(stage["attention"]) if stage.get("attention") is not None else HeadSpec()
-            stage["attention"] = default.model_dump(mode="json", exclude_none=True)
-        else:
-            default = head
-        overrides = []
-        layer = 0
-        while layer < depth:
-            end = layer
-            while end + 1 < depth and layer_heads[end + 1] == layer_heads[layer]:
-                end += 1
-            if any(h != default for h in layer_heads[layer]):
-                overrides.append({"range": [layer, end],
-                                  "heads": [h.model_dump(mode="json", exclude_none=True) for h in layer_heads[layer]]})
-            layer = end + 1
-        if not keep:
-            stage["attention"] = default.model_dump(mode="json", exclude_none=True)
-        if overrides:
-            stage["layers"] = overrides
-        else:
-            stage.pop("layers", None)
-        target = ypath + ("window",) if isinstance(node, dict) and "window" in node else ypath
-        self.generated[("stages", i, "attention")] = (ypath, target)
-        self.generated[("stages", i, "layers")] = (ypath, target)
+
+
+def _layer_overrides(layer_heads: list[list[HeadSpec]], default: HeadSpec) -> list[dict]:
+    """``layers:`` overrides for runs of equal consecutive layers whose heads differ from ``default``."""
+    overrides = []
+    layer, depth = 0, len(layer_heads)
+    while layer < depth:
+        end = layer
+        while end + 1 < depth and layer_heads[end + 1] == layer_heads[layer]:
+            end += 1
+        if any(h != default for h in layer_heads[layer]):
+            overrides.append({"range": [layer, end],
+                              "heads": [h.model_dump(mode="json", exclude_none=True) for h in layer_heads[layer]]})
+        layer = end + 1
+    return overrides
 
 
 class SearchSpace:
