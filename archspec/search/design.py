@@ -750,15 +750,7 @@ def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_a
         interrupted = True
         notes.append("interrupted: the study keeps every finished trial; re-run the same command to resume")
     search_seconds = time.perf_counter() - optimize_start
-    if objective.consecutive_infeasible >= MAX_CONSECUTIVE_INFEASIBLE:
-        notes.append(f"stopped after {MAX_CONSECUTIVE_INFEASIBLE} infeasible samples in a row: the budgets leave "
-                     "almost nothing of the space")
-    if objective.consecutive_duplicates >= MAX_CONSECUTIVE_DUPLICATES:
-        notes.append(f"stopped: the space has no untried architectures left ({MAX_CONSECUTIVE_DUPLICATES} samples in "
-                     "a row were architectures this study already trained or is training)")
-    if cfg.timeout is not None and objective.attempted < cfg.trials and not interrupted and search_seconds >= cfg.timeout:
-        notes.append(f"--timeout {cfg.timeout:g}s reached after {objective.attempted} of {cfg.trials} trials")
-
+    notes += _stop_notes(objective, cfg, interrupted, search_seconds)
     summary = {
         "mode": mode, "study": name, "storage": info.url, "run_dir": str(run_dir), "objective": cfg.objective,
         "budgets": cfg.budgets.describe(), "static_check_rate": round(rate, 1),
@@ -779,6 +771,21 @@ def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_a
     summary["wall_seconds"] = round(time.perf_counter() - wall_start, 2)
     runs.atomic_write_text(run_dir / "summary.json", _json(summary))
     return SearchOutcome(study, summary, run_dir, interrupted, best_file)
+
+
+def _stop_notes(objective: _Objective, cfg: SearchConfig, interrupted: bool, search_seconds: float) -> list[str]:
+    """Why the search stopped before ``--trials`` candidates, when it did: a space exhausted by the budgets or by
+    duplicates, or ``--timeout``."""
+    notes = []
+    if objective.consecutive_infeasible >= MAX_CONSECUTIVE_INFEASIBLE:
+        notes.append(f"stopped after {MAX_CONSECUTIVE_INFEASIBLE} infeasible samples in a row: the budgets leave "
+                     "almost nothing of the space")
+    if objective.consecutive_duplicates >= MAX_CONSECUTIVE_DUPLICATES:
+        notes.append(f"stopped: the space has no untried architectures left ({MAX_CONSECUTIVE_DUPLICATES} samples in "
+                     "a row were architectures this study already trained or is training)")
+    if cfg.timeout is not None and objective.attempted < cfg.trials and not interrupted and search_seconds >= cfg.timeout:
+        notes.append(f"--timeout {cfg.timeout:g}s reached after {objective.attempted} of {cfg.trials} trials")
+    return notes
 
 
 def _fidelity(cfg: SearchConfig, multi: bool):
@@ -851,6 +858,9 @@ def spec_of_trial(trial, space=None):
 
 
 def _finalize(study, space, cfg: SearchConfig, run_dir: Path, info, summary: dict, multi: bool, finalize_extra) -> Path | None:
+    """Counts, failures and timings into ``summary``; trials.csv, the Pareto specs or the best spec, the plot.
+
+    Returns ``best.yaml``'s path, or ``None`` when no trained feasible trial exists yet."""
     trials = study.get_trials(deepcopy=False)
     counts: dict[str, int] = {}
     for t in trials:
@@ -868,56 +878,8 @@ def _finalize(study, space, cfg: SearchConfig, run_dir: Path, info, summary: dic
     runs.write_trials_csv(trials, run_dir / "trials.csv")
     files.append("trials.csv")
     feasible = [t for t in trained if _feasible(t)]
-    best_file = None
-    points = []
-    if multi:
-        front = [t for t in study.best_trials if _feasible(t) and "reused_from" not in t.user_attrs] if feasible else []
-        front.sort(key=lambda t: (-t.values[0], t.values[1], t.number))
-        pareto_files = {}
-        for rank, t in enumerate(front):
-            spec = spec_of_trial(t, space)
-            name = f"{summary['study']}_trial{t.number}"[:100]
-            prov = trial_provenance(summary["study"], t, cfg, info, summary, spec)
-            prov["pareto_rank"] = rank
-            _, text = runs.emit_spec(spec, None, name, prov)
-            fname = f"{rank}_trial{t.number}.yaml"
-            pareto_files[fname] = text
-            points.append({"rank": rank, "trial": t.number, "accuracy": t.values[0], "latency_ms": t.values[1],
-                           "macs": t.user_attrs.get("macs"), "params": t.user_attrs.get("params"),
-                           "file": f"pareto/{fname}"})
-        if pareto_files:
-            runs.replace_dir(run_dir / "pareto", pareto_files)
-            files.append(f"pareto/ ({len(pareto_files)} specs)")
-            best_text = pareto_files[f"0_trial{front[0].number}.yaml"]
-            best_file = runs.atomic_write_text(run_dir / "best.yaml", best_text)
-        try:
-            if runs.plot_pareto(feasible, run_dir / "pareto.png", ["maximize", "minimize"],
-                                ["proxy accuracy", "latency (ms)"],
-                                f"{summary['study']}: {len(feasible)} trained feasible trials"):
-                files.append("pareto.png")
-        except Exception as exc:  # noqa: BLE001 - a plot must never lose the search results
-            summary["notes"].append(f"pareto.png not written: {type(exc).__name__}: {exc}")
-        summary["table_title"] = "Pareto front: proxy accuracy vs latency (trained, feasible)"
-    else:
-        best_trial = max(feasible, key=lambda t: (t.value, -t.number)) if feasible else None
-        if best_trial is not None:
-            spec = spec_of_trial(best_trial, space)
-            prov = trial_provenance(summary["study"], best_trial, cfg, info, summary, spec)
-            _, text = runs.emit_spec(spec, None, f"{summary['study']}_trial{best_trial.number}"[:100], prov)
-            best_file = runs.atomic_write_text(run_dir / "best.yaml", text)
-            points.append({"rank": 0, "trial": best_trial.number, "accuracy": best_trial.value,
-                           "latency_ms": best_trial.user_attrs.get("latency_ms"),
-                           "macs": best_trial.user_attrs.get("macs"), "params": best_trial.user_attrs.get("params"),
-                           "file": "best.yaml"})
-        try:
-            if runs.plot_history(feasible, run_dir / "pareto.png", "maximize", "proxy accuracy",
-                                 f"{summary['study']}: optimisation history ({len(feasible)} trained feasible)"):
-                files.append("pareto.png")
-        except Exception as exc:  # noqa: BLE001
-            summary["notes"].append(f"pareto.png not written: {type(exc).__name__}: {exc}")
-        summary["table_title"] = "best trial (single objective: proxy accuracy, budgets as constraints)"
-        summary["best_trial"] = best_trial.number if best_trial is not None else None
-    summary["pareto"] = points
+    write = _write_pareto if multi else _write_best_trial
+    best_file = write(study, space, cfg, run_dir, info, summary, feasible, files)
     if finalize_extra is not None:
         best_file = finalize_extra(study, run_dir, summary, files, best_file) or best_file
     if best_file is not None:
@@ -928,6 +890,65 @@ def _finalize(study, space, cfg: SearchConfig, run_dir: Path, info, summary: dic
     files.append("summary.json")
     summary["files"] = files
     return best_file
+
+
+def _write_pareto(study, space, cfg: SearchConfig, run_dir: Path, info, summary: dict, feasible: list,
+                  files: list[str]) -> Path | None:
+    """Pareto mode: one spec per front point under ``pareto/`` (rank 0 = most accurate, also ``best.yaml``), the
+    front into ``summary["pareto"]``, and ``pareto.png``."""
+    front = [t for t in study.best_trials if _feasible(t) and "reused_from" not in t.user_attrs] if feasible else []
+    front.sort(key=lambda t: (-t.values[0], t.values[1], t.number))
+    pareto_files, points, best_file = {}, [], None
+    for rank, t in enumerate(front):
+        spec = spec_of_trial(t, space)
+        prov = trial_provenance(summary["study"], t, cfg, info, summary, spec)
+        prov["pareto_rank"] = rank
+        _, text = runs.emit_spec(spec, None, f"{summary['study']}_trial{t.number}"[:100], prov)
+        fname = f"{rank}_trial{t.number}.yaml"
+        pareto_files[fname] = text
+        points.append({"rank": rank, "trial": t.number, "accuracy": t.values[0], "latency_ms": t.values[1],
+                       "macs": t.user_attrs.get("macs"), "params": t.user_attrs.get("params"),
+                       "file": f"pareto/{fname}"})
+    if pareto_files:
+        runs.replace_dir(run_dir / "pareto", pareto_files)
+        files.append(f"pareto/ ({len(pareto_files)} specs)")
+        best_file = runs.atomic_write_text(run_dir / "best.yaml", pareto_files[f"0_trial{front[0].number}.yaml"])
+    _plot(summary, files, runs.plot_pareto, feasible, run_dir / "pareto.png", ["maximize", "minimize"],
+          ["proxy accuracy", "latency (ms)"], f"{summary['study']}: {len(feasible)} trained feasible trials")
+    summary["table_title"] = "Pareto front: proxy accuracy vs latency (trained, feasible)"
+    summary["pareto"] = points
+    return best_file
+
+
+def _write_best_trial(study, space, cfg: SearchConfig, run_dir: Path, info, summary: dict, feasible: list,
+                      files: list[str]) -> Path | None:
+    """Single-objective mode: the most accurate feasible trial as ``best.yaml`` and the optimisation history plot."""
+    best_trial = max(feasible, key=lambda t: (t.value, -t.number)) if feasible else None
+    points, best_file = [], None
+    if best_trial is not None:
+        spec = spec_of_trial(best_trial, space)
+        prov = trial_provenance(summary["study"], best_trial, cfg, info, summary, spec)
+        _, text = runs.emit_spec(spec, None, f"{summary['study']}_trial{best_trial.number}"[:100], prov)
+        best_file = runs.atomic_write_text(run_dir / "best.yaml", text)
+        points.append({"rank": 0, "trial": best_trial.number, "accuracy": best_trial.value,
+                       "latency_ms": best_trial.user_attrs.get("latency_ms"),
+                       "macs": best_trial.user_attrs.get("macs"), "params": best_trial.user_attrs.get("params"),
+                       "file": "best.yaml"})
+    _plot(summary, files, runs.plot_history, feasible, run_dir / "pareto.png", "maximize", "proxy accuracy",
+          f"{summary['study']}: optimisation history ({len(feasible)} trained feasible)")
+    summary["table_title"] = "best trial (single objective: proxy accuracy, budgets as constraints)"
+    summary["best_trial"] = best_trial.number if best_trial is not None else None
+    summary["pareto"] = points
+    return best_file
+
+
+def _plot(summary: dict, files: list[str], plot, *args) -> None:
+    """``plot(*args)`` into ``pareto.png``; a failing plot becomes a note, never a lost search."""
+    try:
+        if plot(*args):
+            files.append("pareto.png")
+    except Exception as exc:  # noqa: BLE001 - a plot must never lose the search results
+        summary["notes"].append(f"pareto.png not written: {type(exc).__name__}: {exc}")
 
 
 # ----------------------------------------------------------------------------------- mode 1 entry point
