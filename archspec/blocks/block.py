@@ -1,4 +1,4 @@
-"""Transformer blocks: pre-norm ViT/ConViT/MaiT block, LeViT residual block and LeViT shrinking block."""
+"""Transformer blocks: pre-norm ViT/ConViT/MaiT block and LeViT residual block (shrinking attention: shrink.py)."""
 
 from __future__ import annotations
 
