@@ -10,6 +10,9 @@ Parts (each prints a Markdown table; every case is measured twice, interleaved A
   forward and training step (forward + backward of the cross-entropy), ratio unmasked time / masked time
   (> 1 = the masked model is faster), and peak memory: on CUDA ``max_memory_allocated``; on CPU the bytes the
   training step saves for backward (``saved_tensors_hooks``), the part of the peak that the masks change.
+  Each step also gets a *ceiling* row: the masked model with its hard-masked heads' attention skipped (their
+  values passed through, zero cost; :func:`zero_cost_masked_heads`), against the unmasked model.  No kernel for
+  the masked heads can make the masked model faster than that: it bounds the achievable ratio (Amdahl).
 * ``kernel``: one attention layer whose 3 heads (64 dims) are all hard 3x3 masks at 1025 tokens (32x32 grid +
   class token), linear-time path vs the dense reference (``attn_impl='dense'``), forward and forward+backward.
 
@@ -118,6 +121,32 @@ def _unmasked_spec(spec: dict) -> dict:
     return plain
 
 
+@contextlib.contextmanager
+def zero_cost_masked_heads():
+    """While active, every hard-masked head group (the ``window`` and ``hard`` paths of
+    :meth:`Attention._group_forward`) returns its values ``v`` ``(B, h, N, v_dim)`` instead of attending: no logits,
+    no softmax, no weighted sum.  The rest of the model (projections, global heads' SDPA, MLPs) is unchanged, so
+    its time is the masked model's time with masked heads for free -- the ceiling of ``unmasked / masked``.
+    The outputs are meaningless; only timings are taken under it.  Bench-only: patches the class for the block."""
+    original = Attention._group_forward
+
+    def group_forward(self, key, heads, q, k, v):
+        return v if key[0] in ("window", "hard") else original(self, key, heads, q, k, v)
+
+    Attention._group_forward = group_forward
+    try:
+        yield
+    finally:
+        Attention._group_forward = original
+
+
+def _at_zero_cost(fn):
+    def run():
+        with zero_cost_masked_heads():
+            fn()
+    return run
+
+
 def _saved_bytes(model, x, device) -> int:
     """Bytes autograd holds for backward when a training step's forward ends (its activation memory): every
     storage saved during the forward, each counted once (views share storage).  Tensors a backward pass
@@ -182,6 +211,10 @@ def bench_masks(device: torch.device, min_time: float, sizes: list[int], train: 
             mem = (f"{_peak(masked, x, fn_m, device) / 2**20:.1f} / {_peak(plain, x, fn_p, device) / 2**20:.1f}"
                    if step == "train" or device.type == "cuda" else "-")
             print(f"| {px} | {(px // 16) ** 2 + 1} | {batch} | {step} | {ms} | {ratio} | {mem} |", flush=True)
+            if not step.endswith("torch.compile"):  # the ceiling: masked heads at zero cost, same run
+                ms, ratio = _fmt(_pair(_at_zero_cost(fn_m), fn_p, device, min_time), batch)
+                print(f"| {px} | {(px // 16) ** 2 + 1} | {batch} | {step}, ceiling (masked heads at zero cost) "
+                      f"| {ms} | {ratio} | - |", flush=True)
 
 
 def bench_kernel(device: torch.device, min_time: float, train: bool) -> None:
