@@ -92,6 +92,24 @@ def _fmt(rounds: list[tuple[float, float]], batch: int) -> tuple[str, str]:
     return ms, " / ".join(f"{b / a:.2f}" for a, b in rounds)
 
 
+def op_shares(model, x, runs: int = 30) -> dict[str, float]:
+    """Share of ``model``'s self CPU time (``torch.profiler``, ``runs`` inference forwards after 5 warm-up) in
+    BatchNorm ops and in GEMMs and convolutions (``mm``, ``addmm``, ``bmm``, ``mkldnn_convolution``): fractions."""
+    from torch.profiler import profile
+
+    with torch.inference_mode():
+        for _ in range(5):
+            model(x)
+        with profile() as prof:
+            for _ in range(runs):
+                model(x)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    gemm = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mkldnn_convolution")
+    return {"batch_norm": sum(e.self_cpu_time_total for e in events if "batch_norm" in e.key) / total,
+            "gemm_conv": sum(e.self_cpu_time_total for e in events if e.key in gemm) / total}
+
+
 def bench_timm(device: torch.device, min_time: float, models: list[str]) -> None:
     """archspec vs timm, forward throughput ratio (archspec images/s / timm images/s), same weights."""
     batch = 1 if device.type == "cpu" else GPU_BATCH[224]
@@ -99,6 +117,7 @@ def bench_timm(device: torch.device, min_time: float, models: list[str]) -> None
     print(f"\n### archspec vs timm, forward, batch {batch}, {device.type}\n")
     print("| model | archspec ms / timm ms (2 rounds) | throughput ratio archspec / timm |")
     print("|---|---|---|")
+    shares = []
     for name in models:
         reference = timm.create_model(TIMM_EQUIVALENTS[name], pretrained=False).eval()
         ours = load_timm_weights(archspec.compile(name), reference).eval().to(device)
@@ -110,6 +129,11 @@ def bench_timm(device: torch.device, min_time: float, models: list[str]) -> None
             rounds = _pair(_forward(model, x, device), _forward(reference, x, device), device, min_time)
             ms, ratio = _fmt(rounds, batch)
             print(f"| {label} | {ms} | {ratio} |", flush=True)
+        if name.startswith("levit") and device.type == "cpu":
+            shares.append((name, op_shares(reference, x)))
+    for name, share in shares:
+        print(f"\ntimm {name}: BatchNorm {share['batch_norm']:.1%}, GEMMs and convolutions {share['gemm_conv']:.1%} "
+              f"of self CPU time (torch.profiler, 30 forwards)", flush=True)
 
 
 def _unmasked_spec(spec: dict) -> dict:
