@@ -89,13 +89,14 @@ def _train(task: dict) -> dict:
     return out
 
 
-def replicate_taus(rows: list[dict], kendalltau) -> list[dict]:
-    """Kendall tau of each fidelity against the ``long`` runs' final accuracy.
+def fidelity_taus(rows: list[dict], kendalltau, replicate: bool = False) -> list[dict]:
+    """Kendall tau of each fidelity against the ``long`` runs' final accuracy: ``[{fidelity, n, tau, p}]``.
 
-    Fidelities: the proxy; each eval point of the ``replicate`` run (the long protocol with the proxy's seed,
-    read at step s: training truncated there, mid-schedule); the replicate's final accuracy (the reference's
-    seed-to-seed agreement, an upper bound for any proxy); and, for the proxy, tau against the mean of the two
-    long seeds.
+    Fidelities: the proxy; the design's MACs and parameter count (static, no training: what any proxy has to
+    beat); and with ``replicate`` each eval point of the ``replicate`` run (the long protocol with the proxy's
+    seed, read at step s: training truncated there, mid-schedule), the replicate's final accuracy (the
+    reference's seed-to-seed agreement, an upper bound for any proxy), and the proxy against the mean of the
+    two long seeds.
     """
     def tau_of(name: str, xs: list, ys: list) -> dict:
         pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
@@ -103,7 +104,11 @@ def replicate_taus(rows: list[dict], kendalltau) -> list[dict]:
         return {"fidelity": name, "n": len(pairs), "tau": t, "p": p}
 
     long = [r.get("long_accuracy") for r in rows]
-    out = [tau_of("proxy", [r.get("proxy_accuracy") for r in rows], long)]
+    out = [tau_of("proxy", [r.get("proxy_accuracy") for r in rows], long),
+           tau_of("MACs (static, no training)", [r["macs"] for r in rows], long),
+           tau_of("params (static, no training)", [r["params"] for r in rows], long)]
+    if not replicate:
+        return out
     steps = sorted({h[0] for r in rows for h in (r.get("replicate_history") or [])})
     for step in steps:
         at = [dict((h[0], h[1]) for h in (r.get("replicate_history") or [])).get(step) for r in rows]
@@ -204,7 +209,7 @@ def main(argv=None) -> int:
     ok = [r for r in rows if r["proxy_accuracy"] is not None and r["long_accuracy"] is not None]
     tau, p = kendalltau([r["proxy_accuracy"] for r in ok], [r["long_accuracy"] for r in ok]) if len(ok) >= 3 else (None, None)
     total = time.perf_counter() - start_all
-    fidelities = replicate_taus(rows, kendalltau) if args.replicate else []
+    fidelities = fidelity_taus(rows, kendalltau, replicate=args.replicate)
     report = {"space": space.name, "budget_macs": budgets.macs, "n": len(ok), "kendall_tau": tau, "p_value": p,
               "spread": args.spread, "fidelities": fidelities,
               "proxy_protocol": proxy.describe(), "long_protocol": long.describe(), "data": data.describe(),
