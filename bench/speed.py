@@ -205,8 +205,9 @@ def _peak(model, x, fn, device) -> int:
 def bench_masks(device: torch.device, min_time: float, sizes: list[int], train: bool, compiled: bool = False) -> None:
     """mait_tiny_sch2 vs the same model without masks (same weights): ratio unmasked time / masked time.
 
-    ``compiled``: also a forward row with both models under ``torch.compile(fullgraph=True)`` (Inductor fuses the
-    linear-time hard-mask path; compiling costs one to a few minutes per model and size on 2 cores)."""
+    ``compiled``: also a forward row (and with ``train`` a training-step row) with both models under
+    ``torch.compile(fullgraph=True)`` (Inductor fuses the linear-time hard-mask path; compiling costs one to a few
+    minutes per model, size and step on 2 cores)."""
     base = load_spec("mait_tiny_sch2").model_dump(mode="json", exclude_none=True)
     memory = "peak CUDA memory MiB" if device.type == "cuda" else "saved-for-backward MiB"
     print(f"\n### mait_tiny_sch2 masked vs unmasked (same weights), {device.type}\n")
@@ -223,9 +224,10 @@ def bench_masks(device: torch.device, min_time: float, sizes: list[int], train: 
         x = torch.randn(batch, 3, px, px, device=device)
         steps = [("forward", _forward)] + ([("train", _train_step)] if train else [])
         steps += [("forward, torch.compile", _forward)] if compiled else []
+        steps += [("train, torch.compile", _train_step)] if compiled and train else []
         for step, make in steps:
             for m in (masked, plain):
-                m.train(step == "train")
+                m.train(step.startswith("train"))
             if step.endswith("torch.compile"):
                 fn_m, fn_p = (make(torch.compile(m, fullgraph=True), x, device) for m in (masked, plain))
             else:
@@ -270,7 +272,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=PARITY)
     parser.add_argument("--no-train", action="store_true", help="skip the training-step rows")
     parser.add_argument("--compile", action="store_true",
-                        help="masks part: add a forward row with both models under torch.compile (minutes per size)")
+                        help="masks part: add forward (and training-step) rows with both models under torch.compile (minutes per size)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
