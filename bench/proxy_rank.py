@@ -142,6 +142,9 @@ def main(argv=None) -> int:
                         help="also train the long protocol with --seed: reports the reference's own seed-to-seed tau, "
                              "tau against the two seeds' mean, and tau of each of the replicate's eval points "
                              "(truncated training as a fidelity) against the --long-seed run")
+    parser.add_argument("--device", default="cpu",
+                        help="where every training runs: cpu (default), cuda, cuda:N or auto (archspec.train's loop: "
+                             "bf16 autocast and the data set on the device on CUDA)")
     parser.add_argument("--out", default=str(HERE / "proxy_rank"), help="output stem (.json and .md)")
     args = parser.parse_args(argv)
     if args.n < 3:
@@ -155,7 +158,13 @@ def main(argv=None) -> int:
     from archspec.search.proxy import ProxyProtocol
     from archspec.search.space import load_space
 
-    proxy = dataclasses.replace(ProxyProtocol(), threads=args.threads)
+    from archspec.train import resolve_device
+
+    try:
+        device = str(resolve_device(args.device))
+    except ValueError as exc:
+        parser.error(f"--device: {exc}")
+    proxy = dataclasses.replace(ProxyProtocol(), threads=args.threads, device=device)
     if args.proxy_steps:
         proxy = dataclasses.replace(proxy, steps=args.proxy_steps)
     long_steps = args.long_steps or 4 * proxy.steps
