@@ -11,8 +11,9 @@ Parts (each prints a Markdown table; every case is measured twice, interleaved A
   (> 1 = the masked model is faster), and peak memory: on CUDA ``max_memory_allocated``; on CPU the bytes the
   training step saves for backward (``saved_tensors_hooks``), the part of the peak that the masks change.
   Each step also gets a *ceiling* row: the masked model with its hard-masked heads' attention skipped (their
-  values passed through, zero cost; :func:`zero_cost_masked_heads`), against the unmasked model.  No kernel for
-  the masked heads can make the masked model faster than that: it bounds the achievable ratio (Amdahl).
+  values passed through, zero cost; :func:`zero_cost_masked_heads`), against the unmasked model.  In eager mode
+  no kernel for the masked heads can make the masked model faster than that: it bounds the achievable ratio
+  (Amdahl).  Compiled models are not bounded by it (Inductor also speeds up the rest), so compiled steps get none.
 * ``kernel``: one attention layer whose 3 heads (64 dims) are all hard 3x3 masks at 1025 tokens (32x32 grid +
   class token), linear-time path vs the dense reference (``attn_impl='dense'``), forward and forward+backward.
 
@@ -150,7 +151,7 @@ def zero_cost_masked_heads():
     """While active, every hard-masked head group (the ``window`` and ``hard`` paths of
     :meth:`Attention._group_forward`) returns its values ``v`` ``(B, h, N, v_dim)`` instead of attending: no logits,
     no softmax, no weighted sum.  The rest of the model (projections, global heads' SDPA, MLPs) is unchanged, so
-    its time is the masked model's time with masked heads for free -- the ceiling of ``unmasked / masked``.
+    its time is the masked model's time with masked heads for free -- the eager ceiling of ``unmasked / masked``.
     The outputs are meaningless; only timings are taken under it.  Bench-only: patches the class for the block."""
     original = Attention._group_forward
 
