@@ -148,3 +148,18 @@ def test_progress_line_states_and_eta():
     dup = optuna.trial.create_trial(state=PRUNED, user_attrs={"status": "duplicate", "duplicate_of": 4})
     dup.number = 5
     assert progress_line(dup, 1.0, 0, 5, 60.0).startswith("trial 5 PRUNED (duplicate of trial 4) ")
+
+
+@pytest.mark.parametrize("status", ["training", "trained", "stopped"])
+def test_running_trial_holds_its_claim_until_optuna_records_it(tmp_path, status):
+    """A RUNNING trial whose worker has set ``trained`` (or ``stopped``) but not yet told Optuna still holds
+    the architecture: a worker looking in that window must step back, not train it again (the race seen
+    with four workers on PostgreSQL).  Duplicates and reused copies never hold a claim."""
+    study = optuna.create_study(study_name="d", storage=f"sqlite:///{tmp_path / 'c.db'}")
+    holder, copy_ = study.ask(), study.ask()
+    for trial, trial_status in ((holder, status), (copy_, "duplicate")):
+        trial.set_user_attr("arch_key", "k")
+        trial.set_user_attr("status", trial_status)
+    assert same_architecture(study, "k", -1).number == holder.number
+    assert same_architecture(study, "k", holder.number) is None  # a duplicate is no claim
+    assert same_architecture(study, "other", -1) is None

@@ -412,6 +412,10 @@ def fail_zombie_trials(study: optuna.Study) -> list[int]:
 
 # ----------------------------------------------------------------------------------- distinct candidates
 ARCH_KEY_ATTR = "arch_key"  # user attr: archspec.search.latency.architecture_key of the trial's spec
+# Statuses by which a RUNNING trial holds its architecture's claim.  "trained" and "stopped" are set just
+# before Optuna records the trial COMPLETE or PRUNED: in that window the trial must still count, or a
+# worker that looks then trains the architecture again (seen with four workers on PostgreSQL).
+_CLAIMING_STATUSES = frozenset({"training", "trained", "stopped"})
 # Attrs that describe the trial run itself, not the architecture's result: never copied on reuse.
 _NOT_REUSED = frozenset({"worker", "spec", "train_seconds", "fail_reason", "status", "reused_from", "duplicate_of",
                          ARCH_KEY_ATTR, "macs", "params", "latency_ms", "infeasible_reason"})
@@ -422,9 +426,9 @@ def same_architecture(study: optuna.Study, key: str, number: int) -> FrozenTrial
 
     Looks at trials with user attr ``arch_key == key`` other than trial ``number``: the COMPLETE one
     that trained it (the original of any reused copy) first, else a RUNNING one that has passed this
-    check too (user attr ``status == "training"``: a worker is training it now), or a PRUNED one that
-    multi-fidelity stopped at a rung (``status == "stopped"``: evaluated, not worth more).  ``None`` if none:
-    the caller may train it.  Two workers that claim one key at the same instant can both see the
+    check too (user attr ``status`` "training", or "trained"/"stopped" while Optuna has not yet
+    recorded it finished: a worker holds it now), or a PRUNED one that multi-fidelity stopped at a
+    rung (``status == "stopped"``: evaluated, not worth more).  ``None`` if none: the caller may train it.  Two workers that claim one key at the same instant can both see the
     other and both step back (each retries another candidate): never two trainings of one key.
 
     Raises:
@@ -440,7 +444,7 @@ def same_architecture(study: optuna.Study, key: str, number: int) -> FrozenTrial
                 complete = t
         elif t.state == TrialState.PRUNED and t.user_attrs.get("status") == "stopped":  # evaluated, stopped at a rung
             running = t if running is None or t.number < running.number else running
-        elif t.state == TrialState.RUNNING and t.user_attrs.get("status") == "training":
+        elif t.state == TrialState.RUNNING and t.user_attrs.get("status") in _CLAIMING_STATUSES:
             running = t if running is None or t.number < running.number else running
     return complete or running
 
