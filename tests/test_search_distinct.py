@@ -156,10 +156,10 @@ def test_running_trial_holds_its_claim_until_optuna_records_it(tmp_path, status)
     the architecture: a worker looking in that window must step back, not train it again (the race seen
     with four workers on PostgreSQL).  Duplicates and reused copies never hold a claim."""
     study = optuna.create_study(study_name="d", storage=f"sqlite:///{tmp_path / 'c.db'}")
-    holder, copy_ = study.ask(), study.ask()
-    for trial, trial_status in ((holder, status), (copy_, "duplicate")):
+    holder, duplicate, reused = study.ask(), study.ask(), study.ask()
+    for trial, trial_status in ((holder, status), (duplicate, "duplicate"), (reused, "reused")):
         trial.set_user_attr("arch_key", "k")
         trial.set_user_attr("status", trial_status)
     assert same_architecture(study, "k", -1).number == holder.number
-    assert same_architecture(study, "k", holder.number) is None  # a duplicate is no claim
+    assert same_architecture(study, "k", holder.number) is None  # neither a duplicate nor a reused copy claims
     assert same_architecture(study, "other", -1) is None

@@ -428,8 +428,9 @@ def same_architecture(study: optuna.Study, key: str, number: int) -> FrozenTrial
     that trained it (the original of any reused copy) first, else a RUNNING one that has passed this
     check too (user attr ``status`` "training", or "trained"/"stopped" while Optuna has not yet
     recorded it finished: a worker holds it now), or a PRUNED one that multi-fidelity stopped at a
-    rung (``status == "stopped"``: evaluated, not worth more).  ``None`` if none: the caller may train it.  Two workers that claim one key at the same instant can both see the
-    other and both step back (each retries another candidate): never two trainings of one key.
+    rung (``status == "stopped"``: evaluated, not worth more).  ``None`` if none: the caller may train
+    it.  Two workers that claim one key at the same instant can both see the other and both step back
+    (each retries another candidate): never two trainings of one key.
 
     Raises:
         Whatever the storage raises when it cannot be read.  Source: archspec (Optuna's public
