@@ -149,6 +149,8 @@ def main(argv=None) -> int:
                              "bf16 autocast and the data set on the device on CUDA)")
     parser.add_argument("--out", default=str(HERE / "proxy_rank"), help="output stem (.json and .md)")
     args = parser.parse_args(argv)
+    if args.max_images is not None and args.max_images < 0:
+        parser.error(f"--max-images must be 0 (all) or a positive count, got {args.max_images}")
     args.max_images = args.max_images or None  # 0 = all, as bench/mask_placement.py
     if args.n < 3:
         parser.error("--n must be at least 3 for a rank correlation")
