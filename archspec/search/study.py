@@ -27,10 +27,15 @@ Everything here is Optuna's own machinery; archspec only chooses it and checks t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import re
+import shlex
 import socket
+import sqlite3
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +89,19 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"  # the 16-byte header of every SQLite 3 d
 _JOURNAL_MAGIC = b'{"op_code":'  # Optuna's file journal: one JSON log per line, each starting so
 
 
+def _check_writable(url: str, path: Path) -> None:
+    """Refuse a storage file archspec could read but not write: an existing file without write
+    permission, or a directory where the file (or the lock and rollback-journal files Optuna and SQLite
+    create beside it) cannot be made.  ``os.access`` also answers for read-only mounts (``EROFS``)."""
+    if os.path.lexists(path) and not os.access(path, os.W_OK):
+        raise _storage_error(url, f"{str(path)!r} is read-only (no write permission, or a read-only file system)",
+                             "make it writable (chmod u+w), or copy it somewhere writable and give that path")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise _storage_error(url, f"directory {str(parent)!r} is read-only; the storage needs to create its lock "
+                                  "and journal files beside the database", "give a path in a writable directory")
+
+
 def _check_existing_file(url: str, path: Path, magic: bytes, what: str) -> None:
     """Refuse to let Optuna turn a user's file into a database: an existing ``path`` must be a regular
     file that is empty (a database a concurrent worker has just created) or starts with ``magic``."""
@@ -99,6 +117,76 @@ def _check_existing_file(url: str, path: Path, magic: bytes, what: str) -> None:
     if head and not magic.startswith(head) and not head.startswith(magic):
         raise _storage_error(url, f"{str(path)!r} exists and is not {what}; archspec will not write into it",
                              "give a new file name, or the file of an earlier archspec search")
+
+
+_CUT_OFF_CHECKS = 3  # a record another worker is appending this instant is whole within milliseconds
+
+
+def _journal_damage(data: bytes) -> tuple[int, str] | None:
+    """The first damaged line of an Optuna file journal's bytes as ``(line number, what is wrong)``, or None.
+
+    Every line must be one JSON object with an integer ``op_code`` ending in a newline: the format
+    :class:`optuna.storages.journal.JournalFileBackend` appends.  Optuna's reader stops quietly at a
+    bad *last* line (it may be another worker's write in progress), so a study with a cut-off record
+    still loads -- and a record appended after it fuses with it into a line no reader gets past.
+    """
+    start, number = 0, 0
+    while start < len(data):
+        number += 1
+        end = data.find(b"\n", start)
+        if end < 0:
+            return number, "is cut off (the last record has no newline: a write that never finished)"
+        line, start = data[start:end], end + 1
+        try:
+            record = json.loads(line)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            return number, "is not a JSON record"
+        if not isinstance(record, dict) or not isinstance(record.get("op_code"), int):
+            return number, "is not an Optuna journal record (no integer op_code)"
+    return None
+
+
+def _verify_journal(url: str, path: Path) -> None:
+    """Read an existing journal end to end and refuse it, saying how to recover, if any line is damaged."""
+    if not path.is_file():
+        return
+    for check in range(_CUT_OFF_CHECKS):
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise _storage_error(url, f"cannot read {str(path)!r}: {exc.strerror}") from None
+        damage = _journal_damage(data)
+        if damage is None:
+            return
+        if "cut off" not in damage[1] or check + 1 == _CUT_OFF_CHECKS:
+            break
+        time.sleep(0.5)  # perhaps a concurrent worker's append: look again
+    line, what = damage
+    total = data.count(b"\n") + (not data.endswith(b"\n"))
+    repaired = path.with_name(f"{path.stem}.repaired{path.suffix}")
+    lost = f"; the {total - line} line(s) after it are dropped too" if total > line else ""
+    raise SpecError.single(
+        ("--storage",),
+        f"the Optuna journal is damaged: line {line} of {total} {what}. archspec will not append to it "
+        "(a record written after a damaged line makes the study unreadable to archspec and to optuna.load_study)",
+        f"keep the {line - 1} good records before it in a new file{lost}, and resume from that: "
+        f"head -n {line - 1} {shlex.quote(str(path))} > {shlex.quote(str(repaired))}  then  "
+        f"--storage journal:{repaired}", file=str(path), line=line)
+
+
+def _verify_sqlite(url: str, path: Path) -> None:
+    """Run SQLite's ``PRAGMA quick_check`` on an existing database through a read-only connection."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=120)) as db:
+            rows = db.execute("PRAGMA quick_check").fetchall()
+    except sqlite3.Error as exc:
+        rows = [(str(exc),)]
+    if rows != [("ok",)]:
+        detail = "; ".join(str(r[0]) for r in rows[:3])
+        raise _storage_error(url, f"{str(path)!r} is a damaged SQLite database ({detail}); archspec will not write "
+                                  "into it", "restore it from a backup, or give a new file name")
 
 
 @dataclass
@@ -120,6 +208,8 @@ def _journal_target(url: str) -> _Target:
     if not path.parent.is_dir():
         raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
     _check_existing_file(url, path, _JOURNAL_MAGIC, "an Optuna journal")
+    _verify_journal(url, path)
+    _check_writable(url, path)
     return _Target(url, "journal", path)
 
 
@@ -143,6 +233,8 @@ def _sqlalchemy_target(url: str) -> _Target:
     if not path.parent.is_dir():
         raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
     _check_existing_file(url, path, _SQLITE_MAGIC, "an SQLite database")
+    _verify_sqlite(url, path)
+    _check_writable(url, path)
     return _Target(url, "sqlite", path)
 
 
@@ -226,7 +318,6 @@ def resolve_storage(url: str | None, run_dir: Path | None = None, heartbeat: int
 def _rdb_storage(url: str, engine_kwargs: dict, heartbeat: int | None, attempts: int = 4) -> BaseStorage:
     """``RDBStorage``, retried a few times: workers starting together on a fresh database race to create
     its tables (one gets "table already exists" or "database is locked"); the retry finds them made."""
-    import time
 
     for attempt in range(attempts):
         try:
