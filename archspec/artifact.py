@@ -53,15 +53,27 @@ def save(model: ArchModel, directory: "str | os.PathLike") -> Path:
         OSError: the directory or a file cannot be written.
     """
     from archspec import __version__
-    from archspec.builddir import normal_mode
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / SPEC).write_text(model.spec.to_yaml(), encoding="utf-8")
     metadata = {"format": "pt", META_VERSION: __version__, META_DIGEST: spec_digest(model.spec)}
-    save_model(model, str(directory / WEIGHTS), metadata=metadata)
-    os.chmod(directory / WEIGHTS, normal_mode(directory=False))
+    save_weights(model, directory / WEIGHTS, metadata)
     return directory
+
+
+def save_weights(module: "torch.nn.Module", path: "str | os.PathLike", metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_model`` with the file mode ``open`` would give (``0o666 & ~umask``).
+
+    safetensors writes its files 0o600; every file archspec writes follows the umask instead.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    from archspec.builddir import normal_mode
+
+    save_model(module, str(path), metadata=metadata)
+    os.chmod(path, normal_mode(directory=False))
 
 
 def _require_files(directory: Path) -> None:

@@ -127,10 +127,26 @@ def check_out(out: "str | os.PathLike", layout: Layout = BUILD) -> str:
             directory holding anything that is not an archspec build.
     """
     out = Path(out)
+    names = _entries(out)
+    if names is None:
+        return "new"
+    if not names:
+        return "empty"
+    if is_build(out, layout):
+        return "build"
+    raise _not_ours(out, names, layout)
+
+
+def _entries(out: Path) -> list[str] | None:
+    """The sorted names in the real directory ``out``; None when it is missing.
+
+    Raises:
+        SpecError: ``out`` is a link, not a directory, or cannot be read.
+    """
     try:
         mode = os.lstat(out).st_mode
     except FileNotFoundError:
-        return "new"
+        return None
     except OSError as exc:
         raise _out_error(out, f"cannot inspect it: {exc.strerror or exc}") from None
     if stat.S_ISLNK(mode):
@@ -139,14 +155,33 @@ def check_out(out: "str | os.PathLike", layout: Layout = BUILD) -> str:
     if not stat.S_ISDIR(mode):
         raise _out_error(out, "exists and is not a directory", "choose another --out")
     try:
-        names = sorted(os.listdir(out))
+        return sorted(os.listdir(out))
     except OSError as exc:
         raise _out_error(out, f"cannot list it: {exc.strerror or exc}", "choose another --out") from None
-    if not names:
-        return "empty"
-    if is_build(out, layout):
-        return "build"
-    raise _not_ours(out, names, layout)
+
+
+def check_group_out(out: "str | os.PathLike", members: "tuple[str, ...] | list[str]", layout: Layout = BUILD) -> None:
+    """Check an output directory whose builds are named subdirectories (``two-phase``: ``phase1/``, ...).
+
+    OUT follows build's rule one level up: it may be missing, empty, or a real directory holding nothing
+    but subdirectories named in ``members``, each of which :func:`check_out` accepts (missing, empty or
+    an archspec build).  Nothing is written.
+
+    Raises:
+        SpecError: on ``--out``, naming the path: OUT is a link, not a directory, unreadable, or holds
+            anything else (a user's file, another directory, a member that is not an archspec build).
+    """
+    out = Path(out)
+    names = _entries(out) or []
+    foreign = [n for n in names if n not in members or not stat.S_ISDIR(os.lstat(out / n).st_mode)]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise _out_error(out, f"holds {shown}, which archspec did not write here (it writes only "
+                              f"{', '.join(m + '/' for m in members)})",
+                         "choose another --out, or move its contents away yourself; archspec never deletes what "
+                         "it did not write")
+    for name in names:
+        check_out(out / name, layout)
 
 
 def _not_ours(out: Path, names: list[str], layout: Layout = BUILD) -> SpecError:

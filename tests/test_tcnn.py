@@ -126,3 +126,72 @@ def test_tcnn_cli_writes_a_loadable_model_and_refuses_bad_input(one_thread, tmp_
     (mine / "a.txt").write_text("keep")
     assert main(["tcnn", "resnet10t", "--resolution", "64", "--out", str(mine)]) == 2
     assert [p.name for p in mine.iterdir()] == ["a.txt"]
+
+
+# ----------------------------------------------------------------------------------- the CLI's inputs (exit 2)
+def _refused(argv: list[str], needles: list[str], capsys) -> None:
+    from archspec.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and all(n in err for n in needles), err
+
+
+@pytest.mark.parametrize("option, value", [("--alpha", "nan"), ("--alpha", "-1"), ("--alpha", "0"), ("--alpha", "inf"),
+                                           ("--gating", "nan"), ("--gating", "-inf"), ("--resolution", "8"),
+                                           ("--resolution", "100000"), ("--num-classes", "0")])
+def test_tcnn_cli_refuses_bad_numbers_before_writing(tmp_path, capsys, option, value):
+    out = tmp_path / "t"
+    _refused(["tcnn", "resnet10t", "--resolution", "64", "--out", str(out), option, value], [option], capsys)
+    assert not out.exists()
+
+
+def test_tcnn_cli_refuses_bad_checkpoints_naming_the_file(tmp_path, capsys):
+    import os
+
+    out = tmp_path / "t"
+    state = timm.create_model("resnet10t").state_dict()
+    cases = {"missing.pth": "cannot open it", "adir": "is a directory", "fifo.pth": "not a regular file",
+             "random.safetensors": "SafetensorError", "list.pth": "cannot load it", "nan.pth": "non-finite values (NaN or inf) in fc.weight",
+             "other_model.pth": "Missing key"}
+    (tmp_path / "adir").mkdir()
+    os.mkfifo(tmp_path / "fifo.pth")
+    (tmp_path / "random.safetensors").write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy().tobytes())
+    torch.save([1, 2, 3], tmp_path / "list.pth")
+    torch.save({**state, "fc.weight": torch.full_like(state["fc.weight"], float("nan"))}, tmp_path / "nan.pth")
+    torch.save(timm.create_model("resnet18").state_dict(), tmp_path / "other_model.pth")
+    for name, needle in cases.items():
+        path = str(tmp_path / name)
+        _refused(["tcnn", "resnet10t", "--resolution", "64", "--out", str(out), "--checkpoint", path],
+                 [path, "--checkpoint", needle], capsys)
+    assert not out.exists()
+
+
+def test_tcnn_report_describes_the_saved_model_and_files_follow_the_umask(one_thread, tmp_path, capsys):
+    import json
+    import os
+
+    from archspec.cli import main
+    from archspec.image import load_image
+    from archspec.transfer import load_tcnn  # importable as the README documents it
+
+    cnn = _cnn("resnet10t", num_classes=7)  # branches made visible (randomised BatchNorm)
+    torch.save(cnn.state_dict(), tmp_path / "cnn.pth")
+    out = tmp_path / "t"
+    mask = os.umask(0o027)
+    try:
+        assert main(["tcnn", "resnet10t", "--resolution", "64", "--num-classes", "7", "--alpha", "2", "--gating", "3",
+                     "--checkpoint", str(tmp_path / "cnn.pth"), "--out", str(out), "--json"]) == 0
+    finally:
+        os.umask(mask)
+    report = json.loads(capsys.readouterr().out)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == dict.fromkeys(
+        ["model.safetensors", "spec.yaml", "report.json"], 0o640)
+    saved = load_tcnn(out)
+    assert all(torch.allclose(layer.alpha, torch.full((9,), 2.0)) and torch.all(layer.gating == 3)
+               for layer in transformed_layers(saved))
+    x = load_image(None, (64, 64), 3)
+    with torch.no_grad():
+        distance = (saved(x) - cnn(x)).abs().max().item()
+    assert report["init_max_logit_difference"] == pytest.approx(distance, rel=1e-4) and distance > 1e-3
+    assert report["exactness_max_logit_error"] < 1e-4 and report["exactness_max_layer_error"] < 1e-4

@@ -62,3 +62,18 @@ def test_grey_data_is_repeated_to_the_specs_three_channels():
     assert rgb.channels == 3 and rgb.train.tensors[0].shape == (2, 3, 2, 2)
     assert torch.equal(rgb.val.tensors[0][:, 2], grey.val.tensors[0][:, 0])
     assert match_channels(grey, 1) is grey
+
+
+def test_two_phase_refuses_an_out_holding_other_files(tmp_path, capsys):
+    """build's rule one level up: OUT holds nothing but archspec's phase1/, phase2/, baseline/ builds."""
+    out = tmp_path / "mydata"
+    out.mkdir()
+    (out / "thesis.tex").write_text("\\documentclass{article}\n")
+    assert main(["two-phase", str(_spec_file(tmp_path)), "--out", str(out), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "thesis.tex" in err and "--out" in err and "Traceback" not in err
+    assert [p.name for p in out.iterdir()] == ["thesis.tex"]
+    (out / "thesis.tex").unlink()
+    (out / "phase1").symlink_to(tmp_path)  # a link where a build would go
+    assert main(["two-phase", str(_spec_file(tmp_path)), "--out", str(out), *FAST]) == 2
+    assert [p.name for p in out.iterdir()] == ["phase1"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from archspec.errors import SpecError
@@ -20,8 +21,8 @@ CMHSA's two-phase training (Li et al., "Can Vision Transformers Perform Convolut
 Data: --data as for `archspec search` (default: scikit-learn's digits), resized to SPEC's input resolution;
 the classifier is sized to the data's classes.  Writes OUT/phase1 and OUT/phase2, each an archspec build
 directory (spec.yaml, model.safetensors, report.json; archspec.load reads them), and OUT/phase2/report.json
-holds the whole report (and OUT/baseline when trained).  Each must be missing, empty, or a build archspec
-wrote; anything else is refused before training starts."""
+holds the whole report (and OUT/baseline when trained).  OUT must be missing, empty, or hold nothing but
+those three, each missing, empty or a build archspec wrote; anything else is refused before training starts."""
 
 
 def add_transfer_parsers(sub) -> None:
@@ -74,8 +75,10 @@ T-CNN (d'Ascoli et al., "Transformed CNNs", sec. 2-3): re-express the 3x3 convol
 (default the last) as 9-head GPSA layers -- W_val = I shared by the heads, W_out^h = kernel tap h, new W_qry
 and W_key, locality alpha (softplus, beta = 5) and gating lambda per head, explicit zero padding -- with the
 stage's first stride-2 conv made stride 1 (BoTNet).  Runs Grace Hopper's portrait through MODEL and, with
-alpha = lambda = 40 and the stride unchanged, through its transform, and reports the largest logit difference
-(the exactness of the construction), the parameter counts and the MACs at --resolution.  Writes OUT (default
+alpha = lambda = 40 and the stride unchanged, through a twin holding the saved weights, and reports the largest
+logit difference (the exactness of the construction), the saved model's own distance from the CNN, the parameter
+counts and the MACs at --resolution.  --alpha, --gating, --resolution and --checkpoint are checked before
+anything is built.  Writes OUT (default
 build/t-<MODEL>): spec.yaml (the T-CNN recipe: base model, stages, alpha, gating, stride), model.safetensors
 and report.json; archspec.transfer.load_tcnn(OUT) rebuilds the model.  OUT must be missing, empty or a
 directory archspec wrote."""
@@ -99,7 +102,7 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
     """Validate everything (spec, data, output directories) before training; write the three builds."""
     import torch
 
-    from archspec.builddir import check_out
+    from archspec.builddir import check_group_out
     from archspec.search.data import load_data
     from archspec.loader import load_spec
     from archspec.train import TrainConfig, TrialFailure, resolve_device
@@ -119,8 +122,7 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
         raise SpecError.single(("--device",), str(exc)) from None
     out = Path(args.out or Path("build") / f"{phase2_name}-two-phase")
     names = ["phase1", "phase2"] + ([] if args.no_baseline else ["baseline"])
-    for name in names:
-        check_out(out / name)  # refuses what archspec did not write, before any training
+    check_group_out(out, ("phase1", "phase2", "baseline"))  # refuses what archspec did not write, before training
     data = load_data(args.data, spec.input.resolution[0], seed=args.seed, max_images=args.max_images)
     data = match_channels(data, spec.input.channels)
     common = {"batch_size": args.batch_size, "weight_decay": args.weight_decay, "augmentation": args.augmentation,
@@ -166,72 +168,163 @@ def _table(report: dict, out: Path) -> str:
     return "\n".join(lines)
 
 
+_TCNN_RANGES = {  # option: (lowest, highest, why); every value must also be finite
+    "alpha": (1e-3, 1e4, "a locality strength alpha > 0 (softplus of a real number; paper: 1)"),
+    "gating": (-1e4, 1e4, "a gating lambda (sigmoid(lambda) weighs positional attention; paper: 1)"),
+}
+
+
+def _check_tcnn_args(args: argparse.Namespace) -> None:
+    """Every numeric option finite and in range, before anything is built or written."""
+    for name, (low, high, what) in _TCNN_RANGES.items():
+        value = getattr(args, name)
+        if not math.isfinite(value) or not low <= value <= high:
+            raise SpecError.single((f"--{name}",), f"must be {what}, between {low:g} and {high:g}; got {value}")
+    if not 32 <= args.resolution <= 1024:
+        raise SpecError.single(("--resolution",), f"must be between 32 and 1024 pixels, got {args.resolution}",
+                               "GPSA's attention grows with the 4th power of the side; 224 is the paper's")
+    if args.num_classes is not None and not 1 <= args.num_classes <= 1_000_000:
+        raise SpecError.single(("--num-classes",), f"must be between 1 and 1,000,000, got {args.num_classes}")
+    if args.checkpoint is not None and args.pretrained:
+        raise SpecError.single(("--checkpoint",), "give --checkpoint or --pretrained, not both")
+
+
+def _load_checkpoint(model, path: str) -> None:
+    """timm's ``load_checkpoint`` (``weights_only`` torch.load, or safetensors) with every failure located.
+
+    Raises:
+        SpecError: on ``--checkpoint``, naming the file: missing, not a regular file (a directory, a FIFO,
+            which would block), unreadable, not a checkpoint, not this model's, or non-finite weights.
+    """
+    import os
+    import stat
+
+    import timm
+    import torch
+
+    def refuse(message: str, hint: str | None = None) -> SpecError:
+        return SpecError.single(("--checkpoint",), message, hint, path)
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise refuse(f"cannot open it: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise refuse("is a directory, not a checkpoint file", "give the .safetensors or .pth file itself")
+    if not stat.S_ISREG(mode):
+        raise refuse("is not a regular file (a pipe or a device)", "give a .safetensors or .pth file")
+    try:
+        timm.models.load_checkpoint(model, path)
+    except Exception as exc:  # noqa: BLE001 - safetensors, pickle, timm and torch all raise their own types
+        detail = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:300] or "no message"
+        raise refuse(f"cannot load it into {type(model).__name__} ({type(exc).__name__}: {detail})",
+                     "give a state dict of this timm model: a .safetensors file or a torch.save'd dict of tensors") from None
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise refuse(f"holds non-finite values (NaN or inf) in {name}")
+
+
+def _base_cnn(args: argparse.Namespace, recipe: dict):
+    """The CNN to transform: timm's model with the checkpoint or pretrained weights; errors located."""
+    from archspec.transfer.cmhsa import TransferError
+    from archspec.transfer.tcnn import tcnn_from_recipe
+
+    try:
+        base = tcnn_from_recipe({**recipe, "stages": []}, pretrained=args.pretrained)  # the CNN itself
+    except TransferError as exc:
+        raise SpecError.single(("MODEL",), str(exc), None, args.model) from None
+    except Exception as exc:  # noqa: BLE001 - only --pretrained reaches the network (timm's hub)
+        raise SpecError.single(("--pretrained",), f"cannot fetch timm's weights for {args.model}: "
+                               f"{(str(exc).splitlines() or [type(exc).__name__])[0][:300]}",
+                               "give the weights as --checkpoint FILE") from None
+    if args.checkpoint:
+        _load_checkpoint(base, args.checkpoint)
+    return base
+
+
 def cmd_tcnn(args: argparse.Namespace) -> int:
     """Convert, check exactness on a real photograph, count, and write the T-CNN (nothing written on error)."""
     import timm
-    import torch
     import yaml
-    from safetensors.torch import save_model
 
+    from archspec.artifact import save_weights
     from archspec.builddir import check_out, write_build
-    from archspec.image import load_image
     from archspec.transfer.cmhsa import TransferError
-    from archspec.transfer.tcnn import count_macs, tcnn_from_recipe, transformed_layers
 
     if not timm.is_model(args.model):
         raise SpecError.single(("MODEL",), f"timm has no model {args.model!r}", "e.g. resnetrs50, resnet50d, resnet18")
-    if args.resolution < 32 or (args.num_classes is not None and args.num_classes < 1):
-        raise SpecError.single(("--resolution",), "the resolution must be >= 32 and --num-classes >= 1")
+    _check_tcnn_args(args)
     stages = [int(s) if s.lstrip("-").isdigit() else s for s in args.stages]
     recipe = {"base": args.model, "stages": stages, "alpha": args.alpha, "gating": args.gating,
               "stride_one": not args.no_stride_one, "num_classes": args.num_classes}
     out = Path(args.out or Path("build") / f"t-{args.model}")
     check_out(out)
+    base = _base_cnn(args, recipe)
     try:
-        base = tcnn_from_recipe({**recipe, "stages": []}, pretrained=args.pretrained)  # the CNN itself
-        if args.checkpoint:
-            timm.models.load_checkpoint(base, args.checkpoint)
         model = _transform(base, recipe)
-        exact = _transform(base, {**recipe, "stride_one": False})
     except TransferError as exc:
-        raise SpecError.single(("MODEL",), str(exc), None, args.model) from None
-    except (OSError, RuntimeError, KeyError) as exc:
-        raise SpecError.single(("--checkpoint",), f"cannot load: {str(exc).splitlines()[0][:300]}") from None
-    for layer in transformed_layers(exact):
-        layer.set_exact(40.0, 40.0)
-    x = load_image(None, (args.resolution, args.resolution), 3)  # (1, 3, R, R)
-    layer_errors = []  # each GPSA layer against its own conv on the features it sees (meaningful even where a
-    hooks = [layer.register_forward_hook(  # random init zeroes a residual branch and so hides it from the logits)
-        lambda m, inp, out: layer_errors.append((out - m.conv_reference(inp[0])).abs().max().item()))
-        for layer in transformed_layers(exact)]
-    with torch.no_grad():
-        ref = base.eval()(x)
-        error = (exact.eval()(x) - ref).abs().max().item()
-    for hook in hooks:
-        hook.remove()
-    params = {"cnn": sum(p.numel() for p in base.parameters()), "tcnn": sum(p.numel() for p in model.parameters())}
-    macs = {"cnn": count_macs(base, x), "tcnn": count_macs(model.eval(), x)}
-    report = {"tcnn": recipe, "resolution": args.resolution, "gpsa_layers": len(transformed_layers(model)),
-              "params": params, "macs": macs, "exactness_max_logit_error": error,
-              "exactness_max_layer_error": max(layer_errors),
-              "exactness_setting": "alpha = lambda = 40, stride unchanged, Grace Hopper's portrait",
-              "logit_scale": ref.abs().max().item()}
+        raise SpecError.single(("--stages",) if "stage" in str(exc) else ("MODEL",), str(exc), None, args.model) from None
+    report = _tcnn_report(base, model, recipe, args.resolution)
 
     def fill(directory: Path) -> None:
         (directory / "spec.yaml").write_text(yaml.safe_dump({"tcnn": recipe}, sort_keys=False), encoding="utf-8")
-        save_model(model, str(directory / "model.safetensors"))
+        save_weights(model, directory / "model.safetensors")
 
     write_build(out, fill, report)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(f"T-CNN of {args.model}: {report['gpsa_layers']} GPSA layers in stages {stages}\n"
-              f"params {params['cnn']:,} -> {params['tcnn']:,}   MACs at {args.resolution} px "
-              f"{macs['cnn'] / 1e9:.2f}G -> {macs['tcnn'] / 1e9:.2f}G\n"
-              f"exactness (alpha = lambda = 40, stride kept): max |logit difference| {error:.2e} "
-              f"(logits up to {report['logit_scale']:.2f}), max |GPSA - its conv| per layer {max(layer_errors):.2e}\n"
-              f"wrote {out}")
+    print(json.dumps(report, indent=2) if args.json else _tcnn_table(report, out))
     return 0
+
+
+def _tcnn_report(base, model, recipe: dict, resolution: int) -> dict:
+    """Counts and exactness of the T-CNN that is saved, on Grace Hopper's portrait at ``resolution``.
+
+    Exactness is the construction's (T-CNN sec. 2): a twin holding the saved model's own weights, with
+    alpha = lambda = 40 and the stride kept, against the CNN -- every GPSA layer against its conv on the
+    features it receives, and the logits.  ``init_max_logit_difference`` is the saved model itself (its
+    alpha, lambda and stride) against the CNN: how far "the verge of locality" is from the convolution.
+    """
+    import torch
+
+    from archspec.image import load_image
+    from archspec.transfer.tcnn import count_macs, transformed_layers
+
+    twin = _transform(base, {**recipe, "stride_one": False})
+    twin.load_state_dict(model.state_dict())  # the saved weights; only strides differ (no tensors)
+    for layer in transformed_layers(twin):
+        layer.set_exact(40.0, 40.0)
+    x = load_image(None, (resolution, resolution), 3)  # (1, 3, R, R)
+    layer_errors = []  # each layer against its own conv: meaningful even where timm's init zeroes a branch
+    hooks = [layer.register_forward_hook(
+        lambda m, inp, out: layer_errors.append((out - m.conv_reference(inp[0])).abs().max().item()))
+        for layer in transformed_layers(twin)]
+    with torch.no_grad():
+        ref = base.eval()(x)
+        error = (twin.eval()(x) - ref).abs().max().item()
+        init_error = (model.eval()(x) - ref).abs().max().item()
+    for hook in hooks:
+        hook.remove()
+    return {"tcnn": recipe, "resolution": resolution, "gpsa_layers": len(transformed_layers(model)),
+            "params": {"cnn": sum(p.numel() for p in base.parameters()),
+                       "tcnn": sum(p.numel() for p in model.parameters())},
+            "macs": {"cnn": count_macs(base, x), "tcnn": count_macs(model, x)},
+            "exactness_max_logit_error": error, "exactness_max_layer_error": max(layer_errors),
+            "exactness_setting": "the saved weights with alpha = lambda = 40 and the stride kept, Grace Hopper's "
+                                 "portrait",
+            "init_max_logit_difference": init_error, "logit_scale": ref.abs().max().item()}
+
+
+def _tcnn_table(report: dict, out: Path) -> str:
+    params, macs, res = report["params"], report["macs"], report["resolution"]
+    recipe = report["tcnn"]
+    return (f"T-CNN of {recipe['base']}: {report['gpsa_layers']} GPSA layers in stages {recipe['stages']}\n"
+            f"params {params['cnn']:,} -> {params['tcnn']:,}   MACs at {res} px "
+            f"{macs['cnn'] / 1e9:.2f}G -> {macs['tcnn'] / 1e9:.2f}G\n"
+            f"exactness of the saved weights (alpha = lambda = 40, stride kept): max |logit difference| "
+            f"{report['exactness_max_logit_error']:.2e} (logits up to {report['logit_scale']:.2f}), "
+            f"max |GPSA - its conv| per layer {report['exactness_max_layer_error']:.2e}\n"
+            f"the saved model (alpha {recipe['alpha']:g}, lambda {recipe['gating']:g}) against the CNN: "
+            f"max |logit difference| {report['init_max_logit_difference']:.2e}\n"
+            f"wrote {out}")
 
 
 def _transform(base, recipe: dict):

@@ -1,0 +1,65 @@
+"""The README and docs say what works: every Python block runs, every ``archspec.*`` name they cite imports.
+
+Blocks of one file run in order in one namespace (a later block may use an earlier block's ``model``), in
+a scratch directory that holds the repository's ``specs/`` and a user spec ``my_spec.yaml``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+NAME = re.compile(r"\barchspec(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _python_blocks(path: Path) -> list[str]:
+    return BLOCK.findall(path.read_text(encoding="utf-8"))
+
+
+def _resolve(dotted: str) -> object:
+    """Import the longest importable module prefix of ``dotted`` and get the rest as attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+@pytest.mark.parametrize("path", [p for p in DOCS if _python_blocks(p)], ids=lambda p: p.name)
+def test_python_blocks_run(path, tmp_path, monkeypatch, one_thread):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").symlink_to(ROOT / "specs")
+    text = (ROOT / "specs" / "levit_128s.yaml").read_text(encoding="utf-8")
+    (tmp_path / "my_spec.yaml").write_text(re.sub(r"(?m)^name: .*$", "name: my_spec", text), encoding="utf-8")
+    namespace: dict = {"__name__": "__docs__"}
+    for number, block in enumerate(_python_blocks(path), 1):
+        code = compile(block, f"{path.name} python block {number}", "exec")
+        exec(code, namespace)  # noqa: S102 - our own documentation
+
+
+def _cited_names() -> list[tuple[str, str]]:
+    cited = set()
+    for path in DOCS:
+        for name in NAME.findall(path.read_text(encoding="utf-8")):
+            if not name.endswith((".yaml", ".json", ".md", ".py")):  # file names such as archspec.schema.json
+                cited.add((path.name, name))
+    return sorted(cited)
+
+
+@pytest.mark.parametrize("where, name", _cited_names())
+def test_cited_names_import(where, name):
+    try:
+        _resolve(name)
+    except (ImportError, AttributeError) as exc:
+        pytest.fail(f"{where} cites {name}, which does not import: {exc}")
