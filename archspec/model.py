@@ -112,9 +112,18 @@ class ArchModel(nn.Module):
 
     # ----------------------------------------------------------------------------- init / timm API
     def _init_tokens(self) -> None:
-        for p in (self.pos_embed, self.cls_token, self.dist_token):
+        """Position embedding and distillation token ``trunc_normal_(std=.02)`` (timm ViT, DeiT, ConViT, CaiT).
+        The class token as the timm model with that placement: entering at the input (``cls_at == 0``),
+        timm ``VisionTransformer.init_weights``'s ``normal_(std=1e-6)`` (DeiT, MaiT); inserted before a
+        later block, ``trunc_normal_(std=.02)`` as timm's ``ConVit`` and ``Cait``."""
+        for p in (self.pos_embed, self.dist_token):
             if p is not None:
                 trunc_normal_(p, std=0.02)
+        if self.cls_token is not None:
+            if self.cls_at == 0:
+                nn.init.normal_(self.cls_token, std=1e-6)
+            else:
+                trunc_normal_(self.cls_token, std=0.02)
 
     @property
     def num_classes(self) -> int:

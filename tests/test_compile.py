@@ -123,7 +123,8 @@ def test_distillation_output_like_timm() -> None:
 
 
 def test_timm_optimizer_and_a_few_real_steps_lower_the_loss() -> None:
-    """timm's optimizer factory takes the model unchanged (no-decay groups) and 30 AdamW steps fit real digits."""
+    """timm's optimizer factory takes the model unchanged (no-decay groups) and 60 AdamW steps fit real digits
+    (from timm's init -- small MLP weights, a near-zero class token -- the loss starts falling after ~20)."""
     digits = load_digits()
     images = torch.tensor(digits.images[:64] / 16.0, dtype=torch.float32).unsqueeze(1)
     x = F.interpolate(images, size=32, mode="bilinear").repeat(1, 3, 1, 1)
@@ -134,7 +135,7 @@ def test_timm_optimizer_and_a_few_real_steps_lower_the_loss() -> None:
     assert id(model.pos_embed) in no_decay and id(model.stages[0].blocks[0].attn.gating_param) in no_decay
     model.train()
     losses = []
-    for _ in range(30):
+    for _ in range(60):
         loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()

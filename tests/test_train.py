@@ -29,7 +29,8 @@ def digits():
 def _run(data, seed=0, **kw):
     torch.manual_seed(0)
     model = archspec.compile(TINY)
-    config = TrainConfig(steps=30, batch_size=16, lr=3e-3, warmup_steps=3, eval_every=10, **kw)
+    # 300 steps (under a second): a one-block, 16-wide model from timm's init needs ~100 to leave chance.
+    config = TrainConfig(steps=300, batch_size=16, lr=3e-3, warmup_steps=3, eval_every=100, **kw)
     return model, train(model, data, config, seed=seed)
 
 
@@ -37,9 +38,9 @@ def test_loss_falls_and_runs_are_reproducible(one_thread, digits):
     model, first = _run(digits)
     _, again = _run(digits)
     losses = [loss for _, _, loss in first.history]
-    assert losses[-1] < losses[0] and first.accuracy > 0.1  # chance is 0.1
+    assert losses[-1] < losses[0] - 0.2 and first.accuracy > 0.15  # chance is 0.1 (ln 10 = 2.30)
     assert first.history == again.history and first.val_loss == again.val_loss
-    assert not model.training and [s for s, _, _ in first.history] == [10, 20, 30]
+    assert not model.training and [s for s, _, _ in first.history] == [100, 200, 300]
     _, other = _run(digits, seed=1)
     assert other.history != first.history
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
-from timm.layers import DropPath, LayerScale, Mlp
+from timm.layers import DropPath, LayerScale, Mlp, trunc_normal_
 from timm.models.levit import LevitMlp
 
 __all__ = ["TransformerBlock", "LevitBlock"]
@@ -60,6 +61,17 @@ class TransformerBlock(nn.Module):
                        bias=mlp_bias, drop=mlp_drop)
         self.ls2 = LayerScale(dim, init_values=layer_scale) if layer_scale else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The MLP as timm's ViT ``init_weights_vit_timm``, ConViT and CaiT ``_init_weights`` initialise it:
+        ``trunc_normal_(std=.02)`` on ``fc1`` / ``fc2`` weights, zero biases (the mixer initialises itself,
+        the LayerNorms keep weight 1 and bias 0, LayerScale its init value)."""
+        for linear in (self.mlp.fc1, self.mlp.fc2):
+            trunc_normal_(linear.weight, std=0.02)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, N, C) -> (B, N, C)``."""
