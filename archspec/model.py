@@ -462,10 +462,31 @@ class ArchModel(nn.Module):
 
 def default_pretrained_cfg(spec: ArchSpec) -> dict[str, Any]:
     """timm pretrained cfg (data config) of a spec: its input size and classes, ImageNet mean/std, bicubic 0.875
-    crop as timm's DeiT; no weight source (archspec publishes no weights)."""
+    crop as timm's DeiT; no weight source (archspec publishes no weights).
+
+    ``classifier`` and ``first_conv`` name the real modules, so timm's ``load_pretrained`` drops the classifier
+    for another ``num_classes`` and adapts the first convolution for another ``in_chans``
+    (``timm.models.adapt_input_conv``) as it does for its own models: see :func:`classifier_names` and
+    :func:`first_conv_name`."""
     return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
             "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875,
-            "interpolation": "bicubic", "classifier": "head", "first_conv": "stem"}
+            "interpolation": "bicubic", "classifier": classifier_names(spec), "first_conv": first_conv_name(spec)}
+
+
+def classifier_names(spec: ArchSpec) -> str | tuple[str, str]:
+    """The classifier Linear(s) of a compiled spec, as timm's cfgs name them: ``head`` (ViT, DeiT, ConViT,
+    CaiT), ``head.linear`` for LeViT's BatchNorm + Linear ``NormLinear``; with a distillation head the pair
+    ``(head, head_dist)`` (timm DeiT distilled, LeViT: ``('head.linear', 'head_dist.linear')``)."""
+    name = "head.linear" if spec.stages[-1].norm == "batchnorm" else "head"
+    return (name, name.replace("head", "head_dist", 1)) if spec.head.distillation else name
+
+
+def first_conv_name(spec: ArchSpec) -> str | None:
+    """The stem's first convolution, as timm's cfgs name it: ``stem.proj`` for the patch stem (timm ViT's
+    ``patch_embed.proj``), ``stem.conv1.linear`` for LeViT's conv stem (timm LeViT's); None for the identity
+    stem, which has no weights (its token width is ``channels x patch^2``: another ``in_chans`` is another
+    architecture)."""
+    return {"patch": "stem.proj", "conv": "stem.conv1.linear"}.get(spec.stem.kind)
 
 
 def stem_reduction(spec: ArchSpec) -> int:

@@ -324,3 +324,63 @@ def test_dynamic_convit_equals_set_input_size(one_thread) -> None:
     x = torch.randn(2, 3, 48, 48)
     torch.testing.assert_close(dynamic(x), fixed(x))
     assert dynamic(torch.randn(1, 3, 32, 32)).shape == (1, 1000)  # back to the learned grid
+
+
+# ----------------------------------------------------------------------------------- fine-tuning from a file
+_STAGE = {"depth": 1, "dim": 32, "heads": 2}
+_HEAD_KINDS = {  # (stem, head) kinds: linear, distilled linear, LeViT NormLinear (+ distilled), class attention
+    "patch_linear": {"stem": {"kind": "patch", "patch_size": 8}, "tokens": {"cls_token": "input"}},
+    "patch_distilled": {"stem": {"kind": "patch", "patch_size": 8}, "tokens": {"cls_token": "input", "dist_token": True},
+                        "head": {"num_classes": 10, "distillation": True}},
+    "conv_normlinear": {"stem": {"kind": "conv", "channels": [8, 16, 32]},
+                        "stages": [{**_STAGE, "norm": "batchnorm", "key_dim": 8, "attention": "levit_bias"}],
+                        "tokens": {"cls_token": "none", "pos_embed": "none"}, "head": {"pool": "mean", "num_classes": 10}},
+    "conv_normlinear_distilled": {
+        "stem": {"kind": "conv", "channels": [8, 16, 32]},
+        "stages": [{**_STAGE, "norm": "batchnorm", "key_dim": 8, "attention": "levit_bias"}],
+        "tokens": {"cls_token": "none", "pos_embed": "none"},
+        "head": {"pool": "mean", "num_classes": 10, "distillation": True}},
+    "patch_class_attention": {"stem": {"kind": "patch", "patch_size": 8}, "tokens": {"cls_token": 1},
+                              "class_attention": {"depth": 1}},
+    "identity_linear": {"stem": {"kind": "identity", "patch_size": 4}, "stages": [{**_STAGE, "dim": 48}],
+                        "tokens": {"cls_token": "none", "pos_embed": "none"}, "head": {"pool": "mean", "num_classes": 10}},
+}
+
+
+def _fine_tune_source(kind: str, tmp_path: Path) -> tuple[str, dict[str, torch.Tensor]]:
+    """Register the kind's spec with timm and save randomised weights; return (timm name, saved state)."""
+    spec = {"name": f"ft_{kind}", "input": {"channels": 3, "resolution": 32}, "stages": [_STAGE],
+            "head": {"num_classes": 10}, **_HEAD_KINDS[kind]}
+    model = compile(spec)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.uniform_(0.5, 1.5)  # every tensor recognisable, BatchNorm variances positive
+    archspec.save(model, tmp_path)
+    return archspec.register(spec, name=f"finetune_{kind}"), model.state_dict()
+
+
+@pytest.mark.parametrize("kind", sorted(_HEAD_KINDS))
+def test_fine_tuning_from_a_file_with_other_classes_and_channels(kind: str, tmp_path: Path, one_thread) -> None:
+    """timm's loader drops the classifier(s) named by pretrained_cfg and adapts the first conv, as for timm's own."""
+    name, saved = _fine_tune_source(kind, tmp_path)
+    source = {"pretrained": True, "pretrained_cfg_overlay": {"file": str(tmp_path / "model.safetensors")}}
+    tuned = timm.create_model(name, num_classes=5, **source).eval()
+    classifiers = tuned.pretrained_cfg["classifier"]
+    classifiers = [classifiers] if isinstance(classifiers, str) else list(classifiers)
+    for key, value in tuned.state_dict().items():
+        if key.rsplit(".", 1)[0] in classifiers:
+            assert value.shape[0] == 5 and not torch.equal(value, torch.ones_like(value)), key  # fresh, 5 classes
+        else:
+            assert torch.equal(value, saved[key]), key  # everything else is the file's
+    assert tuned(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+    if kind.startswith("identity"):  # the identity stem's token width is channels x patch^2: another architecture
+        with pytest.raises(SpecError, match="identity stem"):
+            timm.create_model(name, in_chans=1, **source)
+        return
+    grey = timm.create_model(name, in_chans=1, **source).eval()
+    first = grey.pretrained_cfg["first_conv"] + ".weight"
+    for key, value in grey.state_dict().items():
+        expected = saved[key].sum(dim=1, keepdim=True) if key == first else saved[key]  # timm adapt_input_conv
+        assert torch.allclose(value, expected), key
+    assert grey(torch.randn(2, 1, 32, 32)).shape == (2, 10)
