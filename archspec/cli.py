@@ -208,18 +208,34 @@ def _table(analysis, title: str):
     from archspec.heads import head_letters_legend
     from archspec.memory import format_bytes
 
-    caption = (f"heads: {head_letters_legend()}\n"
-               f"memory of a batch-1 float32 forward (estimate): {format_bytes(analysis.peak_memory_bytes)} = peak "
-               f"activations {format_bytes(analysis.peak_activation_bytes)} (at {analysis.peak_layer}) + weights "
-               f"{format_bytes(analysis.weight_bytes)} + buffers {format_bytes(analysis.buffer_bytes)}")
+    used = " ".join(row.heads for row in analysis.rows)
+    caption = (f"heads: {head_letters_legend(used)}\n" if used.strip() else "") + (
+        f"memory of a batch-1 float32 forward (estimate): {format_bytes(analysis.peak_memory_bytes)} = peak "
+        f"activations {format_bytes(analysis.peak_activation_bytes)} (at {analysis.peak_layer}) + weights "
+        f"{format_bytes(analysis.weight_bytes)} + buffers {format_bytes(analysis.buffer_bytes)}")
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for column, justify in (("layer", "left"), ("kind", "left"), ("heads", "left"), ("tokens", "right"),
-                            ("dim", "right"), ("params", "right"), ("MACs", "right"), ("MACs executed", "right")):
+    executed = analysis.macs_executed != analysis.macs  # the column only when some layer runs other MACs
+    columns = [("layer", "left"), ("kind", "left"), ("heads", "left"), ("tokens", "right"), ("dim", "right"),
+               ("params", "right"), ("MACs", "right")] + ([("MACs executed", "right")] if executed else [])
+    for column, justify in columns:
         table.add_column(column, justify=justify)
     for row in analysis.rows:
-        table.add_row(row.layer, row.kind, row.heads, str(row.tokens), str(row.dim), human(row.params), human(row.macs),
-                      human(row.macs_executed))
+        cells = [row.layer, row.kind, row.heads, str(row.tokens), str(row.dim), human(row.params), human(row.macs)]
+        table.add_row(*cells, *([human(row.macs_executed)] if executed else []))
     return table
+
+
+def _executed_note(analysis) -> str:
+    """`` (N executed: why)`` when the model runs other MACs than the papers count (attn_impl='auto'), else ''."""
+    from archspec.analysis import human
+
+    if analysis.macs_executed == analysis.macs:
+        return ""
+    rows = [row for row in analysis.rows if row.macs_executed != row.macs]
+    why = [text for letter, text in (("M", "hard-masked heads run on the linear-time window path"),
+                                     ("P", "GPSA heads run as SDPA plus a P V product"))
+           if any(letter in row.heads for row in rows)]
+    return f" ({human(analysis.macs_executed)} executed: {'; '.join(why) or 'the attention paths chosen'})"
 
 
 def _load_artifact(directory: str, allow_spec_change: bool, max_memory: float | None,
@@ -339,8 +355,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     console = _console()
     console.print(_table(analysis, f"{spec.name}  ({spec.source or 'user spec'})"))
     console.print(
-        f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image "
-        f"({human(analysis.macs_executed)} executed: linear-time hard masks)   "
+        f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image"
+        f"{_executed_note(analysis)}   "
         f"input {tuple(x.shape)} from {Path(report['image']).name}   output {tuple(logits.shape)}\n"
         f"forward latency {timing.ms:.1f} ms, {timing.images_per_s:,.0f} images/s (median of {args.repeats}, "
         f"batch {timing.batch}, {device}, {timing.threads} thread(s){', ' + timing.amp if timing.amp else ''})   "
@@ -422,7 +438,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name in shipped_specs():
         spec = load_spec(name)
         analysis = analyze(spec)
-        table.add_row(name, human(analysis.params), human(analysis.macs), (spec.source or "-").splitlines()[0][:60])
+        table.add_row(name, human(analysis.params), human(analysis.macs), (spec.source or "-").splitlines()[0])
     _console().print(table)
     return 0
 

@@ -136,13 +136,19 @@ HEAD_SHORTHANDS: dict[str, dict[str, Any]] = {
 # The letters of HeadSpec.letter, for table legends.
 HEAD_LETTERS: dict[str, str] = {
     "A": "plain MHSA", "P": "GPSA (ConViT)", "L": "LeViT bias (absolute offsets)", "R": "signed bias (CMHSA)",
-    "M": "hard mask (MaiT)", "S": "soft mask", "X": "strict mask (-inf)",
+    "M": "hard mask (MaiT)", "S": "soft mask", "X": "strict mask (-inf)", "C": "class attention (CaiT)",
 }
 
 
-def head_letters_legend() -> str:
-    """One line explaining the head letters of the tables, e.g. ``A plain MHSA, P GPSA (ConViT), ...``."""
-    return ", ".join(f"{k} {v}" for k, v in HEAD_LETTERS.items()) + "; composed heads concatenate letters (PM)"
+def head_letters_legend(used: str | None = None) -> str:
+    """One line explaining the head letters of the tables, e.g. ``A plain MHSA, P GPSA (ConViT), ...``.
+
+    ``used``: the text of a table's heads column; only the letters in it are explained (all when None).
+    Raises nothing."""
+    letters = [k for k in HEAD_LETTERS if used is None or k in used]
+    composed = used is None or any(len(word) > 1 for word in used.split())
+    return ", ".join(f"{k} {HEAD_LETTERS[k]}" for k in letters) + (
+        "; composed heads concatenate letters (PM)" if composed else "")
 
 
 class HeadSpec(StrictModel):

@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from archspec.blocks.position import grid_positions
 from archspec.builddir import Layout
 from archspec.metrics import (attention_locality_score, attention_maps, cross_layer_similarity, layer_gating,
                               nonlocality, patch_window_mask)
@@ -120,6 +121,8 @@ def _plot_gating(path: Path, name: str, layers: list[dict]) -> None:
 
 
 def _plot_similarity(path: Path, name: str, runs: list[dict]) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     run = max(runs, key=lambda r: len(r["layers"]))  # the longest run of comparable layers
     sims = torch.tensor(run["per_head"])
     fig, axes = _figure(f"{name}: cross-layer similarity of attention maps (MaiT eq. 5), "
@@ -127,6 +130,8 @@ def _plot_similarity(path: Path, name: str, runs: list[dict]) -> None:
     low = min(0.0, float(sims.min()))
     for h, ax in enumerate(axes):
         image = ax.imshow(sims[h].numpy(), vmin=low, vmax=1.0, cmap="viridis", origin="lower")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"head {h}")
         ax.set_xlabel("layer j")
         ax.set_ylabel("layer i")
@@ -134,17 +139,31 @@ def _plot_similarity(path: Path, name: str, runs: list[dict]) -> None:
     fig.savefig(path, dpi=100)
 
 
+def _uniform_distance(grid: tuple[int, int]) -> float:
+    """ConViT eq. 8's nonlocality of uniform attention on ``grid``: the mean distance between two patches."""
+    pos = grid_positions(grid).double()  # (2, P)
+    return float((pos[:, :, None] - pos[:, None, :]).pow(2).sum(0).sqrt().mean())
+
+
 def write_plots(report: dict, directory: "str | Path", name: str) -> None:
     """Write :data:`PLOTS` for a :func:`diagnose` report into ``directory`` (matplotlib, Agg canvas)."""
     directory = Path(directory)
     layers, (rows, cols) = report["layers"], report["window"]
-    for key, file, label, title in (
-        ("als", "als.png", f"ALS ({rows}x{cols} window)", "attention locality score (MaiT eq. 3)"),
-        ("nonlocality", "nonlocality.png", "mean attention distance (patches)", "nonlocality (ConViT eq. 8)"),
-    ):
-        fig, (ax,) = _figure(f"{name}: {title}")
-        _per_head_lines(ax, layers, key, label)
-        fig.savefig(directory / file, dpi=100)
+    # Fixed scales from 0, so that noise at random init does not look like structure: ALS is a share of
+    # attention, in [0, 1]; nonlocality runs up to what uniform attention on the largest grid gives.
+    fig, (ax,) = _figure(f"{name}: attention locality score (MaiT eq. 3)")
+    _per_head_lines(ax, layers, "als", f"ALS ({rows}x{cols} window)")
+    ax.set_ylim(0, 1)
+    fig.savefig(directory / "als.png", dpi=100)
+    fig, (ax,) = _figure(f"{name}: nonlocality (ConViT eq. 8)")
+    _per_head_lines(ax, layers, "nonlocality", "mean attention distance (patches)")
+    uniform = max(_uniform_distance(tuple(row["grid"])) for row in layers)
+    ax.axhline(uniform, color="grey", linestyle="--", linewidth=1)
+    ax.annotate("uniform attention", (0, uniform), textcoords="offset points", xytext=(2, 3), fontsize="small",
+                color="grey")
+    top = max([uniform, *(v for row in layers for v in row["nonlocality"])])
+    ax.set_ylim(0, 1.1 * top if top > 0 else 1)
+    fig.savefig(directory / "nonlocality.png", dpi=100)
     _plot_gating(directory / "gating.png", name, layers)
     _plot_similarity(directory / "similarity.png", name, report["similarity"])
 

@@ -103,3 +103,41 @@ def test_unwritable_out_is_a_located_error(capsys) -> None:
     assert main(["build", "deit_tiny", "--out", "/proc/archspec-cannot-write-here", "--repeats", "1"]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "cannot write" in err and "Traceback" not in err
+
+
+def _build_text(spec, tmp_path, capsys) -> str:
+    assert main(["build", spec, "--out", str(tmp_path / "b"), "--repeats", "1"]) == 0
+    return capsys.readouterr().out
+
+
+def test_build_says_executed_macs_only_when_they_differ_and_why(tmp_path, capsys) -> None:
+    """The papers' MACs and what the model executes: one figure when equal, both with the reason otherwise."""
+    plain = _build_text("deit_tiny", tmp_path, capsys)
+    assert "executed:" not in plain and "MACs executed" not in plain
+    assert "A plain MHSA" in plain and "hard mask" not in plain  # the legend explains the letters used
+    # a 20x20 grid: hard masks pass the linear-time crossover (254 patches for 3x3), GPSA runs as SDPA + P V
+    spec = tmp_path / "hybrid.yaml"
+    spec.write_text("name: hybrid\ninput: {resolution: 160}\nstem: {kind: patch, patch_size: 8}\n"
+                    "stages: [{depth: 2, dim: 32, heads: 2, layers: [{range: 0, heads: [mask, mhsa]},"
+                    " {range: 1, heads: [gpsa, mhsa]}]}]\ntokens: {cls_token: none}\nhead: {pool: mean, num_classes: 10}\n")
+    hybrid = _build_text(str(spec), tmp_path, capsys)
+    analysis = archspec.analyze(str(spec))
+    assert analysis.macs_executed != analysis.macs
+    assert f"({archspec.analysis.human(analysis.macs_executed)} executed: hard-masked heads run on the linear-time" \
+           in " ".join(hybrid.split()) and "GPSA heads run as SDPA plus a P V product" in " ".join(hybrid.split())
+    assert "MACs executed" in hybrid
+
+
+def test_head_letter_legend_explains_class_attention(tmp_path, capsys) -> None:
+    assert main(["validate", "masked_cait_xxs24"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "C C C C" in text and "C class attention (CaiT)" in text and "M hard mask (MaiT)" in text
+
+
+def test_list_keeps_whole_words(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["list"]) == 0
+    words = set(capsys.readouterr().out.replace("│", " ").split())
+    for name in shipped_specs():
+        source = archspec.load_spec(name).source.splitlines()[0]
+        assert all(word in words for word in source.split()), (name, source)  # wrapped, never cut mid-word

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -124,3 +125,21 @@ def test_inspect_a_shipped_spec_on_the_real_photos(tmp_path, capsys, one_thread)
     assert all(min(row["als"]) > 0.5 for row in layers[:10])
     assert all(max(row["als"]) < 2 * uniform for row in layers[10:])
     assert all(g == pytest.approx(1 / (1 + math.exp(-1)), abs=1e-6) for row in layers[:10] for g in row["gating"])
+
+
+def test_plots_use_fixed_scales_and_whole_layer_ticks(tmp_path, capsys, monkeypatch, one_thread):
+    """ALS on [0, 1], nonlocality from 0 (with uniform attention drawn), similarity ticks on whole layers."""
+    from matplotlib.figure import Figure
+
+    saved = {}
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: (saved.__setitem__(Path(path).name, fig),
+                                                                    real_savefig(fig, path, **kw)))
+    assert main(["inspect", _write(tmp_path, TINY_CAIT), "--out", str(tmp_path / "out")]) == 0
+    als, = saved["als.png"].axes
+    nonlocal_, = saved["nonlocality.png"].axes
+    assert als.get_ylim() == (0, 1)
+    assert nonlocal_.get_ylim()[0] == 0 and nonlocal_.get_ylim()[1] > 1.0  # a 4x4 grid: uniform attention ~1.9
+    for ax in saved["similarity.png"].axes[:-1]:  # the last axes is the colour bar
+        ticks = [*ax.get_xticks(), *ax.get_yticks()]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
