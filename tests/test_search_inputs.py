@@ -106,6 +106,9 @@ MASKS = ["search", "masks", "mait.yaml", *FAST]
     (["--storage", "sqlite:///notes.txt"], ["--storage", "not an SQLite database"]),
     (["--storage", "journal:notes.txt"], ["--storage", "not an Optuna journal"]),
     (["--storage", "sqlite:///nodir/x.db"], ["--storage", "does not exist"]),
+    (["--timeout", "nan"], ["--timeout", "finite"]),
+    (["--trial-timeout", "inf"], ["--trial-timeout", "finite"]),
+    (["--proxy-lr", "inf"], ["--proxy-lr", "finite"]),
 ])
 def test_design_bad_input_writes_nothing(work, capsys, extra, needles):
     _refused([*DESIGN, *extra], needles, capsys, work)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import archspec
@@ -77,3 +78,12 @@ def test_two_phase_refuses_an_out_holding_other_files(tmp_path, capsys):
     (out / "phase1").symlink_to(tmp_path)  # a link where a build would go
     assert main(["two-phase", str(_spec_file(tmp_path)), "--out", str(out), *FAST]) == 2
     assert [p.name for p in out.iterdir()] == ["phase1"]
+
+
+@pytest.mark.parametrize("option, value", [("--lr1", "inf"), ("--lr2", "nan"), ("--weight-decay", "nan"),
+                                           ("--weight-decay", "-1"), ("--peak", "-1"), ("--peak", "nan")])
+def test_two_phase_refuses_bad_numbers_before_training(tmp_path, capsys, option, value):
+    out = tmp_path / "run"
+    assert main(["two-phase", str(_spec_file(tmp_path)), "--out", str(out), *FAST, option, value]) == 2
+    err = capsys.readouterr().err
+    assert option in err and "Traceback" not in err and not out.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -90,9 +91,12 @@ def _positive_int(option: str, minimum: int = 1):
 
 def _float(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -107,8 +111,8 @@ def _seconds(text: str) -> float:
         value = float(t) * scale
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds (600, 10m, 1.5h), got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number of seconds, got {text!r}")
     return value
 
 

@@ -92,8 +92,14 @@ def _check_args(args: argparse.Namespace) -> None:
         if getattr(args, name) < 0:
             raise SpecError.single(("--" + name,), f"must be >= 0, got {getattr(args, name)}")
     for name in ("lr1", "lr2"):
-        if not getattr(args, name) > 0:
-            raise SpecError.single(("--" + name,), f"must be positive, got {getattr(args, name)}")
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
+            raise SpecError.single(("--" + name,), f"must be a positive finite number, got {getattr(args, name)}")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        raise SpecError.single(("--weight-decay",), f"must be a finite number >= 0, got {args.weight_decay}")
+    if args.peak is not None and not (math.isfinite(args.peak) and 0 < args.peak <= 1e4):
+        raise SpecError.single(("--peak",), f"must be in (0, 10000], got {args.peak}",
+                               "the relative-bias peak makes each head attend to its kernel offset (App. A.2): "
+                               "the larger, the more exact; 40 by default")
     if args.threads is not None and args.threads < 1:
         raise SpecError.single(("--threads",), f"must be at least 1, got {args.threads}")
 
