@@ -27,7 +27,7 @@ _EXPORTS = {
     "ArchSpec": "archspec.spec", "load_spec": "archspec.loader",
     "Analysis": "archspec.analysis", "analyze": "archspec.analysis",
     "Problem": "archspec.errors", "SpecError": "archspec.errors",
-    "HeadSpec": "archspec.heads",
+    "HeadSpec": "archspec.families.attention.heads",
     "ArchModel": "archspec.model",
     "compile": "archspec.compiler",
     "load": "archspec.artifact", "save": "archspec.artifact",
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from archspec.artifact import load, save
     from archspec.compiler import compile
     from archspec.errors import Problem, SpecError
-    from archspec.heads import HeadSpec
+    from archspec.families.attention.heads import HeadSpec
     from archspec.model import ArchModel
     from archspec.loader import load_spec
     from archspec.registry import register

@@ -2,7 +2,7 @@
 
 MACs follow the papers' "FLOPs" convention (multiply-accumulates; attention matmuls included), see
 :mod:`archspec.graph` for the exact counting rules.  ``macs_executed`` is what the compiled model runs with
-``attn_impl='auto'``: hard-masked heads on the linear-time path (MaiT sec. 5.3, :mod:`archspec.executed_macs`)
+``attn_impl='auto'``: hard-masked heads on the linear-time path (MaiT sec. 5.3, :mod:`archspec.families.attention.rules`)
 count their window work instead of ``N^2``; GPSA heads add their ``P @ v`` (``N^2 v_dim``).  BatchNorm counts
 0 MACs in both (an affine map per element, folded away entirely by ``model.fuse()``); ``params_folded`` is the
 parameter count after that fold.
@@ -24,7 +24,7 @@ class LayerRow:
 
     layer: str   # module path in the compiled model, e.g. "stages.0.blocks.3"
     kind: str    # what the node is: patch16, conv4, attn, levit, conv3, shrink/2, cls-pool...
-    heads: str   # head kinds as letters, e.g. "M M A" (archspec.heads.HEAD_LETTERS)
+    heads: str   # head kinds as letters, e.g. "M M A" (archspec.families.attention.heads.HEAD_LETTERS)
     tokens: int  # tokens N after the node
     grid: tuple[int, int]
     dim: int     # width C after the node

@@ -205,7 +205,7 @@ def _table(analysis, title: str):
     from rich.table import Table
 
     from archspec.analysis import human
-    from archspec.heads import head_letters_legend
+    from archspec.families.attention.heads import head_letters_legend
     from archspec.memory import format_bytes
 
     used = " ".join(row.heads for row in analysis.rows)

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from archspec.blocks.position import grid_positions
+from archspec.families.attention.tables import grid_positions
 from archspec.builddir import Layout
 from archspec.metrics import (attention_locality_score, attention_maps, cross_layer_similarity, layer_gating,
                               nonlocality, patch_window_mask)

@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from archspec.blocks.attention import Attention
-from archspec.blocks.masks import window_mask
-from archspec.blocks.position import grid_positions
-from archspec.blocks.talking_heads import TalkingHeadAttn
+from archspec.families.attention.module import Attention
+from archspec.families.attention.masking import window_mask
+from archspec.families.attention.tables import grid_positions
+from archspec.families.talking_heads.module import TalkingHeadAttn
 
 __all__ = ["attention_maps", "attention_locality_score", "layer_als", "nonlocality", "patch_window_mask",
            "cross_layer_similarity", "layer_cross_similarity", "layer_gating", "SELF_ATTENTION_LAYERS"]

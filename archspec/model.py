@@ -20,11 +20,18 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import PatchEmbed, register_notrace_module, resample_abs_pos_embed, to_2tuple, trunc_normal_
 from timm.models._features import feature_take_indices
-from timm.models.levit import NormLinear
 from torch import Tensor, nn
 
-from archspec.blocks import Attention, ConvMixer, IdentityStem, ShrinkBlock, ZeroPadTokens
 from archspec.errors import Problem, SpecError
+from archspec.families import no_weight_decay_leaves
+from archspec.families.attention.module import Attention, ZeroPadTokens
+from archspec.families.attention.rules import RESAMPLED_TABLES
+from archspec.families.conv_mixer.module import ConvMixer
+from archspec.families.head.module import build_classifier
+from archspec.families.head.rules import classifier_names
+from archspec.families.shrink.module import ShrinkBlock
+from archspec.families.stems import rules as stems
+from archspec.families.stems.module import IdentityStem
 from archspec.spec import ArchSpec
 
 # Token mixers and the identity stem check their input shape in Python (data-dependent control flow for
@@ -35,11 +42,8 @@ for _leaf in FX_LEAF_MODULES:
     register_notrace_module(_leaf)
 
 # Parameter leaf names that timm-style optimizers must not decay (position embedding, tokens,
-# attention biases, GPSA gating / positional projection, soft-mask alphas).
-NO_WEIGHT_DECAY_LEAVES = frozenset({
-    "pos_embed", "cls_token", "dist_token", "attention_biases", "signed_biases", "gating_param",
-    "mask_alpha_logit",
-})
+# attention biases, GPSA gating, soft-mask alphas): every family's NO_WEIGHT_DECAY.
+NO_WEIGHT_DECAY_LEAVES = no_weight_decay_leaves()
 
 
 class Stage(nn.Module):
@@ -155,14 +159,7 @@ class ArchModel(nn.Module):
         self.head_dist = self._make_head(num_classes) if self.distilled else None
 
     def _make_head(self, num_classes: int) -> nn.Module:
-        if num_classes <= 0:
-            return nn.Identity()
-        if self.batchnorm_head:
-            return NormLinear(self.num_features, num_classes, drop=self.drop_rate)  # timm levit: BatchNorm1d + Linear
-        head = nn.Linear(self.num_features, num_classes)
-        trunc_normal_(head.weight, std=0.02)
-        nn.init.zeros_(head.bias)
-        return head
+        return build_classifier(self.num_features, num_classes, self.batchnorm_head, self.drop_rate)
 
     def set_distilled_training(self, enable: bool = True) -> None:
         """Return ``(cls_logits, dist_logits)`` in train mode (timm's distilled models' switch)."""
@@ -450,7 +447,7 @@ class ArchModel(nn.Module):
         """
         if enable:
             tables = [name for name, _ in self.named_parameters()
-                      if name.rsplit(".", 1)[-1] in ("attention_biases", "signed_biases")]
+                      if name.rsplit(".", 1)[-1] in RESAMPLED_TABLES]
             if tables:
                 raise ValueError(f"dynamic_img_size needs a model without learned relative-position tables; "
                                  f"this one has {tables[0]} (and {len(tables) - 1} more): call "
@@ -464,46 +461,27 @@ def default_pretrained_cfg(spec: ArchSpec) -> dict[str, Any]:
     """timm pretrained cfg (data config) of a spec: its input size and classes, ImageNet mean/std, bicubic 0.875
     crop as timm's DeiT; no weight source (archspec publishes no weights).
 
-    ``classifier`` and ``first_conv`` name the real modules, so timm's ``load_pretrained`` drops the classifier
-    for another ``num_classes`` and adapts the first convolution for another ``in_chans``
-    (``timm.models.adapt_input_conv``) as it does for its own models: see :func:`classifier_names` and
-    :func:`first_conv_name`."""
+    ``classifier`` and ``first_conv`` name the real modules (the head's and the stem's rules), so timm's
+    ``load_pretrained`` drops the classifier for another ``num_classes`` and adapts the first convolution for
+    another ``in_chans`` (``timm.models.adapt_input_conv``) as it does for its own models."""
     return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
-            "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875,
-            "interpolation": "bicubic", "classifier": classifier_names(spec), "first_conv": first_conv_name(spec)}
+            "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875, "interpolation": "bicubic",
+            "classifier": classifier_names(spec.stages[-1].norm == "batchnorm", spec.head.distillation),
+            "first_conv": stems.first_conv_name(spec.stem.kind)}
 
 
-def classifier_names(spec: ArchSpec) -> str | tuple[str, str]:
-    """The classifier Linear(s) of a compiled spec, as timm's cfgs name them: ``head`` (ViT, DeiT, ConViT,
-    CaiT), ``head.linear`` for LeViT's BatchNorm + Linear ``NormLinear``; with a distillation head the pair
-    ``(head, head_dist)`` (timm DeiT distilled, LeViT: ``('head.linear', 'head_dist.linear')``)."""
-    name = "head.linear" if spec.stages[-1].norm == "batchnorm" else "head"
-    return (name, name.replace("head", "head_dist", 1)) if spec.head.distillation else name
-
-
-def first_conv_name(spec: ArchSpec) -> str | None:
-    """The stem's first convolution, as timm's cfgs name it: ``stem.proj`` for the patch stem (timm ViT's
-    ``patch_embed.proj``), ``stem.conv1.linear`` for LeViT's conv stem (timm LeViT's); None for the identity
-    stem, which has no weights (its token width is ``channels x patch^2``: another ``in_chans`` is another
-    architecture)."""
-    return {"patch": "stem.proj", "conv": "stem.conv1.linear"}.get(spec.stem.kind)
+def _conv_layers(spec: ArchSpec) -> int:
+    return len(spec.stem.channels or [0] * stems.DEFAULT_CONV_LAYERS) if spec.stem.kind == "conv" else 0
 
 
 def stem_reduction(spec: ArchSpec) -> int:
     """Pixels per token side after the stem: the patch size, or ``2 ** layers`` for LeViT's conv stem."""
-    if spec.stem.kind == "conv":
-        return 2 ** len(spec.stem.channels or [0] * 4)
-    return spec.stem.patch_size
+    return stems.reduction(spec.stem.kind, getattr(spec.stem, "patch_size", None), _conv_layers(spec))
 
 
 def stem_grid(spec: ArchSpec, img_size: Sequence[int]) -> tuple[int, int]:
-    """Token grid ``(H, W)`` the stem makes of an image of ``img_size`` pixels (same formulas as the graph)."""
-    h, w = int(img_size[0]), int(img_size[1])
-    if spec.stem.kind == "conv":
-        for _ in range(len(spec.stem.channels or [0] * 4)):
-            h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
-        return h, w
-    return h // spec.stem.patch_size, w // spec.stem.patch_size
+    """Token grid ``(H, W)`` the stem makes of an image of ``img_size`` pixels (:func:`archspec.families.stems.rules.grid`)."""
+    return stems.grid(spec.stem.kind, img_size, getattr(spec.stem, "patch_size", None), _conv_layers(spec))
 
 
 def with_resolution(spec: ArchSpec, img_size: int | Sequence[int]) -> ArchSpec:
@@ -537,14 +515,14 @@ def resample_state_dict(state_dict: dict[str, Tensor], model: ArchModel) -> dict
 
     Tensors whose shape differs from the model's are resampled as :meth:`ArchModel.set_input_size` does:
     ``pos_embed`` (timm ``resample_abs_pos_embed``), LeViT ``attention_biases`` ``(h, H*W)`` and CMHSA
-    ``signed_biases`` ``(h, (2H-1)(2W-1))`` (:func:`~archspec.blocks.position.resample_bias_table`).  The
+    ``signed_biases`` ``(h, (2H-1)(2W-1))`` (:func:`~archspec.families.attention.tables.resample_bias_table`).  The
     saved grids are assumed square, as timm does (a bare state dict does not record them); everything else
     is returned unchanged, so ``load_state_dict`` still reports real mismatches.
 
     Raises:
         ValueError: a saved grid that is not square.
     """
-    from archspec.blocks.position import resample_bias_table
+    from archspec.families.attention.tables import resample_bias_table
 
     target = model.state_dict()
     out = dict(state_dict)
@@ -558,10 +536,7 @@ def resample_state_dict(state_dict: dict[str, Tensor], model: ArchModel) -> dict
             side = _square_side(value.shape[1] - prefix, key)
             out[key] = resample_abs_pos_embed(value, new_size=list(model.patch_grid), old_size=[side, side],
                                               num_prefix_tokens=prefix)
-        elif leaf == "attention_biases":
-            side, new = _square_side(value.shape[1], key), _square_side(want.shape[1], key)
-            out[key] = resample_bias_table(value, (side, side), (new, new))
-        elif leaf == "signed_biases":
+        elif leaf in RESAMPLED_TABLES:  # LeViT's (H*W) or CMHSA's ((2H-1)(2W-1)) table, on its offset grid
             side, new = _square_side(value.shape[1], key), _square_side(want.shape[1], key)
             out[key] = resample_bias_table(value, (side, side), (new, new))
     return out

@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
+import re
 import typing
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from archspec.heads import HEAD_SHORTHANDS, GPSASpec, HeadSpec, MaskSpec, RelBiasSpec, head_letters_legend
+from archspec.families.attention.heads import HEAD_SHORTHANDS, GPSASpec, HeadSpec, MaskSpec, RelBiasSpec, head_letters_legend
 from archspec.spec import (ArchSpec, ClassAttentionSpec, ConvStemSpec, HeadOutSpec, IdentityStemSpec, InputSpec,
                            LayerOverride, MixerSpec, PatchStemSpec, ShrinkSpec, StageSpec, TokensSpec)
 
@@ -24,7 +25,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
 
 
 def _type_name(annotation: typing.Any) -> str:
-    text = str(annotation).replace("typing.", "").replace("archspec.spec.", "").replace("archspec.heads.", "")
+    # drop module paths (archspec.spec.X, archspec.families.stems.rules.X): the reference names classes only
+    text = re.sub(r"\barchspec(?:\.\w+)*\.(?=[A-Z])", "", str(annotation).replace("typing.", ""))
     text = text.replace("<class '", "").replace("'>", "").replace("NoneType", "None")
     if "Annotated[Union[PatchStemSpec" in text:
         return "patch | conv | identity stem"

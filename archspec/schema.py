@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from archspec.heads import HEAD_SHORTHANDS
+from archspec.families.attention.heads import HEAD_SHORTHANDS
 
 __all__ = ["SCHEMA_DIALECT", "SCHEMA_ID", "SPACE_SCHEMA_ID", "SCHEMA_FILE_NAME", "SPACE_SCHEMA_FILE_NAME",
            "X_KEY_PATTERN", "spec_schema", "space_schema"]

@@ -25,14 +25,22 @@ import difflib
 import os
 import re
 from pathlib import Path as FsPath
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from archspec.errors import Locator, Problem, SpecError
-from archspec.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec, StrictModel
+from archspec.families.attention.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
+from archspec.families.attention.rules import check_value_dim
+from archspec.families.class_attention.rules import ClassAttentionSpec
+from archspec.families.head.rules import HeadOutSpec
+from archspec.families.shrink.rules import ShrinkSpec
+from archspec.families.stems.rules import ConvStemSpec, IdentityStemSpec, PatchStemSpec, StemSpec
+from archspec.families.tokens.rules import TokensSpec
+from archspec.strict_model import HINT as _HINT
+from archspec.strict_model import StrictModel
 from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = [
@@ -50,9 +58,6 @@ MAX_DEPTH = 64
 # (which excludes '.' and '..' and hidden names).
 NAME_PATTERN = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*"
 NAME_MAX = 100
-
-# A validator's ValueError text "message<_HINT>hint" becomes a Problem's message and hint.
-_HINT = "\nhint: "
 
 
 class InputSpec(StrictModel):
@@ -76,76 +81,6 @@ class InputSpec(StrictModel):
         for side in value:
             if not 8 <= side <= MAX_RESOLUTION:
                 raise ValueError(f"resolution sides must be between 8 and {MAX_RESOLUTION} pixels, got {side}")
-        return value
-
-
-class PatchStemSpec(StrictModel):
-    """ViT patchify stem: a ``patch_size`` x ``patch_size`` stride-``patch_size`` convolution (timm ``PatchEmbed``)."""
-
-    kind: Literal["patch"] = "patch"
-    patch_size: int = Field(16, ge=1, le=64, description="Patch side P in pixels; tokens = (H/P) (W/P).")
-
-
-class ConvStemSpec(StrictModel):
-    """LeViT conv stem: 3x3 stride-2 conv + BatchNorm layers with an activation between (LeViT sec. 4.2)."""
-
-    kind: Literal["conv"] = "conv"
-    channels: list[int] | None = Field(
-        None, min_length=1, max_length=6,
-        description="Output channels of each 3x3 stride-2 conv; default [C/8, C/4, C/2, C] for the first stage's C. "
-        "The last must equal the first stage's dim.",
-    )
-    activation: Literal["hardswish", "gelu", "relu"] = Field("hardswish", description="Activation between conv layers.")
-
-    @field_validator("channels")
-    @classmethod
-    def _positive(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and any(not 1 <= c <= MAX_DIM for c in value):
-            raise ValueError(f"stem channels must be between 1 and {MAX_DIM}")
-        return value
-
-
-class IdentityStemSpec(StrictModel):
-    """Identity patch projection (CMHSA phase 1): a token is the raw flattened P x P patch, dim = P^2 C_in."""
-
-    kind: Literal["identity"] = "identity"
-    patch_size: int = Field(16, ge=1, le=64, description="Patch side P in pixels.")
-
-
-StemSpec = Annotated[Union[PatchStemSpec, ConvStemSpec, IdentityStemSpec], Field(discriminator="kind")]
-
-
-class TokensSpec(StrictModel):
-    """Extra tokens and the absolute position embedding."""
-
-    cls_token: Literal["none", "input"] | int = Field(
-        "input",
-        description="'input': prepended before the first block (ViT/DeiT); 'none': no class token; "
-        "an integer k: inserted before global block k (ConViT inserts it after its last GPSA block).",
-    )
-    dist_token: bool = Field(False, description="DeiT distillation token (needs head.distillation).")
-    pos_embed: Literal["learned", "none"] = Field(
-        "learned", description="Absolute learned position embedding added after the stem (covers the tokens present then)."
-    )
-
-    @field_validator("cls_token", mode="before")
-    @classmethod
-    def _none(cls, value: Any) -> Any:
-        if value is None or value is False:
-            return "none"
-        if value is True:
-            return "input"
-        if isinstance(value, str) and value.strip() not in ("none", "input"):
-            raise ValueError(f"cls_token must be 'input', 'none' or a block index (an integer >= 0), got {value!r}")
-        if not isinstance(value, (str, int)):
-            raise ValueError(f"cls_token must be 'input', 'none' or a block index (an integer >= 0), got {value!r}")
-        return value.strip() if isinstance(value, str) else value
-
-    @field_validator("cls_token")
-    @classmethod
-    def _non_negative(cls, value: Any) -> Any:
-        if isinstance(value, int) and value < 0:
-            raise ValueError("cls_token layer index must be >= 0")
         return value
 
 
@@ -249,35 +184,6 @@ class LayerOverride(StrictModel):
         return self
 
 
-def _check_value_dim(attn_ratio: float, key_dim: int, what: str, hint_tail: str = "") -> float:
-    """LeViT's value dim ``int(attn_ratio * key_dim)`` must be at least 1 (0 would build an empty tensor)."""
-    if int(attn_ratio * key_dim) < 1:
-        raise ValueError(f"{what} attn_ratio * key_dim = {attn_ratio:g} * {key_dim} rounds to 0"
-                         f"{_HINT}use attn_ratio >= {1 / key_dim:g}{hint_tail}")
-    return attn_ratio
-
-
-class ShrinkSpec(StrictModel):
-    """LeViT shrinking attention entering a stage (LeViT sec. 4.2, 'attention downsampling').
-
-    Queries are subsampled with ``stride``; ``heads`` defaults to C_in / key_dim; value dim is
-    ``attn_ratio * key_dim``; no residual; followed by a residual MLP of ``mlp_ratio``.
-    """
-
-    stride: int = Field(2, ge=2, le=2, description="Query subsampling stride; grid side becomes ceil(side / 2). "
-                        "LeViT (and timm's AttentionDownsample) use 2, the only value supported.")
-    heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="Heads; default C_in // key_dim (LeViT).")
-    key_dim: int = Field(16, ge=4, le=256, description="Per-head query/key dim D.")
-    attn_ratio: float = Field(4.0, gt=0, le=8, description="Value dim = attn_ratio * key_dim (LeViT: 4).")
-    mlp_ratio: float = Field(2.0, gt=0, le=8, description="Expansion of the residual MLP after it (LeViT: 2).")
-
-    @field_validator("attn_ratio")
-    @classmethod
-    def _value_dim(cls, value: float, info: ValidationInfo) -> float:
-        key_dim = info.data.get("key_dim")
-        return value if key_dim is None else _check_value_dim(value, key_dim, "value dim", ", or a larger key_dim")
-
-
 class StageSpec(StrictModel):
     """A stage: ``depth`` blocks at one width and one token grid."""
 
@@ -323,7 +229,7 @@ class StageSpec(StrictModel):
         if value is None or not {"dim", "heads"} <= data.keys():
             return value
         qk = next((d for d in (data.get("key_dim"), data.get("head_dim")) if d is not None), data["dim"] // data["heads"])
-        return value if qk < 1 else _check_value_dim(value, qk, "per-head value dim")
+        return value if qk < 1 else check_value_dim(value, qk, "per-head value dim")
 
     @field_validator("mlp_ratio")
     @classmethod
@@ -355,31 +261,6 @@ class StageSpec(StrictModel):
         if any(not 0.0 <= r < 1.0 for r in rates):
             raise ValueError("drop path rates must be in [0, 1)")
         return value
-
-
-class HeadOutSpec(StrictModel):
-    """Classifier head."""
-
-    pool: Literal["cls", "mean"] = Field("cls", description="'cls': class token; 'mean': average of patch tokens.")
-    num_classes: int = Field(1000, ge=0, le=100_000, description="Classes; 0 gives features only (timm convention).")
-    distillation: bool = Field(
-        False, description="Second (distillation) head, averaged with the first at eval (DeiT / LeViT)."
-    )
-
-
-class ClassAttentionSpec(StrictModel):
-    """CaiT class-attention stage after the last stage (CaiT sec. 3.2): only the class token queries.
-
-    Needs the class token inserted after the last block (``tokens.cls_token: <total depth>``); width,
-    activation and LayerNorm eps are the last stage's.
-    """
-
-    depth: int = Field(2, ge=1, le=MAX_DEPTH, description="Class-attention blocks (CaiT: 2).")
-    heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="Heads; default: the last stage's.")
-    mlp_ratio: float = Field(4.0, gt=0, le=16, description="MLP hidden = mlp_ratio * dim (CaiT: 4).")
-    qkv_bias: bool = Field(True, description="Bias on q, k, v (timm CaiT: True).")
-    layer_scale: float | None = Field(1e-5, gt=0, le=1, description="LayerScale init of gamma_1/gamma_2 "
-                                      "(CaiT-XXS: 1e-5, larger CaiTs 1e-6); None = off.")
 
 
 class ArchSpec(StrictModel):

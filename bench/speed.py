@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 import archspec
-from archspec.blocks.attention import Attention
+from archspec.families.attention.module import Attention
 from archspec.interop.timm import TIMM_EQUIVALENTS, load_timm_weights
 from archspec.loader import load_spec
 

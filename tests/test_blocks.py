@@ -22,7 +22,7 @@ from archspec.blocks import (
     signed_bias_idxs,
     window_mask,
 )
-from archspec.heads import HeadSpec
+from archspec.families.attention.heads import HeadSpec
 
 
 @pytest.fixture(autouse=True)

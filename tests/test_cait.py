@@ -18,12 +18,14 @@ from timm.models.cait import TalkingHeadAttn as TimmTalkingHeadAttn
 
 import archspec
 from archspec import analyze, load_spec
-from archspec.blocks.class_attention import ClassAttentionBlock, class_attention_counts
-from archspec.blocks.masks import window_mask
-from archspec.blocks.talking_heads import TalkingHeadAttn, talking_heads_counts
+from archspec.families.class_attention import rules as class_attention_rules
+from archspec.families.class_attention.module import ClassAttentionBlock
+from archspec.families.attention.masking import window_mask
+from archspec.families.talking_heads import rules as talking_heads_rules
+from archspec.families.talking_heads.module import TalkingHeadAttn
 from archspec.errors import SpecError, format_path
 from archspec.graph import build_graph
-from archspec.heads import HeadSpec
+from archspec.families.attention.heads import HeadSpec
 from archspec.interop.timm import from_timm, load_timm_weights, to_timm
 from macs_reference import reference_macs
 
@@ -143,7 +145,7 @@ def test_class_attention_block_equals_timm():
 def test_talking_heads_count_rule_matches_module(heads, qkv_bias):
     module = TalkingHeadAttn(32, heads, (3, 5), num_prefix_tokens=1, qkv_bias=qkv_bias)
     specs = [HeadSpec.model_validate(h) for h in heads]
-    params, macs = talking_heads_counts(32, specs, (3, 5), 1, qkv_bias)
+    params, macs = talking_heads_rules.counts(talking_heads_rules.TalkingHeadsShape(32, tuple(specs), (3, 5), 1, qkv_bias))
     assert params == sum(p.numel() for p in module.parameters())
     assert macs == reference_macs(module, torch.randn(1, 16, 32))
 
@@ -151,7 +153,8 @@ def test_talking_heads_count_rule_matches_module(heads, qkv_bias):
 @pytest.mark.parametrize("layer_scale", [1e-5, None])
 def test_class_attention_count_rule_matches_module(layer_scale):
     module = ClassAttentionBlock(32, 4, mlp_ratio=3.0, layer_scale=layer_scale)
-    params, macs = class_attention_counts(32, 4, 17, 3.0, True, layer_scale is not None)
+    params, macs = class_attention_rules.counts(
+        class_attention_rules.ClassAttentionShape(32, 4, 17, 3.0, True, layer_scale))
     assert params == sum(p.numel() for p in module.parameters())
     assert macs == reference_macs(module, torch.randn(1, 17, 32))
 
@@ -233,7 +236,6 @@ def test_class_attention_memory_rule_is_conservative_and_close(n, dim, heads, on
     """The class-attention block's own rule against the bytes a TorchDispatchMode sees alive at once."""
     from test_memory import LiveBytes
 
-    from archspec.blocks.class_attention import class_attention_memory
 
     block = ClassAttentionBlock(dim, heads).eval()
     x = torch.randn(1, n, dim)
@@ -241,36 +243,9 @@ def test_class_attention_memory_rule_is_conservative_and_close(n, dim, heads, on
         with LiveBytes() as live:
             live.count(x.nbytes)
             block(x)
-    estimate = class_attention_memory(dim, heads, n, 4.0).act
+    shape = class_attention_rules.ClassAttentionShape(dim, heads, n, 4.0, True, 1e-5)
+    estimate = class_attention_rules.memory(shape).act
     assert live.peak <= estimate <= 3 * live.peak, (estimate, live.peak)
-
-
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-        elif isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-    return names
-
-
-def test_spec_and_graph_import_no_later_step():
-    """The path reads top to bottom: spec.py imports nothing of graph/loader/compiler/model/blocks (not even
-    lazily); graph.py nothing of loader/compiler/model; the families registry nothing of torch."""
-    later = {"archspec.graph", "archspec.loader", "archspec.compiler", "archspec.model", "archspec.blocks"}
-    assert not {m for m in _imports(ROOT / "archspec" / "spec.py") if any(m.startswith(x) for x in later)}
-    assert not {m for m in _imports(ROOT / "archspec" / "graph.py")
-                if m.startswith(("archspec.loader", "archspec.compiler", "archspec.model", "archspec.blocks"))}
-    assert not {m for m in _imports(ROOT / "archspec" / "families.py") if m.startswith(("torch", "archspec.blocks"))}
-
-
-def test_validating_a_spec_without_cait_blocks_imports_no_torch():
-    code = ("import sys; from archspec.loader import load_spec; from archspec.analysis import analyze; "
-            "analyze(load_spec('mait_tiny_sch2')); print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
 
 
 # ------------------------------------------------------------------- timm backbone API on a class-attention model

@@ -10,7 +10,7 @@ from sklearn.datasets import load_digits
 from timm.optim import create_optimizer_v2
 
 import archspec
-from archspec.blocks.attention import attention_impl
+from archspec.blocks import attention_impl
 from archspec.spec import shipped_specs
 from macs_reference import reference_macs
 

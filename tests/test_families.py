@@ -1,53 +1,138 @@
-"""Every registered block family (archspec/families.py): the module it builds has the parameters its count rule
-states, the MACs the independent reference counts (tests/macs_reference.py), and the output grid its shape rule
-states.  A new family must add a sample shape here (the first test fails until it does)."""
+"""Every block family (archspec/families/): the module its ``build`` makes from a shape has the parameters its rules
+count, the MACs the independent reference counts (tests/macs_reference.py: torch's FlopCounterMode / 2 on the
+dense attention path, softmax and norms excluded), the output grid its shape rule states, and an activation peak
+that holds its output.  Its rules import no torch.  A new family must add a sample here (the first test fails
+until it does)."""
 
 from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from archspec.blocks.attention import coerce_heads
-from archspec.families import FAMILY_MODULES, family
+from archspec.blocks import attention_impl
+from archspec.families import FAMILIES, build, rules
+from archspec.families.attention.heads import coerce_heads
+from archspec.families.attention.rules import AttentionShape, AttnDims
+from archspec.families.block.rules import BlockShape
+from archspec.families.class_attention.rules import ClassAttentionShape
+from archspec.families.conv_mixer.rules import ConvMixerShape
+from archspec.families.shrink.rules import ShrinkShape
+from archspec.families.stems.rules import StemShape
+from archspec.families.talking_heads.rules import TalkingHeadsShape
 
 from macs_reference import reference_macs
 
-# family -> (shape kwargs, build-only kwargs, count/memory-only kwargs, input (B, N, C), expected output tokens)
+ROOT = Path(__file__).resolve().parents[1]
+_MIXED = coerce_heads(["mhsa", "mask:3x3", {"gpsa": {}, "mask": {"mode": "soft"}}, "levit_bias"])
+_ATTENTION = AttentionShape(32, _MIXED, (3, 5), 0, AttnDims(8, 8), True)  # GPSA: no class token (ConViT)
+# family -> (shape, input shape, output tokens (None: not a token mixer), output of the module)
 SAMPLES = {
-    "talking_heads": (dict(dim=32, heads=coerce_heads(["mhsa", "mask:3x3", "soft_mask", "mhsa"]), grid=(3, 5),
-                           n_prefix=1, qkv_bias=True), {}, {}, (1, 16, 32), 16),
-    # LayerScale: a float to build (its init), a bool to count (2C parameters when present)
-    "class_attention": (dict(dim=32, heads=4, n_tokens=17, mlp_ratio=3.0, qkv_bias=True), {"layer_scale": 1e-5},
-                        {"layer_scale": True}, (1, 17, 32), 17),
-    # odd grid: the subsampled grid is ceil(7 / 2) x ceil(5 / 2) = 4 x 3 (LeViT sec. 4.2, timm LevitDownsample)
-    "shrink": (dict(in_dim=32, out_dim=48, heads=2, key_dim=8, attn_ratio=4.0, mlp_ratio=2.0, grid=(7, 5), stride=2),
-               {}, {}, (1, 35, 32), 12),
+    "attention": (_ATTENTION, (1, 15, 32), 15),
+    "talking_heads": (TalkingHeadsShape(32, coerce_heads(["mhsa", "mask:3x3", "soft_mask", "mhsa"]), (3, 5), 1, True),
+                      (1, 16, 32), 16),
     # pixel view: 48 = 2^2 * 12 channels, a 5x5 conv on the 8x6 pixel image (CMHSA Thm. 1)
-    "conv_mixer": (dict(dim=48, kernel=5, grid=(4, 3), patch=2), {}, {}, (1, 12, 48), 12),
+    "conv_mixer": (ConvMixerShape(48, 5, (4, 3), 2), (1, 12, 48), 12),
+    "block": (BlockShape(32, 15, 3.0, "layernorm", 1e-6, "gelu", 1e-5, 0.0, "attention", _ATTENTION), (1, 15, 32), 15),
+    # odd grid: the subsampled grid is ceil(7 / 2) x ceil(5 / 2) = 4 x 3 (LeViT sec. 4.2, timm LevitDownsample)
+    "shrink": (ShrinkShape(32, 48, 2, 8, 4.0, 2.0, (7, 5), 2), (1, 35, 32), 12),
+    "class_attention": (ClassAttentionShape(32, 4, 17, 3.0, True, 1e-5), (1, 17, 32), 17),
+    "stem": (StemShape("conv", 3, (33, 31), 16, channels=(4, 8, 16)), (1, 3, 33, 31), 20),  # 5 x 4 grid
 }
+# LeViT's batchnorm attention and block, the patch and identity stems: further shapes of the same families
+MORE = [
+    ("attention", AttentionShape(32, coerce_heads(["strict_mask:3x5", "mask", "levit_bias", "soft_mask"]), (3, 5), 1,
+                                 AttnDims(8, 8), False), (1, 16, 32), 16),
+    ("attention", AttentionShape(32, coerce_heads(["levit_bias"] * 2), (4, 4), 0, AttnDims(8, 16), False, "batchnorm",
+                                 "hardswish"), (1, 16, 32), 16),
+    ("attention", AttentionShape(16, coerce_heads(["signed_bias", "mhsa"]), (3, 3), 0, AttnDims(16, 16), True,
+                                 pad_tokens=1), (1, 9, 16), 9),
+    ("block", BlockShape(32, 16, 2.0, "batchnorm", 1e-6, "hardswish", None, 0.0, "attention",
+                         AttentionShape(32, coerce_heads(["levit_bias"] * 2), (4, 4), 0, AttnDims(8, 16), False,
+                                        "batchnorm", "hardswish")), (1, 16, 32), 16),
+    ("stem", StemShape("patch", 3, (32, 24), 20, patch_size=8), (1, 3, 32, 24), 12),
+    ("stem", StemShape("identity", 1, (8, 8), 16, patch_size=4), (1, 1, 8, 8), 4),
+]
+NO_MODULE = {"tokens", "head"}  # the model's own parameters; the head's classifier is tested in test_timm_api
 
 
-def test_every_registered_family_has_a_sample():
-    assert set(SAMPLES) == set(FAMILY_MODULES)
+def test_every_family_has_a_sample():
+    assert set(SAMPLES) | NO_MODULE == set(FAMILIES)
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLES))
-def test_family_rules_match_its_module(name, one_thread):
-    rule = family(name)
-    shape, build_only, rule_only, x_shape, n_out = SAMPLES[name]
+@pytest.mark.parametrize("name, shape, x_shape, n_out", [(n, *SAMPLES[n]) for n in sorted(SAMPLES)] + MORE)
+def test_family_rules_match_the_module_they_build(name, shape, x_shape, n_out, one_thread):
+    rule = rules(name)
     torch.manual_seed(0)
-    module = rule.build(**shape, **build_only).eval()
-    params, macs = rule.counts(**shape, **rule_only)
+    module = build(name, shape).eval()
+    params, macs = rule.counts(shape)
     assert params == sum(p.numel() for p in module.parameters())
     x = torch.randn(*x_shape)
-    assert macs == reference_macs(module, x)
-    with torch.no_grad():
-        out = module(x)
+    with attention_impl(module, "dense"):  # the papers' count is the dense formula's
+        assert macs == reference_macs(module, x)
+        with torch.no_grad():
+            out = module(x)
     assert out.shape[1] == n_out
-    if rule.out_grid is not None:
-        rows, cols = rule.out_grid(**shape)
+    if hasattr(rule, "out_grid"):
+        rows, cols = rule.out_grid(shape)
         assert rows * cols == n_out
-    memory = rule.memory(**shape, **rule_only)
-    assert memory.act > 0 and memory.saved > 0
-    # the largest single tensor of the forward (its output) fits inside the stated inference peak
-    assert memory.act >= 4 * out.numel()
+    memory = rule.memory(shape)
+    assert memory.act >= 4 * out.numel() and memory.saved > 0  # the output fits inside the stated peak
+    buffers = sum(b.numel() * b.element_size() for b in module.buffers() if not b.is_floating_point() or b.numel() > 1)
+    assert memory.buffers >= buffers - sum(  # index and mask tables (BatchNorm statistics are not counted)
+        b.numel() * b.element_size() for n, b in module.named_buffers() if n.rsplit(".", 1)[-1].startswith(("running", "num_batches")))
+
+
+def test_executed_macs_is_what_the_default_paths_run(one_thread):
+    """The attention family's executed MACs on a grid past the linear-time crossover: the reference counter on the
+    model's default paths (hard heads linear-time, GPSA as SDPA + P V) agrees within 2 %."""
+    shape = AttentionShape(64, coerce_heads(["mask:3x3", "mask:3x3", "gpsa", "mhsa"]), (18, 18), 0, AttnDims(16, 16),
+                           True)
+    module = build("attention", shape).eval()
+    executed = rules("attention").executed_macs(shape)
+    assert executed < rules("attention").counts(shape)[1]
+    assert abs(reference_macs(module, torch.randn(1, 324, 64)) - executed) <= 0.02 * executed
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names.add(("." * node.level) + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+TORCH_SIDE = ("torch", "timm", "torchvision", ".module", ".kernels", ".masking", ".tables", "archspec.blocks")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "archspec" / "families").glob("**/*.py")), ids=lambda p: str(p.name))
+def test_rules_import_no_torch(path):
+    """Every torch-free file of a family (all but module.py, kernels.py, masking.py, tables.py, activations.py)
+    imports neither torch nor a torch-side file, not even lazily."""
+    if path.name in ("module.py", "kernels.py", "masking.py", "tables.py", "activations.py"):
+        return
+    bad = {m for m in _imports(path) if m.startswith(TORCH_SIDE) or m.endswith(TORCH_SIDE[3:])}
+    assert not bad, f"{path} imports {bad}"
+
+
+def test_the_path_reads_top_to_bottom():
+    """spec.py imports nothing of graph/loader/compiler/model/blocks; graph.py nothing of loader/compiler/model and
+    no family's torch side; the compiler reads no spec model beyond ArchSpec."""
+    later = ("archspec.graph", "archspec.loader", "archspec.compiler", "archspec.model", "archspec.blocks")
+    assert not {m for m in _imports(ROOT / "archspec" / "spec.py") if m.startswith(later)}
+    graph = _imports(ROOT / "archspec" / "graph.py")
+    assert not {m for m in graph if m.startswith(later[1:]) or m.endswith(TORCH_SIDE[3:]) or m.startswith("torch")}
+
+
+def test_validating_every_shipped_spec_imports_no_torch():
+    code = ("import sys; from archspec.loader import load_spec; from archspec.analysis import analyze; "
+            "from archspec.spec import shipped_specs; [analyze(load_spec(n)) for n in shipped_specs()]; "
+            "print(sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

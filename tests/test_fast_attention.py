@@ -11,9 +11,10 @@ import copy
 import pytest
 import torch
 
-from archspec.blocks.attention import Attention, attention_impl, set_attention_impl
-from archspec.blocks.fast_attention import hard_window_attention, window_path_pays, window_tables
-from archspec.blocks.masks import window_mask
+from archspec.blocks import Attention, attention_impl, set_attention_impl
+from archspec.families.attention.kernels import hard_window_attention, window_tables
+from archspec.families.attention.rules import window_path_pays
+from archspec.families.attention.masking import window_mask
 
 BIASED_MASK = {"mask": {"window": [3, 3]}, "rel_bias": {"table": "absolute"}}
 GPSA_MASK = {"gpsa": {"conv_init": False}, "mask": {}}
@@ -259,7 +260,7 @@ def test_torch_compile_traces_whole_layer_and_takes_window_path(one_thread):
 
 def test_dense_hard_mask_backward_passes_gradcheck():
     """The small-grid hard-mask path recomputes its weights in backward: against finite differences (float64)."""
-    from archspec.blocks.fast_attention import hard_masked_attention
+    from archspec.families.attention.kernels import hard_masked_attention
 
     torch.manual_seed(3)
     q, k, v = (torch.randn(2, 2, 10, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from archspec import compile
-from archspec.blocks.masks import window_mask
+from archspec.families.attention.masking import window_mask
 from archspec.metrics import attention_locality_score, attention_maps, layer_als, nonlocality, patch_window_mask
 
 TINY = {

@@ -51,7 +51,7 @@ from optuna.trial import TrialState
 from pydantic import ValidationError
 
 from archspec.errors import SpecError, format_path
-from archspec.heads import HeadSpec, MaskSpec
+from archspec.families.attention.heads import HeadSpec, MaskSpec
 from archspec.search import runs
 from archspec.search.data import load_data
 from archspec.search.design import (SearchConfig, SearchOutcome, _json, _quiet_optuna, _run_lock, check_data_path,
@@ -192,8 +192,8 @@ def soft_placement(alphas: dict[tuple[int, int], list[float | None]], threshold:
 
 # ----------------------------------------------------------------------------------- model access
 def _attention_modules(model) -> dict[tuple[int, int], Any]:
-    """(stage, layer) -> the block's :class:`~archspec.blocks.attention.Attention` module."""
-    from archspec.blocks.attention import Attention
+    """(stage, layer) -> the block's :class:`~archspec.families.attention.module.Attention` module."""
+    from archspec.families.attention.module import Attention
 
     out = {}
     for s, stage in enumerate(model.stages):

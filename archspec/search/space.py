@@ -79,7 +79,7 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ValidationError
 
 from archspec.errors import Locator, Problem, SpecError
-from archspec.heads import HeadSpec, MaskSpec
+from archspec.families.attention.heads import HeadSpec, MaskSpec
 from archspec.loader import load_spec
 from archspec.spec import ArchSpec, StageSpec
 from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file

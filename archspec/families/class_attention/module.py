@@ -1,4 +1,4 @@
-"""CaiT's class-attention stage: the module, its shape rule and its count rule.
+"""CaiT's class-attention stage: the module (rules: :mod:`.rules`).
 
 CaiT (Touvron et al. 2021, sec. 3.2, Fig. 2) separates the patch self-attention stage from a
 *class-attention* stage: the class token is inserted only after the last self-attention block, and
@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from timm.layers import DropPath, Mlp, trunc_normal_
 from torch import Tensor, nn
 
-from archspec.families import BlockFamily
-from archspec.memory import F32, NodeMemory
+from ..activations import activation
+from .rules import ClassAttentionShape
 
-__all__ = ["ClassAttn", "ClassAttentionBlock", "class_attention_counts", "class_attention_memory", "FAMILY"]
+__all__ = ["ClassAttn", "ClassAttentionBlock", "build"]
 
 
 class ClassAttn(nn.Module):
@@ -122,43 +122,7 @@ class ClassAttentionBlock(nn.Module):
         return torch.cat((x_cls, patches), dim=1)
 
 
-# ------------------------------------------------------------------------------------------- rules
-def class_attention_counts(dim: int, heads: int, n_tokens: int, mlp_ratio: float, qkv_bias: bool,
-                           layer_scale: bool) -> tuple[int, int]:
-    """(params, MACs per image) of one :class:`ClassAttentionBlock` on ``n_tokens`` = 1 + patches.
-
-    Params: 2 LayerNorms ``4C``; q, k, v, proj ``4C^2 + C (+3C bias)``; MLP ``2 C h + h + C``; LayerScale ``2C``.
-    MACs: q ``C^2`` (one token); k, v ``2 N C^2``; ``q K^T`` and ``A V`` ``N C`` each; proj ``C^2``;
-    MLP ``2 C h`` (one token), with ``h = int(C * mlp_ratio)``.  ``heads`` does not change either count.
-    """
-    hidden = int(dim * mlp_ratio)
-    params = 4 * dim + 4 * dim * dim + dim + (3 * dim if qkv_bias else 0) + 2 * dim * hidden + hidden + dim
-    params += 2 * dim if layer_scale else 0
-    macs = 2 * dim * dim + 2 * n_tokens * dim * dim + 2 * n_tokens * dim + 2 * dim * hidden
-    return params, macs
-
-
-def class_attention_memory(dim: int, heads: int, n_tokens: int, mlp_ratio: float, qkv_bias: bool = True,
-                           layer_scale: bool = True) -> NodeMemory:
-    """Bytes (batch 1, float32) of one :class:`ClassAttentionBlock`.
-
-    Alive at the peak: the block input, ``norm1`` of it, k and v (and a contiguous copy of each for the
-    attention kernel), the ``(H, 1, N)`` logits twice, the one-token vectors (q, output, residuals, MLP
-    hidden) and the concatenated output.
-    """
-    x, hidden = n_tokens * dim, int(dim * mlp_ratio)
-    small = 8 * dim + 2 * hidden + 2 * heads * n_tokens
-    act = 6 * x + small
-    return NodeMemory(act=F32 * act, saved=F32 * (5 * x + small))
-
-
-def build_class_attention(dim: int, heads: int, n_tokens: int, mlp_ratio: float, qkv_bias: bool = True,
-                          layer_scale: float | None = 1e-5, act_layer: type[nn.Module] = nn.GELU,
-                          norm_eps: float = 1e-6) -> ClassAttentionBlock:
-    """The module for the same shape as the count rule (``n_tokens`` is not needed to build it)."""
-    return ClassAttentionBlock(dim, heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, act_layer=act_layer,
-                               norm_eps=norm_eps, layer_scale=layer_scale)
-
-
-FAMILY = BlockFamily("class_attention", counts=class_attention_counts, memory=class_attention_memory,
-                     build=build_class_attention)
+def build(shape: ClassAttentionShape) -> ClassAttentionBlock:
+    """The module of a :class:`~.rules.ClassAttentionShape` (``n_tokens`` is not needed to build it)."""
+    return ClassAttentionBlock(shape.dim, shape.heads, mlp_ratio=shape.mlp_ratio, qkv_bias=shape.qkv_bias,
+                               act_layer=activation(shape.act), norm_eps=shape.norm_eps, layer_scale=shape.layer_scale)

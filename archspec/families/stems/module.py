@@ -1,4 +1,7 @@
-"""Stems turning images ``(B, C_in, H_img, W_img)`` into tokens ``(B, N, C)``, row-major on the patch grid."""
+"""Stems turning images ``(B, C_in, H_img, W_img)`` into tokens ``(B, N, C)``, row-major on the patch grid.
+
+Their torch-free rules (spec models, the one grid rule, counts, memory) are :mod:`.rules`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,10 @@ from timm.layers import PatchEmbed
 from timm.models.levit import ConvNorm
 from torch import Tensor, nn
 
-__all__ = ["PatchStem", "ConvStem", "IdentityStem"]
+from ..activations import activation
+from .rules import StemShape, grid
+
+__all__ = ["PatchStem", "ConvStem", "IdentityStem", "build"]
 
 
 def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
@@ -57,11 +63,8 @@ class ConvStem(nn.Sequential):
         self.stride = 2 ** len(channels)
 
     def output_grid(self, img_size: int | tuple[int, int]) -> tuple[int, int]:
-        """Token grid ``(H, W)`` produced for an image of ``img_size``."""
-        h, w = _pair(img_size)
-        for _ in self.channels:
-            h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
-        return h, w
+        """Token grid ``(H, W)`` produced for an image of ``img_size`` (:func:`~.rules.grid`)."""
+        return grid("conv", _pair(img_size), conv_layers=len(self.channels))
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, C_in, H, W) -> (B, N, C)``."""
@@ -92,3 +95,12 @@ class IdentityStem(nn.Module):
             raise ValueError(
                 f"IdentityStem expects (B, {self.in_chans}, H, W) with H, W divisible by {P}, got {tuple(x.shape)}")
         return self.unfold(x).transpose(1, 2)
+
+
+def build(shape: StemShape) -> nn.Module:
+    """The module of a :class:`~.rules.StemShape` (raises as the stem classes)."""
+    if shape.kind == "patch":
+        return PatchStem(shape.in_chans, shape.dim, shape.patch_size, shape.img_size)
+    if shape.kind == "identity":
+        return IdentityStem(shape.in_chans, shape.patch_size)
+    return ConvStem(shape.in_chans, list(shape.channels), activation(shape.act))

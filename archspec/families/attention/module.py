@@ -1,6 +1,6 @@
 """Per-head composable self-attention: MHSA, GPSA, relative position bias and MaiT masks in one layer.
 
-Each head of an :class:`Attention` layer is described by a :class:`~archspec.heads.HeadSpec` and computes
+Each head of an :class:`Attention` layer is described by a :class:`~archspec.families.attention.heads.HeadSpec` and computes
 
 1. content logits ``S_h = Q_h K_h^T * qk_dim ** -0.5``;
 2. ``+ B_h`` on the patch-patch block when the head has a relative position bias
@@ -15,7 +15,7 @@ then ``out = proj(proj_act(concat_h(A_h V_h)))``.
 
 That formula is the *dense reference* (``attn_impl='dense'``, :meth:`Attention._probs`).  By default
 (``attn_impl='auto'``) each layer groups its heads at construction and runs each group on an exact faster path
-(:mod:`archspec.blocks.fast_attention`): plain / biased / strict heads in one SDPA call, GPSA heads as
+(:mod:`archspec.families.attention.kernels`): plain / biased / strict heads in one SDPA call, GPSA heads as
 ``(1 - g) SDPA + g P V``, hard-masked heads in linear time on grids past the measured crossover.  With attention
 dropout active in training every head takes the dense reference (the fast paths have no dropout on the
 implicit non-neighbour weights).
@@ -33,34 +33,24 @@ from timm.layers import trunc_normal_
 from timm.models.levit import LinearNorm
 from torch import Tensor, nn
 
-from archspec.executed_macs import gpsa_head_on_sdpa_path, hard_head_on_window_path
-from archspec.heads import HeadSpec
+from ..activations import activation
+from .heads import HeadSpec, coerce_heads
+from .kernels import (_is_compiling, flex_masked_attention, gpsa_attention, hard_masked_attention,
+                      hard_window_attention, window_tables)
+from .mask import alpha_to_logit
+from .masking import apply_mask_terms, hard_zero, mask_terms, window_mask
+from .rules import AttentionShape, gpsa_head_on_sdpa_path, hard_head_on_window_path
+from .tables import (check_grid, conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table,
+                     signed_bias_idxs)
 
-from .fast_attention import (_is_compiling, flex_masked_attention, gpsa_attention, hard_masked_attention,
-                             hard_window_attention, window_tables)
-from .masks import alpha_to_logit, soft_mask_scale, window_mask
-from .position import (check_grid, conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table,
-                       signed_bias_idxs)
-
-__all__ = ["Attention", "coerce_heads", "ATTN_IMPLS", "set_attention_impl", "attention_impl"]
+__all__ = ["Attention", "ZeroPadTokens", "build", "coerce_heads", "ATTN_IMPLS", "set_attention_impl",
+           "attention_impl"]
 
 #: Attention implementations: ``dense`` the explicit-logits reference formula (every head in one ``(B, H, N, N)``
 #: softmax, or one SDPA call when no head needs explicit logits); ``auto`` each group of heads on its fastest
 #: exact path, hard masks linear-time where :func:`window_path_pays`; ``fast`` the same with the linear-time
 #: hard-mask path on every grid (tests, benchmarks); ``flex`` hard/soft/biased-masked heads through FlexAttention.
 ATTN_IMPLS = ("auto", "dense", "fast", "flex")
-
-
-def coerce_heads(heads: Sequence[HeadSpec | str | dict]) -> tuple[HeadSpec, ...]:
-    """Turn shorthands (``'mhsa'``, ``'gpsa'``, ``'mask:3x5'``, ...) or mappings into :class:`HeadSpec` objects.
-
-    Raises:
-        ValueError: for an empty list or an invalid head (pydantic's ``ValidationError`` is a ``ValueError``).
-    """
-    out = tuple(h if isinstance(h, HeadSpec) else HeadSpec.model_validate(h) for h in heads)
-    if not out:
-        raise ValueError("an attention layer needs at least one head")
-    return out
 
 
 def _usable(cached: Tensor | None) -> bool:
@@ -97,7 +87,7 @@ class Attention(nn.Module):
     * Signed relative bias: CMHSA eq. 4 (``signed_biases`` ``(n_signed_heads, (2H-1)(2W-1))``).
     * Masks: MaiT eq. 2 (hard), eq. 4 (soft, ``mask_alpha_logit`` per soft head, ``alpha = sigmoid``),
       strict (``-inf``, our named option).  Prefix tokens are neighbours of everything (see
-      :func:`archspec.blocks.masks.window_mask`).
+      :func:`archspec.families.attention.masking.window_mask`).
 
     Parameters exist only for heads that use them, so parameter counts are honest.
 
@@ -182,6 +172,7 @@ class Attention(nn.Module):
         self.hard_heads = [i for i in self.mask_heads if specs[i].mask.mode == "hard"]
         self.soft_heads = [i for i in self.mask_heads if specs[i].mask.mode == "soft"]
         self.strict_heads = [i for i in self.mask_heads if specs[i].mask.mode == "strict"]
+        self._mask_modes = [h.mask.mode if h.mask is not None else None for h in specs]
         # SDPA handles additive terms only (bias, -inf); hard/soft masks and GPSA need explicit logits.
         self.explicit_logits = bool(self.gpsa_heads or self.hard_heads or self.soft_heads)
         if self.gpsa_heads and self.num_prefix_tokens > 0:
@@ -277,7 +268,7 @@ class Attention(nn.Module):
         """ConViT convolutional init (eq. 5), mirroring timm ``convit.GPSA.local_init``.
 
         The conv-initialised GPSA heads, in head order, take the offsets of
-        :func:`~archspec.blocks.position.conv_kernel_offsets` for their count.  Their ``pos_proj`` rows become
+        :func:`~archspec.families.attention.tables.conv_kernel_offsets` for their count.  Their ``pos_proj`` rows become
         ``locality_strength * (2 d_col, 2 d_row, -1)`` on timm's channels ``(dx, dy, dx^2+dy^2)``; their value
         rows become the matching slice of the identity when ``H * v_dim == dim`` (timm sets ``v = eye``).
         """
@@ -481,27 +472,18 @@ class Attention(nn.Module):
         return torch.sigmoid(self.gating_param) if self.gpsa_heads else None
 
     def _mask_terms(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """(``zero``: bool ``(H, N, N)``, True where a hard head's logit becomes 0, i.e. ``M (.) S`` as a masked fill
-        that keeps no float copy of ``M``; ``mult``: soft heads' multiplier ``(H, N, N)`` (1 elsewhere);
-        ``block``: bool ``(H, N, N)`` strict ``-inf`` positions), each None when no head needs it."""
-        zero = mult = block = None
-        N = self.num_tokens
-        if self.hard_heads:  # constant: cached (bool, a quarter of a float multiplier's memory)
+        """The layer's mask terms ``(zero, mult, block)`` (:func:`~.masking.mask_terms`); ``zero``, a constant,
+        is cached (bool, a quarter of a float multiplier's memory)."""
+        if not self.mask_heads:
+            return None, None, None
+        zero = None
+        if self.hard_heads:
             zero = self._zero_cache
             if not _usable(zero) or zero.device != self.attn_masks.device:
-                zero = torch.zeros(self.num_heads, N, N, dtype=torch.bool, device=self.attn_masks.device)
-                zero[self.hard_heads] = ~self.attn_masks[[self.mask_heads.index(i) for i in self.hard_heads]]
+                zero = hard_zero(self.num_heads, self._mask_modes, self.attn_masks)
                 if _cacheable(False):
                     self._zero_cache = zero
-        if self.soft_heads:
-            mult = torch.ones(self.num_heads, N, N, dtype=dtype, device=self.attn_masks.device)
-            sel = [self.mask_heads.index(i) for i in self.soft_heads]
-            mult[self.soft_heads] = soft_mask_scale(self.attn_masks[sel], self.mask_alpha().to(dtype))
-        if self.strict_heads:
-            block = torch.zeros(self.num_heads, N, N, dtype=torch.bool, device=self.attn_masks.device)
-            sel = [self.mask_heads.index(i) for i in self.strict_heads]
-            block[self.strict_heads] = ~self.attn_masks[sel]
-        return zero, mult, block
+        return mask_terms(self.num_heads, self._mask_modes, self.attn_masks, self.mask_alpha(), dtype, zero)
 
     def positional_attention(self) -> Tensor:
         """GPSA positional attention ``softmax(pos_proj(r))`` ``(n_gpsa, N, N)`` (ConViT eq. 5).
@@ -548,14 +530,8 @@ class Attention(nn.Module):
         bias = self.position_bias()
         if bias is not None:
             attn = attn + self._heads(bias, heads, dim=0).to(attn.dtype)
-        zero, mult, block = self._mask_terms(attn.dtype)
-        if zero is not None:
-            attn = attn.masked_fill(self._heads(zero, heads, dim=0), 0.0)
-        if mult is not None:
-            attn = attn * self._heads(mult, heads, dim=0)
-        if block is not None:
-            attn = attn.masked_fill(self._heads(block, heads, dim=0), float("-inf"))
-        attn = attn.softmax(dim=-1)
+        terms = [None if t is None else self._heads(t, heads, dim=0) for t in self._mask_terms(attn.dtype)]
+        attn = apply_mask_terms(attn, *terms).softmax(dim=-1)
         local = [pos for pos, h in enumerate(heads) if h in self.gpsa_heads]
         if local:
             rows = [self.gpsa_heads.index(heads[pos]) for pos in local]
@@ -734,10 +710,10 @@ class Attention(nn.Module):
         """Move the layer to another patch grid ``(H', W')`` (a new input resolution), keeping its weights.
 
         Rebuilt for the new grid by :meth:`_build_grid_tables`: the relative-offset index tables, GPSA's fixed
-        ``r_ij`` (:func:`~archspec.blocks.position.gpsa_rel_indices`), the MaiT masks (same window, new grid), the
+        ``r_ij`` (:func:`~archspec.families.attention.tables.gpsa_rel_indices`), the MaiT masks (same window, new grid), the
         linear-time window tables, the eval caches and the per-head path plan (the crossover depends on the grid).
         The learned bias tables are resampled bicubically on their offset grids
-        (:func:`~archspec.blocks.position.resample_bias_table`, as timm ``resize_rel_pos_bias_table_levit``):
+        (:func:`~archspec.families.attention.tables.resample_bias_table`, as timm ``resize_rel_pos_bias_table_levit``):
         LeViT's ``attention_biases`` ``(h, H*W) -> (h, H'*W')``, CMHSA's ``signed_biases``
         ``(h, (2H-1)(2W-1)) -> (h, (2H'-1)(2W'-1))``.  Afterwards the layer expects ``(B, prefix + H'*W', C)``.
 
@@ -755,6 +731,69 @@ class Attention(nn.Module):
             self.signed_biases = nn.Parameter(table, requires_grad=self.signed_biases.requires_grad)
         # index tables, GPSA's r_ij, masks, linear-time window tables, caches and the per-head path plan
         self._build_grid_tables((rows, cols))
+
+
+class ZeroPadTokens(nn.Module):
+    """An attention layer over the token grid padded with ``pad`` rings of zero tokens (CMHSA App. A.2).
+
+    ``(B, H W, C)`` -> zero-pad the grid to ``(H + 2 pad) x (W + 2 pad)`` -> ``attn`` (built for the padded
+    grid, no prefix tokens) -> keep the ``H W`` inner outputs -> ``(B, H W, C)``.  The padding tokens are
+    keys and values like any token: with App. A.2's ``W_V = I`` and zero value bias their values are 0, so a
+    border query whose conv neighbour lies outside the image reads zeros, as the convolution's zero padding
+    does.  MACs: those of ``attn`` on ``(H + 2 pad)(W + 2 pad)`` tokens.  The inner module is named ``attn``.
+
+    Args:
+        attn: attention ``(B, N', C) -> (B, N', C)`` on the padded grid, ``N' = (H + 2 pad)(W + 2 pad)``.
+        grid: ``(H, W)`` unpadded token grid.
+        pad: rings of padding tokens (``ceil((K - 1) / (2 P))`` for a K x K conv on P x P patches).
+
+    Raises:
+        ValueError: for ``pad < 1`` or (in ``forward``) an input that is not ``(B, H W, C)``.
+    """
+
+    def __init__(self, attn: nn.Module, grid: tuple[int, int], pad: int) -> None:
+        super().__init__()
+        if pad < 1:
+            raise ValueError(f"pad must be >= 1, got {pad}")
+        self.attn = attn
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.pad = pad
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, H W, C) -> (B, H W, C)``."""
+        rows, cols = self.grid
+        if x.dim() != 3 or x.shape[1] != rows * cols:
+            raise ValueError(f"ZeroPadTokens expects (B, {rows * cols}, C), got {tuple(x.shape)}")
+        B, N, C = x.shape
+        p = self.pad
+        padded = F.pad(x.reshape(B, rows, cols, C), (0, 0, p, p, p, p))
+        out = self.attn(padded.reshape(B, (rows + 2 * p) * (cols + 2 * p), C))
+        out = out.reshape(B, rows + 2 * p, cols + 2 * p, C)[:, p:p + rows, p:p + cols]
+        return out.reshape(B, N, C)
+
+    def set_grid(self, grid: tuple[int, int]) -> None:
+        """Move to another token grid ``(H', W')`` (a new input size): the inner attention moves to the padded
+        ``(H' + 2 pad, W' + 2 pad)`` (``Attention.set_grid``, which resamples its bias tables)."""
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.attn.set_grid((self.grid[0] + 2 * self.pad, self.grid[1] + 2 * self.pad))
+
+    def extra_repr(self) -> str:
+        return f"grid={self.grid}, pad={self.pad}"
+
+
+def build(shape: AttentionShape) -> nn.Module:
+    """The module of an :class:`~.rules.AttentionShape`: an :class:`Attention` on the (padded) grid, wrapped in
+    :class:`ZeroPadTokens` when the shape has ``pad_tokens`` (CMHSA App. A.2).  LeViT's batchnorm family gets
+    the shape's activation before the projection; the layernorm family has none (timm ViT).
+
+    Raises:
+        ValueError: as :class:`Attention` (the IR's checks catch these first).
+    """
+    batchnorm = shape.norm == "batchnorm"
+    attn = Attention(shape.dim, shape.heads, shape.attention_grid, num_prefix_tokens=shape.n_prefix,
+                     qk_dim=shape.dims.qk_dim, v_dim=shape.dims.v_dim, qkv_bias=shape.qkv_bias and not batchnorm,
+                     norm=shape.norm, proj_act=activation(shape.act) if batchnorm else None)
+    return ZeroPadTokens(attn, shape.grid, shape.pad_tokens) if shape.pad_tokens else attn
 
 
 def set_attention_impl(model: nn.Module, impl: str) -> nn.Module:

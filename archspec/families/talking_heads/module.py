@@ -1,4 +1,4 @@
-"""Talking-heads attention (CaiT), optionally with MaiT masks: the module, its shape rule and its count rule.
+"""Talking-heads attention (CaiT), optionally with MaiT masks: the module (rules: :mod:`.rules`).
 
 CaiT (Touvron et al. 2021, "Going deeper with image transformers", sec. 2 and 3.1) uses talking-heads
 attention (Shazeer et al. 2020) in its self-attention stage: the per-head logits are mixed across heads
@@ -30,14 +30,12 @@ import torch
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from archspec.families import BlockFamily
-from archspec.heads import HeadSpec
-from archspec.memory import BOOL, F32, NodeMemory
+from ..attention.heads import HeadSpec, coerce_heads
+from ..attention.mask import alpha_to_logit
+from ..attention.masking import apply_mask_terms, mask_terms, window_mask
+from .rules import TalkingHeadsShape
 
-from .attention import coerce_heads
-from .masks import alpha_to_logit, soft_mask_scale, window_mask
-
-__all__ = ["TalkingHeadAttn", "talking_heads_counts", "talking_heads_memory", "FAMILY"]
+__all__ = ["TalkingHeadAttn", "build"]
 
 
 def _check_heads(specs: Sequence[HeadSpec]) -> None:
@@ -53,7 +51,7 @@ class TalkingHeadAttn(nn.Module):
 
     Args:
         dim: token width ``C`` (divisible by the number of heads).
-        heads: one :class:`~archspec.heads.HeadSpec` (or shorthand) per head: ``mhsa`` or a mask
+        heads: one :class:`~archspec.families.attention.heads.HeadSpec` (or shorthand) per head: ``mhsa`` or a mask
             (hard / soft / strict); the mask acts on the logits after ``proj_l`` (module docstring).
         grid: ``(rows, cols)`` patch grid of the patch tokens.
         num_prefix_tokens: class / distillation tokens before the patches (CaiT: 0).
@@ -111,22 +109,13 @@ class TalkingHeadAttn(nn.Module):
         return None
 
     def _mask(self, logits: Tensor) -> Tensor:
-        """MaiT masks on the mixed logits ``(B, H, N, N)``: hard ``M (.) S``, soft ``alpha`` off-window, strict -inf."""
+        """MaiT masks on the mixed logits ``(B, H, N, N)``: hard ``M (.) S``, soft ``alpha`` off-window, strict -inf
+        -- the attention family's one mask rule (:func:`~archspec.families.attention.masking.mask_terms`)."""
         if not self.mask_heads:
             return logits
-        mult = torch.ones(self.num_heads, self.num_tokens, self.num_tokens, dtype=logits.dtype, device=logits.device)
-        block = torch.zeros_like(mult, dtype=torch.bool)
         alpha = torch.sigmoid(self.mask_alpha_logit) if self.soft_heads else None
-        for k, head in enumerate(self.mask_heads):
-            mode, mask = self.head_specs[head].mask.mode, self.attn_masks[k]
-            if mode == "hard":
-                mult[head] = mask.to(logits.dtype)
-            elif mode == "soft":
-                mult[head] = soft_mask_scale(mask, alpha[self.soft_heads.index(head)].to(logits.dtype))
-            else:
-                block[head] = ~mask
-        logits = logits * mult
-        return logits.masked_fill(block, float("-inf")) if self.strict_heads else logits
+        modes = [h.mask.mode if h.mask is not None else None for h in self.head_specs]
+        return apply_mask_terms(logits, *mask_terms(self.num_heads, modes, self.attn_masks, alpha, logits.dtype))
 
     def _softmax(self, q: Tensor, k: Tensor) -> Tensor:
         """Per-head probabilities ``softmax(mask(proj_l(q k^T)))`` ``(B, H, N, N)``, rows summing to 1."""
@@ -188,49 +177,6 @@ class TalkingHeadAttn(nn.Module):
         return f"dim={self.dim}, heads={letters}, grid={self.grid}, prefix={self.num_prefix_tokens}, talking_heads"
 
 
-# ------------------------------------------------------------------------------------------- rules
-def talking_heads_counts(dim: int, heads: Sequence[HeadSpec], grid: tuple[int, int], n_prefix: int,
-                         qkv_bias: bool) -> tuple[int, int]:
-    """(params, MACs per image) of :class:`TalkingHeadAttn` on ``N = n_prefix + rows * cols`` tokens.
-
-    Params: ``qkv`` ``3C^2 (+3C)``, ``proj`` ``C^2 + C``, ``proj_l`` and ``proj_w`` ``H^2 + H`` each, one
-    alpha per soft-masked head.  MACs: ``qkv`` ``3 N C^2``, ``Q K^T`` and ``A V`` ``N^2 C`` each, ``proj_l``
-    and ``proj_w`` ``N^2 H^2`` each, ``proj`` ``N C^2`` (masks, softmax and biases count 0).
-    """
-    n, h = n_prefix + grid[0] * grid[1], len(heads)
-    params = 3 * dim * dim + (3 * dim if qkv_bias else 0) + dim * dim + dim + 2 * (h * h + h)
-    params += sum(x.mask is not None and x.mask.mode == "soft" for x in heads)
-    macs = 4 * n * dim * dim + 2 * n * n * dim + 2 * n * n * h * h
-    return params, macs
-
-
-def talking_heads_memory(dim: int, heads: Sequence[HeadSpec], grid: tuple[int, int], n_prefix: int,
-                         qkv_bias: bool = True) -> NodeMemory:
-    """Bytes (batch 1, float32) of the attention half of a block with :class:`TalkingHeadAttn`.
-
-    Alive throughout: the block input, the norm output, ``qkv`` (3 N C) and the scaled q (N C).  Then the
-    largest of: ``Q K^T`` with contiguous q/k copies; ``proj_l`` / ``proj_w`` on permuted logits (the input,
-    its contiguous copy, the output, plus one ``(H, N, N)`` per mask multiplier or strict fill); ``A V`` with
-    contiguous copies of A and v; the output transpose and projection.  Plus the residual sum.  Buffers:
-    the boolean ``(n_mask, N, N)`` mask table.
-    """
-    n = n_prefix + grid[0] * grid[1]
-    x, logits = n * dim, len(heads) * n * n
-    modes = {h.mask.mode for h in heads if h.mask is not None}
-    base = 6 * x
-    mixing = 3 * logits + (logits if modes else 0) + (logits if "strict" in modes else 0)
-    phases = [2 * x + logits, mixing, 2 * logits + 2 * x, 3 * x]
-    act = base + max(phases) + x
-    saved = base + 6 * logits + (2 * logits if modes else 0) + 4 * x
-    buffers = BOOL * sum(h.mask is not None for h in heads) * n * n
-    return NodeMemory(act=F32 * act, saved=F32 * saved, buffers=buffers)
-
-
-def build_talking_heads(dim: int, heads: Sequence[HeadSpec], grid: tuple[int, int], n_prefix: int,
-                        qkv_bias: bool = True) -> TalkingHeadAttn:
-    """The module for the same arguments as the count rule."""
-    return TalkingHeadAttn(dim, heads, grid, num_prefix_tokens=n_prefix, qkv_bias=qkv_bias)
-
-
-FAMILY = BlockFamily("talking_heads", counts=talking_heads_counts, memory=talking_heads_memory,
-                     build=build_talking_heads)
+def build(shape: TalkingHeadsShape) -> TalkingHeadAttn:
+    """The module of a :class:`~.rules.TalkingHeadsShape` (raises as :class:`TalkingHeadAttn`)."""
+    return TalkingHeadAttn(shape.dim, shape.heads, shape.grid, num_prefix_tokens=shape.n_prefix, qkv_bias=shape.qkv_bias)

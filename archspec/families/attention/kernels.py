@@ -1,4 +1,4 @@
-"""Fast attention kernels for the heads of :class:`~archspec.blocks.attention.Attention`.
+"""Fast attention kernels for the heads of :class:`~archspec.families.attention.module.Attention`.
 
 Each function here is an exact rewrite of the dense reference formula of ``Attention._probs`` (kept in
 ``attention.py`` and selectable with ``attn_impl='dense'``) for one group of heads:
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from archspec.executed_macs import window_attention_macs, window_path_pays
+from .rules import window_attention_macs, window_path_pays
 
 __all__ = ["window_tables", "hard_window_attention", "hard_masked_attention", "gpsa_attention", "window_path_pays",
            "window_attention_macs", "flex_masked_attention"]

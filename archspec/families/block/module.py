@@ -1,4 +1,7 @@
-"""Transformer blocks: pre-norm ViT/ConViT/MaiT block and LeViT residual block (shrinking attention: shrink.py)."""
+"""Transformer blocks around a token mixer: the pre-norm ViT/ConViT/MaiT/CaiT block and LeViT's residual block.
+
+Their torch-free rules (shape, MLP counts and memory, composition with the mixer's family) are :mod:`.rules`.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,10 @@ from torch import Tensor, nn
 from timm.layers import DropPath, LayerScale, Mlp, trunc_normal_
 from timm.models.levit import LevitMlp
 
-__all__ = ["TransformerBlock", "LevitBlock"]
+from ..activations import activation
+from .rules import BlockShape
+
+__all__ = ["TransformerBlock", "LevitBlock", "build"]
 
 
 class TransformerBlock(nn.Module):
@@ -116,3 +122,17 @@ class LevitBlock(nn.Module):
         x = x + self.drop_path2(self.mlp(x))
         return x
 
+
+
+def build(shape: BlockShape) -> nn.Module:
+    """The block of a :class:`~.rules.BlockShape`: its mixer built by the mixer's family, then a
+    :class:`LevitBlock` (batchnorm) or a :class:`TransformerBlock` around it.  The mixer is built first, so
+    the initial weights follow the order of the module tree (``attn`` before ``mlp``)."""
+    from archspec.families import build as build_family
+
+    mixer = build_family(shape.mixer_family, shape.mixer)
+    act = activation(shape.act)
+    if shape.batchnorm:
+        return LevitBlock(shape.dim, mixer, mlp_ratio=shape.mlp_ratio, act_layer=act, drop_path=shape.drop_path)
+    return TransformerBlock(shape.dim, mixer, mlp_ratio=shape.mlp_ratio, act_layer=act, norm_eps=shape.norm_eps,
+                            drop_path=shape.drop_path, layer_scale=shape.layer_scale)

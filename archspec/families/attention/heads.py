@@ -1,0 +1,113 @@
+"""What one attention head is: MHSA plus any of the head kinds, composed (torch-free).
+
+A head is plain content attention (MHSA) unless it names one or more head kinds, each a file of this
+folder with its spec model and rules:
+
+* ``gpsa``     -- ConViT gated positional self-attention (:mod:`.gpsa`, d'Ascoli et al. 2021, eq. 5-7),
+* ``rel_bias`` -- an additive relative position bias: LeViT's table on absolute offsets or CMHSA's on
+  signed offsets (:mod:`.rel_bias`),
+* ``mask``     -- a MaiT attention mask on the patch grid (:mod:`.mask`, Li et al. 2022, eq. 2 and 4).
+
+They compose: a head may carry a relative bias *and* a mask, or GPSA gating on top of masked
+content attention.  YAML shorthands (``mhsa``, ``gpsa``, ``mask``, ``soft_mask``, ``strict_mask``,
+``levit_bias``, ``signed_bias``) expand to these models; ``mask:3x5`` picks a window.
+
+:data:`KINDS` lists the kinds in the order their letters compose (``PM``, ``LM``); a new head kind is a
+file here, a line in :data:`KINDS` and its field on :class:`HeadSpec` (see ``docs/architecture.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pydantic import Field, model_validator
+
+from archspec.strict_model import StrictModel
+
+from . import gpsa, mask, rel_bias
+from .gpsa import GPSASpec
+from .mask import MaskSpec
+from .rel_bias import RelBiasSpec
+
+__all__ = ["HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "KINDS", "HEAD_SHORTHANDS", "HEAD_LETTERS",
+           "head_letters_legend", "coerce_heads", "StrictModel"]
+
+#: The head kinds, in the order their letters compose.
+KINDS = (gpsa, rel_bias, mask)
+
+HEAD_SHORTHANDS: dict[str, dict[str, Any]] = {"mhsa": {}, "global": {}}
+for _kind in KINDS:
+    HEAD_SHORTHANDS.update(_kind.SHORTHANDS)
+
+# The letters of HeadSpec.letter, for table legends: A plain MHSA, each kind's own, C class attention (whose
+# heads are not HeadSpecs: CaiT's class-attention blocks, archspec.families.class_attention).
+HEAD_LETTERS: dict[str, str] = {"A": "plain MHSA"}
+for _kind in KINDS:
+    HEAD_LETTERS.update(_kind.LEGEND)
+HEAD_LETTERS["C"] = "class attention (CaiT)"
+
+
+def head_letters_legend(used: str | None = None) -> str:
+    """One line explaining the head letters of the tables, e.g. ``A plain MHSA, P GPSA (ConViT), ...``.
+
+    ``used``: the text of a table's heads column; only the letters in it are explained (all when None).
+    Raises nothing."""
+    letters = [k for k in HEAD_LETTERS if used is None or k in used]
+    composed = used is None or any(len(word) > 1 for word in used.split())
+    return ", ".join(f"{k} {HEAD_LETTERS[k]}" for k in letters) + (
+        "; composed heads concatenate letters (PM)" if composed else "")
+
+
+class HeadSpec(StrictModel):
+    """What one attention head is: MHSA plus any of GPSA gating, relative bias and a MaiT mask.
+
+    YAML accepts a shorthand string (``mhsa``, ``gpsa``, ``mask``, ``soft_mask``, ``strict_mask``,
+    ``levit_bias``, ``signed_bias``; a mask shorthand may carry a window: ``mask:3x5``) or a mapping.
+    """
+
+    gpsa: GPSASpec | None = Field(None, description="Gated positional self-attention (ConViT).")
+    rel_bias: RelBiasSpec | None = Field(None, description="Additive relative position bias (LeViT / CMHSA).")
+    mask: MaskSpec | None = Field(None, description="MaiT attention mask.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            name, _, window = value.strip().partition(":")
+            if name not in HEAD_SHORTHANDS:
+                known = ", ".join(sorted(HEAD_SHORTHANDS))
+                raise ValueError(f"unknown head kind {name!r}; expected one of {known} or a mapping")
+            expanded = {k: dict(v) for k, v in HEAD_SHORTHANDS[name].items()}
+            if window:
+                if "mask" not in expanded:
+                    raise ValueError(f"only mask heads take a window, got {value!r}")
+                expanded["mask"]["window"] = window
+            return expanded
+        return value
+
+    @property
+    def letter(self) -> str:
+        """Letters used in tables (legend: :data:`HEAD_LETTERS`): A plain MHSA, P GPSA, L LeViT bias, R signed
+        (CMHSA) bias, M/S/X hard/soft/strict mask.  No 'G', which readers take for GPSA.
+
+        Composed heads concatenate letters (``PM`` = GPSA over a hard-masked content attention).
+        """
+        parts = "".join(kind.letter(getattr(self, kind.FIELD)) for kind in KINDS if getattr(self, kind.FIELD) is not None)
+        return parts or "A"
+
+    @property
+    def is_plain(self) -> bool:
+        """True for plain content attention (no GPSA, bias or mask)."""
+        return all(getattr(self, kind.FIELD) is None for kind in KINDS)
+
+
+def coerce_heads(heads: Sequence[HeadSpec | str | dict]) -> tuple[HeadSpec, ...]:
+    """Turn shorthands (``'mhsa'``, ``'gpsa'``, ``'mask:3x5'``, ...) or mappings into :class:`HeadSpec` objects.
+
+    Raises:
+        ValueError: for an empty list or an invalid head (pydantic's ``ValidationError`` is a ``ValueError``).
+    """
+    out = tuple(h if isinstance(h, HeadSpec) else HeadSpec.model_validate(h) for h in heads)
+    if not out:
+        raise ValueError("an attention layer needs at least one head")
+    return out

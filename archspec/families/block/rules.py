@@ -1,0 +1,112 @@
+"""The block around a token mixer: pre-norm ViT block or LeViT residual block, torch-free rules.
+
+A block is a token mixer of some family (attention, CaiT's talking heads, CMHSA's conv mixer) followed by
+an MLP, with LayerNorms and optional LayerScale (ViT family) or BatchNorm after every linear (LeViT).
+:class:`BlockShape` holds the mixer's family and shape; counts, memory and executed MACs compose the
+mixer family's rules with the MLP's.  The modules are :class:`~archspec.families.block.module.TransformerBlock`
+(timm ``vision_transformer.Block``) and :class:`~archspec.families.block.module.LevitBlock` (timm
+``levit.LevitBlock``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from archspec.memory import F32, NodeMemory
+
+__all__ = ["BlockShape", "counts", "executed_macs", "memory", "batchnorm_channels", "label", "mlp_memory",
+           "NO_WEIGHT_DECAY"]
+
+NO_WEIGHT_DECAY: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """One block on ``n_tokens`` tokens of width ``dim``: its mixer (``mixer_family`` and that family's shape)
+    and its MLP (``int(dim * mlp_ratio)`` hidden, ``act``); ``norm`` ``'layernorm'`` (pre-norm, ``norm_eps``,
+    LayerScale init ``layer_scale`` or None) or ``'batchnorm'`` (LeViT)."""
+
+    dim: int
+    n_tokens: int
+    mlp_ratio: float
+    norm: str
+    norm_eps: float
+    act: str
+    layer_scale: float | None
+    drop_path: float
+    mixer_family: str
+    mixer: Any
+
+    @property
+    def hidden(self) -> int:
+        """MLP hidden width ``int(dim * mlp_ratio)`` (timm's rounding)."""
+        return int(self.dim * self.mlp_ratio)
+
+    @property
+    def batchnorm(self) -> bool:
+        """LeViT's block (BatchNorm after every linear, no pre-norm)."""
+        return self.norm == "batchnorm"
+
+
+def _mixer_rules(shape: BlockShape):
+    from archspec.families import rules
+
+    return rules(shape.mixer_family)
+
+
+def _mlp_counts(shape: BlockShape) -> tuple[int, int]:
+    """(params, MACs) of the MLP and the norms: fc1, fc2 (bias, or BatchNorm), 2 LayerNorms, LayerScale."""
+    dim, hidden, n, bn = shape.dim, shape.hidden, shape.n_tokens, shape.batchnorm
+    per_channel = 2 if bn else 1  # BatchNorm weight and bias, or a linear bias
+    params = 2 * dim * hidden + per_channel * (hidden + dim)
+    params += 0 if bn else 4 * dim + (2 * dim if shape.layer_scale is not None else 0)
+    return params, 2 * n * dim * hidden
+
+
+def counts(shape: BlockShape) -> tuple[int, int]:
+    """(params, MACs per image): the mixer's (its family's rule) plus the MLP's ``2 N C hidden`` MACs and the
+    parameters of fc1, fc2 (biases, or LeViT's BatchNorms: 2 per channel), the LayerNorms and LayerScale."""
+    p_mix, m_mix = _mixer_rules(shape).counts(shape.mixer)
+    p_mlp, m_mlp = _mlp_counts(shape)
+    return p_mix + p_mlp, m_mix + m_mlp
+
+
+def executed_macs(shape: BlockShape) -> int:
+    """MACs per image as executed: the mixer's executed MACs (where its family has fast paths) plus the MLP's."""
+    rules = _mixer_rules(shape)
+    mixer = rules.executed_macs(shape.mixer) if hasattr(rules, "executed_macs") else rules.counts(shape.mixer)[1]
+    return mixer + _mlp_counts(shape)[1]
+
+
+def mlp_memory(n: int, dim: int, hidden: int, batchnorm: bool, layer_scale: bool) -> NodeMemory:
+    """The MLP half of a block: input, the attention residual sum, the norm output, and two hidden copies
+    (fc1 output and its activation; LeViT: linear and BatchNorm outputs) at once."""
+    x, hid = n * dim, n * hidden
+    extra = x if layer_scale else 0
+    act = 3 * x + 2 * hid + extra
+    saved = (2 if batchnorm else 1) * x + (3 if batchnorm else 2) * hid + 2 * x + extra
+    return NodeMemory(act=F32 * act, saved=F32 * saved)
+
+
+def memory(shape: BlockShape) -> NodeMemory:
+    """Bytes (batch 1, float32; rule in :mod:`archspec.graph`): the larger of the mixer's and the MLP's peaks,
+    the sum of what both save for backward, the mixer's buffers."""
+    mix = _mixer_rules(shape).memory(shape.mixer)
+    layer_scale = shape.layer_scale is not None and not shape.batchnorm
+    mlp = mlp_memory(shape.n_tokens, shape.dim, shape.hidden, shape.batchnorm, layer_scale)
+    return NodeMemory(act=max(mix.act, mlp.act), saved=mix.saved + mlp.saved, buffers=mix.buffers)
+
+
+def batchnorm_channels(shape: BlockShape) -> int:
+    """BatchNorm channels ``model.fuse()`` folds away: LeViT's fc1 and fc2, plus the mixer's."""
+    if not shape.batchnorm:
+        return 0
+    rules = _mixer_rules(shape)
+    mixer = rules.batchnorm_channels(shape.mixer) if hasattr(rules, "batchnorm_channels") else 0
+    return shape.hidden + shape.dim + mixer
+
+
+def label(shape: BlockShape) -> tuple[str, str]:
+    """``(kind, heads)`` of the analysis table: the mixer family's label and head letters."""
+    return _mixer_rules(shape).label(shape.mixer)

@@ -1,0 +1,4 @@
+"""The classifier head.
+
+torch-free rules: :mod:`.rules`; the torch side: :mod:`.module`.
+"""

@@ -1,0 +1,4 @@
+"""CaiT's talking-heads attention, optionally with MaiT masks.
+
+torch-free rules: :mod:`.rules`; the torch side: :mod:`.module`.
+"""
