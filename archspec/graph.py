@@ -31,8 +31,10 @@ references -- e.g. in an attention block the norm output, q, k and v, then the l
 ``(H, N, N)`` logits twice over (a product and its scaled copy; plus one more per additive bias,
 soft-mask multiplier or strict mask), the contiguous q/k copies of ``Q K^T``, and ``A V`` with its
 contiguous copy of v; in the MLP the input, the residual sum, the norm output and two copies of the
-hidden layer.  Buffers are the index and mask tables and the eval-mode bias / mask caches that
-scale with ``N^2``.  Conservative choices: the SDPA kernel is assumed to materialise the logits
+hidden layer.  Buffers are the index and mask tables and what the first eval-mode forward caches:
+the bias / mask constants that scale with ``N^2`` and the stacked q/k/v weights of the attention's single
+projection GEMM (:func:`archspec.families.attention.rules.caches`, equal to the module's bytes in
+tests/test_families.py).  Conservative choices: the SDPA kernel is assumed to materialise the logits
 when a mask or bias is passed (PyTorch's CPU kernel then does) and one copy even without; every
 phase's count takes the larger of the kernels' possibilities; BatchNorm running statistics are the
 only tensors left out.  On the shipped specs the estimate is 1.0-1.5x the bytes a

@@ -136,3 +136,26 @@ def test_validating_every_shipped_spec_imports_no_torch():
             "print(sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("heads, grid, prefix, norm", [
+    (["mask", "levit_bias"], (2, 2), 0, "layernorm"),
+    (["mask:3x3", "mask", "mhsa", "mhsa"], (18, 18), 1, "layernorm"),  # hard heads on the linear-time path
+    (["mask", "soft_mask"], (4, 4), 0, "layernorm"),
+    (["gpsa"] * 4, (5, 5), 0, "layernorm"),
+    (["levit_bias"] * 2, (4, 4), 0, "batchnorm"),
+    (["strict_mask", "signed_bias", {"gpsa": {}, "mask": {}}, "soft_mask"], (6, 6), 0, "layernorm"),
+])
+def test_attention_buffer_rule_is_the_modules_bytes(heads, grid, prefix, norm, one_thread):
+    """The rule's buffer bytes equal, to the byte, the layer's buffers plus the caches its first eval forward builds
+    (BatchNorm statistics aside, which the memory rule leaves out)."""
+    shape = AttentionShape(32, coerce_heads(heads), grid, prefix, AttnDims(8, 8), True, norm, "hardswish")
+    module = build("attention", shape).eval()
+    with torch.no_grad():
+        module(torch.randn(1, prefix + grid[0] * grid[1], 32))
+    real = sum(b.numel() * b.element_size() for n, b in module.named_buffers() if "running" not in n and "batches" not in n)
+    for name, value in vars(module).items():
+        if name.endswith("_cache") and value is not None:
+            real += sum(t.numel() * t.element_size() for t in (value if isinstance(value, tuple) else (value,))
+                        if t is not None)
+    assert rules("attention").buffers(shape) == real

@@ -111,8 +111,9 @@ def test_tiny_spec_hand_computed():
     # params: stem 16*8 + 8; q/k/v/proj 8*16+16 + 8*8+8 + 8*8+8; fc1 8*16+16; fc2 16*8+8; 2 LayerNorms; head 8*3+3 + fc_norm 16
     params = 136 + (144 + 72 + 72) + 144 + 136 + 32 + 27 + 16
     assert a.params == params == 779
-    assert a.weight_bytes == 4 * params and a.buffer_bytes == 0
-    assert a.peak_memory_bytes == a.peak_activation_bytes + 4 * params
+    assert a.weight_bytes == 4 * params
+    assert a.buffer_bytes == 4 * 2 * (2 * 4 + 4) * (8 + 1)  # the stacked q/k/v weights + biases of the eval GEMM
+    assert a.peak_memory_bytes == a.peak_activation_bytes + 4 * params + a.buffer_bytes
 
 
 def test_buffers_hand_computed():
@@ -121,8 +122,11 @@ def test_buffers_hand_computed():
         {"range": 0, "heads": ["mask:1x1", "levit_bias"]}]}]})
     a = analyze(spec)
     bias_idx, bias_cache = 8 * 4 * 4, 4 * 2 * 4 * 4  # int64 (N, N) table; float32 (H, N, N) eval cache
-    mask, mult_cache = 1 * 4 * 4, 4 * 2 * 4 * 4      # bool (n_mask, N, N); float32 (H, N, N) hard multiplier
-    assert a.buffer_bytes == bias_idx + bias_cache + mask + mult_cache
+    mask, window = 1 * 4 * 4, 4 * 4 * (1 + 1)        # bool (n_mask, N, N); linear-time tables (N, 1x1) + (N,)
+    zero = 1 * 2 * 4 * 4      # bool (H, N, N): the hard head runs on explicit logits on so small a grid
+    additive = 4 * 2 * 4 * 4  # float32 (H, N, N): the biased head's SDPA mask
+    qkv = 4 * 2 * (2 * 4 + 4) * (8 + 1)  # the stacked q/k/v weights + biases of the eval GEMM
+    assert a.buffer_bytes == bias_idx + bias_cache + mask + window + zero + additive + qkv
 
 
 MEDIUM = ["deit_tiny", "convit_tiny", "levit_128s", "mait_tiny_sch2", "cmhsa_k3_conv"]
@@ -186,7 +190,9 @@ def test_issue_reproducer_fails_validation_with_the_estimate(tmp_path):
     (problem,) = info.value.problems
     assert format_path(problem.path) == "stages[0]" and problem.line == 5 and problem.file == str(path)
     assert "over the memory limit of 8.0 GiB" in problem.message
-    assert "24.7 GiB" in problem.message  # weights 1.0 GiB + activations 23.6 GiB (q/k/v of 64 x 4096 dims)
+    # weights 1.0 GiB + activations 23.6 GiB (q/k/v of 64 x 4096 dims) + buffers 780 MiB (the eval-mode copy of
+    # the q/k/v weights: 4 layers x 64 heads x 3 x 4096 rows x 65 columns x 4 bytes)
+    assert "25.4 GiB" in problem.message
     assert "--max-memory" in problem.hint
     spec = load_spec(str(path), max_memory=parse_memory("32G"))  # a raised limit accepts it
     assert spec.stages[0].head_dim == 4096
@@ -228,7 +234,7 @@ def test_cli_validate_and_build_limit(tmp_path, capsys):
     path.write_text(ISSUE_SPEC, encoding="utf-8")
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
-    assert f"{path}:5:" in err and "24.7 GiB" in err and "--max-memory" in err and "Traceback" not in err
+    assert f"{path}:5:" in err and "25.4 GiB" in err and "--max-memory" in err and "Traceback" not in err
     assert main(["validate", str(path), "--max-memory", "32G"]) == 0
     assert "memory of a batch-1 float32 forward" in capsys.readouterr().out
     tiny = tmp_path / "tiny.yaml"

@@ -16,14 +16,14 @@ from pydantic import Field
 
 from archspec.strict_model import StrictModel
 
-__all__ = ["GPSASpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "params", "macs", "buffers", "problems",
+__all__ = ["GPSASpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "params", "macs", "tables", "problems",
            "NO_WEIGHT_DECAY"]
 
 FIELD = "gpsa"  # the HeadSpec field that holds this kind
 SHORTHANDS = {"gpsa": {"gpsa": {}}}
 LEGEND = {"P": "GPSA (ConViT)"}
 NO_WEIGHT_DECAY = frozenset({"gating_param"})  # ConViT trains lambda without weight decay (timm convit)
-F32 = 4
+F32, I64 = 4, 8
 
 
 class GPSASpec(StrictModel):
@@ -71,9 +71,11 @@ def macs(heads: Sequence, grid: tuple[int, int]) -> int:
     return (grid[0] * grid[1]) ** 2 * 3 * _count(heads)
 
 
-def buffers(heads: Sequence, n_tokens: int, n_patches: int) -> int:
-    """Bytes of GPSA's buffers in a layer: the relative indices ``r_ij`` ``(N_p, N_p, 3)`` float32."""
-    return F32 * 3 * n_patches * n_patches if _count(heads) else 0
+def tables(heads: Sequence, n_tokens: int, n_patches: int) -> int:
+    """Bytes of GPSA's constant tables in a layer: the relative indices ``r_ij`` ``(N_p, N_p, 3)`` float32 and the
+    int64 indices of the GPSA heads."""
+    n_gpsa = _count(heads)
+    return F32 * 3 * n_patches * n_patches + I64 * n_gpsa if n_gpsa else 0
 
 
 def _is_square(n: int) -> bool:

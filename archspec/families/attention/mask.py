@@ -21,7 +21,7 @@ from pydantic import Field, field_validator, model_validator
 from archspec.strict_model import StrictModel
 
 __all__ = ["MaskSpec", "FIELD", "SHORTHANDS", "LEGEND", "WINDOW_PATTERN", "parse_window", "letter", "params", "macs",
-           "buffers", "problems", "alpha_to_logit", "NO_WEIGHT_DECAY"]
+           "tables", "problems", "alpha_to_logit", "NO_WEIGHT_DECAY"]
 
 FIELD = "mask"
 SHORTHANDS = {"mask": {"mask": {}}, "hard_mask": {"mask": {"mode": "hard"}}, "soft_mask": {"mask": {"mode": "soft"}},
@@ -123,14 +123,14 @@ def macs(heads: Sequence, grid: tuple[int, int]) -> int:
     return 0
 
 
-def buffers(heads: Sequence, n_tokens: int, n_patches: int) -> int:
-    """Bytes: the bool ``(n_mask, N, N)`` mask table, and the eval-mode cache of the hard heads' mask term
-    ``(H, N, N)`` (counted as float32: conservative; the module caches it as bool) when no head is soft."""
+def tables(heads: Sequence, n_tokens: int, n_patches: int) -> int:
+    """Bytes of the constant mask tables: the bool ``(n_mask, N, N)`` neighbourhoods, and for each distinct window of
+    the hard heads the linear-time kernel's float32 tables ``outside`` ``(N_p, rows cols)`` and ``n0`` ``(N_p,)``
+    (:func:`archspec.families.attention.kernels.window_tables`; the hard term the explicit paths cache is the
+    layer's, :func:`archspec.families.attention.rules.caches`)."""
     modes = _modes(heads)
-    total = BOOL * len(modes) * n_tokens * n_tokens
-    if "hard" in modes and "soft" not in modes:
-        total += F32 * len(heads) * n_tokens * n_tokens
-    return total
+    windows = {tuple(h.mask.window) for h in heads if h.mask is not None and h.mask.mode == "hard"}
+    return BOOL * len(modes) * n_tokens * n_tokens + sum(F32 * n_patches * (r * c + 1) for r, c in windows)
 
 
 def problems(heads: Sequence, grid: tuple[int, int], n_prefix: int, where: tuple) -> list[tuple[tuple, str, str]]:

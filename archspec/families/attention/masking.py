@@ -25,7 +25,8 @@ from torch import Tensor
 from .mask import alpha_to_logit
 from .tables import grid_positions
 
-__all__ = ["window_mask", "soft_mask_scale", "mask_terms", "hard_zero", "apply_mask_terms", "alpha_to_logit"]
+__all__ = ["window_mask", "soft_mask_scale", "mask_terms", "hard_zero", "strict_block", "apply_mask_terms",
+           "alpha_to_logit"]
 
 
 def window_mask(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int = 0) -> Tensor:
@@ -123,8 +124,12 @@ def mask_terms(num_heads: int, modes: Sequence[str | None], masks: Tensor, alpha
         n = masks.shape[-1]
         mult = torch.ones(num_heads, n, n, dtype=dtype, device=masks.device)
         mult[soft] = soft_mask_scale(masks[[masked.index(h) for h in soft]], alpha.to(dtype))
-    block = _per_head(num_heads, modes, masks, "strict", invert=True)
-    return zero, mult, block
+    return zero, mult, strict_block(num_heads, modes, masks)
+
+
+def strict_block(num_heads: int, modes: Sequence[str | None], masks: Tensor) -> Tensor | None:
+    """Bool ``(H, N, N)``: True where a strict-masked head's logit becomes ``-inf``; None without strict heads."""
+    return _per_head(num_heads, modes, masks, "strict", invert=True)
 
 
 def apply_mask_terms(logits: Tensor, zero: Tensor | None, mult: Tensor | None, block: Tensor | None) -> Tensor:

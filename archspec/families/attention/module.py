@@ -38,8 +38,8 @@ from .heads import HeadSpec, coerce_heads
 from .kernels import (_is_compiling, flex_masked_attention, gpsa_attention, hard_masked_attention,
                       hard_window_attention, window_tables)
 from .mask import alpha_to_logit
-from .masking import apply_mask_terms, hard_zero, mask_terms, window_mask
-from .rules import AttentionShape, gpsa_head_on_sdpa_path, hard_head_on_window_path
+from .masking import apply_mask_terms, hard_zero, mask_terms, strict_block, window_mask
+from .rules import AttentionShape, gpsa_head_on_sdpa_path, head_path
 from .tables import (check_grid, conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table,
                      signed_bias_idxs)
 
@@ -340,25 +340,8 @@ class Attention(nn.Module):
         return self
 
     def _head_path(self, head: int, compiled: bool = False) -> tuple:
-        """Path of one head under ``attn_impl`` (not ``'dense'``): a hashable group key.
-
-        ``compiled``: the plan used while ``torch.compile`` traces the layer.  Inductor fuses the window path's
-        ~30 small ops, after which it beats SDPA on every grid (the kernel alone, compiled: 14x14 grid + class
-        token, 2 heads of 64, one CPU thread, torch 2.14, 0.26-0.36 ms vs SDPA's 0.38-0.49 ms; the model-level
-        ratio is ``bench/speed.py --compile``), so plain hard heads take it regardless of size."""
-        spec = self.head_specs[head]
-        mode = spec.mask.mode if spec.mask is not None else None
-        if gpsa_head_on_sdpa_path(spec):
-            return ("gpsa",)
-        if mode in (None, "strict"):
-            return ("sdpa",)
-        if self.attn_impl == "flex" and spec.gpsa is None:
-            return ("flex",)
-        window = tuple(spec.mask.window)
-        plain_hard = mode == "hard" and spec.gpsa is None and spec.rel_bias is None
-        if plain_hard and (self.attn_impl == "fast" or compiled or hard_head_on_window_path(spec, self.num_patches)):
-            return ("window", window)
-        return ("hard",) if plain_hard else ("dense",)
+        """Path of one head under ``attn_impl`` (not ``'dense'``): the family rules' :func:`~.rules.head_path`."""
+        return head_path(self.head_specs[head], self.num_patches, self.attn_impl, compiled)
 
     def _plan_paths(self) -> None:
         """Group heads by path (static: head kinds, grid, ``attn_impl``); ``_groups`` lists ``(key, heads)``
@@ -514,7 +497,8 @@ class Attention(nn.Module):
         mask = self.position_bias()
         if mask is not None:
             mask = mask.to(dtype)
-        _, _, block = self._mask_terms(dtype)
+        # only the strict heads' -inf: the hard and soft terms belong to the explicit paths, not SDPA's mask
+        block = strict_block(self.num_heads, self._mask_modes, self.attn_masks) if self.strict_heads else None
         if block is not None:
             mask = torch.zeros(block.shape, dtype=dtype, device=block.device) if mask is None else mask
             mask = mask.masked_fill(block, float("-inf"))

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from archspec.strict_model import StrictModel
 
-__all__ = ["RelBiasSpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "params", "macs", "buffers", "problems",
+__all__ = ["RelBiasSpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "params", "macs", "tables", "problems",
            "NO_WEIGHT_DECAY", "RESAMPLED_TABLES", "table_grid"]
 
 FIELD = "rel_bias"
@@ -24,7 +24,7 @@ LEGEND = {"L": "LeViT bias (absolute offsets)", "R": "signed bias (CMHSA)"}
 NO_WEIGHT_DECAY = frozenset({"attention_biases", "signed_biases"})  # position tables, as timm LeViT
 #: parameter leaf -> table kind; the tables are resampled bicubically when the grid changes
 RESAMPLED_TABLES = {"attention_biases": "absolute", "signed_biases": "signed"}
-F32, I64 = 4, 8
+I64 = 8
 
 
 class RelBiasSpec(StrictModel):
@@ -62,13 +62,10 @@ def macs(heads: Sequence, grid: tuple[int, int]) -> int:
     return 0
 
 
-def buffers(heads: Sequence, n_tokens: int, n_patches: int) -> int:
-    """Bytes: an int64 ``(N_p, N_p)`` index table per table kind used, plus the eval-mode ``(H, N, N)`` float32
-    bias cache when any head is biased."""
-    kinds = set(_tables(heads))
-    if not kinds:
-        return 0
-    return I64 * n_patches * n_patches * len(kinds) + F32 * len(heads) * n_tokens * n_tokens
+def tables(heads: Sequence, n_tokens: int, n_patches: int) -> int:
+    """Bytes of the constant index tables: an int64 ``(N_p, N_p)`` table per table kind used (the eval-mode bias
+    cache is the layer's, :func:`archspec.families.attention.rules.caches`)."""
+    return I64 * n_patches * n_patches * len(set(_tables(heads)))
 
 
 def problems(heads: Sequence, grid: tuple[int, int], n_prefix: int, where: tuple) -> list[tuple[tuple, str, str]]:

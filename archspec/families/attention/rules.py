@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from archspec.memory import F32, NodeMemory
+from archspec.memory import BOOL, F32, NodeMemory
 from archspec.strict_model import HINT
 
 from . import rel_bias
@@ -25,7 +25,7 @@ from .heads import KINDS, HeadSpec
 
 __all__ = ["AttentionShape", "AttnDims", "head_dims", "check_value_dim", "counts", "memory", "executed_macs", "problems",
            "head_problems", "batchnorm_channels", "label", "window_path_pays", "hard_head_on_window_path",
-           "gpsa_head_on_sdpa_path", "window_attention_macs", "attention_macs_change", "buffers", "NO_WEIGHT_DECAY",
+           "gpsa_head_on_sdpa_path", "window_attention_macs", "attention_macs_change", "head_path", "buffers", "caches", "NO_WEIGHT_DECAY",
            "RESAMPLED_TABLES"]
 
 #: parameter leaf names an optimizer must not decay (every head kind's)
@@ -191,6 +191,30 @@ def gpsa_head_on_sdpa_path(head: HeadSpec) -> bool:
     return head.gpsa is not None and (head.mask is None or head.mask.mode == "strict")
 
 
+def head_path(head: HeadSpec, num_patches: int, attn_impl: str = "auto", compiled: bool = False) -> tuple:
+    """The path one head takes in :class:`~.module.Attention` under ``attn_impl`` (not ``'dense'``), as a
+    hashable group key: ``("gpsa",)`` ``(1 - g) SDPA + g P V``; ``("sdpa",)`` plain, biased or strict heads in
+    one SDPA call; ``("flex",)``; ``("window", (rows, cols))`` the linear-time hard-mask kernel; ``("hard",)``
+    hard masks on explicit ``N x N`` logits; ``("dense",)`` the explicit reference formula.
+
+    ``compiled``: the plan while ``torch.compile`` traces the layer.  Inductor fuses the window path's ~30 small
+    ops, after which it beats SDPA on every grid (the kernel alone, compiled: 14x14 grid + class token, 2 heads of
+    64, one CPU thread, torch 2.14, 0.26-0.36 ms vs SDPA's 0.38-0.49 ms; the model-level ratio is
+    ``bench/speed.py --compile``), so plain hard heads take it regardless of size.
+    """
+    mode = head.mask.mode if head.mask is not None else None
+    if gpsa_head_on_sdpa_path(head):
+        return ("gpsa",)
+    if mode in (None, "strict"):
+        return ("sdpa",)
+    if attn_impl == "flex" and head.gpsa is None:
+        return ("flex",)
+    plain_hard = mode == "hard" and head.gpsa is None and head.rel_bias is None
+    if plain_hard and (attn_impl == "fast" or compiled or hard_head_on_window_path(head, num_patches)):
+        return ("window", tuple(head.mask.window))
+    return ("hard",) if plain_hard else ("dense",)
+
+
 def window_attention_macs(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int,
                           qk_dim: int, v_dim: int) -> int:
     """MACs of one hard-masked head as the linear-time path executes it, per image.
@@ -254,10 +278,33 @@ def _logit_terms(heads: Sequence[HeadSpec], n: int, n_patches: int) -> tuple[int
     return alive, saved, g
 
 
-def buffers(heads: Sequence[HeadSpec], n: int, n_patches: int) -> int:
-    """Bytes of a layer's index tables, masks and eval-mode caches: each head kind's (:func:`.gpsa.buffers`,
-    :func:`.rel_bias.buffers`, :func:`.mask.buffers`)."""
-    return sum(kind.buffers(heads, n, n_patches) for kind in KINDS)
+def buffers(shape: AttentionShape) -> int:
+    """Bytes of a layer's non-parameter tensors after its first eval forward under ``attn_impl='auto'``: each head
+    kind's tables (:func:`.gpsa.tables`, :func:`.rel_bias.tables`, :func:`.mask.tables`) and the eval-mode caches
+    of :class:`~.module.Attention` (:func:`caches`)."""
+    n = shape.n_tokens
+    return sum(kind.tables(shape.heads, n, n - shape.n_prefix) for kind in KINDS) + caches(shape)
+
+
+def caches(shape: AttentionShape) -> int:
+    """Bytes of the constants :class:`~.module.Attention` caches in its first eval forward (``attn_impl='auto'``),
+    from the paths its heads take (:func:`head_path`): the ``(H, N, N)`` float32 position bias (any biased head),
+    the bool ``(H, N, N)`` hard-mask term (hard heads on an explicit path), the float32 ``(H, N, N)`` additive mask
+    of the SDPA paths (biased or strict heads there), GPSA's ``(n_gpsa, N_p, N_p)`` positional attention, and the
+    stacked ``qk`` + ``v`` weights of the layernorm family's single projection GEMM."""
+    heads, n, dims = shape.heads, shape.n_tokens, shape.dims
+    n_patches, h = n - shape.n_prefix, len(heads)
+    paths = {head_path(head, n_patches)[0] for head in heads}
+    modes = {head.mask.mode for head in heads if head.mask is not None}
+    bias = any(head.rel_bias is not None for head in heads)
+    n_gpsa = sum(head.gpsa is not None for head in heads)
+    total = F32 * h * n * n if bias else 0
+    total += BOOL * h * n * n if "hard" in modes and paths & {"dense", "hard"} else 0
+    total += F32 * h * n * n if (bias or "strict" in modes) and paths & {"sdpa", "gpsa"} else 0
+    total += F32 * n_gpsa * n_patches * n_patches
+    if shape.norm == "layernorm":
+        total += F32 * h * (2 * dims.qk_dim + dims.v_dim) * (shape.dim + (1 if shape.qkv_bias else 0))
+    return total
 
 
 def memory(shape: AttentionShape) -> NodeMemory:
@@ -285,5 +332,5 @@ def memory(shape: AttentionShape) -> NodeMemory:
     ]
     act = base + max(phases) + x     # + the residual sum
     saved = base - x + (qk + v if batchnorm else 0) + saved_logits + 3 * out + 3 * x
-    return NodeMemory(act=F32 * act, saved=F32 * saved, buffers=buffers(heads, n, n_patches))
+    return NodeMemory(act=F32 * act, saved=F32 * saved, buffers=buffers(shape))
 
