@@ -19,6 +19,7 @@ import copy
 from typing import Any
 
 from archspec.families.attention.heads import HEAD_SHORTHANDS
+from archspec.families.attention.mask import WINDOW_PATTERN
 
 __all__ = ["SCHEMA_DIALECT", "SCHEMA_ID", "SPACE_SCHEMA_ID", "SCHEMA_FILE_NAME", "SPACE_SCHEMA_FILE_NAME",
            "X_KEY_PATTERN", "spec_schema", "space_schema"]
@@ -33,7 +34,7 @@ X_KEY_PATTERN = "^x-"
 
 _MASK_KINDS = sorted(k for k, v in HEAD_SHORTHANDS.items() if "mask" in v)
 _PLAIN_KINDS = sorted(k for k, v in HEAD_SHORTHANDS.items() if "mask" not in v)
-_WINDOW = r"\s*\d+\s*[xX]\s*\d+\s*"
+_WINDOW = WINDOW_PATTERN.replace("(", "").replace(")", "")  # the mask kind's pattern, without its groups
 HEAD_SHORTHAND_PATTERN = (rf"^\s*(?:(?:{'|'.join(_PLAIN_KINDS)})|(?:{'|'.join(_MASK_KINDS)})(?::{_WINDOW})?)\s*$")
 
 

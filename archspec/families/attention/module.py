@@ -34,6 +34,7 @@ from timm.models.levit import LinearNorm
 from torch import Tensor, nn
 
 from ..activations import activation
+from . import gpsa
 from .heads import HeadSpec, coerce_heads
 from .kernels import (_is_compiling, flex_masked_attention, gpsa_attention, hard_masked_attention,
                       hard_window_attention, window_tables)
@@ -175,14 +176,9 @@ class Attention(nn.Module):
         self._mask_modes = [h.mask.mode if h.mask is not None else None for h in specs]
         # SDPA handles additive terms only (bias, -inf); hard/soft masks and GPSA need explicit logits.
         self.explicit_logits = bool(self.gpsa_heads or self.hard_heads or self.soft_heads)
-        if self.gpsa_heads and self.num_prefix_tokens > 0:
-            raise ValueError(
-                "GPSA heads need num_prefix_tokens == 0: ConViT concatenates the class token only after "
-                f"the last GPSA block (got num_prefix_tokens={self.num_prefix_tokens})"
-            )
+        for _, message, hint in gpsa.problems(specs, self.grid, self.num_prefix_tokens, ()):  # the IR's own checks
+            raise ValueError(f"{message} ({hint})")
         self.conv_init_heads = [i for i in self.gpsa_heads if specs[i].gpsa.conv_init]
-        if self.conv_init_heads:
-            conv_kernel_offsets(len(self.conv_init_heads))  # raises ValueError when not a perfect square
         if len({specs[i].gpsa.gating_trainable for i in self.gpsa_heads}) > 1:
             raise ValueError("GPSA heads of one layer must agree on gating_trainable (one gating_param per layer)")
 
