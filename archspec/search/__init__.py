@@ -5,9 +5,11 @@ Modules (import them directly; this package imports nothing heavy on its own):
 * :mod:`archspec.search.space`   -- the declarative search-space language, ``load_space``,
   ``mask_placement_space`` (MaiT mode 2);
 * :mod:`archspec.search.budget`  -- ``parse_quantity``, ``Budgets``, ``static_check`` (graph only);
-* :mod:`archspec.search.data`    -- ``load_data`` (digits by default, Fashion-MNIST, CIFAR-10/100, ImageFolder);
 * :mod:`archspec.search.proxy`   -- ``ProxyProtocol``, ``proxy_spec``, ``train_proxy``, ``TrialFailure``;
 * :mod:`archspec.search.latency` -- ``LatencyProtocol``, ``measure_latency``, ``LatencyCache``.
+
+The proxy training data comes from :mod:`archspec.data` (``load_data``: digits by default, Fashion-MNIST,
+CIFAR-10/100, ImageFolder), shared with training and the weight transfers.
 """
 
 from __future__ import annotations

@@ -163,12 +163,12 @@ def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
 
 def check_data_path(data: str | None) -> None:
     """Fail fast, before a study is opened, when ``--data`` names nothing (see
-    :func:`archspec.search.data.check_source`).
+    :func:`archspec.data.check_source`).
 
     Raises:
         SpecError: a missing path, or Fashion-MNIST asked for where it is not installed (exit 2 from the CLI).
     """
-    from archspec.search.data import check_source
+    from archspec.data import check_source
 
     check_source(data)
 
@@ -671,7 +671,7 @@ def _preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     Raises:
         SpecError: the first bad input (trials, timeout, budgets, space, data, ``--out``, ``--storage``).
     """
-    from archspec.search.data import load_data
+    from archspec.data import load_data
 
     if cfg.trials < 1:
         raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")

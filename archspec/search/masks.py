@@ -53,7 +53,7 @@ from pydantic import ValidationError
 from archspec.errors import SpecError, format_path
 from archspec.heads import HeadSpec, MaskSpec
 from archspec.search import runs
-from archspec.search.data import load_data
+from archspec.data import load_data
 from archspec.search.design import (SearchConfig, SearchOutcome, _json, _quiet_optuna, _run_lock, check_data_path,
                                     check_outputs, open_run)
 from archspec.search.study import fail_zombie_trials, mark_worker
