@@ -58,12 +58,32 @@ MAX_MEMORY_HELP = ("refuse specs whose batch-1 float32 forward is estimated to n
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The whole command line.  Built for every command, ``--help`` and ``validate`` included, so it is made from
+    torch-free modules only: a command imports what it needs when it runs (``tests/test_front_door.py``)."""
     parser = argparse.ArgumentParser(prog="archspec", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"archspec {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    _add_build_parser(sub)
+    _add_validate_parser(sub)
+    _add_inspect_parser(sub)
+    sub.add_parser("list", help="the shipped specs, with params and MACs")
+    _add_schema_parser(sub)
+    try:
+        from archspec.search.cli import add_search_parser  # torch- and Optuna-free; the search imports them when it runs
+    except ImportError:  # the search layer is optional at import time
+        pass
+    else:
+        add_search_parser(sub)
+    # two-phase and tcnn (each sets its own handler); archspec.transfer imports its torch modules lazily
+    from archspec.transfer.cli import add_transfer_parsers
 
+    add_transfer_parsers(sub)
+    return parser
+
+
+def _add_build_parser(sub) -> None:
     build = sub.add_parser(
         "build", help="validate, compile, run a real photograph through the model and save it",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -95,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     build.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
+
+def _add_validate_parser(sub) -> None:
     validate = sub.add_parser(
         "validate", help="static checks and the analysis table only (no weights, fast); or check a build directory",
         description="Check SPEC (schema and shapes, no weights) and print the analysis table.  Given a directory\n"
@@ -109,8 +131,8 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true", help="print the analysis as JSON")
     validate.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
-    _add_inspect_parser(sub)
-    sub.add_parser("list", help="the shipped specs, with params and MACs")
+
+def _add_schema_parser(sub) -> None:
     schema = sub.add_parser(
         "schema", help="print the JSON Schema of a spec (for editor completion)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -122,17 +144,6 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument("--markdown", action="store_true", help="print the field reference as Markdown instead")
     schema.add_argument("--space", action="store_true",
                         help="print the JSON Schema of a search-space file (archspec search --space) instead")
-
-    try:
-        from archspec.search.cli import add_search_parser
-    except ImportError:  # the search layer is optional at import time
-        pass
-    else:
-        add_search_parser(sub)
-    from archspec.transfer.cli import add_transfer_parsers  # two-phase (sets its own handler)
-
-    add_transfer_parsers(sub)
-    return parser
 
 
 def _window(text: str) -> tuple[int, int]:

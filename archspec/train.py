@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from archspec.search.data import Dataset
+    from archspec.data import Dataset
 
 __all__ = ["AUGMENTATIONS", "TrainConfig", "TrainResult", "TrialFailure", "evaluate", "resolve_device", "train"]
 

@@ -69,7 +69,7 @@ def _train(task: dict) -> dict:
     """One training run in a worker process (``ProcessPoolExecutor``): ``{index, label, accuracy|failure, seconds}``."""
     import torch
 
-    from archspec.search.data import load_data
+    from archspec.data import load_data
     from archspec.search.proxy import ProxyProtocol, TrialFailure, train_proxy
     from archspec.loader import load_spec
 
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
 
     from archspec.analysis import human
     from archspec.search.budget import Budgets, parse_quantity
-    from archspec.search.data import load_data
+    from archspec.data import load_data
     from archspec.search.proxy import ProxyProtocol
     from archspec.search.space import load_space
 

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     import torch
 
     from archspec.search.budget import Budgets, parse_quantity, static_check_rate
-    from archspec.search.design import DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, SearchConfig, run_design
+    from archspec.search.design import run_design
+    from archspec.search.engine import DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, SearchConfig
     from archspec.search.latency import LatencyProtocol
     from archspec.search.proxy import ProxyProtocol
     from archspec.search.space import load_space

@@ -265,7 +265,7 @@ def test_search_rejects_candidates_whose_training_batch_is_over_the_limit():
 
 def test_search_refuses_a_space_whose_smallest_point_is_over_the_limit():
     from archspec.search.budget import Budgets
-    from archspec.search.design import check_budgets_feasible
+    from archspec.search.engine import check_budgets_feasible
     from archspec.search.space import load_space
 
     options = {"macs": "--budget-flops", "params": "--budget-params"}

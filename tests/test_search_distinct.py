@@ -137,7 +137,7 @@ def test_progress_lines_when_stdout_is_not_a_terminal(space_file, tmp_path, caps
 
 
 def test_progress_line_states_and_eta():
-    from archspec.search.design import progress_line
+    from archspec.search.report import progress_line
 
     failed = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"fail_reason": "boom"})
     failed.number = 7

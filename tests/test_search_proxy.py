@@ -1,4 +1,4 @@
-"""archspec.search.data, .proxy and .latency: datasets, proxy adaptation and training, latency and its cache."""
+"""archspec.data, archspec.search.proxy and .latency: datasets, proxy adaptation and training, latency and its cache."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from archspec import SpecError, analyze, load_spec
-from archspec.search.data import load_data
+from archspec.data import load_data
 from archspec.search.latency import LatencyCache, LatencyProtocol, architecture_key, measure_latency
 from archspec.search.proxy import ProxyProtocol, TrialFailure, proxy_spec, train_proxy
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from macs_reference import reference_macs
 
-from archspec.search.data import load_data
+from archspec.data import load_data
 from archspec.train import TrainConfig, train
 from archspec.transfer import TransferError
 from archspec.transfer.tcnn import ConvGPSA, conv_gpsa_macs, gating_param_groups, tcnn, transformed_layers

@@ -7,7 +7,7 @@ import torch
 
 import archspec
 from archspec.search import proxy
-from archspec.search.data import load_data
+from archspec.data import load_data
 from archspec.train import TrainConfig, TrialFailure, resolve_device, train
 
 TINY = """

@@ -54,7 +54,7 @@ def test_two_phase_refuses_user_files_and_specs_without_conv(tmp_path, capsys):
 def test_grey_data_is_repeated_to_the_specs_three_channels():
     from torch.utils.data import TensorDataset
 
-    from archspec.search.data import Dataset
+    from archspec.data import Dataset
     from archspec.transfer.two_phase import match_channels
 
     split = TensorDataset(torch.arange(8.0).reshape(2, 1, 2, 2), torch.tensor([0, 1]))

@@ -141,7 +141,7 @@ def static_check(spec: ArchSpec, budgets: Budgets, data=None, protocol=None) -> 
     """Check ``spec`` against the MAC, parameter and memory budgets from the IR alone (no weights).
 
     Memory: a batch-1 inference forward at the spec's size and, when ``data`` (a
-    :class:`~archspec.search.data.Dataset`) and ``protocol`` (a :class:`~archspec.search.proxy.ProxyProtocol`)
+    :class:`~archspec.data.Dataset`) and ``protocol`` (a :class:`~archspec.search.proxy.ProxyProtocol`)
     are given, one proxy training step of ``protocol.batch_size`` images (:func:`training_memory`),
     against ``budgets.memory``.  The latency budget is not checked here (it needs a measurement).
     An invalid spec is infeasible, with the validator's message as the reason (``macs = params = 0``).

@@ -119,10 +119,17 @@ def _seconds(text: str) -> float:
 def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
     """Options shared by both modes.  On the ``masks`` sub-parser their defaults are suppressed so that
     ``archspec search --trials 3 masks X`` and ``archspec search masks X --trials 3`` both work."""
-    from archspec.search.design import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS
-
     def d(value):
         return value if defaults else argparse.SUPPRESS
+
+    _add_run_options(p, d)
+    _add_data_options(p, d)
+    _add_latency_options(p, d)
+
+
+def _add_run_options(p: argparse.ArgumentParser, d) -> None:
+    """Run, storage and resume options; ``d(value)`` is the default (or ``argparse.SUPPRESS``)."""
+    from archspec.search.config import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS  # no Optuna, no torch
 
     run = p.add_argument_group("run, storage and resume")
     run.add_argument("--study-name", default=d(None), metavar="NAME",
@@ -151,6 +158,9 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
                      help="auto (default: cuda when a GPU is present, else cpu), cpu, cuda or cuda:N -- for proxy "
                           "training and latency")
 
+
+def _add_data_options(p: argparse.ArgumentParser, d) -> None:
+    """Data and proxy-training options; ``d(value)`` is the default (or ``argparse.SUPPRESS``)."""
     data = p.add_argument_group("data and proxy training protocol")
     data.add_argument("--data", default=d(None), metavar="PATH",
                       help="'fashion-mnist' (apt-get install dataset-fashion-mnist), a CIFAR-10/100 python directory, "
@@ -169,6 +179,9 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
                            "2 threads ran 18x slower than 1 from OpenMP oversubscription; to use more cores, run more "
                            "workers on one --storage)")
 
+
+def _add_latency_options(p: argparse.ArgumentParser, d) -> None:
+    """Latency-protocol options; ``d(value)`` is the default (or ``argparse.SUPPRESS``)."""
     lat = p.add_argument_group("latency protocol (measured at the spec's real input size, median after warm-up)")
     lat.add_argument("--latency-device", default=d(None), metavar="DEV",
                      help="torch device of the timing (default: --device); cpu times LeViT's CPU protocol, cuda its "
@@ -211,8 +224,12 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
                      help="multi-fidelity first rung in proxy steps (default: --proxy-steps / eta^2)")
     _add_common(search, defaults=True)
     search.set_defaults(handler=cmd_search, search_mode=None)
+    _add_masks_parser(search.add_subparsers(dest="search_mode", title="mode 2 (sub-command)", metavar="masks"))
+    return search
 
-    modes = search.add_subparsers(dest="search_mode", title="mode 2 (sub-command)", metavar="masks")
+
+def _add_masks_parser(modes) -> None:
+    """Register ``archspec search masks`` (mode 2) on the search parser's sub-commands."""
     masks = modes.add_parser("masks", help="MaiT mask placement for SPEC (--strategy als|optuna|soft)",
                              description=MASKS_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     masks.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name (see `archspec list`)")
@@ -235,7 +252,6 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
                    help="soft: learned alpha below A -> hard mask, else global (default 0.5 = the initial alpha)")
     _add_common(masks, defaults=False)
     masks.set_defaults(handler=cmd_search_masks)
-    return search
 
 
 # ----------------------------------------------------------------------------------- building configs
@@ -297,7 +313,7 @@ def _latency(args):
 
 
 def _config(args, **overrides):
-    from archspec.search.design import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS, SearchConfig
+    from archspec.search.config import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS, SearchConfig
 
     cfg = SearchConfig(
         budgets=_budgets(args), protocol=_protocol(args), latency=_latency(args),
@@ -318,7 +334,9 @@ def _config(args, **overrides):
 
 
 def _report(outcome, args) -> int:
-    from archspec.search import runs
+    """Print the outcome's summary (JSON with ``--json``, else tables); the exit status: 130 interrupted,
+    1 no best.yaml (nothing usable trained), else 0."""
+    from archspec.search import report, runs
 
     summary = outcome.summary
     if args.json:
@@ -326,7 +344,7 @@ def _report(outcome, args) -> int:
     else:
         from rich.console import Console
 
-        runs.print_summary(summary, Console(highlight=False, width=None if sys.stdout.isatty() else 120))
+        report.print_summary(summary, Console(highlight=False, width=None if sys.stdout.isatty() else 120))
     if outcome.interrupted:
         return 130
     return 0 if outcome.best_file is not None else 1
@@ -341,7 +359,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_search_masks(args: argparse.Namespace) -> int:
     """Mode 2 handler."""
-    from archspec.search.design import DEFAULT_TRIALS
+    from archspec.search.config import DEFAULT_TRIALS
     from archspec.search.masks import MaskConfig, run_masks
 
     if getattr(args, "budget_flops", None) or getattr(args, "budget_params", None) or getattr(args, "budget_latency", None):

@@ -26,8 +26,8 @@ Three strategies (Li et al. 2022, "MaiT"):
     threshold is not closer to 0 even after the baseline correction.  Both are options.
 
 ``optuna`` -- Optuna (TPE) over :func:`archspec.search.space.mask_placement_space`: the number of
-    masked heads per group of layers and their window; objective proxy accuracy (the same trial
-    machinery as mode 1, :func:`archspec.search.design.run_optuna_search`).
+    masked heads per group of layers and their window; objective proxy accuracy (the same engine
+    as mode 1, :func:`archspec.search.engine.run_optuna_search`).
 
 ``soft`` -- sec. 4.3: every head of every attention layer gets a soft mask (non-neighbour logits
     scaled by a learned ``alpha = sigmoid(a)``, initial 0.5); proxy-train; then a head whose learned
@@ -51,12 +51,12 @@ from optuna.trial import TrialState
 from pydantic import ValidationError
 
 from archspec.errors import SpecError, format_path
+from archspec.data import load_data
 from archspec.families.attention.heads import HeadSpec, MaskSpec
-from archspec.search import runs
-from archspec.search.data import load_data
-from archspec.search.design import (SearchConfig, SearchOutcome, _json, _quiet_optuna, _run_lock, check_data_path,
-                                    check_outputs, open_run)
-from archspec.search.study import fail_zombie_trials, mark_worker
+from archspec.search import report, runs
+from archspec.search.engine import (SearchConfig, SearchOutcome, check_data_path, check_outputs, open_run, quiet_optuna,
+                                    run_lock, zombie_notes)
+from archspec.search.study import mark_worker
 from archspec.loader import load_spec
 from archspec.spec import ArchSpec
 
@@ -318,7 +318,7 @@ def _window(text: str, option: str) -> tuple[int, int]:
 # ----------------------------------------------------------------------------------- entry point
 def run_masks(mcfg: MaskConfig) -> SearchOutcome:
     """Run ``archspec search masks`` with the chosen strategy; returns the outcome with its summary."""
-    _quiet_optuna()
+    quiet_optuna()
     spec = mcfg.spec if isinstance(mcfg.spec, ArchSpec) else load_spec(mcfg.spec)
     if not attention_layers(spec):
         raise SpecError.single(("SPEC",), f"spec {spec.name!r} has no attention layer to place masks in")
@@ -366,36 +366,51 @@ def _soft_heads(spec: ArchSpec, window: tuple[int, int]) -> dict[tuple[int, int]
 
 
 def _run_optuna(spec: ArchSpec, mcfg: MaskConfig, name: str) -> SearchOutcome:
-    from archspec.search.design import run_optuna_search
+    """``--strategy optuna``: the engine's Optuna search over :func:`~archspec.search.space.mask_placement_space`,
+    objective proxy accuracy, with :class:`_AlsHooks` recording ALS."""
+    from archspec.search.engine import run_optuna_search
     from archspec.search.space import mask_placement_space
 
-    for k, w in enumerate(mcfg.windows):
+    for w in mcfg.windows:
         _window(w, "--windows")
     space = mask_placement_space(spec, windows=tuple(mcfg.windows), max_masked=mcfg.max_masked)
     cfg = dataclasses.replace(mcfg.search, objective="accuracy")
-    images_cache: dict = {}
+    hooks = _AlsHooks()
+    summary_extra = {"strategy": "optuna", "spec": spec.name, "windows": list(mcfg.windows), "max_masked": mcfg.max_masked}
+    outcome = run_optuna_search(space, cfg, mode="masks/optuna", name=name, extra_attrs=summary_extra,
+                                train_fn=hooks.train, after_train=hooks.after_train, finalize_extra=hooks.finalize)
+    outcome.summary.update(summary_extra)
+    return outcome
 
-    def after_train(trial, trained_spec, result) -> None:
+
+class _AlsHooks:
+    """``--strategy optuna``'s hooks into :func:`~archspec.search.engine.run_optuna_search`: the ALS (3x3 window,
+    on :data:`ALS_IMAGES` held-out images) of every trained trial, then the best trial's heatmap and als.json."""
+
+    def __init__(self) -> None:
+        self.images = None  # the held-out images, taken from the data of the first training
+
+    def train(self, trained_spec, data, protocol, seed=0, report=None, on_model=None):
+        """:func:`~archspec.search.proxy.train_proxy`, keeping the first :data:`ALS_IMAGES` validation images."""
+        from archspec.search import proxy
+
+        if self.images is None:
+            self.images = data.val.tensors[0][:ALS_IMAGES]
+        return proxy.train_proxy(trained_spec, data, protocol, seed=seed, report=report, on_model=on_model)
+
+    def after_train(self, trial, trained_spec, result) -> None:
+        """ALS per layer and head of the trained model on the trial (user attr ``als``)."""
         model = getattr(result, "model", None)
-        if model is None:
+        if model is None or self.images is None:
             return
         try:
-            x = images_cache.get("x")
-            if x is None:
-                return
-            scores = layer_scores(model, x, (3, 3))
+            scores = layer_scores(model, self.images, (3, 3))
             trial.set_user_attr("als", {f"{s}.{l}": v for (s, l), v in scores.items()})
         except Exception:  # noqa: BLE001 - ALS is a diagnostic; never fail a trained trial over it
             pass
 
-    def train_fn(trained_spec, data, protocol, seed=0, report=None, on_model=None):
-        from archspec.search import proxy
-
-        if "x" not in images_cache:
-            images_cache["x"] = data.val.tensors[0][:ALS_IMAGES]
-        return proxy.train_proxy(trained_spec, data, protocol, seed=seed, report=report, on_model=on_model)
-
-    def finalize_extra(study, run_dir, summary, files, best_file):
+    def finalize(self, study, run_dir, summary, files, best_file):
+        """als.png and als.json of the best trial, when it has ALS; never replaces ``best_file`` (returns None)."""
         best = summary.get("best_trial")
         if best is None:
             return None
@@ -406,18 +421,12 @@ def _run_optuna(spec: ArchSpec, mcfg: MaskConfig, name: str) -> SearchOutcome:
             keys = {tuple(int(p) for p in k.split(".")): v for k, v in scores.items()}
             placement = {(s, l): [h.mask is not None for h in heads] for s, l, heads in attention_layers(best_spec)}
             table, masked = _als_table(best_spec, keys, placement)
-            runs.atomic_write_text(run_dir / "als.json", _json({"trial": best, "window": "3x3", "als": table,
-                                                                 "masked": masked}))
-            runs.plot_als_heatmap(table, run_dir / "als.png", f"{summary['study']}: ALS of best trial {best} (3x3 window)",
-                                  masked)
+            runs.atomic_write_text(run_dir / "als.json", report.summary_json({"trial": best, "window": "3x3", "als": table,
+                                                                               "masked": masked}))
+            report.plot_als_heatmap(table, run_dir / "als.png", f"{summary['study']}: ALS of best trial {best} (3x3 window)",
+                                    masked)
             files.extend(["als.png", "als.json"])
         return None
-
-    summary_extra = {"strategy": "optuna", "spec": spec.name, "windows": list(mcfg.windows), "max_masked": mcfg.max_masked}
-    outcome = run_optuna_search(space, cfg, mode="masks/optuna", name=name, extra_attrs=summary_extra,
-                                train_fn=train_fn, after_train=after_train, finalize_extra=finalize_extra)
-    outcome.summary.update(summary_extra)
-    return outcome
 
 
 def _run_training_strategy(spec: ArchSpec, mcfg: MaskConfig, name: str, window: tuple[int, int], high: float,
@@ -456,10 +465,7 @@ class _MaskRun:
         self.run_dir, self.info, self.study = open_run(cfg, name, ["maximize"], ["accuracy"], attrs,
                                                        optuna.samplers.RandomSampler(seed=cfg.seed), None,
                                                        heartbeat=None)
-        self.notes: list[str] = []
-        zombies = fail_zombie_trials(self.study)
-        if zombies:
-            self.notes.append(f"marked {len(zombies)} stale RUNNING trial(s) of dead workers as FAIL: {zombies}")
+        self.notes: list[str] = zombie_notes(self.study)
         self.x_val = data.val.tensors[0][:ALS_IMAGES]
         self.cache = LatencyCache(self.run_dir / "latency.json")
         self.files: list[str] = []
@@ -478,11 +484,27 @@ class _MaskRun:
     def train_round(self, round_index: int, round_spec: ArchSpec, label: str):
         """Train ``round_spec`` as one trial: ``(result, model, ALS per layer, trial number)``, or ``(None, None,
         None, number)`` when it failed (the reason is on the trial and in the notes)."""
-        from archspec.analysis import analyze
-        from archspec.search.latency import measure_latency
+        trial = self._ask_round(round_index, round_spec)
+        try:
+            result, model, scores = self._train_and_score(trial, round_spec)
+        except KeyboardInterrupt:
+            trial.set_user_attr("fail_reason", "interrupted (Ctrl-C / SIGINT)")
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded on the trial, then reported
+            reason = str(getattr(exc, "reason", "")) or f"{type(exc).__name__}: {exc}"
+            trial.set_user_attr("fail_reason", reason[:1000])
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.notes.append(f"{label} (trial {trial.number}) failed: {reason}")
+            return None, None, None, trial.number
+        self.study.tell(trial, float(result.accuracy))
+        return result, model, scores, trial.number
 
-        cfg, study = self.cfg, self.study
-        trial = study.ask()
+    def _ask_round(self, round_index: int, round_spec: ArchSpec):
+        """A new trial for a training round, with its strategy, round, spec, MACs and params."""
+        from archspec.analysis import analyze
+
+        trial = self.study.ask()
         mark_worker(trial)
         trial.set_user_attr("strategy", self.mcfg.strategy)
         trial.set_user_attr("round", round_index)
@@ -490,61 +512,42 @@ class _MaskRun:
         analysis = analyze(round_spec)
         trial.set_user_attr("macs", int(analysis.macs))
         trial.set_user_attr("params", int(analysis.params))
-        try:
-            trial.set_user_attr("latency_ms", float(measure_latency(round_spec, cfg.latency, self.cache)))
-            start = time.perf_counter()
-            result, model = train_keeping_model(round_spec, self.data, cfg.protocol, cfg.seed)
-            trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 3))
-            for key in ("accuracy", "val_loss", "train_loss"):
-                trial.set_user_attr(key, float(getattr(result, key)))
-            if not all(math.isfinite(float(getattr(result, k))) for k in ("accuracy", "val_loss", "train_loss")):
-                raise RuntimeError("non-finite loss (training diverged)")
-            scores = layer_scores(model, self.x_val, self.window)
-            self.baselines.update(uniform_baselines(model, self.window))
-            trial.set_user_attr("als", {f"{s}.{l}": v for (s, l), v in scores.items()})
-        except KeyboardInterrupt:
-            trial.set_user_attr("fail_reason", "interrupted (Ctrl-C / SIGINT)")
-            study.tell(trial, state=TrialState.FAIL)
-            raise
-        except Exception as exc:  # noqa: BLE001 - recorded on the trial, then reported
-            reason = str(getattr(exc, "reason", "")) or f"{type(exc).__name__}: {exc}"
-            trial.set_user_attr("fail_reason", reason[:1000])
-            study.tell(trial, state=TrialState.FAIL)
-            self.notes.append(f"{label} (trial {trial.number}) failed: {reason}")
-            return None, None, None, trial.number
-        study.tell(trial, float(result.accuracy))
-        return result, model, scores, trial.number
+        return trial
+
+    def _train_and_score(self, trial, round_spec: ArchSpec):
+        """Latency, proxy training and ALS of one round, on the trial: ``(result, model, ALS per layer)``.
+
+        Raises:
+            RuntimeError: training diverged (a non-finite loss or accuracy); any failure of the training itself.
+        """
+        from archspec.search.latency import measure_latency
+
+        cfg = self.cfg
+        trial.set_user_attr("latency_ms", float(measure_latency(round_spec, cfg.latency, self.cache)))
+        start = time.perf_counter()
+        result, model = train_keeping_model(round_spec, self.data, cfg.protocol, cfg.seed)
+        trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 3))
+        for key in ("accuracy", "val_loss", "train_loss"):
+            trial.set_user_attr(key, float(getattr(result, key)))
+        if not all(math.isfinite(float(getattr(result, k))) for k in ("accuracy", "val_loss", "train_loss")):
+            raise RuntimeError("non-finite loss (training diverged)")
+        scores = layer_scores(model, self.x_val, self.window)
+        self.baselines.update(uniform_baselines(model, self.window))
+        trial.set_user_attr("als", {f"{s}.{l}": v for (s, l), v in scores.items()})
+        return result, model, scores
 
     def als_rounds(self) -> tuple[Placement | None, dict]:
         """ALS strategy: round 1 assigns masks from ALS (high/low thresholds), later rounds calibrate; stops when a
         calibration changes nothing.  Returns the last placement and ``{"rounds": log}``."""
-        spec, window, mcfg = self.spec, self.window, self.mcfg
+        spec, window = self.spec, self.window
         placement, final = head0_placement(spec), None
-        for r in range(1, mcfg.rounds + 1):
+        for r in range(1, self.mcfg.rounds + 1):
             round_spec = apply_placement(spec, placement_heads(spec, placement, window))
             result, _, scores, number = self.train_round(r, round_spec, f"round {r}")
             if result is None:
                 break
             self.check_learned(f"round {r}", result.accuracy)
-            decide = normalise_als(scores, self.baselines) if mcfg.normalise else scores
-            table, masked = _als_table(spec, decide, placement)
-            raw_table, _ = _als_table(spec, scores, placement)
-            what = "ALS above uniform, (ALS-u)/(1-u)" if mcfg.normalise else "ALS (eq. 3)"
-            runs.plot_als_heatmap(table, self.run_dir / f"als_round{r}.png",
-                                  f"{self.name}: round {r}, {what}, {window[0]}x{window[1]} window, trial {number}",
-                                  masked, (self.high, self.low))
-            self.files.append(f"als_round{r}.png")
-            if r == 1:
-                new, decisions = assign_from_als(placement, decide, self.high, self.low)
-            else:
-                new, decisions = calibrate(placement, decide, self.low)
-            self.rounds_log.append({
-                "round": r, "trial": number, "step": "assignment" if r == 1 else "calibration",
-                "accuracy": result.accuracy, "placement_trained": _placement_json(spec, placement), "als": raw_table,
-                "als_decided_on": table,
-                "uniform_baseline": {_label(spec, k): round(v, 4) for k, v in self.baselines.items()},
-                "decisions": {_label(spec, k): v for k, v in decisions.items()},
-                "placement_next": _placement_json(spec, new)})
+            new = self._decide_round(r, number, result.accuracy, scores, placement)
             runs.atomic_write_text(self.rounds_dir / f"round{r}.yaml", provenance_free_yaml(round_spec))
             changed, placement = new != placement, new
             final = placement
@@ -552,6 +555,31 @@ class _MaskRun:
                 self.notes.append(f"placement unchanged by the calibration of round {r}: stopped")
                 break
         return final, {"rounds": self.rounds_log}
+
+    def _decide_round(self, r: int, number: int, accuracy: float, scores: dict, placement: Placement) -> Placement:
+        """Round ``r``'s decision from its ALS ``scores``: assignment (round 1) or calibration; plots the heatmap,
+        logs the round, returns the next placement."""
+        spec, window = self.spec, self.window
+        decide = normalise_als(scores, self.baselines) if self.mcfg.normalise else scores
+        table, masked = _als_table(spec, decide, placement)
+        raw_table, _ = _als_table(spec, scores, placement)
+        what = "ALS above uniform, (ALS-u)/(1-u)" if self.mcfg.normalise else "ALS (eq. 3)"
+        report.plot_als_heatmap(table, self.run_dir / f"als_round{r}.png",
+                                f"{self.name}: round {r}, {what}, {window[0]}x{window[1]} window, trial {number}",
+                                masked, (self.high, self.low))
+        self.files.append(f"als_round{r}.png")
+        if r == 1:
+            new, decisions = assign_from_als(placement, decide, self.high, self.low)
+        else:
+            new, decisions = calibrate(placement, decide, self.low)
+        self.rounds_log.append({
+            "round": r, "trial": number, "step": "assignment" if r == 1 else "calibration",
+            "accuracy": accuracy, "placement_trained": _placement_json(spec, placement), "als": raw_table,
+            "als_decided_on": table,
+            "uniform_baseline": {_label(spec, k): round(v, 4) for k, v in self.baselines.items()},
+            "decisions": {_label(spec, k): v for k, v in decisions.items()},
+            "placement_next": _placement_json(spec, new)})
+        return new
 
     def soft_round(self) -> tuple[Placement | None, dict]:
         """Soft strategy: train every head soft-masked, keep a hard mask where the learned alpha is below the
@@ -569,7 +597,7 @@ class _MaskRun:
             self.notes.append(f"layers {unknown}: the window covers the whole proxy token grid, so the proxy model "
                               "had no soft mask there (no alpha learned): left global")
         table, masked = _als_table(spec, scores, placement)
-        runs.plot_als_heatmap(table, self.run_dir / "als.png",
+        report.plot_als_heatmap(table, self.run_dir / "als.png",
                               f"{self.name}: ALS of the soft-masked model ({window[0]}x{window[1]}), trial {number}",
                               masked, None)
         self.files.append("als.png")
@@ -591,24 +619,24 @@ class _MaskRun:
             "notes": self.notes, "interrupted": interrupted, **extra,
         }
         best_file = None
-        with _run_lock(self.run_dir):
+        with run_lock(self.run_dir):
             self._summarise_trials(summary, placement)
             if placement is not None and not interrupted:
                 best_file = self._write_best(summary, placement, extra)
             else:
                 summary["notes"].append("no placement decided: no best.yaml written")
             als_blob = {"window": f"{window[0]}x{window[1]}", "strategy": mcfg.strategy, **extra}
-            runs.atomic_write_text(self.run_dir / "als.json", _json(als_blob))
+            runs.atomic_write_text(self.run_dir / "als.json", report.summary_json(als_blob))
             self.files += ["als.json", "summary.json"]
             summary["files"] = self.files
         summary["wall_seconds"] = round(time.perf_counter() - self.wall_start, 2)
-        runs.atomic_write_text(self.run_dir / "summary.json", _json(summary))
+        runs.atomic_write_text(self.run_dir / "summary.json", report.summary_json(summary))
         return SearchOutcome(self.study, summary, self.run_dir, interrupted, best_file)
 
     def _summarise_trials(self, summary: dict, placement: Placement | None) -> None:
         """trials.csv, and the study's counts, failures and median trial time into ``summary``."""
         trials = self.study.get_trials(deepcopy=False)
-        runs.write_trials_csv(trials, self.run_dir / "trials.csv")
+        report.write_trials_csv(trials, self.run_dir / "trials.csv")
         self.files.insert(0, "trials.csv")
         done = [t for t in trials if t.state == TrialState.COMPLETE]
         summary["counts"] = {"trained": len(done), "failed": sum(t.state == TrialState.FAIL for t in trials)}

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from archspec.errors import SpecError
-from archspec.search.data import Dataset
+from archspec.data import Dataset
 from archspec.loader import load_spec
 from archspec.spec import ArchSpec
 from archspec.train import AUGMENTATIONS as _AUGMENTATIONS

@@ -1,12 +1,62 @@
 """Weight transfers of the seed papers: CMHSA's exact conv-to-attention construction (App. A.2) with its
-two-phase training pipeline, and T-CNN's re-expression of a timm ResNet's 3x3 convolutions as GPSA layers."""
+two-phase training pipeline, and T-CNN's re-expression of a timm ResNet's 3x3 convolutions as GPSA layers.
 
-from .cmhsa import DEFAULT_PEAK, TransferError, attention_spec, conv_to_attention_weights, conv_to_mhsa, patch_offsets
-from .tcnn import ConvGPSA, conv_gpsa_macs, gating_param_groups, load_tcnn, tcnn, tcnn_from_recipe, transformed_layers
+Names are imported on first use (PEP 562, as :mod:`archspec` does), so building the command line --
+``archspec.transfer.cli`` lives in this package -- never imports torch or timm.
+"""
 
-# ``tcnn`` here is the function: it hides the submodule of the same name as an attribute of this package
-# (``from archspec.transfer.tcnn import ...`` still reads the module), so every public name of the
-# submodule is re-exported above.
-__all__ = ["DEFAULT_PEAK", "TransferError", "attention_spec", "conv_to_attention_weights", "conv_to_mhsa",
-           "patch_offsets", "ConvGPSA", "conv_gpsa_macs", "gating_param_groups", "load_tcnn", "tcnn",
-           "tcnn_from_recipe", "transformed_layers"]
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+# public name -> submodule that defines it
+_EXPORTS = {
+    "DEFAULT_PEAK": "cmhsa", "TransferError": "cmhsa", "attention_spec": "cmhsa",
+    "conv_to_attention_weights": "cmhsa", "conv_to_mhsa": "cmhsa", "patch_offsets": "cmhsa",
+    "ConvGPSA": "tcnn", "conv_gpsa_macs": "tcnn", "gating_param_groups": "tcnn", "load_tcnn": "tcnn",
+    "tcnn": "tcnn", "tcnn_from_recipe": "tcnn", "transformed_layers": "tcnn",
+}
+
+_SUBMODULES = ("cmhsa", "two_phase", "cli")  # ``tcnn`` is a submodule too, but the name is the function
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from .cmhsa import (DEFAULT_PEAK, TransferError, attention_spec, conv_to_attention_weights, conv_to_mhsa,
+                        patch_offsets)
+    from .tcnn import (ConvGPSA, conv_gpsa_macs, gating_param_groups, load_tcnn, tcnn, tcnn_from_recipe,
+                       transformed_layers)
+
+
+class _Package(types.ModuleType):
+    """This package's module type: ``archspec.transfer.tcnn`` stays the function.
+
+    The import system binds a loaded submodule as an attribute of its package, and the submodule
+    ``tcnn`` shares its name with the documented function ``archspec.transfer.tcnn``; the function keeps
+    the attribute (``from archspec.transfer.tcnn import ...`` reads ``sys.modules``, so it still gets the module).
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "tcnn" and isinstance(value, types.ModuleType):
+            value = value.tcnn
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:  # ``archspec.transfer.cmhsa`` etc. without importing them first
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -109,7 +109,7 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
     import torch
 
     from archspec.builddir import check_group_out
-    from archspec.search.data import load_data
+    from archspec.data import load_data
     from archspec.loader import load_spec
     from archspec.train import TrainConfig, TrialFailure, resolve_device
     from archspec.transfer.cmhsa import DEFAULT_PEAK, TransferError, attention_spec

@@ -43,7 +43,7 @@ def fit_to_data(spec: ArchSpec, data: Any) -> ArchSpec:
 def match_channels(data: Any, channels: int) -> Any:
     """``data`` with ``channels`` image channels: grey images repeated to 3 (as the built-in digits are), so a
     3-channel spec runs on Fashion-MNIST; any other mismatch is returned unchanged (the spec's check names it)."""
-    from archspec.search.data import Dataset  # noqa: PLC0415
+    from archspec.data import Dataset  # noqa: PLC0415
     from torch.utils.data import TensorDataset  # noqa: PLC0415
 
     if data.channels != 1 or channels != 3:
@@ -69,7 +69,7 @@ def _compile_seeded(spec: ArchSpec, seed: int) -> torch.nn.Module:
 
 def two_phase(conv_spec: ArchSpec, data: Any, phase1: TrainConfig, phase2: TrainConfig, peak: float = DEFAULT_PEAK,
               seed: int = 0, baseline: bool = True) -> TwoPhaseResult:
-    """Run the two-phase pipeline on ``data`` (an :class:`archspec.search.data.Dataset`).
+    """Run the two-phase pipeline on ``data`` (an :class:`archspec.data.Dataset`).
 
     Args:
         conv_spec: a phase-1 spec (``mixer: conv<K>``), adapted to the data by :func:`fit_to_data`.

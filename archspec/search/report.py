@@ -1,0 +1,566 @@
+"""What a search reports: progress while it runs, then trials.csv, the chosen specs, the plot and the summary.
+
+* progress: :func:`progress_line` (one line per finished trial when stdout is not a terminal) and
+  :class:`ProgressDisplay` (a ``rich`` bar on stderr otherwise);
+* the trial table: :func:`trial_rows` / :func:`write_trials_csv` (``trials.csv``, every worker's trials);
+* results of an Optuna search: :func:`write_results` -- counts and failures into the summary, ``best.yaml``,
+  ``pareto/<rank>_trial<N>.yaml`` (Pareto objective) and ``pareto.png``;
+* plots: :func:`plot_pareto`, :func:`plot_history`, :func:`plot_als_heatmap` (PNG, written atomically);
+* the summary: :func:`summary_json` (``summary.json``) and :func:`print_summary` (the tables the CLI prints).
+
+The run directory itself -- its marker, atomic writes, emitted specs with provenance -- is
+:mod:`archspec.search.runs`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from optuna.trial import TrialState
+
+from archspec.analysis import human
+from archspec.search import runs
+
+__all__ = ["progress_line", "state_label", "ProgressDisplay", "TRIAL_COLUMNS", "trial_status", "trial_rows",
+           "write_trials_csv", "is_feasible", "spec_of_trial", "trial_provenance", "write_results",
+           "plot_pareto", "plot_history", "plot_als_heatmap", "summary_json", "print_summary"]
+
+
+# ----------------------------------------------------------------------------------- progress
+def state_label(trial) -> str:
+    """COMPLETE / REUSED / PRUNED / FAIL, with why for the last two (infeasible, duplicate, reason)."""
+    ua = trial.user_attrs
+    if trial.state == TrialState.COMPLETE:
+        return f"REUSED (trial {ua['reused_from']})" if "reused_from" in ua else "COMPLETE"
+    why = ua.get("infeasible_reason") or (f"duplicate of trial {ua['duplicate_of']}" if "duplicate_of" in ua else None)
+    why = why or ua.get("fail_reason") or ua.get("status")
+    return f"{trial.state.name} ({str(why)[:80]})" if why else trial.state.name
+
+
+def progress_line(trial, elapsed: float, attempted: int, total: int, timeout: float | None) -> str:
+    """One log line for a finished trial (the progress report when stdout is not a terminal).
+
+    ``trial 3 COMPLETE accuracy=0.912 latency_ms=12.80 macs=807.2M elapsed=35s eta=130s trained=5/16``;
+    a value the trial does not have is ``-``.  ETA (seconds): the pace so far (elapsed /
+    trained) times the candidates still to train, capped by what is left of ``timeout``; ``-`` before
+    the first trained one without a timeout.  Raises nothing.  Source: archspec.
+    """
+    ua = trial.user_attrs
+    acc, lat, macs = ua.get("accuracy"), ua.get("latency_ms"), ua.get("macs")
+    left = [elapsed / attempted * max(total - attempted, 0)] if attempted else []
+    if timeout is not None:
+        left.append(max(timeout - elapsed, 0.0))
+    return (f"trial {trial.number} {state_label(trial)} accuracy={'-' if acc is None else f'{acc:.3f}'} "
+            f"latency_ms={'-' if lat is None else f'{lat:.2f}'} macs={'-' if macs is None else human(macs)} "
+            f"elapsed={elapsed:.0f}s eta={f'{min(left):.0f}s' if left else '-'} trained={attempted}/{total}")
+
+
+def _rich_bar(total: int, info: str):
+    """A started-later ``rich`` progress bar on stderr and its task id: ``(progress, task)``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    progress = Progress(
+        TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TextColumn("trained"),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+        console=Console(stderr=True, highlight=False), transient=False, refresh_per_second=4)
+    return progress, progress.add_task("search", total=total, info=info)
+
+
+class ProgressDisplay:
+    """Progress of a search: a rich bar on stderr when stdout is a terminal, else one line per finished
+    trial on stdout (:func:`progress_line`; logs and pipes get a readable record).
+
+    Use as a context manager around the optimisation; :meth:`status` shows what the running trial does,
+    :meth:`done` records a finished trial (``attempted``: candidates that reached training so far, of ``total``).
+    ``timeout`` is the search's limit in seconds (``None``: none), for the ETA.
+    """
+
+    def __init__(self, total: int, enabled: bool, n_objectives: int, timeout: float | None):
+        self.enabled = enabled
+        self.lines = enabled and not sys.stdout.isatty()
+        self.timeout = timeout
+        self.start = time.perf_counter()
+        self.total = total
+        self.n_objectives = n_objectives
+        self.best_acc: float | None = None
+        self.best_lat: float | None = None
+        self.failed = 0
+        self.infeasible = 0
+        self.progress = None
+        if enabled and not self.lines:
+            self.progress, self.task = _rich_bar(total, self._info("starting"))
+
+    def _info(self, status: str) -> str:
+        parts = []
+        if self.best_acc is not None:
+            parts.append(f"best acc {self.best_acc:.3f}")
+        if self.best_lat is not None and self.n_objectives > 1:
+            parts.append(f"fastest {self.best_lat:.1f} ms")
+        if self.infeasible:
+            parts.append(f"{self.infeasible} infeasible")
+        if self.failed:
+            parts.append(f"{self.failed} failed")
+        parts.append(status)
+        return " | ".join(parts)
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
+        return False
+
+    def status(self, text: str) -> None:
+        """Show ``text`` (e.g. ``trial 3: training``) on the bar; nothing in line mode."""
+        if self.progress is not None:
+            self.progress.update(self.task, info=self._info(text))
+
+    def done(self, trial, attempted: int) -> None:
+        """Record a finished trial: best accuracy, fastest latency, failures; print its line in line mode."""
+        ua = trial.user_attrs
+        if trial.state == TrialState.COMPLETE:
+            acc = ua.get("accuracy")
+            lat = ua.get("latency_ms")
+            if acc is not None:
+                self.best_acc = acc if self.best_acc is None else max(self.best_acc, acc)
+            if lat is not None:
+                self.best_lat = lat if self.best_lat is None else min(self.best_lat, lat)
+        elif trial.state == TrialState.FAIL:
+            self.failed += 1
+        elif ua.get("status") == "infeasible":
+            self.infeasible += 1
+        if self.lines:
+            elapsed = time.perf_counter() - self.start
+            print(progress_line(trial, elapsed, attempted, self.total, self.timeout), flush=True)
+        if self.progress is not None:
+            self.progress.update(self.task, completed=min(attempted, self.total), info=self._info(f"#{trial.number} done"))
+
+
+# ----------------------------------------------------------------------------------- trials table
+TRIAL_COLUMNS = ["number", "state", "status", "accuracy", "latency_ms", "macs", "params", "train_seconds",
+                 "duration_s", "val_loss", "train_loss", "feasible", "fail_reason", "worker_pid",
+                 "datetime_start", "datetime_complete", "reused_from", "duplicate_of", "arch_key"]
+
+
+def trial_status(trial) -> str:
+    """What became of a trial: trained, reused, failed, or its pruned status (infeasible, duplicate, stopped)."""
+    if trial.state == TrialState.COMPLETE:
+        return "reused" if "reused_from" in trial.user_attrs else "trained"
+    if trial.state == TrialState.PRUNED:
+        return trial.user_attrs.get("status", "pruned")
+    if trial.state == TrialState.FAIL:
+        return "failed"
+    return trial.state.name.lower()
+
+
+def _trial_row(t) -> dict:
+    """The fixed :data:`TRIAL_COLUMNS` of one trial (seconds for durations, ISO times)."""
+    ua = t.user_attrs
+    duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
+    constraints = t.constraints if hasattr(t, "constraints") else {}
+    return {
+        "number": t.number, "state": t.state.name, "status": trial_status(t),
+        "accuracy": ua.get("accuracy"), "latency_ms": ua.get("latency_ms"), "macs": ua.get("macs"),
+        "params": ua.get("params"), "train_seconds": ua.get("train_seconds"),
+        "duration_s": round(duration, 3) if duration is not None else None,
+        "val_loss": ua.get("val_loss"), "train_loss": ua.get("train_loss"),
+        "feasible": (all(v <= 0 for v in constraints.values()) if constraints else None),
+        "fail_reason": ua.get("fail_reason") or ua.get("infeasible_reason"),
+        "worker_pid": (ua.get("worker") or {}).get("pid") if isinstance(ua.get("worker"), dict) else None,
+        "datetime_start": t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else None,
+        "datetime_complete": t.datetime_complete.isoformat(timespec="seconds") if t.datetime_complete else None,
+        "reused_from": ua.get("reused_from"), "duplicate_of": ua.get("duplicate_of"), "arch_key": ua.get("arch_key"),
+    }
+
+
+def trial_rows(trials: Iterable) -> tuple[list[str], list[dict]]:
+    """(columns, rows) for every trial: fixed columns then ``param_<name>`` for each sampled parameter."""
+    rows = []
+    param_names: list[str] = []
+    for t in trials:
+        row = _trial_row(t)
+        for name, value in t.params.items():
+            key = f"param_{name}"
+            if key not in param_names:
+                param_names.append(key)
+            row[key] = value
+        rows.append(row)
+    return TRIAL_COLUMNS + param_names, rows
+
+
+def write_trials_csv(trials: Sequence, path: Path) -> Path:
+    """Write the trial table (see :func:`trial_rows`) as CSV, atomically."""
+    columns, rows = trial_rows(trials)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+    return runs.atomic_write_text(path, buf.getvalue())
+
+
+# ----------------------------------------------------------------------------------- results of an Optuna search
+def is_feasible(trial) -> bool:
+    """Every budget constraint of the trial holds (``value / budget - 1 <= 0``); a trial without budgets is."""
+    return all(v <= 0 for v in trial.constraints.values())
+
+
+def spec_of_trial(trial, space=None):
+    """The :class:`~archspec.spec.ArchSpec` a trial evaluated (user attr ``spec``, else re-sampled from its params).
+
+    Raises:
+        ValueError: the trial stored no spec and no ``space`` was given to re-sample it.
+    """
+    import optuna
+
+    from archspec.loader import load_spec
+
+    data = trial.user_attrs.get("spec")
+    if data is not None:
+        return load_spec(data)
+    if space is None:
+        raise ValueError(f"trial {trial.number} has no stored spec")
+    return space.sample(optuna.trial.FixedTrial(trial.params, trial.number))
+
+
+def trial_provenance(study_name: str, trial, cfg, info, summary: dict, spec) -> dict:
+    """The provenance block of an emitted spec (``cfg``: the :class:`~archspec.search.config.SearchConfig`,
+    ``info``: the storage, :class:`~archspec.search.study.StorageInfo`)."""
+    ua = trial.user_attrs
+    objectives = {"accuracy": ua.get("accuracy")}
+    if ua.get("latency_ms") is not None:
+        objectives["latency_ms"] = round(float(ua["latency_ms"]), 3)
+    return {
+        "study": study_name, "trial": trial.number, "storage": info.url, "objectives": objectives,
+        "macs": ua.get("macs"), "params": ua.get("params"), "input": list(spec.input.resolution),
+        "latency": summary.get("latency_protocol"), "data": summary.get("data"), "proxy": summary.get("proxy"),
+        "budgets": summary.get("budgets"), "objective": cfg.objective, "sampler": cfg.sampler, "seed": cfg.seed,
+        "created": runs.now_iso(),
+    }
+
+
+def _count_trials(trials: list, summary: dict) -> list:
+    """Counts per status, failures and the median trained-trial time into ``summary``; returns the trained trials.
+
+    A reused trial is a copy of its original's result: counted and listed, never ranked twice."""
+    counts: dict[str, int] = {}
+    for t in trials:
+        key = trial_status(t)
+        counts[key] = counts.get(key, 0) + 1
+    summary["counts"] = counts
+    summary["failures"] = [{"trial": t.number, "reason": t.user_attrs.get("fail_reason", "unknown")}
+                           for t in trials if t.state == TrialState.FAIL]
+    trained = [t for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs]
+    durations = [t.duration.total_seconds() for t in trained if t.duration is not None]
+    summary["per_trial_seconds"] = round(statistics.median(durations), 2) if durations else None
+    summary["trained_total"] = len(trained)
+    return trained
+
+
+def write_results(study, space, cfg, run_dir: Path, info, summary: dict, multi: bool,
+                  finalize_extra: Callable | None = None) -> Path | None:
+    """Counts, failures and timings into ``summary``; trials.csv, the Pareto specs (``multi``) or the best spec,
+    the plot; then ``finalize_extra(study, run_dir, summary, files, best_file)`` (a mode's own files).
+
+    Returns ``best.yaml``'s path, or ``None`` when no trained feasible trial exists yet (a note says so).
+    ``summary["files"]`` lists what was written.  Raises what writing a file raises (``OSError``).
+    """
+    trials = study.get_trials(deepcopy=False)
+    trained = _count_trials(trials, summary)
+    files = []
+    write_trials_csv(trials, run_dir / "trials.csv")
+    files.append("trials.csv")
+    feasible = [t for t in trained if is_feasible(t)]
+    write = _write_pareto if multi else _write_best_trial
+    best_file = write(study, space, cfg, run_dir, info, summary, feasible, files)
+    if finalize_extra is not None:
+        best_file = finalize_extra(study, run_dir, summary, files, best_file) or best_file
+    if best_file is not None:
+        files.insert(0, "best.yaml")
+        summary["best"] = str(best_file)
+    else:
+        summary["notes"].append("no trained feasible trial yet: no best.yaml written")
+    files.append("summary.json")
+    summary["files"] = files
+    return best_file
+
+
+def _emit_trial(trial, space, cfg, info, summary: dict, **extra) -> str:
+    """The YAML text of ``trial``'s spec, renamed ``<study>_trial<N>``, with its provenance (and ``extra``)."""
+    spec = spec_of_trial(trial, space)
+    prov = {**trial_provenance(summary["study"], trial, cfg, info, summary, spec), **extra}
+    _, text = runs.emit_spec(spec, None, f"{summary['study']}_trial{trial.number}"[:100], prov)
+    return text
+
+
+def _write_pareto(study, space, cfg, run_dir: Path, info, summary: dict, feasible: list,
+                  files: list[str]) -> Path | None:
+    """Pareto mode: one spec per front point under ``pareto/`` (rank 0 = most accurate, also ``best.yaml``), the
+    front into ``summary["pareto"]``, and ``pareto.png``."""
+    front = [t for t in study.best_trials if is_feasible(t) and "reused_from" not in t.user_attrs] if feasible else []
+    front.sort(key=lambda t: (-t.values[0], t.values[1], t.number))
+    pareto_files, points, best_file = {}, [], None
+    for rank, t in enumerate(front):
+        fname = f"{rank}_trial{t.number}.yaml"
+        pareto_files[fname] = _emit_trial(t, space, cfg, info, summary, pareto_rank=rank)
+        points.append({"rank": rank, "trial": t.number, "accuracy": t.values[0], "latency_ms": t.values[1],
+                       "macs": t.user_attrs.get("macs"), "params": t.user_attrs.get("params"),
+                       "file": f"pareto/{fname}"})
+    if pareto_files:
+        runs.replace_dir(run_dir / "pareto", pareto_files)
+        files.append(f"pareto/ ({len(pareto_files)} specs)")
+        best_file = runs.atomic_write_text(run_dir / "best.yaml", pareto_files[f"0_trial{front[0].number}.yaml"])
+    _plot(summary, files, plot_pareto, feasible, run_dir / "pareto.png", ["maximize", "minimize"],
+          ["proxy accuracy", "latency (ms)"], f"{summary['study']}: {len(feasible)} trained feasible trials")
+    summary["table_title"] = "Pareto front: proxy accuracy vs latency (trained, feasible)"
+    summary["pareto"] = points
+    return best_file
+
+
+def _write_best_trial(study, space, cfg, run_dir: Path, info, summary: dict, feasible: list,
+                      files: list[str]) -> Path | None:
+    """Single-objective mode: the most accurate feasible trial as ``best.yaml`` and the optimisation history plot."""
+    best_trial = max(feasible, key=lambda t: (t.value, -t.number)) if feasible else None
+    points, best_file = [], None
+    if best_trial is not None:
+        best_file = runs.atomic_write_text(run_dir / "best.yaml", _emit_trial(best_trial, space, cfg, info, summary))
+        points.append({"rank": 0, "trial": best_trial.number, "accuracy": best_trial.value,
+                       "latency_ms": best_trial.user_attrs.get("latency_ms"),
+                       "macs": best_trial.user_attrs.get("macs"), "params": best_trial.user_attrs.get("params"),
+                       "file": "best.yaml"})
+    _plot(summary, files, plot_history, feasible, run_dir / "pareto.png", "maximize", "proxy accuracy",
+          f"{summary['study']}: optimisation history ({len(feasible)} trained feasible)")
+    summary["table_title"] = "best trial (single objective: proxy accuracy, budgets as constraints)"
+    summary["best_trial"] = best_trial.number if best_trial is not None else None
+    summary["pareto"] = points
+    return best_file
+
+
+def _plot(summary: dict, files: list[str], plot, *args) -> None:
+    """``plot(*args)`` into ``pareto.png``; a failing plot becomes a note, never a lost search."""
+    try:
+        if plot(*args):
+            files.append("pareto.png")
+    except Exception as exc:  # noqa: BLE001 - a plot must never lose the search results
+        summary["notes"].append(f"pareto.png not written: {type(exc).__name__}: {exc}")
+
+
+# ----------------------------------------------------------------------------------- plots
+def _pyplot():
+    import matplotlib
+
+    if matplotlib.get_backend().lower() != "agg":
+        try:
+            matplotlib.use("Agg", force=True)
+        except Exception:  # noqa: BLE001 - an interactive backend already in use: plotting still works
+            pass
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _subset_study(trials: Sequence, directions: Sequence[str], metric_names: Sequence[str] | None):
+    """An in-memory study holding only ``trials`` (the plots show the trained, feasible ones)."""
+    import optuna
+
+    study = optuna.create_study(directions=list(directions))
+    if metric_names:
+        study.set_metric_names(list(metric_names))
+    study.add_trials(trials)
+    return study
+
+
+def plot_pareto(trials: Sequence, path: Path, directions: Sequence[str], names: Sequence[str], title: str) -> Path | None:
+    """Pareto front of the trained trials (``optuna.visualization.matplotlib.plot_pareto_front``), as PNG;
+    ``None`` (nothing written) without trials."""
+    if not trials:
+        return None
+    import optuna
+
+    plt = _pyplot()
+    study = _subset_study(trials, directions, names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ax = optuna.visualization.matplotlib.plot_pareto_front(study, target_names=list(names))
+    return _save_axes(ax, title, path, plt)
+
+
+def _save_axes(ax, title: str, path: Path, plt) -> Path:
+    """Title the Optuna plot's axes, write its figure atomically as PNG, and close it."""
+    ax.set_title(title)
+    try:
+        runs.atomic_savefig(ax.figure, path)
+    finally:
+        plt.close(ax.figure)
+    return path
+
+
+def plot_history(trials: Sequence, path: Path, direction: str, name: str, title: str) -> Path | None:
+    """Optimisation history of a single-objective study (``plot_optimization_history``), as PNG; ``None``
+    (nothing written) without trials."""
+    if not trials:
+        return None
+    import optuna
+
+    plt = _pyplot()
+    study = _subset_study(trials, [direction], [name])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ax = optuna.visualization.matplotlib.plot_optimization_history(study, target_name=name)
+    return _save_axes(ax, title, path, plt)
+
+
+def plot_als_heatmap(als: dict[str, Sequence[float]], path: Path, title: str,
+                     masked: dict[str, Sequence[bool]] | None = None, thresholds: tuple[float, float] | None = None) -> Path:
+    """Heatmap of ALS (MaiT eq. 3, on [0, 1]) per layer (rows) x head (columns); masked heads are marked 'M'.
+
+    ``als`` maps a layer label to one score per head (layers may differ in head count: blanks);
+    ``thresholds`` = (high, low) of the ALS strategy, explained under the title.  Returns ``path``.
+    """
+    import numpy as np
+
+    plt = _pyplot()
+    labels = list(als)
+    width = max((len(v) for v in als.values()), default=1)
+    grid = np.full((len(labels), width), np.nan)
+    for i, label in enumerate(labels):
+        grid[i, : len(als[label])] = list(als[label])
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * width, 1.0 + 0.32 * len(labels)))
+    image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    for i, label in enumerate(labels):
+        for j, value in enumerate(als[label]):
+            flag = "M " if masked and label in masked and j < len(masked[label]) and masked[label][j] else ""
+            ax.text(j, i, f"{flag}{value:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if value < 0.6 else "black")
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_xticks(range(width), [f"head {j}" for j in range(width)], fontsize=8)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    text = title
+    if thresholds:
+        text += f"\n(ALS >= {thresholds[0]:g}: mask all heads; <= {thresholds[1]:g}: remove; M = masked)"
+    ax.set_title(text, fontsize=9)
+    fig.colorbar(image, ax=ax, label="attention locality score")
+    try:
+        runs.atomic_savefig(fig, path)
+    finally:
+        plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------------- summary
+def summary_json(obj) -> str:
+    """``obj`` as indented JSON text (:func:`archspec.search.runs.jsonable` first: non-finite floats become null)."""
+    return json.dumps(runs.jsonable(obj), indent=2) + "\n"
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "-"
+        return f"{value:.{digits}f}"
+    if isinstance(value, int) and abs(value) >= 10_000:
+        return human(value)
+    return str(value)
+
+
+def _budget_line(b: dict) -> str:
+    shown = [f"MACs <= {human(b['macs'])}" if b.get("macs") else None,
+             f"params <= {human(b['params'])}" if b.get("params") else None,
+             f"latency <= {b['latency_ms']:g} ms" if b.get("latency_ms") else None]
+    return "budgets: " + (", ".join(s for s in shown if s) or "none")
+
+
+def _fidelity_line(fid: dict) -> str:
+    taus = ", ".join(f"{r['steps']} steps tau={r['kendall_tau']} (n={r['n']})" for r in fid["rung_correlations"])
+    return (f"multi-fidelity {fid['kind']}: rungs {fid['rungs']} (eta {fid['eta']}), "
+            f"{fid['stopped_this_run']} stopped early this run; rank correlation with the last rung: {taus}")
+
+
+def _protocol_lines(summary: dict) -> list[str]:
+    """The data, proxy-training and latency protocols, one line each (those the summary has)."""
+    lines = []
+    if summary.get("data"):
+        d = summary["data"]
+        lines.append(f"data: {d.get('name')} ({d.get('train')} train / {d.get('val')} val images, "
+                     f"{d.get('num_classes')} classes)")
+    if summary.get("proxy"):
+        p = summary["proxy"]
+        lines.append("proxy: " + ", ".join(f"{k} {v}" for k, v in p.items() if k in ("steps", "image_size", "batch_size", "lr")))
+    if summary.get("latency_protocol"):
+        lp = summary["latency_protocol"]
+        lines.append(f"latency: median of {lp.get('repeats')} after {lp.get('warmup')} warm-up, {lp.get('device')}, "
+                     f"{lp.get('threads')} thread(s), batch {lp.get('batch')}, at the spec's input size")
+    return lines
+
+
+def _summary_lines(summary: dict) -> list[str]:
+    """The indented facts under the summary's title: budgets, speeds, counts, protocols."""
+    counts = summary.get("counts", {})
+    lines = [_budget_line(summary["budgets"])] if summary.get("budgets") else []
+    if summary.get("static_check_rate"):
+        lines.append(f"static check: {summary['static_check_rate']:,.0f} candidates/s (sample + IR analysis, no weights)")
+    if counts:
+        lines.append("trials in study: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
+                     f"  (this run: {summary.get('trained_this_run', 0)} trained)")
+    if summary.get("per_trial_seconds") is not None:
+        lines.append(f"per trained trial: {summary['per_trial_seconds']:.1f} s median; wall {summary.get('wall_seconds', 0):.0f} s")
+    if summary.get("candidates_per_hour"):
+        lines.append(f"candidates evaluated: {summary['candidates_per_hour']:,.0f} per hour")
+    if summary.get("fidelity"):
+        lines.append(_fidelity_line(summary["fidelity"]))
+    return lines + _protocol_lines(summary)
+
+
+def _points_table(summary: dict):
+    """The Pareto front / best trial as a ``rich`` table."""
+    from rich.table import Table
+
+    table = Table(title=summary.get("table_title", "Pareto front (trained, feasible)"), title_justify="left")
+    for col in ("rank", "trial", "accuracy", "latency ms", "MACs", "params", "spec"):
+        table.add_column(col, justify="left" if col == "spec" else "right")
+    for p in summary["pareto"]:
+        table.add_row(str(p.get("rank", "")), str(p["trial"]), _fmt(p.get("accuracy")), _fmt(p.get("latency_ms"), 2),
+                      human(p["macs"]) if p.get("macs") is not None else "-",
+                      human(p["params"]) if p.get("params") is not None else "-", str(p.get("file", "")))
+    return table
+
+
+def print_summary(summary: dict, console=None) -> None:
+    """Print the human summary of a search (``rich``; ``console`` defaults to stdout's)."""
+    from rich.console import Console
+
+    console = console or Console(highlight=False)
+    console.print(f"[bold]archspec search[/bold] {summary.get('mode', '')}: study [bold]{summary['study']}[/bold] "
+                  f"in {summary.get('storage')}")
+    for line in _summary_lines(summary):
+        console.print("  " + line)
+    if summary.get("pareto"):
+        console.print(_points_table(summary))
+    failures = summary.get("failures") or []
+    if failures:
+        console.print(f"  failed trials ({len(failures)}): " + "; ".join(f"#{f['trial']}: {f['reason']}" for f in failures[:5]))
+    for note in summary.get("notes", []):
+        console.print(f"  note: {note}")
+    if summary.get("best"):
+        console.print(f"  best: [bold]{summary['best']}[/bold]   (archspec build {summary['best']})")
+    files = summary.get("files") or []
+    if files:
+        console.print("  wrote: " + ", ".join(files))

@@ -1,0 +1,90 @@
+"""The front door stays light: ``archspec --help``, ``list``, ``schema`` and ``validate SPEC`` never import torch,
+timm or torchvision.
+
+Each command runs in a fresh interpreter through the CLI entry point (:func:`archspec.cli.main`); afterwards
+the same process reports which heavy modules ``sys.modules`` holds.  Nothing is patched or pre-imported:
+what the command imports is what a user pays for.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "specs"
+HEAVY = ("torch", "timm", "torchvision")
+MARK = "FRONT-DOOR "
+
+# Run the CLI as `archspec ARGS` would, then say what it imported (stdout is the command's own).
+PROBE = f"""
+import json, sys
+before = [m for m in {HEAVY!r} if m in sys.modules]
+from archspec.cli import main
+argv = json.loads(sys.argv[1])
+rc = main(argv)
+sys.stdout.flush()
+loaded = [m for m in {HEAVY!r} + ("optuna",) if m in sys.modules]
+print({MARK!r} + json.dumps({{"rc": rc, "before": before, "loaded": loaded}}), file=sys.stderr)
+"""
+
+COMMANDS = [
+    pytest.param(["--help"], 0, id="help"),
+    pytest.param(["--version"], 0, id="version"),
+    pytest.param(["list"], 0, id="list"),  # counts every shipped spec: LeViT, CaiT and CMHSA-conv ones too
+    pytest.param(["schema"], 0, id="schema"),
+    pytest.param(["schema", "--markdown"], 0, id="schema-markdown"),
+    pytest.param(["schema", "--space"], 0, id="schema-space"),
+    pytest.param(["validate", str(SPECS / "mait_tiny_sch2.yaml")], 0, id="validate-mait"),
+    pytest.param(["validate", "masked_cait_xxs24", "--json"], 0, id="validate-masked-cait"),
+    pytest.param(["validate", str(SPECS / "cmhsa_k3.yaml")], 0, id="validate-cmhsa-attention"),
+    pytest.param(["validate", "convit_tiny"], 0, id="validate-convit"),
+    pytest.param(["validate", str(SPECS / "levit_128s.yaml")], 0, id="validate-levit"),
+    pytest.param(["validate", "cait_xxs24"], 0, id="validate-cait"),
+    pytest.param(["validate", "cmhsa_k3_conv"], 0, id="validate-cmhsa-conv"),
+    pytest.param(["search", "--help"], 0, id="search-help"),
+    pytest.param(["search", "masks", "--help"], 0, id="search-masks-help"),
+    pytest.param(["two-phase", "--help"], 0, id="two-phase-help"),
+    pytest.param(["tcnn", "--help"], 0, id="tcnn-help"),
+]
+
+
+def _run(argv: list[str], cwd: Path) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run ``archspec ARGV`` in a fresh interpreter: (the probe's report, the process)."""
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(MARK)]
+    assert lines, f"the probe did not report (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1][len(MARK):]), proc
+
+
+@pytest.mark.parametrize("argv, status", COMMANDS)
+def test_command_imports_no_torch(argv, status, tmp_path):
+    report, proc = _run(argv, tmp_path)
+    assert report["before"] == [], f"the interpreter imported {report['before']} before archspec ran (sitecustomize?)"
+    assert report["rc"] == status, proc.stderr[-3000:]
+    heavy = [m for m in report["loaded"] if m in HEAVY]
+    assert not heavy, f"`archspec {' '.join(argv)}` imported {heavy}"
+
+
+def test_bad_spec_exits_2_without_torch(tmp_path):
+    """A user mistake is a located message and exit 2, still without torch."""
+    text = (SPECS / "mait_tiny_sch2.yaml").read_text(encoding="utf-8")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text + "\nnot_a_field: 3\n", encoding="utf-8")
+    report, proc = _run(["validate", str(bad)], tmp_path)
+    assert report["rc"] == 2
+    assert "archspec validate: error" in proc.stderr and "not_a_field" in proc.stderr
+    assert "bad.yaml" in proc.stderr  # located: the file is named
+    assert not [m for m in report["loaded"] if m in HEAVY]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["search", "--help"], ["schema"]], ids=" ".join)
+def test_parser_imports_no_optuna(argv, tmp_path):
+    """Building the parser reads the search defaults from archspec.search.config, which imports no Optuna."""
+    report, _ = _run(argv, tmp_path)
+    assert report["rc"] == 0 and "optuna" not in report["loaded"]
