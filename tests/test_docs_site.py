@@ -13,10 +13,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None,
-    reason="mkdocs and mkdocstrings are not installed (they come with the test extra: pip install '.[test]')",
-)
+pytestmark = [
+    pytest.mark.slow,  # a whole site build: several seconds
+    pytest.mark.skipif(
+        importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None,
+        reason="mkdocs and mkdocstrings are not installed (they come with the test extra: pip install '.[test]')",
+    ),
+]
 
 
 def test_site_builds_strict(tmp_path):
