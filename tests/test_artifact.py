@@ -94,6 +94,7 @@ def test_a_fifo_as_weights_is_refused_without_blocking(saved) -> None:
         archspec.load(directory)
 
 
+@pytest.mark.slow
 def test_the_digest_is_sha256_of_the_sorted_json_spec_and_survives_the_yaml_round_trip() -> None:
     for name in shipped_specs():
         spec = archspec.load_spec(name)
@@ -102,6 +103,7 @@ def test_the_digest_is_sha256_of_the_sorted_json_spec_and_survives_the_yaml_roun
         assert spec_digest(archspec.load_spec(spec.to_yaml())) == spec_digest(spec)
 
 
+@pytest.mark.slow
 def test_save_stores_digest_and_version_and_loads_back_exactly(saved) -> None:
     directory, model = saved
     with safe_open(str(directory / "model.safetensors"), "pt") as f:
@@ -115,6 +117,7 @@ def test_save_stores_digest_and_version_and_loads_back_exactly(saved) -> None:
 
 @pytest.mark.parametrize("old, new", [("window: [3, 3]", "window: [1, 1]"), ("mode: hard", "mode: strict"),
                                       ("norm_eps: 1.0e-06", "norm_eps: 0.01")])
+@pytest.mark.slow
 def test_a_shape_keeping_spec_edit_is_refused_unless_allowed(old, new, saved, capsys) -> None:
     directory, model = saved
     spec_yaml = directory / "spec.yaml"

@@ -300,6 +300,7 @@ def test_devices_and_directories_as_image_are_refused(path, kind, cwd, spec_file
     assert _tree(cwd) == before
 
 
+@pytest.mark.slow
 def test_a_15000_square_png_is_refused_naming_its_pixels(cwd, spec_file, capsys) -> None:
     Image.new("1", (15000, 15000)).save(cwd / "bomb.png")
     assert (cwd / "bomb.png").stat().st_size < 100_000  # a small file: the size check alone would not catch it

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import ast
 import subprocess
-from functools import partial
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 import timm
 import torch
+from macs_reference import reference_macs
 from timm.models.cait import LayerScaleBlockClassAttn
 from timm.models.cait import TalkingHeadAttn as TimmTalkingHeadAttn
 
@@ -27,7 +28,6 @@ from archspec.errors import SpecError, format_path
 from archspec.graph import build_graph
 from archspec.families.attention.heads import HeadSpec
 from archspec.interop.timm import from_timm, load_timm_weights, to_timm
-from macs_reference import reference_macs
 
 CAIT_XXS24_PARAMS = 11_956_264  # timm cait_xxs24_224, pretrained=False (the issue's figure)
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +59,7 @@ def timm_cait() -> torch.nn.Module:
     return model.eval()
 
 
+@pytest.mark.slow
 def test_cait_xxs24_parameter_count_equals_timm(timm_cait):
     assert sum(p.numel() for p in timm_cait.parameters()) == CAIT_XXS24_PARAMS
     assert build_graph(load_spec("cait_xxs24")).graph["params"] == CAIT_XXS24_PARAMS
@@ -66,6 +67,7 @@ def test_cait_xxs24_parameter_count_equals_timm(timm_cait):
     assert build_graph(load_spec("masked_cait_xxs24")).graph["params"] == CAIT_XXS24_PARAMS
 
 
+@pytest.mark.slow
 def test_cait_xxs24_macs_equal_timm_flop_counter(timm_cait, one_thread):
     """Static MACs of both specs = the FLOP counter on timm's model / 2 (2.52 G; MaiT Tab. 4: 2.5 GFLOPs).
 
@@ -87,6 +89,7 @@ def test_cait_specs_match_mait_table4(name):
     assert round(graph.graph["params"] / 1e6) == 12 and round(graph.graph["macs"] / 1e9, 1) == 2.5
 
 
+@pytest.mark.slow
 def test_cait_xxs24_timm_weights_give_timm_logits_and_convert_back(timm_cait, real_images, one_thread):
     """timm -> archspec: logits to 1e-5 on real photos; archspec -> timm: the exact state dict back."""
     model = archspec.compile("cait_xxs24")
@@ -249,6 +252,7 @@ def test_class_attention_memory_rule_is_conservative_and_close(n, dim, heads, on
 
 
 # ------------------------------------------------------------------- timm backbone API on a class-attention model
+@pytest.mark.slow
 def test_layer_decay_matches_timm_cait(timm_cait, one_thread):
     """timm's layer decay gives every parameter of specs/cait_xxs24 the scale it gives timm's own Cait."""
     from timm.optim import create_optimizer_v2

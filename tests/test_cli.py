@@ -14,13 +14,13 @@ from archspec.cli import main
 from archspec.image import load_image
 from archspec.spec import shipped_specs
 
-
 # CMHSA's attention specs (9 heads of width >= 768 on a padded 16x16 grid) take ~20 s each to build three
 # times at 224 px; they are built here at 64 px (their 224 px counts are checked in test_compile).
 BUILD_RESOLUTION = {"cmhsa_k3": 64, "cmhsa_k5": 64}
 
 
 @pytest.mark.parametrize("name", shipped_specs())
+@pytest.mark.slow
 def test_every_shipped_spec_builds_end_to_end(name: str, tmp_path, capsys) -> None:
     out = tmp_path / name
     size = BUILD_RESOLUTION.get(name)
@@ -43,6 +43,7 @@ def test_every_shipped_spec_builds_end_to_end(name: str, tmp_path, capsys) -> No
         assert torch.equal(rebuilt(x), fresh(x))
 
 
+@pytest.mark.slow
 def test_build_table_and_overrides(tmp_path, capsys) -> None:
     code = main(["build", "mait_tiny_sch2", "--out", str(tmp_path / "m"), "--resolution", "112", "--seed", "3",
                  "--repeats", "1"])
@@ -84,13 +85,16 @@ def test_user_mistakes_exit_2_with_a_message_and_write_nothing(argv, where, tmp_
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_console_script_and_help() -> None:
     result = subprocess.run([sys.executable, "-m", "archspec", "build", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "model.safetensors" in result.stdout and "--resolution" in result.stdout
-    result = subprocess.run([sys.executable, "-m", "archspec", "validate", "specs/nope.yaml"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "archspec", "validate", "specs/nope.yaml"], capture_output=True,
+                            text=True)
     assert result.returncode == 2 and "specs/nope.yaml" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_shipped_specs_work_by_name_outside_the_checkout(tmp_path) -> None:
     """Run from an empty directory: the specs come from the installed package, not from ./specs."""
     result = subprocess.run([sys.executable, "-m", "archspec", "validate", "mait_tiny_sch2", "--json"],
@@ -99,6 +103,7 @@ def test_shipped_specs_work_by_name_outside_the_checkout(tmp_path) -> None:
     assert json.loads(result.stdout)["params"] == archspec.analyze("mait_tiny_sch2").params
 
 
+@pytest.mark.slow
 def test_unwritable_out_is_a_located_error(capsys) -> None:
     assert main(["build", "deit_tiny", "--out", "/proc/archspec-cannot-write-here", "--repeats", "1"]) == 2
     err = capsys.readouterr().err
@@ -110,6 +115,7 @@ def _build_text(spec, tmp_path, capsys) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_build_says_executed_macs_only_when_they_differ_and_why(tmp_path, capsys) -> None:
     """The papers' MACs and what the model executes: one figure when equal, both with the reason otherwise."""
     plain = _build_text("deit_tiny", tmp_path, capsys)
@@ -119,7 +125,8 @@ def test_build_says_executed_macs_only_when_they_differ_and_why(tmp_path, capsys
     spec = tmp_path / "hybrid.yaml"
     spec.write_text("name: hybrid\ninput: {resolution: 160}\nstem: {kind: patch, patch_size: 8}\n"
                     "stages: [{depth: 2, dim: 32, heads: 2, layers: [{range: 0, heads: [mask, mhsa]},"
-                    " {range: 1, heads: [gpsa, mhsa]}]}]\ntokens: {cls_token: none}\nhead: {pool: mean, num_classes: 10}\n")
+                    " {range: 1, heads: [gpsa, mhsa]}]}]\ntokens: {cls_token: none}\n"
+                    "head: {pool: mean, num_classes: 10}\n")
     hybrid = _build_text(str(spec), tmp_path, capsys)
     analysis = archspec.analyze(str(spec))
     assert analysis.macs_executed != analysis.macs

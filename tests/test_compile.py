@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from macs_reference import reference_macs
 from sklearn.datasets import load_digits
 from timm.optim import create_optimizer_v2
 
 import archspec
 from archspec.blocks import attention_impl
 from archspec.spec import shipped_specs
-from macs_reference import reference_macs
 
 SMALL = {
     "name": "small",
@@ -26,6 +26,7 @@ SMALL = {
 
 
 @pytest.mark.parametrize("name", shipped_specs())
+@pytest.mark.slow
 def test_static_counts_match_flop_counter(name: str) -> None:
     """Static MACs within 2% of the reference counter at batch 1 and exact parameter counts, for every shipped spec:
     the papers' count against the dense reference formula, the executed count against the default fast paths."""
@@ -68,6 +69,7 @@ def test_model_keeps_its_spec_and_it_round_trips() -> None:
     assert archspec.compile(again).state_dict()["head.weight"].equal(model.state_dict()["head.weight"])
 
 
+@pytest.mark.slow
 def test_save_and_load_rebuild_the_model_exactly(tmp_path) -> None:
     model = archspec.compile(SMALL)
     with torch.no_grad():  # move weights away from their init so loading is really tested
@@ -85,6 +87,7 @@ def test_load_of_a_missing_directory_is_a_spec_error(tmp_path) -> None:
         archspec.load(tmp_path / "nothing")
 
 
+@pytest.mark.slow
 def test_timm_api_shapes_and_reset_classifier() -> None:
     model = archspec.compile(SMALL).eval()
     x = torch.randn(2, 3, 32, 32)
@@ -108,8 +111,8 @@ def test_no_weight_decay_names_the_right_parameters() -> None:
 
 
 def test_distillation_output_like_timm() -> None:
-    spec = {**SMALL, "tokens": {"cls_token": "input", "dist_token": True}, "head": {"num_classes": 10, "distillation": True},
-            "stages": [{"depth": 1, "dim": 48, "heads": 3}]}
+    spec = {**SMALL, "tokens": {"cls_token": "input", "dist_token": True},
+            "head": {"num_classes": 10, "distillation": True}, "stages": [{"depth": 1, "dim": 48, "heads": 3}]}
     model = archspec.compile(spec)
     x = torch.randn(2, 3, 32, 32)
     model.train()
@@ -122,6 +125,7 @@ def test_distillation_output_like_timm() -> None:
     assert torch.allclose(model(x), expected)
 
 
+@pytest.mark.slow
 def test_timm_optimizer_and_a_few_real_steps_lower_the_loss() -> None:
     """timm's optimizer factory takes the model unchanged (no-decay groups) and 60 AdamW steps fit real digits
     (from timm's init -- small MLP weights, a near-zero class token -- the loss starts falling after ~20)."""

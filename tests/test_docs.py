@@ -41,6 +41,7 @@ def _resolve(dotted: str) -> object:
 
 
 @pytest.mark.parametrize("path", [p for p in DOCS if _python_blocks(p)], ids=lambda p: p.name)
+@pytest.mark.slow
 def test_python_blocks_run(path, tmp_path):
     """The file's blocks, in order, as one script in a fresh interpreter (as a reader would paste them)."""
     (tmp_path / "specs").symlink_to(ROOT / "specs")

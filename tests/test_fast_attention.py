@@ -128,6 +128,7 @@ def test_positional_cache_dropped_on_train_and_load():
     assert layer._positional_cache is None
 
 
+@pytest.mark.slow
 def test_flex_attention_equals_dense_forward():
     """FlexAttention ``score_mod`` for hard / soft / biased-hard heads (eager reference on CPU, forward only:
     PyTorch has no FlexAttention backward on CPU)."""
@@ -202,7 +203,9 @@ def test_set_grid_replans_and_stays_exact():
         torch.testing.assert_close(layer(x), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("grid,window,p", [((4, 5), (3, 3), 0), ((3, 4), (3, 5), 1), ((2, 2), (5, 5), 2), ((1, 1), (3, 3), 1)])
+@pytest.mark.parametrize("grid,window,p",
+                         [((4, 5), (3, 3), 0), ((3, 4), (3, 5), 1), ((2, 2), (5, 5), 2), ((1, 1), (3, 3), 1)])
+@pytest.mark.slow
 def test_window_backward_passes_gradcheck(grid, window, p):
     """The hand-written backward of the linear-time path against finite differences (float64)."""
     torch.manual_seed(2)
@@ -240,6 +243,7 @@ def test_masked_layer_keeps_no_more_for_backward_than_unmasked(one_thread, heads
     assert _bytes_kept_for_backward(masked, x) <= _bytes_kept_for_backward(plain, x)
 
 
+@pytest.mark.slow
 def test_torch_compile_traces_whole_layer_and_takes_window_path(one_thread):
     """Under torch.compile every plain hard head takes the window path (Inductor fuses it), with no graph break
     (fullgraph) and the eager result.  The ``eager`` backend checks the trace without a C++ toolchain."""
@@ -258,6 +262,7 @@ def test_torch_compile_traces_whole_layer_and_takes_window_path(one_thread):
     torch.testing.assert_close(xg.grad, reference.grad, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_dense_hard_mask_backward_passes_gradcheck():
     """The small-grid hard-mask path recomputes its weights in backward: against finite differences (float64)."""
     from archspec.families.attention.kernels import hard_masked_attention

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from torch import nn
 
@@ -43,6 +44,7 @@ def test_fused_levit_equals_unfolded(one_thread):
     assert model.training is False and any(isinstance(m, nn.BatchNorm1d) for m in model.modules())  # copy by default
 
 
+@pytest.mark.slow
 def test_build_fuse_reports_the_folded_model(tmp_path, capsys, one_thread):
     out = tmp_path / "levit"
     assert main(["build", "levit_128s", "--resolution", "64", "--out", str(out), "--repeats", "1", "--fuse",

@@ -20,14 +20,30 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import yaml
 
 from archspec import analyze, compile, load_spec
 from archspec.errors import SpecError
-from archspec.spec import (SPEC_DIR, ArchSpec, ConvStemSpec, GPSASpec, HeadOutSpec, HeadSpec, IdentityStemSpec,
-                           InputSpec, LayerOverride, MaskSpec, MixerSpec, PatchStemSpec, RelBiasSpec, ShrinkSpec,
-                           StageSpec, TokensSpec)
+from archspec.spec import (
+    SPEC_DIR,
+    ArchSpec,
+    ConvStemSpec,
+    GPSASpec,
+    HeadOutSpec,
+    HeadSpec,
+    IdentityStemSpec,
+    InputSpec,
+    LayerOverride,
+    MaskSpec,
+    MixerSpec,
+    PatchStemSpec,
+    RelBiasSpec,
+    ShrinkSpec,
+    StageSpec,
+    TokensSpec,
+)
 
 N_MUTANTS = 3000
 SEED = 20240611
@@ -39,10 +55,10 @@ HEAD_KINDS = ["mhsa", "gpsa", "mask", "mask:3x5", "mask:5x5", "soft_mask", "stri
               {"mask": {"depth": 1, "mode": "soft", "alpha_init": 0.2}}, {"rel_bias": {"table": "signed"},
                                                                              "mask": {"window": "3x3"}},
               {"gpsa": {"conv_init": False}, "mask": {"window": [1, 3], "mode": "strict"}}]
-KEYS = ["depth", "dim", "heads", "head_dim", "key_dim", "attn_ratio", "mlp_ratio", "norm", "norm_eps", "act", "qkv_bias",
-        "drop_path", "layer_scale", "attention", "mixer", "layers", "shrink", "stride", "patch_size", "channels",
-        "cls_token", "dist_token", "pos_embed", "pool", "num_classes", "distillation", "range", "window", "mode",
-        "kind", "resolution", "seed", "gating_trainable", "conv_init", "table", "alpha_init", "kernel", "bogus"]
+KEYS = ["depth", "dim", "heads", "head_dim", "key_dim", "attn_ratio", "mlp_ratio", "norm", "norm_eps", "act",
+        "qkv_bias", "drop_path", "layer_scale", "attention", "mixer", "layers", "shrink", "stride", "patch_size",
+        "channels", "cls_token", "dist_token", "pos_embed", "pool", "num_classes", "distillation", "range", "window",
+        "mode", "kind", "resolution", "seed", "gating_trainable", "conv_init", "table", "alpha_init", "kernel", "bogus"]
 VALUES: list[Any] = [None, True, False, 0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 48, 64, 4096, 4097, -1, -16, 2**31, 10**12,
                      0.0, 0.01, 0.5, 0.999, 1.0, 1.5, 2.0, 1e-9, 1e308, -0.5, math.nan, math.inf, "", "abc", "3",
                      "input", "none", "mean", "cls", "batchnorm", "layernorm", "hardswish", "gelu", "conv", "patch",
@@ -101,7 +117,8 @@ def _range(text: Any) -> tuple[int, int]:
 
 
 def small_base(path: Path) -> dict:
-    """A shipped spec at 48 px, with at most 3 blocks per stage and a quarter of the width (identity stems keep P^2 C)."""
+    """A shipped spec at 48 px, with at most 3 blocks per stage and a quarter of the width (identity stems keep
+    P^2 C)."""
     doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     doc["input"] = dict(doc.get("input", {}), resolution=48)
     stem = doc.get("stem", {"kind": "patch"})
@@ -216,14 +233,17 @@ def run_fuzz(n: int, seed: int) -> dict[str, int]:
     return stats
 
 
+@pytest.mark.slow
 def test_small_bases_are_valid_and_built(one_thread):
     for path in sorted(SPEC_DIR.glob("*.yaml")):
         spec = load_spec(small_base(path))
         analysis = analyze(spec)
-        assert analysis.macs <= BUILD_MACS and analysis.params <= BUILD_PARAMS, (path.name, analysis.macs, analysis.params)
+        assert analysis.macs <= BUILD_MACS and analysis.params <= BUILD_PARAMS, (path.name, analysis.macs,
+                                                                                 analysis.params)
         _check_built(spec, analysis)
 
 
+@pytest.mark.slow
 def test_fuzz_only_spec_errors_and_every_valid_spec_builds(one_thread):
     torch.manual_seed(0)
     stats = run_fuzz(N_MUTANTS, SEED)

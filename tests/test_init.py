@@ -40,6 +40,7 @@ def _deterministic(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> se
 
 
 @pytest.mark.parametrize("name", sorted(TIMM_EQUIVALENTS))
+@pytest.mark.slow
 def test_fresh_weights_follow_timms_init(name: str) -> None:
     timm_model, theirs = _timm_state(name, 0)
     _, theirs_again = _timm_state(name, 1)
@@ -65,6 +66,7 @@ def test_fresh_weights_follow_timms_init(name: str) -> None:
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_class_token_rule_follows_its_placement() -> None:
     """A class token at the input is ViT's ``normal(1e-6)``; one inserted later is ConViT/CaiT's trunc-normal .02."""
     at_input = archspec.compile("deit_tiny").cls_token

@@ -56,6 +56,7 @@ def _run_all(path: Path, tmp_path: Path, capsys, needles: list[str]) -> None:
 
 
 # ----------------------------------------------------------------------------------- hostile YAML
+@pytest.mark.slow
 def test_deep_nesting_is_located(tmp_path, capsys):
     path = tmp_path / "deep.yaml"
     path.write_text("[" * 1000 + "]" * 1000)  # 2 kB; PyYAML's composer alone raises RecursionError

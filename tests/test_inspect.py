@@ -39,6 +39,7 @@ def _write(tmp_path, doc) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_inspect_writes_four_plots_and_the_numbers(tmp_path, capsys, one_thread):
     out = tmp_path / "out"
     assert main(["inspect", _write(tmp_path, TINY_CAIT), "--out", str(out), "--json"]) == 0
@@ -58,6 +59,7 @@ def test_inspect_writes_four_plots_and_the_numbers(tmp_path, capsys, one_thread)
     assert len(run["per_head"]) == 4 and all(abs(h[0][0] - 1) < 1e-5 for h in run["per_head"])
 
 
+@pytest.mark.slow
 def test_inspect_reports_gpsa_gating_and_takes_an_image(tmp_path, capsys, one_thread):
     out = tmp_path / "g"
     assert main(["inspect", _write(tmp_path, TINY_GPSA), "--out", str(out), "--image", str(default_image_path()),
@@ -71,6 +73,7 @@ def test_inspect_reports_gpsa_gating_and_takes_an_image(tmp_path, capsys, one_th
     assert report["similarity"][0]["layers"] == [gpsa["name"], mhsa["name"]]
 
 
+@pytest.mark.slow
 def test_inspect_a_build_directory_and_replace_its_own_output(tmp_path, capsys, one_thread):
     spec = _write(tmp_path, TINY_CAIT)
     assert main(["build", spec, "--out", str(tmp_path / "b"), "--repeats", "1", "--json"]) == 0
@@ -109,6 +112,7 @@ def test_inspect_a_model_without_attention_is_a_located_error(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_inspect_a_shipped_spec_on_the_real_photos(tmp_path, capsys, one_thread):
     """ConViT-Ti at random init: its GPSA layers start local (ConViT sec. 3, locality init), its last two
     plain MHSA layers nearly uniform, and every gating sigmoid(lambda = 1) = 0.731."""
@@ -127,6 +131,7 @@ def test_inspect_a_shipped_spec_on_the_real_photos(tmp_path, capsys, one_thread)
     assert all(g == pytest.approx(1 / (1 + math.exp(-1)), abs=1e-6) for row in layers[:10] for g in row["gating"])
 
 
+@pytest.mark.slow
 def test_plots_use_fixed_scales_and_whole_layer_ticks(tmp_path, capsys, monkeypatch, one_thread):
     """ALS on [0, 1], nonlocality from 0 (with uniform attention drawn), similarity ticks on whole layers."""
     from matplotlib.figure import Figure

@@ -108,7 +108,8 @@ def test_tiny_spec_hand_computed():
     assert attention == 352 and mlp == 224
     assert a.peak_activation_bytes == 4 * (image + max(attention, mlp))
     assert a.peak_layer == "stages.0.blocks.0"
-    # params: stem 16*8 + 8; q/k/v/proj 8*16+16 + 8*8+8 + 8*8+8; fc1 8*16+16; fc2 16*8+8; 2 LayerNorms; head 8*3+3 + fc_norm 16
+    # params: stem 16*8 + 8; q/k/v/proj 8*16+16 + 8*8+8 + 8*8+8; fc1 8*16+16; fc2 16*8+8; 2 LayerNorms;
+    # head 8*3+3 + fc_norm 16
     params = 136 + (144 + 72 + 72) + 144 + 136 + 32 + 27 + 16
     assert a.params == params == 779
     assert a.weight_bytes == 4 * params
@@ -133,6 +134,7 @@ MEDIUM = ["deit_tiny", "convit_tiny", "levit_128s", "mait_tiny_sch2", "cmhsa_k3_
 
 
 @pytest.mark.parametrize("name", MEDIUM)
+@pytest.mark.slow
 def test_estimate_is_conservative_and_close_to_measured(name, one_thread):
     """Shipped specs at their real 224 px (levit: every kind of node; mait: masks; convit: GPSA)."""
     spec = load_spec(name)
@@ -146,6 +148,7 @@ def test_estimate_is_conservative_and_close_to_measured(name, one_thread):
     assert measured <= estimate <= 3 * measured, (format_bytes(estimate), format_bytes(measured))
 
 
+@pytest.mark.slow
 def test_attention_dominated_estimate_is_conservative(one_thread):
     """Wide heads (64 x 4096, the issue's reproducer) on an 8x8 grid: q/k/v dominate, as at 63x64 tokens."""
     spec = load_spec({"input": {"resolution": 128}, "stem": {"kind": "patch", "patch_size": 16},
@@ -155,6 +158,7 @@ def test_attention_dominated_estimate_is_conservative(one_thread):
     assert measured <= estimate <= 3 * measured, (format_bytes(estimate), format_bytes(measured))
 
 
+@pytest.mark.slow
 def test_training_estimate_is_conservative(one_thread):
     """Forward + backward of a batch of 4 in train mode: activations kept for backward plus gradients."""
     from archspec.search.budget import TRAINING_STATE_FACTOR, training_memory

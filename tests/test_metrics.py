@@ -63,6 +63,7 @@ def test_nonlocality_hand_case():
     assert torch.allclose(nonlocality(uni, (2, 2), num_prefix_tokens=1), torch.tensor([expected]))
 
 
+@pytest.mark.slow
 def test_attention_maps_and_layer_als_on_a_model():
     model = compile(TINY)
     model.train()

@@ -35,6 +35,7 @@ def _timm(name: str) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("name", PARITY)
+@pytest.mark.slow
 def test_timm_weights_give_timm_logits(name: str, real_images: torch.Tensor) -> None:
     reference = _timm(name)
     model = archspec.compile(name)
@@ -49,6 +50,7 @@ def test_timm_weights_give_timm_logits(name: str, real_images: torch.Tensor) -> 
 
 
 @pytest.mark.parametrize("name", ["deit_tiny", "levit_128s"])
+@pytest.mark.slow
 def test_archspec_weights_give_same_logits_in_timm(name: str, real_images: torch.Tensor) -> None:
     model = archspec.compile(name)
     _randomise_bn(model, 2)
@@ -60,6 +62,7 @@ def test_archspec_weights_give_same_logits_in_timm(name: str, real_images: torch
         assert (model(real_images) - reference(real_images)).abs().max().item() <= 1e-5
 
 
+@pytest.mark.slow
 def test_converter_rejects_a_deeper_timm_model() -> None:
     model = archspec.compile({"stages": [{"depth": 2, "dim": 192, "heads": 3}]})
     with pytest.raises(ValueError, match="no counterpart"):

@@ -82,10 +82,12 @@ def stems(draw) -> tuple[dict, dict, tuple[int, int], int | None]:
     kind = draw(st.sampled_from(["patch", "conv", "identity"]))
     channels = draw(st.sampled_from([1, 3]))
     # grid sides 2-6, and at least 8 px (InputSpec's minimum) per side
-    p = draw(st.sampled_from([2, 4, 8] if kind == "patch" else [2, 4])) if kind != "conv" else 2 ** draw(st.integers(1, 3))
+    p = (draw(st.sampled_from([2, 4, 8] if kind == "patch" else [2, 4])) if kind != "conv"
+         else 2 ** draw(st.integers(1, 3)))
     rows, cols = (draw(st.integers(max(2, -(-9 // p)), 6)) for _ in range(2))
     if kind == "patch":
-        return {"channels": channels, "resolution": [rows * p, cols * p]}, {"kind": "patch", "patch_size": p}, (rows, cols), None
+        return ({"channels": channels, "resolution": [rows * p, cols * p]}, {"kind": "patch", "patch_size": p},
+                (rows, cols), None)
     if kind == "identity":  # token width C P^2 must reach 8
         p = 4 if channels == 1 else p
         rows, cols = max(rows, -(-9 // p)), max(cols, -(-9 // p))
@@ -95,7 +97,8 @@ def stems(draw) -> tuple[dict, dict, tuple[int, int], int | None]:
     grid = (rows, cols)
     res = [rows * p - draw(st.integers(0, 1)), cols * p]  # an odd side rounds up, as a stride-2 conv does
     return ({"channels": channels, "resolution": res},
-            {"kind": "conv", "channels": draw(st.lists(st.sampled_from([4, 8]), min_size=n_conv - 1, max_size=n_conv - 1)),
+            {"kind": "conv",
+             "channels": draw(st.lists(st.sampled_from([4, 8]), min_size=n_conv - 1, max_size=n_conv - 1)),
              "activation": draw(st.sampled_from(["hardswish", "gelu", "relu"]))}, grid, None)
 
 
@@ -208,6 +211,7 @@ def _tiny_models_on_one_thread(one_thread_module):
 
 @settings(max_examples=200, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs())
+@pytest.mark.slow
 def test_every_valid_spec_compiles_runs_and_counts(doc):
     doc = _clip_layers(doc)
     try:

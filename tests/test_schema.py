@@ -15,8 +15,8 @@ import yaml
 
 from archspec.cli import main
 from archspec.errors import SpecError
-from archspec.schema import SCHEMA_FILE_NAME, spec_schema
 from archspec.loader import load_spec
+from archspec.schema import SCHEMA_FILE_NAME, spec_schema
 from archspec.spec import SPEC_DIR, shipped_specs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,13 +124,15 @@ def test_table_prints_the_head_letter_legend(capsys) -> None:
 
 
 # ------------------------------------------------------------------------------------------- search spaces
+@pytest.mark.slow
 def test_space_schema_accepts_shipped_and_documented_spaces(capsys) -> None:
     import textwrap
+
+    from search_fixtures import TINY_SPACE
 
     from archspec.schema import SPACE_SCHEMA_FILE_NAME, space_schema
     from archspec.search import SPACES_DIR, space
     from archspec.search.space import load_space
-    from search_fixtures import TINY_SPACE
 
     schema = space_schema()
     jsonschema.Draft202012Validator.check_schema(schema)

@@ -13,12 +13,11 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from search_fixtures import TINY_SPACE
 
 from archspec import load_spec
 from archspec.analysis import analyze
 from archspec.cli import main
-from search_fixtures import TINY_SPACE
-
 
 TINY_MAIT = """\
 name: tiny_mait
@@ -68,6 +67,7 @@ def _space_macs() -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------------- mode 1
+@pytest.mark.slow
 def test_design_end_to_end_best_spec_builds(space_file, tmp_path, capsys):
     out = tmp_path / "run"
     assert _search(space_file, out, "--trials", "2", "--json") == 0
@@ -86,6 +86,7 @@ def test_design_end_to_end_best_spec_builds(space_file, tmp_path, capsys):
     assert rows[0].startswith("number,state,status,accuracy,latency_ms,macs,params") and len(rows) >= 3
 
 
+@pytest.mark.slow
 def test_budgets_filter_before_training(space_file, tmp_path, capsys):
     low, high = _space_macs()
     budget = (low + high) // 2
@@ -119,6 +120,7 @@ def test_infeasible_budget_exit_2_names_smallest(space_file, tmp_path, capsys):
     ("journal:{tmp}/missing/j.log", "does not exist"),
     ("redis-ish-nonsense", "not a storage URL"),
 ])
+@pytest.mark.slow
 def test_bad_storage_exit_2(space_file, tmp_path, capsys, storage, needle):
     out = tmp_path / "run"
     assert _search(space_file, out, "--storage", storage.format(tmp=tmp_path)) == 2
@@ -143,6 +145,7 @@ def test_bad_quantity_and_space_exit_2(tmp_path, capsys):
     assert "heads" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_adds_trials(space_file, tmp_path, capsys):
     out = tmp_path / "run"
     assert _search(space_file, out, "--trials", "1") == 0
@@ -151,6 +154,7 @@ def test_resume_adds_trials(space_file, tmp_path, capsys):
     assert len(done) == 3 and len({t.number for t in done}) == 3
 
 
+@pytest.mark.slow
 def test_failing_candidates_are_recorded_and_study_goes_on(space_file, tmp_path, monkeypatch, capsys):
     from archspec.search import proxy
 
@@ -192,9 +196,11 @@ def test_help_teaches_both_modes(capsys):
 
 
 # ----------------------------------------------------------------------------------- mode 2
+@pytest.mark.slow
 def test_masks_als_emits_buildable_spec(mait_file, tmp_path, capsys):
     out = tmp_path / "als"
-    rc = main(["search", "masks", str(mait_file), "--strategy", "als", "--rounds", "2", "--out", str(out), "--json", *FAST])
+    rc = main(["search", "masks", str(mait_file), "--strategy", "als", "--rounds", "2", "--out", str(out), "--json",
+               *FAST])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     assert [r["step"] for r in summary["rounds"]] == ["assignment", "calibration"][: len(summary["rounds"])]
@@ -207,6 +213,7 @@ def test_masks_als_emits_buildable_spec(mait_file, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("strategy", ["optuna", "soft"])
+@pytest.mark.slow
 def test_masks_optuna_and_soft(mait_file, tmp_path, capsys, strategy):
     out = tmp_path / strategy
     extra = ["--trials", "2", "--windows", "3x3,5x5"] if strategy == "optuna" else ["--alpha-threshold", "0.6"]

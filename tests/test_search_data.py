@@ -137,14 +137,15 @@ def test_cifar_with_a_foreign_pickle_is_refused_before_unpickling(tmp_path, monk
     assert "MD5" in info.value.problems[0].message
 
 
+@pytest.mark.slow
 def test_search_cli_on_fashion_mnist(tmp_path, monkeypatch, one_thread):
     """`archspec search --data fashion-mnist` end to end (the Debian directory stood in for by tiny IDX files)."""
     import json
 
     import yaml
+    from search_fixtures import TINY_SPACE
 
     from archspec.cli import main
-    from search_fixtures import TINY_SPACE
 
     monkeypatch.setattr(data_module, "FASHION_MNIST_DIR", _write_idx(tmp_path / "usr-share", n_train=60, n_test=20))
     space = tmp_path / "space.yaml"

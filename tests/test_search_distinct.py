@@ -9,11 +9,11 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from search_fixtures import TINY_SPACE
 
 from archspec.search.latency import architecture_key
 from archspec.search.space import load_space
 from archspec.search.study import make_sampler, resolve_storage, same_architecture, worker_seed
-from search_fixtures import TINY_SPACE
 
 FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2"]
 COMPLETE, PRUNED = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED
@@ -50,6 +50,7 @@ def test_worker_seed_rule():
     assert worker_seed(8, 5) != worker_seed(7, 5)
 
 
+@pytest.mark.slow
 def test_fresh_run_samples_what_plain_optuna_samples(space_file, tmp_path):
     """Reproducible: a fresh single worker with --seed 3 proposes what Optuna's own sampler seeded 3 does."""
     storage = f"journal:{tmp_path / 'a.log'}"
@@ -69,6 +70,7 @@ def test_fresh_run_samples_what_plain_optuna_samples(space_file, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
+@pytest.mark.slow
 def test_second_worker_trains_only_new_architectures(space_file, tmp_path, kind):
     storage = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else f"journal:{tmp_path / 's.log'}"
     out = tmp_path / "run"
@@ -95,6 +97,7 @@ def test_second_worker_trains_only_new_architectures(space_file, tmp_path, kind)
         assert any("no untried architectures left" in n for n in summary["notes"])
 
 
+@pytest.mark.slow
 def test_architecture_in_training_elsewhere_is_skipped(space_file, tmp_path):
     """A key that a live worker is training (RUNNING, claimed) is not trained again: the trial steps back."""
     import os
@@ -122,6 +125,7 @@ def test_architecture_in_training_elsewhere_is_skipped(space_file, tmp_path):
     assert same_architecture(_study(storage), key, -1).number == busy.number
 
 
+@pytest.mark.slow
 def test_progress_lines_when_stdout_is_not_a_terminal(space_file, tmp_path, capsys):
     _search(space_file, tmp_path / "run", f"journal:{tmp_path / 'p.log'}", 2)
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("trial ")]
@@ -151,6 +155,7 @@ def test_progress_line_states_and_eta():
 
 
 @pytest.mark.parametrize("status", ["training", "trained", "stopped"])
+@pytest.mark.slow
 def test_running_trial_holds_its_claim_until_optuna_records_it(tmp_path, status):
     """A RUNNING trial whose worker has set ``trained`` (or ``stopped``) but not yet told Optuna still holds
     the architecture: a worker looking in that window must step back, not train it again (the race seen

@@ -9,10 +9,10 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from search_fixtures import TINY_SPACE
 
 from archspec import SpecError
 from archspec.search.fidelity import RUNGS_ATTR, promotable, rung_correlations, rung_schedule
-from search_fixtures import TINY_SPACE
 
 FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2", "--no-progress"]
 
@@ -58,6 +58,7 @@ def space_file(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("objective", ["pareto", "accuracy"])
+@pytest.mark.slow
 def test_successive_halving_run(space_file, tmp_path, objective, one_thread):
     from archspec.cli import main
 
@@ -89,7 +90,8 @@ def test_successive_halving_run(space_file, tmp_path, objective, one_thread):
                 earlier = [(u.user_attrs[RUNGS_ATTR][str(step)], u.user_attrs["latency_ms"]) for u in trials[:i]
                            if str(step) in u.user_attrs[RUNGS_ATTR]]
                 went_on = str(step * 3) in t.user_attrs[RUNGS_ATTR]
-                assert went_on == promotable(value, t.user_attrs["latency_ms"], [*earlier, (value, t.user_attrs["latency_ms"])], 3)
+                assert went_on == promotable(value, t.user_attrs["latency_ms"],
+                                             [*earlier, (value, t.user_attrs["latency_ms"])], 3)
 
 
 def test_hyperband_needs_a_single_objective(space_file, tmp_path, capsys):

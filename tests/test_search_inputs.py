@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import yaml
 from PIL import Image
+from search_fixtures import TINY_SPACE
 
 from archspec.cli import main
-from archspec.search.study import check_storage
 from archspec.errors import SpecError
-from search_fixtures import TINY_SPACE
+from archspec.search.study import check_storage
 
 MAIT = """\
 name: tiny_mait
@@ -34,7 +34,8 @@ stages:
 head: {pool: cls, num_classes: 10}
 """
 NO_ATTENTION = MAIT.replace("attention: mhsa, layers: [{range: 0, heads: [\"mask:3x3\", mhsa]}]",
-                            "mixer: {kind: conv}").replace("cls_token: input", "cls_token: none").replace("pool: cls", "pool: mean")
+                            "mixer: {kind: conv}").replace("cls_token: input", "cls_token: none").replace("pool: cls",
+                                                                                                         "pool: mean")
 FAST = ["--proxy-steps", "1", "--proxy-size", "32", "--max-images", "40", "--latency-repeats", "1", "--no-progress",
         "--study-name", "t"]
 
@@ -44,7 +45,8 @@ def _png_header(width: int, height: int) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IEND", b""))
 
 
 @pytest.fixture()
@@ -160,12 +162,14 @@ def test_fifo_image_is_named_not_waited_on(work, capsys):
     _refused([*DESIGN, "--data", "folder"], ["--data", "pipe.png", "not a regular file"], capsys, work)
 
 
+@pytest.mark.slow
 def test_cifar_problems_are_named(work, capsys):
     cifar = Path("cifar-10-batches-py")
     cifar.mkdir()
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
         (cifar / name).write_bytes(b"not a pickle")
-    _refused([*DESIGN, "--data", str(cifar)], ["--data", "data_batch_1", "not the published CIFAR10 file"], capsys, work)
+    _refused([*DESIGN, "--data", str(cifar)], ["--data", "data_batch_1", "not the published CIFAR10 file"], capsys,
+             work)
     os.remove(cifar / "data_batch_1")
     _refused([*DESIGN, "--data", str(cifar)], ["--data", "data_batch_1 is missing"], capsys, work)
     os.mkfifo(cifar / "data_batch_1")

@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 import optuna
+import pg_server
 import pytest
 import yaml
-
-import pg_server
 from search_fixtures import TINY_SPACE
 
 COMPLETE, FAIL, RUNNING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
@@ -32,7 +31,8 @@ FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--lat
 
 @pytest.fixture(scope="module")
 def postgres():
-    pytest.importorskip("psycopg", reason="the PostgreSQL driver psycopg is not installed (pip install 'psycopg[binary]')")
+    pytest.importorskip("psycopg",
+                        reason="the PostgreSQL driver psycopg is not installed (pip install 'psycopg[binary]')")
     server = pg_server.start()
     if isinstance(server, str):
         pytest.skip(server)
@@ -62,6 +62,7 @@ def _trained_keys(study: optuna.Study) -> list[str]:
             if t.state == COMPLETE and "reused_from" not in t.user_attrs]
 
 
+@pytest.mark.slow
 def test_four_workers_share_a_postgres_study(postgres, space_file, tmp_path):
     workers = [_worker(space_file, tmp_path / f"w{k}", postgres, 2) for k in range(4)]
     outputs = [w.communicate(timeout=400)[0] for w in workers]
@@ -75,7 +76,8 @@ def test_four_workers_share_a_postgres_study(postgres, space_file, tmp_path):
     assert not [t for t in trials if t.state == RUNNING]
 
     # kill -9 a worker while it trains, then resume the study with a new worker
-    victim = _worker(space_file, tmp_path / "victim", postgres, 6, "--proxy-steps", "100000")  # still training when killed
+    # still training when killed:
+    victim = _worker(space_file, tmp_path / "victim", postgres, 6, "--proxy-steps", "100000")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(
             t.state == RUNNING for t in study.get_trials()):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import archspec.compiler as COMPILE_MODULE
 from archspec import SpecError, analyze, load_spec
 from archspec.data import load_data
 from archspec.search.latency import LatencyCache, LatencyProtocol, architecture_key, measure_latency
@@ -26,7 +27,6 @@ TINY = load_spec({
     ],
     "head": {"pool": "mean", "num_classes": 1000},
 })
-import archspec.compiler as COMPILE_MODULE
 FAST = ProxyProtocol(image_size=32, steps=12, batch_size=16, warmup_steps=2, eval_every=6, lr=3e-3, threads=1)
 
 
@@ -36,6 +36,7 @@ def digits():
 
 
 # --------------------------------------------------------------------------------------- data
+@pytest.mark.slow
 def test_digits_default():
     data = load_data(None, 16)
     assert data.name == "digits" and data.num_classes == 10 and data.channels == 3 and data.image_size == 16
@@ -101,6 +102,7 @@ def test_proxy_spec_adapts_resolution_stem_and_masks(digits):
     assert deit.stem.patch_size == 8 and deit.layer_plans(0)[0].heads[0].mask.window == (3, 3)
 
 
+@pytest.mark.slow
 def test_train_proxy_runs_and_is_deterministic(digits):
     calls = []
     result = train_proxy(TINY, digits, FAST, seed=0, report=lambda step, acc: calls.append((step, acc)))
@@ -114,6 +116,7 @@ def test_train_proxy_runs_and_is_deterministic(digits):
     assert torch.get_num_threads() == threads
 
 
+@pytest.mark.slow
 def test_train_proxy_improves_over_chance(digits):
     protocol = ProxyProtocol(image_size=32, steps=60, batch_size=32, warmup_steps=5, eval_every=60, lr=3e-3, threads=1)
     assert train_proxy(TINY, digits, protocol, seed=0).accuracy > 0.3  # chance is 0.1
@@ -155,7 +158,8 @@ def test_architecture_key_ignores_name_and_seed():
     spec = load_spec("levit_128s")
     key = architecture_key(spec)
     assert key == architecture_key(spec.model_copy(update={"name": "other", "seed": 7, "description": "x"}))
-    wider = load_spec({**spec.model_dump(mode="json"), "head": {"pool": "mean", "num_classes": 10, "distillation": True}})
+    wider = load_spec({**spec.model_dump(mode="json"),
+                       "head": {"pool": "mean", "num_classes": 10, "distillation": True}})
     assert architecture_key(wider) != key and len(key) == 64
 
 

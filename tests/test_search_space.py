@@ -60,6 +60,7 @@ def default_points():
     return space, points
 
 
+@pytest.mark.slow
 def test_default_space_points_are_valid_and_varied(default_points):
     space, points = default_points
     assert space.name == "levit_family" and space.kind == "design"
@@ -74,7 +75,8 @@ def test_default_space_points_are_valid_and_varied(default_points):
         keys.add(architecture_key(spec))
         assert "stages.0.dim" in params and "stages.count" in params
     assert len(keys) >= 0.9 * len(points)
-    letters = {h.letter for _, spec in points for i in range(len(spec.stages)) for p in spec.layer_plans(i) for h in p.heads}
+    letters = {h.letter for _, spec in points for i in range(len(spec.stages)) for p in spec.layer_plans(i)
+               for h in p.heads}
     assert {"L", "P", "LM"} <= letters  # LeViT bias, GPSA, masked biased heads all occur
 
 
@@ -160,7 +162,7 @@ spec:
         attention: levit_bias
         shrink: {key_dim: {ref: stage.key_dim}}
   head: {pool: mean, num_classes: 10}
-"""
+"""  # noqa: E501  (a long YAML line: the tests assert line numbers in this text)
 
 
 def _error(text):
@@ -180,17 +182,21 @@ def test_small_space_language():
 
 
 @pytest.mark.parametrize("old, new, path, words", [
-    ("        dim: {choice: [64, 128]}", "        dimm: {choice: [64, 128]}", ("spec", "stages", "items", 0, "dimm"), "unknown key"),
+    ("        dim: {choice: [64, 128]}", "        dimm: {choice: [64, 128]}", ("spec", "stages", "items", 0, "dimm"),
+     "unknown key"),
     ("depth: {int: [1, 2]}", "depth: {int: [1]}", ("spec", "stages", "items", 0, "depth", "int"), "[low, high]"),
-    ("depth: {int: [1, 2]}", "depth: {int: [1, 2], stepp: 1}", ("spec", "stages", "items", 0, "depth", "stepp"), "unknown option"),
+    ("depth: {int: [1, 2]}", "depth: {int: [1, 2], stepp: 1}", ("spec", "stages", "items", 0, "depth", "stepp"),
+     "unknown option"),
     ("depth: {int: [1, 2]}", "depth: {int: [3, 2]}", ("spec", "stages", "items", 0, "depth", "int"), "empty range"),
     ("dim: {choice: [64, 128]}", "dim: {choice: []}", ("spec", "stages", "items", 0, "dim", "choice"), "empty choice"),
     ("dim: {choice: [64, 128]}", "dim: {choice: 64}", ("spec", "stages", "items", 0, "dim", "choice"), "choice takes"),
     ("count: {choice: [1, 2]}", "count: 3", ("spec", "stages", "count"), "between 1 and 2"),
     ("kind: design", "kind: designs", ("kind",), "design"),
     ("name: tiny", "nam: tiny", ("nam",), "unknown key"),
-    ("{ref: stage.key_dim}", "{ref: stage.nothing}", ("spec", "stages", "items", 1, "shrink", "key_dim", "ref"), "names no value"),
-    ("window: {choice", "windw: {choice", ("spec", "stages", "items", 0, "heads_mix", "choice", "mait", "windw"), "unknown key"),
+    ("{ref: stage.key_dim}", "{ref: stage.nothing}", ("spec", "stages", "items", 1, "shrink", "key_dim", "ref"),
+     "names no value"),
+    ("window: {choice", "windw: {choice", ("spec", "stages", "items", 0, "heads_mix", "choice", "mait", "windw"),
+     "unknown key"),
 ])
 def test_malformed_space_is_located(old, new, path, words):
     assert old in BASE

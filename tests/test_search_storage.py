@@ -12,7 +12,6 @@ import hashlib
 import os
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -20,11 +19,10 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from search_fixtures import TINY_SPACE
 
 from archspec.cli import main
-from archspec.errors import SpecError
 from archspec.search.study import _journal_damage, check_storage, resolve_storage
-from search_fixtures import TINY_SPACE
 
 FAST = ["--proxy-steps", "1", "--proxy-size", "32", "--max-images", "40", "--latency-repeats", "1", "--no-progress",
         "--study-name", "t", "--trials", "1"]
@@ -80,6 +78,7 @@ def test_journal_damage_is_located(data, expected):
 
 # ----------------------------------------------------------------------------------- damaged journal: refused
 @pytest.mark.parametrize("damage", ["truncate", "stray_line", "stray_line_inside"])
+@pytest.mark.slow
 def test_damaged_journal_is_refused_unwritten_and_recoverable(work, searched, capsys, damage):
     journal = work / "j.log"
     lines = searched["journal"].splitlines(keepends=True)
@@ -108,6 +107,7 @@ def test_damaged_journal_is_refused_unwritten_and_recoverable(work, searched, ca
     assert len(study.trials) == kept + 1 and _digest(journal) == before  # the damaged original is left as it was
 
 
+@pytest.mark.slow
 def test_damaged_sqlite_is_refused_unwritten(work, searched, capsys):
     db = work / "s.db"
     data = searched["sqlite"]
@@ -119,6 +119,7 @@ def test_damaged_sqlite_is_refused_unwritten(work, searched, capsys):
     assert _digest(db) == before and not (work / "run").exists()
 
 
+@pytest.mark.slow
 def test_concurrent_append_in_progress_is_waited_for(tmp_path, searched):
     """A last line that completes while archspec looks (another worker's append) is not damage."""
     journal = tmp_path / "j.log"
@@ -153,6 +154,7 @@ def _run_read_only(target: Path, argv: list[str], cwd: Path) -> subprocess.Compl
 
 
 @pytest.mark.parametrize("kind", ["journal", "sqlite"])
+@pytest.mark.slow
 def test_read_only_storage_is_refused_before_the_run_directory(work, searched, kind):
     path = work / ("j.log" if kind == "journal" else "s.db")
     path.write_bytes(searched[kind])
@@ -164,6 +166,7 @@ def test_read_only_storage_is_refused_before_the_run_directory(work, searched, k
     assert not (work / "run").exists() and _digest(path) == before
 
 
+@pytest.mark.slow
 def test_read_only_directory_is_refused(work):
     ro = work / "ro"
     ro.mkdir()

@@ -12,14 +12,21 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-
-from archspec.errors import SpecError
-from archspec.search.study import (fail_zombie_trials, make_sampler, open_study, resolve_storage, validate_study_name,
-                                   worker_identity)
 from search_fixtures import TINY_SPACE
 
+from archspec.errors import SpecError
+from archspec.search.study import (
+    fail_zombie_trials,
+    make_sampler,
+    open_study,
+    resolve_storage,
+    validate_study_name,
+    worker_identity,
+)
+
 FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2", "--no-progress"]
-COMPLETE, RUNNING, FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
+COMPLETE, RUNNING, FAIL = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING,
+                           optuna.trial.TrialState.FAIL)
 
 
 @pytest.fixture()
@@ -38,6 +45,7 @@ def _worker(space: Path, out: Path, storage: str, name: str, trials: int, steps:
                             cwd=str(Path(__file__).resolve().parents[1]))
 
 
+@pytest.mark.slow
 def test_two_worker_processes_share_one_study(space_file, tmp_path):
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     out = tmp_path / "run"
@@ -58,6 +66,7 @@ def test_two_worker_processes_share_one_study(space_file, tmp_path):
     assert len(rows) == 1 + len(trials)
 
 
+@pytest.mark.slow
 def test_killed_worker_is_resumed_and_its_trial_failed(space_file, tmp_path):
     from archspec.cli import main
 
@@ -79,8 +88,8 @@ def test_killed_worker_is_resumed_and_its_trial_failed(space_file, tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
-    assert main(["search", "--space", str(space_file), "--out", str(out), "--storage", storage, "--study-name", "killed",
-                 "--trials", "1", "--proxy-steps", "3", *FAST]) == 0
+    assert main(["search", "--space", str(space_file), "--out", str(out), "--storage", storage,
+                 "--study-name", "killed", "--trials", "1", "--proxy-steps", "3", *FAST]) == 0
     trials = optuna.load_study(study_name="killed", storage=storage).get_trials()
     zombie = trials[running[0].number]
     assert zombie.state == FAIL and "died" in zombie.user_attrs["fail_reason"]
@@ -88,6 +97,7 @@ def test_killed_worker_is_resumed_and_its_trial_failed(space_file, tmp_path):
     assert (out / "best.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_journal_storage_resume(space_file, tmp_path, capsys):
     from archspec.cli import main
 
@@ -104,6 +114,7 @@ def test_journal_storage_resume(space_file, tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------------- units
+@pytest.mark.slow
 def test_resolve_storage_errors(tmp_path):
     for url, needle in [("postgresql://nohost/db", "cannot open storage"),
                         (f"sqlite:///{tmp_path}/no/such/dir/x.db", "does not exist"),
@@ -120,6 +131,7 @@ def test_resolve_storage_errors(tmp_path):
         validate_study_name("../evil")
 
 
+@pytest.mark.slow
 def test_open_study_refuses_other_objectives(tmp_path):
     info = resolve_storage(None, tmp_path)
     open_study("s", info, ["maximize", "minimize"], make_sampler("tpe", 0, 2))
@@ -128,6 +140,7 @@ def test_open_study_refuses_other_objectives(tmp_path):
     assert "objectives" in str(err.value)
 
 
+@pytest.mark.slow
 def test_fail_zombie_trials_only_dead_workers(tmp_path):
     info = resolve_storage(None, tmp_path, heartbeat=None)
     study = open_study("z", info, ["maximize"], make_sampler("random", 0, 1))

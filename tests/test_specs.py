@@ -4,16 +4,16 @@ papers' tables (MaiT Tab. 4, LeViT v1 Tab. 3)."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 import torch
+from macs_reference import reference_macs
 
 import archspec
 from archspec.graph import build_graph
 from archspec.loader import load_spec
-from macs_reference import reference_macs
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"
 SPEC_FILES = sorted(SPEC_DIR.glob("*.yaml"))
@@ -37,12 +37,12 @@ EXPECTED_SPECS = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _graph(stem: str):
     return build_graph(load_spec(SPEC_DIR / f"{stem}.yaml"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _timm(name: str) -> torch.nn.Module:
     timm = pytest.importorskip("timm")
     torch.manual_seed(0)
@@ -67,6 +67,7 @@ def test_spec_loads_and_builds(path: Path):
 
 
 @pytest.mark.parametrize("stem", sorted(TIMM_TWINS))
+@pytest.mark.slow
 def test_params_equal_timm(stem: str):
     model = _timm(TIMM_TWINS[stem])
     expected = sum(p.numel() for p in model.parameters())
@@ -74,6 +75,7 @@ def test_params_equal_timm(stem: str):
 
 
 @pytest.mark.parametrize("stem", MACS_CHECKED)
+@pytest.mark.slow
 def test_macs_match_timm_flop_counter(stem: str):
     model = _timm(TIMM_TWINS[stem])
     # batch 1: ConViT's GPSA expands its pos scores over the batch

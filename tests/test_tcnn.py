@@ -33,6 +33,7 @@ def _cnn(name: str, **kw) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("name", ["resnetrs50", "resnet50d"])
+@pytest.mark.slow
 def test_exact_with_large_alpha_and_gating_on_real_images(one_thread, real_images, name):
     """sec. 2: lambda >> 0 and alpha >> 1 reproduce the CNN; at the paper's alpha = lambda = 1 it does not."""
     cnn = _cnn(name)
@@ -51,6 +52,7 @@ def test_exact_with_large_alpha_and_gating_on_real_images(one_thread, real_image
     assert len(transformed_layers(model)) == 3 and not any(isinstance(m, ConvGPSA) for m in cnn.modules())
 
 
+@pytest.mark.slow
 def test_resnetrs50_params_and_macs_against_tab2(one_thread):
     """Tab. 2: ResNet50-RS 36M -> T-ResNet50-RS 38M params; 17.6 "GFLOPs" at 224 px.  The ResNet-RS rows count
     FLOPs = 2 x MACs (ResNet50-RS at 160 px: 4.6 in the table, 2 x 2.28 GMACs by torch's counter), so the T-CNN
@@ -77,6 +79,7 @@ def test_hand_count_of_one_layer_and_stride(one_thread):
         ConvGPSA(torch.nn.Conv2d(8, 8, 3, padding=1, groups=2))
 
 
+@pytest.mark.slow
 def test_tcnn_fine_tunes_with_falling_loss_and_gating_lr(one_thread):
     data = load_data(None, 32, seed=0, max_images=200)
     model = tcnn(_cnn("resnet10t", num_classes=10))
@@ -92,6 +95,7 @@ def test_tcnn_fine_tunes_with_falling_loss_and_gating_lr(one_thread):
     assert any(not torch.all(layer.gating == 1) for layer in transformed_layers(model))
 
 
+@pytest.mark.slow
 def test_stages_and_errors():
     cnn = timm.create_model("resnet18", pretrained=False, num_classes=4)
     both = tcnn(cnn, stages=[3, "layer4"])
@@ -104,6 +108,7 @@ def test_stages_and_errors():
         tcnn(torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3)))
 
 
+@pytest.mark.slow
 def test_tcnn_cli_writes_a_loadable_model_and_refuses_bad_input(one_thread, tmp_path, capsys):
     import json
 
@@ -146,13 +151,15 @@ def test_tcnn_cli_refuses_bad_numbers_before_writing(tmp_path, capsys, option, v
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_tcnn_cli_refuses_bad_checkpoints_naming_the_file(tmp_path, capsys):
     import os
 
     out = tmp_path / "t"
     state = timm.create_model("resnet10t").state_dict()
     cases = {"missing.pth": "cannot open it", "adir": "is a directory", "fifo.pth": "not a regular file",
-             "random.safetensors": "SafetensorError", "list.pth": "cannot load it", "nan.pth": "non-finite values (NaN or inf) in fc.weight",
+             "random.safetensors": "SafetensorError", "list.pth": "cannot load it",
+             "nan.pth": "non-finite values (NaN or inf) in fc.weight",
              "other_model.pth": "Missing key"}
     (tmp_path / "adir").mkdir()
     os.mkfifo(tmp_path / "fifo.pth")
@@ -167,6 +174,7 @@ def test_tcnn_cli_refuses_bad_checkpoints_naming_the_file(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_tcnn_report_describes_the_saved_model_and_files_follow_the_umask(one_thread, tmp_path, capsys):
     import json
     import os

@@ -22,8 +22,8 @@ import archspec
 from archspec.compiler import compile
 from archspec.errors import SpecError
 from archspec.interop.timm import from_timm
-from archspec.model import FX_LEAF_MODULES, symbolic_trace
 from archspec.loader import load_spec
+from archspec.model import FX_LEAF_MODULES, symbolic_trace
 from archspec.spec import shipped_specs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +66,7 @@ def test_registered_names_do_not_clobber_timm() -> None:
     assert type(timm.create_model("levit_128s", pretrained=False)).__module__ == "timm.models.levit"
 
 
+@pytest.mark.slow
 def test_import_archspec_registers_without_importing_torch() -> None:
     code = ("import sys, archspec; assert 'torch' not in sys.modules; import timm; "
             "print(len(timm.list_models('archspec_*')))")
@@ -74,6 +75,7 @@ def test_import_archspec_registers_without_importing_torch() -> None:
 
 
 @pytest.mark.parametrize("name", shipped_specs())
+@pytest.mark.slow
 def test_create_model_builds_every_shipped_spec(name: str, one_thread) -> None:
     """Every shipped spec through timm.create_model, kwargs honoured: the spec it carries is the shipped one
     with those kwargs, its parameter count is the graph's (computed without torch) and it runs."""
@@ -89,6 +91,7 @@ def test_create_model_builds_every_shipped_spec(name: str, one_thread) -> None:
         assert model(torch.randn(1, expected.input.channels, 64, 64)).shape == (1, 7)
 
 
+@pytest.mark.slow
 def test_create_model_equals_compile(one_thread) -> None:
     model = timm.create_model("archspec_mait_tiny_sch2", pretrained=False, img_size=64)
     reference = compile("mait_tiny_sch2", img_size=64)
@@ -254,6 +257,7 @@ def test_load_at_another_size_rebuilds_tables_and_masks(tmp_path, one_thread) ->
     assert all(torch.equal(v, via_timm.state_dict()[k]) for k, v in big.state_dict().items())
 
 
+@pytest.mark.slow
 def test_levit_shrink_moves_to_the_new_grid(one_thread) -> None:
     model, _ = _levit(64)
     model.set_input_size(img_size=96)
@@ -330,11 +334,13 @@ def test_dynamic_convit_equals_set_input_size(one_thread) -> None:
 _STAGE = {"depth": 1, "dim": 32, "heads": 2}
 _HEAD_KINDS = {  # (stem, head) kinds: linear, distilled linear, LeViT NormLinear (+ distilled), class attention
     "patch_linear": {"stem": {"kind": "patch", "patch_size": 8}, "tokens": {"cls_token": "input"}},
-    "patch_distilled": {"stem": {"kind": "patch", "patch_size": 8}, "tokens": {"cls_token": "input", "dist_token": True},
+    "patch_distilled": {"stem": {"kind": "patch", "patch_size": 8},
+                        "tokens": {"cls_token": "input", "dist_token": True},
                         "head": {"num_classes": 10, "distillation": True}},
     "conv_normlinear": {"stem": {"kind": "conv", "channels": [8, 16, 32]},
                         "stages": [{**_STAGE, "norm": "batchnorm", "key_dim": 8, "attention": "levit_bias"}],
-                        "tokens": {"cls_token": "none", "pos_embed": "none"}, "head": {"pool": "mean", "num_classes": 10}},
+                        "tokens": {"cls_token": "none", "pos_embed": "none"},
+                        "head": {"pool": "mean", "num_classes": 10}},
     "conv_normlinear_distilled": {
         "stem": {"kind": "conv", "channels": [8, 16, 32]},
         "stages": [{**_STAGE, "norm": "batchnorm", "key_dim": 8, "attention": "levit_bias"}],
@@ -343,7 +349,8 @@ _HEAD_KINDS = {  # (stem, head) kinds: linear, distilled linear, LeViT NormLinea
     "patch_class_attention": {"stem": {"kind": "patch", "patch_size": 8}, "tokens": {"cls_token": 1},
                               "class_attention": {"depth": 1}},
     "identity_linear": {"stem": {"kind": "identity", "patch_size": 4}, "stages": [{**_STAGE, "dim": 48}],
-                        "tokens": {"cls_token": "none", "pos_embed": "none"}, "head": {"pool": "mean", "num_classes": 10}},
+                        "tokens": {"cls_token": "none", "pos_embed": "none"},
+                        "head": {"pool": "mean", "num_classes": 10}},
 }
 
 

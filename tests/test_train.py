@@ -34,6 +34,7 @@ def _run(data, seed=0, **kw):
     return model, train(model, data, config, seed=seed)
 
 
+@pytest.mark.slow
 def test_loss_falls_and_runs_are_reproducible(one_thread, digits):
     model, first = _run(digits)
     _, again = _run(digits)

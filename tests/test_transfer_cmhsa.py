@@ -11,8 +11,14 @@ import archspec
 from archspec.blocks import Attention, ConvMixer
 from archspec.loader import load_spec
 from archspec.spec import SPEC_DIR
-from archspec.transfer import (DEFAULT_PEAK, TransferError, attention_spec, conv_to_attention_weights, conv_to_mhsa,
-                               patch_offsets)
+from archspec.transfer import (
+    DEFAULT_PEAK,
+    TransferError,
+    attention_spec,
+    conv_to_attention_weights,
+    conv_to_mhsa,
+    patch_offsets,
+)
 
 
 def _phase1(k: int, resolution: int = 32, patch: int = 4, depth: int = 2, classes: int = 10) -> archspec.ArchModel:
@@ -64,6 +70,7 @@ def test_transferred_logits_equal_phase1_on_real_images(one_thread, real_images,
     assert errors[0] > 1e-2 and errors[-1] < 1e-4, errors
 
 
+@pytest.mark.slow
 def test_full_scale_layer_on_real_images(one_thread, real_images):
     """The paper's geometry (224 px, 16x16x3 patches, d = d_H = 768, 9 heads), one layer, K = 5."""
     conv = _phase1(5, resolution=224, patch=16, depth=1, classes=100)

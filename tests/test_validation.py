@@ -828,6 +828,7 @@ def test_cli_validate_reports_located_problem(tmp_path, capsys, case: Case):
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow
 def test_class_token_inserted_after_a_shrink_builds():
     """It validated and then crashed (the token had the first stage's width); now it has its stage's width."""
     import torch

@@ -48,7 +48,7 @@ import math
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import optuna
 from optuna.trial import TrialState
@@ -62,6 +62,11 @@ from archspec.search.study import (ARCH_KEY_ATTR, HEARTBEAT_INTERVAL_S, check_st
                                    mark_worker, open_study, resolve_storage, reused_attrs, same_architecture,
                                    worker_seed)
 from archspec.spec import ArchSpec
+
+if TYPE_CHECKING:  # annotations only: the space, the data and the cache import torch-side modules
+    from archspec.data import Dataset
+    from archspec.search.latency import LatencyCache
+    from archspec.search.space import SearchSpace
 
 __all__ = [
     # settings and result (archspec.search.config)
@@ -335,7 +340,7 @@ class CandidateObjective:
     ``--timeout`` runs out and ``rungs`` the multi-fidelity schedule, both set by the engine.
     """
 
-    def __init__(self, space, data, cfg: SearchConfig, cache, n_objectives: int,
+    def __init__(self, space: SearchSpace, data: Dataset, cfg: SearchConfig, cache: LatencyCache, n_objectives: int,
                  on_status: Callable[[str], None] | None = None,
                  after_train: Callable[[optuna.trial.Trial, Any, Any], None] | None = None,
                  train_fn: Callable | None = None):
@@ -685,8 +690,9 @@ def _run_summary(mode: str, name: str, info, run_dir: Path, cfg: SearchConfig, d
     }
 
 
-def run_optuna_search(space, cfg: SearchConfig, *, mode: str, name: str, extra_attrs: dict | None = None,
-                      after_train=None, finalize_extra=None, train_fn=None) -> SearchOutcome:
+def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name: str, extra_attrs: dict | None = None,
+                      after_train: Callable | None = None, finalize_extra: Callable | None = None,
+                      train_fn: Callable | None = None) -> SearchOutcome:
     """Run (or resume) an Optuna search of ``space`` and write the run directory.
 
     Args:

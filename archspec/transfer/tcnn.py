@@ -186,7 +186,8 @@ def tcnn(cnn: nn.Module, stages: Sequence[int | str] = (-1,), alpha: float = 1.0
     Args:
         cnn: a timm ResNet-family model (``resnetrs50``, ``resnet50d``, ``resnet18``, ...), trained or not.
         stages: stage indices (4 = ``layer4``, -1 = the last) or names; default the last (sec. 3).
-        alpha, gating: initial locality strength and gating (paper: 1 and 1).
+        alpha: initial locality strength (paper: 1).
+        gating: initial gating lambda (paper: 1).
         stride_one: replace the first stride-2 convolution of each transformed stage by stride 1 (BoTNet,
             sec. 3), and its shortcut's stride likewise.
 
