@@ -42,8 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from archspec.compiler import compile
     from archspec.errors import Problem, SpecError
     from archspec.families.attention.heads import HeadSpec
-    from archspec.model import ArchModel
     from archspec.loader import load_spec
+    from archspec.model import ArchModel
     from archspec.registry import register
     from archspec.spec import ArchSpec
 

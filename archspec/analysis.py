@@ -2,7 +2,8 @@
 
 MACs follow the papers' "FLOPs" convention (multiply-accumulates; attention matmuls included), see
 :mod:`archspec.graph` for the exact counting rules.  ``macs_executed`` is what the compiled model runs with
-``attn_impl='auto'``: hard-masked heads on the linear-time path (MaiT sec. 5.3, :mod:`archspec.families.attention.rules`)
+``attn_impl='auto'``: hard-masked heads on the linear-time path
+(MaiT sec. 5.3, :mod:`archspec.families.attention.rules`)
 count their window work instead of ``N^2``; GPSA heads add their ``P @ v`` (``N^2 v_dim``).  BatchNorm counts
 0 MACs in both (an affine map per element, folded away entirely by ``model.fuse()``); ``params_folded`` is the
 parameter count after that fold.
@@ -65,7 +66,7 @@ class Analysis:
         return asdict(self)
 
 
-def analyze(spec: "ArchSpec | str | os.PathLike | dict") -> Analysis:
+def analyze(spec: ArchSpec | str | os.PathLike | dict) -> Analysis:
     """Parameters, MACs (per image), memory estimates and a per-layer table of ``spec``, without building weights.
 
     No memory limit is applied: the analysis reports the estimate (``load_spec``/``compile`` refuse).

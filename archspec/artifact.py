@@ -18,6 +18,7 @@ import stat
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
@@ -25,6 +26,9 @@ from safetensors.torch import load_model, save_model
 from archspec.errors import SpecError
 from archspec.model import ArchModel
 from archspec.spec import ArchSpec
+
+if TYPE_CHECKING:
+    from torch import nn
 
 WEIGHTS = "model.safetensors"
 SPEC = "spec.yaml"
@@ -42,7 +46,7 @@ def spec_digest(spec: ArchSpec) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def save(model: ArchModel, directory: "str | os.PathLike") -> Path:
+def save(model: ArchModel, directory: str | os.PathLike) -> Path:
     """Write ``model`` to ``directory`` (created if needed): ``model.safetensors`` and ``spec.yaml``.
 
     The weights file's metadata holds the spec digest (:func:`spec_digest`) and the archspec version.
@@ -62,7 +66,7 @@ def save(model: ArchModel, directory: "str | os.PathLike") -> Path:
     return directory
 
 
-def save_weights(module: "torch.nn.Module", path: "str | os.PathLike", metadata: dict[str, str] | None = None) -> None:
+def save_weights(module: nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """``safetensors.torch.save_model`` with the file mode ``open`` would give (``0o666 & ~umask``).
 
     safetensors writes its files 0o600; every file archspec writes follows the umask instead.
@@ -143,9 +147,9 @@ def _check_tensors(model: ArchModel, shapes: dict[str, tuple[int, ...]], path: P
                                "the weights file belongs to another spec; rebuild it", str(path))
 
 
-def load(directory: "str | os.PathLike", device: str = "cpu", allow_spec_change: bool = False,
-         max_memory: float | None = None, img_size: "int | tuple[int, int] | None" = None,
-         resolution: "int | tuple[int, int] | None" = None) -> ArchModel:
+def load(directory: str | os.PathLike, device: str = "cpu", allow_spec_change: bool = False,
+         max_memory: float | None = None, img_size: int | tuple[int, int] | None = None,
+         resolution: int | tuple[int, int] | None = None) -> ArchModel:
     """Rebuild the model saved in ``directory`` by :func:`save` (or ``archspec build``).
 
     Args:

@@ -32,9 +32,9 @@ import shutil
 import stat
 import sys
 import tempfile
-from pathlib import Path
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
 
 try:  # POSIX only: the lock that tells a running build's staging directory from a leftover
     import fcntl
@@ -107,7 +107,7 @@ def _only_build_files(path: Path, layout: Layout = BUILD) -> bool:
         return False
 
 
-def is_build(path: "str | os.PathLike", layout: Layout = BUILD) -> bool:
+def is_build(path: str | os.PathLike, layout: Layout = BUILD) -> bool:
     """True when ``path`` is a directory archspec built: nothing but ``layout.files`` and the marker.
 
     Raises nothing (an unreadable directory is not a build).
@@ -116,7 +116,7 @@ def is_build(path: "str | os.PathLike", layout: Layout = BUILD) -> bool:
     return _only_build_files(path, layout) and _has_marker(path / layout.report)
 
 
-def check_out(out: "str | os.PathLike", layout: Layout = BUILD) -> str:
+def check_out(out: str | os.PathLike, layout: Layout = BUILD) -> str:
     """Classify the output directory before anything is computed or written.
 
     Returns ``"new"`` (missing), ``"empty"`` (an empty directory: written into) or ``"build"`` (an
@@ -160,7 +160,7 @@ def _entries(out: Path) -> list[str] | None:
         raise _out_error(out, f"cannot list it: {exc.strerror or exc}", "choose another --out") from None
 
 
-def check_group_out(out: "str | os.PathLike", members: "tuple[str, ...] | list[str]", layout: Layout = BUILD) -> None:
+def check_group_out(out: str | os.PathLike, members: tuple[str, ...] | list[str], layout: Layout = BUILD) -> None:
     """Check an output directory whose builds are named subdirectories (``two-phase``: ``phase1/``, ...).
 
     OUT follows build's rule one level up: it may be missing, empty, or a real directory holding nothing
@@ -187,7 +187,8 @@ def check_group_out(out: "str | os.PathLike", members: "tuple[str, ...] | list[s
 def _not_ours(out: Path, names: list[str], layout: Layout = BUILD) -> SpecError:
     hint = "choose another --out, or move its contents away yourself; archspec never deletes what it did not write"
     if set(names) <= layout.files and _only_build_files(out, layout):
-        return _out_error(out, f"holds {', '.join(names)} but is not marked as an archspec build (its {layout.report} has "
+        return _out_error(out, f"holds {', '.join(names)} but is not marked as an archspec build "
+                               f"(its {layout.report} has "
                                f"no {MARKER!r} key: an older archspec or an interrupted build wrote it)", hint)
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return _out_error(out, f"is not an empty directory or an archspec build: it holds {shown}", hint)
@@ -313,7 +314,7 @@ def write_report(path: Path, report: dict) -> dict:
     return marked
 
 
-def write_build(out: "str | os.PathLike", fill: Callable[[Path], None], report: dict,
+def write_build(out: str | os.PathLike, fill: Callable[[Path], None], report: dict,
                 layout: Layout = BUILD) -> tuple[dict, str | None]:
     """Write a build to ``out`` by the rules in the module docstring.
 

@@ -11,8 +11,8 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from archspec.errors import Problem, SpecError
 
@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="the shipped specs, with params and MACs")
     _add_schema_parser(sub)
     try:
-        from archspec.search.cli import add_search_parser  # torch- and Optuna-free; the search imports them when it runs
+        from archspec.search.cli import (
+            add_search_parser,  # torch- and Optuna-free; the search imports them when it runs
+        )
     except ImportError:  # the search layer is optional at import time
         pass
     else:
@@ -110,7 +112,8 @@ def _add_build_parser(sub) -> None:
                        help="timed forward passes for the latency median (default: 10, after 2 warm-up runs; "
                             "torch.utils.benchmark.Timer)")
     build.add_argument("--fuse", action="store_true",
-                       help="also fold every BatchNorm into its linear/conv (LeViT sec. 5.3) and time the folded model; "
+                       help="also fold every BatchNorm into its linear/conv (LeViT sec. 5.3) "
+                            "and time the folded model; "
                             "the saved weights stay unfolded (model.fuse() after archspec.load)")
     build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     build.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
@@ -373,7 +376,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"batch {timing.batch}, {device}, {timing.threads} thread(s){', ' + timing.amp if timing.amp else ''})   "
         f"initial weights: seed {spec.seed}\n"
         + (f"folded (--fuse): {fused['batchnorms_folded']} BatchNorms folded, params {fused['params']:,}, "
-           f"latency {fused['latency_ms']:.1f} ms, max |logit diff| {fused['max_abs_logit_diff']:.1e}\n" if fused else "")
+           f"latency {fused['latency_ms']:.1f} ms, "
+           f"max |logit diff| {fused['max_abs_logit_diff']:.1e}\n" if fused else "")
         + f"wrote {out}/: spec.yaml, report.json, model.safetensors   (archspec.load('{out}') rebuilds it)"
     )
     return 0

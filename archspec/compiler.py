@@ -35,8 +35,8 @@ def _stages(nodes: list[dict], n_stages: int) -> list[Stage]:
     return stages
 
 
-def compile(spec: "ArchSpec | str | os.PathLike | dict", max_memory: float | None = None,  # noqa: A001
-            img_size: "int | tuple[int, int] | None" = None, drop_rate: float = 0.0) -> ArchModel:
+def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None = None,  # noqa: A001
+            img_size: int | tuple[int, int] | None = None, drop_rate: float = 0.0) -> ArchModel:
     """Compile a spec (or a path / shipped spec name / YAML text / dict) into an :class:`ArchModel`.
 
     The model maps images ``(B, C_in, H, W)`` to logits ``(B, num_classes)`` and keeps its spec as

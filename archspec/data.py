@@ -83,7 +83,8 @@ def _split(labels: np.ndarray, seed: int, val_fraction: float = 0.2) -> tuple[np
 
     idx = np.arange(len(labels))
     counts = np.bincount(labels)
-    stratify = labels if counts[counts > 0].min() >= 2 and len(labels) * val_fraction >= len(np.unique(labels)) else None
+    stratify = (labels if counts[counts > 0].min() >= 2 and len(labels) * val_fraction >= len(np.unique(labels))
+                else None)
     train, val = train_test_split(idx, test_size=val_fraction, stratify=stratify, random_state=seed)
     return np.sort(train), np.sort(val)
 
@@ -248,7 +249,8 @@ def _fashion_mnist(source: Path, image_size: int, seed: int, max_images: int | N
             train, val = (FashionMNIST(tmp, train=split, download=False) for split in (True, False))
         except (RuntimeError, ValueError, AssertionError) as exc:  # torchvision's checks of the IDX headers
             why = str(exc) or "a header is not in the IDX format (magic number or dimensions)"
-            raise _fail(f"cannot read the IDX files: {why}", "expected the four Fashion-MNIST IDX files", source) from None
+            raise _fail(f"cannot read the IDX files: {why}", "expected the four Fashion-MNIST IDX files",
+                        source) from None
     x_train, x_val = (d.data.numpy()[:, None] for d in (train, val))  # (N, 1, 28, 28) uint8
     y_train, y_val = (d.targets.numpy().astype(np.int64) for d in (train, val))
     if len(y_train) != len(x_train) or len(y_val) != len(x_val) or not len(y_val):
@@ -316,7 +318,8 @@ def _image_folder(root: Path, image_size: int, seed: int, max_images: int | None
     if split_dirs[0].is_dir() and split_dirs[1] is not None:
         (train_files, classes), (val_files, val_classes) = _folder_images(split_dirs[0]), _folder_images(split_dirs[1])
         if not train_files or not val_files:
-            raise _fail("the train/ or val/ folder holds no images", "layout: root/train/<class>/*.png, root/val/<class>/*.png", root)
+            raise _fail("the train/ or val/ folder holds no images",
+                        "layout: root/train/<class>/*.png, root/val/<class>/*.png", root)
         index = {c: i for i, c in enumerate(classes)}
         unknown = sorted(set(val_classes) - set(index))
         if unknown:
@@ -325,7 +328,8 @@ def _image_folder(root: Path, image_size: int, seed: int, max_images: int | None
         y_val = np.array([index[f.relative_to(split_dirs[1]).parts[0]] for f in val_files], dtype=np.int64)
         if max_images is not None:
             n_val = max(1, round(max_images * len(y_val) / (len(y_val) + len(y_train))))
-            kt, kv = _stratified_subset(y_train, max(1, max_images - n_val), seed), _stratified_subset(y_val, n_val, seed)
+            kt, kv = (_stratified_subset(y_train, max(1, max_images - n_val), seed),
+                      _stratified_subset(y_val, n_val, seed))
             train_files, y_train = [train_files[i] for i in kt], y_train[kt]
             val_files, y_val = [val_files[i] for i in kv], y_val[kv]
     else:
@@ -352,7 +356,7 @@ DATA_HINT = ("give --data fashion-mnist, a CIFAR-10/100 directory (cifar-10-batc
              "or leave --data out for the built-in digits")
 
 
-def check_source(source: "str | os.PathLike | None") -> None:
+def check_source(source: str | os.PathLike | None) -> None:
     """Cheap check of ``--data`` before anything is read or written: a name archspec knows (``digits``,
     ``fashion-mnist`` -- installed), or an existing path.
 
@@ -368,7 +372,8 @@ def check_source(source: "str | os.PathLike | None") -> None:
         raise _fail(f"no such file or directory: {source}", DATA_HINT, source)
 
 
-def load_data(source: "str | os.PathLike | None", image_size: int, seed: int = 0, max_images: int | None = None) -> Dataset:
+def load_data(source: str | os.PathLike | None, image_size: int, seed: int = 0,
+              max_images: int | None = None) -> Dataset:
     """Load a labelled image dataset into memory at ``image_size`` x ``image_size`` (see the module docstring).
 
     Args:
@@ -391,7 +396,8 @@ def load_data(source: "str | os.PathLike | None", image_size: int, seed: int = 0
     if not isinstance(image_size, int) or image_size < 1:
         raise _fail(f"image size must be a positive integer, got {image_size!r}", None, None)
     if max_images is not None and max_images < 2:
-        raise SpecError.single(("--max-images",), f"must be at least 2 (a train and a validation image), got {max_images}")
+        raise SpecError.single(("--max-images",),
+                               f"must be at least 2 (a train and a validation image), got {max_images}")
     if source is None or str(source) == "digits":
         return _digits(image_size, seed, max_images)
     try:

@@ -6,8 +6,8 @@ status 2; library callers catch :class:`SpecError` (a ``ValueError``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 Path = tuple[str | int, ...]
 
@@ -39,7 +39,8 @@ class Problem:
     column: int | None = None
 
     def format(self) -> str:
-        """Render as ``file:line:col: field: message`` (no field for a whole-file problem) plus an indented hint line."""
+        """Render as ``file:line:col: field: message`` (no field for a whole-file problem) plus an indented
+        hint line."""
         is_option = bool(self.path) and str(self.path[0]).startswith("--")
         if self.file is None and is_option:  # a command-line option, not a place in a spec
             text = f"{format_path(self.path)}: {self.message}"
@@ -68,11 +69,11 @@ class SpecError(ValueError):
 
     @classmethod
     def single(cls, path: Path, message: str, hint: str | None = None, file: str | None = None,
-               line: int | None = None, column: int | None = None) -> "SpecError":
+               line: int | None = None, column: int | None = None) -> SpecError:
         """One-problem error."""
         return cls([Problem(tuple(path), message, hint, file, line, column)])
 
-    def located(self, locate: "Locator | None") -> "SpecError":
+    def located(self, locate: Locator | None) -> SpecError:
         """Return a copy whose problems have file/line/column filled from ``locate``."""
         if locate is None:
             return self

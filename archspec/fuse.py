@@ -8,8 +8,8 @@ are timm's ``LinearNorm`` / ``ConvNorm`` / ``NormLinear`` (timm ``models/levit.p
 
 from __future__ import annotations
 
-from torch import nn
 from timm.utils.model import reparameterize_model
+from torch import nn
 
 __all__ = ["fuse_model", "count_batchnorms"]
 

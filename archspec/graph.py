@@ -73,6 +73,7 @@ from archspec.spec import ArchSpec, LayerPlan
 MAX_TOKENS = 4096  # attention memory grows with N^2; 4096 tokens is a 64x64 grid
 MAX_PARAMS = 1_000_000_000  # 4 GB of float32 weights
 DEFAULT_MAX_MEMORY = 8 * 2**30  # bytes; well under a 24 GB machine, so a refused spec never reaches the allocator
+_NO_MEMORY = NodeMemory()  # nodes that hold nothing (the input)
 
 STEM, TOKENS, ATTENTION, TALKING_HEADS, CONV_MIXER = (family_rules(n) for n in (
     "stem", "tokens", "attention", "talking_heads", "conv_mixer"))
@@ -102,7 +103,8 @@ def check_stage_overrides(spec: ArchSpec, i: int, problems: list[Problem]) -> No
         start, end = override.range
         if end >= stage.depth:
             problems.append(Problem(("stages", i, "layers", j, "range"),
-                                    f"layer range {start}-{end} exceeds the stage depth {stage.depth} (layers 0-{stage.depth - 1})"))
+                                    f"layer range {start}-{end} exceeds the stage depth {stage.depth} "
+                                    f"(layers 0-{stage.depth - 1})"))
         if override.heads is not None and len(override.heads) != stage.heads:
             problems.append(Problem(("stages", i, "layers", j, "heads"),
                                     f"{len(override.heads)} head entries for a stage of {stage.heads} heads",
@@ -112,7 +114,8 @@ def check_stage_overrides(spec: ArchSpec, i: int, problems: list[Problem]) -> No
                 other = stage.layers[covered[layer]]
                 if other.heads is not None or other.attention is not None:
                     problems.append(Problem(("stages", i, "layers", j, "range"),
-                                            f"layer range {start}-{end} overlaps range {other.range[0]}-{other.range[1]} "
+                                            f"layer range {start}-{end} overlaps range "
+                                            f"{other.range[0]}-{other.range[1]} "
                                             f"(layers[{covered[layer]}]) at layer {layer}"))
                     break
             if override.heads is not None or override.attention is not None:
@@ -126,7 +129,8 @@ def check_stage_overrides(spec: ArchSpec, i: int, problems: list[Problem]) -> No
         gaps = [layer for layer in range(stage.depth) if layer not in covered and layer not in conv_layers]
         if gaps:
             problems.append(Problem(("stages", i, "layers"),
-                                    f"layers {_ranges(gaps)} are not covered by any range and the stage has no default 'attention'",
+                                    f"layers {_ranges(gaps)} are not covered by any range "
+                                    "and the stage has no default 'attention'",
                                     "add a range for them, or set stages[].attention (e.g. mhsa) as the default"))
 
 
@@ -158,7 +162,7 @@ class _Builder:
         self.order: list[str] = []
         self.problems: list[Problem] = []
 
-    def add(self, node_id: str, memory: NodeMemory = NodeMemory(), **attrs: Any) -> None:
+    def add(self, node_id: str, memory: NodeMemory = _NO_MEMORY, **attrs: Any) -> None:
         attrs.setdefault("params", 0)
         attrs.setdefault("macs", 0)
         attrs.setdefault("macs_executed", attrs["macs"])
@@ -275,7 +279,8 @@ def _add_insert(b: _Builder, flow: _Flow, tokens: TokensPlan) -> None:
     n_patches = flow.grid[0] * flow.grid[1]
     flow.n_prefix = tokens.n_extra
     label = "+cls" + ("+dist" if b.spec.tokens.dist_token else "")
-    b.add(f"insert_tokens.{flow.block_index}", TOKENS.concat_memory(n_patches, n_patches + flow.n_prefix, flow.dim, False),
+    b.add(f"insert_tokens.{flow.block_index}",
+          TOKENS.concat_memory(n_patches, n_patches + flow.n_prefix, flow.dim, False),
           kind="insert", family="tokens", label=label, tokens=n_patches + flow.n_prefix, grid=flow.grid, dim=flow.dim)
 
 
@@ -400,7 +405,8 @@ def _finish(b: _Builder) -> nx.DiGraph:
     peak = max(nodes, key=lambda d: d["act_bytes"])
     weights, buffers = F32 * total_params, sum(d["buffer_bytes"] for d in nodes)
     g.graph.update(params=total_params, macs=sum(d["macs"] for d in nodes),
-                   macs_executed=sum(d["macs_executed"] for d in nodes), output=(nodes[-1]["dim"],), order=b.order, spec=b.spec,
+                   macs_executed=sum(d["macs_executed"] for d in nodes), output=(nodes[-1]["dim"],), order=b.order,
+                   spec=b.spec,
                    peak_activation_bytes=image + peak["act_bytes"], peak_node=peak["name"], weight_bytes=weights,
                    buffer_bytes=buffers, peak_memory_bytes=image + peak["act_bytes"] + weights + buffers,
                    saved_activation_bytes=image + sum(d["saved_bytes"] for d in nodes))
@@ -424,10 +430,12 @@ def check_memory(graph: nx.DiGraph, max_memory: float | None = None) -> list[Pro
     if total <= limit:
         return []
     node = graph.nodes[graph.graph["peak_node"]]
-    path: tuple = ("stages", node["stage"]) if "stage" in node else (("stem",) if node["kind"] == "stem" else ("input", "resolution"))
+    path: tuple = (("stages", node["stage"]) if "stage" in node
+                   else (("stem",) if node["kind"] == "stem" else ("input", "resolution")))
     message = (f"a batch-1 float32 forward needs an estimated {format_bytes(total)} "
                f"(peak activations {format_bytes(graph.graph['peak_activation_bytes'])} at {node['name']}, "
-               f"weights {format_bytes(graph.graph['weight_bytes'])}, buffers {format_bytes(graph.graph['buffer_bytes'])}), "
+               f"weights {format_bytes(graph.graph['weight_bytes'])}, "
+               f"buffers {format_bytes(graph.graph['buffer_bytes'])}), "
                f"over the memory limit of {format_bytes(limit)}")
     hint = (f"raise the limit (archspec build/validate --max-memory {_suggest(total)}, or max_memory= in load_spec/"
             "compile) if the machine has the memory, or reduce resolution, tokens, heads or head_dim")

@@ -29,7 +29,8 @@ def default_image_path() -> Path:
 
 
 def _to_tensor(image: Image.Image, resolution: tuple[int, int], channels: int) -> torch.Tensor:
-    """PIL image -> ``(1, channels, H, W)``: timm's eval transform (bicubic resize, centre crop 0.875, ImageNet norm)."""
+    """PIL image -> ``(1, channels, H, W)``: timm's eval transform (bicubic resize, centre crop 0.875,
+    ImageNet norm)."""
     if channels == 1:
         image = image.convert("L").convert("RGB")
     else:
@@ -44,7 +45,8 @@ def _to_tensor(image: Image.Image, resolution: tuple[int, int], channels: int) -
 
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return name
     return "not a regular file"
@@ -72,7 +74,8 @@ def _open_regular(path: Path, option: str):
         raise SpecError.single((option,), "no such image file", None, str(path)) from None
     except OSError as exc:
         raise SpecError.single((option,), f"cannot read the image: {exc.strerror or exc}", hint, str(path)) from None
-    raise SpecError.single((option,), f"cannot read the image: it is {_kind(mode)}, not a regular file", hint, str(path))
+    raise SpecError.single((option,), f"cannot read the image: it is {_kind(mode)}, not a regular file", hint,
+                           str(path))
 
 
 def _bomb_error(path: Path, exc: Exception, option: str) -> SpecError:
@@ -85,7 +88,7 @@ def _bomb_error(path: Path, exc: Exception, option: str) -> SpecError:
                             str(path))
 
 
-def read_image(path: "str | os.PathLike", option: str = "--image") -> Image.Image:
+def read_image(path: str | os.PathLike, option: str = "--image") -> Image.Image:
     """Decode the image file ``path`` into an RGB PIL image (pixels loaded), refusing anything unsafe.
 
     One reader for ``archspec build --image`` and the search's ``--data`` images.  Images over PIL's
@@ -112,7 +115,7 @@ def read_image(path: "str | os.PathLike", option: str = "--image") -> Image.Imag
                                    "give a JPEG or PNG file", str(path)) from None
 
 
-def load_image(path: "str | os.PathLike | None", resolution: tuple[int, int], channels: int = 3) -> torch.Tensor:
+def load_image(path: str | os.PathLike | None, resolution: tuple[int, int], channels: int = 3) -> torch.Tensor:
     """Load ``path`` (default: the embedded photo) as a normalised batch ``(1, channels, H, W)``.
 
     Raises:

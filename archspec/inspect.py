@@ -20,16 +20,22 @@ atomically, anything else is refused and left untouched.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from archspec.families.attention.tables import grid_positions
 from archspec.builddir import Layout
-from archspec.metrics import (attention_locality_score, attention_maps, cross_layer_similarity, layer_gating,
-                              nonlocality, patch_window_mask)
+from archspec.families.attention.tables import grid_positions
+from archspec.metrics import (
+    attention_locality_score,
+    attention_maps,
+    cross_layer_similarity,
+    layer_gating,
+    nonlocality,
+    patch_window_mask,
+)
 
 REPORT = "inspect.json"
 PLOTS = ("als.png", "nonlocality.png", "gating.png", "similarity.png")
@@ -145,7 +151,7 @@ def _uniform_distance(grid: tuple[int, int]) -> float:
     return float((pos[:, :, None] - pos[:, None, :]).pow(2).sum(0).sqrt().mean())
 
 
-def write_plots(report: dict, directory: "str | Path", name: str) -> None:
+def write_plots(report: dict, directory: str | Path, name: str) -> None:
     """Write :data:`PLOTS` for a :func:`diagnose` report into ``directory`` (matplotlib, Agg canvas)."""
     directory = Path(directory)
     layers, (rows, cols) = report["layers"], report["window"]

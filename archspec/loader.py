@@ -16,7 +16,7 @@ from archspec.spec import ArchSpec, parse_spec
 __all__ = ["load_spec"]
 
 
-def load_spec(source: "str | os.PathLike | dict | ArchSpec", check: bool = True,
+def load_spec(source: str | os.PathLike | dict | ArchSpec, check: bool = True,
               max_memory: float | None = None) -> ArchSpec:
     """Load and validate a spec.
 

@@ -48,7 +48,7 @@ def format_bytes(n: float) -> str:
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
-def parse_memory(text: "str | int | float", option: str = "--max-memory") -> int:
+def parse_memory(text: str | int | float, option: str = "--max-memory") -> int:
     """``"32G" -> 32 GiB`` in bytes.  Suffixes K, M, G, T (optionally followed by ``B`` or ``iB``) are
     binary (powers of 1024, as ``docker -m`` and ``free`` read them); a bare number is bytes.
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from archspec.families.attention.module import Attention
 from archspec.families.attention.masking import window_mask
+from archspec.families.attention.module import Attention
 from archspec.families.attention.tables import grid_positions
 from archspec.families.talking_heads.module import TalkingHeadAttn
 
@@ -141,7 +141,7 @@ def nonlocality(attn: Tensor, grid: tuple[int, int], num_prefix_tokens: int = 0)
     return (patch * dist).sum(dim=-1).mean(dim=(0, 2))
 
 
-def cross_layer_similarity(maps: "list[Tensor]", eps: float = 1e-12) -> Tensor:
+def cross_layer_similarity(maps: list[Tensor], eps: float = 1e-12) -> Tensor:
     """MaiT App. A.3 eq. 5: ``M^{i,j}_{h,t} = A^i_{h,t,:} . A^j_{h,t,:} / (||A^i_{h,t,:}|| ||A^j_{h,t,:}||)``.
 
     The cosine similarity, for head ``h`` and output token ``t``, between the attention row of layer ``i``
@@ -170,7 +170,7 @@ def cross_layer_similarity(maps: "list[Tensor]", eps: float = 1e-12) -> Tensor:
 
 
 def layer_cross_similarity(model: nn.Module, x: Tensor,
-                           maps: "dict[str, Tensor] | None" = None) -> tuple[list[str], Tensor]:
+                           maps: dict[str, Tensor] | None = None) -> tuple[list[str], Tensor]:
     """Cross-layer similarity (eq. 5) of every self-attention layer of ``model`` on images ``x``.
 
     Returns ``(layer names, (H, L, L))``: ``M^{i,j}_h`` averaged over tokens ``t`` and images.  When all

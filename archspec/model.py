@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -154,7 +155,8 @@ class ArchModel(nn.Module):
             self.global_pool = global_pool
         self._num_classes = num_classes
         if num_classes != self.spec.head.num_classes:  # keep model.spec true to the model
-            self.spec = self.spec.model_copy(update={"head": self.spec.head.model_copy(update={"num_classes": num_classes})})
+            self.spec = self.spec.model_copy(
+                update={"head": self.spec.head.model_copy(update={"num_classes": num_classes})})
         self.head = self._make_head(num_classes)
         self.head_dist = self._make_head(num_classes) if self.distilled else None
 
@@ -265,7 +267,7 @@ class ArchModel(nn.Module):
         """Images ``(B, C_in, H, W)`` -> logits ``(B, num_classes)``."""
         return self.forward_head(self.forward_features(x))
 
-    def fuse(self, inplace: bool = False) -> "ArchModel":
+    def fuse(self, inplace: bool = False) -> ArchModel:
         """Inference copy with every BatchNorm folded into its linear / conv (LeViT sec. 5.3); see
         :func:`archspec.fuse.fuse_model`.  Equal to ``self.eval()`` to float rounding; returned in eval mode."""
         from archspec.fuse import fuse_model
@@ -480,7 +482,8 @@ def stem_reduction(spec: ArchSpec) -> int:
 
 
 def stem_grid(spec: ArchSpec, img_size: Sequence[int]) -> tuple[int, int]:
-    """Token grid ``(H, W)`` the stem makes of an image of ``img_size`` pixels (:func:`archspec.families.stems.rules.grid`)."""
+    """Token grid ``(H, W)`` the stem makes of an image of ``img_size`` pixels
+    (:func:`archspec.families.stems.rules.grid`)."""
     return stems.grid(spec.stem.kind, img_size, getattr(spec.stem, "patch_size", None), _conv_layers(spec))
 
 

@@ -112,12 +112,13 @@ class MixerSpec(StrictModel):
                 return {"kind": "attention"}
             if match:
                 kernel = int(match.group(2) or 3)
-                return {"kind": "conv", "kernel": kernel, "patch": 1} if match.group(1) else {"kind": "conv", "kernel": kernel}
+                return ({"kind": "conv", "kernel": kernel, "patch": 1} if match.group(1)
+                        else {"kind": "conv", "kernel": kernel})
             raise ValueError(f"mixer must be 'attention', 'conv', 'conv5', 'token_conv3' or a mapping, got {value!r}")
         return value
 
     @model_validator(mode="after")
-    def _odd(self) -> "MixerSpec":
+    def _odd(self) -> MixerSpec:
         if self.kind == "conv" and self.kernel % 2 == 0:
             raise ValueError(f"conv mixer kernel must be odd (centred, 'same' padding), got {self.kernel}")
         if self.kind == "conv" and self.pad_tokens:
@@ -137,7 +138,8 @@ class LayerOverride(StrictModel):
         ..., strict=False, description="Stage-local layers, inclusive: '0-7', '8' or [0, 7]."
     )
     heads: list[HeadSpec] | None = Field(
-        None, description="One entry per head, e.g. [mask, mask, mhsa] (MaiT Sch.2). Length must equal the stage's heads."
+        None,
+        description="One entry per head, e.g. [mask, mask, mhsa] (MaiT Sch.2). Length must equal the stage's heads."
     )
     attention: HeadSpec | None = Field(None, description="The same head kind for every head of these layers.")
     mixer: MixerSpec | None = Field(None, description="Token mixer for these layers (default: the stage's).")
@@ -176,7 +178,7 @@ class LayerOverride(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _one_of(self) -> "LayerOverride":
+    def _one_of(self) -> LayerOverride:
         if self.heads is not None and self.attention is not None:
             raise ValueError("give either 'heads' (one per head) or 'attention' (all heads), not both")
         if self.heads is None and self.attention is None and self.mixer is None:
@@ -194,12 +196,17 @@ class StageSpec(StrictModel):
         None, ge=1, le=MAX_DIM,
         description="Per-head q/k/v dim; default dim / heads (must divide). Decoupled as CMHSA needs (d_H = d).",
     )
-    key_dim: int | None = Field(None, ge=1, le=512, description="LeViT key dim: per-head q/k dim (overrides head_dim for q/k).")
-    attn_ratio: float | None = Field(None, gt=0, le=8, description="LeViT attn ratio: per-head value dim = attn_ratio * key_dim.")
+    key_dim: int | None = Field(
+        None, ge=1, le=512, description="LeViT key dim: per-head q/k dim (overrides head_dim for q/k)."
+    )
+    attn_ratio: float | None = Field(
+        None, gt=0, le=8, description="LeViT attn ratio: per-head value dim = attn_ratio * key_dim."
+    )
     mlp_ratio: float = Field(4.0, gt=0, le=16, description="MLP hidden = mlp_ratio * dim (ViT 4, LeViT 2).")
     norm: Literal["layernorm", "batchnorm"] = Field(
         "layernorm",
-        description="'layernorm': pre-norm ViT blocks; 'batchnorm': LeViT blocks (BatchNorm after every linear, no pre-norm, "
+        description="'layernorm': pre-norm ViT blocks; 'batchnorm': LeViT blocks (BatchNorm after every linear, "
+        "no pre-norm, "
         "activation on A V before the projection).",
     )
     norm_eps: float = Field(1e-6, gt=0, le=1e-2, description="LayerNorm epsilon (timm ViT/ConViT: 1e-6).")
@@ -219,7 +226,9 @@ class StageSpec(StrictModel):
         "must cover every layer; when both are omitted, every head is MHSA.",
     )
     mixer: MixerSpec = Field(default_factory=MixerSpec, description="Token mixer of the stage's blocks.")
-    layers: list[LayerOverride] = Field(default_factory=list, description="Per-layer overrides (non-overlapping ranges).")
+    layers: list[LayerOverride] = Field(
+        default_factory=list, description="Per-layer overrides (non-overlapping ranges)."
+    )
     shrink: ShrinkSpec | None = Field(None, description="LeViT shrinking attention at the stage's entry (not stage 0).")
 
     @field_validator("attn_ratio")
@@ -228,7 +237,8 @@ class StageSpec(StrictModel):
         data = info.data
         if value is None or not {"dim", "heads"} <= data.keys():
             return value
-        qk = next((d for d in (data.get("key_dim"), data.get("head_dim")) if d is not None), data["dim"] // data["heads"])
+        qk = next((d for d in (data.get("key_dim"), data.get("head_dim")) if d is not None),
+                  data["dim"] // data["heads"])
         return value if qk < 1 else check_value_dim(value, qk, "per-head value dim")
 
     @field_validator("mlp_ratio")
@@ -274,7 +284,9 @@ class ArchSpec(StrictModel):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the deterministic initialisation.")
     input: InputSpec = Field(default_factory=InputSpec, description="Input images.")
     stem: StemSpec = Field(default_factory=PatchStemSpec, description="Stem: patch, conv or identity.")
-    tokens: TokensSpec = Field(default_factory=TokensSpec, description="Class/distillation tokens and position embedding.")
+    tokens: TokensSpec = Field(
+        default_factory=TokensSpec, description="Class/distillation tokens and position embedding."
+    )
     stages: list[StageSpec] = Field(..., min_length=1, max_length=8, description="Stages, in order.")
     class_attention: ClassAttentionSpec | None = Field(
         None, description="CaiT class-attention stage after the last stage (needs tokens.cls_token: <total depth>).")
@@ -302,7 +314,7 @@ class ArchSpec(StrictModel):
             return mixer.patch
         return getattr(self.stem, "patch_size", None) if self.stem.kind in ("patch", "identity") else None
 
-    def layer_plans(self, stage_index: int) -> list["LayerPlan"]:
+    def layer_plans(self, stage_index: int) -> list[LayerPlan]:
         """Resolve the stage's defaults and overrides into one :class:`LayerPlan` per block."""
         stage = self.stages[stage_index]
         default = stage.attention if stage.attention is not None else HeadSpec()
@@ -464,7 +476,8 @@ def _problems_from_validation(exc: ValidationError) -> list[Problem]:
                 message = f"{owner} needs a '{disc}' key"
         elif kind in ("model_type", "model_attributes_type"):
             got = err.get("input")
-            message = "expected a mapping of keys to values" + (f", got {got!r}" if not isinstance(got, list) else ", got a list")
+            message = "expected a mapping of keys to values" + (f", got {got!r}" if not isinstance(got, list)
+                                                                else ", got a list")
         elif kind.startswith("value_error"):
             message, _, hint_text = message.removeprefix("Value error, ").partition(_HINT)
             hint = hint_text or hint
@@ -492,7 +505,7 @@ def _read_source(source: Any) -> tuple[Any, Locator | None, str | None]:
     raise TypeError(f"load_spec takes a path, YAML text, a shipped spec name or a dict, not {type(source).__name__}")
 
 
-def resolve_spec_path(name: "str | os.PathLike") -> FsPath:
+def resolve_spec_path(name: str | os.PathLike) -> FsPath:
     """A spec file path, or the name of a shipped spec (``mait_tiny_sch2``) -> an existing path.
 
     An existing entry is returned whatever it is (:func:`archspec.yamlsource.read_text_file` then
@@ -531,7 +544,7 @@ def default_spec_name(stem: str) -> str:
     return name or "model"
 
 
-def parse_spec(source: "str | os.PathLike | dict | ArchSpec") -> tuple[ArchSpec, Locator | None]:
+def parse_spec(source: str | os.PathLike | dict | ArchSpec) -> tuple[ArchSpec, Locator | None]:
     """Read and schema-validate a spec (types, ranges, unknown keys); no shape checks.
 
     The shape checks need the graph (step 2), so they run in :func:`archspec.loader.load_spec`, which

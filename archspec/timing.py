@@ -48,7 +48,8 @@ def parse_device(name: str, option: str = "--device") -> torch.device:
     if device.type not in ("cpu", "cuda", "mps"):
         raise SpecError.single((option,), f"unsupported device {name!r}", "use auto, cpu, cuda or cuda:N")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise SpecError.single((option,), f"device {name!r}: MPS (Apple GPU) is not available on this machine", f"use {option} cpu")
+        raise SpecError.single((option,), f"device {name!r}: MPS (Apple GPU) is not available on this machine",
+                               f"use {option} cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpecError.single((option,), "CUDA is not available on this machine", f"use {option} cpu (or auto)")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
@@ -113,7 +114,7 @@ def _largest_batch(model: torch.nn.Module, shape: tuple[int, int, int], device: 
     return fits
 
 
-def measure_forward(model: torch.nn.Module, shape: tuple[int, int, int], device: "str | torch.device" = "cpu",
+def measure_forward(model: torch.nn.Module, shape: tuple[int, int, int], device: str | torch.device = "cpu",
                     threads: int = 1, batch: int | None = None, warmup: int = 5, repeats: int = 20) -> Latency:
     """Time ``model`` on random images of ``shape`` ``(C, H, W)`` under LeViT's protocol for ``device``.
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +115,7 @@ def augment(x: torch.Tensor, mode: str, gen: torch.Generator) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: "Dataset", batch: int = 256,
+def evaluate(model: torch.nn.Module, data: Dataset, batch: int = 256,
              device: str | torch.device = "cpu") -> tuple[float, float]:
     """Val top-1 (0..1) and mean cross-entropy of ``model`` on ``data.val``, in eval mode (restored after)."""
     device = torch.device(device)
@@ -151,7 +152,7 @@ def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
     return factor
 
 
-def train(model: torch.nn.Module, data: "Dataset", config: TrainConfig, seed: int = 0,
+def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int = 0,
           report: Callable[[int, float], None] | None = None,
           param_groups: list[dict] | None = None) -> TrainResult:
     """Train ``model`` in place on ``data.train`` for ``config.steps`` steps; ``model`` ends in eval mode on

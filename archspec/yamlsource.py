@@ -60,10 +60,11 @@ def _decode(data: bytes, file: str, what: str) -> str:
         line = data.count(b"\n", 0, exc.start) + 1
         column = len(data[line_start:exc.start].decode("utf-8", errors="replace")) + 1
         raise SpecError.single((), f"the file is not UTF-8 text: byte 0x{data[exc.start]:02x} cannot be decoded",
-                               f"save the {what} as UTF-8 (is this really a YAML {what}?)", file, line, column) from None
+                               f"save the {what} as UTF-8 (is this really a YAML {what}?)", file, line,
+                               column) from None
 
 
-def read_text_file(path: "str | os.PathLike", file: str | None = None, what: str = "spec") -> str:
+def read_text_file(path: str | os.PathLike, file: str | None = None, what: str = "spec") -> str:
     """Read a small UTF-8 text file (a spec or a search space) without ever blocking or reading much.
 
     Args:
@@ -83,7 +84,8 @@ def read_text_file(path: "str | os.PathLike", file: str | None = None, what: str
     try:
         st = os.stat(path)
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
-        raise SpecError.single((), f"cannot read the file: {getattr(exc, 'strerror', None) or exc}", None, file) from None
+        raise SpecError.single((), f"cannot read the file: {getattr(exc, 'strerror', None) or exc}", None,
+                               file) from None
     _check_kind(st, file, what)
     try:
         # O_NONBLOCK: if the path was swapped for a FIFO after the stat, open returns at once and the
@@ -106,7 +108,8 @@ def read_text_file(path: "str | os.PathLike", file: str | None = None, what: str
     finally:
         os.close(fd)
     if size > MAX_SPEC_BYTES:
-        raise SpecError.single((), f"the file is larger than {MAX_SPEC_BYTES / 1e6:g} MB", f"a {what} is a page of YAML", file)
+        raise SpecError.single((), f"the file is larger than {MAX_SPEC_BYTES / 1e6:g} MB",
+                               f"a {what} is a page of YAML", file)
     return _decode(b"".join(chunks), file, what)
 
 

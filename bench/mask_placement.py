@@ -54,7 +54,8 @@ def fixed_placements(spec: dict, depth: int) -> dict[str, dict]:
     sch2 = [{"range": f"0-{first - 1}", "heads": ["mask:3x3", "mask:3x3", "mhsa"]}]
     if second > first:
         sch2.append({"range": f"{first}-{second - 1}", "heads": ["mask:3x3", "mhsa", "mhsa"]})
-    return {"none": spec, "sch1": with_layers(spec, [{"range": f"0-{depth - 1}", "heads": ["mask:3x3", "mhsa", "mhsa"]}]),
+    return {"none": spec,
+            "sch1": with_layers(spec, [{"range": f"0-{depth - 1}", "heads": ["mask:3x3", "mhsa", "mhsa"]}]),
             "sch2": with_layers(spec, sch2)}
 
 
@@ -119,12 +120,14 @@ def main(argv=None) -> int:
     parser.add_argument("--depth", type=int, default=12)
     parser.add_argument("--dim", type=int, default=96)
     parser.add_argument("--steps", type=int, default=400, help="proxy steps of every training (default 400)")
-    parser.add_argument("--max-images", type=int, default=14000, help="images used (default 14000: 2000 held out; 0: all)")
+    parser.add_argument("--max-images", type=int, default=14000,
+                        help="images used (default 14000: 2000 held out; 0: all)")
     parser.add_argument("--optuna-trials", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--strategies", default="als,optuna,soft")
     parser.add_argument("--placements", default="none,sch1,sch2",
-                        help="fixed placements to train (default none,sch1,sch2; e.g. --placements sch1 --strategies '' "
+                        help="fixed placements to train (default none,sch1,sch2; "
+                             "e.g. --placements sch1 --strategies '' "
                              "--steps 3000 for a longer-trained Fig. 3a plot)")
     parser.add_argument("--quick", action="store_true", help="smoke run: depth 3, 20 steps, 600 images")
     parser.add_argument("--out", default=str(HERE / "mask_placement"), help="output directory")
@@ -134,8 +137,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from archspec.search.cli import MASKS_PROXY_DEFAULTS
     from archspec.data import load_data
+    from archspec.search.cli import MASKS_PROXY_DEFAULTS
     from archspec.search.proxy import ProxyProtocol
 
     torch.set_num_threads(1)
@@ -163,10 +166,12 @@ def main(argv=None) -> int:
         if label == "sch1":
             als = als_plot(result, data, out / "als_sch1.png")
     report = {"data": data.describe(), "protocol": protocol.describe(), "depth": args.depth, "dim": args.dim,
-              "seed": args.seed, "rows": rows, "als_sch1": als, "total_seconds": round(time.perf_counter() - start_all, 1)}
+              "seed": args.seed, "rows": rows, "als_sch1": als,
+              "total_seconds": round(time.perf_counter() - start_all, 1)}
     (out / "mask_placement.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     lines = [f"Mask placement on {data.name}: {args.depth} layers x 3 heads, width {args.dim}, {args.steps} steps "
-             f"(proxy input {protocol.image_size} px, token grid at least {protocol.min_grid}x{protocol.min_grid}), seed {args.seed}", "",
+             f"(proxy input {protocol.image_size} px, token grid at least {protocol.min_grid}x{protocol.min_grid}), "
+             f"seed {args.seed}", "",
              "| placement | accuracy | s |", "|---|---|---|"]
     lines += [f"| {r['placement']} | {r['accuracy']:.4f} | {r['seconds']} |" for r in rows]
     (out / "mask_placement.md").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -70,8 +70,8 @@ def _train(task: dict) -> dict:
     import torch
 
     from archspec.data import load_data
-    from archspec.search.proxy import ProxyProtocol, TrialFailure, train_proxy
     from archspec.loader import load_spec
+    from archspec.search.proxy import ProxyProtocol, TrialFailure, train_proxy
 
     torch.set_num_threads(task["protocol"]["threads"] or 1)
     key = (task["data"], task["image_size"], task["data_seed"], task["max_images"])
@@ -136,7 +136,8 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 2),
                         help="trainings run in parallel processes (default: min(cores, 2))")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads per training (default 1, as `archspec search`: avoids OpenMP oversubscription)")
+                        help="torch threads per training "
+                             "(default 1, as `archspec search`: avoids OpenMP oversubscription)")
     parser.add_argument("--spread", choices=("random", "macs"), default="random",
                         help="random: the first --n distinct feasible draws (default); macs: --n designs at evenly "
                              "spaced MAC quantiles of 8x as many draws, so the set spans the budget")
@@ -158,11 +159,10 @@ def main(argv=None) -> int:
     from scipy.stats import kendalltau
 
     from archspec.analysis import human
-    from archspec.search.budget import Budgets, parse_quantity
     from archspec.data import load_data
+    from archspec.search.budget import Budgets, parse_quantity
     from archspec.search.proxy import ProxyProtocol
     from archspec.search.space import load_space
-
     from archspec.train import resolve_device
 
     try:
@@ -189,7 +189,8 @@ def main(argv=None) -> int:
         if args.replicate:
             runs.append(("replicate", long, args.seed))
         for label, protocol, seed in runs:
-            tasks.append({"index": i, "label": label, "spec": spec.model_dump(mode="json"), "protocol": protocol.describe(),
+            tasks.append({"index": i, "label": label, "spec": spec.model_dump(mode="json"),
+                          "protocol": protocol.describe(),
                           "seed": seed, "data": args.data, "image_size": proxy.image_size, "data_seed": args.seed,
                           "max_images": args.max_images})
     tasks.sort(key=lambda t: t["label"] == "proxy")  # longest first: better packing on the workers
@@ -211,7 +212,8 @@ def main(argv=None) -> int:
         for t in tasks:
             results.append(_train(t))
             r = results[-1]
-            print(f"  [{len(results)}/{len(tasks)}] arch {r['index']} {r['label']}: {r.get('accuracy')} ({r['seconds']} s)",
+            print(f"  [{len(results)}/{len(tasks)}] arch {r['index']} {r['label']}: "
+                  f"{r.get('accuracy')} ({r['seconds']} s)",
                   flush=True)
     for r in results:
         row = rows[r["index"]]
@@ -221,7 +223,8 @@ def main(argv=None) -> int:
         if "failure" in r:
             row[f"{r['label']}_failure"] = r["failure"]
     ok = [r for r in rows if r["proxy_accuracy"] is not None and r["long_accuracy"] is not None]
-    tau, p = kendalltau([r["proxy_accuracy"] for r in ok], [r["long_accuracy"] for r in ok]) if len(ok) >= 3 else (None, None)
+    tau, p = (kendalltau([r["proxy_accuracy"] for r in ok], [r["long_accuracy"] for r in ok]) if len(ok) >= 3
+              else (None, None))
     total = time.perf_counter() - start_all
     fidelities = fidelity_taus(rows, kendalltau, replicate=args.replicate)
     report = {"space": space.name, "budget_macs": budgets.macs, "n": len(ok), "kendall_tau": tau, "p_value": p,
@@ -235,7 +238,8 @@ def main(argv=None) -> int:
     lines = ["# Proxy ranking fidelity (`bench/proxy_rank.py`)", "",
              f"Kendall tau between proxy accuracy ({proxy.steps} steps, seed {args.seed}) and longer-trained accuracy "
              f"({long_steps} steps, seed {args.long_seed}) over {len(ok)} architectures of `{space.name}` within "
-             f"{args.budget_flops} MACs, data {data.name}: **tau = {fmt(tau)}** (p = {fmt(p)}); {total / 60:.1f} min.", "",
+             f"{args.budget_flops} MACs, data {data.name}: **tau = {fmt(tau)}** (p = {fmt(p)}); "
+             f"{total / 60:.1f} min.", "",
              "| # | MACs | params | proxy acc | long acc | replicate acc | proxy s | long s |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:

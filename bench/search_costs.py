@@ -82,7 +82,8 @@ def main(argv=None) -> int:
     space = load_space(None)
     rate = static_check_rate(space, budgets, n=args.static_n, seed=args.seed)
     rejected, sample_ms, check_ms = infeasible_fraction(space, budgets, n=min(args.static_n, 1000), seed=args.seed)
-    print(f"static check: {rate:,.0f} candidates/s end to end (sampling {sample_ms:.2f} ms + IR check {check_ms * 1e3:.0f} us "
+    print(f"static check: {rate:,.0f} candidates/s end to end "
+          f"(sampling {sample_ms:.2f} ms + IR check {check_ms * 1e3:.0f} us "
           f"per candidate); {rejected:.0%} of random candidates exceed {args.budget_flops} MACs")
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,9 +139,11 @@ def main(argv=None) -> int:
     lines = [
         "# Search costs (`bench/search_costs.py`)", "",
         f"- static check (sample + IR analysis, no weights): **{rate:,.0f} candidates/s** end to end; per candidate "
-        f"{sample_ms:.2f} ms of Optuna sampling + spec validation and **{check_ms * 1e3:.0f} us** of IR check (MACs, params); "
+        f"{sample_ms:.2f} ms of Optuna sampling + spec validation and **{check_ms * 1e3:.0f} us** "
+        "of IR check (MACs, params); "
         f"{rejected:.0%} of random candidates of the default space exceed {args.budget_flops} MACs",
-        f"- per trained trial ({len(trials)} timed, default proxy protocol): median **{report['trial_seconds'].get('median')} s** "
+        f"- per trained trial ({len(trials)} timed, default proxy protocol): "
+        f"median **{report['trial_seconds'].get('median')} s** "
         f"(training {report['train_seconds'].get('median')} s, latency measurement + bookkeeping "
         f"{report['latency_and_bookkeeping_seconds'].get('median')} s); range {report['trial_seconds'].get('min')}-"
         f"{report['trial_seconds'].get('max')} s",
@@ -150,8 +153,10 @@ def main(argv=None) -> int:
     ]
     if args.full:
         f = report["default_command"]["measured"]
-        lines.append(f"- measured: exit {f['returncode']}, **{f['wall_seconds']} s** wall, {f.get('trained')} trials trained, "
-                     f"{f.get('infeasible_samples')} infeasible samples rejected statically, {f.get('pareto_points')} Pareto points")
+        lines.append(f"- measured: exit {f['returncode']}, **{f['wall_seconds']} s** wall, "
+                     f"{f.get('trained')} trials trained, "
+                     f"{f.get('infeasible_samples')} infeasible samples rejected statically, "
+                     f"{f.get('pareto_points')} Pareto points")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines[2:]))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")

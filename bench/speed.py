@@ -273,7 +273,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=PARITY)
     parser.add_argument("--no-train", action="store_true", help="skip the training-step rows")
     parser.add_argument("--compile", action="store_true",
-                        help="masks part: add forward (and training-step) rows with both models under torch.compile (minutes per size)")
+                        help="masks part: add forward (and training-step) rows with both models under torch.compile "
+                             "(minutes per size)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":

@@ -110,7 +110,8 @@ def main() -> None:
 
     images = sample_batch((224, 224))
     start = time.perf_counter()
-    result = {"cmhsa": cmhsa_rows(images), "border": border_rows(images), "tcnn": tcnn_rows(images), "torch": torch.__version__,
+    result = {"cmhsa": cmhsa_rows(images), "border": border_rows(images), "tcnn": tcnn_rows(images),
+              "torch": torch.__version__,
               "threads": torch.get_num_threads()}
     result["seconds"] = round(time.perf_counter() - start, 1)
     (HERE / "transfers.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -49,7 +49,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start() -> "Server | str":
+def start() -> Server | str:
     """Start a server; returns the :class:`Server`, or a string saying why it cannot start."""
     bin_dir = _bin_dir()
     if bin_dir is None:

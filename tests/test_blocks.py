@@ -215,7 +215,8 @@ def test_mixed_two_masked_one_global():
 
 # ----------------------------------------------------------------------------- GPSA
 def test_gpsa_rows_sum_to_one_and_gating_formula():
-    attn = Attention(24, ["gpsa", "mask", {"gpsa": {"gating_init": -1.0, "conv_init": False}, "mask": {}}, "mhsa"], (3, 5),
+    attn = Attention(24, ["gpsa", "mask", {"gpsa": {"gating_init": -1.0, "conv_init": False}, "mask": {}}, "mhsa"],
+                     (3, 5),
                      num_prefix_tokens=0).eval()
     assert attn.conv_init_heads == [0] and attn.gpsa_heads == [0, 2]
     with torch.no_grad():

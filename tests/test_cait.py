@@ -4,9 +4,6 @@ the spec checks, the memory estimate, and the import order spec -> graph -> load
 
 from __future__ import annotations
 
-import ast
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -19,14 +16,14 @@ from timm.models.cait import TalkingHeadAttn as TimmTalkingHeadAttn
 
 import archspec
 from archspec import analyze, load_spec
+from archspec.errors import SpecError, format_path
+from archspec.families.attention.heads import HeadSpec
+from archspec.families.attention.masking import window_mask
 from archspec.families.class_attention import rules as class_attention_rules
 from archspec.families.class_attention.module import ClassAttentionBlock
-from archspec.families.attention.masking import window_mask
 from archspec.families.talking_heads import rules as talking_heads_rules
 from archspec.families.talking_heads.module import TalkingHeadAttn
-from archspec.errors import SpecError, format_path
 from archspec.graph import build_graph
-from archspec.families.attention.heads import HeadSpec
 from archspec.interop.timm import from_timm, load_timm_weights, to_timm
 
 CAIT_XXS24_PARAMS = 11_956_264  # timm cait_xxs24_224, pretrained=False (the figure)
@@ -148,7 +145,8 @@ def test_class_attention_block_equals_timm():
 def test_talking_heads_count_rule_matches_module(heads, qkv_bias):
     module = TalkingHeadAttn(32, heads, (3, 5), num_prefix_tokens=1, qkv_bias=qkv_bias)
     specs = [HeadSpec.model_validate(h) for h in heads]
-    params, macs = talking_heads_rules.counts(talking_heads_rules.TalkingHeadsShape(32, tuple(specs), (3, 5), 1, qkv_bias))
+    params, macs = talking_heads_rules.counts(talking_heads_rules.TalkingHeadsShape(32, tuple(specs), (3, 5), 1,
+                                                                                    qkv_bias))
     assert params == sum(p.numel() for p in module.parameters())
     assert macs == reference_macs(module, torch.randn(1, 16, 32))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from macs_reference import reference_macs
 
 from archspec.blocks import attention_impl
 from archspec.families import FAMILIES, build, rules
@@ -24,8 +25,6 @@ from archspec.families.conv_mixer.rules import ConvMixerShape
 from archspec.families.shrink.rules import ShrinkShape
 from archspec.families.stems.rules import StemShape
 from archspec.families.talking_heads.rules import TalkingHeadsShape
-
-from macs_reference import reference_macs
 
 ROOT = Path(__file__).resolve().parents[1]
 _MIXED = coerce_heads(["mhsa", "mask:3x3", {"gpsa": {}, "mask": {"mode": "soft"}}, "levit_bias"])
@@ -84,7 +83,8 @@ def test_family_rules_match_the_module_they_build(name, shape, x_shape, n_out, o
     assert memory.act >= 4 * out.numel() and memory.saved > 0  # the output fits inside the stated peak
     buffers = sum(b.numel() * b.element_size() for b in module.buffers() if not b.is_floating_point() or b.numel() > 1)
     assert memory.buffers >= buffers - sum(  # index and mask tables (BatchNorm statistics are not counted)
-        b.numel() * b.element_size() for n, b in module.named_buffers() if n.rsplit(".", 1)[-1].startswith(("running", "num_batches")))
+        b.numel() * b.element_size() for n, b in module.named_buffers()
+        if n.rsplit(".", 1)[-1].startswith(("running", "num_batches")))
 
 
 def test_executed_macs_is_what_the_default_paths_run(one_thread):
@@ -153,7 +153,8 @@ def test_attention_buffer_rule_is_the_modules_bytes(heads, grid, prefix, norm, o
     module = build("attention", shape).eval()
     with torch.no_grad():
         module(torch.randn(1, prefix + grid[0] * grid[1], 32))
-    real = sum(b.numel() * b.element_size() for n, b in module.named_buffers() if "running" not in n and "batches" not in n)
+    real = sum(b.numel() * b.element_size() for n, b in module.named_buffers()
+               if "running" not in n and "batches" not in n)
     for name, value in vars(module).items():
         if name.endswith("_cache") and value is not None:
             real += sum(t.numel() * t.element_size() for t in (value if isinstance(value, tuple) else (value,))

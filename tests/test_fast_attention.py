@@ -13,8 +13,8 @@ import torch
 
 from archspec.blocks import Attention, attention_impl, set_attention_impl
 from archspec.families.attention.kernels import hard_window_attention, window_tables
-from archspec.families.attention.rules import window_path_pays
 from archspec.families.attention.masking import window_mask
+from archspec.families.attention.rules import window_path_pays
 
 BIASED_MASK = {"mask": {"window": [3, 3]}, "rel_bias": {"table": "absolute"}}
 GPSA_MASK = {"gpsa": {"conv_init": False}, "mask": {}}

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import archspec
-from archspec.search import proxy
 from archspec.data import load_data
+from archspec.search import proxy
 from archspec.train import TrainConfig, TrialFailure, resolve_device, train
 
 TINY = """

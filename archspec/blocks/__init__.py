@@ -6,10 +6,14 @@ this module only gathers them.  ``attn_impl`` switches: :func:`set_attention_imp
 
 from archspec.families.attention.heads import coerce_heads
 from archspec.families.attention.masking import soft_mask_scale, window_mask
-from archspec.families.attention.module import (ATTN_IMPLS, Attention, ZeroPadTokens, attention_impl,
-                                                set_attention_impl)
-from archspec.families.attention.tables import (conv_kernel_offsets, gpsa_rel_indices, grid_positions,
-                                                levit_bias_idxs, signed_bias_idxs)
+from archspec.families.attention.module import ATTN_IMPLS, Attention, ZeroPadTokens, attention_impl, set_attention_impl
+from archspec.families.attention.tables import (
+                                                conv_kernel_offsets,
+                                                gpsa_rel_indices,
+                                                grid_positions,
+                                                levit_bias_idxs,
+                                                signed_bias_idxs,
+)
 from archspec.families.block.module import LevitBlock, TransformerBlock
 from archspec.families.class_attention.module import ClassAttentionBlock, ClassAttn
 from archspec.families.conv_mixer.module import ConvMixer

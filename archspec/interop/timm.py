@@ -90,7 +90,8 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
         if match:
             index = int(match.group(1))
             if index >= len(stage_of):
-                raise ValueError(f"timm block {index} has no counterpart: the archspec model has {len(stage_of)} blocks")
+                raise ValueError(f"timm block {index} has no counterpart: "
+                                 f"the archspec model has {len(stage_of)} blocks")
             stage, layer = stage_of[index]
             key = f"stages.{stage}.blocks.{layer}." + key[match.end():]
         key = _cait_from_timm(key, model, ours)
@@ -138,7 +139,7 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def load_timm_weights(model: ArchModel, timm_model_or_state: "nn.Module | dict[str, Tensor]") -> ArchModel:
+def load_timm_weights(model: ArchModel, timm_model_or_state: nn.Module | dict[str, Tensor]) -> ArchModel:
     """Load a timm model's (or state dict's) weights into ``model`` in place, strictly; returns ``model``.
 
     Raises:

@@ -35,7 +35,7 @@ _UNITS = ("macs", "mac", "flops", "flop", "params", "param", "ms")
 _QUANTITY_RE = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([kKMGT]?)$")
 
 
-def parse_quantity(text: "str | float | int", option: str) -> float:
+def parse_quantity(text: str | float | int, option: str) -> float:
     """``"1G" -> 1e9``, ``"500M" -> 5e8``, ``"2.5k" -> 2500``, ``"1.5e9"``, ``"300"``, ``"1GMACs"``, ``"20ms"``.
 
     Args:
@@ -45,7 +45,8 @@ def parse_quantity(text: "str | float | int", option: str) -> float:
     Raises:
         SpecError: unparseable text, a non-finite, zero or negative value.
     """
-    hint = "write a positive number with an optional SI suffix: 300, 2.5k, 500M, 1G, 1.5e9 (units MACs/FLOPs/ms are ignored)"
+    hint = ("write a positive number with an optional SI suffix: 300, 2.5k, 500M, 1G, 1.5e9 "
+            "(units MACs/FLOPs/ms are ignored)")
     if isinstance(text, bool):
         raise SpecError.single((option,), f"expected a quantity, got {text!r}", hint)
     if isinstance(text, (int, float)):
@@ -108,7 +109,8 @@ def training_memory(graph, batch: int) -> int:
     times (weight, gradient, AdamW's two moments); buffers once.
     """
     totals = graph.graph
-    return batch * totals["saved_activation_bytes"] + TRAINING_STATE_FACTOR * totals["weight_bytes"] + totals["buffer_bytes"]
+    return (batch * totals["saved_activation_bytes"] + TRAINING_STATE_FACTOR * totals["weight_bytes"]
+            + totals["buffer_bytes"])
 
 
 def _memory_reasons(graph, budgets: Budgets, data, protocol) -> list[str]:
@@ -162,7 +164,7 @@ def static_check(spec: ArchSpec, budgets: Budgets, data=None, protocol=None) -> 
     return StaticCheck(not reasons, macs, params, "; ".join(reasons) or None)
 
 
-def static_check_rate(space: "SearchSpace", budgets: Budgets, n: int = 200, seed: int = 0) -> float:
+def static_check_rate(space: SearchSpace, budgets: Budgets, n: int = 200, seed: int = 0) -> float:
     """Candidates per second of sampling (Optuna ``RandomSampler``, in-memory study) plus :func:`static_check`.
 
     Each candidate is a full ``space.sample`` (which validates the point with ``load_spec``) and a

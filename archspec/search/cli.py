@@ -133,13 +133,15 @@ def _add_run_options(p: argparse.ArgumentParser, d) -> None:
 
     run = p.add_argument_group("run, storage and resume")
     run.add_argument("--study-name", default=d(None), metavar="NAME",
-                     help="Optuna study name; same name = resume (default: derived from space/spec, objective, budgets)")
+                     help="Optuna study name; same name = resume "
+                          "(default: derived from space/spec, objective, budgets)")
     run.add_argument("--out", default=d(None), metavar="DIR", help="run directory (default: runs/<study-name>/)")
     run.add_argument("--storage", default=d(None), metavar="URL",
                      help="Optuna storage shared by workers: sqlite:///PATH, postgresql://..., mysql+pymysql://..., "
                           "journal:PATH (file journal), memory (default: sqlite:///<run dir>/study.db)")
     run.add_argument("--trials", type=_positive_int("--trials"), default=d(None), metavar="N",
-                     help=f"candidates to train in this process (default {DEFAULT_TRIALS}; masks --strategy optuna: 12)")
+                     help=f"candidates to train in this process (default {DEFAULT_TRIALS}; "
+                          "masks --strategy optuna: 12)")
     run.add_argument("--timeout", type=_seconds, default=d(None), metavar="SECONDS",
                      help=f"stop starting trials after this long (600, 10m; default {DEFAULT_TIMEOUT_S:g}s for mode 1, "
                           "none for masks)")
@@ -147,7 +149,8 @@ def _add_run_options(p: argparse.ArgumentParser, d) -> None:
                      help=f"a candidate whose proxy training runs longer fails with this reason (default "
                           f"{DEFAULT_TRIAL_TIMEOUT_S:g}s in mode 1; the search --timeout also cuts a running trial)")
     run.add_argument("--seed", type=int, default=d(0), metavar="N",
-                     help="seed of the sampler, the initialisation and the data split (default 0): same seed, same trials")
+                     help="seed of the sampler, the initialisation and the data split (default 0): "
+                          "same seed, same trials")
     run.add_argument("--sampler", choices=("tpe", "nsga2", "gp", "random"), default=d("tpe"),
                      help="Optuna sampler (default tpe: multi-objective, constraint aware)")
     run.add_argument("--json", action="store_true", default=d(False), help="print a JSON summary instead of tables")
@@ -173,9 +176,11 @@ def _add_data_options(p: argparse.ArgumentParser, d) -> None:
                       help="image side of the proxy training (MACs and latency are reported at the spec's own size)")
     data.add_argument("--proxy-batch", type=_positive_int("--proxy-batch"), default=d(None), metavar="N",
                       help="proxy training batch size")
-    data.add_argument("--proxy-lr", type=_float, default=d(None), metavar="LR", help="proxy training peak learning rate")
+    data.add_argument("--proxy-lr", type=_float, default=d(None), metavar="LR",
+                      help="proxy training peak learning rate")
     data.add_argument("--proxy-threads", type=_positive_int("--proxy-threads"), default=d(None), metavar="N",
-                      help=f"torch threads of the proxy training (default {DEFAULT_PROXY_THREADS}: on a busy 2-core machine "
+                      help=f"torch threads of the proxy training (default {DEFAULT_PROXY_THREADS}: "
+                           "on a busy 2-core machine "
                            "2 threads ran 18x slower than 1 from OpenMP oversubscription; to use more cores, run more "
                            "workers on one --storage)")
 
@@ -234,7 +239,8 @@ def _add_masks_parser(modes) -> None:
                              description=MASKS_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     masks.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name (see `archspec list`)")
     m = masks.add_argument_group("strategy")
-    m.add_argument("--strategy", choices=("als", "optuna", "soft"), default="als", help="placement strategy (default als)")
+    m.add_argument("--strategy", choices=("als", "optuna", "soft"), default="als",
+                   help="placement strategy (default als)")
     m.add_argument("--rounds", type=_positive_int("--rounds"), default=2,
                    help="als: training rounds (default 2: assign, then calibrate)")
     m.add_argument("--als-high", type=_float, default=None, metavar="X",
@@ -247,7 +253,8 @@ def _add_masks_parser(modes) -> None:
     m.add_argument("--window", default="3x3", metavar="RxC", help="als/soft: mask window (default 3x3, MaiT's)")
     m.add_argument("--windows", default="3x3,3x5,5x5", metavar="LIST",
                    help="optuna: windows to choose from (default 3x3,3x5,5x5)")
-    m.add_argument("--max-masked", type=_positive_int("--max-masked"), default=None, metavar="N", help="optuna: at most N masked heads per layer")
+    m.add_argument("--max-masked", type=_positive_int("--max-masked"), default=None, metavar="N",
+                   help="optuna: at most N masked heads per layer")
     m.add_argument("--alpha-threshold", type=_float, default=0.5, metavar="A",
                    help="soft: learned alpha below A -> hard mask, else global (default 0.5 = the initial alpha)")
     _add_common(masks, defaults=False)
@@ -262,7 +269,8 @@ def _budgets(args):
     return Budgets(
         macs=parse_quantity(args.budget_flops, "--budget-flops") if getattr(args, "budget_flops", None) else None,
         params=parse_quantity(args.budget_params, "--budget-params") if getattr(args, "budget_params", None) else None,
-        latency_ms=parse_quantity(args.budget_latency, "--budget-latency") if getattr(args, "budget_latency", None) else None,
+        latency_ms=(parse_quantity(args.budget_latency, "--budget-latency")
+                    if getattr(args, "budget_latency", None) else None),
         memory=parse_memory(args.max_memory, "--max-memory") if getattr(args, "max_memory", None) else None,
     )
 
@@ -324,7 +332,8 @@ def _config(args, **overrides):
         seed=args.seed, sampler=args.sampler, space=getattr(args, "space", None), data=args.data,
         max_images=args.max_images, progress=not (args.no_progress or args.json), prune=getattr(args, "prune", False),
         trial_timeout=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
-        fidelity=getattr(args, "fidelity", "none"), eta=getattr(args, "eta", 3), min_steps=getattr(args, "min_steps", None),
+        fidelity=getattr(args, "fidelity", "none"), eta=getattr(args, "eta", 3),
+        min_steps=getattr(args, "min_steps", None),
     )
     if args.study_name is not None:
         from archspec.search.study import validate_study_name
@@ -362,7 +371,8 @@ def cmd_search_masks(args: argparse.Namespace) -> int:
     from archspec.search.config import DEFAULT_TRIALS
     from archspec.search.masks import MaskConfig, run_masks
 
-    if getattr(args, "budget_flops", None) or getattr(args, "budget_params", None) or getattr(args, "budget_latency", None):
+    if (getattr(args, "budget_flops", None) or getattr(args, "budget_params", None)
+            or getattr(args, "budget_latency", None)):
         raise SpecError.single(("--budget-flops",), "budgets apply to mode 1 (design); mask placement keeps the "
                                                     "architecture, so its MACs barely change",
                                "drop the budget options, or run `archspec search --budget-flops ...`")

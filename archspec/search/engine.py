@@ -47,8 +47,9 @@ import gc
 import math
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import TrialState
@@ -56,11 +57,27 @@ from optuna.trial import TrialState
 from archspec.analysis import human
 from archspec.errors import SpecError
 from archspec.search import report, runs
-from archspec.search.config import (BUDGET_OPTIONS, DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS,
-                                    SearchConfig, SearchOutcome)
-from archspec.search.study import (ARCH_KEY_ATTR, HEARTBEAT_INTERVAL_S, check_storage, fail_zombie_trials, make_sampler,
-                                   mark_worker, open_study, resolve_storage, reused_attrs, same_architecture,
-                                   worker_seed)
+from archspec.search.config import (
+    BUDGET_OPTIONS,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_TRIAL_TIMEOUT_S,
+    DEFAULT_TRIALS,
+    SearchConfig,
+    SearchOutcome,
+)
+from archspec.search.study import (
+    ARCH_KEY_ATTR,
+    HEARTBEAT_INTERVAL_S,
+    check_storage,
+    fail_zombie_trials,
+    make_sampler,
+    mark_worker,
+    open_study,
+    resolve_storage,
+    reused_attrs,
+    same_architecture,
+    worker_seed,
+)
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # annotations only: the space, the data and the cache import torch-side modules
@@ -200,7 +217,8 @@ def check_budgets_feasible(space, budgets, options: dict) -> Any:
     if check.feasible:
         return check
     if check.macs == 0 and check.params == 0 and check.reason:
-        raise SpecError.single(("--space",), f"search space {space.name!r}: its smallest point is invalid: {check.reason}")
+        raise SpecError.single(("--space",),
+                               f"search space {space.name!r}: its smallest point is invalid: {check.reason}")
     over_macs = budgets.macs is not None and check.macs > budgets.macs
     if not over_macs and not (budgets.params is not None and check.params > budgets.params):  # the memory limit
         raise SpecError.single(("--max-memory",), f"search space {space.name!r}: its smallest point: {check.reason}",
@@ -496,7 +514,8 @@ class CandidateObjective:
         ``--timeout``, whichever comes first; ``(inf, "")`` without either."""
         deadline, why = math.inf, ""
         if self.cfg.trial_timeout is not None:
-            deadline, why = start + self.cfg.trial_timeout, f"training exceeded --trial-timeout {self.cfg.trial_timeout:g}s"
+            deadline, why = (start + self.cfg.trial_timeout,
+                             f"training exceeded --trial-timeout {self.cfg.trial_timeout:g}s")
         if self.search_deadline is not None and self.search_deadline < deadline:
             deadline, why = self.search_deadline, "stopped: the search --timeout was reached during this trial"
         return deadline, why
@@ -602,7 +621,8 @@ def stop_notes(objective: CandidateObjective, cfg: SearchConfig, interrupted: bo
     if objective.consecutive_duplicates >= MAX_CONSECUTIVE_DUPLICATES:
         notes.append(f"stopped: the space has no untried architectures left ({MAX_CONSECUTIVE_DUPLICATES} samples in "
                      "a row were architectures this study already trained or is training)")
-    if cfg.timeout is not None and objective.attempted < cfg.trials and not interrupted and search_seconds >= cfg.timeout:
+    if (cfg.timeout is not None and objective.attempted < cfg.trials and not interrupted
+            and search_seconds >= cfg.timeout):
         notes.append(f"--timeout {cfg.timeout:g}s reached after {objective.attempted} of {cfg.trials} trials")
     return notes
 

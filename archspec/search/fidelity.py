@@ -67,7 +67,8 @@ def rung_schedule(total_steps: int, eta: int = 3, min_steps: int | None = None) 
     if min_steps is None:
         min_steps = max(1, round(total_steps / eta**2))
     if not 1 <= min_steps <= total_steps:
-        raise SpecError.single(("--min-steps",), f"must be between 1 and --proxy-steps ({total_steps}), got {min_steps}")
+        raise SpecError.single(("--min-steps",),
+                               f"must be between 1 and --proxy-steps ({total_steps}), got {min_steps}")
     steps, rung = [], min_steps
     while rung < total_steps:
         steps.append(rung)

@@ -138,7 +138,8 @@ class LatencyCache:
         return len(self._read())
 
 
-def measure_latency(spec: ArchSpec, protocol: LatencyProtocol = LatencyProtocol(), cache: LatencyCache | None = None) -> float:
+def measure_latency(spec: ArchSpec, protocol: LatencyProtocol = LatencyProtocol(),
+                    cache: LatencyCache | None = None) -> float:
     """Median forward time in milliseconds of ``spec`` at its real input size (see the module docstring).
 
     ``protocol.threads`` torch threads during the measurement, restored afterwards.  With a

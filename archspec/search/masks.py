@@ -43,21 +43,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from archspec.errors import SpecError, format_path
 from archspec.data import load_data
+from archspec.errors import SpecError, format_path
 from archspec.families.attention.heads import HeadSpec, MaskSpec
-from archspec.search import report, runs
-from archspec.search.engine import (SearchConfig, SearchOutcome, check_data_path, check_outputs, open_run, quiet_optuna,
-                                    run_lock, zombie_notes)
-from archspec.search.study import mark_worker
 from archspec.loader import load_spec
+from archspec.search import report, runs
+from archspec.search.engine import (
+    SearchConfig,
+    SearchOutcome,
+    check_data_path,
+    check_outputs,
+    open_run,
+    quiet_optuna,
+    run_lock,
+    zombie_notes,
+)
+from archspec.search.study import mark_worker
 from archspec.spec import ArchSpec
 
 __all__ = ["MaskConfig", "run_masks", "attention_layers", "apply_placement", "assign_from_als", "calibrate",
@@ -138,7 +147,8 @@ def apply_placement(spec: ArchSpec, heads_of: dict[tuple[int, int], list[HeadSpe
     return load_spec(doc)
 
 
-def placement_heads(spec: ArchSpec, placement: Placement, window: tuple[int, int]) -> dict[tuple[int, int], list[HeadSpec]]:
+def placement_heads(spec: ArchSpec, placement: Placement,
+                    window: tuple[int, int]) -> dict[tuple[int, int], list[HeadSpec]]:
     """Heads per layer for a boolean placement: masks removed, then a hard ``window`` mask where flagged."""
     out = {}
     for s, l, heads in attention_layers(spec):
@@ -152,7 +162,8 @@ def head0_placement(spec: ArchSpec) -> Placement:
     return {(s, l): [h == 0 for h in range(len(heads))] for s, l, heads in attention_layers(spec)}
 
 
-def assign_from_als(placement: Placement, als: dict[tuple[int, int], list[float]], high: float, low: float) -> tuple[Placement, dict]:
+def assign_from_als(placement: Placement, als: dict[tuple[int, int], list[float]], high: float,
+                    low: float) -> tuple[Placement, dict]:
     """Step 2 (assignment) from head 0's ALS per layer; returns the new placement and the decision per layer."""
     new, decisions = {}, {}
     for key, flags in placement.items():
@@ -311,7 +322,8 @@ def _window(text: str, option: str) -> tuple[int, int]:
     try:
         return MaskSpec(window=text).window
     except ValidationError as exc:
-        raise SpecError.single((option,), f"invalid window {text!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}",
+        raise SpecError.single((option,),
+                               f"invalid window {text!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}",
                                "e.g. 3x3, 3x5, 5x5 (odd sides)") from None
 
 
@@ -362,7 +374,8 @@ def _first_spec(spec: ArchSpec, strategy: str, window: tuple[int, int]) -> ArchS
 
 def _soft_heads(spec: ArchSpec, window: tuple[int, int]) -> dict[tuple[int, int], list[HeadSpec]]:
     """MaiT sec. 4.3: a soft ``window`` mask on every head of every attention layer."""
-    return {(s, l): [_with_mask(_strip_mask(h), window, "soft") for h in heads] for s, l, heads in attention_layers(spec)}
+    return {(s, l): [_with_mask(_strip_mask(h), window, "soft") for h in heads]
+            for s, l, heads in attention_layers(spec)}
 
 
 def _run_optuna(spec: ArchSpec, mcfg: MaskConfig, name: str) -> SearchOutcome:
@@ -376,7 +389,8 @@ def _run_optuna(spec: ArchSpec, mcfg: MaskConfig, name: str) -> SearchOutcome:
     space = mask_placement_space(spec, windows=tuple(mcfg.windows), max_masked=mcfg.max_masked)
     cfg = dataclasses.replace(mcfg.search, objective="accuracy")
     hooks = _AlsHooks()
-    summary_extra = {"strategy": "optuna", "spec": spec.name, "windows": list(mcfg.windows), "max_masked": mcfg.max_masked}
+    summary_extra = {"strategy": "optuna", "spec": spec.name, "windows": list(mcfg.windows),
+                     "max_masked": mcfg.max_masked}
     outcome = run_optuna_search(space, cfg, mode="masks/optuna", name=name, extra_attrs=summary_extra,
                                 train_fn=hooks.train, after_train=hooks.after_train, finalize_extra=hooks.finalize)
     outcome.summary.update(summary_extra)
@@ -421,9 +435,11 @@ class _AlsHooks:
             keys = {tuple(int(p) for p in k.split(".")): v for k, v in scores.items()}
             placement = {(s, l): [h.mask is not None for h in heads] for s, l, heads in attention_layers(best_spec)}
             table, masked = _als_table(best_spec, keys, placement)
-            runs.atomic_write_text(run_dir / "als.json", report.summary_json({"trial": best, "window": "3x3", "als": table,
+            runs.atomic_write_text(run_dir / "als.json", report.summary_json({"trial": best, "window": "3x3",
+                                                                               "als": table,
                                                                                "masked": masked}))
-            report.plot_als_heatmap(table, run_dir / "als.png", f"{summary['study']}: ALS of best trial {best} (3x3 window)",
+            report.plot_als_heatmap(table, run_dir / "als.png",
+                                    f"{summary['study']}: ALS of best trial {best} (3x3 window)",
                                     masked)
             files.extend(["als.png", "als.json"])
         return None
@@ -610,7 +626,8 @@ class _MaskRun:
         summary.json."""
         mcfg, cfg, window, data = self.mcfg, self.cfg, self.window, self.data
         summary = {
-            "mode": f"masks/{mcfg.strategy}", "study": self.name, "storage": self.info.url, "run_dir": str(self.run_dir),
+            "mode": f"masks/{mcfg.strategy}", "study": self.name, "storage": self.info.url,
+            "run_dir": str(self.run_dir),
             "strategy": mcfg.strategy, "spec": self.spec.name, "window": f"{window[0]}x{window[1]}",
             "thresholds": ({"als_high": self.high, "als_low": self.low} if mcfg.strategy == "als"
                            else {"alpha_threshold": mcfg.alpha_threshold}),
@@ -670,7 +687,8 @@ class _MaskRun:
         best_file = runs.atomic_write_text(self.run_dir / "best.yaml", text)
         self.files.insert(0, "best.yaml")
         summary.update(best=str(best_file), masked_heads=masked_total, placement=_placement_json(spec, placement))
-        summary["pareto"] = [{"rank": 0, "trial": prov["trial"] if isinstance(prov["trial"], int) else prov["trial"][-1],
+        summary["pareto"] = [{"rank": 0,
+                              "trial": prov["trial"] if isinstance(prov["trial"], int) else prov["trial"][-1],
                               "accuracy": prov["objectives"]["proxy_accuracy_of_last_trained_round"],
                               "latency_ms": None, "macs": analysis.macs, "params": analysis.params,
                               "file": "best.yaml"}]

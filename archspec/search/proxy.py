@@ -6,14 +6,15 @@ architecture; :func:`train_proxy` trains it for a fixed number of steps and retu
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
-from archspec.errors import SpecError
 from archspec.data import Dataset
+from archspec.errors import SpecError
 from archspec.loader import load_spec
 from archspec.spec import ArchSpec
 from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
@@ -54,8 +55,10 @@ class ProxyProtocol(TrainConfig):
     min_grid: int = 4
 
     def __post_init__(self) -> None:
-        checks = [("image_size", self.image_size >= 8), ("steps", self.steps >= 1), ("batch_size", self.batch_size >= 1),
-                  ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0), ("warmup_steps", self.warmup_steps >= 0),
+        checks = [("image_size", self.image_size >= 8), ("steps", self.steps >= 1),
+                  ("batch_size", self.batch_size >= 1),
+                  ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
+                  ("warmup_steps", self.warmup_steps >= 0),
                   ("eval_every", self.eval_every >= 1), ("min_grid", self.min_grid >= 1),
                   ("augmentation", self.augmentation in _AUGMENTATIONS),
                   ("threads", self.threads is None or self.threads >= 1)]
@@ -103,7 +106,8 @@ def _fit_head(head: dict, grid: tuple[int, int]) -> dict:
         return head
     if rows // 2 >= grid[0] - 1 and cols // 2 >= grid[1] - 1:  # every patch is a neighbour: the mask is a no-op
         return {k: v for k, v in head.items() if k != "mask"}
-    new_mask = dict(mask, depth=None, window=[min(rows, _largest_odd_at_most(grid[0])), min(cols, _largest_odd_at_most(grid[1]))])
+    new_mask = dict(mask, depth=None, window=[min(rows, _largest_odd_at_most(grid[0])),
+                                              min(cols, _largest_odd_at_most(grid[1]))])
     return dict(head, mask=new_mask)
 
 
@@ -213,7 +217,8 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
     """Train ``proxy_spec(spec, ...)`` for ``protocol.steps`` steps and return its val top-1.
 
     The training loop is :func:`archspec.train.train` (the package's one loop): timm's optimizer factory
-    (``create_optimizer_v2``, honouring ``model.no_weight_decay``) and a linear-warm-up + cosine schedule; batches are drawn from seeded epoch permutations, augmentation
+    (``create_optimizer_v2``, honouring ``model.no_weight_decay``) and a linear-warm-up + cosine schedule;
+    batches are drawn from seeded epoch permutations, augmentation
     uses the same seeded generator, and the weights are initialised from ``seed`` (the spec's seed is
     replaced), so a run is deterministic given ``seed`` and the thread count.  The caller's RNG state
     and thread count are left as they were.

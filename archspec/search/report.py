@@ -22,8 +22,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from optuna.trial import TrialState
 
@@ -67,8 +68,14 @@ def progress_line(trial, elapsed: float, attempted: int, total: int, timeout: fl
 def _rich_bar(total: int, info: str):
     """A started-later ``rich`` progress bar on stderr and its task id: ``(progress, task)``."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     progress = Progress(
         TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TextColumn("trained"),
@@ -148,7 +155,8 @@ class ProgressDisplay:
             elapsed = time.perf_counter() - self.start
             print(progress_line(trial, elapsed, attempted, self.total, self.timeout), flush=True)
         if self.progress is not None:
-            self.progress.update(self.task, completed=min(attempted, self.total), info=self._info(f"#{trial.number} done"))
+            self.progress.update(self.task, completed=min(attempted, self.total),
+                                 info=self._info(f"#{trial.number} done"))
 
 
 # ----------------------------------------------------------------------------------- trials table
@@ -171,7 +179,8 @@ def trial_status(trial) -> str:
 def _trial_row(t) -> dict:
     """The fixed :data:`TRIAL_COLUMNS` of one trial (seconds for durations, ISO times)."""
     ua = t.user_attrs
-    duration = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
+    duration = ((t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start
+                else None)
     constraints = t.constraints if hasattr(t, "constraints") else {}
     return {
         "number": t.number, "state": t.state.name, "status": trial_status(t),
@@ -385,7 +394,8 @@ def _subset_study(trials: Sequence, directions: Sequence[str], metric_names: Seq
     return study
 
 
-def plot_pareto(trials: Sequence, path: Path, directions: Sequence[str], names: Sequence[str], title: str) -> Path | None:
+def plot_pareto(trials: Sequence, path: Path, directions: Sequence[str], names: Sequence[str],
+                title: str) -> Path | None:
     """Pareto front of the trained trials (``optuna.visualization.matplotlib.plot_pareto_front``), as PNG;
     ``None`` (nothing written) without trials."""
     if not trials:
@@ -426,7 +436,8 @@ def plot_history(trials: Sequence, path: Path, direction: str, name: str, title:
 
 
 def plot_als_heatmap(als: dict[str, Sequence[float]], path: Path, title: str,
-                     masked: dict[str, Sequence[bool]] | None = None, thresholds: tuple[float, float] | None = None) -> Path:
+                     masked: dict[str, Sequence[bool]] | None = None,
+                     thresholds: tuple[float, float] | None = None) -> Path:
     """Heatmap of ALS (MaiT eq. 3, on [0, 1]) per layer (rows) x head (columns); masked heads are marked 'M'.
 
     ``als`` maps a layer label to one score per head (layers may differ in head count: blanks);
@@ -503,7 +514,8 @@ def _protocol_lines(summary: dict) -> list[str]:
                      f"{d.get('num_classes')} classes)")
     if summary.get("proxy"):
         p = summary["proxy"]
-        lines.append("proxy: " + ", ".join(f"{k} {v}" for k, v in p.items() if k in ("steps", "image_size", "batch_size", "lr")))
+        lines.append("proxy: " + ", ".join(f"{k} {v}" for k, v in p.items()
+                                           if k in ("steps", "image_size", "batch_size", "lr")))
     if summary.get("latency_protocol"):
         lp = summary["latency_protocol"]
         lines.append(f"latency: median of {lp.get('repeats')} after {lp.get('warmup')} warm-up, {lp.get('device')}, "
@@ -516,12 +528,14 @@ def _summary_lines(summary: dict) -> list[str]:
     counts = summary.get("counts", {})
     lines = [_budget_line(summary["budgets"])] if summary.get("budgets") else []
     if summary.get("static_check_rate"):
-        lines.append(f"static check: {summary['static_check_rate']:,.0f} candidates/s (sample + IR analysis, no weights)")
+        lines.append(f"static check: {summary['static_check_rate']:,.0f} candidates/s "
+                     "(sample + IR analysis, no weights)")
     if counts:
         lines.append("trials in study: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
                      f"  (this run: {summary.get('trained_this_run', 0)} trained)")
     if summary.get("per_trial_seconds") is not None:
-        lines.append(f"per trained trial: {summary['per_trial_seconds']:.1f} s median; wall {summary.get('wall_seconds', 0):.0f} s")
+        lines.append(f"per trained trial: {summary['per_trial_seconds']:.1f} s median; "
+                     f"wall {summary.get('wall_seconds', 0):.0f} s")
     if summary.get("candidates_per_hour"):
         lines.append(f"candidates evaluated: {summary['candidates_per_hour']:,.0f} per hour")
     if summary.get("fidelity"):
@@ -556,7 +570,8 @@ def print_summary(summary: dict, console=None) -> None:
         console.print(_points_table(summary))
     failures = summary.get("failures") or []
     if failures:
-        console.print(f"  failed trials ({len(failures)}): " + "; ".join(f"#{f['trial']}: {f['reason']}" for f in failures[:5]))
+        console.print(f"  failed trials ({len(failures)}): "
+                      + "; ".join(f"#{f['trial']}: {f['reason']}" for f in failures[:5]))
     for note in summary.get("notes", []):
         console.print(f"  note: {note}")
     if summary.get("best"):

@@ -40,7 +40,8 @@ from archspec.loader import load_spec
 from archspec.spec import ArchSpec, spec_to_yaml
 
 __all__ = [
-    "check_run_dir", "prepare_run_dir", "RUN_MARKER", "atomic_write_text", "atomic_write_bytes", "atomic_savefig", "emit_spec",
+    "check_run_dir", "prepare_run_dir", "RUN_MARKER", "atomic_write_text", "atomic_write_bytes", "atomic_savefig",
+    "emit_spec",
     "provenance_header", "replace_dir", "jsonable", "now_iso",
 ]
 

@@ -73,8 +73,9 @@ import math
 import os
 import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -171,7 +172,8 @@ class _Checker:
                     self.add(where, "empty choice", "list at least one alternative")
                 for label, option in value.items():
                     if not isinstance(label, str) or not _NAME_RE.match(label):
-                        self.add(where + (label,), f"alternative label {label!r} must be a word (letters, digits, _ . -)")
+                        self.add(where + (label,),
+                                 f"alternative label {label!r} must be a word (letters, digits, _ . -)")
                     if alt is not None:
                         alt(option, where + (label,))
                     else:
@@ -189,8 +191,10 @@ class _Checker:
                         self.add(where + (i,), "range ends may be numbers or {ref: path}")
                     else:
                         self.marker(end, where + (i,), None)
-                elif isinstance(end, bool) or not isinstance(end, (int, float)) or (kind == "int" and not isinstance(end, int)):
-                    self.add(where + (i,), f"range end must be {'an integer' if kind == 'int' else 'a number'}, got {end!r}")
+                elif (isinstance(end, bool) or not isinstance(end, (int, float))
+                      or (kind == "int" and not isinstance(end, int))):
+                    self.add(where + (i,),
+                             f"range end must be {'an integer' if kind == 'int' else 'a number'}, got {end!r}")
                 else:
                     numbers.append(end)
             if len(numbers) == 2 and numbers[0] > numbers[1]:
@@ -199,8 +203,10 @@ class _Checker:
             if not isinstance(log, bool):
                 self.add(path + ("log",), f"log must be true or false, got {log!r}")
             if step is not None:
-                if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0 or (kind == "int" and not isinstance(step, int)):
-                    self.add(path + ("step",), f"step must be a positive {'integer' if kind == 'int' else 'number'}, got {step!r}")
+                if (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0
+                        or (kind == "int" and not isinstance(step, int))):
+                    self.add(path + ("step",),
+                             f"step must be a positive {'integer' if kind == 'int' else 'number'}, got {step!r}")
                 elif log is True and not (kind == "int" and step == 1):
                     self.add(path + ("step",), "log ranges take no step")
             if log is True and numbers and min(numbers) <= 0:
@@ -243,7 +249,8 @@ class _Checker:
                          "stages: {count: {choice: [2, 3]}, items: [{...}, {...}, {...}]}")
                 items = []
             if "count" not in node:
-                self.add(path, "missing required key 'count'", "add 'count: {choice: [...]}' or use a plain list of stages")
+                self.add(path, "missing required key 'count'",
+                         "add 'count: {choice: [...]}' or use a plain list of stages")
             else:
                 count = node["count"]
                 if _is_marker(count):
@@ -350,9 +357,11 @@ class _Sampler:
         elif isinstance(node, dict):
             value = {}
             for key, item in node.items():
-                value[key] = self.resolve(item, ypath + (key,), cpath + (key,), f"{pname}.{key}" if pname else str(key), stage)
+                value[key] = self.resolve(item, ypath + (key,), cpath + (key,),
+                                          f"{pname}.{key}" if pname else str(key), stage)
         elif isinstance(node, list):
-            value = [self.resolve(item, ypath + (i,), cpath + (i,), f"{pname}.{i}", stage) for i, item in enumerate(node)]
+            value = [self.resolve(item, ypath + (i,), cpath + (i,), f"{pname}.{i}", stage)
+                     for i, item in enumerate(node)]
         else:
             value = node
         self.done[cpath] = value
@@ -382,7 +391,8 @@ class _Sampler:
             return self.suggest("int", pname, low, high, step=node.get("step") or 1, log=bool(node.get("log", False)))
         if low > high:
             raise self.fail(ypath + (kind,), f"empty range: low {low} > high {high} in this point")
-        return self.suggest("float", pname, float(low), float(high), step=node.get("step"), log=bool(node.get("log", False)))
+        return self.suggest("float", pname, float(low), float(high), step=node.get("step"),
+                            log=bool(node.get("log", False)))
 
     # document ------------------------------------------------------------------------------
     def document(self, spec_node: dict) -> dict:
@@ -458,7 +468,8 @@ class _Sampler:
             raise self.fail(ypath, "heads_mix takes a head kind, a mapping or a {choice: ...} of those")
         return node, ypath, pname
 
-    def _mix_base_heads(self, stage: dict, base: Any, keep: bool, ypath: tuple) -> tuple[list[list[HeadSpec]], HeadSpec | None]:
+    def _mix_base_heads(self, stage: dict, base: Any, keep: bool,
+                        ypath: tuple) -> tuple[list[list[HeadSpec]], HeadSpec | None]:
         """Every layer's heads before masking, and the base head (``None`` for ``base: keep``: the stage's own heads,
         masks removed).  ConViT / timm give the conv init to only ``floor(sqrt(H))^2`` GPSA heads."""
         n_heads, depth = stage["heads"], stage["depth"]
@@ -466,7 +477,8 @@ class _Sampler:
             try:
                 layer_heads = [list(p.heads) for p in ArchSpec(stages=[StageSpec.model_validate(stage)]).layer_plans(0)]
             except ValidationError as exc:
-                raise self.fail(ypath, f"cannot resolve the stage's heads for base: keep: {exc.errors()[0]['msg']}") from None
+                raise self.fail(ypath,
+                                f"cannot resolve the stage's heads for base: keep: {exc.errors()[0]['msg']}") from None
             return [[h.model_copy(update={"mask": None}) for h in heads] for heads in layer_heads], None
         try:
             head = HeadSpec.model_validate(base)
@@ -502,11 +514,13 @@ class _Sampler:
             if not (window_once and stage_window is not None):
                 wsuffix = "" if window_once else suffix
                 stage_window = self.resolve(body.get("window", "3x3"), ypath + ("window",),
-                                            ("stages", i, "heads_mix", f"window{wsuffix}"), f"{pname}.window{wsuffix}", i)
+                                            ("stages", i, "heads_mix", f"window{wsuffix}"), f"{pname}.window{wsuffix}",
+                                            i)
             try:
                 mask = MaskSpec(window=stage_window)
             except ValidationError as exc:
-                raise self.fail(ypath + ("window",), f"invalid window {stage_window!r}: {exc.errors()[0]['msg']}") from None
+                raise self.fail(ypath + ("window",),
+                                f"invalid window {stage_window!r}: {exc.errors()[0]['msg']}") from None
             for layer in range(start, end + 1):
                 for h in range(masked):
                     layer_heads[layer][h] = layer_heads[layer][h].model_copy(update={"mask": mask})
@@ -588,7 +602,8 @@ class SearchSpace:
                         ypath = sampler.origin[path[:cut]] + path[cut:]
                         break
                 hint = (p.hint + "; " if p.hint else "") + f"drawn: {drawn}" if drawn else p.hint
-                problems.append(Problem(ypath, f"sampled point is invalid: {p.message} (at spec {'.'.join(map(str, path))})", hint))
+                problems.append(Problem(ypath, f"sampled point is invalid: {p.message} "
+                                               f"(at spec {'.'.join(map(str, path))})", hint))
             raise self._located(SpecError(problems)) from None
 
     def smallest(self) -> ArchSpec:
@@ -647,7 +662,7 @@ def _from_document(data: Any, locator: Locator | None, file: str | None) -> Sear
     return space
 
 
-def load_space(source: "str | os.PathLike | dict | None" = None) -> SearchSpace:
+def load_space(source: str | os.PathLike | dict | None = None) -> SearchSpace:
     """Load and validate a search space.
 
     Args:

@@ -37,9 +37,10 @@ import socket
 import sqlite3
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
@@ -216,7 +217,8 @@ def _journal_target(url: str) -> _Target:
 def _sqlalchemy_target(url: str) -> _Target:
     if "://" not in url:
         raise _storage_error(url, "not a storage URL",
-                             "use sqlite:///PATH, postgresql://USER@HOST/DB, mysql+pymysql://..., journal:PATH or memory")
+                             "use sqlite:///PATH, postgresql://USER@HOST/DB, mysql+pymysql://..., "
+                             "journal:PATH or memory")
     try:
         from sqlalchemy.engine import make_url
 
@@ -267,7 +269,8 @@ def _target(url: str | None, run_dir: Path | None) -> _Target:
     return _sqlalchemy_target(url)
 
 
-def resolve_storage(url: str | None, run_dir: Path | None = None, heartbeat: int | None = HEARTBEAT_INTERVAL_S) -> StorageInfo:
+def resolve_storage(url: str | None, run_dir: Path | None = None,
+                    heartbeat: int | None = HEARTBEAT_INTERVAL_S) -> StorageInfo:
     """Resolve ``--storage`` into an Optuna storage, connecting (and creating tables) now.
 
     Args:
@@ -335,7 +338,8 @@ def _rdb_storage(url: str, engine_kwargs: dict, heartbeat: int | None, attempts:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def make_sampler(name: str, seed: int | None, n_objectives: int, n_startup_trials: int = 6) -> optuna.samplers.BaseSampler:
+def make_sampler(name: str, seed: int | None, n_objectives: int,
+                 n_startup_trials: int = 6) -> optuna.samplers.BaseSampler:
     """An Optuna sampler by name, seeded for reproducible sampling.
 
     ``tpe`` (default): multivariate TPE, multi-objective and constraint aware (Optuna reads the

@@ -224,7 +224,8 @@ def _load_checkpoint(model, path: str) -> None:
     except Exception as exc:  # noqa: BLE001 - safetensors, pickle, timm and torch all raise their own types
         detail = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:300] or "no message"
         raise refuse(f"cannot load it into {type(model).__name__} ({type(exc).__name__}: {detail})",
-                     "give a state dict of this timm model: a .safetensors file or a torch.save'd dict of tensors") from None
+                     "give a state dict of this timm model: a .safetensors file "
+                     "or a torch.save'd dict of tensors") from None
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise refuse(f"holds non-finite values (NaN or inf) in {name}")
@@ -269,7 +270,8 @@ def cmd_tcnn(args: argparse.Namespace) -> int:
     try:
         model = _transform(base, recipe)
     except TransferError as exc:
-        raise SpecError.single(("--stages",) if "stage" in str(exc) else ("MODEL",), str(exc), None, args.model) from None
+        raise SpecError.single(("--stages",) if "stage" in str(exc) else ("MODEL",), str(exc), None,
+                               args.model) from None
     report = _tcnn_report(base, model, recipe, args.resolution)
 
     def fill(directory: Path) -> None:

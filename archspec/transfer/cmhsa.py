@@ -169,7 +169,7 @@ def conv_to_mhsa(conv_model: nn.Module, peak: float = DEFAULT_PEAK, spec: ArchSp
     attn_model.to(device=ref.device, dtype=ref.dtype)
     state = attn_model.state_dict()
     mixer_keys = set()
-    for name, conv, attn in _mixer_pairs(conv_model, attn_model):
+    for _name, conv, attn in _mixer_pairs(conv_model, attn_model):
         prefix = next(n for n, m in attn_model.named_modules() if m is attn) + "."
         layer_state = conv_to_attention_weights(conv, attn, peak)
         mixer_keys.update(prefix + key for key in layer_state)

@@ -28,9 +28,9 @@ its block's shortcut loses its stride too (the ResNet-D average pool, or the 1x1
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -99,7 +99,7 @@ class ConvGPSA(nn.Module):
         """Locality strengths ``alpha_h = softplus_5(alpha~_h)`` ``(9,)``."""
         return F.softplus(self.locality, beta=BETA)
 
-    def set_exact(self, alpha: float = 1e4, gating: float = 1e4) -> "ConvGPSA":
+    def set_exact(self, alpha: float = 1e4, gating: float = 1e4) -> ConvGPSA:
         """Large locality and gating: the layer reproduces its convolution (off-centre weight ``exp(-alpha)``)."""
         with torch.no_grad():
             self.locality.fill_(_inverse_softplus(alpha))
@@ -260,7 +260,7 @@ def tcnn_from_recipe(recipe: dict, pretrained: bool = False) -> nn.Module:
                 gating=recipe.get("gating", 1.0), stride_one=recipe.get("stride_one", True))
 
 
-def load_tcnn(directory: "str | Path") -> nn.Module:
+def load_tcnn(directory: str | Path) -> nn.Module:
     """Load a T-CNN that ``archspec tcnn`` wrote: its recipe (``spec.yaml``) and weights (``model.safetensors``).
 
     Raises:

@@ -43,8 +43,9 @@ def fit_to_data(spec: ArchSpec, data: Any) -> ArchSpec:
 def match_channels(data: Any, channels: int) -> Any:
     """``data`` with ``channels`` image channels: grey images repeated to 3 (as the built-in digits are), so a
     3-channel spec runs on Fashion-MNIST; any other mismatch is returned unchanged (the spec's check names it)."""
-    from archspec.data import Dataset  # noqa: PLC0415
     from torch.utils.data import TensorDataset  # noqa: PLC0415
+
+    from archspec.data import Dataset  # noqa: PLC0415
 
     if data.channels != 1 or channels != 3:
         return data

@@ -10,7 +10,7 @@ shape, and the names of its parameters for optimizers.  The module side is
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from pydantic import Field
 
@@ -35,7 +35,8 @@ class GPSASpec(StrictModel):
 
     gating_init: float = Field(
         1.0, ge=-20, le=20,
-        description="Initial gating parameter lambda; sigmoid(1) = 0.73 weighs positional attention (ConViT default 1).",
+        description="Initial gating parameter lambda; sigmoid(1) = 0.73 weighs positional attention "
+        "(ConViT default 1).",
     )
     locality_strength: float = Field(
         1.0, gt=0, le=100,
@@ -47,7 +48,9 @@ class GPSASpec(StrictModel):
         "sqrt(H) x sqrt(H) grid centred on the query, and the value projection the identity. "
         "The number of conv-initialised GPSA heads in a layer must be a perfect square.",
     )
-    gating_trainable: bool = Field(True, description="Train the gating parameter (False freezes it, ConViT Tab. 3 ablation).")
+    gating_trainable: bool = Field(
+        True, description="Train the gating parameter (False freezes it, ConViT Tab. 3 ablation)."
+    )
 
 
 def letter(spec: GPSASpec) -> str:

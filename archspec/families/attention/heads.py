@@ -18,7 +18,8 @@ file here, a line in :data:`KINDS` and its field on :class:`HeadSpec` (see ``doc
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -92,7 +93,8 @@ class HeadSpec(StrictModel):
 
         Composed heads concatenate letters (``PM`` = GPSA over a hard-masked content attention).
         """
-        parts = "".join(kind.letter(getattr(self, kind.FIELD)) for kind in KINDS if getattr(self, kind.FIELD) is not None)
+        parts = "".join(kind.letter(getattr(self, kind.FIELD)) for kind in KINDS
+                        if getattr(self, kind.FIELD) is not None)
         return parts or "A"
 
     @property

@@ -189,7 +189,8 @@ class _PatchWindowAttention(torch.autograd.Function):
                                       (d_logits[..., p + c:p + c + 1] * q_grid for c in range(len(keys))))
         per = probs[..., -1:] / n0c
         coeff = probs[..., :-1] - per
-        dv_patch = _add_window_views_(v[:, :, p:], grid, window, (coeff[..., p + c:p + c + 1] * g for c in range(len(keys))))
+        dv_patch = _add_window_views_(v[:, :, p:], grid, window,
+                                      (coeff[..., p + c:p + c + 1] * g for c in range(len(keys))))
         dv += (per * g).sum(dim=(2, 3)).unsqueeze(2)  # every token is in the global value sum
         dv[:, :, p:] += dv_patch
         dq = torch.empty_like(q)
@@ -227,7 +228,8 @@ def hard_window_attention(q: Tensor, k: Tensor, v: Tensor, grid: tuple[int, int]
     p = num_prefix_tokens
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if needs_grad and not _is_compiling():
-        return _PatchWindowAttention.apply(q, k, v, tuple(grid), tuple(window), p, scale, tables["outside"], tables["n0"])
+        return _PatchWindowAttention.apply(q, k, v, tuple(grid), tuple(window), p, scale, tables["outside"],
+                                           tables["n0"])
     out = _patch_window_output(_window_logits(q, k, grid, window, p, scale, tables).softmax(dim=-1), v, grid, window,
                                p, tables["n0"])
     if not p:

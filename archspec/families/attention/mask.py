@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -59,12 +60,16 @@ class MaskSpec(StrictModel):
     all the patches").
     """
 
-    window: tuple[int, int] = Field((3, 3), strict=False, description="Window 'rows x cols' on the patch grid, e.g. 3x3, 3x5, 5x5.")
+    window: tuple[int, int] = Field(
+        (3, 3), strict=False, description="Window 'rows x cols' on the patch grid, e.g. 3x3, 3x5, 5x5."
+    )
     depth: int | None = Field(
         None, ge=1, le=64,
         description="MaiT 'mask depth': 1 = 3x3, 2 = 5x5, d = (2d+1)x(2d+1). Overrides window when given.",
     )
-    mode: Literal["hard", "soft", "strict"] = Field("hard", description="hard (paper eq. 2), soft (eq. 4), or strict (-inf).")
+    mode: Literal["hard", "soft", "strict"] = Field(
+        "hard", description="hard (paper eq. 2), soft (eq. 4), or strict (-inf)."
+    )
     alpha_init: float = Field(
         0.5, gt=0, lt=1, description="Initial alpha of a soft mask, in (0, 1); stored as its logit."
     )
@@ -79,7 +84,7 @@ class MaskSpec(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _apply_depth(self) -> "MaskSpec":
+    def _apply_depth(self) -> MaskSpec:
         if self.depth is not None:
             size = 2 * self.depth + 1
             object.__setattr__(self, "window", (size, size))
@@ -88,7 +93,8 @@ class MaskSpec(StrictModel):
             raise ValueError(f"window {rows}x{cols} must have sides between 1 and {MAX_WINDOW_SIDE}")
         if rows % 2 == 0 or cols % 2 == 0:
             raise ValueError(
-                f"window {rows}x{cols} has an even side: MaiT windows are centred on the query, use odd sizes such as 3x3 or 3x5"
+                f"window {rows}x{cols} has an even side: MaiT windows are centred on the query, "
+                "use odd sizes such as 3x3 or 3x5"
             )
         return self
 

@@ -17,7 +17,7 @@ them.  The torch-free rules of the kind (spec, letters, counts, checks) are :mod
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

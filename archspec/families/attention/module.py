@@ -1,6 +1,7 @@
 """Per-head composable self-attention: MHSA, GPSA, relative position bias and MaiT masks in one layer.
 
-Each head of an :class:`Attention` layer is described by a :class:`~archspec.families.attention.heads.HeadSpec` and computes
+Each head of an :class:`Attention` layer is described by a
+:class:`~archspec.families.attention.heads.HeadSpec` and computes
 
 1. content logits ``S_h = Q_h K_h^T * qk_dim ** -0.5``;
 2. ``+ B_h`` on the patch-patch block when the head has a relative position bias
@@ -24,8 +25,9 @@ implicit non-neighbour weights).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Literal, Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -36,13 +38,25 @@ from torch import Tensor, nn
 from ..activations import activation
 from . import gpsa
 from .heads import HeadSpec, coerce_heads
-from .kernels import (_is_compiling, flex_masked_attention, gpsa_attention, hard_masked_attention,
-                      hard_window_attention, window_tables)
+from .kernels import (
+    _is_compiling,
+    flex_masked_attention,
+    gpsa_attention,
+    hard_masked_attention,
+    hard_window_attention,
+    window_tables,
+)
 from .mask import alpha_to_logit
 from .masking import apply_mask_terms, hard_zero, mask_terms, strict_block, window_mask
-from .rules import AttentionShape, gpsa_head_on_sdpa_path, head_path
-from .tables import (check_grid, conv_kernel_offsets, gpsa_rel_indices, levit_bias_idxs, resample_bias_table,
-                     signed_bias_idxs)
+from .rules import AttentionShape, head_path
+from .tables import (
+    check_grid,
+    conv_kernel_offsets,
+    gpsa_rel_indices,
+    levit_bias_idxs,
+    resample_bias_table,
+    signed_bias_idxs,
+)
 
 __all__ = ["Attention", "ZeroPadTokens", "build", "coerce_heads", "ATTN_IMPLS", "set_attention_impl",
            "attention_impl"]
@@ -166,8 +180,10 @@ class Attention(nn.Module):
 
     def _classify_heads(self, specs: tuple[HeadSpec, ...]) -> None:
         """Which head does what: python lists of head indices, in head order; checks GPSA's constraints."""
-        self.abs_bias_heads = [i for i, h in enumerate(specs) if h.rel_bias is not None and h.rel_bias.table == "absolute"]
-        self.signed_bias_heads = [i for i, h in enumerate(specs) if h.rel_bias is not None and h.rel_bias.table == "signed"]
+        self.abs_bias_heads = [i for i, h in enumerate(specs)
+                               if h.rel_bias is not None and h.rel_bias.table == "absolute"]
+        self.signed_bias_heads = [i for i, h in enumerate(specs)
+                                  if h.rel_bias is not None and h.rel_bias.table == "signed"]
         self.gpsa_heads = [i for i, h in enumerate(specs) if h.gpsa is not None]
         self.mask_heads = [i for i, h in enumerate(specs) if h.mask is not None]
         self.hard_heads = [i for i in self.mask_heads if specs[i].mask.mode == "hard"]
@@ -323,7 +339,7 @@ class Attention(nn.Module):
         self._additive_cache: Tensor | None = None
         self._positional_cache: Tensor | None = None
 
-    def set_attn_impl(self, impl: str) -> "Attention":
+    def set_attn_impl(self, impl: str) -> Attention:
         """Choose the implementation (one of :data:`ATTN_IMPLS`; ``'dense'`` is the reference) and re-plan.
 
         Raises:
@@ -415,7 +431,7 @@ class Attention(nn.Module):
         """Device of the bias table (the eval-mode bias cache is valid only there)."""
         return (self.attention_biases if self.abs_bias_heads else self.signed_biases).device
 
-    def train(self, mode: bool = True) -> "Attention":
+    def train(self, mode: bool = True) -> Attention:
         """Switch train/eval mode; drops the eval-mode bias, mask and positional-attention caches."""
         self._drop_caches()
         return super().train(mode)
@@ -690,7 +706,8 @@ class Attention(nn.Module):
         """Move the layer to another patch grid ``(H', W')`` (a new input resolution), keeping its weights.
 
         Rebuilt for the new grid by :meth:`_build_grid_tables`: the relative-offset index tables, GPSA's fixed
-        ``r_ij`` (:func:`~archspec.families.attention.tables.gpsa_rel_indices`), the MaiT masks (same window, new grid), the
+        ``r_ij`` (:func:`~archspec.families.attention.tables.gpsa_rel_indices`), the MaiT masks (same window,
+        new grid), the
         linear-time window tables, the eval caches and the per-head path plan (the crossover depends on the grid).
         The learned bias tables are resampled bicubically on their offset grids
         (:func:`~archspec.families.attention.tables.resample_bias_table`, as timm ``resize_rel_pos_bias_table_levit``):

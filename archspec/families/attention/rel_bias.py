@@ -9,7 +9,8 @@ tables of :mod:`archspec.families.attention.tables`.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import Field
 

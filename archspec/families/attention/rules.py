@@ -14,8 +14,8 @@ MAC convention (the papers' "FLOPs"): every linear counts ``tokens x d_in x d_ou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from archspec.memory import BOOL, F32, NodeMemory
 from archspec.strict_model import HINT
@@ -23,9 +23,11 @@ from archspec.strict_model import HINT
 from . import rel_bias
 from .heads import KINDS, HeadSpec
 
-__all__ = ["AttentionShape", "AttnDims", "head_dims", "check_value_dim", "counts", "memory", "executed_macs", "problems",
+__all__ = ["AttentionShape", "AttnDims", "head_dims", "check_value_dim", "counts", "memory", "executed_macs",
+           "problems",
            "head_problems", "batchnorm_channels", "label", "window_path_pays", "hard_head_on_window_path",
-           "gpsa_head_on_sdpa_path", "window_attention_macs", "attention_macs_change", "head_path", "buffers", "caches", "NO_WEIGHT_DECAY",
+           "gpsa_head_on_sdpa_path", "window_attention_macs", "attention_macs_change", "head_path", "buffers", "caches",
+           "NO_WEIGHT_DECAY",
            "RESAMPLED_TABLES"]
 
 #: parameter leaf names an optimizer must not decay (every head kind's)
@@ -150,7 +152,8 @@ def counts(shape: AttentionShape) -> tuple[int, int]:
         p_proj, m_proj = _linear(n, v_out, dim, bias=True)
     grid = shape.attention_grid
     params = p_qkv + p_proj + sum(kind.params(heads, grid) for kind in KINDS)
-    macs = m_qkv + m_proj + n * n * len(heads) * (dims.qk_dim + dims.v_dim) + sum(kind.macs(heads, grid) for kind in KINDS)
+    macs = (m_qkv + m_proj + n * n * len(heads) * (dims.qk_dim + dims.v_dim)
+            + sum(kind.macs(heads, grid) for kind in KINDS))
     return params, macs
 
 

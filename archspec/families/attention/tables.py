@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["check_grid", "grid_positions", "gpsa_rel_indices", "levit_bias_idxs", "signed_bias_idxs", "conv_kernel_offsets",
+__all__ = ["check_grid", "grid_positions", "gpsa_rel_indices", "levit_bias_idxs", "signed_bias_idxs",
+           "conv_kernel_offsets",
            "resample_bias_table"]
 
 

@@ -6,9 +6,9 @@ Their torch-free rules (shape, MLP counts and memory, composition with the mixer
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
 from timm.layers import DropPath, LayerScale, Mlp, trunc_normal_
 from timm.models.levit import LevitMlp
+from torch import Tensor, nn
 
 from ..activations import activation
 from .rules import BlockShape

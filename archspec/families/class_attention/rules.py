@@ -66,7 +66,8 @@ def plan(spec: ClassAttentionSpec, dim: int, n_tokens: int, cls_at: int | None, 
     if int(dim * spec.mlp_ratio) < 1:
         return None, [(("class_attention", "mlp_ratio"), f"the MLP hidden width int({dim} * {spec.mlp_ratio:g}) "
                        f"is 0", f"use mlp_ratio >= {1 / dim:g}")]
-    return ClassAttentionShape(dim=dim, heads=heads, n_tokens=n_tokens, mlp_ratio=spec.mlp_ratio, qkv_bias=spec.qkv_bias,
+    return ClassAttentionShape(dim=dim, heads=heads, n_tokens=n_tokens, mlp_ratio=spec.mlp_ratio,
+                               qkv_bias=spec.qkv_bias,
                                layer_scale=spec.layer_scale, act=act, norm_eps=norm_eps), []
 
 

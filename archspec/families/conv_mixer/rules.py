@@ -66,5 +66,6 @@ def problems(dim: int, kernel: int, grid: tuple[int, int], patch: int | None, n_
                     "use a patch that fits, or token_conv3 for a conv on the token grid"))
     elif kernel > 2 * max(grid) * patch + 1:
         out.append((where + ("kernel",), f"conv kernel {kernel} is larger than the {grid[0] * patch}x{grid[1] * patch} "
-                    f"{'token' if patch == 1 else 'pixel'} grid allows", f"use a kernel of at most {2 * max(grid) * patch + 1}"))
+                    f"{'token' if patch == 1 else 'pixel'} grid allows",
+                    f"use a kernel of at most {2 * max(grid) * patch + 1}"))
     return out

@@ -83,7 +83,8 @@ def plan(spec: ShrinkSpec, in_dim: int, out_dim: int, grid: tuple[int, int], n_p
 
 
 def out_grid(shape: ShrinkShape) -> tuple[int, int]:
-    """Query grid after subsampling with ``stride``: ``(ceil(H / stride), ceil(W / stride))`` (timm ``LevitDownsample``)."""
+    """Query grid after subsampling with ``stride``: ``(ceil(H / stride), ceil(W / stride))``
+    (timm ``LevitDownsample``)."""
     rows, cols = shape.grid
     return (rows - 1) // shape.stride + 1, (cols - 1) // shape.stride + 1
 

@@ -22,7 +22,8 @@ def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
 class PatchStem(PatchEmbed):
     """ViT / ConViT / MaiT patch embedding: timm ``PatchEmbed`` (``proj`` = ``Conv2d(in, dim, P, stride=P)``).
 
-    Shapes: ``(B, in_chans, H_img, W_img) -> (B, N, dim)``, ``N = (H_img/P)(W_img/P)``; ``grid`` = ``(H_img/P, W_img/P)``.
+    Shapes: ``(B, in_chans, H_img, W_img) -> (B, N, dim)``, ``N = (H_img/P)(W_img/P)``;
+    ``grid`` = ``(H_img/P, W_img/P)``.
     MACs: ``N * dim * in_chans * P * P``.
 
     Raises:

@@ -8,8 +8,9 @@ raw ``P x P x C`` pixels).  The modules are in :mod:`archspec.families.stems.mod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal, Sequence, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -57,7 +58,7 @@ class IdentityStemSpec(StrictModel):
     patch_size: int = Field(16, ge=1, le=64, description="Patch side P in pixels.")
 
 
-StemSpec = Annotated[Union[PatchStemSpec, ConvStemSpec, IdentityStemSpec], Field(discriminator="kind")]
+StemSpec = Annotated[PatchStemSpec | ConvStemSpec | IdentityStemSpec, Field(discriminator="kind")]
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def first_conv_name(kind: str) -> str | None:
     return {"patch": "stem.proj", "conv": "stem.conv1.linear"}.get(kind)
 
 
-def plan(stem: "PatchStemSpec | ConvStemSpec | IdentityStemSpec", in_chans: int, img_size: tuple[int, int],
+def plan(stem: PatchStemSpec | ConvStemSpec | IdentityStemSpec, in_chans: int, img_size: tuple[int, int],
          first_dim: int) -> tuple[StemShape, list[tuple[tuple, str, str]]]:
     """The stem's shape and its problems ``(path, message, hint)``: a patch that does not divide the input, an
     identity stem whose token width is not the first stage's, conv channels that do not end at it."""

@@ -24,7 +24,7 @@ as CaiT does for any head; the paper does not say more (our reading, stated in s
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from timm.layers import trunc_normal_
@@ -179,4 +179,5 @@ class TalkingHeadAttn(nn.Module):
 
 def build(shape: TalkingHeadsShape) -> TalkingHeadAttn:
     """The module of a :class:`~.rules.TalkingHeadsShape` (raises as :class:`TalkingHeadAttn`)."""
-    return TalkingHeadAttn(shape.dim, shape.heads, shape.grid, num_prefix_tokens=shape.n_prefix, qkv_bias=shape.qkv_bias)
+    return TalkingHeadAttn(shape.dim, shape.heads, shape.grid, num_prefix_tokens=shape.n_prefix,
+                           qkv_bias=shape.qkv_bias)

@@ -7,8 +7,8 @@ its masks act on the logits after ``proj_l``, through the attention family's one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from archspec.memory import BOOL, F32, NodeMemory
 

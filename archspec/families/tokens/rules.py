@@ -8,8 +8,9 @@ the memory of prepending them.  They are parameters of the model itself
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -31,7 +32,8 @@ class TokensSpec(StrictModel):
     )
     dist_token: bool = Field(False, description="DeiT distillation token (needs head.distillation).")
     pos_embed: Literal["learned", "none"] = Field(
-        "learned", description="Absolute learned position embedding added after the stem (covers the tokens present then)."
+        "learned",
+        description="Absolute learned position embedding added after the stem (covers the tokens present then)."
     )
 
     @field_validator("cls_token", mode="before")
@@ -75,9 +77,11 @@ def plan(tokens: TokensSpec, pool: str, distillation: bool, depth: int, width_be
     out = []
     if cls_at is not None and cls_at > depth:
         out.append((("tokens", "cls_token"), f"class token inserted before block {cls_at}, but the model has "
-                    f"{depth} blocks (0-{depth - 1})", f"use an index from 0 to {depth} ({depth}: after the last block)"))
+                    f"{depth} blocks (0-{depth - 1})",
+                    f"use an index from 0 to {depth} ({depth}: after the last block)"))
     if tokens.dist_token and cls_at is None:
-        out.append((("tokens", "dist_token"), "a distillation token needs a class token", "set tokens.cls_token: input"))
+        out.append((("tokens", "dist_token"), "a distillation token needs a class token",
+                    "set tokens.cls_token: input"))
     if tokens.dist_token and not distillation:
         out.append((("tokens", "dist_token"), "a distillation token without a distillation head is unused",
                     "set head.distillation: true"))
