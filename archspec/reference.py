@@ -6,30 +6,55 @@
 from __future__ import annotations
 
 import re
+import types
 import typing
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from archspec.families.attention.heads import HEAD_SHORTHANDS, GPSASpec, HeadSpec, MaskSpec, RelBiasSpec, head_letters_legend
-from archspec.spec import (ArchSpec, ClassAttentionSpec, ConvStemSpec, HeadOutSpec, IdentityStemSpec, InputSpec,
-                           LayerOverride, MixerSpec, PatchStemSpec, ShrinkSpec, StageSpec, TokensSpec)
+from archspec.families.attention.heads import (
+    HEAD_SHORTHANDS,
+    GPSASpec,
+    HeadSpec,
+    MaskSpec,
+    RelBiasSpec,
+    head_letters_legend,
+)
+from archspec.spec import (
+    ArchSpec,
+    ClassAttentionSpec,
+    ConvStemSpec,
+    HeadOutSpec,
+    IdentityStemSpec,
+    InputSpec,
+    LayerOverride,
+    MixerSpec,
+    PatchStemSpec,
+    ShrinkSpec,
+    StageSpec,
+    TokensSpec,
+)
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("spec (top level)", ArchSpec), ("input", InputSpec), ("stem (kind: patch)", PatchStemSpec),
     ("stem (kind: conv)", ConvStemSpec), ("stem (kind: identity)", IdentityStemSpec), ("tokens", TokensSpec),
-    ("stages[]", StageSpec), ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec), ("stages[].shrink", ShrinkSpec),
+    ("stages[]", StageSpec), ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec),
+    ("stages[].shrink", ShrinkSpec),
     ("head kind (stages[].attention, layers[].heads[])", HeadSpec), ("gpsa", GPSASpec), ("rel_bias", RelBiasSpec),
     ("mask", MaskSpec), ("class_attention", ClassAttentionSpec), ("head", HeadOutSpec),
 ]
 
 
 def _type_name(annotation: typing.Any) -> str:
+    # A union prints as ``Union[A, B]`` or ``A | B`` depending on how it was written and on the Python version;
+    # the reference always writes ``A | B`` (the table turns ``|`` into ``/``).
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _type_name(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(arg) for arg in typing.get_args(annotation))
     # drop module paths (archspec.spec.X, archspec.families.stems.rules.X): the reference names classes only
     text = re.sub(r"\barchspec(?:\.\w+)*\.(?=[A-Z])", "", str(annotation).replace("typing.", ""))
     text = text.replace("<class '", "").replace("'>", "").replace("NoneType", "None")
-    if "Annotated[Union[PatchStemSpec" in text:
-        return "patch | conv | identity stem"
     return text
 
 
@@ -52,7 +77,8 @@ def markdown() -> str:
         lines += [f"## {title}", "", doc, "", "| field | type | default | meaning |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
             desc = (field.description or "").replace("|", "\\|")
-            lines.append(f"| `{name}` | {_type_name(field.annotation).replace('|', '/')} | {_default(field)} | {desc} |")
+            lines.append(f"| `{name}` | {_type_name(field.annotation).replace('|', '/')} | "
+                         f"{_default(field)} | {desc} |")
         lines.append("")
     shorthands = ", ".join(f"`{k}`" for k in HEAD_SHORTHANDS)
     lines += ["## head kind shorthands", "", f"A head may be written as one of {shorthands}; "

@@ -88,3 +88,10 @@ def test_parser_imports_no_optuna(argv, tmp_path):
     """Building the parser reads the search defaults from archspec.search.config, which imports no Optuna."""
     report, _ = _run(argv, tmp_path)
     assert report["rc"] == 0 and "optuna" not in report["loaded"]
+
+
+def test_transfer_all_lists_every_lazy_export():
+    """``archspec.transfer.__all__`` is a literal (the API docs read it statically); it must name every export."""
+    import archspec.transfer as transfer
+
+    assert sorted(transfer.__all__) == sorted(transfer._EXPORTS)

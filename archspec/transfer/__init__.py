@@ -22,13 +22,31 @@ _EXPORTS = {
 
 _SUBMODULES = ("cmhsa", "two_phase", "cli")  # ``tcnn`` is a submodule too, but the name is the function
 
-__all__ = sorted(_EXPORTS)
+# A literal list, not ``sorted(_EXPORTS)``: the API docs (griffe) read ``__all__`` statically.
+__all__ = [
+    "DEFAULT_PEAK", "ConvGPSA", "TransferError", "attention_spec", "conv_gpsa_macs", "conv_to_attention_weights",
+    "conv_to_mhsa", "gating_param_groups", "load_tcnn", "patch_offsets", "tcnn", "tcnn_from_recipe",
+    "transformed_layers",
+]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from .cmhsa import (DEFAULT_PEAK, TransferError, attention_spec, conv_to_attention_weights, conv_to_mhsa,
-                        patch_offsets)
-    from .tcnn import (ConvGPSA, conv_gpsa_macs, gating_param_groups, load_tcnn, tcnn, tcnn_from_recipe,
-                       transformed_layers)
+    from .cmhsa import (
+        DEFAULT_PEAK,
+        TransferError,
+        attention_spec,
+        conv_to_attention_weights,
+        conv_to_mhsa,
+        patch_offsets,
+    )
+    from .tcnn import (
+        ConvGPSA,
+        conv_gpsa_macs,
+        gating_param_groups,
+        load_tcnn,
+        tcnn,
+        tcnn_from_recipe,
+        transformed_layers,
+    )
 
 
 class _Package(types.ModuleType):
