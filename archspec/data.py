@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +53,27 @@ class Dataset:
     num_classes: int
     channels: int
     image_size: int
+
+    _sizes: dict = field(default_factory=dict, repr=False, compare=False)  # resized copies, by (H, W)
+
+    def at_size(self, size: tuple[int, int]) -> Dataset:
+        """The same images resized (bilinear, antialiased when shrinking) to ``(H, W)``; kept for reuse.
+
+        The search trains each candidate's proxy at the input size that gives it its own token grid
+        (:func:`archspec.search.proxy.proxy_spec`), so one loaded dataset serves many sizes.
+        """
+        size = (int(size[0]), int(size[1]))
+        if size == (self.image_size, self.image_size):
+            return self
+        if size not in self._sizes:
+            if len(self._sizes) >= 2:  # a search uses one or two sizes; do not hold every one ever asked for
+                self._sizes.pop(next(iter(self._sizes)))
+            x_train, y_train = self.train.tensors
+            x_val, y_val = self.val.tensors
+            self._sizes[size] = Dataset(self.name, TensorDataset(_resize(x_train, size), y_train),
+                                        TensorDataset(_resize(x_val, size), y_val), self.num_classes,
+                                        self.channels, max(size))
+        return self._sizes[size]
 
     def describe(self) -> dict:
         """JSON-ready summary."""
@@ -89,14 +110,15 @@ def _split(labels: np.ndarray, seed: int, val_fraction: float = 0.2) -> tuple[np
     return np.sort(train), np.sort(val)
 
 
-def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
-    """``(N, C, h, w)`` float -> ``(N, C, size, size)``: bilinear (antialiased when shrinking)."""
-    if images.shape[-2:] == (size, size):
+def _resize(images: torch.Tensor, size: int | tuple[int, int]) -> torch.Tensor:
+    """``(N, C, h, w)`` float -> ``(N, C, H, W)`` (``size`` an int: square): bilinear, antialiased when shrinking."""
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    if tuple(images.shape[-2:]) == size:
         return images
-    shrink = images.shape[-1] > size or images.shape[-2] > size
+    shrink = images.shape[-2] > size[0] or images.shape[-1] > size[1]
     out = []
     for chunk in images.split(1024):
-        out.append(F.interpolate(chunk, size=(size, size), mode="bilinear", align_corners=False, antialias=shrink))
+        out.append(F.interpolate(chunk, size=size, mode="bilinear", align_corners=False, antialias=shrink))
     return torch.cat(out)
 
 

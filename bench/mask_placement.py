@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     import torch
 
     from archspec.data import load_data
-    from archspec.search.cli import MASKS_PROXY_DEFAULTS
+    from archspec.search.config import MASKS_PROXY_DEFAULTS
     from archspec.search.proxy import ProxyProtocol
 
     torch.set_num_threads(1)

@@ -85,21 +85,26 @@ def test_bad_data_paths(tmp_path, make):
 
 
 # --------------------------------------------------------------------------------------- proxy
-def test_proxy_spec_adapts_resolution_stem_and_masks(digits):
+def test_proxy_spec_keeps_the_grids_and_adapts_stem_input_and_classes(digits):
     ps = proxy_spec(TINY, digits, FAST)
-    assert ps.input.resolution == (32, 32) and ps.input.channels == 3 and ps.head.num_classes == 10
-    assert ps.stem.channels == [16, 32, 32]  # one stride-2 conv dropped: 32 px -> 4x4 grid (>= min_grid)
+    # 224 px through 4 stride-2 convs is 14x14; at most 32 px, one conv keeps it: 28 px -> 14x14
+    assert ps.input.resolution == (28, 28) and ps.input.channels == 3 and ps.head.num_classes == 10
+    assert ps.stem.channels == [32]
     rows = {r.layer: r for r in analyze(ps).rows}
-    assert rows["stages.0.blocks.0"].grid == (4, 4) and rows["stages.1.blocks.0"].grid == (2, 2)
+    assert rows["stages.0.blocks.0"].grid == (14, 14) and rows["stages.1.blocks.0"].grid == (7, 7)
     plan0, plan1 = ps.layer_plans(0)[0], ps.layer_plans(1)[0]
-    assert plan0.heads[0].mask.window == (3, 3)  # 5x5 clipped to the 4x4 grid
-    assert all(h.mask is None and h.rel_bias is not None for h in plan1.heads)  # 3x3 on 2x2 covers all: dropped
-    # widths, depths and heads are unchanged
-    assert [(s.dim, s.depth, s.heads) for s in ps.stages] == [(s.dim, s.depth, s.heads) for s in TINY.stages]
+    assert plan0.heads[0].mask.window == (5, 5) and all(h.mask.window == (3, 3) for h in plan1.heads)
+    assert ps.stages == TINY.stages  # the candidate's own stages, heads, masks and biases
+    small = proxy_spec(TINY, digits, ProxyProtocol(image_size=32, min_grid=4))
+    # the smallest first grid from 4 up that holds stage 0's 5x5 window and stage 1's 3x3: 5x5 -> 3x3, at
+    # 5 * 2**2 = 20 px with the last two stride-2 convs (5 * 2**3 = 40 px would exceed 32)
+    assert [r.grid for r in analyze(small).rows if r.layer.endswith("blocks.0")] == [(5, 5), (3, 3)]
+    assert small.stem.channels == [32, 32] and small.input.resolution == (20, 20)
     big = proxy_spec(load_spec("levit_128s"), digits, ProxyProtocol(image_size=64))
-    assert big.stem.channels == [16, 32, 64, 128]  # 64 px keeps LeViT's stem: 4x4 tokens
+    assert big.stem.channels == [64, 128] and big.input.resolution == (56, 56)  # 14x14, as at 224 px
     deit = proxy_spec(load_spec("mait_tiny_sch2"), digits, ProxyProtocol(image_size=32))
-    assert deit.stem.patch_size == 8 and deit.layer_plans(0)[0].heads[0].mask.window == (3, 3)
+    assert deit.stem.patch_size == 2 and deit.input.resolution == (28, 28)
+    assert deit.layer_plans(0)[0].heads[0].mask.window == (3, 3)
 
 
 @pytest.mark.slow

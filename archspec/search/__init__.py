@@ -1,5 +1,20 @@
 """Architecture search: the engine, its two modes (thin clients), and their ingredients.
 
+The Python API (what ``archspec search`` calls; each name is imported on first use, so
+``import archspec.search`` stays light)::
+
+    from archspec.search import run_design, run_masks, load_space
+
+    result = run_design(budgets={"macs": "1G"}, trials=8, out="runs", fidelity="zc")
+    result.study, result.pareto_specs, result.best_spec      # optuna.Study, [ArchSpec], ArchSpec
+
+    result = run_masks(spec="mait_tiny_sch2", strategy="als", search={"out": "runs"})
+
+    space = load_space()                   # the embedded LeViT-family space, or a YAML path / dict
+    def objective(trial):                  # your own Optuna objective
+        spec = space.sample(trial)         # an ArchSpec; compile(spec) is the model
+        ...
+
 Modules (import them directly; this package imports nothing heavy on its own):
 
 * :mod:`archspec.search.engine`  -- the shared Optuna engine: ``run_optuna_search``, the run directory
@@ -24,9 +39,37 @@ CIFAR-10/100, ImageFolder), shared with training and the weight transfers.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import Any
 
 SPACES_DIR = Path(__file__).resolve().parent / "spaces"
 DEFAULT_SPACE = SPACES_DIR / "levit_family.yaml"
 
-__all__ = ["SPACES_DIR", "DEFAULT_SPACE"]
+# public name -> submodule that defines it (PEP 562: imported on first use)
+_EXPORTS = {
+    "SearchConfig": "config", "SearchOutcome": "config", "complete_config": "config",
+    "run_design": "design", "run_masks": "masks", "MaskConfig": "masks",
+    "load_space": "space", "SearchSpace": "space", "mask_placement_space": "space",
+    "Budgets": "budget", "ProxyProtocol": "proxy", "LatencyProtocol": "latency",
+    "ZERO_COST_SCORES": "zero_cost", "zero_cost_scores": "zero_cost",
+}
+
+# A literal list (the API docs read it statically); tests keep it equal to _EXPORTS plus the constants.
+__all__ = [
+    "SPACES_DIR", "DEFAULT_SPACE", "Budgets", "LatencyProtocol", "MaskConfig", "ProxyProtocol", "SearchConfig",
+    "SearchOutcome", "SearchSpace", "ZERO_COST_SCORES", "complete_config", "load_space", "mask_placement_space",
+    "run_design", "run_masks", "zero_cost_scores",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -15,10 +15,12 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from archspec.errors import SpecError
+from archspec.search.config import DEFAULT_FIDELITY, FIDELITIES, ZERO_COST_RANKINGS  # torch- and Optuna-free
 
 __all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "DEFAULT_PROXY_THREADS"]
 
 DEFAULT_PROXY_THREADS = 1
+
 
 SEARCH_DESCRIPTION = """\
 Architecture search with Optuna, in two modes.
@@ -173,7 +175,12 @@ def _add_data_options(p: argparse.ArgumentParser, d) -> None:
     data.add_argument("--proxy-steps", type=_positive_int("--proxy-steps"), default=d(None), metavar="N",
                       help="optimizer steps of the proxy training")
     data.add_argument("--proxy-size", type=_positive_int("--proxy-size"), default=d(None), metavar="PX",
-                      help="image side of the proxy training (MACs and latency are reported at the spec's own size)")
+                      help="largest image side of the proxy training (default 64): the stem keeps as many stride-2 "
+                           "convs, or as large a patch, as fit it (MACs and latency are reported at the spec's size)")
+    data.add_argument("--proxy-min-grid", type=_min_grid, nargs="?", const=7, default=d(None), metavar="N|real",
+                      help="token grid of the proxy: 'real' trains every stage at the grid it has at the spec's own "
+                           "size (mode 1's default; LeViT at 224 px: 14x14 -> 7x7 -> 4x4); N (alone: 7) a first grid "
+                           "of at least N, never below a stage's largest mask window (mode 2's default: 8)")
     data.add_argument("--proxy-batch", type=_positive_int("--proxy-batch"), default=d(None), metavar="N",
                       help="proxy training batch size")
     data.add_argument("--proxy-lr", type=_float, default=d(None), metavar="LR",
@@ -183,6 +190,13 @@ def _add_data_options(p: argparse.ArgumentParser, d) -> None:
                            "on a busy 2-core machine "
                            "2 threads ran 18x slower than 1 from OpenMP oversubscription; to use more cores, run more "
                            "workers on one --storage)")
+
+
+def _min_grid(text: str) -> int | str:
+    """``--proxy-min-grid``: ``real`` or a positive side."""
+    if text.strip().lower() == "real":
+        return "real"
+    return _positive_int("--proxy-min-grid")(text)
 
 
 def _add_latency_options(p: argparse.ArgumentParser, d) -> None:
@@ -219,10 +233,14 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
     obj.add_argument("--space", metavar="FILE", help="search space YAML (default: the embedded LeViT-family space)")
     obj.add_argument("--prune", action="store_true",
                      help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
-    obj.add_argument("--fidelity", choices=("none", "sha", "hyperband"), default="none",
-                     help="multi-fidelity: read accuracy at rungs of min-steps * eta^k proxy steps and train on only "
-                          "the promising candidates (sha: successive halving, also for pareto; hyperband: --objective "
-                          "accuracy only); default none")
+    obj.add_argument("--fidelity", choices=FIDELITIES, default=DEFAULT_FIDELITY,
+                     help="zc (default): score each untrained candidate with zero-cost proxies and train only the "
+                          "top 1/eta by --zc-score (or those no other beats on both score and latency); sha: read "
+                          "accuracy at rungs of min-steps * eta^k proxy steps and train on only the promising "
+                          "candidates (also for pareto); hyperband: --objective accuracy only; none: train every one")
+    obj.add_argument("--zc-score", choices=ZERO_COST_RANKINGS, default="synflow",
+                     help="what the zero-cost rung ranks by (default synflow: Abdelfattah et al. 2021's best on "
+                          "NAS-Bench-201); every score is recorded on each trial")
     obj.add_argument("--eta", type=_positive_int("--eta", 2), default=3, metavar="N",
                      help="multi-fidelity reduction factor (default 3)")
     obj.add_argument("--min-steps", type=_positive_int("--min-steps"), metavar="N",
@@ -275,14 +293,6 @@ def _budgets(args):
     )
 
 
-# Mask placement trains the given spec, typically a deep DeiT-style model (class token, LayerNorm,
-# 12-24 blocks).  Those do not learn at the design proxy's lr 2e-3 in 150 steps: MaiT-T Sch.1 stayed
-# at chance (0.12 val top-1, digits at 64 px), while lr 3e-4 for 400 steps reached 0.41 (measured here).
-# Mask placement needs a token grid where a 3x3 window is local: at least 7x7 (MaiT works on 14x14;
-# on 4x4 a 3x3 window covers most of the image and masked heads attend almost uniformly), reached by a
-# smaller patch (64 px, patch 8: 8x8) or fewer stride-2 stem convs -- see proxy_spec.
-MASKS_PROXY_DEFAULTS = {"lr": 3e-4, "steps": 400, "warmup_steps": 40, "eval_every": 100, "min_grid": 7}
-MASKS_TRIAL_TIMEOUT_S = 900.0
 
 
 def _protocol(args, defaults: dict | None = None):
@@ -297,6 +307,8 @@ def _protocol(args, defaults: dict | None = None):
         value = getattr(args, option, None)
         if value is not None:
             update[fieldname] = value
+    if getattr(args, "proxy_min_grid", None) is not None:
+        update["min_grid"] = None if args.proxy_min_grid == "real" else args.proxy_min_grid
     if "lr" in update and not update["lr"] > 0:
         raise SpecError.single(("--proxy-lr",), f"must be positive, got {update['lr']}")
     if getattr(args, "device", None) is not None:  # --device: proxy training (and latency unless --latency-device)
@@ -333,6 +345,7 @@ def _config(args, **overrides):
         max_images=args.max_images, progress=not (args.no_progress or args.json), prune=getattr(args, "prune", False),
         trial_timeout=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
         fidelity=getattr(args, "fidelity", "none"), eta=getattr(args, "eta", 3),
+        zc_score=getattr(args, "zc_score", "synflow"),
         min_steps=getattr(args, "min_steps", None),
     )
     if args.study_name is not None:
@@ -368,7 +381,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_search_masks(args: argparse.Namespace) -> int:
     """Mode 2 handler."""
-    from archspec.search.config import DEFAULT_TRIALS
+    from archspec.search.config import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S
     from archspec.search.masks import MaskConfig, run_masks
 
     if (getattr(args, "budget_flops", None) or getattr(args, "budget_params", None)

@@ -7,16 +7,42 @@ every name here as part of its public API.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SearchConfig", "SearchOutcome", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S", "DEFAULT_TRIAL_TIMEOUT_S",
-           "BUDGET_OPTIONS"]
+__all__ = [
+    "SearchConfig", "SearchOutcome", "complete_config", "FIDELITIES", "ZERO_COST_RANKINGS", "DEFAULT_FIDELITY",
+    "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S", "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS", "GEOMETRY_ATTR",
+    "ZERO_COST_ATTR", "MASKS_PROXY_DEFAULTS", "MASKS_TRIAL_TIMEOUT_S",
+]
 
 DEFAULT_TRIALS = 16          # trained candidates of the bare `archspec search --budget-flops 1G`
 DEFAULT_TIMEOUT_S = 540.0    # ... or this many seconds of search, whichever comes first (2 CPU cores: < 10 min)
 DEFAULT_TRIAL_TIMEOUT_S = 150.0  # one candidate's proxy training may take at most this long
+
+# Mask placement trains the given spec, typically a deep DeiT-style model (class token, LayerNorm,
+# 12-24 blocks).  Those do not learn at the design proxy's lr 2e-3 in 150 steps: MaiT-T Sch.1 stayed
+# at chance (0.12 val top-1, digits at 64 px), while lr 3e-4 for 400 steps reached 0.41 (measured here).
+# Mask placement needs a token grid where a 3x3 window is local: at least 7x7 (MaiT works on 14x14;
+# on 4x4 a 3x3 window covers most of the image and masked heads attend almost uniformly), reached by a
+# smaller patch or fewer stride-2 stem convs -- see proxy_spec.  min_grid 8 gives 64 px, patch 8 -> 8x8 for
+# a patch-16 spec at 224 px (the grid docs/search.md measured mask placement at); `--proxy-min-grid real`
+# trains at the spec's own 14x14 grid instead (56 px, patch 4), about 3x the tokens.
+MASKS_PROXY_DEFAULTS = {"lr": 3e-4, "steps": 400, "warmup_steps": 40, "eval_every": 100, "min_grid": 8}
+MASKS_TRIAL_TIMEOUT_S = 900.0
+
+# Multi-fidelity kinds (archspec.search.fidelity), and what the zero-cost rung (fidelity "zc") can rank by:
+# archspec.search.zero_cost's scores, and the #params / #MACs baselines (at the spec's own size) that
+# published studies find hard to beat on transformers.  Here, not in fidelity.py, so the parser needs no Optuna.
+FIDELITIES = ("none", "zc", "sha", "hyperband")
+ZERO_COST_RANKINGS = ("synflow", "naswot", "grad_norm", "params", "macs")
+DEFAULT_FIDELITY = "zc"
+
+# Trial user attributes: the proxy's input size, stem and stage grids next to the real grids
+# (archspec.search.proxy.ProxyGeometry.describe), and the zero-cost scores of the candidate.
+GEOMETRY_ATTR = "proxy_geometry"
+ZERO_COST_ATTR = "zero_cost"
 
 # The command-line option of each budget, named in the error when no point of the space fits it.
 BUDGET_OPTIONS = {"macs": "--budget-flops", "params": "--budget-params", "latency_ms": "--budget-latency"}
@@ -30,13 +56,15 @@ class SearchConfig:
     images; ``min_steps`` proxy optimizer steps.  ``budgets`` is an :class:`archspec.search.budget.Budgets`
     (MACs per image, parameters, latency in ms, memory in bytes), ``protocol`` an
     :class:`archspec.search.proxy.ProxyProtocol`, ``latency`` an :class:`archspec.search.latency.LatencyProtocol`.
-    Nothing is checked here: :func:`archspec.search.engine.run_optuna_search` checks every field before it
-    writes anything.
+    ``budgets``, ``protocol`` and ``latency`` may also be dicts of their fields (a budget as a number or a
+    quantity such as ``"1G"``), or ``None`` for the defaults; :func:`complete_config` makes the objects.
+    Nothing else is checked here: :func:`archspec.search.engine.run_optuna_search` checks every field before
+    it writes anything.
     """
 
-    budgets: Any                                    # archspec.search.budget.Budgets
-    protocol: Any                                   # archspec.search.proxy.ProxyProtocol
-    latency: Any                                    # archspec.search.latency.LatencyProtocol
+    budgets: Any = None                             # archspec.search.budget.Budgets (None: unconstrained)
+    protocol: Any = None                            # archspec.search.proxy.ProxyProtocol (None: its defaults)
+    latency: Any = None                             # archspec.search.latency.LatencyProtocol (None: LeViT's CPU)
     study_name: str | None = None
     out: Path | None = None
     storage: str | None = None
@@ -50,11 +78,38 @@ class SearchConfig:
     max_images: int | None = None
     progress: bool = True
     prune: bool = False                             # MedianPruner on intermediate accuracy (single objective only)
-    fidelity: str = "none"                          # multi-fidelity: none | sha | hyperband (archspec.search.fidelity)
-    eta: int = 3                                    # its reduction factor
+    fidelity: str = DEFAULT_FIDELITY                # none | zc | sha | hyperband (archspec.search.fidelity)
+    eta: int = 3                                    # its reduction factor (zc: train the top 1/eta)
+    zc_score: str = "synflow"                       # the zero-cost rung's ranking score (ZERO_COST_RANKINGS)
     min_steps: int | None = None                    # its first rung (default: proxy steps / eta**2)
     trial_timeout: float | None = DEFAULT_TRIAL_TIMEOUT_S  # per-candidate training limit (FAIL beyond it)
     budget_options: dict = field(default_factory=lambda: dict(BUDGET_OPTIONS))
+
+
+def complete_config(cfg: SearchConfig | None = None, **options: Any) -> SearchConfig:
+    """``cfg`` (or a fresh :class:`SearchConfig`) with ``options`` replaced and budgets / protocols made objects.
+
+    ``budgets={"macs": "1G"}`` becomes ``Budgets(macs=1e9)``; ``protocol={"steps": 50}`` a
+    :class:`~archspec.search.proxy.ProxyProtocol` with that field changed; ``None`` the defaults.
+
+    Raises:
+        TypeError: an unknown option or field name.
+        SpecError: a budget that is not a quantity (located at its ``--budget-*`` option).
+    """
+    from archspec.search.budget import Budgets, parse_quantity  # noqa: PLC0415
+    from archspec.search.latency import LatencyProtocol  # noqa: PLC0415
+    from archspec.search.proxy import ProxyProtocol  # noqa: PLC0415
+
+    cfg = SearchConfig(**options) if cfg is None else replace(cfg, **options)
+    budgets = cfg.budgets
+    if budgets is None or isinstance(budgets, dict):
+        option = {"macs": "--budget-flops", "params": "--budget-params", "latency_ms": "--budget-latency",
+                  "memory": "--max-memory"}
+        budgets = Budgets(**{k: None if v is None else parse_quantity(v, option.get(k, k))
+                             for k, v in (budgets or {}).items()})
+    protocol = cfg.protocol if not isinstance(cfg.protocol, dict | None) else ProxyProtocol(**(cfg.protocol or {}))
+    latency = cfg.latency if not isinstance(cfg.latency, dict | None) else LatencyProtocol(**(cfg.latency or {}))
+    return replace(cfg, budgets=budgets, protocol=protocol, latency=latency)
 
 
 @dataclass
@@ -67,6 +122,9 @@ class SearchOutcome:
         run_dir: the run directory.
         interrupted: Ctrl-C stopped the run (the CLI exits 130; the same command resumes).
         best_file: ``best.yaml``'s path, ``None`` when nothing usable was trained (the CLI exits 1).
+        best_spec: the best spec (:class:`~archspec.spec.ArchSpec`, read from ``best.yaml``), or ``None``.
+        pareto_specs: the Pareto front's specs, most accurate first (with ``objective="accuracy"``: the best
+            spec alone); each carries its provenance in ``description``.
     """
 
     study: Any
@@ -74,3 +132,19 @@ class SearchOutcome:
     run_dir: Path
     interrupted: bool = False
     best_file: Path | None = None
+
+    @property
+    def best_spec(self) -> Any:
+        """The spec of ``best.yaml``, loaded and checked (``None`` when none was written)."""
+        from archspec.loader import load_spec  # noqa: PLC0415
+
+        return None if self.best_file is None else load_spec(str(self.best_file))
+
+    @property
+    def pareto_specs(self) -> list:
+        """The specs of ``pareto/`` in rank order (most accurate first); ``[best_spec]`` for one objective."""
+        from archspec.loader import load_spec  # noqa: PLC0415
+
+        if "pareto" not in self.summary:
+            return [] if self.best_file is None else [self.best_spec]
+        return [load_spec(str(self.run_dir / point["file"])) for point in self.summary["pareto"]]

@@ -11,8 +11,10 @@ Objectives: ``pareto`` (default) maximises proxy accuracy and minimises latency 
 
 from __future__ import annotations
 
+from typing import Any
+
 from archspec.analysis import human
-from archspec.search.config import SearchConfig, SearchOutcome
+from archspec.search.config import SearchConfig, SearchOutcome, complete_config
 
 __all__ = ["run_design", "default_study_name"]
 
@@ -38,16 +40,23 @@ def default_study_name(space_name: str, objective: str, budgets) -> str:
     return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name)[:80]
 
 
-def run_design(cfg: SearchConfig) -> SearchOutcome:
-    """Mode 1: design under budgets (``archspec search --budget-flops 1G``).
+def run_design(cfg: SearchConfig | None = None, /, **options: Any) -> SearchOutcome:
+    """Mode 1: design under budgets (``archspec search --budget-flops 1G``), from Python.
+
+    ``cfg`` is a :class:`~archspec.search.config.SearchConfig`; ``options`` replace its fields (or make one):
+    ``run_design(budgets={"macs": "1G"}, trials=8, out="runs", fidelity="zc")``.  Returns a
+    :class:`~archspec.search.config.SearchOutcome`: ``.study`` (the ``optuna.Study``), ``.pareto_specs``,
+    ``.best_spec``, ``.summary`` (what ``summary.json`` holds) and ``.run_dir``.
 
     Raises:
+        TypeError: an unknown option.
         SpecError: a bad space file, or any input :func:`~archspec.search.engine.run_optuna_search` refuses;
             nothing is written then.
     """
     from archspec.search.engine import run_optuna_search
     from archspec.search.space import load_space
 
+    cfg = complete_config(cfg, **options)
     space = load_space(cfg.space)
     name = cfg.study_name or default_study_name(space.name, cfg.objective, cfg.budgets)
     return run_optuna_search(space, cfg, mode="design", name=name)

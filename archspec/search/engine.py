@@ -62,6 +62,8 @@ from archspec.search.config import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
     DEFAULT_TRIALS,
+    GEOMETRY_ATTR,
+    ZERO_COST_ATTR,
     SearchConfig,
     SearchOutcome,
 )
@@ -96,7 +98,7 @@ __all__ = [
     # study and run directory
     "quiet_optuna", "run_dir_of", "check_outputs", "open_run", "run_lock", "zombie_notes",
     # input checks
-    "check_budgets_feasible", "check_space_valid", "check_data_path",
+    "check_budgets_feasible", "check_space_valid", "check_data_path", "check_fidelity",
 ]
 
 MAX_CONSECUTIVE_INFEASIBLE = 2000
@@ -264,6 +266,21 @@ def check_data_path(data: str | None) -> None:
     check_source(data)
 
 
+def check_fidelity(cfg: SearchConfig) -> None:
+    """``cfg.fidelity`` is known and ``cfg.zc_score`` a zero-cost ranking.
+
+    Raises:
+        SpecError: at ``--fidelity`` or ``--zc-score``, naming the choices.
+    """
+    from archspec.search.fidelity import FIDELITIES, ZERO_COST_RANKINGS
+
+    if cfg.fidelity not in FIDELITIES:
+        raise SpecError.single(("--fidelity",), f"unknown fidelity {cfg.fidelity!r}", f"one of {', '.join(FIDELITIES)}")
+    if cfg.zc_score not in ZERO_COST_RANKINGS:
+        raise SpecError.single(("--zc-score",), f"unknown zero-cost score {cfg.zc_score!r}",
+                               f"one of {', '.join(ZERO_COST_RANKINGS)}")
+
+
 def _preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     """Check every input of a search, cheapest first, writing nothing; return ``(data, sampler)``.
 
@@ -276,6 +293,7 @@ def _preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
         raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")
     if cfg.timeout is not None and cfg.timeout <= 0:
         raise SpecError.single(("--timeout",), f"must be positive seconds, got {cfg.timeout}")
+    check_fidelity(cfg)
     check_budgets_feasible(space, cfg.budgets, cfg.budget_options)
     check_space_valid(space, seed=cfg.seed)
     check_data_path(cfg.data)
@@ -406,6 +424,8 @@ class CandidateObjective:
         if reused is not None:
             return reused
         self.consecutive_duplicates = 0
+        if self.cfg.fidelity == "zc":
+            self._zero_cost_rung(trial, spec, latency, trial.user_attrs.get("macs"), trial.user_attrs.get("params"))
         self.attempted += 1
         self.on_status(f"trial {trial.number}: training")
         start = time.perf_counter()
@@ -569,6 +589,39 @@ class CandidateObjective:
             trial.set_user_attr("status", "stopped")
             raise optuna.TrialPruned(f"stopped at rung {step} steps (val acc {value:.3f}): not promotable")
 
+    def _zero_cost_rung(self, trial, spec: ArchSpec, latency: float, macs: int | None, params: int | None) -> None:
+        """The zero-cost rung (``fidelity="zc"``): score the untrained proxy, train only promising candidates.
+
+        Every score (:mod:`archspec.search.zero_cost`, plus ``params`` and ``macs`` at the real size) goes on
+        the trial (:data:`~archspec.search.config.ZERO_COST_ATTR`, with the seconds each took); the candidate
+        goes on to training if ``cfg.zc_score`` is promotable among every candidate scored so far
+        (:func:`~archspec.search.fidelity.promotable`: the top ``1/eta``, or not dominated in (score, latency)).
+
+        Raises:
+            optuna.TrialPruned: not promotable (status ``stopped``).
+        """
+        from archspec.search.fidelity import promotable
+        from archspec.search.proxy import score_proxy
+        from archspec.search.zero_cost import ZERO_COST_SCORES
+
+        self.on_status(f"trial {trial.number}: zero-cost scores")
+        result, geometry = score_proxy(spec, self.data, self.cfg.protocol, ZERO_COST_SCORES, seed=self.cfg.seed)
+        scores = {**result.scores, "params": params, "macs": macs}
+        scores = {k: (v if v is None or not math.isnan(v) else -math.inf) for k, v in scores.items()}
+        trial.set_user_attr(ZERO_COST_ATTR, {"scores": scores, "seconds": result.seconds,
+                                             "total_seconds": round(sum(result.seconds.values()), 4)})
+        trial.set_user_attr(GEOMETRY_ATTR, geometry.describe())
+        name = self.cfg.zc_score
+        value = scores[name]
+        competitors = [(t.user_attrs[ZERO_COST_ATTR]["scores"][name], t.user_attrs.get("latency_ms", math.inf))
+                       for t in trial.study.get_trials(deepcopy=False)
+                       if t.number != trial.number and "reused_from" not in t.user_attrs
+                       and ZERO_COST_ATTR in t.user_attrs]
+        if not promotable(value, latency, [*competitors, (value, latency)], self.cfg.eta):
+            self.stopped += 1
+            trial.set_user_attr("status", "stopped")
+            raise optuna.TrialPruned(f"stopped at the zero-cost rung ({name} {value:.4g}): not promotable")
+
     @staticmethod
     def _record_result(trial: optuna.trial.Trial, result, start: float) -> None:
         """Training time, accuracy and losses on the trial.
@@ -582,6 +635,9 @@ class CandidateObjective:
             if value is not None:
                 trial.set_user_attr(key, float(value) if math.isfinite(float(value)) else None)
         trial.set_user_attr("steps", int(getattr(result, "steps", 0)))
+        geometry = getattr(result, "geometry", None)
+        if geometry is not None:  # the proxy's stage grids next to the candidate's real ones
+            trial.set_user_attr(GEOMETRY_ATTR, geometry.describe())
         bad = [k for k in ("accuracy", "train_loss", "val_loss")
                if getattr(result, k, None) is not None and not math.isfinite(float(getattr(result, k)))]
         if bad:
@@ -637,6 +693,8 @@ def _fidelity(cfg: SearchConfig, multi: bool):
     """
     from archspec.search.fidelity import make_pruner, rung_schedule
 
+    if cfg.fidelity == "zc":  # the zero-cost rung (CandidateObjective._zero_cost_rung), then full training
+        return None, optuna.pruners.NopPruner()
     if cfg.fidelity == "none":
         median = optuna.pruners.MedianPruner(n_startup_trials=3) if (cfg.prune and not multi) else None
         return None, median or optuna.pruners.NopPruner()

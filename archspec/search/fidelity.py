@@ -1,4 +1,9 @@
-"""Multi-fidelity search: successive halving over rungs of proxy-training steps.
+"""Multi-fidelity search: a zero-cost rung, or successive halving over rungs of proxy-training steps.
+
+``zc``: before any training, each candidate's untrained proxy (at its proxy geometry) is scored on one
+training batch (:mod:`archspec.search.zero_cost`: SynFlow, NASWOT, grad-norm; #params and #MACs); only a
+candidate whose chosen score is :func:`promotable` among all scored so far is trained, to the full proxy
+length.  The rest of this module is successive halving (``sha``, ``hyperband``):
 
 Every candidate starts the full proxy schedule (same learning-rate curve); its validation accuracy is
 read at the **rungs**, ``min_steps * eta**k`` steps (``k = 0, 1, ...`` while below ``steps``) and at
@@ -30,10 +35,12 @@ from dataclasses import dataclass
 import optuna
 
 from archspec.errors import SpecError
+from archspec.search.config import FIDELITIES, ZERO_COST_RANKINGS
 
-__all__ = ["Rungs", "rung_schedule", "promotable", "make_pruner", "rung_correlations", "FIDELITIES", "RUNGS_ATTR"]
+__all__ = ["Rungs", "rung_schedule", "promotable", "make_pruner", "rung_correlations", "FIDELITIES", "RUNGS_ATTR",
+           "ZERO_COST_RANKINGS"]
 
-FIDELITIES = ("none", "sha", "hyperband")
+
 RUNGS_ATTR = "rungs"  # user attr: {"<step>": accuracy} at every rung the trial reached
 
 

@@ -56,6 +56,7 @@ from archspec.errors import SpecError, format_path
 from archspec.families.attention.heads import HeadSpec, MaskSpec
 from archspec.loader import load_spec
 from archspec.search import report, runs
+from archspec.search.config import MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S, complete_config
 from archspec.search.engine import (
     SearchConfig,
     SearchOutcome,
@@ -81,10 +82,15 @@ Placement = dict[tuple[int, int], list[bool]]  # (stage, layer) -> masked flag p
 
 @dataclass
 class MaskConfig:
-    """Settings of ``archspec search masks``."""
+    """Settings of ``archspec search masks``.
 
-    search: SearchConfig
+    ``search``: a :class:`~archspec.search.config.SearchConfig`, or a dict of its fields over mode 2's
+    defaults (objective ``accuracy``, :data:`~archspec.search.config.MASKS_PROXY_DEFAULTS`,
+    :data:`~archspec.search.config.MASKS_TRIAL_TIMEOUT_S`), or ``None`` for those defaults.
+    """
+
     spec: Any                       # path / shipped name / ArchSpec
+    search: Any = None              # SearchConfig | dict | None
     strategy: str = "als"           # als | optuna | soft
     rounds: int = 2
     als_high: float | None = None
@@ -328,8 +334,32 @@ def _window(text: str, option: str) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------------- entry point
-def run_masks(mcfg: MaskConfig) -> SearchOutcome:
-    """Run ``archspec search masks`` with the chosen strategy; returns the outcome with its summary."""
+def _masks_search_config(search: Any) -> SearchConfig:
+    """Mode 2's :class:`SearchConfig`: ``search`` itself, or a dict of fields over mode 2's defaults."""
+    if isinstance(search, SearchConfig):
+        return complete_config(search)
+    options = dict(search or {})
+    protocol = options.pop("protocol", None)
+    if isinstance(protocol, dict | None):
+        protocol = {**MASKS_PROXY_DEFAULTS, **(protocol or {})}
+    defaults = {"objective": "accuracy", "trial_timeout": MASKS_TRIAL_TIMEOUT_S, "fidelity": "none"}
+    return complete_config(None, **{**defaults, **options, "protocol": protocol})
+
+
+def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcome:
+    """Mode 2, MaiT mask placement (``archspec search masks SPEC``), from Python.
+
+    ``mcfg`` is a :class:`MaskConfig`; ``options`` replace its fields (or make one):
+    ``run_masks(spec="mait_tiny_sch2", strategy="als", search={"out": "runs", "data": "fashion-mnist"})``.
+    Returns a :class:`~archspec.search.config.SearchOutcome` (``.best_spec``: the spec with its masks placed).
+
+    Raises:
+        TypeError: an unknown option.
+        SpecError: a bad spec, strategy, threshold, window or any input the search refuses; nothing is
+            written then.
+    """
+    mcfg = MaskConfig(**options) if mcfg is None else dataclasses.replace(mcfg, **options)
+    mcfg = dataclasses.replace(mcfg, search=_masks_search_config(mcfg.search))
     quiet_optuna()
     spec = mcfg.spec if isinstance(mcfg.spec, ArchSpec) else load_spec(mcfg.spec)
     if not attention_layers(spec):

@@ -20,7 +20,8 @@ from archspec.spec import ArchSpec
 from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
 from archspec.train import TrainConfig, TrialFailure, failure, train
 
-__all__ = ["ProxyProtocol", "ProxyResult", "TrialFailure", "proxy_spec", "train_proxy"]
+__all__ = ["ProxyGeometry", "ProxyProtocol", "ProxyResult", "TrialFailure", "proxy_geometry", "proxy_spec",
+           "score_proxy", "stage_grids", "train_proxy"]
 
 
 @dataclass
@@ -45,21 +46,23 @@ class ProxyProtocol(TrainConfig):
     Attributes (besides :class:`archspec.train.TrainConfig`'s optimisation settings -- steps, batch_size,
     lr, weight_decay, optimizer, warmup_steps, augmentation, eval_every, device -- with the same defaults;
     ``device`` is where the proxy trains, the CLI resolving ``auto``):
-        image_size: proxy input side in pixels (the candidate's own resolution is replaced).
+        image_size: the largest proxy input side in pixels: the stem keeps as many stride-2 convs (or as
+            large a patch) as fit it (:func:`proxy_spec`).
         threads: ``torch.set_num_threads`` during the trial (restored afterwards); ``None`` leaves it.
-        min_grid: the first stage's token grid side is kept at least this (stem shortened).
+        min_grid: ``None`` (default): the proxy has the candidate's own token grid in every stage; a side
+            ``m``: the first stage's grid is at least ``m`` (and every stage's at least its largest mask window).
     """
 
     image_size: int = 64
     threads: int | None = None
-    min_grid: int = 4
+    min_grid: int | None = None
 
     def __post_init__(self) -> None:
         checks = [("image_size", self.image_size >= 8), ("steps", self.steps >= 1),
                   ("batch_size", self.batch_size >= 1),
                   ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
                   ("warmup_steps", self.warmup_steps >= 0),
-                  ("eval_every", self.eval_every >= 1), ("min_grid", self.min_grid >= 1),
+                  ("eval_every", self.eval_every >= 1), ("min_grid", self.min_grid is None or self.min_grid >= 1),
                   ("augmentation", self.augmentation in _AUGMENTATIONS),
                   ("threads", self.threads is None or self.threads >= 1)]
         for name, ok in checks:
@@ -86,118 +89,164 @@ class ProxyResult:
     steps: int
     seconds: float
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, val accuracy) at every eval point
+    geometry: ProxyGeometry | None = None  # input size, stem and stage grids the proxy trained at
     model: Any = field(default=None, repr=False, compare=False)  # the trained ArchModel (eval mode), for ALS / alphas
 
 
 # ---------------------------------------------------------------------------------------------
 
 
-def _largest_odd_at_most(n: int) -> int:
-    return n if n % 2 else max(n - 1, 1)
+@dataclass(frozen=True)
+class ProxyGeometry:
+    """Where a candidate's proxy trains: its input size, its stem and the token grid of every stage.
+
+    Attributes:
+        image_size: proxy input ``(H, W)`` in pixels (the data are resized to it).
+        stem: the proxy's stem, as JSON (``kind`` plus ``channels`` or ``patch_size``).
+        grids: ``(rows, cols)`` token grid of each stage's blocks in the proxy.
+        real_grids: the same for the candidate at its own input size.
+    """
+
+    image_size: tuple[int, int]
+    stem: dict
+    grids: tuple[tuple[int, int], ...]
+    real_grids: tuple[tuple[int, int], ...]
+
+    def describe(self) -> dict:
+        """JSON-ready dict (recorded in ``summary.json`` and in each trial's attributes)."""
+        return {"image_size": list(self.image_size), "grids": [list(g) for g in self.grids],
+                "real_grids": [list(g) for g in self.real_grids], "stem": self.stem}
 
 
-def _fit_head(head: dict, grid: tuple[int, int]) -> dict:
-    """Make a head's mask window fit ``grid``: drop a mask that covers the whole grid, clip a larger one."""
-    mask = head.get("mask")
-    if not mask:
-        return head
-    rows, cols = (2 * mask["depth"] + 1,) * 2 if mask.get("depth") else tuple(mask["window"])
-    if rows <= grid[0] and cols <= grid[1]:
-        return head
-    if rows // 2 >= grid[0] - 1 and cols // 2 >= grid[1] - 1:  # every patch is a neighbour: the mask is a no-op
-        return {k: v for k, v in head.items() if k != "mask"}
-    new_mask = dict(mask, depth=None, window=[min(rows, _largest_odd_at_most(grid[0])),
-                                              min(cols, _largest_odd_at_most(grid[1]))])
-    return dict(head, mask=new_mask)
-
-
-def proxy_spec(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> ArchSpec:
-    """The same architecture at the proxy's input size, the data's channels and number of classes.
-
-    What changes (and only this):
-
-    * ``input.resolution`` -> ``protocol.image_size``; ``input.channels`` -> ``data.channels``;
-      ``head.num_classes`` -> ``data.num_classes``; the name gets ``_proxy``.
-    * The stem's stride, so the token grid of the first stage is not degenerate: LeViT's 4-conv stem
-      would turn 32 px into a 2x2 grid (then 1x1 after shrinking), where attention and locality mean
-      nothing.  Leading stride-2 convs of a conv stem are dropped (the channel progression keeps its
-      last entries, ending at the stage-0 width) and a patch stem's patch size is reduced, until the
-      first grid side is at least ``min(protocol.min_grid, the spec's own grid side)``.  Widths, depths,
-      heads and head kinds are unchanged; later grids follow from the stride-2 shrinks as usual.
-    * Mask windows larger than their (smaller) token grid: a window that covers the whole grid is a
-      no-op mask (every patch is a neighbour) and is removed, which is exact; otherwise each side is
-      clipped to the largest odd size the grid allows (e.g. 5x5 on a 4x4 grid -> 3x3).  Conv-mixer
-      kernels are clipped likewise.
+def stage_grids(spec: ArchSpec | dict) -> tuple[tuple[int, int], ...]:
+    """``(rows, cols)`` token grid of each stage's first block, from the graph (``(0, 0)`` for a stage without one).
 
     Raises:
-        SpecError: the adapted spec is still invalid (e.g. an identity stem whose patch does not divide
-            the proxy size).
+        SpecError: the spec is invalid.
     """
     from archspec.graph import build_graph  # noqa: PLC0415
 
-    doc = spec.model_dump(mode="json")
-    size = protocol.image_size
-    doc["name"] = (spec.name + "_proxy")[:100]
-    doc["input"] = {"channels": data.channels, "resolution": [size, size]}
-    doc["head"]["num_classes"] = data.num_classes
-    h0, w0 = spec.input.resolution
-    stem = doc["stem"]
-    if stem["kind"] == "conv":
-        channels = stem["channels"] or [max(spec.stages[0].dim // d, 1) for d in (8, 4, 2, 1)]
-        own = h0
-        for _ in channels:
-            own = (own - 1) // 2 + 1
-        target = min(protocol.min_grid, own)
-        while len(channels) > 1:
-            side = size
-            for _ in channels:
-                side = (side - 1) // 2 + 1
-            if side >= target:
-                break
-            channels = channels[1:]
-        stem["channels"] = channels
-    elif stem["kind"] == "patch":
-        p = stem["patch_size"]
-        target = min(protocol.min_grid, h0 // p)
-        while p > 1 and (size // p < target or size % p):
-            p -= 1
-        stem["patch_size"] = p
-    # token grid of each stage with masks removed (windows do not change shapes)
-    bare = {**doc, "stages": [dict(s, attention=_strip(s.get("attention")),
-                                   layers=[dict(o, heads=[_strip(h) for h in o["heads"]] if o.get("heads") else None,
-                                                attention=_strip(o.get("attention"))) for o in s.get("layers", [])])
-                              for s in doc["stages"]]}
-    try:
-        graph = build_graph(load_spec(bare, check=False))
-    except SpecError:
-        return load_spec(doc)  # report the real problems of the adapted spec
+    graph = build_graph(spec if isinstance(spec, ArchSpec) else load_spec(spec))
     grids: dict[int, tuple[int, int]] = {}
     for node in graph.graph["order"]:
-        d = graph.nodes[node]
-        if d["kind"] == "block":
-            grids.setdefault(d["stage"], tuple(d["grid"]))
-    for i, stage in enumerate(doc["stages"]):
-        grid = grids.get(i)
-        if grid is None:
-            continue
-        if stage.get("attention"):
-            stage["attention"] = _fit_head(stage["attention"], grid)
-        limit = _largest_odd_at_most(2 * max(grid) - 1)
-        if stage["mixer"]["kind"] == "conv" and stage["mixer"]["kernel"] > 2 * max(grid) + 1:
-            stage["mixer"]["kernel"] = limit
-        for override in stage.get("layers", []):
-            if override.get("heads"):
-                override["heads"] = [_fit_head(h, grid) for h in override["heads"]]
-            if override.get("attention"):
-                override["attention"] = _fit_head(override["attention"], grid)
-            mixer = override.get("mixer")
-            if mixer and mixer["kind"] == "conv" and mixer["kernel"] > 2 * max(grid) + 1:
-                mixer["kernel"] = limit
+        data = graph.nodes[node]
+        if data["kind"] == "block":
+            grids.setdefault(data["stage"], tuple(data["grid"]))
+    return tuple(grids.get(i, (0, 0)) for i in range(len(graph.graph["spec"].stages)))
+
+
+def _window(head: dict | str | None) -> tuple[int, int]:
+    """A head's mask window ``(rows, cols)`` (``(0, 0)`` without a mask; a depth-``d`` mask is ``2d+1`` square)."""
+    mask = head.get("mask") if isinstance(head, dict) else None
+    if not mask:
+        return (0, 0)
+    return (2 * mask["depth"] + 1,) * 2 if mask.get("depth") else tuple(mask["window"])
+
+
+def _stage_windows(doc: dict) -> list[tuple[int, int]]:
+    """The largest mask window of each stage, over its default head kind and every layer's heads."""
+    out = []
+    for stage in doc["stages"]:
+        heads = [stage.get("attention")]
+        for override in stage.get("layers") or []:
+            heads += [override.get("attention"), *(override.get("heads") or [])]
+        windows = [_window(h) for h in heads]
+        out.append((max(w[0] for w in windows), max(w[1] for w in windows)))
+    return out
+
+
+def _conv_stem(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple[dict, tuple[int, int]]:
+    """Keep the last ``k`` stride-2 convs of a conv stem, ``k`` as large as fits ``cap``; input ``target * 2**k``.
+
+    A 3x3 stride-2 conv with padding 1 maps ``2m`` pixels to ``m``, so ``k`` convs give exactly ``target``.
+    """
+    channels = list(spec.stem.channels or [max(spec.stages[0].dim // d, 1) for d in (8, 4, 2, 1)])
+    k = len(channels)
+    while k > 1 and max(target) * 2**k > cap:
+        k -= 1
+    size = (target[0] * 2**k, target[1] * 2**k)
+    return {**spec.stem.model_dump(mode="json"), "channels": channels[-k:]}, size
+
+
+def _patch_stem(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple[dict, tuple[int, int]]:
+    """The largest patch ``p`` (at most the spec's) with ``target * p`` within ``cap``; input ``target * p``."""
+    p = spec.stem.patch_size
+    while p > 1 and max(target) * p > cap:
+        p -= 1
+    return {**spec.stem.model_dump(mode="json"), "patch_size": p}, (target[0] * p, target[1] * p)
+
+
+def _geometry_doc(spec: ArchSpec, data: Dataset, cap: int, target: tuple[int, int]) -> dict:
+    """The candidate's JSON with the stem and input size that give a first-stage grid of ``target``."""
+    stem, size = (_conv_stem if spec.stem.kind == "conv" else _patch_stem)(spec, target, cap)
+    doc = spec.model_dump(mode="json")
+    doc["name"] = (spec.name + "_proxy")[:100]
+    doc["input"] = {"channels": data.channels, "resolution": list(size)}
+    doc["head"]["num_classes"] = data.num_classes
+    doc["stem"] = stem
+    return doc
+
+
+def _fits(doc: dict, windows: list[tuple[int, int]]) -> tuple[tuple[int, int], ...] | None:
+    """The stage grids of ``doc`` when it is valid and no stage's grid is smaller than its largest window."""
+    try:
+        grids = stage_grids(doc)
+    except SpecError:
+        return None
+    ok = all(g[0] >= w[0] and g[1] >= w[1] for g, w in zip(grids, windows))
+    return grids if ok else None
+
+
+def proxy_geometry(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> tuple[ProxyGeometry, dict]:
+    """The proxy's geometry, and the proxy spec as JSON (see :func:`proxy_spec` for the rule).
+
+    Raises:
+        SpecError: the candidate itself is invalid.
+    """
+    real = stage_grids(spec)
+    first = real[0]
+    targets = [first]
+    if protocol.min_grid is not None:  # smallest first grid >= min_grid whose stages all hold their windows
+        side = min(protocol.min_grid, max(first))
+        targets = [(min(t, first[0]), min(t, first[1])) for t in range(side, max(first) + 1)] + [first]
+    windows = _stage_windows(spec.model_dump(mode="json"))
+    for target in targets:
+        doc = _geometry_doc(spec, data, protocol.image_size, target)
+        grids = _fits(doc, windows)
+        if grids is not None:
+            break
+    else:  # nothing smaller works: the candidate's own grids (its own spec is valid)
+        doc = _geometry_doc(spec, data, protocol.image_size, first)
+        grids = stage_grids(doc)
+    size = tuple(doc["input"]["resolution"])
+    return ProxyGeometry(size, doc["stem"], grids, real), doc
+
+
+def proxy_spec(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> ArchSpec:
+    """The same architecture, at the token geometry it has at its real input size, on the data's images.
+
+    What changes (and only this):
+
+    * ``input.channels`` -> ``data.channels``; ``head.num_classes`` -> ``data.num_classes``; the name gets
+      ``_proxy``.
+    * The stem and the input size, so that **every stage has the token grid it has at the candidate's own
+      resolution** (LeViT at 224 px: 14x14 -> 7x7 -> 4x4): a conv stem keeps as many of its last stride-2
+      convs ``k`` as fit ``protocol.image_size`` (a 3x3 stride-2 conv halves an even side exactly), and
+      the input is ``grid * 2**k`` pixels (LeViT's 4-conv stem -> 2 convs at 56 px); a patch (or identity)
+      stem takes the largest patch ``p`` that fits, at ``grid * p`` pixels.  The data are resized to that.
+    * With ``protocol.min_grid`` set, a smaller first grid: the smallest side from ``min_grid`` up whose
+      stages (their grids derived by the candidate's own shrinks) are each at least as large as the stage's
+      largest mask window and which validates (e.g. a conv mixer's kernel fits); never larger than the
+      candidate's own.  Mask placement uses 8 (64 px, patch 8 -> 8x8).
+
+    Stages, depths, widths, heads, head kinds, mask windows, biases and shrinks are the candidate's own:
+    a masked head's mask in the proxy is the candidate's.
+
+    Raises:
+        SpecError: the adapted spec is invalid.
+    """
+    _, doc = proxy_geometry(spec, data, protocol)
     return load_spec(doc)
-
-
-def _strip(head: dict | None) -> dict | None:
-    return None if head is None else {k: v for k, v in head.items() if k != "mask"}
 
 
 @contextmanager
@@ -238,7 +287,9 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
     """
     from archspec.compiler import compile as compile_spec  # noqa: PLC0415
 
-    pspec = proxy_spec(spec, data, protocol).model_copy(update={"seed": seed})
+    geometry, doc = proxy_geometry(spec, data, protocol)
+    pspec = load_spec(doc).model_copy(update={"seed": seed})
+    data = data.at_size(geometry.image_size)
     if len(data.train) == 0:
         raise TrialFailure("the training set is empty")
     with _threads(protocol.threads), torch.random.fork_rng(devices=[]):
@@ -252,4 +303,34 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
         result = train(model, data, protocol.train_config(), seed=seed, report=report)
     return ProxyResult(accuracy=result.accuracy, val_loss=result.val_loss, train_loss=result.train_loss,
                        steps=result.steps, seconds=result.seconds, history=[(s, a) for s, a, _ in result.history],
-                       model=model)
+                       geometry=geometry, model=model)
+
+
+def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: tuple[str, ...], seed: int = 0):
+    """Zero-cost scores of the candidate's proxy, freshly initialised from ``seed``, on one training batch.
+
+    The model is the one :func:`train_proxy` would train (same geometry, same initialisation); the batch is
+    the first ``protocol.batch_size`` images of a ``seed``-permutation of ``data.train`` at the proxy's
+    size.  Scores: :mod:`archspec.search.zero_cost` (NASWOT, SynFlow, grad-norm).
+
+    Returns:
+        ``(ZeroCostResult, ProxyGeometry)``: scores (higher ranks better) and seconds per score.
+
+    Raises:
+        TrialFailure: an exception inside the model, or out of memory.
+        SpecError: the spec cannot be adapted to the proxy.
+    """
+    from archspec.compiler import compile as compile_spec  # noqa: PLC0415
+    from archspec.search.zero_cost import zero_cost_scores  # noqa: PLC0415
+
+    geometry, doc = proxy_geometry(spec, data, protocol)
+    pspec = load_spec(doc).model_copy(update={"seed": seed})
+    images, labels = data.at_size(geometry.image_size).train.tensors
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))[:protocol.batch_size]
+    with _threads(protocol.threads), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model = compile_spec(pspec)
+            return zero_cost_scores(model, images[order], labels[order], names), geometry
+        except (RuntimeError, ValueError, MemoryError) as exc:
+            raise failure(exc, "while scoring the model") from None

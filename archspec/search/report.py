@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 
 from archspec.analysis import human
 from archspec.search import runs
+from archspec.search.config import GEOMETRY_ATTR
 
 __all__ = ["progress_line", "state_label", "ProgressDisplay", "TRIAL_COLUMNS", "trial_status", "trial_rows",
            "write_trials_csv", "is_feasible", "spec_of_trial", "trial_provenance", "write_results",
@@ -162,7 +163,7 @@ class ProgressDisplay:
 # ----------------------------------------------------------------------------------- trials table
 TRIAL_COLUMNS = ["number", "state", "status", "accuracy", "latency_ms", "macs", "params", "train_seconds",
                  "duration_s", "val_loss", "train_loss", "feasible", "fail_reason", "worker_pid",
-                 "datetime_start", "datetime_complete", "reused_from", "duplicate_of", "arch_key"]
+                 "datetime_start", "datetime_complete", "reused_from", "duplicate_of", "arch_key", "proxy_grids"]
 
 
 def trial_status(trial) -> str:
@@ -194,6 +195,7 @@ def _trial_row(t) -> dict:
         "datetime_start": t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else None,
         "datetime_complete": t.datetime_complete.isoformat(timespec="seconds") if t.datetime_complete else None,
         "reused_from": ua.get("reused_from"), "duplicate_of": ua.get("duplicate_of"), "arch_key": ua.get("arch_key"),
+        "proxy_grids": grids_text(t),
     }
 
 
@@ -263,6 +265,32 @@ def trial_provenance(study_name: str, trial, cfg, info, summary: dict, spec) -> 
     }
 
 
+def _grids(trial) -> dict:
+    """The trial's proxy and real stage grids (``{}`` when it has none recorded)."""
+    geometry = trial.user_attrs.get(GEOMETRY_ATTR)
+    if not geometry:
+        return {}
+    return {"proxy_grids": geometry["grids"], "real_grids": geometry["real_grids"],
+            "proxy_image_size": geometry["image_size"]}
+
+
+def grids_text(trial) -> str | None:
+    """``14x14>7x7>4x4`` for the trial's proxy grids (``None`` when not recorded)."""
+    geometry = trial.user_attrs.get(GEOMETRY_ATTR)
+    return ">".join(f"{r}x{c}" for r, c in geometry["grids"]) if geometry else None
+
+
+def _geometries(trained: list) -> list[dict]:
+    """Each distinct (real grids -> proxy grids, proxy input size) among trained trials, with its count."""
+    seen: dict[str, dict] = {}
+    for t in trained:
+        grids = _grids(t)
+        if grids:
+            entry = seen.setdefault(json.dumps(grids, sort_keys=True), {**grids, "trials": 0})
+            entry["trials"] += 1
+    return list(seen.values())
+
+
 def _count_trials(trials: list, summary: dict) -> list:
     """Counts per status, failures and the median trained-trial time into ``summary``; returns the trained trials.
 
@@ -278,6 +306,7 @@ def _count_trials(trials: list, summary: dict) -> list:
     durations = [t.duration.total_seconds() for t in trained if t.duration is not None]
     summary["per_trial_seconds"] = round(statistics.median(durations), 2) if durations else None
     summary["trained_total"] = len(trained)
+    summary["proxy_geometries"] = _geometries(trained)
     return trained
 
 
@@ -329,7 +358,7 @@ def _write_pareto(study, space, cfg, run_dir: Path, info, summary: dict, feasibl
         pareto_files[fname] = _emit_trial(t, space, cfg, info, summary, pareto_rank=rank)
         points.append({"rank": rank, "trial": t.number, "accuracy": t.values[0], "latency_ms": t.values[1],
                        "macs": t.user_attrs.get("macs"), "params": t.user_attrs.get("params"),
-                       "file": f"pareto/{fname}"})
+                       **_grids(t), "file": f"pareto/{fname}"})
     if pareto_files:
         runs.replace_dir(run_dir / "pareto", pareto_files)
         files.append(f"pareto/ ({len(pareto_files)} specs)")

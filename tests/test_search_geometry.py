@@ -1,0 +1,101 @@
+"""The proxy keeps the candidate's token geometry (archspec.search.proxy.proxy_geometry).
+
+The reference is the candidate itself: its stage grids at its own input size, from the graph.  A proxy
+that trained LeViT-family candidates on 4x4 -> 2x2 -> 1x1 grids could not tell a 5x5-masked head from an
+unmasked one; these tests fail if that comes back.
+"""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+import torch
+
+from archspec import compile, load_spec
+from archspec.data import load_data
+from archspec.families.attention.module import Attention
+from archspec.search.proxy import ProxyProtocol, proxy_geometry, proxy_spec, stage_grids
+from archspec.search.space import load_space, mask_placement_space
+
+N_SAMPLES = 200
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_data(None, 64, seed=0, max_images=100)
+
+
+def _samples(space, n: int, seed: int = 0):
+    """``n`` specs drawn by Optuna's RandomSampler (the space's own ``sample``)."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    return [space.sample(study.ask()) for _ in range(n)]
+
+
+def _largest_windows(spec) -> list[tuple[int, int]]:
+    """The largest mask window of each stage, read from the spec's per-layer head plans."""
+    out = []
+    for i, _ in enumerate(spec.stages):
+        windows = [(0, 0)] + [tuple(h.mask.window) for plan in spec.layer_plans(i) for h in plan.heads if h.mask]
+        out.append((max(w[0] for w in windows), max(w[1] for w in windows)))
+    return out
+
+
+def test_default_space_proxies_keep_every_stage_grid(digits):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    protocol = ProxyProtocol()
+    for spec in _samples(load_space(None), N_SAMPLES):
+        geometry, _ = proxy_geometry(spec, digits, protocol)
+        proxy = proxy_spec(spec, digits, protocol)
+        assert geometry.grids == geometry.real_grids == stage_grids(spec) == stage_grids(proxy), spec.name
+        assert max(geometry.image_size) <= protocol.image_size
+        # the stages are the candidate's own: only the stem, input and classifier change
+        assert proxy.stages == spec.stages
+
+
+def test_default_space_min_grid_is_at_least_the_minimum_and_the_windows(digits):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    protocol = ProxyProtocol(min_grid=7)
+    for spec in _samples(load_space(None), N_SAMPLES, seed=1):
+        geometry, _ = proxy_geometry(spec, digits, protocol)
+        real = stage_grids(spec)
+        first = geometry.grids[0]
+        assert first == real[0] or min(first) >= 7, (first, real)
+        for grid, real_grid, window in zip(geometry.grids, real, _largest_windows(spec)):
+            assert grid[0] <= real_grid[0] and grid[1] <= real_grid[1]
+            assert grid[0] >= window[0] and grid[1] >= window[1], (geometry.grids, _largest_windows(spec))
+        assert proxy_spec(spec, digits, protocol).stages == spec.stages
+
+
+def test_mask_placement_space_keeps_its_minimum_grid(digits):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    protocol = ProxyProtocol(min_grid=8)  # mode 2's default (archspec.search.config.MASKS_PROXY_DEFAULTS)
+    base = load_spec("mait_tiny_sch2")
+    for spec in _samples(mask_placement_space(base), 50):
+        geometry, _ = proxy_geometry(spec, digits, protocol)
+        assert geometry.grids == ((8, 8),) and geometry.image_size == (64, 64)
+        assert geometry.stem["patch_size"] == 8 and geometry.real_grids == ((14, 14),)
+
+
+@pytest.mark.parametrize("name, size, stem, grids", [
+    ("levit_128s", (56, 56), {"channels": [64, 128]}, ((14, 14), (7, 7), (4, 4))),  # 2 of 4 stride-2 convs
+    ("mait_tiny_sch2", (56, 56), {"patch_size": 4}, ((14, 14),)),                  # 16 px patch -> 4 px
+])
+def test_real_geometry_by_hand(digits, name, size, stem, grids):
+    geometry, _ = proxy_geometry(load_spec(name), digits, ProxyProtocol())
+    assert geometry.image_size == size and geometry.grids == grids
+    assert all(geometry.stem[k] == v for k, v in stem.items())
+
+
+def test_hard_masked_head_is_local_in_the_proxy(digits):
+    """A 5x5 hard mask on the proxy's 14x14 grid leaves most key patches out (it was all ones on 4x4)."""
+    spec = load_spec("levit_128s").model_dump(mode="json")
+    spec["stages"][0]["attention"] = {"rel_bias": {}, "mask": {"window": "5x5"}}
+    model = compile(proxy_spec(load_spec(spec), digits, ProxyProtocol()))
+    masked = [m for m in model.modules() if isinstance(m, Attention) and m.hard_heads]
+    assert masked
+    for module in masked:
+        masks = module.attn_masks
+        assert masks.shape[-1] == 14 * 14
+        assert not bool(masks.all()), "a hard mask of all ones is no mask"
+        assert masks[0].sum(-1).max().item() == 25  # a patch away from the border sees its 5x5 window
+    assert torch.isfinite(model(torch.randn(2, 3, 56, 56))).all()
