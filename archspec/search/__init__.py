@@ -30,6 +30,8 @@ Modules (import them directly; this package imports nothing heavy on its own):
 * :mod:`archspec.search.budget`  -- ``parse_quantity``, ``Budgets``, ``static_check`` (graph only);
 * :mod:`archspec.search.proxy`   -- ``ProxyProtocol``, ``proxy_spec``, ``train_proxy``, ``TrialFailure``;
 * :mod:`archspec.search.latency` -- ``LatencyProtocol``, ``measure_latency``, ``LatencyCache``;
+* :mod:`archspec.search.zero_cost` -- zero-cost proxies before training: ``naswot``, ``synflow``, ``grad_norm``,
+  ``zero_cost_scores``;
 * :mod:`archspec.search.study`   -- storages, samplers, resume, zombie trials; :mod:`archspec.search.fidelity`
   -- multi-fidelity rungs.
 
