@@ -90,13 +90,14 @@ def _train(task: dict) -> dict:
 
 
 def fidelity_taus(rows: list[dict], kendalltau, replicate: bool = False) -> list[dict]:
-    """Kendall tau of each fidelity against the ``long`` runs' final accuracy: ``[{fidelity, n, tau, p}]``.
+    """Kendall tau of each fidelity against the reference: ``[{fidelity, n, tau, p}]``.
 
-    Fidelities: the proxy; the design's MACs and parameter count (static, no training: what any proxy has to
-    beat); and with ``replicate`` each eval point of the ``replicate`` run (the long protocol with the proxy's
-    seed, read at step s: training truncated there, mid-schedule), the replicate's final accuracy (the
-    reference's seed-to-seed agreement, an upper bound for any proxy), and the proxy against the mean of the
-    two long seeds.
+    The reference is the ``long`` run's final accuracy, or with ``replicate`` the mean of the two long seeds
+    (``long`` and ``replicate``), which halves the seed noise the reference carries.  Fidelities: the trained
+    proxy; each zero-cost score of the untrained proxy (``zc`` of a row); the design's MACs and parameter
+    count (static: what any proxy has to beat); and with ``replicate`` the reference's own seed-to-seed tau
+    (long vs replicate: the ceiling of any proxy) and each eval point of the replicate run against the long
+    run (training truncated there, mid-schedule).
     """
     def tau_of(name: str, xs: list, ys: list) -> dict:
         pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
@@ -104,18 +105,39 @@ def fidelity_taus(rows: list[dict], kendalltau, replicate: bool = False) -> list
         return {"fidelity": name, "n": len(pairs), "tau": t, "p": p}
 
     long = [r.get("long_accuracy") for r in rows]
-    out = [tau_of("proxy", [r.get("proxy_accuracy") for r in rows], long),
-           tau_of("MACs (static, no training)", [r["macs"] for r in rows], long),
-           tau_of("params (static, no training)", [r["params"] for r in rows], long)]
+    reference = long
+    if replicate:
+        reference = [None if r.get("replicate_accuracy") is None or r.get("long_accuracy") is None
+                     else (r["replicate_accuracy"] + r["long_accuracy"]) / 2 for r in rows]
+    out = [tau_of("proxy (trained)", [r.get("proxy_accuracy") for r in rows], reference)]
+    for name in sorted({k for r in rows for k in (r.get("zc") or {})}):
+        out.append(tau_of(f"zero-cost {name} (untrained)", [(r.get("zc") or {}).get(name) for r in rows], reference))
+    out += [tau_of("MACs (static, no training)", [r["macs"] for r in rows], reference),
+            tau_of("params (static, no training)", [r["params"] for r in rows], reference)]
     if not replicate:
         return out
+    out.append(tau_of("the reference's two seeds (long vs replicate)",
+                      [r.get("replicate_accuracy") for r in rows], long))
     steps = sorted({h[0] for r in rows for h in (r.get("replicate_history") or [])})
     for step in steps:
         at = [dict((h[0], h[1]) for h in (r.get("replicate_history") or [])).get(step) for r in rows]
-        out.append(tau_of(f"replicate at step {step}", at, long))
-    mean = [None if r.get("replicate_accuracy") is None or r.get("long_accuracy") is None
-            else (r["replicate_accuracy"] + r["long_accuracy"]) / 2 for r in rows]
-    out.append(tau_of("proxy vs mean of both long seeds", [r.get("proxy_accuracy") for r in rows], mean))
+        out.append(tau_of(f"replicate at step {step} vs long", at, long))
+    return out
+
+
+def zero_cost_rows(archs, data, protocol, seed: int) -> list[tuple[dict, dict]]:
+    """Each design's zero-cost scores and their seconds (``archspec.search.proxy.score_proxy``: the untrained
+    proxy at its proxy geometry, one training batch), as the search's zero-cost rung computes them."""
+    import math
+
+    from archspec.search.proxy import score_proxy
+    from archspec.search.zero_cost import ZERO_COST_SCORES
+
+    out = []
+    for spec, _, _ in archs:
+        result, _ = score_proxy(spec, data, protocol, ZERO_COST_SCORES, seed=seed)
+        scores = {k: (v if math.isfinite(v) else None) for k, v in result.scores.items()}
+        out.append((scores, result.seconds))
     return out
 
 
@@ -124,6 +146,9 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=12, help="architectures (default 12)")
     parser.add_argument("--budget-flops", default="1G", help="only candidates within this MAC budget (default 1G)")
     parser.add_argument("--proxy-steps", type=int, default=None, help="proxy steps (default: ProxyProtocol's)")
+    parser.add_argument("--proxy-min-grid", default="real",
+                        help="the proxy's token grid: real (default: each design's own grids) or a minimum first-grid "
+                             "side, as `archspec search --proxy-min-grid`")
     parser.add_argument("--long-steps", type=int, default=None, help="long-training steps (default 4x the proxy's)")
     parser.add_argument("--data", default="fashion-mnist",
                         help="fashion-mnist (default; apt-get install dataset-fashion-mnist), digits, or a directory "
@@ -169,7 +194,8 @@ def main(argv=None) -> int:
         device = str(resolve_device(args.device))
     except ValueError as exc:
         parser.error(f"--device: {exc}")
-    proxy = dataclasses.replace(ProxyProtocol(), threads=args.threads, device=device)
+    proxy = dataclasses.replace(ProxyProtocol(), threads=args.threads, device=device,
+                                min_grid=None if args.proxy_min_grid == "real" else int(args.proxy_min_grid))
     if args.proxy_steps:
         proxy = dataclasses.replace(proxy, steps=args.proxy_steps)
     long_steps = args.long_steps or 4 * proxy.steps
@@ -181,8 +207,9 @@ def main(argv=None) -> int:
     archs = sample_architectures(space, budgets, args.n, args.seed, spread=args.spread)
     print(f"{len(archs)} architectures of {space.name} within {args.budget_flops} MACs; proxy {proxy.steps} steps, "
           f"long {long_steps} steps; data {data.name} ({len(data.train)} train / {len(data.val)} val)")
-    rows = [{"index": i, "macs": check.macs, "params": check.params, "space_params": params}
-            for i, (spec, params, check) in enumerate(archs)]
+    zc = zero_cost_rows(archs, data, proxy, args.seed)
+    rows = [{"index": i, "macs": check.macs, "params": check.params, "space_params": params, "zc": zc[i][0],
+             "zc_seconds": zc[i][1]} for i, (spec, params, check) in enumerate(archs)]
     tasks = []
     for i, (spec, _, _) in enumerate(archs):
         runs = [("long", long, args.long_seed), ("proxy", proxy, args.seed)]
@@ -223,10 +250,9 @@ def main(argv=None) -> int:
         if "failure" in r:
             row[f"{r['label']}_failure"] = r["failure"]
     ok = [r for r in rows if r["proxy_accuracy"] is not None and r["long_accuracy"] is not None]
-    tau, p = (kendalltau([r["proxy_accuracy"] for r in ok], [r["long_accuracy"] for r in ok]) if len(ok) >= 3
-              else (None, None))
     total = time.perf_counter() - start_all
     fidelities = fidelity_taus(rows, kendalltau, replicate=args.replicate)
+    tau, p = fidelities[0]["tau"], fidelities[0]["p"]  # the trained proxy against the reference
     report = {"space": space.name, "budget_macs": budgets.macs, "n": len(ok), "kendall_tau": tau, "p_value": p,
               "spread": args.spread, "fidelities": fidelities,
               "proxy_protocol": proxy.describe(), "long_protocol": long.describe(), "data": data.describe(),
@@ -235,9 +261,11 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2, default=float) + "\n", encoding="utf-8")
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    mean_note = f" and the mean with seed {args.seed}" if args.replicate else ""
     lines = ["# Proxy ranking fidelity (`bench/proxy_rank.py`)", "",
              f"Kendall tau between proxy accuracy ({proxy.steps} steps, seed {args.seed}) and longer-trained accuracy "
-             f"({long_steps} steps, seed {args.long_seed}) over {len(ok)} architectures of `{space.name}` within "
+             f"({long_steps} steps, seed {args.long_seed}{mean_note}) "
+             f"over {len(ok)} architectures of `{space.name}` within "
              f"{args.budget_flops} MACs, data {data.name}: **tau = {fmt(tau)}** (p = {fmt(p)}); "
              f"{total / 60:.1f} min.", "",
              "| # | MACs | params | proxy acc | long acc | replicate acc | proxy s | long s |",
@@ -247,7 +275,11 @@ def main(argv=None) -> int:
                      f"{fmt(r['long_accuracy'])} | {fmt(r.get('replicate_accuracy'))} | {r['proxy_seconds']} | "
                      f"{r['long_seconds']} |")
     if fidelities:
-        lines += ["", f"Each fidelity's Kendall tau against the {long_steps}-step run with seed {args.long_seed}:", "",
+        reference = (f"the mean of the {long_steps}-step runs with seeds {args.long_seed} and {args.seed}"
+                     if args.replicate else f"the {long_steps}-step run with seed {args.long_seed}")
+        zc_seconds = [sum(r["zc_seconds"].values()) for r in rows]
+        lines += ["", f"Zero-cost scores: {sum(zc_seconds) / len(zc_seconds):.2f} s per design on average.", "",
+                  f"Each fidelity's Kendall tau against {reference}:", "",
                   "| fidelity | n | tau | p |", "|---|---|---|---|"]
         lines += [f"| {f['fidelity']} | {f['n']} | {fmt(f['tau'])} | {fmt(f['p'])} |" for f in fidelities]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")

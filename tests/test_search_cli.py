@@ -219,7 +219,10 @@ def test_masks_optuna_and_soft(mait_file, tmp_path, capsys, strategy):
     extra = ["--trials", "2", "--windows", "3x3,5x5"] if strategy == "optuna" else ["--alpha-threshold", "0.6"]
     rc = main(["search", "masks", str(mait_file), "--strategy", strategy, "--out", str(out), "--json", *FAST, *extra])
     assert rc == 0
-    summary = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    # FAST trains 3 steps, mode 2 warms the learning rate up for 40: the user is told before the run
+    assert "warm-up (40 steps) is longer than its training (--proxy-steps 3)" in captured.err
     assert load_spec(out / "best.yaml")
     assert (out / "trials.csv").is_file() and (out / "als.png").is_file()
     if strategy == "soft":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -15,7 +16,9 @@ from archspec.search.latency import architecture_key
 from archspec.search.space import load_space
 from archspec.search.study import make_sampler, resolve_storage, same_architecture, worker_seed
 
-FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2"]
+# --fidelity none: these tests count trained architectures, so every candidate must train
+FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2",
+        "--fidelity", "none"]
 COMPLETE, PRUNED = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED
 
 
@@ -71,13 +74,16 @@ def test_fresh_run_samples_what_plain_optuna_samples(space_file, tmp_path):
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 @pytest.mark.slow
-def test_second_worker_trains_only_new_architectures(space_file, tmp_path, kind):
+def test_second_worker_trains_only_new_architectures(space_file, tmp_path, kind, capsys):
     storage = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else f"journal:{tmp_path / 's.log'}"
     out = tmp_path / "run"
     _search(space_file, out, storage, 2, "--no-progress")
     first = _study(storage).get_trials()[0]
     _study(storage).enqueue_trial(first.params)  # the resumed worker's first candidate: already trained
+    capsys.readouterr()
     summary = _search(space_file, out, storage, 2, "--no-progress")  # same --seed
+    err = capsys.readouterr().err
+    assert "resuming study d in " in err and "3 trials already there (2 trained, 1 waiting)" in err  # said first
     study = _study(storage)
     keys = [t.user_attrs["arch_key"] for t in _trained(study)]
     assert len(keys) == len(set(keys)) == 4  # the tiny space has 4 architectures: all trained, none twice
@@ -129,8 +135,8 @@ def test_architecture_in_training_elsewhere_is_skipped(space_file, tmp_path):
 def test_progress_lines_when_stdout_is_not_a_terminal(space_file, tmp_path, capsys):
     _search(space_file, tmp_path / "run", f"journal:{tmp_path / 'p.log'}", 2)
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("trial ")]
-    pattern = re.compile(r"^trial (\d+) (COMPLETE|REUSED \(trial \d+\)) accuracy=(\d\.\d{3}) latency_ms=(\d+\.\d\d) "
-                         r"macs=\S+ elapsed=\d+s eta=(\d+s|-) trained=(\d)/2$")
+    pattern = re.compile(r"^trial (\d+) (COMPLETE|REUSED \(trial \d+\)) acc=(\d\.\d{3}) ms=(\d+\.\d\d) "
+                         r"macs=\S+ \d+s eta (\d+s|-) trained (\d)/2$")
     matches = [pattern.match(line) for line in lines]
     assert lines and all(matches), lines
     trained = [int(m.group(6)) for m in matches]
@@ -146,12 +152,31 @@ def test_progress_line_states_and_eta():
     failed = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"fail_reason": "boom"})
     failed.number = 7
     assert progress_line(failed, 30.0, 3, 5, 100.0) == (
-        "trial 7 FAIL (boom) accuracy=- latency_ms=- macs=- elapsed=30s eta=20s trained=3/5")  # 10 s/trained x 2 left
-    assert progress_line(failed, 95.0, 3, 5, 100.0).endswith("eta=5s trained=3/5")  # capped by --timeout
-    assert " eta=- " in progress_line(failed, 1.0, 0, 5, None)
+        "trial 7 FAIL (boom) acc=- ms=- macs=- 30s eta 20s trained 3/5")  # 10 s/trained x 2 left
+    assert progress_line(failed, 95.0, 3, 5, 100.0).endswith("eta 5s trained 3/5")  # capped by --timeout
+    assert " eta - " in progress_line(failed, 1.0, 0, 5, None)
     dup = optuna.trial.create_trial(state=PRUNED, user_attrs={"status": "duplicate", "duplicate_of": 4})
     dup.number = 5
     assert progress_line(dup, 1.0, 0, 5, 60.0).startswith("trial 5 PRUNED (duplicate of trial 4) ")
+    long_reason = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"fail_reason": "x" * 300})
+    long_reason.number, long_reason.user_attrs["macs"] = 123, 987_654_321
+    line = progress_line(long_reason, 12345.0, 1234, 5000, None)
+    assert len(line) <= 80 and line.endswith("trained 1234/5000") and "…" in line  # an 80-column terminal
+
+
+def test_progress_bar_fits_80_columns():
+    """The rich bar on an 80-column terminal: one line per refresh, nothing wrapped (the status is cut)."""
+    from rich.console import Console
+
+    from archspec.search.report import _rich_bar
+
+    console = Console(width=80, record=True, file=io.StringIO(), force_terminal=True)
+    progress, task = _rich_bar(16, "best acc 0.912 | fastest 12.8 ms | 3 infeasible | 1 failed | trial 12: "
+                                   "zero-cost scores", console=console)
+    progress.update(task, completed=5)
+    console.print(progress.get_renderable())
+    lines = console.export_text().rstrip("\n").splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= 80 and "5/16" in lines[0], lines
 
 
 @pytest.mark.parametrize("status", ["training", "trained", "stopped"])

@@ -100,3 +100,32 @@ def test_hyperband_needs_a_single_objective(space_file, tmp_path, capsys):
     assert main(["search", "--space", str(space_file), "--out", str(tmp_path / "r"), "--fidelity", "hyperband",
                  *FAST]) == 2
     assert "--fidelity" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_zero_cost_rung_run(space_file, tmp_path, one_thread):
+    """--fidelity zc: every candidate is scored untrained; one goes on to training iff its score is promotable
+    among the candidates scored before it (replayed here); the summary reports the seconds per candidate."""
+    from archspec.cli import main
+    from archspec.search.config import ZERO_COST_ATTR, ZERO_COST_RANKINGS
+
+    out = tmp_path / "run"
+    assert main(["search", "--space", str(space_file), "--out", str(out), "--trials", "4", "--proxy-steps", "3",
+                 "--fidelity", "zc", "--zc-score", "naswot", "--seed", "2", *FAST]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    study = optuna.load_study(study_name=summary["study"], storage=summary["storage"])
+    scored = sorted((t for t in study.get_trials() if ZERO_COST_ATTR in t.user_attrs
+                     and "reused_from" not in t.user_attrs), key=lambda t: t.number)
+    trained = [t for t in scored if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(trained) == 4 and summary["zero_cost"]["scored_this_run"] == len(scored)
+    for i, t in enumerate(scored):
+        zc = t.user_attrs[ZERO_COST_ATTR]
+        assert set(zc["scores"]) == set(ZERO_COST_RANKINGS) and set(zc["seconds"]) == {"naswot", "synflow", "grad_norm"}
+        assert zc["scores"]["macs"] == t.user_attrs["macs"] and zc["scores"]["params"] == t.user_attrs["params"]
+        value, latency = zc["scores"]["naswot"], t.user_attrs["latency_ms"]
+        earlier = [(u.user_attrs[ZERO_COST_ATTR]["scores"]["naswot"], u.user_attrs["latency_ms"]) for u in scored[:i]]
+        trained_it = t.state == optuna.trial.TrialState.COMPLETE
+        assert trained_it == promotable(value, latency, [*earlier, (value, latency)], 3)
+        assert trained_it or t.user_attrs["status"] == "stopped"
+    assert summary["zero_cost"]["seconds_per_candidate"] > 0 and summary["zero_cost"]["score"] == "naswot"
+    assert set(summary["zero_cost"]["kendall_tau"]) == set(ZERO_COST_RANKINGS)

@@ -26,7 +26,7 @@ from search_fixtures import TINY_SPACE
 COMPLETE, FAIL, RUNNING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
                            optuna.trial.TrialState.RUNNING)
 FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2",
-        "--proxy-steps", "2", "--no-progress", "--study-name", "pg"]
+        "--proxy-steps", "2", "--no-progress", "--study-name", "pg", "--fidelity", "none"]  # every candidate trains
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any
 __all__ = [
     "SearchConfig", "SearchOutcome", "complete_config", "FIDELITIES", "ZERO_COST_RANKINGS", "DEFAULT_FIDELITY",
     "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S", "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS", "GEOMETRY_ATTR",
-    "ZERO_COST_ATTR", "MASKS_PROXY_DEFAULTS", "MASKS_TRIAL_TIMEOUT_S",
+    "ZERO_COST_ATTR", "MASKS_PROXY_DEFAULTS", "MASKS_TRIAL_TIMEOUT_S", "warmup_warning",
 ]
 
 DEFAULT_TRIALS = 16          # trained candidates of the bare `archspec search --budget-flops 1G`
@@ -29,7 +29,8 @@ DEFAULT_TRIAL_TIMEOUT_S = 150.0  # one candidate's proxy training may take at mo
 # smaller patch or fewer stride-2 stem convs -- see proxy_spec.  min_grid 8 gives 64 px, patch 8 -> 8x8 for
 # a patch-16 spec at 224 px (the grid docs/search.md measured mask placement at); `--proxy-min-grid real`
 # trains at the spec's own 14x14 grid instead (56 px, patch 4), about 3x the tokens.
-MASKS_PROXY_DEFAULTS = {"lr": 3e-4, "steps": 400, "warmup_steps": 40, "eval_every": 100, "min_grid": 8}
+MASKS_PROXY_DEFAULTS = {"lr": 3e-4, "steps": 400, "batch_size": 32, "warmup_steps": 40, "eval_every": 100,
+                        "min_grid": 8}
 MASKS_TRIAL_TIMEOUT_S = 900.0
 
 # Multi-fidelity kinds (archspec.search.fidelity), and what the zero-cost rung (fidelity "zc") can rank by:
@@ -110,6 +111,15 @@ def complete_config(cfg: SearchConfig | None = None, **options: Any) -> SearchCo
     protocol = cfg.protocol if not isinstance(cfg.protocol, dict | None) else ProxyProtocol(**(cfg.protocol or {}))
     latency = cfg.latency if not isinstance(cfg.latency, dict | None) else LatencyProtocol(**(cfg.latency or {}))
     return replace(cfg, budgets=budgets, protocol=protocol, latency=latency)
+
+
+def warmup_warning(protocol: Any) -> str | None:
+    """A warning when the proxy's warm-up is longer than its training (the learning rate never peaks), else None."""
+    if protocol.warmup_steps <= protocol.steps:
+        return None
+    return (f"warning: the proxy's learning-rate warm-up ({protocol.warmup_steps} steps) is longer than its training "
+            f"(--proxy-steps {protocol.steps}): the learning rate never reaches its peak {protocol.lr:g}; "
+            f"use --proxy-steps {protocol.warmup_steps} or more")
 
 
 @dataclass

@@ -45,6 +45,7 @@ import contextlib
 import dataclasses
 import gc
 import math
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -96,7 +97,7 @@ __all__ = [
     # failures and deadlines
     "CandidateFailure", "TrialTimeout", "deadline_hook", "fail_reason",
     # study and run directory
-    "quiet_optuna", "run_dir_of", "check_outputs", "open_run", "run_lock", "zombie_notes",
+    "quiet_optuna", "run_dir_of", "check_outputs", "open_run", "run_lock", "zombie_notes", "resume_message",
     # input checks
     "check_budgets_feasible", "check_space_valid", "check_data_path", "check_fidelity",
 ]
@@ -160,7 +161,28 @@ def open_run(cfg: SearchConfig, name: str, directions: list[str], metric_names: 
         run_dir = runs.prepare_run_dir(out)
         info = resolve_storage(None, run_dir, heartbeat=heartbeat)
     study = open_study(name, info, directions, sampler, pruner, metric_names, attrs)
+    announce_resume(study, info.url)
     return run_dir, info, study
+
+
+def resume_message(study: optuna.Study, url: str) -> str | None:
+    """``resuming study NAME in URL: 12 trials already there (5 trained, 7 pruned)``, or ``None`` for a new study."""
+    trials = study.get_trials(deepcopy=False)
+    if not trials:
+        return None
+    counts: dict[str, int] = {}
+    for t in trials:
+        label = "trained" if t.state == TrialState.COMPLETE else t.state.name.lower()
+        counts[label] = counts.get(label, 0) + 1
+    parts = ", ".join(f"{v} {k}" for k, v in counts.items())
+    return f"resuming study {study.study_name} in {url}: {len(trials)} trials already there ({parts})"
+
+
+def announce_resume(study: optuna.Study, url: str) -> None:
+    """Say on stderr, before any trial runs, that this run continues an existing study (and how far it got)."""
+    message = resume_message(study, url)
+    if message is not None:
+        print(message, file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -395,7 +417,8 @@ class CandidateObjective:
         self.first_trial: int | None = None  # this worker's first trial number (its sampler seed)
         self.search_deadline: float | None = None  # perf_counter() time at which --timeout runs out
         self.rungs = None              # archspec.search.fidelity.Rungs when multi-fidelity is on
-        self.stopped = 0               # candidates stopped at a rung below the last
+        self.stopped = 0               # candidates stopped at a rung below the last (or the zero-cost rung)
+        self.zc_scored = 0             # candidates the zero-cost rung scored
 
     def __call__(self, trial: optuna.trial.Trial):
         """The Optuna objective: sample a candidate, check it statically, measure its latency, train its proxy.
@@ -608,6 +631,7 @@ class CandidateObjective:
         result, geometry = score_proxy(spec, self.data, self.cfg.protocol, ZERO_COST_SCORES, seed=self.cfg.seed)
         scores = {**result.scores, "params": params, "macs": macs}
         scores = {k: (v if v is None or not math.isnan(v) else -math.inf) for k, v in scores.items()}
+        self.zc_scored += 1
         trial.set_user_attr(ZERO_COST_ATTR, {"scores": scores, "seconds": result.seconds,
                                              "total_seconds": round(sum(result.seconds.values()), 4)})
         trial.set_user_attr(GEOMETRY_ATTR, geometry.describe())
@@ -718,6 +742,19 @@ def _fidelity_summary(study, cfg: SearchConfig, rungs, objective) -> dict | None
             "rung_correlations": rung_correlations(values, rungs)}
 
 
+def _zero_cost_summary(study, cfg: SearchConfig, objective) -> dict:
+    """The zero-cost rung over the whole study (:func:`~archspec.search.fidelity.zero_cost_summary`), plus this
+    run's counts."""
+    from archspec.search.fidelity import zero_cost_summary
+
+    scored = [{**t.user_attrs[ZERO_COST_ATTR],
+               "accuracy": t.values[0] if t.state == TrialState.COMPLETE else None}
+              for t in study.get_trials(deepcopy=False)
+              if ZERO_COST_ATTR in t.user_attrs and "reused_from" not in t.user_attrs]
+    return {**zero_cost_summary(scored, cfg.zc_score, cfg.eta), "scored_this_run": objective.zc_scored,
+            "stopped_this_run": objective.stopped}
+
+
 # ----------------------------------------------------------------------------------- the loop
 def _study_attrs(space, cfg: SearchConfig, mode: str, extra_attrs: dict | None) -> dict:
     """The study's user attributes: what the run searched, how, on what (provenance; compared on resume)."""
@@ -816,6 +853,8 @@ def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name:
     notes += stop_notes(objective, cfg, interrupted, search_seconds)
     summary = _run_summary(mode, name, info, run_dir, cfg, data, rate, objective, search_seconds, notes, interrupted)
     summary["fidelity"] = _fidelity_summary(study, cfg, rungs, objective)
+    if cfg.fidelity == "zc":
+        summary["zero_cost"] = _zero_cost_summary(study, cfg, objective)
     with run_lock(run_dir):
         best_file = report.write_results(study, space, cfg, run_dir, info, summary, multi, finalize_extra)
     summary["wall_seconds"] = round(time.perf_counter() - wall_start, 2)

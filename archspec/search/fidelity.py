@@ -38,7 +38,7 @@ from archspec.errors import SpecError
 from archspec.search.config import FIDELITIES, ZERO_COST_RANKINGS
 
 __all__ = ["Rungs", "rung_schedule", "promotable", "make_pruner", "rung_correlations", "FIDELITIES", "RUNGS_ATTR",
-           "ZERO_COST_RANKINGS"]
+           "ZERO_COST_RANKINGS", "zero_cost_summary"]
 
 
 RUNGS_ATTR = "rungs"  # user attr: {"<step>": accuracy} at every rung the trial reached
@@ -135,3 +135,29 @@ def rung_correlations(rung_values: list[dict], rungs: Rungs) -> list[dict]:
         tau, p = _kendall([a for a, _ in pairs], [b for _, b in pairs])
         out.append({"steps": step, "n": len(pairs), "kendall_tau": tau, "p_value": p})
     return out
+
+
+def zero_cost_summary(scored: list[dict], score: str, eta: int) -> dict:
+    """What the zero-cost rung did and how well each score ranks: the ``summary.json`` entry ``zero_cost``.
+
+    Args:
+        scored: one ``{"scores": {...}, "seconds": {...}, "accuracy": float | None}`` per scored candidate
+            (``accuracy`` the trained proxy's val top-1, ``None`` when it was not trained).
+
+    Returns:
+        ``{"score", "eta", "scored", "trained", "seconds_per_candidate" (median of the scores' total
+        seconds), "kendall_tau": {name: {"tau", "p_value", "n"}}}``: Kendall's tau between each score and the
+        trained accuracy over the trained candidates (``None`` with fewer than 3).
+    """
+    import statistics  # noqa: PLC0415
+
+    trained = [c for c in scored if c.get("accuracy") is not None]
+    taus = {}
+    for name in ZERO_COST_RANKINGS:
+        pairs = [(c["scores"][name], c["accuracy"]) for c in trained
+                 if c["scores"].get(name) is not None and math.isfinite(c["scores"][name])]
+        tau, p = _kendall([a for a, _ in pairs], [b for _, b in pairs])
+        taus[name] = {"tau": tau, "p_value": p, "n": len(pairs)}
+    totals = [sum(c["seconds"].values()) for c in scored]
+    return {"score": score, "eta": eta, "scored": len(scored), "trained": len(trained),
+            "seconds_per_candidate": round(statistics.median(totals), 4) if totals else None, "kendall_tau": taus}

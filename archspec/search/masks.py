@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ from archspec.errors import SpecError, format_path
 from archspec.families.attention.heads import HeadSpec, MaskSpec
 from archspec.loader import load_spec
 from archspec.search import report, runs
-from archspec.search.config import MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S, complete_config
+from archspec.search.config import MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S, complete_config, warmup_warning
 from archspec.search.engine import (
     SearchConfig,
     SearchOutcome,
@@ -361,6 +362,9 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
     mcfg = MaskConfig(**options) if mcfg is None else dataclasses.replace(mcfg, **options)
     mcfg = dataclasses.replace(mcfg, search=_masks_search_config(mcfg.search))
     quiet_optuna()
+    warning = warmup_warning(mcfg.search.protocol)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     spec = mcfg.spec if isinstance(mcfg.spec, ArchSpec) else load_spec(mcfg.spec)
     if not attention_layers(spec):
         raise SpecError.single(("SPEC",), f"spec {spec.name!r} has no attention layer to place masks in")

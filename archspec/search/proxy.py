@@ -28,20 +28,15 @@ __all__ = ["ProxyGeometry", "ProxyProtocol", "ProxyResult", "TrialFailure", "pro
 class ProxyProtocol(TrainConfig):
     """How a candidate is trained and scored by the search.
 
-    Defaults: 64x64 inputs (the built-in 8x8 digits upsampled), where LeViT's 4-conv stem gives a 4x4
-    token grid, then 2x2 and 1x1 after shrinking -- the stem is left as it is; 150 AdamW steps of
-    batch 32 (about 3.3 epochs of the 1437 training digits), lr 2e-3 with 20 linear warm-up steps then
-    cosine to 0, weight decay 0.05 (timm ``create_optimizer_v2``: not on 1-d parameters nor
-    ``model.no_weight_decay`` -- attention bias tables, gating), random crop (pad 8) + horizontal
-    flip, val top-1 every 50 steps (3 report points for pruning).
+    Defaults: every stage at the candidate's own token grid (:func:`proxy_spec`; a 224 px LeViT's 14x14 ->
+    7x7 -> 4x4, from 56 px through the last two of its four stride-2 stem convs), the images resized to
+    that size (the built-in 8x8 digits upsampled); 60 AdamW steps of batch 16, lr 2e-3 with 6 linear
+    warm-up steps then cosine to 0, weight decay 0.05 (timm ``create_optimizer_v2``: not on 1-d parameters
+    nor ``model.no_weight_decay`` -- attention bias tables, gating), random crop (pad 8) + horizontal flip,
+    val top-1 every 20 steps (3 report points for pruning).
 
-    Measured on this project's 2-core CPU (10 random default-space candidates under 1 GMAC, 248-854M
-    MACs at 224 px, 18-68M at the proxy size), while another search shared the machine (load ~3),
-    with ``threads=1``: 14-43 s per trial, median ~24 s; a single thread runs a LeViT-128S-sized
-    candidate at ~85 ms/step on a quiet core, so a lone search with 2 threads takes roughly 8-25 s per
-    trial.  Val top-1 after 150 steps: 0.87-0.95 (chance 0.10; 0.29-0.78 at step 50), so
-    candidates are told apart but none saturates.  With other processes on the same cores use
-    ``threads=1``: two processes with 2 OpenMP threads each on 2 cores ran 5-10x slower here (busy-waiting).
+    With other processes on the same cores use ``threads=1``: two processes with 2 OpenMP threads each
+    on 2 cores ran 5-10x slower here (busy-waiting).  Measured costs: ``docs/benchmarks.md`` ("Search").
 
     Attributes (besides :class:`archspec.train.TrainConfig`'s optimisation settings -- steps, batch_size,
     lr, weight_decay, optimizer, warmup_steps, augmentation, eval_every, device -- with the same defaults;
@@ -53,6 +48,13 @@ class ProxyProtocol(TrainConfig):
             ``m``: the first stage's grid is at least ``m`` (and every stage's at least its largest mask window).
     """
 
+    # Shorter and smaller than archspec.train's defaults: at the candidates' real token grids (14x14 for a
+    # 224 px LeViT) a step costs ~4x one on the old 4x4 proxy grid, and the bare search must train several
+    # candidates in its 540 s on 2 cores (measured: docs/benchmarks.md, "Search").
+    steps: int = 60
+    batch_size: int = 16
+    warmup_steps: int = 6
+    eval_every: int = 20
     image_size: int = 64
     threads: int | None = None
     min_grid: int | None = None

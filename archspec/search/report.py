@@ -48,25 +48,31 @@ def state_label(trial) -> str:
     return f"{trial.state.name} ({str(why)[:80]})" if why else trial.state.name
 
 
-def progress_line(trial, elapsed: float, attempted: int, total: int, timeout: float | None) -> str:
-    """One log line for a finished trial (the progress report when stdout is not a terminal).
+def progress_line(trial, elapsed: float, attempted: int, total: int, timeout: float | None, width: int = 80) -> str:
+    """One log line for a finished trial (the progress report when stdout is not a terminal), at most ``width``.
 
-    ``trial 3 COMPLETE accuracy=0.912 latency_ms=12.80 macs=807.2M elapsed=35s eta=130s trained=5/16``;
-    a value the trial does not have is ``-``.  ETA (seconds): the pace so far (elapsed /
-    trained) times the candidates still to train, capped by what is left of ``timeout``; ``-`` before
-    the first trained one without a timeout.  Raises nothing.  Source: archspec.
+    ``trial 3 COMPLETE acc=0.912 ms=12.80 macs=807.2M 35s eta 130s trained 5/16``: state (with why,
+    cut to fit), proxy accuracy, latency in ms, MACs, ETA; a value the trial does not have is ``-``.  ETA
+    (seconds): the pace so far (elapsed / trained) times the candidates still to train, capped by what is
+    left of ``timeout``; ``-`` before the first trained one without a timeout.  The full
+    reasons are in ``trials.csv`` and the summary.  Raises nothing.  Source: archspec.
     """
     ua = trial.user_attrs
     acc, lat, macs = ua.get("accuracy"), ua.get("latency_ms"), ua.get("macs")
     left = [elapsed / attempted * max(total - attempted, 0)] if attempted else []
     if timeout is not None:
         left.append(max(timeout - elapsed, 0.0))
-    return (f"trial {trial.number} {state_label(trial)} accuracy={'-' if acc is None else f'{acc:.3f}'} "
-            f"latency_ms={'-' if lat is None else f'{lat:.2f}'} macs={'-' if macs is None else human(macs)} "
-            f"elapsed={elapsed:.0f}s eta={f'{min(left):.0f}s' if left else '-'} trained={attempted}/{total}")
+    facts = (f" acc={'-' if acc is None else f'{acc:.3f}'} ms={'-' if lat is None else f'{lat:.2f}'} "
+             f"macs={'-' if macs is None else human(macs)} {elapsed:.0f}s "
+             f"eta {f'{min(left):.0f}s' if left else '-'} trained {attempted}/{total}")
+    head = f"trial {trial.number} {state_label(trial)}"
+    room = max(width - len(facts), 12)
+    if len(head) > room:
+        head = head[:room - 1] + "…"
+    return head + facts
 
 
-def _rich_bar(total: int, info: str):
+def _rich_bar(total: int, info: str, console=None):
     """A started-later ``rich`` progress bar on stderr and its task id: ``(progress, task)``."""
     from rich.console import Console
     from rich.progress import (
@@ -77,11 +83,15 @@ def _rich_bar(total: int, info: str):
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.table import Column
 
+    # Fits an 80-column terminal: a short bar, and the status text cut with an ellipsis, never wrapped.
     progress = Progress(
-        TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TextColumn("trained"),
-        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-        console=Console(stderr=True, highlight=False), transient=False, refresh_per_second=4)
+        BarColumn(bar_width=10), MofNCompleteColumn(), TextColumn("trained"), TimeElapsedColumn(), TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
+        console=console or Console(stderr=True, highlight=False), transient=False, refresh_per_second=4,
+        expand=True)
     return progress, progress.add_task("search", total=total, info=info)
 
 
@@ -569,7 +579,29 @@ def _summary_lines(summary: dict) -> list[str]:
         lines.append(f"candidates evaluated: {summary['candidates_per_hour']:,.0f} per hour")
     if summary.get("fidelity"):
         lines.append(_fidelity_line(summary["fidelity"]))
+    if summary.get("zero_cost"):
+        lines.append(_zero_cost_line(summary["zero_cost"]))
+    for geometry in summary.get("proxy_geometries") or []:
+        lines.append(_geometry_line(geometry))
     return lines + _protocol_lines(summary)
+
+
+def _zero_cost_line(zc: dict) -> str:
+    """The zero-cost rung: what it kept, its cost per candidate, each score's tau with the trained accuracy."""
+    taus = ", ".join(f"{name} {v['tau']}" for name, v in zc["kendall_tau"].items() if v["tau"] is not None)
+    seconds = zc["seconds_per_candidate"]
+    return (f"zero-cost rung: {zc['scored']} scored, {zc['trained']} trained (top 1/{zc['eta']} by {zc['score']})"
+            + (f", {seconds:.2f} s per candidate" if seconds is not None else "")
+            + (f"; Kendall tau with trained accuracy: {taus}" if taus else ""))
+
+
+def _geometry_line(g: dict) -> str:
+    """``proxy grids 14x14>7x7 at 56x56 px (real 14x14>7x7): 5 trained``."""
+    def grids(gs: list) -> str:
+        return ">".join(f"{r}x{c}" for r, c in gs)
+
+    size = "x".join(str(v) for v in g["proxy_image_size"])
+    return f"proxy grids {grids(g['proxy_grids'])} at {size} px (real {grids(g['real_grids'])}): {g['trials']} trained"
 
 
 def _points_table(summary: dict):

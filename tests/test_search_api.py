@@ -1,0 +1,89 @@
+"""The Python API of search: run_design / run_masks with keyword options, the outcome's specs, and a space
+sampled inside a user's own Optuna objective."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from search_fixtures import TINY_SPACE
+
+import archspec.search as search
+from archspec import SpecError, analyze, load_spec
+from archspec.spec import ArchSpec
+
+PROTOCOL = {"steps": 3, "eval_every": 3, "batch_size": 8, "warmup_steps": 1, "image_size": 32, "threads": 1}
+LATENCY = {"repeats": 2, "warmup": 1}
+
+TINY_MAIT = {
+    "name": "tiny_mait", "input": {"channels": 3, "resolution": 32}, "stem": {"kind": "patch", "patch_size": 4},
+    "tokens": {"cls_token": "input", "pos_embed": "learned"},
+    "stages": [{"depth": 2, "dim": 32, "heads": 2, "attention": "mhsa",
+                "layers": [{"range": 0, "heads": ["mask:3x3", "mhsa"]}]}],
+    "head": {"pool": "cls", "num_classes": 10},
+}
+
+
+def test_public_names_are_the_documented_ones():
+    assert sorted(search.__all__) == sorted([*search._EXPORTS, "SPACES_DIR", "DEFAULT_SPACE"])
+    for name in search._EXPORTS:
+        assert getattr(search, name) is not None
+
+
+@pytest.mark.slow
+def test_run_design_from_python(tmp_path, one_thread):
+    outcome = search.run_design(space=TINY_SPACE, budgets={"macs": "10M"}, trials=2, out=tmp_path / "run",
+                                fidelity="zc", protocol=PROTOCOL, latency=LATENCY, max_images=60, progress=False)
+    assert isinstance(outcome.study, optuna.Study) and outcome.run_dir == tmp_path / "run"
+    front = outcome.pareto_specs
+    assert front and all(isinstance(s, ArchSpec) for s in front)
+    assert outcome.best_spec == front[0]  # the most accurate point is best.yaml
+    accuracies = [p["accuracy"] for p in outcome.summary["pareto"]]
+    assert accuracies == sorted(accuracies, reverse=True)
+    assert all(analyze(s).macs <= 10e6 for s in front)
+    # the proxy trained at the candidate's own grid (32 px through LeViT's 4 convs: 2x2), recorded per point
+    assert all(p["proxy_grids"] == p["real_grids"] for p in outcome.summary["pareto"])
+    assert outcome.summary["zero_cost"]["scored"] >= 2
+
+
+def test_run_design_refuses_bad_options_before_writing(tmp_path):
+    with pytest.raises(TypeError):
+        search.run_design(no_such_option=1)
+    with pytest.raises(SpecError) as info:
+        search.run_design(space=TINY_SPACE, out=tmp_path / "r", zc_score="accuracy", progress=False)
+    assert info.value.problems[0].path == ("--zc-score",) and not (tmp_path / "r").exists()
+    with pytest.raises(SpecError) as info:
+        search.run_design(space=TINY_SPACE, out=tmp_path / "r", budgets={"macs": "lots"}, progress=False)
+    assert info.value.problems[0].path == ("--budget-flops",) and not (tmp_path / "r").exists()
+
+
+def test_mode_two_defaults_apply_under_a_partial_search_dict(tmp_path):
+    with pytest.raises(SpecError) as info:  # a bad strategy is refused before anything is written
+        search.run_masks(spec=load_spec(TINY_MAIT), strategy="greedy", search={"out": tmp_path / "m"})
+    assert info.value.problems[0].path == ("--strategy",) and not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_run_masks_from_python(tmp_path, one_thread):
+    outcome = search.run_masks(spec=load_spec(TINY_MAIT), strategy="optuna", windows=("3x3",),
+                               search={"out": tmp_path / "m", "trials": 1, "protocol": PROTOCOL, "latency": LATENCY,
+                                       "max_images": 60, "progress": False})
+    best = outcome.best_spec
+    assert isinstance(best, ArchSpec) and outcome.pareto_specs == [best]
+    assert outcome.summary["proxy"]["lr"] == 3e-4 and outcome.summary["proxy"]["min_grid"] == 8  # mode 2's
+
+
+def test_space_inside_a_users_own_objective():
+    """``load_space(...).sample(trial)`` in an objective the user writes: Optuna drives it, specs are valid."""
+    space = search.load_space(None)
+
+    def objective(trial: optuna.Trial) -> float:
+        spec = space.sample(trial)
+        trial.set_user_attr("spec", spec.model_dump(mode="json"))
+        return analyze(spec).macs
+
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study.optimize(objective, n_trials=5)
+    for trial in study.trials:
+        spec = load_spec(trial.user_attrs["spec"])
+        assert analyze(spec).macs == trial.value and trial.params  # what Optuna sampled is the spec's choice
