@@ -69,7 +69,7 @@ MaiT mask placement (Li et al. 2022) for the attention layers of SPEC (a YAML fi
                      mask (the head learned to be local), otherwise no mask.
 
 Training: the proxy protocol of mode 1 with lr 3e-4, 400 steps, 40 warm-up steps (deep DeiT-style specs
-stay at chance with mode 1's lr 2e-3 / 150 steps); --proxy-lr / --proxy-steps change it.  A 24-layer
+stay at chance with mode 1's lr 2e-3); --proxy-lr / --proxy-steps change it.  A 24-layer
 MaiT-T takes a few minutes per training on 2 CPU cores.
 
 Writes to runs/<study-name>/ (--out): best.yaml (the placement at SPEC's real input size, with

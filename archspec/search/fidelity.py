@@ -22,9 +22,10 @@ stops there (an Optuna PRUNED trial with ``status = stopped`` and its rung accur
   latency/accuracy front, a candidate that is not dominated in (rung accuracy, latency) by any other
   trial at the rung also goes on.
 
-Default schedule for the 150-step proxy with ``eta = 3``: rungs at 17, 51 and 150 steps
-(``min_steps = round(150 / 9)``).  :func:`rung_correlations` reports, per rung, Kendall's tau between the
-rung accuracy and the last rung's over the candidates that reached the last rung.
+Schedule for the default 60-step proxy with ``eta = 3``: rungs at 7, 21 and 60 steps
+(``min_steps = round(60 / 9)``); for 150 steps, 17, 51 and 150.  :func:`rung_correlations` reports, per
+rung, Kendall's tau between the rung accuracy and the last rung's over the candidates that reached the last
+rung.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,9 @@ from archspec.loader import load_spec
 from archspec.spec import ArchSpec
 from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
 from archspec.train import TrainConfig, TrialFailure, failure, train
+
+if TYPE_CHECKING:
+    from archspec.search.zero_cost import ZeroCostResult
 
 __all__ = ["ProxyGeometry", "ProxyProtocol", "ProxyResult", "TrialFailure", "proxy_geometry", "proxy_spec",
            "score_proxy", "stage_grids", "train_proxy"]
@@ -308,7 +311,8 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
                        geometry=geometry, model=model)
 
 
-def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: tuple[str, ...], seed: int = 0):
+def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: tuple[str, ...],
+                seed: int = 0) -> tuple[ZeroCostResult, ProxyGeometry]:
     """Zero-cost scores of the candidate's proxy, freshly initialised from ``seed``, on one training batch.
 
     The model is the one :func:`train_proxy` would train (same geometry, same initialisation); the batch is
