@@ -16,10 +16,10 @@ for importing torch and timm.  The shipped specs become timm models (``timm.crea
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from archspec import registry as _registry
+from archspec.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -51,13 +51,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
 _registry.install()  # registers the shipped specs with timm once timm is imported (no torch import here)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'archspec' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

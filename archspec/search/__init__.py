@@ -41,9 +41,9 @@ CIFAR-10/100, ImageFolder), shared with training and the weight transfers.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any
+
+from archspec.lazy import lazy_exports
 
 SPACES_DIR = Path(__file__).resolve().parent / "spaces"
 DEFAULT_SPACE = SPACES_DIR / "levit_family.yaml"
@@ -65,13 +65,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

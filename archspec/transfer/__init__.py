@@ -7,10 +7,11 @@ Names are imported on first use (PEP 562, as :mod:`archspec` does), so building 
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from archspec.lazy import lazy_exports
 
 # public name -> submodule that defines it
 _EXPORTS = {
@@ -66,15 +67,4 @@ class _Package(types.ModuleType):
 sys.modules[__name__].__class__ = _Package
 
 
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:  # ``archspec.transfer.cmhsa`` etc. without importing them first
-        return importlib.import_module(f"{__name__}.{name}")
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
