@@ -189,8 +189,7 @@ class LayerOverride(StrictModel):
 
 
 class StageSpec(StrictModel):
-    """A stage: ``depth`` blocks at one width and one token grid (``kind: attention``, the default; a conv stage
-    is :class:`ConvStageSpec`)."""
+    """A stage: ``depth`` blocks at one width and one token grid (``kind: attention``, the default)."""
 
     depth: int = Field(..., ge=1, le=MAX_DEPTH, description="Number of blocks.")
     dim: int = Field(..., ge=8, le=MAX_DIM, description="Token width C.")
