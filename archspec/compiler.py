@@ -27,7 +27,7 @@ def _stages(nodes: list[dict], n_stages: int) -> list[Stage]:
     stages = []
     for i in range(n_stages):
         downsample = [build("shrink", n["shape"]) for n in nodes if n["kind"] == "shrink" and n["stage"] == i]
-        blocks = [build("block", n["shape"]) for n in nodes if n["kind"] == "block" and n["stage"] == i]
+        blocks = [build(n["family"], n["shape"]) for n in nodes if n["kind"] == "block" and n["stage"] == i]
         stages.append(Stage(downsample[0] if downsample else None, blocks))
     class_blocks: list[nn.Module] = [build("class_attention", n["shape"]) for n in nodes if n["kind"] == "class_attn"]
     if class_blocks:
@@ -62,6 +62,16 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
     if problems:
         raise SpecError(problems)
     nodes = nodes_in_order(graph)
+    if spec.is_convnet:
+        from archspec.convnet import ConvNet
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            stem_module = build("stem", next(n for n in nodes if n["kind"] == "stem")["shape"])
+            model = ConvNet(spec, stem_module, _stages(nodes, len(spec.stages)), dim_out=spec.stages[-1].channels,
+                            drop_rate=drop_rate)
+        model.analysis = graph
+        return model
     stem, embed = (next(n for n in nodes if n["kind"] == kind) for kind in ("stem", "embed"))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)

@@ -7,7 +7,8 @@ in microseconds.
 
 Node order is execution order; edges link consecutive nodes (the data path).  Every node carries:
 
-``kind``      one of ``input, stem, embed, insert, shrink, block, class_attn, head``
+``kind``      one of ``input, stem, embed, insert, shrink, block, class_attn, head`` (a conv net: ``input, stem,
+              block, head``, its blocks of family ``conv_block``, ``tokens`` the map's pixels ``H x W``)
 ``family``    the block family whose rules counted it (:mod:`archspec.families`); ``shape`` that family's
               typed shape, which :mod:`archspec.compiler` hands to the family's ``build`` (no spec re-read)
 ``name``      module path in the compiled model (``stages.1.blocks.0``)
@@ -75,8 +76,8 @@ MAX_PARAMS = 1_000_000_000  # 4 GB of float32 weights
 DEFAULT_MAX_MEMORY = 8 * 2**30  # bytes; well under a 24 GB machine, so a refused spec never reaches the allocator
 _NO_MEMORY = NodeMemory()  # nodes that hold nothing (the input)
 
-STEM, TOKENS, ATTENTION, TALKING_HEADS, CONV_MIXER = (family_rules(n) for n in (
-    "stem", "tokens", "attention", "talking_heads", "conv_mixer"))
+STEM, TOKENS, ATTENTION, TALKING_HEADS, CONV_MIXER, CONV_BLOCK = (family_rules(n) for n in (
+    "stem", "tokens", "attention", "talking_heads", "conv_mixer", "conv_block"))
 BLOCK, SHRINK, CLASS_ATTENTION, HEAD = (family_rules(n) for n in ("block", "shrink", "class_attention", "head"))
 
 
@@ -207,6 +208,8 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
     b = _Builder(spec)
     height, width = spec.input.resolution
     b.add("input", kind="input", label="image", tokens=0, grid=(height, width), dim=spec.input.channels)
+    if _check_stage_kinds(b):
+        return _build_convnet(b)
     grid, dim = _add_stem(b)
     _check_grid(b, grid)
     tokens = _resolve_tokens(b)
@@ -218,6 +221,80 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
     if spec.class_attention is not None:
         _add_class_attention(b, flow, tokens)
     _add_head(b, flow)
+    return _finish(b)
+
+
+def _check_stage_kinds(b: _Builder) -> bool:
+    """Whether the spec is a conv net (a ResNet stem and conv stages only); raises every problem of a spec that
+    mixes feature maps and tokens, which this version cannot join: a conv stage before or after an attention
+    stage, a conv stage after a token stem, a ResNet stem before attention stages, and a conv net with class or
+    distillation tokens, a position embedding, class-token pooling or CaiT's class attention."""
+    spec = b.spec
+    conv = [isinstance(s, CONV_BLOCK.ConvStageSpec) for s in spec.stages]
+    resnet_stem = spec.stem.kind == "resnet"
+    if not any(conv) and not resnet_stem:
+        return False
+    hint_mixed = "use conv stages only, or attention stages only (the map-to-token interface is not implemented)"
+    for i, is_conv in enumerate(conv):
+        if is_conv and not all(conv):
+            where = "after" if not all(conv[:i]) else "before"
+            b.problem(("stages", i, "kind"), f"a conv stage {where} an attention stage is not supported yet "
+                      "(feature maps do not turn into tokens or back in this version)", hint_mixed)
+    if any(conv) and not resnet_stem:
+        b.problem(("stem", "kind"), f"conv stages need the feature map of a resnet stem, not the tokens of a "
+                  f"{spec.stem.kind} stem", "set stem: {kind: resnet}")
+    if resnet_stem and not all(conv):
+        b.problem(("stem", "kind"), "the resnet stem makes a feature map, which attention stages cannot take yet",
+                  "use a patch, conv or identity stem for attention stages, or make every stage kind: conv")
+    if b.problems:
+        raise SpecError(b.problems)
+    if spec.tokens.cls_token != "none":
+        b.problem(("tokens", "cls_token"), "a conv net has no tokens to prepend a class token to",
+                  "set tokens: {cls_token: none, pos_embed: none}")
+    if spec.tokens.dist_token:
+        b.problem(("tokens", "dist_token"), "a conv net has no distillation token", "remove tokens.dist_token")
+    if spec.tokens.pos_embed != "none":
+        b.problem(("tokens", "pos_embed"), "a conv net has no tokens to add a position embedding to",
+                  "set tokens: {cls_token: none, pos_embed: none}")
+    if spec.head.pool != "mean":
+        b.problem(("head", "pool"), "a conv net's head averages the final map (there is no class token)",
+                  "set head.pool: mean")
+    if spec.head.distillation:
+        b.problem(("head", "distillation"), "a distillation head is not supported for conv nets",
+                  "remove head.distillation")
+    if spec.class_attention is not None:
+        b.problem(("class_attention",), "CaiT's class attention needs tokens; a conv net has a feature map",
+                  "remove class_attention")
+    if b.problems:
+        raise SpecError(b.problems)
+    return True
+
+
+def _build_convnet(b: _Builder) -> nx.DiGraph:
+    """The IR of a conv net: the ResNet stem, each conv stage's residual blocks (family ``conv_block``), the
+    average-pool + classifier head.  ``tokens`` of a node is the map's pixel count ``H x W``, ``dim`` its channels."""
+    spec = b.spec
+    shape, found = STEM.plan(spec.stem, spec.input.channels, spec.input.resolution, spec.stages[0].dim)
+    b.problems_of(found)
+    grid = STEM.out_grid(shape)
+    b.add_family("stem", "stem", shape, kind="stem", label=STEM.label(shape), tokens=grid[0] * grid[1], grid=grid,
+                 dim=shape.dim, bn_channels=STEM.batchnorm_channels(shape))
+    channels, index = shape.dim, 0
+    for i, stage in enumerate(spec.stages):
+        shapes, found = CONV_BLOCK.plan(stage, i, channels, grid)
+        b.problems_of(found)
+        for layer, block in enumerate(shapes):
+            grid = CONV_BLOCK.out_grid(block)
+            b.add_family(f"stages.{i}.blocks.{layer}", "conv_block", block, kind="block", label=CONV_BLOCK.label(block),
+                         stage=i, layer=index + layer, tokens=grid[0] * grid[1], grid=grid, dim=block.channels,
+                         bn_channels=CONV_BLOCK.batchnorm_channels(block))
+        if not shapes:  # refused: carry on with the map the stage would have made, to find later problems
+            grid = (max((grid[0] - 1) // stage.stride + 1, 1), max((grid[1] - 1) // stage.stride + 1, 1))
+        channels, index = stage.channels, index + stage.depth
+    head = spec.head
+    shape = HeadShape(channels, grid[0] * grid[1], head.num_classes, False, False, head.pool, final_norm=False)
+    b.add_family("head", "head", shape, kind="head", label="avg-pool", tokens=1, grid=(1, 1),
+                 dim=head.num_classes or channels, heads="", bn_channels_before_linear=0)
     return _finish(b)
 
 

@@ -461,11 +461,16 @@ class ArchModel(nn.Module):
 
 def default_pretrained_cfg(spec: ArchSpec) -> dict[str, Any]:
     """timm pretrained cfg (data config) of a spec: its input size and classes, ImageNet mean/std, bicubic 0.875
-    crop as timm's DeiT; no weight source (archspec publishes no weights).
+    crop as timm's DeiT (a conv net: bilinear, as timm's ResNet); no weight source (archspec publishes no weights).
 
     ``classifier`` and ``first_conv`` name the real modules (the head's and the stem's rules), so timm's
     ``load_pretrained`` drops the classifier for another ``num_classes`` and adapts the first convolution for
     another ``in_chans`` (``timm.models.adapt_input_conv``) as it does for its own models."""
+    if spec.is_convnet:  # timm ResNet's cfg: its classifier is archspec's head, its conv1 the stem's
+        return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
+                "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875,
+                "interpolation": "bilinear", "classifier": "head",
+                "first_conv": stems.first_conv_name("resnet", spec.stem.deep)}
     return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
             "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875, "interpolation": "bicubic",
             "classifier": classifier_names(spec.stages[-1].norm == "batchnorm", spec.head.distillation),

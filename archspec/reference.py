@@ -23,6 +23,7 @@ from archspec.families.attention.heads import (
 from archspec.spec import (
     ArchSpec,
     ClassAttentionSpec,
+    ConvStageSpec,
     ConvStemSpec,
     HeadOutSpec,
     IdentityStemSpec,
@@ -30,6 +31,8 @@ from archspec.spec import (
     LayerOverride,
     MixerSpec,
     PatchStemSpec,
+    ResNetStemSpec,
+    SESpec,
     ShrinkSpec,
     StageSpec,
     TokensSpec,
@@ -37,8 +40,10 @@ from archspec.spec import (
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("spec (top level)", ArchSpec), ("input", InputSpec), ("stem (kind: patch)", PatchStemSpec),
-    ("stem (kind: conv)", ConvStemSpec), ("stem (kind: identity)", IdentityStemSpec), ("tokens", TokensSpec),
-    ("stages[]", StageSpec), ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec),
+    ("stem (kind: conv)", ConvStemSpec), ("stem (kind: identity)", IdentityStemSpec),
+    ("stem (kind: resnet)", ResNetStemSpec), ("tokens", TokensSpec),
+    ("stages[]", StageSpec), ("stages[] (kind: conv)", ConvStageSpec), ("stages[].se", SESpec),
+    ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec),
     ("stages[].shrink", ShrinkSpec),
     ("head kind (stages[].attention, layers[].heads[])", HeadSpec), ("gpsa", GPSASpec), ("rel_bias", RelBiasSpec),
     ("mask", MaskSpec), ("class_attention", ClassAttentionSpec), ("head", HeadOutSpec),
@@ -52,6 +57,9 @@ def _type_name(annotation: typing.Any) -> str:
         return _type_name(typing.get_args(annotation)[0])
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return " | ".join(_type_name(arg) for arg in typing.get_args(annotation))
+    if typing.get_origin(annotation) is list and any(typing.get_origin(a) is typing.Annotated
+                                                     for a in typing.get_args(annotation)):
+        return f"list[{_type_name(typing.get_args(annotation)[0])}]"  # the stages' tagged union
     # drop module paths (archspec.spec.X, archspec.families.stems.rules.X): the reference names classes only
     text = re.sub(r"\barchspec(?:\.\w+)*\.(?=[A-Z])", "", str(annotation).replace("typing.", ""))
     text = text.replace("<class '", "").replace("'>", "").replace("NoneType", "None")
@@ -73,7 +81,7 @@ def markdown() -> str:
              "Generated from the pydantic models by `archspec schema --markdown`; `archspec schema` prints the "
              "JSON Schema (for editor completion).", ""]
     for title, model in SECTIONS:
-        doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        doc = re.sub(r"\n\s*", " ", (model.__doc__ or "").strip().split("\n\n")[0])
         lines += [f"## {title}", "", doc, "", "| field | type | default | meaning |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
             desc = (field.description or "").replace("|", "\\|")

@@ -25,27 +25,29 @@ import difflib
 import os
 import re
 from pathlib import Path as FsPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from archspec.errors import Locator, Problem, SpecError
 from archspec.families.attention.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
 from archspec.families.attention.rules import check_value_dim
 from archspec.families.class_attention.rules import ClassAttentionSpec
+from archspec.families.conv_block.rules import ConvStageSpec, SESpec
 from archspec.families.head.rules import HeadOutSpec
 from archspec.families.shrink.rules import ShrinkSpec
-from archspec.families.stems.rules import ConvStemSpec, IdentityStemSpec, PatchStemSpec, StemSpec
+from archspec.families.stems.rules import ConvStemSpec, IdentityStemSpec, PatchStemSpec, ResNetStemSpec, StemSpec
 from archspec.families.tokens.rules import TokensSpec
 from archspec.strict_model import HINT as _HINT
 from archspec.strict_model import StrictModel
 from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = [
-    "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "TokensSpec",
-    "StageSpec", "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
+    "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec", "TokensSpec",
+    "StageSpec", "ConvStageSpec", "SESpec", "AnyStage", "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec",
+    "LayerPlan", "ClassAttentionSpec",
     "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "parse_spec", "spec_to_yaml", "SPEC_DIR",
 ]
 
@@ -187,7 +189,7 @@ class LayerOverride(StrictModel):
 
 
 class StageSpec(StrictModel):
-    """A stage: ``depth`` blocks at one width and one token grid."""
+    """A stage: ``depth`` blocks at one width and one token grid (``kind: attention``, the default)."""
 
     depth: int = Field(..., ge=1, le=MAX_DEPTH, description="Number of blocks.")
     dim: int = Field(..., ge=8, le=MAX_DIM, description="Token width C.")
@@ -231,6 +233,14 @@ class StageSpec(StrictModel):
     )
     shrink: ShrinkSpec | None = Field(None, description="LeViT shrinking attention at the stage's entry (not stage 0).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> Any:
+        # 'kind: attention' names the default stage kind; it is not stored (the resolved YAML stays as before).
+        if isinstance(value, dict) and value.get("kind") == "attention":
+            value = {k: v for k, v in value.items() if k != "kind"}
+        return value
+
     @field_validator("attn_ratio")
     @classmethod
     def _value_dim(cls, value: float | None, info: ValidationInfo) -> float | None:
@@ -273,6 +283,19 @@ class StageSpec(StrictModel):
         return value
 
 
+def _stage_kind(value: Any) -> str | None:
+    """Which stage model a ``stages[]`` entry is: ``kind: conv`` a :class:`ConvStageSpec`, no kind or
+    ``kind: attention`` a :class:`StageSpec`; anything else names no stage kind."""
+    kind = value.get("kind", "attention") if isinstance(value, dict) else getattr(value, "kind", "attention")
+    return {"attention": "attention_stage", "conv": "conv_stage"}.get(kind) if isinstance(kind, str) else None
+
+
+#: a ``stages[]`` entry: an attention stage (the default) or a conv stage (``kind: conv``)
+AnyStage = Annotated[Annotated[StageSpec, Tag("attention_stage")] | Annotated[ConvStageSpec, Tag("conv_stage")],
+                     Discriminator(_stage_kind, custom_error_type="stage_kind",
+                                   custom_error_message="a stage's kind must be 'attention' (the default) or 'conv'")]
+
+
 class ArchSpec(StrictModel):
     """A whole architecture.  Build it with :func:`archspec.compile`."""
 
@@ -283,11 +306,12 @@ class ArchSpec(StrictModel):
     source: str | None = Field(None, max_length=2000, description="Paper and table the spec follows.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the deterministic initialisation.")
     input: InputSpec = Field(default_factory=InputSpec, description="Input images.")
-    stem: StemSpec = Field(default_factory=PatchStemSpec, description="Stem: patch, conv or identity.")
+    stem: StemSpec = Field(default_factory=PatchStemSpec, description="Stem: patch, conv, identity or resnet.")
     tokens: TokensSpec = Field(
         default_factory=TokensSpec, description="Class/distillation tokens and position embedding."
     )
-    stages: list[StageSpec] = Field(..., min_length=1, max_length=8, description="Stages, in order.")
+    stages: list[AnyStage] = Field(..., min_length=1, max_length=8, description="Stages, in order: attention "
+                                   "stages (the default kind) or conv stages (kind: conv, after a resnet stem).")
     class_attention: ClassAttentionSpec | None = Field(
         None, description="CaiT class-attention stage after the last stage (needs tokens.cls_token: <total depth>).")
     head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head.")
@@ -306,6 +330,11 @@ class ArchSpec(StrictModel):
     def depth(self) -> int:
         """Total number of blocks across stages."""
         return sum(s.depth for s in self.stages)
+
+    @property
+    def is_convnet(self) -> bool:
+        """Whether every stage is a conv stage (a ResNet-like model: feature maps, average pool, classifier)."""
+        return all(isinstance(s, ConvStageSpec) for s in self.stages)
 
     def pixel_patch(self, mixer: MixerSpec) -> int | None:
         """Patch side ``P`` of a conv mixer's pixel view: ``mixer.patch``, else the patch/identity stem's
@@ -395,19 +424,22 @@ _HINTS = {
     "list_type": "use a list: [a, b] or '- a' lines",
     "missing": "this field is required",
     "literal_error": None,
-    "union_tag_invalid": "stem kinds: patch, conv, identity",
-    "union_tag_not_found": "stem kinds: patch, conv, identity",
+    "union_tag_invalid": "stem kinds: patch, conv, identity, resnet",
+    "union_tag_not_found": "stem kinds: patch, conv, identity, resnet",
+    "stage_kind": "stage kinds: attention (the default), conv",
     "model_type": "write it as indented 'key: value' lines, or {key: value}",
     "model_attributes_type": "write it as indented 'key: value' lines, or {key: value}",
     "string_pattern_mismatch": "use only letters, digits, '_', '.' and '-'",
 }
+
+_STAGE_TAGS = {"attention_stage": StageSpec, "conv_stage": ConvStageSpec}
 
 # Markers pydantic puts in an error location for validator wrappers and the branches of a union
 # (``tokens.cls_token.int``); they are not spec keys.
 _LOC_MARKERS = frozenset({
     "function-after", "function-before", "function-wrap", "function-plain", "tagged-union", "nullable",
     "default", "lax-or-strict", "json-or-python", "chain", "is-instance", "int", "float", "str", "bool",
-    "none", "list", "tuple", "dict",
+    "none", "list", "tuple", "dict", "attention_stage", "conv_stage",
 })
 
 
@@ -422,7 +454,7 @@ def _clean_loc(loc: tuple, keep_last: bool = False) -> tuple:
             out.append(part)
         elif isinstance(part, str) and ("[" in part or part in _LOC_MARKERS):
             continue
-        elif isinstance(part, str) and part in ("patch", "conv", "identity") and out and out[-1] == "stem":
+        elif isinstance(part, str) and part in ("patch", "conv", "identity", "resnet") and out and out[-1] == "stem":
             continue  # discriminated-union branch name
         else:
             out.append(part)
@@ -454,6 +486,9 @@ def _problems_from_validation(exc: ValidationError) -> list[Problem]:
                 hint = f"did you mean {close[0]!r}? (a required key)"
             else:  # suggest only keys valid at this place (a mask has no 'stride')
                 allowed = _fields_at(path[:-1])
+                tag = next((part for part in err["loc"] if part in _STAGE_TAGS), None)
+                if tag is not None and len(path) == 3 and path[0] == "stages":  # this kind of stage's own keys
+                    allowed = sorted(_STAGE_TAGS[tag].model_fields)
                 close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
                 hint = (f"did you mean {close[0]!r}?" if close else
                         f"keys allowed here: {', '.join(allowed)}" if allowed else "see `archspec schema`")
@@ -474,6 +509,8 @@ def _problems_from_validation(exc: ValidationError) -> list[Problem]:
                 message = f"unknown {owner} {disc} {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
             else:
                 message = f"{owner} needs a '{disc}' key"
+        elif kind == "stage_kind":
+            path = path + ("kind",)
         elif kind in ("model_type", "model_attributes_type"):
             got = err.get("input")
             message = "expected a mapping of keys to values" + (f", got {got!r}" if not isinstance(got, list)

@@ -21,6 +21,7 @@ from archspec.families.attention.heads import coerce_heads
 from archspec.families.attention.rules import AttentionShape, AttnDims
 from archspec.families.block.rules import BlockShape
 from archspec.families.class_attention.rules import ClassAttentionShape
+from archspec.families.conv_block.rules import ConvBlockShape
 from archspec.families.conv_mixer.rules import ConvMixerShape
 from archspec.families.shrink.rules import ShrinkShape
 from archspec.families.stems.rules import StemShape
@@ -29,7 +30,8 @@ from archspec.families.talking_heads.rules import TalkingHeadsShape
 ROOT = Path(__file__).resolve().parents[1]
 _MIXED = coerce_heads(["mhsa", "mask:3x3", {"gpsa": {}, "mask": {"mode": "soft"}}, "levit_bias"])
 _ATTENTION = AttentionShape(32, _MIXED, (3, 5), 0, AttnDims(8, 8), True)  # GPSA: no class token (ConViT)
-# family -> (shape, input shape, output tokens (None: not a token mixer), output of the module)
+# family -> (shape, input shape, output tokens (None: not a token mixer), output of the module); a module making a
+# map (B, C, H, W) states its pixels H x W
 SAMPLES = {
     "attention": (_ATTENTION, (1, 15, 32), 15),
     "talking_heads": (TalkingHeadsShape(32, coerce_heads(["mhsa", "mask:3x3", "soft_mask", "mhsa"]), (3, 5), 1, True),
@@ -41,6 +43,8 @@ SAMPLES = {
     "shrink": (ShrinkShape(32, 48, 2, 8, 4.0, 2.0, (7, 5), 2), (1, 35, 32), 12),
     "class_attention": (ClassAttentionShape(32, 4, 17, 3.0, True, 1e-5), (1, 17, 32), 17),
     "stem": (StemShape("conv", 3, (33, 31), 16, channels=(4, 8, 16)), (1, 3, 33, 31), 20),  # 5 x 4 grid
+    # ResNet-D's first block of a strided stage: avg-pool shortcut, SE; an odd map 7 x 5 -> 4 x 3
+    "conv_block": (ConvBlockShape("bottleneck", 16, 32, 8, 2, (7, 5), "avg", 8, 0.25), (1, 16, 7, 5), 12),
 }
 # LeViT's batchnorm attention and block, the patch and identity stems: further shapes of the same families
 MORE = [
@@ -55,6 +59,11 @@ MORE = [
                                         "batchnorm", "hardswish")), (1, 16, 32), 16),
     ("stem", StemShape("patch", 3, (32, 24), 20, patch_size=8), (1, 3, 32, 24), 12),
     ("stem", StemShape("identity", 1, (8, 8), 16, patch_size=4), (1, 1, 8, 8), 4),
+    ("stem", StemShape("resnet", 3, (33, 31), 16), (1, 3, 33, 31), 72),  # 7x7 stem: 17 x 16, pooled 9 x 8
+    ("stem", StemShape("resnet", 2, (30, 18), 16, stem_width=8, pool="conv"), (1, 2, 30, 18), 40),  # 8 x 5
+    ("conv_block", ConvBlockShape("basic", 8, 16, 16, 2, (5, 6), "conv"), (1, 8, 5, 6), 9),
+    ("conv_block", ConvBlockShape("bottleneck", 32, 32, 8, 1, (4, 4)), (1, 32, 4, 4), 16),  # identity shortcut
+    ("conv_block", ConvBlockShape("bottleneck", 12, 24, 12, 1, (3, 3), "avg"), (1, 12, 3, 3), 9),  # expansion 2
 ]
 NO_MODULE = {"tokens", "head"}  # the model's own parameters; the head's classifier is tested in test_timm_api
 
@@ -75,7 +84,7 @@ def test_family_rules_match_the_module_they_build(name, shape, x_shape, n_out, o
         assert macs == reference_macs(module, x)
         with torch.no_grad():
             out = module(x)
-    assert out.shape[1] == n_out
+    assert (out.shape[1] if out.dim() == 3 else out.shape[2] * out.shape[3]) == n_out
     if hasattr(rule, "out_grid"):
         rows, cols = rule.out_grid(shape)
         assert rows * cols == n_out

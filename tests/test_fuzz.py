@@ -29,6 +29,7 @@ from archspec.errors import SpecError
 from archspec.spec import (
     SPEC_DIR,
     ArchSpec,
+    ConvStageSpec,
     ConvStemSpec,
     GPSASpec,
     HeadOutSpec,
@@ -40,6 +41,8 @@ from archspec.spec import (
     MixerSpec,
     PatchStemSpec,
     RelBiasSpec,
+    ResNetStemSpec,
+    SESpec,
     ShrinkSpec,
     StageSpec,
     TokensSpec,
@@ -96,6 +99,9 @@ def _scale(dim: int) -> int:
 def _shrink_stage(stage: dict, heads_width: bool) -> dict:
     depth = min(stage["depth"], 3)
     stage = dict(stage, depth=depth)
+    if stage.get("kind") == "conv":  # a quarter of the channels keeps bottleneck widths divisible by 4
+        stage["channels"] = max(4, stage["channels"] // 4)
+        return stage
     if heads_width:
         stage["dim"] = _scale(stage["dim"])
         if "head_dim" in stage:
@@ -125,6 +131,10 @@ def small_base(path: Path) -> dict:
     widths = stem.get("kind") != "identity"
     if stem.get("kind") == "conv" and stem.get("channels"):
         stem["channels"] = [max(1, c // 4) for c in stem["channels"]]
+    if stem.get("kind") == "resnet":  # ResNet stems and conv stages: a quarter of the widths
+        stem["channels"] = max(1, stem.get("channels", 64) // 4)
+        if stem.get("stem_width"):
+            stem["stem_width"] = max(1, stem["stem_width"] // 4)
     doc["stages"] = [_shrink_stage(s, widths) for s in doc["stages"]]
     if stem.get("kind") == "identity":  # CMHSA: tokens are raw 4x4 patches (dim 48) on a 4x4 grid
         stem["patch_size"] = 4
@@ -148,8 +158,10 @@ def _containers(node: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
     return out
 
 
-_MODELS = {"": [ArchSpec], "input": [InputSpec], "stem": [PatchStemSpec, ConvStemSpec, IdentityStemSpec],
-           "tokens": [TokensSpec], "stages": [StageSpec], "shrink": [ShrinkSpec], "layers": [LayerOverride],
+_MODELS = {"": [ArchSpec], "input": [InputSpec], "stem": [PatchStemSpec, ConvStemSpec, IdentityStemSpec,
+                                                            ResNetStemSpec],
+           "tokens": [TokensSpec], "stages": [StageSpec, ConvStageSpec], "se": [SESpec], "shrink": [ShrinkSpec],
+           "layers": [LayerOverride],
            "head": [HeadOutSpec], "mixer": [MixerSpec], "gpsa": [GPSASpec], "mask": [MaskSpec],
            "rel_bias": [RelBiasSpec], "attention": [HeadSpec], "heads": [HeadSpec]}
 

@@ -26,6 +26,10 @@ TIMM_TWINS = {
     "levit_128s": "levit_128s",
     "levit_256": "levit_256",
     "cait_xxs24": "cait_xxs24_224",
+    "resnet18": "resnet18",
+    "resnet50": "resnet50",
+    "resnet50d": "resnet50d",
+    "resnetrs50": "resnetrs50",
 }
 MACS_CHECKED = ("deit_tiny", "convit_tiny", "levit_128s")  # cait_xxs24: tests/test_cait.py
 MACS_TOL = 0.02
@@ -33,7 +37,7 @@ MACS_TOL = 0.02
 EXPECTED_SPECS = {
     "deit_tiny", "convit_tiny", "convit_small", "levit_128s", "levit_256", "levit_128s_v1",
     "mait_tiny_sch1", "mait_tiny_sch2", "mait_tiny_sch3", "mait_xs_sch2", "cmhsa_k3_conv", "cmhsa_k3",
-    "cmhsa_k5_conv", "cmhsa_k5", "cait_xxs24", "masked_cait_xxs24",
+    "cmhsa_k5_conv", "cmhsa_k5", "cait_xxs24", "masked_cait_xxs24", "resnet18", "resnet50", "resnet50d", "resnetrs50",
 }
 
 

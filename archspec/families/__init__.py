@@ -38,6 +38,7 @@ FAMILIES: dict[str, str] = {
     "shrink": "archspec.families.shrink",
     "class_attention": "archspec.families.class_attention",
     "head": "archspec.families.head",
+    "conv_block": "archspec.families.conv_block",  # ResNet residual blocks of conv stages
 }
 
 

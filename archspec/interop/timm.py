@@ -6,6 +6,10 @@ Supported timm families (the blocks archspec mirrors):
 * ``ConVit`` (GPSA + MHSA blocks): ``specs/convit_tiny.yaml``, ``convit_small.yaml``
 * ``Levit`` / ``LevitDistilled``: ``specs/levit_128s.yaml``, ``levit_256.yaml``
 * ``Cait`` (talking heads, LayerScale, class attention): ``specs/cait_xxs24.yaml``
+* ``ResNet`` (conv nets: a ResNet stem and conv stages): ``specs/resnet18.yaml``, ``resnet50.yaml``,
+  ``resnet50d.yaml``, ``resnetrs50.yaml``; the blocks are timm's own, so only the prefixes differ:
+  ``conv1`` / ``bn1`` / ``maxpool`` <-> ``stem.conv1`` / ``stem.bn1`` / ``stem.maxpool``, ``layer{i}.{j}`` <->
+  ``stages.{i-1}.blocks.{j}``, ``fc`` <-> ``head``
 
 Names differ in these places only; everything else (LayerNorms, MLPs, GPSA ``qk``/``v``/``pos_proj``/
 ``gating_param``, LeViT ``LinearNorm`` / ``attention_biases`` / downsampling) is identical:
@@ -44,6 +48,10 @@ TIMM_EQUIVALENTS = {
     "levit_128s": "levit_128s",
     "levit_256": "levit_256",
     "cait_xxs24": "cait_xxs24_224",
+    "resnet18": "resnet18",
+    "resnet50": "resnet50",
+    "resnet50d": "resnet50d",
+    "resnetrs50": "resnetrs50",
 }
 
 _QKV = re.compile(r"^(?P<prefix>.*\.attn)\.qkv\.(?P<kind>weight|bias)$")
@@ -66,6 +74,37 @@ def _cait_from_timm(key: str, model: ArchModel, ours: set[str]) -> str:
     return key
 
 
+_RESNET_STEM = re.compile(r"^(conv1|bn1|maxpool)\.")
+_RESNET_LAYER = re.compile(r"^layer(\d+)\.(\d+)\.")
+_OUR_CONV_STEM = re.compile(r"^stem\.(conv1|bn1|maxpool)\.")
+
+
+def resnet_key_from_timm(key: str) -> str:
+    """A timm ResNet state-dict key -> archspec's (:class:`~archspec.convnet.ConvNet`): ``conv1.weight`` ->
+    ``stem.conv1.weight``, ``layer2.0.downsample.1.weight`` -> ``stages.1.blocks.0.downsample.1.weight``,
+    ``fc.bias`` -> ``head.bias``; other keys unchanged."""
+    if _RESNET_STEM.match(key):
+        return "stem." + key
+    match = _RESNET_LAYER.match(key)
+    if match:
+        return f"stages.{int(match.group(1)) - 1}.blocks.{match.group(2)}." + key[match.end():]
+    return re.sub(r"^fc\.", "head.", key)
+
+
+def resnet_key_to_timm(key: str) -> str:
+    """The inverse of :func:`resnet_key_from_timm`."""
+    if _OUR_CONV_STEM.match(key):
+        return key[len("stem."):]
+    match = _OUR_BLOCK.match(key)
+    if match:
+        return f"layer{int(match.group(1)) + 1}.{match.group(2)}." + key[match.end():]
+    return re.sub(r"^head\.", "fc.", key)
+
+
+def _is_convnet(model: nn.Module) -> bool:
+    return getattr(getattr(model, "spec", None), "is_convnet", False)
+
+
 def _stage_of(model: ArchModel) -> list[tuple[int, int]]:
     """Global block index -> (stage, layer)."""
     return [(s, j) for s, stage in enumerate(model.stages) for j in range(len(stage.blocks))]
@@ -75,12 +114,14 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
     """Convert a timm state dict into one that ``model.load_state_dict(..., strict=True)`` accepts.
 
     Args:
-        state_dict: a timm ViT/DeiT, ConViT or LeViT state dict.
+        state_dict: a timm ViT/DeiT, ConViT, LeViT, CaiT or ResNet state dict.
         model: the compiled archspec equivalent (same spec; see :data:`TIMM_EQUIVALENTS`).
 
     Raises:
         ValueError: a timm block index beyond the archspec model's depth.
     """
+    if _is_convnet(model):
+        return {resnet_key_from_timm(key): value for key, value in state_dict.items()}
     stage_of = _stage_of(model)
     ours = set(model.state_dict())
     out: dict[str, Tensor] = {}
@@ -116,6 +157,14 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
         KeyError: a tensor of ``timm_model`` has no archspec counterpart.
     """
     ours = model.state_dict()
+    if _is_convnet(model):
+        out = {}
+        for key in timm_model.state_dict():
+            src = resnet_key_from_timm(key)
+            if src not in ours:
+                raise KeyError(f"timm tensor {key!r} has no archspec counterpart (looked for {src!r})")
+            out[key] = ours[src]
+        return out
     our_keys = set(ours)
     flat_blocks = any(k.startswith("blocks.") for k in timm_model.state_dict())
     out: dict[str, Tensor] = {}

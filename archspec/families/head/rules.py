@@ -36,7 +36,8 @@ class HeadOutSpec(StrictModel):
 @dataclass(frozen=True)
 class HeadShape:
     """The head on ``n_tokens`` tokens of width ``dim``: ``num_classes`` (0: features only), a distillation
-    classifier, LeViT's BatchNorm classifier (``batchnorm``), pooling ``pool``."""
+    classifier, LeViT's BatchNorm classifier (``batchnorm``), pooling ``pool``; ``final_norm``: the ViT family's
+    LayerNorm (False for a conv net's head: timm ResNet's global average pool + ``fc``)."""
 
     dim: int
     n_tokens: int
@@ -44,17 +45,19 @@ class HeadShape:
     distillation: bool
     batchnorm: bool
     pool: str
+    final_norm: bool = True
 
 
 def counts(shape: HeadShape) -> tuple[int, int]:
     """(params, MACs per image): per classifier ``C n + n`` (+ ``2C`` BatchNorm, LeViT), plus the final LayerNorm
-    ``2C`` of the ViT family; ``C n`` MACs per classifier."""
+    ``2C`` of the ViT family (not a conv net's); ``C n`` MACs per classifier."""
     dim, n_cls, bn = shape.dim, shape.num_classes, shape.batchnorm
     heads = 2 if shape.distillation else 1
+    norm = 2 * dim if shape.final_norm and not bn else 0
     if n_cls == 0:
-        params = 0 if bn else 2 * dim
+        params = norm
     else:
-        params = heads * (dim * n_cls + n_cls + (2 * dim if bn else 0)) + (0 if bn else 2 * dim)
+        params = heads * (dim * n_cls + n_cls + (2 * dim if bn else 0)) + norm
     return params, dim * n_cls * heads
 
 

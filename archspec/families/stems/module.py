@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..activations import activation
 from .rules import StemShape, grid
 
-__all__ = ["PatchStem", "ConvStem", "IdentityStem", "build"]
+__all__ = ["PatchStem", "ConvStem", "IdentityStem", "ResNetStem", "build"]
 
 
 def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
@@ -98,10 +98,49 @@ class IdentityStem(nn.Module):
         return self.unfold(x).transpose(1, 2)
 
 
+class ResNetStem(nn.Module):
+    """ResNet's stem with timm ``resnet.ResNet``'s layers and names: ``conv1`` (a 7x7 stride-2 conv, or the deep
+    stem's ``Sequential`` of three 3x3 convs ``in -> w -> w -> C`` with BatchNorm + ReLU between them), ``bn1``,
+    ``act1``, ``maxpool`` (3x3 stride-2 max-pool, or ResNet-RS's 3x3 stride-2 conv + BatchNorm + ReLU).
+
+    Shapes: ``(B, in_chans, H, W) -> (B, C, ceil(H / 4), ceil(W / 4))`` (a map, not tokens).
+    MACs: per conv ``H_out W_out k^2 c_in c_out``.  Initialisation as timm ``ResNet.init_weights``: every conv
+    ``kaiming_normal_(mode='fan_out', nonlinearity='relu')``.
+    """
+
+    def __init__(self, in_chans: int, channels: int, stem_width: int = 0, pool: str = "max") -> None:
+        super().__init__()
+        if stem_width:
+            self.conv1 = nn.Sequential(
+                nn.Conv2d(in_chans, stem_width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(stem_width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(stem_width, stem_width, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(stem_width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(stem_width, channels, 3, stride=1, padding=1, bias=False))
+        else:
+            self.conv1 = nn.Conv2d(in_chans, channels, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.act1 = nn.ReLU(inplace=True)
+        if pool == "conv":
+            self.maxpool = nn.Sequential(nn.Conv2d(channels, channels, 3, stride=2, padding=1, bias=False),
+                                         nn.BatchNorm2d(channels), nn.ReLU(inplace=True))
+        else:
+            self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, C_in, H, W) -> (B, C, H / 4, W / 4)``."""
+        return self.maxpool(self.act1(self.bn1(self.conv1(x))))
+
+
 def build(shape: StemShape) -> nn.Module:
     """The module of a :class:`~.rules.StemShape` (raises as the stem classes)."""
     if shape.kind == "patch":
         return PatchStem(shape.in_chans, shape.dim, shape.patch_size, shape.img_size)
     if shape.kind == "identity":
         return IdentityStem(shape.in_chans, shape.patch_size)
+    if shape.kind == "resnet":
+        return ResNetStem(shape.in_chans, shape.dim, shape.stem_width, shape.pool)
     return ConvStem(shape.in_chans, list(shape.channels), activation(shape.act))

@@ -1,9 +1,13 @@
 """Stems turning images ``(B, C_in, H, W)`` into tokens: torch-free rules -- spec models, shape, the one
 grid rule, checks, parameters, MACs, memory and the name of the first convolution.
 
-Three kinds: ViT's patch embedding (timm ``PatchEmbed``), LeViT's convolutional stem (sec. 4.2: 3x3
-stride-2 convs with BatchNorm, timm ``levit.Stem16``) and CMHSA's identity patch stem (App. B: a token is its
-raw ``P x P x C`` pixels).  The modules are in :mod:`archspec.families.stems.module`.
+Four kinds: ViT's patch embedding (timm ``PatchEmbed``), LeViT's convolutional stem (sec. 4.2: 3x3
+stride-2 convs with BatchNorm, timm ``levit.Stem16``), CMHSA's identity patch stem (App. B: a token is its
+raw ``P x P x C`` pixels) and ResNet's stem (He et al. 2016, Tab. 1: 7x7 stride-2 conv, BatchNorm, ReLU, 3x3
+stride-2 max-pool; or the deep stem of ResNet-C/D, He et al. 2019 "Bag of Tricks" fig. 2, and ResNet-RS's
+strided-conv pool, Bello et al. 2021 -- timm ``resnet.ResNet``'s stem).  The first three make tokens; the
+ResNet stem makes a feature map ``(B, C, H, W)`` for conv stages.  The modules are in
+:mod:`archspec.families.stems.module`.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from pydantic import Field, field_validator
 from archspec.memory import F32, NodeMemory
 from archspec.strict_model import StrictModel
 
-__all__ = ["PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "StemSpec", "StemShape", "plan", "grid",
-           "reduction", "counts", "memory", "batchnorm_channels", "first_conv_name", "NO_WEIGHT_DECAY", "MAX_DIM"]
+__all__ = ["PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec", "StemSpec", "StemShape", "plan",
+           "grid", "reduction", "counts", "memory", "batchnorm_channels", "first_conv_name", "NO_WEIGHT_DECAY",
+           "MAX_DIM"]
 
 MAX_DIM = 4096
 NO_WEIGHT_DECAY: frozenset[str] = frozenset()
@@ -58,13 +63,38 @@ class IdentityStemSpec(StrictModel):
     patch_size: int = Field(16, ge=1, le=64, description="Patch side P in pixels.")
 
 
-StemSpec = Annotated[PatchStemSpec | ConvStemSpec | IdentityStemSpec, Field(discriminator="kind")]
+class ResNetStemSpec(StrictModel):
+    """ResNet stem (timm ``resnet.ResNet``): a 7x7 stride-2 conv + BatchNorm + ReLU, then a 3x3 stride-2 max-pool
+    (ResNet-18/50); ``deep: true`` replaces the 7x7 conv by three 3x3 convs ``stem_width -> stem_width -> channels``
+    (ResNet-C/D, ResNet-RS: timm ``stem_type='deep'``); ``pool: conv`` replaces the max-pool by a 3x3 stride-2
+    conv + BatchNorm + ReLU (ResNet-RS: timm ``replace_stem_pool=True``).  Output: a map of ``channels`` channels
+    at 1/4 of the input resolution, for conv stages."""
+
+    kind: Literal["resnet"] = "resnet"
+    channels: int = Field(64, ge=1, le=MAX_DIM, description="Output channels (timm's inplanes: 64; 2 x stem_width "
+                          "for the deep stem).")
+    deep: bool = Field(False, description="Three 3x3 convs instead of the 7x7 one (timm stem_type='deep').")
+    stem_width: int | None = Field(None, ge=1, le=MAX_DIM, description="Deep stem: width of its first two convs; "
+                                   "default channels / 2 (timm's stem_width, 32 for ResNet-D/RS).")
+    pool: Literal["max", "conv"] = Field("max", description="'max': 3x3 stride-2 max-pool; 'conv': 3x3 stride-2 conv "
+                                         "+ BatchNorm + ReLU (ResNet-RS, timm replace_stem_pool).")
+
+    @field_validator("stem_width")
+    @classmethod
+    def _deep_only(cls, value: int | None, info) -> int | None:
+        if value is not None and not info.data.get("deep", False):
+            raise ValueError("stem_width applies to the deep stem only (deep: true)")
+        return value
+
+
+StemSpec = Annotated[PatchStemSpec | ConvStemSpec | IdentityStemSpec | ResNetStemSpec, Field(discriminator="kind")]
 
 
 @dataclass(frozen=True)
 class StemShape:
     """A stem of ``kind`` from ``in_chans`` channels at ``img_size`` to tokens of width ``dim``: a patch side
-    ``patch_size`` (patch, identity) or the conv layers' ``channels`` and ``act`` (conv)."""
+    ``patch_size`` (patch, identity) or the conv layers' ``channels`` and ``act`` (conv); for the ResNet stem a
+    map of ``dim`` channels, ``stem_width`` the deep stem's inner width (0: the 7x7 stem) and ``pool``."""
 
     kind: str
     in_chans: int
@@ -73,6 +103,8 @@ class StemShape:
     patch_size: int | None = None
     channels: tuple[int, ...] = ()
     act: str = "hardswish"
+    stem_width: int = 0
+    pool: str = "max"
 
 
 def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv_layers: int = DEFAULT_CONV_LAYERS
@@ -81,6 +113,8 @@ def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv
     identity stems (floor), ``conv_layers`` times ``s -> (s - 1) // 2 + 1`` for the conv stem (3x3, stride 2,
     padding 1).  Raises nothing."""
     h, w = int(img_size[0]), int(img_size[1])
+    if kind == "resnet":  # stride-2 conv (7x7 pad 3 or 3x3 pad 1), then the stride-2 pool (3x3 pad 1)
+        return (h - 1) // 4 + 1, (w - 1) // 4 + 1
     if kind == "conv":
         for _ in range(conv_layers):
             h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
@@ -89,24 +123,29 @@ def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv
 
 
 def reduction(kind: str, patch_size: int | None = None, conv_layers: int = DEFAULT_CONV_LAYERS) -> int:
-    """Pixels per token side after the stem: the patch size, or ``2 ** layers`` for the conv stem."""
-    return 2 ** conv_layers if kind == "conv" else patch_size
+    """Pixels per token side after the stem: the patch size, or ``2 ** layers`` for the conv stem, 4 for ResNet's."""
+    return 4 if kind == "resnet" else 2 ** conv_layers if kind == "conv" else patch_size
 
 
-def first_conv_name(kind: str) -> str | None:
+def first_conv_name(kind: str, deep: bool = False) -> str | None:
     """The stem's first convolution, as timm's cfgs name it: ``stem.proj`` for the patch stem (timm ViT's
     ``patch_embed.proj``), ``stem.conv1.linear`` for LeViT's conv stem (timm LeViT's); None for the identity
     stem, which has no weights (its token width is ``channels x patch^2``: another ``in_chans`` is another
-    architecture)."""
+    architecture); ``stem.conv1`` for ResNet's (timm's ``conv1``), ``stem.conv1.0`` for its deep stem."""
+    if kind == "resnet":
+        return "stem.conv1.0" if deep else "stem.conv1"
     return {"patch": "stem.proj", "conv": "stem.conv1.linear"}.get(kind)
 
 
-def plan(stem: PatchStemSpec | ConvStemSpec | IdentityStemSpec, in_chans: int, img_size: tuple[int, int],
-         first_dim: int) -> tuple[StemShape, list[tuple[tuple, str, str]]]:
+def plan(stem: PatchStemSpec | ConvStemSpec | IdentityStemSpec | ResNetStemSpec, in_chans: int,
+         img_size: tuple[int, int], first_dim: int) -> tuple[StemShape, list[tuple[tuple, str, str]]]:
     """The stem's shape and its problems ``(path, message, hint)``: a patch that does not divide the input, an
     identity stem whose token width is not the first stage's, conv channels that do not end at it."""
     if stem.kind == "conv":
         return _plan_conv(stem, in_chans, img_size, first_dim)
+    if stem.kind == "resnet":
+        width = (stem.stem_width or max(stem.channels // 2, 1)) if stem.deep else 0
+        return StemShape("resnet", in_chans, tuple(img_size), stem.channels, stem_width=width, pool=stem.pool), []
     p, (height, width) = stem.patch_size, img_size
     out = []
     if height % p or width % p:
@@ -149,9 +188,30 @@ def _conv_layers(shape: StemShape) -> list[tuple[int, int, int, int]]:
     return layers
 
 
+def _resnet_convs(shape: StemShape) -> list[tuple[int, int, int, int, int]]:
+    """The ResNet stem's convs ``(k, c_in, c_out, h_out, w_out)``, each followed by a BatchNorm of ``c_out``."""
+    (h, w), c, out = shape.img_size, shape.in_chans, shape.dim
+    h1, w1 = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+    h2, w2 = (h1 - 1) // 2 + 1, (w1 - 1) // 2 + 1
+    if shape.stem_width:
+        sw = shape.stem_width
+        convs = [(3, c, sw, h1, w1), (3, sw, sw, h1, w1), (3, sw, out, h1, w1)]
+    else:
+        convs = [(7, c, out, h1, w1)]
+    if shape.pool == "conv":
+        convs.append((3, out, out, h2, w2))
+    return convs
+
+
 def counts(shape: StemShape) -> tuple[int, int]:
     """(params, MACs per image): patch ``C_in P^2 C + C`` and ``N C_in P^2 C``; conv, per layer, ``9 c_in c_out``
-    weights + 2 BatchNorm parameters per channel and ``H_out W_out 9 c_in c_out`` MACs; identity 0 and 0."""
+    weights + 2 BatchNorm parameters per channel and ``H_out W_out 9 c_in c_out`` MACs; identity 0 and 0;
+    ResNet, per conv ``k^2 c_in c_out`` weights (no bias) + 2 BatchNorm parameters per channel and
+    ``H_out W_out k^2 c_in c_out`` MACs (the max-pool counts none)."""
+    if shape.kind == "resnet":
+        convs = _resnet_convs(shape)
+        return (sum(k * k * c * o + 2 * o for k, c, o, _, _ in convs),
+                sum(h * w * k * k * c * o for k, c, o, h, w in convs))
     if shape.kind == "conv":
         layers = _conv_layers(shape)
         return (sum(9 * c * c_out + 2 * c_out for c, c_out, _, _ in layers),
@@ -179,10 +239,14 @@ def memory(shape: StemShape) -> NodeMemory:
 
 
 def batchnorm_channels(shape: StemShape) -> int:
-    """BatchNorm channels ``model.fuse()`` folds away: every conv layer's (conv stem)."""
-    return sum(shape.channels)
+    """BatchNorm channels ``model.fuse()`` folds away: every conv layer's (conv stem); none for ResNet's stem,
+    whose ``nn.Conv2d`` / ``nn.BatchNorm2d`` pairs (timm's) have no ``fuse``."""
+    return 0 if shape.kind == "resnet" else sum(shape.channels)
 
 
 def label(shape: StemShape) -> str:
-    """The analysis table's kind: ``patch16``, ``identity16``, ``conv4``."""
+    """The analysis table's kind: ``patch16``, ``identity16``, ``conv4``, ``resnet`` or ``resnet-deep``
+    (``+convpool``)."""
+    if shape.kind == "resnet":
+        return "resnet" + ("-deep" if shape.stem_width else "") + ("+convpool" if shape.pool == "conv" else "")
     return f"conv{len(shape.channels)}" if shape.kind == "conv" else f"{shape.kind}{shape.patch_size}"
