@@ -117,7 +117,10 @@ def test_zero_cost_rung_run(space_file, tmp_path, one_thread):
     scored = sorted((t for t in study.get_trials() if ZERO_COST_ATTR in t.user_attrs
                      and "reused_from" not in t.user_attrs), key=lambda t: t.number)
     trained = [t for t in scored if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(trained) == 4 and summary["zero_cost"]["scored_this_run"] == len(scored)
+    # how many train depends on measured latencies (the rule keeps a candidate no other beats on both), and the
+    # tiny space has 4 architectures: the run ends at 4 trained or when the space is exhausted
+    assert 1 <= len(trained) <= 4 and summary["zero_cost"]["scored_this_run"] == len(scored)
+    assert summary["zero_cost"]["trained"] == len(trained) and summary["zero_cost"]["scored"] == len(scored)
     for i, t in enumerate(scored):
         zc = t.user_attrs[ZERO_COST_ATTR]
         assert set(zc["scores"]) == set(ZERO_COST_RANKINGS) and set(zc["seconds"]) == {"naswot", "synflow", "grad_norm"}
