@@ -71,8 +71,11 @@ def spec_schema() -> dict[str, Any]:
                           f"{', '.join(_PLAIN_KINDS + _MASK_KINDS)}; a mask kind may name a window: 'mask:3x5'")
     _shorthand_or_mapping(defs, "MixerSpec", r"^\s*(?:attention|(?:token_)?conv\d*)\s*$",
                           "'attention', 'conv<K>' (pixel view) or 'token_conv<K>' (token grid)")
-    for stem in ("PatchStemSpec", "ConvStemSpec", "IdentityStemSpec"):
+    for stem in ("PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec"):
         defs[stem]["required"] = ["kind"]  # the loader needs the tag to choose the stem
+    # an attention stage may name its kind (the default); the loader drops it, so the model has no such field
+    defs["StageSpec"]["properties"]["kind"] = {"const": "attention", "description": "'attention' (the default): "
+                                               "token stages; 'conv' is a conv stage"}
     schema["patternProperties"] = {X_KEY_PATTERN: {"description": "ignored: a place for YAML anchors"}}
     return {"$schema": SCHEMA_DIALECT, "$id": SCHEMA_ID, **schema}
 

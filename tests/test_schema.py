@@ -162,3 +162,14 @@ def test_top_level_unknown_key_mentions_x_prefix() -> None:
     with pytest.raises(SpecError) as info:
         load_spec("anchors: {a: 1}\nstages: [{depth: 2, dim: 64, heads: 2}]", check=False)
     assert "'x-'" in info.value.problems[0].hint
+
+
+def test_a_stage_may_name_its_kind() -> None:
+    """``kind: attention`` (the default, which the loader accepts) and ``kind: conv`` validate; others do not."""
+    base = yaml.safe_load((SPEC_DIR / "deit_tiny.yaml").read_text(encoding="utf-8"))
+    named = {**base, "stages": [{**base["stages"][0], "kind": "attention"}]}
+    assert _errors(named) == [] and load_spec(named).stages == load_spec(base).stages
+    assert _errors({**base, "stages": [{**base["stages"][0], "kind": "pooling"}]})
+    resnet = yaml.safe_load((SPEC_DIR / "resnet18.yaml").read_text(encoding="utf-8"))
+    assert _errors(resnet) == [] and _errors({**resnet, "stem": {k: v for k, v in resnet["stem"].items()
+                                                                 if k != "kind"}})
