@@ -274,12 +274,8 @@ def _build_convnet(b: _Builder) -> nx.DiGraph:
     """The IR of a conv net: the ResNet stem, each conv stage's residual blocks (family ``conv_block``), the
     average-pool + classifier head.  ``tokens`` of a node is the map's pixel count ``H x W``, ``dim`` its channels."""
     spec = b.spec
-    shape, found = STEM.plan(spec.stem, spec.input.channels, spec.input.resolution, spec.stages[0].dim)
-    b.problems_of(found)
-    grid = STEM.out_grid(shape)
-    b.add_family("stem", "stem", shape, kind="stem", label=STEM.label(shape), tokens=grid[0] * grid[1], grid=grid,
-                 dim=shape.dim, bn_channels=STEM.batchnorm_channels(shape))
-    channels, index = shape.dim, 0
+    grid, channels = _add_stem(b)
+    index = 0
     for i, stage in enumerate(spec.stages):
         shapes, found = CONV_BLOCK.plan(stage, i, channels, grid)
         b.problems_of(found)

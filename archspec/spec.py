@@ -41,7 +41,7 @@ from archspec.families.shrink.rules import ShrinkSpec
 from archspec.families.stems.rules import ConvStemSpec, IdentityStemSpec, PatchStemSpec, ResNetStemSpec, StemSpec
 from archspec.families.tokens.rules import TokensSpec
 from archspec.strict_model import HINT as _HINT
-from archspec.strict_model import StrictModel
+from archspec.strict_model import DropPathRate, StrictModel
 from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = [
@@ -214,7 +214,7 @@ class StageSpec(StrictModel):
     norm_eps: float = Field(1e-6, gt=0, le=1e-2, description="LayerNorm epsilon (timm ViT/ConViT: 1e-6).")
     act: Literal["gelu", "hardswish", "relu"] = Field("gelu", description="MLP (and LeViT attention) activation.")
     qkv_bias: bool = Field(True, description="Bias on q/k/v projections (DeiT True, ConViT False); LeViT has none.")
-    drop_path: float | tuple[float, float] = Field(
+    drop_path: DropPathRate = Field(
         0.0, description="Stochastic depth: one rate for every block, or [first, last] linearly spaced over the stage."
     )
     layer_scale: float | None = Field(None, gt=0, le=1, description="LayerScale init (CaiT / MaiT*); None = off.")
@@ -259,27 +259,6 @@ class StageSpec(StrictModel):
         if dim is not None and int(dim * value) < 1:
             raise ValueError(f"MLP hidden width int(dim * mlp_ratio) = int({dim} * {value:g}) is 0"
                              f"{_HINT}use mlp_ratio >= {1 / dim:g} (timm would silently widen it to dim)")
-        return value
-
-    @field_validator("drop_path", mode="before")
-    @classmethod
-    def _rate_shape(cls, value: Any) -> Any:
-        if isinstance(value, (list, tuple)) and len(value) != 2:
-            raise ValueError(f"drop_path must be one rate or a pair [first, last], got {len(value)} values")
-        if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
-            raise ValueError(f"drop_path must be a number in [0, 1) or a pair [first, last], got {value!r}")
-        if isinstance(value, list):  # strict mode takes tuples only; YAML gives lists
-            if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
-                raise ValueError(f"drop_path rates must be numbers, got {value!r}")
-            return tuple(float(v) for v in value)
-        return value
-
-    @field_validator("drop_path")
-    @classmethod
-    def _rate(cls, value: Any) -> Any:
-        rates = value if isinstance(value, tuple) else (value,)
-        if any(not 0.0 <= r < 1.0 for r in rates):
-            raise ValueError("drop path rates must be in [0, 1)")
         return value
 
 

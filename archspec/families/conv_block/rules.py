@@ -13,12 +13,12 @@ Every conv is bias-free and followed by a BatchNorm; activations are ReLU.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from archspec.memory import F32, NodeMemory
-from archspec.strict_model import StrictModel
+from archspec.strict_model import DropPathRate, StrictModel
 
 __all__ = ["SESpec", "ConvStageSpec", "ConvBlockShape", "se_channels", "plan", "counts", "memory", "out_grid",
            "batchnorm_channels", "label", "NO_WEIGHT_DECAY", "EXPANSION"]
@@ -60,29 +60,8 @@ class ConvStageSpec(StrictModel):
     se: SESpec | None = Field(None, description="Squeeze-excitation after the last conv (ResNet-RS: rd_ratio 0.25).")
     zero_init_last: bool = Field(True, description="Initialise each block's last BatchNorm weight to 0 (timm's "
                                  "default, Goyal et al. 2017).")
-    drop_path: float | tuple[float, float] = Field(
+    drop_path: DropPathRate = Field(
         0.0, description="Stochastic depth: one rate for every block, or [first, last] linearly spaced over the stage.")
-
-    @field_validator("drop_path", mode="before")
-    @classmethod
-    def _rate_shape(cls, value: Any) -> Any:
-        if isinstance(value, (list, tuple)) and len(value) != 2:
-            raise ValueError(f"drop_path must be one rate or a pair [first, last], got {len(value)} values")
-        if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
-            raise ValueError(f"drop_path must be a number in [0, 1) or a pair [first, last], got {value!r}")
-        if isinstance(value, list):
-            if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
-                raise ValueError(f"drop_path rates must be numbers, got {value!r}")
-            return tuple(float(v) for v in value)
-        return value
-
-    @field_validator("drop_path")
-    @classmethod
-    def _rate(cls, value: Any) -> Any:
-        rates = value if isinstance(value, tuple) else (value,)
-        if any(not 0.0 <= r < 1.0 for r in rates):
-            raise ValueError("drop path rates must be in [0, 1)")
-        return value
 
     @property
     def dim(self) -> int:
