@@ -67,6 +67,7 @@ from archspec.search.config import (
     ZERO_COST_ATTR,
     SearchConfig,
     SearchOutcome,
+    complete_config,
 )
 from archspec.search.study import (
     ARCH_KEY_ATTR,
@@ -831,6 +832,7 @@ def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name:
     from archspec.search.latency import LatencyCache
 
     quiet_optuna()
+    cfg = complete_config(cfg)  # a SearchConfig left with budgets / protocols None or dicts: the defaults
     wall_start = time.perf_counter()
     multi = cfg.objective == "pareto"
     directions = ["maximize", "minimize"] if multi else ["maximize"]
