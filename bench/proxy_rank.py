@@ -173,6 +173,12 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu",
                         help="where every training runs: cpu (default), cuda, cuda:N or auto (archspec.train's loop: "
                              "bf16 autocast and the data set on the device on CUDA)")
+    parser.add_argument("--eval-points", choices=("all", "final"), default="all",
+                        help="all: val top-1 at every eval point of each protocol (default; the replicate's points "
+                             "give the truncated-training fidelities); final: only at the end of each run -- the "
+                             "same final accuracies (evaluation draws no random numbers), without the intermediate "
+                             "passes over the val set, which on CPU at 14x14 grids cost about as much as the long "
+                             "run's training for Fashion-MNIST's 10,000 test images")
     parser.add_argument("--out", default=str(HERE / "proxy_rank"), help="output stem (.json and .md)")
     args = parser.parse_args(argv)
     if args.max_images is not None and args.max_images < 0:
@@ -201,6 +207,8 @@ def main(argv=None) -> int:
     long_steps = args.long_steps or 4 * proxy.steps
     long = dataclasses.replace(proxy, steps=long_steps, eval_every=max(long_steps // 4, 1),
                                warmup_steps=max(proxy.warmup_steps, long_steps // 10))
+    if args.eval_points == "final":
+        proxy, long = (dataclasses.replace(p, eval_every=p.steps) for p in (proxy, long))
     budgets = Budgets(macs=parse_quantity(args.budget_flops, "--budget-flops"))
     space = load_space(None)
     data = load_data(args.data, image_size=proxy.image_size, seed=args.seed, max_images=args.max_images)
