@@ -43,7 +43,8 @@ class Analysis:
     (at layer ``peak_layer``); ``weight_bytes`` 4 per parameter; ``buffer_bytes`` index/mask tables
     and eval-mode caches; ``peak_memory_bytes`` their sum, the figure the memory limit applies to.
     ``saved_activation_bytes`` is what training keeps per image for the backward pass (the sum over
-    layers).
+    layers).  ``conv_macs`` + ``token_macs`` = ``macs``, split as LeViT Tab. 1: the layers before the tokens
+    exist (stem, conv stages, a hybrid's map -> tokens interface; all of a conv net), then the rest.
     """
 
     name: str
@@ -60,6 +61,8 @@ class Analysis:
     saved_activation_bytes: int = 0
     macs_executed: int = 0
     params_folded: int = 0
+    conv_macs: int = 0
+    token_macs: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready dict."""
@@ -89,7 +92,8 @@ def analyze(spec: ArchSpec | str | os.PathLike | dict) -> Analysis:
                     weight_bytes=totals["weight_bytes"], buffer_bytes=totals["buffer_bytes"],
                     peak_memory_bytes=totals["peak_memory_bytes"],
                     saved_activation_bytes=totals["saved_activation_bytes"], macs_executed=totals["macs_executed"],
-                    params_folded=totals["params"] - _folded_away(graph))
+                    params_folded=totals["params"] - _folded_away(graph), conv_macs=totals["conv_macs"],
+                    token_macs=totals["token_macs"])
 
 
 def _folded_away(graph) -> int:

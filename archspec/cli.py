@@ -295,8 +295,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     console = _console()
     console.print(_table(analysis, f"{spec.name}: valid" + (f" artifact {args.spec} (spec, weights, digest)" * is_dir)))
     console.print(f"params {human(analysis.params)} ({analysis.params:,})   MACs {human(analysis.macs)} per image "
-                  f"({analysis.macs:,})   input {analysis.input_shape}   output {analysis.output_shape}")
+                  f"({analysis.macs:,}{_split_note(spec, analysis)})   input {analysis.input_shape}   "
+                  f"output {analysis.output_shape}")
     return 0
+
+
+def _split_note(spec, analysis) -> str:
+    """A hybrid's conv / transformer MACs, as LeViT Tab. 1 reports its grafted models."""
+    from archspec.analysis import human
+
+    if not spec.is_hybrid:
+        return ""
+    return f"; conv {human(analysis.conv_macs)}, transformer {human(analysis.token_macs)}"
 
 
 def _write_out(verb: str, out: Path, write, report: dict, layout=None) -> dict:

@@ -73,13 +73,17 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
         model.analysis = graph
         return model
     stem, embed = (next(n for n in nodes if n["kind"] == kind) for kind in ("stem", "embed"))
+    # a hybrid's map -> tokens node (LeViT sec. 3.2 grafting), between its conv and attention stages
+    interface = next((n for n in nodes if n["kind"] == "interface"), None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         stem_module = build("stem", stem["shape"])
         stages = _stages(nodes, len(spec.stages))
+        interface_module = build("interface", interface["shape"]) if interface is not None else None
         tokens = embed["tokens_plan"]
-        model = ArchModel(spec, stem_module, stages, dim_in=spec.stages[0].dim, dim_out=spec.stages[-1].dim,
-                          cls_at=tokens.cls_at, n_extra=tokens.n_extra, pos_embed_len=embed["pos_embed_len"],
-                          token_dim=tokens.width, drop_rate=drop_rate)
+        model = ArchModel(spec, stem_module, stages, dim_in=spec.stages[spec.n_conv_stages].dim,
+                          dim_out=spec.stages[-1].dim, cls_at=tokens.cls_at, n_extra=tokens.n_extra,
+                          pos_embed_len=embed["pos_embed_len"], token_dim=tokens.width, drop_rate=drop_rate,
+                          n_conv_stages=spec.n_conv_stages, interface=interface_module)
     model.analysis = graph
     return model

@@ -8,7 +8,8 @@ in microseconds.
 Node order is execution order; edges link consecutive nodes (the data path).  Every node carries:
 
 ``kind``      one of ``input, stem, embed, insert, shrink, block, class_attn, head`` (a conv net: ``input, stem,
-              block, head``, its blocks of family ``conv_block``, ``tokens`` the map's pixels ``H x W``)
+              block, head``, its blocks of family ``conv_block``, ``tokens`` the map's pixels ``H x W``; a hybrid:
+              its conv stages' blocks, then ``interface`` (map -> tokens), then a token model's nodes)
 ``family``    the block family whose rules counted it (:mod:`archspec.families`); ``shape`` that family's
               typed shape, which :mod:`archspec.compiler` hands to the family's ``build`` (no spec re-read)
 ``name``      module path in the compiled model (``stages.1.blocks.0``)
@@ -78,7 +79,8 @@ _NO_MEMORY = NodeMemory()  # nodes that hold nothing (the input)
 
 STEM, TOKENS, ATTENTION, TALKING_HEADS, CONV_MIXER, CONV_BLOCK = (family_rules(n) for n in (
     "stem", "tokens", "attention", "talking_heads", "conv_mixer", "conv_block"))
-BLOCK, SHRINK, CLASS_ATTENTION, HEAD = (family_rules(n) for n in ("block", "shrink", "class_attention", "head"))
+BLOCK, SHRINK, CLASS_ATTENTION, HEAD, INTERFACE = (family_rules(n) for n in (
+    "block", "shrink", "class_attention", "head", "interface"))
 
 
 def _report_layer(problems: list[Problem], path: tuple, layer: int, text: str, hint: str | None = None) -> None:
@@ -196,7 +198,8 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
 
     Returns:
         A ``networkx.DiGraph`` whose nodes, in execution order, carry the attributes listed in the
-        module docstring; ``graph.graph`` holds totals (``params``, ``macs``, ``output``, and the
+        module docstring; ``graph.graph`` holds totals (``params``, ``macs`` -- split as LeViT Tab. 1 into
+        ``conv_macs``, the nodes before the tokens exist, and ``token_macs``, the rest --, ``output``, and the
         memory totals ``peak_activation_bytes``, ``weight_bytes``, ``buffer_bytes``,
         ``peak_memory_bytes``, ``peak_node``, ``saved_activation_bytes``).  No memory limit is
         applied here: see :func:`check_memory`.
@@ -211,10 +214,12 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
     if _check_stage_kinds(b):
         return _build_convnet(b)
     grid, dim = _add_stem(b)
+    if spec.is_hybrid:
+        grid, dim = _add_interface(b, *_add_conv_stages(b, grid, dim))
     _check_grid(b, grid)
     tokens = _resolve_tokens(b)
     flow = _add_embed(b, tokens, grid, dim)
-    for i in range(len(spec.stages)):
+    for i in range(spec.n_conv_stages, len(spec.stages)):
         _add_stage(b, i, flow, tokens)
     if tokens.cls_at is not None and tokens.cls_at == spec.depth and spec.depth > 0:
         _add_insert(b, flow, tokens)
@@ -225,29 +230,32 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
 
 
 def _check_stage_kinds(b: _Builder) -> bool:
-    """Whether the spec is a conv net (a ResNet stem and conv stages only); raises every problem of a spec that
-    mixes feature maps and tokens, which this version cannot join: a conv stage before or after an attention
-    stage, a conv stage after a token stem, a ResNet stem before attention stages, and a conv net with class or
-    distillation tokens, a position embedding, class-token pooling or CaiT's class attention."""
+    """Whether the spec is a conv net (a ResNet stem and conv stages only); raises every problem of a spec whose
+    stage kinds do not join: a conv stage after an attention stage (tokens do not turn back into a map), conv
+    stages after a token stem, a ResNet stem before attention stages with no conv stage between, and a conv net
+    with class or distillation tokens, a position embedding, class-token pooling or CaiT's class attention.
+    A hybrid (conv stages, then attention stages) is checked by :func:`_add_interface`."""
     spec = b.spec
     conv = [isinstance(s, CONV_BLOCK.ConvStageSpec) for s in spec.stages]
     resnet_stem = spec.stem.kind == "resnet"
     if not any(conv) and not resnet_stem:
         return False
-    hint_mixed = "use conv stages only, or attention stages only (the map-to-token interface is not implemented)"
-    for i, is_conv in enumerate(conv):
-        if is_conv and not all(conv):
-            where = "after" if not all(conv[:i]) else "before"
-            b.problem(("stages", i, "kind"), f"a conv stage {where} an attention stage is not supported yet "
-                      "(feature maps do not turn into tokens or back in this version)", hint_mixed)
+    n_conv = spec.n_conv_stages
+    for i in range(n_conv, len(conv)):
+        if conv[i]:
+            b.problem(("stages", i, "kind"), "a conv stage after an attention stage is not supported (tokens do not "
+                      "turn back into a feature map in this version)",
+                      "put every conv stage before the attention stages (a hybrid: conv stages, then attention)")
     if any(conv) and not resnet_stem:
         b.problem(("stem", "kind"), f"conv stages need the feature map of a resnet stem, not the tokens of a "
                   f"{spec.stem.kind} stem", "set stem: {kind: resnet}")
-    if resnet_stem and not all(conv):
-        b.problem(("stem", "kind"), "the resnet stem makes a feature map, which attention stages cannot take yet",
-                  "use a patch, conv or identity stem for attention stages, or make every stage kind: conv")
+    if resnet_stem and n_conv == 0:
+        b.problem(("stem", "kind"), "the resnet stem makes a feature map, which an attention stage takes only after "
+                  "a conv stage", "add a kind: conv stage first, or use a patch, conv or identity stem")
     if b.problems:
         raise SpecError(b.problems)
+    if not spec.is_convnet:
+        return False
     if spec.tokens.cls_token != "none":
         b.problem(("tokens", "cls_token"), "a conv net has no tokens to prepend a class token to",
                   "set tokens: {cls_token: none, pos_embed: none}")
@@ -270,13 +278,12 @@ def _check_stage_kinds(b: _Builder) -> bool:
     return True
 
 
-def _build_convnet(b: _Builder) -> nx.DiGraph:
-    """The IR of a conv net: the ResNet stem, each conv stage's residual blocks (family ``conv_block``), the
-    average-pool + classifier head.  ``tokens`` of a node is the map's pixel count ``H x W``, ``dim`` its channels."""
-    spec = b.spec
-    grid, channels = _add_stem(b)
+def _add_conv_stages(b: _Builder, grid: tuple[int, int], channels: int) -> tuple[tuple[int, int], int]:
+    """Each leading conv stage's residual blocks (family ``conv_block``); returns the map's size and channels
+    after them.  ``tokens`` of a node is the map's pixel count ``H x W``, ``dim`` its channels."""
     index = 0
-    for i, stage in enumerate(spec.stages):
+    for i in range(b.spec.n_conv_stages):
+        stage = b.spec.stages[i]
         shapes, found = CONV_BLOCK.plan(stage, i, channels, grid)
         b.problems_of(found)
         for layer, block in enumerate(shapes):
@@ -287,11 +294,36 @@ def _build_convnet(b: _Builder) -> nx.DiGraph:
         if not shapes:  # refused: carry on with the map the stage would have made, to find later problems
             grid = (max((grid[0] - 1) // stage.stride + 1, 1), max((grid[1] - 1) // stage.stride + 1, 1))
         channels, index = stage.channels, index + stage.depth
+    return grid, channels
+
+
+def _build_convnet(b: _Builder) -> nx.DiGraph:
+    """The IR of a conv net: the ResNet stem, each conv stage's residual blocks (family ``conv_block``), the
+    average-pool + classifier head."""
+    spec = b.spec
+    grid, channels = _add_conv_stages(b, *_add_stem(b))
     head = spec.head
     shape = HeadShape(channels, grid[0] * grid[1], head.num_classes, False, False, head.pool, final_norm=False)
     b.add_family("head", "head", shape, kind="head", label="avg-pool", tokens=1, grid=(1, 1),
                  dim=head.num_classes or channels, heads="", bn_channels_before_linear=0)
     return _finish(b)
+
+
+def _add_interface(b: _Builder, grid: tuple[int, int], channels: int) -> tuple[tuple[int, int], int]:
+    """A hybrid's map -> tokens node (family ``interface``) entering the first attention stage; returns the token
+    grid and width.  That stage cannot also open with a shrinking attention (its input is the interface's)."""
+    i = b.spec.n_conv_stages
+    stage = b.spec.stages[i]
+    if stage.shrink is not None:
+        b.problem(("stages", i, "shrink"), "the first attention stage after conv stages takes the map through its "
+                  "interface (from_map); a shrinking attention cannot open it", "remove shrink here; pool the map "
+                  "with from_map: {pool: avg, grid: N} instead")
+    shape, found = INTERFACE.plan(stage.from_map, channels, grid, stage.dim, ("stages", i))
+    b.problems_of(found)
+    out = INTERFACE.out_grid(shape)
+    b.add_family("interface", "interface", shape, kind="interface", label=INTERFACE.label(shape), stage=i,
+                 tokens=out[0] * out[1], grid=out, dim=stage.dim)
+    return out, stage.dim
 
 
 def _add_stem(b: _Builder) -> tuple[tuple[int, int], int]:
@@ -318,8 +350,8 @@ def _check_grid(b: _Builder, grid: tuple[int, int]) -> None:
 
 
 def _width_before_block(spec: ArchSpec, index: int) -> int:
-    """Token width entering global block ``index`` (the last stage's width after the last block)."""
-    for stage in spec.stages:
+    """Token width entering global token block ``index`` (the last stage's width after the last block)."""
+    for stage in spec.stages[spec.n_conv_stages:]:
         if index < stage.depth:
             return stage.dim
         index -= stage.depth
@@ -330,7 +362,7 @@ def _resolve_tokens(b: _Builder) -> TokensPlan:
     """Check the ``tokens`` and ``head`` options against each other; where the class token enters."""
     spec = b.spec
     tokens, found = TOKENS.plan(spec.tokens, spec.head.pool, spec.head.distillation, spec.depth,
-                                lambda index: _width_before_block(spec, index), spec.stages[0].dim)
+                                lambda index: _width_before_block(spec, index), spec.stages[spec.n_conv_stages].dim)
     b.problems_of(found)
     return tokens
 
@@ -360,9 +392,13 @@ def _add_insert(b: _Builder, flow: _Flow, tokens: TokensPlan) -> None:
 def _add_stage(b: _Builder, i: int, flow: _Flow, tokens: TokensPlan) -> None:
     """Shrinking attention (if any) and the blocks of ``stages[i]``; advances ``flow``."""
     stage = b.spec.stages[i]
-    if stage.shrink is not None:
+    if stage.from_map is not None and (i != b.spec.n_conv_stages or i == 0):
+        b.problem(("stages", i, "from_map"), "from_map applies only to the first attention stage after conv stages "
+                  "(where a feature map becomes tokens); this stage receives tokens",
+                  "remove from_map here, or put kind: conv stages before this stage")
+    if stage.shrink is not None and not (i == b.spec.n_conv_stages and i > 0):  # a hybrid's: _add_interface
         _add_shrink(b, i, flow)
-    elif i > 0 and stage.dim != flow.dim:
+    elif i > b.spec.n_conv_stages and stage.dim != flow.dim:
         b.problem(("stages", i, "dim"), f"width changes from {flow.dim} to {stage.dim} without a transition",
                   "add 'shrink:' (LeViT shrinking attention) to this stage, or keep the width")
         flow.dim = stage.dim
@@ -477,7 +513,11 @@ def _finish(b: _Builder) -> nx.DiGraph:
     image = F32 * b.spec.input.channels * b.spec.input.resolution[0] * b.spec.input.resolution[1]
     peak = max(nodes, key=lambda d: d["act_bytes"])
     weights, buffers = F32 * total_params, sum(d["buffer_bytes"] for d in nodes)
-    g.graph.update(params=total_params, macs=sum(d["macs"] for d in nodes),
+    # LeViT Tab. 1's split: the conv part is every node before the tokens exist (stem, conv stages, interface)
+    embed = next((k for k, d in enumerate(nodes) if d["kind"] == "embed"), len(nodes))
+    conv_macs = sum(d["macs"] for d in nodes[:embed])
+    g.graph.update(params=total_params, macs=sum(d["macs"] for d in nodes), conv_macs=conv_macs,
+                   token_macs=sum(d["macs"] for d in nodes) - conv_macs,
                    macs_executed=sum(d["macs_executed"] for d in nodes), output=(nodes[-1]["dim"],), order=b.order,
                    spec=b.spec,
                    peak_activation_bytes=image + peak["act_bytes"], peak_node=peak["name"], weight_bytes=weights,

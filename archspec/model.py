@@ -27,9 +27,11 @@ from archspec.errors import Problem, SpecError
 from archspec.families import no_weight_decay_leaves
 from archspec.families.attention.module import Attention, ZeroPadTokens
 from archspec.families.attention.rules import RESAMPLED_TABLES
+from archspec.families.conv_block import rules as conv_blocks
 from archspec.families.conv_mixer.module import ConvMixer
 from archspec.families.head.module import build_classifier
 from archspec.families.head.rules import classifier_names
+from archspec.families.interface import rules as interface
 from archspec.families.shrink.module import ShrinkBlock
 from archspec.families.stems import rules as stems
 from archspec.families.stems.module import IdentityStem
@@ -69,7 +71,10 @@ class ArchModel(nn.Module):
     None: no class token); ``n_extra`` the number of such tokens; ``pos_embed_len`` tokens covered by
     the position embedding (0: none); ``token_dim`` their width (default ``dim_in``; the width of the
     stage they enter when inserted later); ``drop_rate`` dropout on the pooled features before the
-    classifier (timm ViT's ``head_drop``; not part of the spec, like timm's ``drop_rate`` kwarg).
+    classifier (timm ViT's ``head_drop``; not part of the spec, like timm's ``drop_rate`` kwarg);
+    ``n_conv_stages`` and ``interface`` for a hybrid (LeViT sec. 3.2 grafting): the first ``n_conv_stages`` of
+    ``stages`` are conv stages run on the stem's feature map, ``interface`` turns their map into the tokens
+    ``(B, N, C)`` the class token and position embedding join (family ``interface``).
 
     Attributes:
         spec: the :class:`~archspec.spec.ArchSpec` it was compiled from (``model.spec.to_yaml()``).
@@ -78,10 +83,12 @@ class ArchModel(nn.Module):
 
     def __init__(self, spec: ArchSpec, stem: nn.Module, stages: Sequence[Stage], dim_in: int, dim_out: int,
                  cls_at: int | None, n_extra: int, pos_embed_len: int, token_dim: int | None = None,
-                 drop_rate: float = 0.0):
+                 drop_rate: float = 0.0, n_conv_stages: int = 0, interface: nn.Module | None = None):
         super().__init__()
         self.spec = spec
         self.stem = stem
+        self.n_conv_stages = n_conv_stages
+        self.interface = interface
         self.stages = nn.ModuleList(stages)
         # The spec's stages; a compiled CaiT has one more, its class-attention stage, after them.
         self.n_patch_stages = len(spec.stages)
@@ -187,10 +194,19 @@ class ArchModel(nn.Module):
             tokens.append(self.dist_token.expand(x.shape[0], -1, -1))
         return torch.cat(tokens + [x], dim=1)
 
-    def _embed(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """Images ``(B, C_in, H, W)`` -> (stem tokens with class token and position embedding, patch grid)."""
+    def _embed(self, x: Tensor, take: Sequence[int] = (), taken: list | None = None) -> tuple[Tensor, tuple[int, int]]:
+        """Images ``(B, C_in, H, W)`` -> (stem tokens with class token and position embedding, patch grid).
+        A hybrid runs its conv stages on the stem's map first (appending to ``taken`` the maps of the levels in
+        ``take``, as tokens) and turns the last map into tokens through its interface."""
         grid = stem_grid(self.spec, x.shape[-2:]) if self.dynamic_img_size else self.patch_grid
         x = self.stem(x)
+        if self.interface is not None:
+            for s, stage in enumerate(self.stages[:self.n_conv_stages]):
+                for block in stage.blocks:
+                    x = self._run_block(block, x)
+                if s in take and taken is not None:
+                    taken.append((x.flatten(2).transpose(1, 2), tuple(x.shape[-2:]), 0))
+            x = self.interface(x)
         if self.cls_at == 0:
             x = self._prefix(x)
         if self.pos_embed is not None:
@@ -211,12 +227,14 @@ class ArchModel(nn.Module):
     def _forward_levels(self, x: Tensor, take: Sequence[int] = ()) -> tuple[Tensor, list[tuple[Tensor, tuple, int]]]:
         """Images -> (last tokens ``(B, N, C)`` before the final norm, ``[(tokens, grid, n_prefix)]`` of the
         feature levels in ``take``).  A level is a block for one-stage models, a stage otherwise."""
-        x, grid = self._embed(x)
+        taken: list[tuple[Tensor, tuple, int]] = []
+        x, grid = self._embed(x, take, taken)
         per_block = self.n_patch_stages == 1
         prefix = self.num_prefix_tokens if self.cls_at == 0 else 0
-        taken = []
-        index = 0
+        index = 0  # token blocks: the index space of cls_at
         for s, stage in enumerate(self.stages):  # the patch stages, then CaiT's class-attention stage if any
+            if s < self.n_conv_stages:  # a hybrid's conv stages ran in _embed
+                continue
             if not isinstance(stage.downsample, nn.Identity):
                 x = stage.downsample(x)
                 grid = ((grid[0] - 1) // 2 + 1, (grid[1] - 1) // 2 + 1)
@@ -277,9 +295,15 @@ class ArchModel(nn.Module):
     # ----------------------------------------------------------------------------- timm backbone API
     def _feature_info(self) -> list[dict[str, Any]]:
         """timm ``feature_info``: one entry per block (one-stage models, as timm ViT) or per stage (LeViT)."""
-        reduction = stem_reduction(self.spec)
-        info = []
+        reduction, info = stem_reduction(self.spec), []
+        for s, stage_spec in enumerate(self.spec.stages[:self.n_conv_stages]):  # a hybrid's conv stages
+            reduction *= stage_spec.stride
+            info.append(dict(num_chs=stage_spec.channels, reduction=reduction, module=f"stages.{s}"))
+        if self.n_conv_stages:  # the interface's pooling
+            reduction = self.spec.input.resolution[0] // self.patch_grid[0]
         for s, stage in enumerate(self.stages[:self.n_patch_stages]):  # CaiT's class attention is no level
+            if s < self.n_conv_stages:
+                continue
             if not isinstance(stage.downsample, nn.Identity):
                 reduction *= 2
             dim = self.spec.stages[s].dim
@@ -306,7 +330,7 @@ class ArchModel(nn.Module):
             (r"^stages\.(\d+)\.downsample", (0,)), (r"^stages\.(\d+)\.blocks\.(\d+)", None)]
         if not coarse:
             blocks.append((r"^norm|^fc_norm", (99999,)))
-        return dict(stem=r"^cls_token|^dist_token|^pos_embed|^stem", blocks=blocks)
+        return dict(stem=r"^cls_token|^dist_token|^pos_embed|^stem|^interface", blocks=blocks)
 
     def _class_attention_matcher(self, name: str) -> float:
         """Layer-decay group of a parameter of a model with CaiT's class-attention stage, as timm
@@ -388,7 +412,7 @@ class ArchModel(nn.Module):
     def _set_block_grids(self, grid: tuple[int, int]) -> None:
         """Move every token mixer and shrinking attention to the patch grid ``grid`` of a new input size
         (CaiT's class attention has no grid: it attends from the class token to whatever tokens come)."""
-        for stage in self.stages[:self.n_patch_stages]:
+        for stage in self.stages[self.n_conv_stages:self.n_patch_stages]:  # a hybrid's conv stages take any map
             if not isinstance(stage.downsample, nn.Identity):
                 if stage.downsample.grid != tuple(grid):
                     stage.downsample.set_grid(grid)
@@ -474,7 +498,7 @@ def default_pretrained_cfg(spec: ArchSpec) -> dict[str, Any]:
     return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
             "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875, "interpolation": "bicubic",
             "classifier": classifier_names(spec.stages[-1].norm == "batchnorm", spec.head.distillation),
-            "first_conv": stems.first_conv_name(spec.stem.kind)}
+            "first_conv": stems.first_conv_name(spec.stem.kind, getattr(spec.stem, "deep", False))}
 
 
 def _conv_layers(spec: ArchSpec) -> int:
@@ -488,8 +512,14 @@ def stem_reduction(spec: ArchSpec) -> int:
 
 def stem_grid(spec: ArchSpec, img_size: Sequence[int]) -> tuple[int, int]:
     """Token grid ``(H, W)`` the stem makes of an image of ``img_size`` pixels
-    (:func:`archspec.families.stems.rules.grid`)."""
-    return stems.grid(spec.stem.kind, img_size, getattr(spec.stem, "patch_size", None), _conv_layers(spec))
+    (:func:`archspec.families.stems.rules.grid`); for a hybrid the grid its interface makes of the last conv
+    stage's map (:func:`archspec.families.interface.rules.token_grid`), where the token stages start."""
+    grid = stems.grid(spec.stem.kind, img_size, getattr(spec.stem, "patch_size", None), _conv_layers(spec))
+    if not spec.is_hybrid:
+        return grid
+    for stage in spec.stages[:spec.n_conv_stages]:
+        grid = conv_blocks.strided_grid(grid, stage.stride)
+    return interface.token_grid(spec.stages[spec.n_conv_stages].from_map, grid)
 
 
 def with_resolution(spec: ArchSpec, img_size: int | Sequence[int]) -> ArchSpec:

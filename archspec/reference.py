@@ -29,6 +29,7 @@ from archspec.spec import (
     IdentityStemSpec,
     InputSpec,
     LayerOverride,
+    MapToTokensSpec,
     MixerSpec,
     PatchStemSpec,
     ResNetStemSpec,
@@ -44,7 +45,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("stem (kind: resnet)", ResNetStemSpec), ("tokens", TokensSpec),
     ("stages[]", StageSpec), ("stages[] (kind: conv)", ConvStageSpec), ("stages[].se", SESpec),
     ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec),
-    ("stages[].shrink", ShrinkSpec),
+    ("stages[].shrink", ShrinkSpec), ("stages[].from_map", MapToTokensSpec),
     ("head kind (stages[].attention, layers[].heads[])", HeadSpec), ("gpsa", GPSASpec), ("rel_bias", RelBiasSpec),
     ("mask", MaskSpec), ("class_attention", ClassAttentionSpec), ("head", HeadOutSpec),
 ]

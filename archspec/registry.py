@@ -55,7 +55,7 @@ def _spec_with_kwargs(spec: Any, num_classes: int | None, in_chans: int | None, 
             raise SpecError.single(("global_pool",), f"must be 'token' or 'avg', got {global_pool!r}")
         data["head"] = {**data["head"], "pool": pools[global_pool]}
     if drop_path_rate is not None:
-        last = max(spec.depth - 1, 1)
+        last = max(sum(stage["depth"] for stage in data["stages"]) - 1, 1)  # conv stages' blocks too
         start = 0
         for stage in data["stages"]:
             first, end = start, start + stage["depth"] - 1

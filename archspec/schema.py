@@ -65,6 +65,8 @@ def spec_schema() -> dict[str, Any]:
              {"type": "string", "pattern": r"^\s*\d+\s*(?:-\s*\d+\s*)?$", "description": "'0-7' or '8'"})
     _pair_or(defs["MaskSpec"]["properties"]["window"], {"type": "integer", "description": "square window"},
              {"type": "string", "pattern": f"^{_WINDOW}$", "description": "'rows x cols', e.g. '3x5'"})
+    defs["MapToTokensSpec"]["properties"]["grid"]["anyOf"].insert(
+        0, {"type": "integer", "minimum": 1, "description": "square grid: H = W"})
     defs["TokensSpec"]["properties"]["cls_token"]["anyOf"] += [
         {"type": "boolean", "description": "true = 'input', false = 'none'"}, {"type": "null"}]
     _shorthand_or_mapping(defs, "HeadSpec", HEAD_SHORTHAND_PATTERN,

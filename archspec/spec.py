@@ -37,6 +37,7 @@ from archspec.families.attention.rules import check_value_dim
 from archspec.families.class_attention.rules import ClassAttentionSpec
 from archspec.families.conv_block.rules import ConvStageSpec, SESpec
 from archspec.families.head.rules import HeadOutSpec
+from archspec.families.interface.rules import MapToTokensSpec
 from archspec.families.shrink.rules import ShrinkSpec
 from archspec.families.stems.rules import ConvStemSpec, IdentityStemSpec, PatchStemSpec, ResNetStemSpec, StemSpec
 from archspec.families.tokens.rules import TokensSpec
@@ -46,8 +47,8 @@ from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = [
     "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec", "TokensSpec",
-    "StageSpec", "ConvStageSpec", "SESpec", "AnyStage", "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec",
-    "LayerPlan", "ClassAttentionSpec",
+    "StageSpec", "ConvStageSpec", "SESpec", "MapToTokensSpec", "AnyStage", "LayerOverride", "MixerSpec",
+    "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
     "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "parse_spec", "spec_to_yaml", "SPEC_DIR",
 ]
 
@@ -232,6 +233,10 @@ class StageSpec(StrictModel):
         default_factory=list, description="Per-layer overrides (non-overlapping ranges)."
     )
     shrink: ShrinkSpec | None = Field(None, description="LeViT shrinking attention at the stage's entry (not stage 0).")
+    from_map: MapToTokensSpec | None = Field(
+        None, description="The first attention stage after conv stages: how their feature map becomes its tokens "
+        "(pooling to a grid, 1x1 projection; LeViT sec. 3.2 grafting).  Default: every pixel a token, projected "
+        "when the widths differ.")
 
     @model_validator(mode="before")
     @classmethod
@@ -307,13 +312,30 @@ class ArchSpec(StrictModel):
 
     @property
     def depth(self) -> int:
-        """Total number of blocks across stages."""
-        return sum(s.depth for s in self.stages)
+        """Number of token blocks across the attention stages (the index space of ``tokens.cls_token``); every
+        block for a conv net."""
+        if self.is_convnet:
+            return sum(s.depth for s in self.stages)
+        return sum(s.depth for s in self.stages[self.n_conv_stages:])
 
     @property
     def is_convnet(self) -> bool:
         """Whether every stage is a conv stage (a ResNet-like model: feature maps, average pool, classifier)."""
         return all(isinstance(s, ConvStageSpec) for s in self.stages)
+
+    @property
+    def n_conv_stages(self) -> int:
+        """Conv stages before the first attention stage: > 0 for a hybrid (LeViT's grafting), 0 for a token
+        model, ``len(stages)`` for a conv net."""
+        n = 0
+        while n < len(self.stages) and isinstance(self.stages[n], ConvStageSpec):
+            n += 1
+        return n
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether conv stages come first and attention stages after them (the map becomes tokens in between)."""
+        return 0 < self.n_conv_stages < len(self.stages)
 
     def pixel_patch(self, mixer: MixerSpec) -> int | None:
         """Patch side ``P`` of a conv mixer's pixel view: ``mixer.patch``, else the patch/identity stem's

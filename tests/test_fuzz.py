@@ -37,6 +37,7 @@ from archspec.spec import (
     IdentityStemSpec,
     InputSpec,
     LayerOverride,
+    MapToTokensSpec,
     MaskSpec,
     MixerSpec,
     PatchStemSpec,
@@ -61,6 +62,7 @@ HEAD_KINDS = ["mhsa", "gpsa", "mask", "mask:3x5", "mask:5x5", "soft_mask", "stri
 KEYS = ["depth", "dim", "heads", "head_dim", "key_dim", "attn_ratio", "mlp_ratio", "norm", "norm_eps", "act",
         "qkv_bias", "drop_path", "layer_scale", "attention", "mixer", "layers", "shrink", "stride", "patch_size",
         "channels", "cls_token", "dist_token", "pos_embed", "pool", "num_classes", "distillation", "range", "window",
+        "from_map", "grid", "proj",
         "mode", "kind", "resolution", "seed", "gating_trainable", "conv_init", "table", "alpha_init", "kernel", "bogus"]
 VALUES: list[Any] = [None, True, False, 0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 48, 64, 4096, 4097, -1, -16, 2**31, 10**12,
                      0.0, 0.01, 0.5, 0.999, 1.0, 1.5, 2.0, 1e-9, 1e308, -0.5, math.nan, math.inf, "", "abc", "3",
@@ -88,6 +90,9 @@ PLAUSIBLE: dict[str, list[Any]] = {
     "layers": [[], [{"range": "0", "attention": "gpsa"}], [{"range": "0-1", "mixer": "conv3"}],
                [{"range": "1", "heads": ["mask", "mhsa"]}]],
     "mode": ["hard", "soft", "strict"], "kind": ["patch", "conv", "identity", "attention"],
+    "from_map": [None, {}, {"pool": "avg", "grid": 2}, {"pool": "avg", "grid": [3, 2]}, {"pool": "none"},
+                 {"proj": False}, {"proj": True}, {"pool": "avg"}, {"grid": 3}],
+    "grid": [1, 2, 3, 14, [2, 3], 0], "proj": [True, False, None],
     "gating_trainable": [True, False], "conv_init": [True, False], "depth_mask": [1, 2],
 }
 
@@ -136,6 +141,9 @@ def small_base(path: Path) -> dict:
         if stem.get("stem_width"):
             stem["stem_width"] = max(1, stem["stem_width"] // 4)
     doc["stages"] = [_shrink_stage(s, widths) for s in doc["stages"]]
+    for stage in doc["stages"]:  # a hybrid's pooled token grid shrinks with the input (LeViT's 14 -> 3 at 48 px)
+        if (stage.get("from_map") or {}).get("grid"):
+            stage["from_map"]["grid"] = max(1, stage["from_map"]["grid"] // 4)
     if stem.get("kind") == "identity":  # CMHSA: tokens are raw 4x4 patches (dim 48) on a 4x4 grid
         stem["patch_size"] = 4
         doc["input"]["resolution"] = 16
@@ -163,7 +171,7 @@ _MODELS = {"": [ArchSpec], "input": [InputSpec], "stem": [PatchStemSpec, ConvSte
            "tokens": [TokensSpec], "stages": [StageSpec, ConvStageSpec], "se": [SESpec], "shrink": [ShrinkSpec],
            "layers": [LayerOverride],
            "head": [HeadOutSpec], "mixer": [MixerSpec], "gpsa": [GPSASpec], "mask": [MaskSpec],
-           "rel_bias": [RelBiasSpec], "attention": [HeadSpec], "heads": [HeadSpec]}
+           "rel_bias": [RelBiasSpec], "attention": [HeadSpec], "heads": [HeadSpec], "from_map": [MapToTokensSpec]}
 
 
 def _fields(path: tuple) -> list[str]:

@@ -39,6 +39,7 @@ FAMILIES: dict[str, str] = {
     "class_attention": "archspec.families.class_attention",
     "head": "archspec.families.head",
     "conv_block": "archspec.families.conv_block",  # ResNet residual blocks of conv stages
+    "interface": "archspec.families.interface",    # a conv stage's map -> the next attention stage's tokens
 }
 
 

@@ -21,7 +21,7 @@ from archspec.memory import F32, NodeMemory
 from archspec.strict_model import DropPathRate, StrictModel
 
 __all__ = ["SESpec", "ConvStageSpec", "ConvBlockShape", "se_channels", "plan", "counts", "memory", "out_grid",
-           "batchnorm_channels", "label", "NO_WEIGHT_DECAY", "EXPANSION"]
+           "batchnorm_channels", "label", "strided_grid", "NO_WEIGHT_DECAY", "EXPANSION"]
 
 NO_WEIGHT_DECAY: frozenset[str] = frozenset()
 MAX_DIM = 4096
@@ -116,6 +116,11 @@ def _strided(side: int, stride: int) -> int:
     """A side after a 3x3 pad-1 (or 1x1 pad-0) conv of ``stride``: ``ceil(side / stride)``; the 2x2 ceil-mode
     average pool of the ``avg`` shortcut gives the same."""
     return (side - 1) // stride + 1
+
+
+def strided_grid(grid: tuple[int, int], stride: int) -> tuple[int, int]:
+    """A map's size after a stage of first stride ``stride``: ``ceil(side / stride)`` a side."""
+    return _strided(grid[0], stride), _strided(grid[1], stride)
 
 
 def plan(stage: ConvStageSpec, index: int, in_chans: int, grid: tuple[int, int]
