@@ -277,9 +277,11 @@ def cmd_tcnn(args: argparse.Namespace) -> int:
         model = tcnn_model(base, spec)
         twin = tcnn_model(base, tcnn_spec(base, stride_one=False, **options))  # the stride kept: the CNN's map
     except TransferError as exc:
-        where = ("--stages",) if str(exc).startswith("no stage") else ("MODEL",)
-        raise SpecError.single(where, str(exc), "T-CNN specs take timm ResNets with bottleneck blocks: resnet50, "
-                               "resnet50d, resnetrs50, resnet26d, ...", args.model) from None
+        if str(exc).startswith("no stage"):
+            raise SpecError.single(("--stages",), str(exc), "give 1-4, layer1-layer4, or -1 for the last",
+                                   args.model) from None
+        raise SpecError.single(("MODEL",), str(exc), "T-CNN specs take timm ResNets with bottleneck blocks: "
+                               "resnet50, resnet50d, resnetrs50, resnet26d, ...", args.model) from None
     report = _tcnn_report(base, model, twin, recipe, args.resolution)
     write_build(out, lambda directory: save(model, directory), report)
     print(json.dumps(report, indent=2) if args.json else _tcnn_table(report, out))

@@ -56,7 +56,10 @@ BETA = 5.0
 
 
 def inverse_softplus(value: float, beta: float = BETA) -> float:
-    """``alpha~`` with ``softplus_beta(alpha~) = value`` (``value > 0``); stable for large ``value``."""
+    """``alpha~`` with ``softplus_beta(alpha~) = value`` (``value > 0``; T-CNN footnote 1); stable for large ``value``.
+
+    Raises:
+        ValueError: ``value <= 0`` (math domain)."""
     return value + math.log(-math.expm1(-beta * value)) / beta
 
 
