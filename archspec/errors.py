@@ -80,6 +80,12 @@ class SpecError(ValueError):
         return SpecError([locate.fill(p) for p in self.problems])
 
 
+class TransferError(ValueError):
+    """A model or spec that a weight transfer cannot carry out (CMHSA's construction, T-CNN's GPSA); the message
+    says which layer and why.  Defined here, torch-free, so the families' modules and :mod:`archspec.transfer`
+    raise the same class."""
+
+
 class Locator:
     """Maps field paths of a parsed YAML document to (line, column), 1-based.
 

@@ -290,7 +290,7 @@ def _add_conv_stages(b: _Builder, grid: tuple[int, int], channels: int) -> tuple
             grid = CONV_BLOCK.out_grid(block)
             b.add_family(f"stages.{i}.blocks.{layer}", "conv_block", block, kind="block", label=CONV_BLOCK.label(block),
                          stage=i, layer=index + layer, tokens=grid[0] * grid[1], grid=grid, dim=block.channels,
-                         bn_channels=CONV_BLOCK.batchnorm_channels(block))
+                         heads=CONV_BLOCK.head_letters(block), bn_channels=CONV_BLOCK.batchnorm_channels(block))
         if not shapes:  # refused: carry on with the map the stage would have made, to find later problems
             grid = (max((grid[0] - 1) // stage.stride + 1, 1), max((grid[1] - 1) // stage.stride + 1, 1))
         channels, index = stage.channels, index + stage.depth

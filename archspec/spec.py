@@ -35,7 +35,7 @@ from archspec.errors import Locator, Problem, SpecError
 from archspec.families.attention.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
 from archspec.families.attention.rules import check_value_dim
 from archspec.families.class_attention.rules import ClassAttentionSpec
-from archspec.families.conv_block.rules import ConvStageSpec, SESpec
+from archspec.families.conv_block.rules import ConvStageSpec, GPSAMixerSpec, SESpec
 from archspec.families.head.rules import HeadOutSpec
 from archspec.families.interface.rules import MapToTokensSpec
 from archspec.families.shrink.rules import ShrinkSpec
@@ -47,8 +47,8 @@ from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = [
     "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec", "TokensSpec",
-    "StageSpec", "ConvStageSpec", "SESpec", "MapToTokensSpec", "AnyStage", "LayerOverride", "MixerSpec",
-    "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
+    "StageSpec", "ConvStageSpec", "SESpec", "GPSAMixerSpec", "MapToTokensSpec", "AnyStage", "LayerOverride",
+    "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
     "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "parse_spec", "spec_to_yaml", "SPEC_DIR",
 ]
 

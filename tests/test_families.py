@@ -64,6 +64,9 @@ MORE = [
     ("conv_block", ConvBlockShape("basic", 8, 16, 16, 2, (5, 6), "conv"), (1, 8, 5, 6), 9),
     ("conv_block", ConvBlockShape("bottleneck", 32, 32, 8, 1, (4, 4)), (1, 32, 4, 4), 16),  # identity shortcut
     ("conv_block", ConvBlockShape("bottleneck", 12, 24, 12, 1, (3, 3), "avg"), (1, 12, 3, 3), 9),  # expansion 2
+    # T-CNN's GPSA in the bottleneck: strided (queries every other pixel) with SE, and BoTNet's stride 1
+    ("conv_block", ConvBlockShape("bottleneck", 16, 32, 8, 2, (7, 5), "avg", 8, 0.25, mixer="gpsa"), (1, 16, 7, 5), 12),
+    ("conv_block", ConvBlockShape("bottleneck", 32, 64, 32, 1, (4, 3), "conv", mixer="gpsa"), (1, 32, 4, 3), 12),
 ]
 NO_MODULE = {"tokens", "head"}  # the model's own parameters; the head's classifier is tested in test_timm_api
 

@@ -1,4 +1,7 @@
-"""T-CNN (d'Ascoli et al., sec. 2-3): timm ResNets' 3x3 convs as 9-head GPSA layers.
+"""T-CNN (d'Ascoli et al., sec. 2-3): timm ResNets' 3x3 convs as 9-head GPSA layers -- the weight surgery
+(``archspec.transfer.tcnn``) and ``archspec tcnn``, which builds the T-CNN spec of a bottleneck ResNet (resnet26d
+here, the smallest timm ResNet the spec language writes) and loads the CNN's weights into it (the spec path
+itself: tests/test_tcnn_spec.py).
 
 Pretrained weights are out of reach in CI: random-init timm models stand in, with their BatchNorm affine
 parameters and running statistics randomised (timm zero-initialises the last BN of each residual branch,
@@ -116,20 +119,23 @@ def test_tcnn_cli_writes_a_loadable_model_and_refuses_bad_input(one_thread, tmp_
     from archspec.transfer.tcnn import load_tcnn
 
     out = tmp_path / "t"
-    assert main(["tcnn", "resnet10t", "--resolution", "64", "--num-classes", "5", "--out", str(out), "--json"]) == 0
+    assert main(["tcnn", "resnet26d", "--resolution", "64", "--num-classes", "5", "--out", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["gpsa_layers"] == 2 and report["params"]["tcnn"] > report["params"]["cnn"]
+    assert report["analysis"] == {"params": report["params"]["tcnn"], "macs": report["macs"]["tcnn"]}
     assert report["exactness_max_layer_error"] < 1e-4 and report["exactness_max_logit_error"] < 1e-4
     model = load_tcnn(out)
     assert len(transformed_layers(model)) == 2 and model(torch.randn(1, 3, 64, 64)).shape == (1, 5)
-    assert main(["tcnn", "resnet10t", "--resolution", "64", "--out", str(out)]) == 0  # replaces its own build
+    assert main(["tcnn", "resnet26d", "--resolution", "64", "--out", str(out)]) == 0  # replaces its own build
     assert main(["tcnn", "no_such_net", "--out", str(tmp_path / "x")]) == 2
     assert main(["tcnn", "vit_tiny_patch16_224", "--out", str(tmp_path / "x")]) == 2
+    assert main(["tcnn", "resnet18", "--out", str(tmp_path / "x")]) == 2  # basic blocks: surgery only, no spec
+    assert "basic blocks" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "a.txt").write_text("keep")
-    assert main(["tcnn", "resnet10t", "--resolution", "64", "--out", str(mine)]) == 2
+    assert main(["tcnn", "resnet26d", "--resolution", "64", "--out", str(mine)]) == 2
     assert [p.name for p in mine.iterdir()] == ["a.txt"]
 
 
@@ -147,7 +153,7 @@ def _refused(argv: list[str], needles: list[str], capsys) -> None:
                                            ("--resolution", "100000"), ("--num-classes", "0")])
 def test_tcnn_cli_refuses_bad_numbers_before_writing(tmp_path, capsys, option, value):
     out = tmp_path / "t"
-    _refused(["tcnn", "resnet10t", "--resolution", "64", "--out", str(out), option, value], [option], capsys)
+    _refused(["tcnn", "resnet26d", "--resolution", "64", "--out", str(out), option, value], [option], capsys)
     assert not out.exists()
 
 
@@ -156,7 +162,7 @@ def test_tcnn_cli_refuses_bad_checkpoints_naming_the_file(tmp_path, capsys):
     import os
 
     out = tmp_path / "t"
-    state = timm.create_model("resnet10t").state_dict()
+    state = timm.create_model("resnet26d").state_dict()
     cases = {"missing.pth": "cannot open it", "adir": "is a directory", "fifo.pth": "not a regular file",
              "random.safetensors": "SafetensorError", "list.pth": "cannot load it",
              "nan.pth": "non-finite values (NaN or inf) in fc.weight",
@@ -169,7 +175,7 @@ def test_tcnn_cli_refuses_bad_checkpoints_naming_the_file(tmp_path, capsys):
     torch.save(timm.create_model("resnet18").state_dict(), tmp_path / "other_model.pth")
     for name, needle in cases.items():
         path = str(tmp_path / name)
-        _refused(["tcnn", "resnet10t", "--resolution", "64", "--out", str(out), "--checkpoint", path],
+        _refused(["tcnn", "resnet26d", "--resolution", "64", "--out", str(out), "--checkpoint", path],
                  [path, "--checkpoint", needle], capsys)
     assert not out.exists()
 
@@ -183,12 +189,12 @@ def test_tcnn_report_describes_the_saved_model_and_files_follow_the_umask(one_th
     from archspec.image import load_image
     from archspec.transfer import load_tcnn  # importable as the README documents it
 
-    cnn = _cnn("resnet10t", num_classes=7)  # branches made visible (randomised BatchNorm)
+    cnn = _cnn("resnet26d", num_classes=7)  # branches made visible (randomised BatchNorm)
     torch.save(cnn.state_dict(), tmp_path / "cnn.pth")
     out = tmp_path / "t"
     mask = os.umask(0o027)
     try:
-        assert main(["tcnn", "resnet10t", "--resolution", "64", "--num-classes", "7", "--alpha", "2", "--gating", "3",
+        assert main(["tcnn", "resnet26d", "--resolution", "64", "--num-classes", "7", "--alpha", "2", "--gating", "3",
                      "--checkpoint", str(tmp_path / "cnn.pth"), "--out", str(out), "--json"]) == 0
     finally:
         os.umask(mask)

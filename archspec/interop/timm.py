@@ -9,7 +9,12 @@ Supported timm families (the blocks archspec mirrors):
 * ``ResNet`` (conv nets: a ResNet stem and conv stages): ``specs/resnet18.yaml``, ``resnet50.yaml``,
   ``resnet50d.yaml``, ``resnetrs50.yaml``; the blocks are timm's own, so only the prefixes differ:
   ``conv1`` / ``bn1`` / ``maxpool`` <-> ``stem.conv1`` / ``stem.bn1`` / ``stem.maxpool``, ``layer{i}.{j}`` <->
-  ``stages.{i-1}.blocks.{j}``, ``fc`` <-> ``head``
+  ``stages.{i-1}.blocks.{j}``, ``fc`` <-> ``head``.  :func:`resnet_spec_from_timm` writes the spec of a timm
+  ResNet.
+* T-CNNs (``specs/t_resnet50d.yaml``, ``t_resnet50rs.yaml``: conv stages with ``mixer: {kind: gpsa}``) load a
+  timm ResNet's weights one way (:func:`from_timm`): a transformed block's ``conv2.weight`` becomes its GPSA's
+  ``W_out`` (T-CNN eq. 6), and the GPSA's own tensors (W_qry, W_key, W_val = I, centres, locality, gating),
+  which the CNN does not have, keep the T-CNN's initialisation.
 
 Names differ in these places only; everything else (LayerNorms, MLPs, GPSA ``qk``/``v``/``pos_proj``/
 ``gating_param``, LeViT ``LinearNorm`` / ``attention_biases`` / downsampling) is identical:
@@ -105,6 +110,28 @@ def _is_convnet(model: nn.Module) -> bool:
     return getattr(getattr(model, "spec", None), "is_convnet", False)
 
 
+_GPSA_OWN = (".qk.weight", ".v.weight", ".centers", ".locality", ".gating")  # ConvGPSA's tensors a CNN lacks
+
+
+def _resnet_from_timm(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """A timm ResNet state dict -> ``model``'s names; T-CNN blocks: ``conv2.weight`` -> ``conv2.out_weight``
+    (the conv's taps, eq. 6), the GPSA's own tensors from ``model`` itself."""
+    from archspec.families.conv_block.module import conv_to_out_weight  # noqa: PLC0415 - torch side, on demand
+
+    ours = model.state_dict()
+    out = {}
+    for key, value in state_dict.items():
+        key = resnet_key_from_timm(key)
+        gpsa = key[:-len(".weight")] + ".out_weight" if key.endswith(".conv2.weight") else None
+        if gpsa is not None and key not in ours and gpsa in ours and value.dim() == 4:
+            out[gpsa] = conv_to_out_weight(value)
+            prefix = gpsa[:-len(".out_weight")]
+            out.update({prefix + leaf: ours[prefix + leaf].clone() for leaf in _GPSA_OWN})
+            continue
+        out[key] = value
+    return out
+
+
 def _stage_of(model: ArchModel) -> list[tuple[int, int]]:
     """Global block index -> (stage, layer)."""
     return [(s, j) for s, stage in enumerate(model.stages) for j in range(len(stage.blocks))]
@@ -115,13 +142,15 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
 
     Args:
         state_dict: a timm ViT/DeiT, ConViT, LeViT, CaiT or ResNet state dict.
-        model: the compiled archspec equivalent (same spec; see :data:`TIMM_EQUIVALENTS`).
+        model: the compiled archspec equivalent (same spec; see :data:`TIMM_EQUIVALENTS`), or a T-CNN of the
+            ResNet (its GPSA blocks take the 3x3 convs' weights as ``W_out``, T-CNN eq. 6, and keep their own
+            W_qry, W_key, W_val = I, centres, locality and gating: see the module docstring).
 
     Raises:
         ValueError: a timm block index beyond the archspec model's depth.
     """
     if _is_convnet(model):
-        return {resnet_key_from_timm(key): value for key, value in state_dict.items()}
+        return _resnet_from_timm(state_dict, model)
     stage_of = _stage_of(model)
     ours = set(model.state_dict())
     out: dict[str, Tensor] = {}
@@ -197,3 +226,83 @@ def load_timm_weights(model: ArchModel, timm_model_or_state: nn.Module | dict[st
     state = timm_model_or_state.state_dict() if isinstance(timm_model_or_state, nn.Module) else timm_model_or_state
     model.load_state_dict(from_timm(state, model), strict=True)
     return model
+
+
+def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 224, name: str = "resnet") -> dict:
+    """The spec (a dict for :func:`archspec.load_spec`) of a timm ``resnet.ResNet``: its stem (7x7, or the deep
+    stem with equal first widths; max-pool or ResNet-RS's conv pool), each ``layer{i}`` as a conv stage (block,
+    depth, channels, stride, shortcut, SE), the average-pool classifier, at ``resolution`` pixels.
+
+    Only the architecture's reading is done here; :func:`load_timm_weights` then checks every tensor's name and
+    shape strictly, which catches what the reading cannot see (a ResNeXt's grouped convs, other widths).
+
+    Raises:
+        ValueError: not a timm ResNet, or a part the spec language has no word for (a tiered deep stem as
+            resnet10t's, anti-aliasing, dilation, groups, attention other than SE, pooling other than 'avg'),
+            naming it.
+    """
+    from timm.layers.squeeze_excite import SEModule  # noqa: PLC0415 - timm on demand, as the converters above
+    from timm.models.resnet import BasicBlock, Bottleneck, ResNet  # noqa: PLC0415
+
+    from archspec.families.conv_block.rules import EXPANSION, se_channels  # noqa: PLC0415
+
+    if not isinstance(model, ResNet):
+        raise ValueError(f"not a timm ResNet (timm.models.resnet.ResNet): {type(model).__name__}")
+    if isinstance(model.conv1, nn.Sequential):  # timm stem_type 'deep' / 'deep_tiered'
+        widths = [m.out_channels for m in model.conv1 if isinstance(m, nn.Conv2d)]
+        if len(widths) != 3 or widths[0] != widths[1]:
+            raise ValueError(f"its deep stem has conv widths {widths}; archspec's deep stem has two equal first "
+                             "widths (timm stem_type='deep'), not a tiered one")
+        stem = {"kind": "resnet", "deep": True, "stem_width": widths[0], "channels": widths[2]}
+        in_chans = model.conv1[0].in_channels
+    else:
+        if model.conv1.kernel_size != (7, 7):
+            raise ValueError(f"its stem conv is {model.conv1.kernel_size[0]}x{model.conv1.kernel_size[1]}; "
+                             "archspec's ResNet stem is 7x7 or deep")
+        stem = {"kind": "resnet", "channels": model.conv1.out_channels}
+        in_chans = model.conv1.in_channels
+    if isinstance(model.maxpool, nn.Sequential):  # timm replace_stem_pool: conv + BatchNorm + ReLU
+        stem["pool"] = "conv"
+    elif not isinstance(model.maxpool, nn.MaxPool2d):
+        raise ValueError(f"its stem pool is {type(model.maxpool).__name__}; archspec's is a max-pool or a conv")
+    if getattr(model, "global_pool", None) is not None and getattr(model.global_pool, "pool_type", "avg") != "avg":
+        raise ValueError(f"its global pool is {model.global_pool.pool_type!r}; archspec's conv-net head averages")
+    stages = []
+    for i in range(1, 5):
+        blocks = list(getattr(model, f"layer{i}"))
+        first = blocks[0]
+        kind = "bottleneck" if isinstance(first, Bottleneck) else "basic" if isinstance(first, BasicBlock) else None
+        if kind is None:
+            raise ValueError(f"layer{i} holds {type(first).__name__} blocks; archspec has timm's BasicBlock and "
+                             "Bottleneck")
+        for j, block in enumerate(blocks):
+            convs = [m for m in block.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
+            plain = [isinstance(getattr(block, n, None), (nn.Identity, type(None))) for n in ("aa", "drop_block")]
+            if any(c.groups != 1 or c.dilation != (1, 1) for c in convs) or not all(plain):
+                raise ValueError(f"layer{i}.{j} has grouped, dilated or anti-aliased convs or DropBlock, which "
+                                 "archspec's conv stages do not have")
+        channels = (first.conv3 if kind == "bottleneck" else first.conv2).out_channels
+        strided = first.conv2 if kind == "bottleneck" else first.conv1
+        entry = {"kind": "conv", "block": kind, "depth": len(blocks), "channels": channels,
+                 "stride": strided.stride[0]}
+        if channels // first.conv1.out_channels != EXPANSION[kind]:
+            entry["expansion"] = channels // first.conv1.out_channels
+        down = first.downsample
+        if down is not None and isinstance(down[0], (nn.AvgPool2d, nn.Identity)):  # timm downsample_avg
+            entry["downsample"] = "avg"
+        se = getattr(first, "se", None)
+        if isinstance(se, SEModule):
+            rd = se.fc1.out_channels
+            ratio = rd / channels
+            if se_channels(channels, ratio, 8) != rd:
+                raise ValueError(f"layer{i}'s squeeze-excitation width {rd} is not timm's make_divisible of "
+                                 f"{channels} x a ratio")
+            entry["se"] = {"rd_ratio": ratio}
+        elif se is not None:
+            raise ValueError(f"layer{i}'s attention is {type(se).__name__}; archspec's conv stages have SE only")
+        stages.append(entry)
+    size = [resolution, resolution] if isinstance(resolution, int) else list(resolution)
+    return {"name": name, "source": f"timm {type(model).__name__} (archspec.interop.timm.resnet_spec_from_timm)",
+            "input": {"channels": in_chans, "resolution": size}, "stem": stem,
+            "tokens": {"cls_token": "none", "pos_embed": "none"}, "stages": stages,
+            "head": {"pool": "mean", "num_classes": model.num_classes}}

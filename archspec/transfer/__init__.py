@@ -18,7 +18,8 @@ _EXPORTS = {
     "DEFAULT_PEAK": "cmhsa", "TransferError": "cmhsa", "attention_spec": "cmhsa",
     "conv_to_attention_weights": "cmhsa", "conv_to_mhsa": "cmhsa", "patch_offsets": "cmhsa",
     "ConvGPSA": "tcnn", "conv_gpsa_macs": "tcnn", "gating_param_groups": "tcnn", "load_tcnn": "tcnn",
-    "tcnn": "tcnn", "tcnn_from_recipe": "tcnn", "transformed_layers": "tcnn",
+    "tcnn": "tcnn", "tcnn_from_recipe": "tcnn", "tcnn_model": "tcnn", "tcnn_spec": "tcnn",
+    "transformed_layers": "tcnn",
 }
 
 _SUBMODULES = ("cmhsa", "two_phase", "cli")  # ``tcnn`` is a submodule too, but the name is the function
@@ -26,8 +27,8 @@ _SUBMODULES = ("cmhsa", "two_phase", "cli")  # ``tcnn`` is a submodule too, but 
 # A literal list, not ``sorted(_EXPORTS)``: the API docs (griffe) read ``__all__`` statically.
 __all__ = [
     "DEFAULT_PEAK", "ConvGPSA", "TransferError", "attention_spec", "conv_gpsa_macs", "conv_to_attention_weights",
-    "conv_to_mhsa", "gating_param_groups", "load_tcnn", "patch_offsets", "tcnn", "tcnn_from_recipe",
-    "transformed_layers",
+    "conv_to_mhsa", "gating_param_groups", "load_tcnn", "patch_offsets", "tcnn", "tcnn_from_recipe", "tcnn_model",
+    "tcnn_spec", "transformed_layers",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
@@ -46,6 +47,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         load_tcnn,
         tcnn,
         tcnn_from_recipe,
+        tcnn_model,
+        tcnn_spec,
         transformed_layers,
     )
 

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from archspec.errors import SpecError
+from archspec.errors import SpecError, TransferError
 
 __all__ = ["add_transfer_parsers", "cmd_tcnn", "cmd_two_phase"]
 
@@ -74,14 +74,16 @@ TCNN_DESCRIPTION = """\
 T-CNN (d'Ascoli et al., "Transformed CNNs", sec. 2-3): re-express the 3x3 convolutions of MODEL's chosen stages
 (default the last) as 9-head GPSA layers -- W_val = I shared by the heads, W_out^h = kernel tap h, new W_qry
 and W_key, locality alpha (softplus, beta = 5) and gating lambda per head, explicit zero padding -- with the
-stage's first stride-2 conv made stride 1 (BoTNet).  Runs Grace Hopper's portrait through MODEL and, with
-alpha = lambda = 40 and the stride unchanged, through a twin holding the saved weights, and reports the largest
-logit difference (the exactness of the construction), the saved model's own distance from the CNN, the parameter
-counts and the MACs at --resolution.  --alpha, --gating, --resolution and --checkpoint are checked before
-anything is built.  Writes OUT (default
-build/t-<MODEL>): spec.yaml (the T-CNN recipe: base model, stages, alpha, gating, stride), model.safetensors
-and report.json; archspec.transfer.load_tcnn(OUT) rebuilds the model.  OUT must be missing, empty or a
-directory archspec wrote."""
+stage's first stride-2 conv made stride 1 (BoTNet).  MODEL is a timm ResNet with bottleneck blocks in those
+stages; its T-CNN is a spec (conv stages with mixer: {kind: gpsa}, as specs/t_resnet50d.yaml), compiled, with
+MODEL's weights loaded into it (each transformed conv's taps into its GPSA's W_out).  Runs Grace Hopper's portrait
+through MODEL and, with alpha = lambda = 40 and the stride unchanged, through a twin holding the saved weights,
+and reports the largest logit difference (the exactness of the construction), the saved model's own distance
+from the CNN, the parameter counts and the MACs at --resolution.  --alpha, --gating, --resolution and
+--checkpoint are checked before anything is built.  Writes OUT (default build/t-<MODEL>), an archspec build:
+spec.yaml (the T-CNN spec at --resolution), model.safetensors and report.json; archspec.load(OUT) (or
+archspec.transfer.load_tcnn(OUT)) rebuilds the model, and archspec build / analyze take its spec.yaml.  OUT must
+be missing, empty or a directory archspec wrote."""
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -250,16 +252,17 @@ def _base_cnn(args: argparse.Namespace, recipe: dict):
 
 
 def cmd_tcnn(args: argparse.Namespace) -> int:
-    """Convert, check exactness on a real photograph, count, and write the T-CNN (nothing written on error)."""
+    """Write MODEL's T-CNN spec, compile it, load MODEL's weights (each transformed 3x3 conv into its GPSA's
+    W_out), check exactness on a real photograph, count, and save it as an archspec build (nothing written on
+    error)."""
     import timm
-    import yaml
 
-    from archspec.artifact import save_weights
+    from archspec.artifact import save
     from archspec.builddir import check_out, write_build
-    from archspec.transfer.cmhsa import TransferError
+    from archspec.transfer.tcnn import tcnn_model, tcnn_spec
 
     if not timm.is_model(args.model):
-        raise SpecError.single(("MODEL",), f"timm has no model {args.model!r}", "e.g. resnetrs50, resnet50d, resnet18")
+        raise SpecError.single(("MODEL",), f"timm has no model {args.model!r}", "e.g. resnetrs50, resnet50d, resnet50")
     _check_tcnn_args(args)
     stages = [int(s) if s.lstrip("-").isdigit() else s for s in args.stages]
     recipe = {"base": args.model, "stages": stages, "alpha": args.alpha, "gating": args.gating,
@@ -267,36 +270,38 @@ def cmd_tcnn(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("build") / f"t-{args.model}")
     check_out(out)
     base = _base_cnn(args, recipe)
+    options = {"stages": stages, "alpha": args.alpha, "gating": args.gating, "resolution": args.resolution,
+               "name": "t_" + args.model.replace("/", "_")}
     try:
-        model = _transform(base, recipe)
+        spec = tcnn_spec(base, stride_one=recipe["stride_one"], **options)
+        model = tcnn_model(base, spec)
+        twin = tcnn_model(base, tcnn_spec(base, stride_one=False, **options))  # the stride kept: the CNN's map
     except TransferError as exc:
-        raise SpecError.single(("--stages",) if "stage" in str(exc) else ("MODEL",), str(exc), None,
-                               args.model) from None
-    report = _tcnn_report(base, model, recipe, args.resolution)
-
-    def fill(directory: Path) -> None:
-        (directory / "spec.yaml").write_text(yaml.safe_dump({"tcnn": recipe}, sort_keys=False), encoding="utf-8")
-        save_weights(model, directory / "model.safetensors")
-
-    write_build(out, fill, report)
+        if str(exc).startswith("no stage"):
+            raise SpecError.single(("--stages",), str(exc), "give 1-4, layer1-layer4, or -1 for the last",
+                                   args.model) from None
+        raise SpecError.single(("MODEL",), str(exc), "T-CNN specs take timm ResNets with bottleneck blocks: "
+                               "resnet50, resnet50d, resnetrs50, resnet26d, ...", args.model) from None
+    report = _tcnn_report(base, model, twin, recipe, args.resolution)
+    write_build(out, lambda directory: save(model, directory), report)
     print(json.dumps(report, indent=2) if args.json else _tcnn_table(report, out))
     return 0
 
 
-def _tcnn_report(base, model, recipe: dict, resolution: int) -> dict:
+def _tcnn_report(base, model, twin, recipe: dict, resolution: int) -> dict:
     """Counts and exactness of the T-CNN that is saved, on Grace Hopper's portrait at ``resolution``.
 
-    Exactness is the construction's (T-CNN sec. 2): a twin holding the saved model's own weights, with
-    alpha = lambda = 40 and the stride kept, against the CNN -- every GPSA layer against its conv on the
-    features it receives, and the logits.  ``init_max_logit_difference`` is the saved model itself (its
+    Exactness is the construction's (T-CNN sec. 2): ``twin``, the T-CNN spec with the stride kept, holding the
+    saved model's own weights, with alpha = lambda = 40, against the CNN -- every GPSA layer against its conv on
+    the features it receives, and the logits.  ``init_max_logit_difference`` is the saved model itself (its
     alpha, lambda and stride) against the CNN: how far "the verge of locality" is from the convolution.
+    ``analysis`` is the spec's static count (``archspec analyze``), equal to the measured ``tcnn`` figures.
     """
     import torch
 
     from archspec.image import load_image
     from archspec.transfer.tcnn import count_macs, transformed_layers
 
-    twin = _transform(base, {**recipe, "stride_one": False})
     twin.load_state_dict(model.state_dict())  # the saved weights; only strides differ (no tensors)
     for layer in transformed_layers(twin):
         layer.set_exact(40.0, 40.0)
@@ -311,10 +316,13 @@ def _tcnn_report(base, model, recipe: dict, resolution: int) -> dict:
         init_error = (model.eval()(x) - ref).abs().max().item()
     for hook in hooks:
         hook.remove()
-    return {"tcnn": recipe, "resolution": resolution, "gpsa_layers": len(transformed_layers(model)),
+    graph = model.analysis.graph
+    return {"tcnn": recipe, "spec": model.spec.name, "resolution": resolution,
+            "gpsa_layers": len(transformed_layers(model)),
             "params": {"cnn": sum(p.numel() for p in base.parameters()),
                        "tcnn": sum(p.numel() for p in model.parameters())},
             "macs": {"cnn": count_macs(base, x), "tcnn": count_macs(model, x)},
+            "analysis": {"params": graph["params"], "macs": graph["macs"]},
             "exactness_max_logit_error": error, "exactness_max_layer_error": max(layer_errors),
             "exactness_setting": "the saved weights with alpha = lambda = 40 and the stride kept, Grace Hopper's "
                                  "portrait",
@@ -332,11 +340,4 @@ def _tcnn_table(report: dict, out: Path) -> str:
             f"max |GPSA - its conv| per layer {report['exactness_max_layer_error']:.2e}\n"
             f"the saved model (alpha {recipe['alpha']:g}, lambda {recipe['gating']:g}) against the CNN: "
             f"max |logit difference| {report['init_max_logit_difference']:.2e}\n"
-            f"wrote {out}")
-
-
-def _transform(base, recipe: dict):
-    from archspec.transfer.tcnn import tcnn
-
-    return tcnn(base, stages=recipe["stages"], alpha=recipe["alpha"], gating=recipe["gating"],
-                stride_one=recipe["stride_one"])
+            f"wrote {out} (spec {report['spec']}; archspec.load reads it)")

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from archspec.blocks import Attention, ConvMixer, ZeroPadTokens
+from archspec.errors import TransferError
 from archspec.spec import ArchSpec, MixerSpec
 
 __all__ = ["DEFAULT_PEAK", "TransferError", "attention_spec", "conv_to_mhsa", "conv_to_attention_weights",
@@ -34,10 +35,6 @@ __all__ = ["DEFAULT_PEAK", "TransferError", "attention_spec", "conv_to_mhsa", "c
 
 DEFAULT_PEAK = 40.0
 """Lemma 2's M (the paper's example value): off-peak weights are ``exp(-40) = 4e-18`` of the peak."""
-
-
-class TransferError(ValueError):
-    """A model or spec that the construction cannot transfer (message says which layer and why)."""
 
 
 def patch_offsets(kernel: int, patch: int) -> list[tuple[int, int]]:

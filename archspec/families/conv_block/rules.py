@@ -8,6 +8,18 @@ has a downsample shortcut -- a 1x1 strided conv + BatchNorm (``conv``, timm ``do
 ResNet-D's 2x2 average pool then a 1x1 conv + BatchNorm (``avg``, timm ``downsample_avg``, He et al. 2019
 fig. 2c).  Optional squeeze-excitation after the last conv (timm ``SEModule``, ResNet-RS: ``rd_ratio`` 0.25).
 Every conv is bias-free and followed by a BatchNorm; activations are ReLU.
+
+``mixer: {kind: gpsa}`` replaces every bottleneck's 3x3 conv by T-CNN's 9-head gated positional self-attention
+on the map's pixels (d'Ascoli et al. 2021, "Transformed CNNs", sec. 2, eq. 4-7, footnote 1; the torch side is
+:class:`archspec.families.conv_block.module.ConvGPSA`): head ``h`` = kernel tap ``h``, ``W_val = I`` shared by the
+heads, ``W_out^h`` = the tap's ``D_in x D_out`` filter, new ``W_qry`` / ``W_key`` (``D_in -> 9 d``,
+``d = max(D_in // 9, 1)``), explicit zero padding (the ``(H + 2)(W + 2)`` padded pixels are the keys, every
+``stride``-th inner pixel a query), locality ``alpha_h = softplus_5(alpha~_h)`` and gating ``lambda_h`` (eq. 7).
+The paper's BoTNet move ("the first stride-2 convolution replaced by a stride-1 convolution", sec. 2) is the
+stage's own ``stride: 1``: the 3x3 (now GPSA) and the shortcut of the first block both run at stride 1 (a
+ResNet-D ``avg`` shortcut loses its pool, a ``conv`` one its stride), so the stage keeps its input map -- at 224
+px a transformed last stage of ResNet-50 runs on 14 x 14 instead of 7 x 7, and every later stage (if any) sees
+a map twice as large a side as the CNN's.
 """
 
 from __future__ import annotations
@@ -20,10 +32,14 @@ from pydantic import Field
 from archspec.memory import F32, NodeMemory
 from archspec.strict_model import DropPathRate, StrictModel
 
-__all__ = ["SESpec", "ConvStageSpec", "ConvBlockShape", "se_channels", "plan", "counts", "memory", "out_grid",
-           "batchnorm_channels", "label", "strided_grid", "NO_WEIGHT_DECAY", "EXPANSION"]
+__all__ = ["SESpec", "GPSAMixerSpec", "ConvStageSpec", "GPSA_HEADS", "gpsa_head_dim", "gpsa_counts", "gpsa_memory",
+           "ConvBlockShape", "se_channels", "plan", "counts", "memory", "out_grid", "batchnorm_channels", "label",
+           "head_letters", "strided_grid", "NO_WEIGHT_DECAY", "EXPANSION"]
 
-NO_WEIGHT_DECAY: frozenset[str] = frozenset()
+# ConvGPSA's locality alpha~_h, gating lambda_h and centres Delta_h: positions and mixing weights, decayed by
+# neither ConViT (timm convit's gating_param) nor T-CNN's fine-tuning groups (archspec.transfer.gating_param_groups)
+NO_WEIGHT_DECAY: frozenset[str] = frozenset({"locality", "gating", "centers"})
+GPSA_HEADS = 9  # T-CNN: one head per tap of the 3x3 kernel (sec. 2)
 MAX_DIM = 4096
 MAX_DEPTH = 64
 EXPANSION = {"basic": 1, "bottleneck": 4}  # timm BasicBlock.expansion, Bottleneck.expansion
@@ -36,6 +52,21 @@ class SESpec(StrictModel):
     rd_ratio: float = Field(0.0625, gt=0, le=1, description="Reduction: rd = channels x rd_ratio rounded to a "
                             "multiple of rd_divisor (timm make_divisible); 0.25 in ResNet-RS, timm's default 1/16.")
     rd_divisor: int = Field(8, ge=1, le=64, description="rd is a multiple of this (at least this).")
+
+
+class GPSAMixerSpec(StrictModel):
+    """T-CNN's GPSA in place of a bottleneck's 3x3 conv (d'Ascoli et al. 2021, sec. 2, eq. 4-7, footnote 1):
+    9 heads (one per kernel tap), ``W_val = I`` shared, ``W_out^h`` the tap's filter, explicit zero padding,
+    locality ``alpha = softplus_5(alpha~)``, gating ``lambda`` (eq. 7).  Initialised "on the verge of locality"
+    (alpha = lambda = 1); loading a CNN's 3x3 weights into ``W_out`` (archspec.interop.timm.load_timm_weights)
+    makes the layer the CNN's conv as alpha and lambda grow."""
+
+    kind: Literal["gpsa"] = Field(..., description="'gpsa': T-CNN's 9-head gated positional self-attention on the "
+                                  "map's pixels (the only kind a conv stage takes so far).")
+    locality_strength: float = Field(1.0, gt=0, le=1e4, allow_inf_nan=False, description="Initial locality alpha "
+                                     "of every head (paper: 1); off-centre attention weights ~exp(-alpha).")
+    gating_init: float = Field(1.0, ge=-1e4, le=1e4, allow_inf_nan=False, description="Initial gating lambda of "
+                               "every head (paper: 1); sigmoid(lambda) weighs positional against content attention.")
 
 
 class ConvStageSpec(StrictModel):
@@ -62,6 +93,10 @@ class ConvStageSpec(StrictModel):
                                  "default, Goyal et al. 2017).")
     drop_path: DropPathRate = Field(
         0.0, description="Stochastic depth: one rate for every block, or [first, last] linearly spaced over the stage.")
+    mixer: GPSAMixerSpec | None = Field(
+        None, description="Replace every block's 3x3 conv by T-CNN's 9-head GPSA (bottleneck blocks only; "
+        "{kind: gpsa}).  T-CNN also moves the stage's stride out (BoTNet): write stride: 1, and the stage keeps "
+        "its input map.")
 
     @property
     def dim(self) -> int:
@@ -86,7 +121,9 @@ class ConvBlockShape:
     """One residual block: ``block`` (basic / bottleneck) from ``in_chans`` to ``channels`` channels on an
     ``grid`` input map, inner width ``width`` (timm's planes; ``channels = width x expansion``), ``stride``,
     shortcut ``downsample`` (None: identity; ``conv`` or ``avg``), ``se_channels`` (0: no SE), the SE's
-    ``rd_ratio`` and ``rd_divisor``, ``zero_init_last`` and the block's ``drop_path`` rate."""
+    ``rd_ratio`` and ``rd_divisor``, ``zero_init_last``, the block's ``drop_path`` rate, and ``mixer``
+    (``gpsa``: the bottleneck's 3x3 conv is T-CNN's GPSA, initialised at ``locality_strength`` and ``gating_init``;
+    None: the conv)."""
 
     block: str
     in_chans: int
@@ -100,6 +137,9 @@ class ConvBlockShape:
     rd_divisor: int = 8
     zero_init_last: bool = True
     drop_path: float = 0.0
+    mixer: str | None = None
+    locality_strength: float = 1.0
+    gating_init: float = 1.0
 
     @property
     def expansion(self) -> int:
@@ -127,8 +167,13 @@ def plan(stage: ConvStageSpec, index: int, in_chans: int, grid: tuple[int, int]
          ) -> tuple[list[ConvBlockShape], list[tuple[tuple, str, str]]]:
     """The shapes of ``stages[index]``'s blocks entering at ``in_chans`` channels on a ``grid`` map, and the
     problems ``(path, message, hint)``: channels that the bottleneck ratio does not divide, a stride that would
-    shrink the map below 1x1 (a side smaller than the stride)."""
+    shrink the map below 1x1 (a side smaller than the stride), a GPSA mixer in basic blocks (T-CNN re-expresses
+    a bottleneck's single 3x3 conv)."""
     problems: list[tuple[tuple, str, str]] = []
+    if stage.mixer is not None and stage.block != "bottleneck":
+        problems.append((("stages", index, "mixer"), f"a {stage.mixer.kind} mixer replaces a bottleneck's 3x3 conv "
+                         f"(T-CNN sec. 2); a {stage.block} block has two 3x3 convs and no single one to replace",
+                         "use block: bottleneck, or remove mixer"))
     ratio = stage.ratio
     if stage.channels % ratio:
         problems.append((("stages", index, "channels"), f"{stage.channels} output channels are not divisible by the "
@@ -142,13 +187,15 @@ def plan(stage: ConvStageSpec, index: int, in_chans: int, grid: tuple[int, int]
         return [], problems
     width = stage.channels // ratio
     se = se_channels(stage.channels, stage.se.rd_ratio, stage.se.rd_divisor) if stage.se else 0
+    mixer = ((stage.mixer.kind, stage.mixer.locality_strength, stage.mixer.gating_init) if stage.mixer is not None
+             else (None, 1.0, 1.0))
     shapes, c = [], in_chans
     for layer in range(stage.depth):
         stride = stage.stride if layer == 0 else 1
         down = stage.downsample if layer == 0 and (stride != 1 or c != stage.channels) else None
         shapes.append(ConvBlockShape(stage.block, c, stage.channels, width, stride, tuple(grid), down, se,
                                      stage.se.rd_ratio if stage.se else 0.0625, stage.se.rd_divisor if stage.se else 8,
-                                     stage.zero_init_last, stage.drop_path_of(layer)))
+                                     stage.zero_init_last, stage.drop_path_of(layer), *mixer))
         grid = (_strided(grid[0], stride), _strided(grid[1], stride))
         c = stage.channels
     return shapes, problems
@@ -173,13 +220,67 @@ def _convs(shape: ConvBlockShape) -> list[tuple[int, int, int, int]]:
     return convs
 
 
+def gpsa_head_dim(d_in: int) -> int:
+    """Query/key width per head of T-CNN's GPSA: ``max(D_in // 9, 1)`` (timm ConViT's split of ``D_in`` over the
+    heads; the paper's ``W_qry, W_key in R^{D_in x D_in}`` up to the remainder, sec. 2)."""
+    return max(d_in // GPSA_HEADS, 1)
+
+
+def gpsa_counts(d_in: int, d_out: int, grid: tuple[int, int], stride: int = 1, bias: bool = False
+                ) -> tuple[int, int]:
+    """(params, MACs) of T-CNN's GPSA in place of a 3x3 pad-1 conv ``D_in -> D_out`` on an ``(H, W)`` map.
+
+    Params: ``W_qry, W_key`` ``2 D_in 9 d`` + ``W_val`` ``D_in^2`` + ``W_out`` ``9 D_in D_out`` (+ ``D_out``
+    bias) + 9 x (2 centre coordinates, locality, gating) = 36.  MACs, with ``N = (H + 2)(W + 2)`` padded pixels
+    (the keys) and ``M = ceil(H / s) ceil(W / s)`` queries: ``N D_in (2 x 9 d + D_in)`` (the q/k and v
+    projections of every pixel) ``+ M N 9 (d + D_in)`` (``Q K^T`` and ``A V`` with ``D_v = D_in``)
+    ``+ 9 M D_in D_out`` (each head's ``W_out``); the positional softmax, the gating and the padding are
+    elementwise (0), as the reference counter (torch FlopCounterMode / 2) has them."""
+    h, w = grid
+    qk = GPSA_HEADS * gpsa_head_dim(d_in)
+    n = (h + 2) * (w + 2)
+    m = _strided(h, stride) * _strided(w, stride)
+    params = 2 * d_in * qk + d_in * d_in + GPSA_HEADS * d_in * d_out + (d_out if bias else 0) + 4 * GPSA_HEADS
+    macs = n * d_in * (2 * qk + d_in) + m * n * (qk + GPSA_HEADS * d_in) + GPSA_HEADS * m * d_in * d_out
+    return params, macs
+
+
+def gpsa_memory(d_in: int, d_out: int, grid: tuple[int, int], stride: int = 1) -> tuple[int, int]:
+    """(peak, saved) float32 elements that ConvGPSA's forward creates on an ``(H, W)`` map (batch 1; its input
+    not included), ``N`` padded pixels, ``M`` queries, ``9 d`` query/key width.  Held to the end of the forward:
+    the padded map ``N D_in``, the q/k projection ``2 N 9 d``, the gathered queries ``M 9 d``, the key offsets
+    ``2 M N``, four ``(9, M, N)`` maps (content, distance, positional, ``A``) and the pixel coordinates and
+    query index (``2 N + 4 M``).  On top, at the widest
+    moment, the larger of: the distances' two ``(9, M, N, 2)`` temporaries (``2 x 9 M N``); the mixture
+    ``A V`` ``9 M D_in`` with the values ``N D_in``, or with its ``(M, 9 D_in)`` copy, or with the output and
+    its layout copy ``2 M D_out``.  Measured against a ``TorchDispatchMode`` in tests/test_tcnn_spec.py.  Saved
+    for training: everything it creates (an upper bound)."""
+    h, w = grid
+    qk = GPSA_HEADS * gpsa_head_dim(d_in)
+    n = (h + 2) * (w + 2)
+    m = _strided(h, stride) * _strided(w, stride)
+    hmn = GPSA_HEADS * m * n
+    mixed = GPSA_HEADS * m * d_in
+    held = n * d_in + 2 * n * qk + m * qk + 2 * m * n + 4 * hmn + 2 * n + 4 * m  # + pixel coordinates, int64 index
+    widest = max(2 * hmn, mixed + max(n * d_in, mixed, 2 * m * d_out))
+    saved = held + 9 * hmn + n * d_in + 2 * mixed + 2 * m * d_out
+    return held + widest, saved
+
+
 def counts(shape: ConvBlockShape) -> tuple[int, int]:
     """(params, MACs per image): per conv ``k^2 c_in c_out`` weights + 2 BatchNorm parameters per output channel
     and ``H_out W_out k^2 c_in c_out`` MACs (the shortcut's 1x1 conv included; its average pool counts none);
-    the SE adds ``2 C rd + rd + C`` parameters and ``2 C rd`` MACs (its 1x1 convs on the pooled 1x1 map)."""
+    the SE adds ``2 C rd + rd + C`` parameters and ``2 C rd`` MACs (its 1x1 convs on the pooled 1x1 map).
+    With ``mixer == 'gpsa'`` the bottleneck's 3x3 conv counts as :func:`gpsa_counts` instead (its BatchNorm
+    stays)."""
     convs = _convs(shape)
     params = sum(k * k * c * o + 2 * o for k, c, o, _ in convs)
     macs = sum(n * k * k * c * o for k, c, o, n in convs)
+    if shape.mixer == "gpsa":
+        _, c, o, n = convs[1]  # the bottleneck's 3x3 conv, on the map conv1 left: the block's input grid
+        gp, gm = gpsa_counts(c, o, shape.grid, shape.stride)
+        params += gp - 9 * c * o
+        macs += gm - n * 9 * c * o
     if shape.se_channels:
         rd, out = shape.se_channels, shape.channels
         params += 2 * out * rd + rd + out
@@ -198,7 +299,13 @@ def memory(shape: ConvBlockShape) -> NodeMemory:
     out = sizes[-1] if shape.downsample is None else sizes[-2]
     shortcut = 2 * out if shape.downsample is not None else 0
     act = x_in + max(2 * max(sizes), 2 * out + shortcut)
-    return NodeMemory(act=F32 * act, saved=F32 * (2 * sum(sizes) + out))
+    saved = 2 * sum(sizes) + out
+    if shape.mixer == "gpsa":  # the GPSA runs on conv1's map (two copies: conv, BatchNorm) beside the block input
+        _, c, o, _ = convs[1]
+        peak, kept = gpsa_memory(c, o, shape.grid, shape.stride)
+        act = max(act, x_in + 2 * sizes[0] + peak)
+        saved += kept
+    return NodeMemory(act=F32 * act, saved=F32 * saved)
 
 
 def batchnorm_channels(shape: ConvBlockShape) -> int:
@@ -208,5 +315,13 @@ def batchnorm_channels(shape: ConvBlockShape) -> int:
 
 
 def label(shape: ConvBlockShape) -> str:
-    """The analysis table's kind: ``bottleneck``, ``basic``, with ``/2`` for a stride, ``+se``."""
-    return shape.block + (f"/{shape.stride}" if shape.stride > 1 else "") + ("+se" if shape.se_channels else "")
+    """The analysis table's kind: ``bottleneck``, ``basic``, with ``+gpsa`` (T-CNN's 3x3), ``/2`` for a stride,
+    ``+se``."""
+    return (shape.block + (f"+{shape.mixer}" if shape.mixer else "") + (f"/{shape.stride}" if shape.stride > 1 else "")
+            + ("+se" if shape.se_channels else ""))
+
+
+def head_letters(shape: ConvBlockShape) -> str:
+    """The analysis table's heads: nine ``P`` (GPSA, positional: :func:`archspec.families.attention.gpsa.letter`)
+    for a GPSA block, none for a conv block."""
+    return " ".join(["P"] * GPSA_HEADS) if shape.mixer == "gpsa" else ""
