@@ -23,6 +23,7 @@ from archspec.families.block.rules import BlockShape
 from archspec.families.class_attention.rules import ClassAttentionShape
 from archspec.families.conv_block.rules import ConvBlockShape
 from archspec.families.conv_mixer.rules import ConvMixerShape
+from archspec.families.interface.rules import InterfaceShape
 from archspec.families.shrink.rules import ShrinkShape
 from archspec.families.stems.rules import StemShape
 from archspec.families.talking_heads.rules import TalkingHeadsShape
@@ -45,6 +46,8 @@ SAMPLES = {
     "stem": (StemShape("conv", 3, (33, 31), 16, channels=(4, 8, 16)), (1, 3, 33, 31), 20),  # 5 x 4 grid
     # ResNet-D's first block of a strided stage: avg-pool shortcut, SE; an odd map 7 x 5 -> 4 x 3
     "conv_block": (ConvBlockShape("bottleneck", 16, 32, 8, 2, (7, 5), "avg", 8, 0.25), (1, 16, 7, 5), 12),
+    # a hybrid's map -> tokens: a 7 x 5 map average-pooled (adaptive, uneven bins) to 3 x 2, 1x1 conv 12 -> 16
+    "interface": (InterfaceShape(12, (7, 5), (3, 2), 16, True, True), (1, 12, 7, 5), 6),
 }
 # LeViT's batchnorm attention and block, the patch and identity stems: further shapes of the same families
 MORE = [
@@ -67,6 +70,7 @@ MORE = [
     # T-CNN's GPSA in the bottleneck: strided (queries every other pixel) with SE, and BoTNet's stride 1
     ("conv_block", ConvBlockShape("bottleneck", 16, 32, 8, 2, (7, 5), "avg", 8, 0.25, mixer="gpsa"), (1, 16, 7, 5), 12),
     ("conv_block", ConvBlockShape("bottleneck", 32, 64, 32, 1, (4, 3), "conv", mixer="gpsa"), (1, 32, 4, 3), 12),
+    ("interface", InterfaceShape(16, (3, 3), (3, 3), 16, False, False), (1, 16, 3, 3), 9),  # every pixel a token
 ]
 NO_MODULE = {"tokens", "head"}  # the model's own parameters; the head's classifier is tested in test_timm_api
 
