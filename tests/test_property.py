@@ -9,7 +9,9 @@ biases, hard / soft / strict masks with windows, and their compositions).  The s
 token grid and the tokens present, so that draws are valid except for deliberate edge values
 (widths that round to 0, mixed GPSA gating) that validation must refuse; refused draws are
 ``assume``-d away (measured: about 10% of 400 draws, all from those edges).  Small dims, at most 4
-blocks, grids up to 6x6, batch 2: each example takes tens of milliseconds, 200 examples ~10 s.
+blocks, grids up to 6x6, batch 2: each example takes tens of milliseconds, 200 examples ~10 s.  A second
+strategy draws conv nets and hybrids (ResNet stems, conv stages with SE and T-CNN's GPSA, then an attention
+stage taking the map through ``from_map``) and holds their MACs to torch's FlopCounterMode exactly.
 """
 
 from __future__ import annotations
@@ -232,3 +234,64 @@ def test_every_valid_spec_compiles_runs_and_counts(doc):
     assert grads and all(torch.isfinite(g).all() for g in grads)
     with torch.inference_mode():
         assert torch.isfinite(model.eval()(x)).all()
+
+
+@st.composite
+def conv_and_hybrid_specs(draw) -> dict:
+    """A conv net or a hybrid that should validate: a ResNet stem (7x7 or deep, max-pool or strided conv), 1-2 conv
+    stages (basic / bottleneck, stride 1 / 2, conv or avg shortcut, SE, T-CNN's GPSA in bottlenecks), then, for a
+    hybrid, an attention stage taking the map through ``from_map`` (pooled to a grid no larger than the map, or
+    every pixel a token; projected when the widths differ) with or without a class token."""
+    side = draw(st.sampled_from([24, 32, 33, 40]))
+    grid = ((side - 1) // 4 + 1,) * 2  # the ResNet stem divides by 4 (rounding up)
+    stem = {"kind": "resnet", "channels": draw(st.sampled_from([4, 8])), "deep": draw(st.booleans()),
+            "pool": draw(st.sampled_from(["max", "conv"]))}
+    stages = []
+    for _ in range(draw(st.integers(1, 2))):
+        block = draw(st.sampled_from(["basic", "bottleneck"]))
+        stride = draw(st.sampled_from([1, 2])) if min(grid) >= 2 else 1
+        stage = {"kind": "conv", "block": block, "depth": draw(st.integers(1, 2)),
+                 "channels": draw(st.sampled_from([8, 12, 16])), "stride": stride,
+                 "downsample": draw(st.sampled_from(["conv", "avg"]))}
+        if draw(st.booleans()):
+            stage["se"] = {"rd_ratio": 0.25, "rd_divisor": 4}
+        if block == "bottleneck" and draw(st.booleans()):
+            stage["mixer"] = {"kind": "gpsa", "locality_strength": draw(st.sampled_from([0.5, 1.0, 3.0]))}
+        stages.append(stage)
+        grid = ((grid[0] - 1) // stride + 1, (grid[1] - 1) // stride + 1)
+    if not draw(st.booleans()):
+        return {"name": "prop_conv", "input": {"channels": 3, "resolution": side}, "stem": stem,
+                "tokens": {"cls_token": "none", "pos_embed": "none"}, "stages": stages,
+                "head": {"pool": "mean", "num_classes": draw(st.sampled_from([0, 5]))}}
+    heads = draw(st.integers(1, 2))
+    attention = {"depth": draw(st.integers(1, 2)), "dim": draw(st.sampled_from([8, 16])) * heads, "heads": heads,
+                 "attention": draw(st.sampled_from(["mhsa", "levit_bias", "mask:3x3"])) if min(grid) >= 3 else "mhsa"}
+    if draw(st.booleans()) and min(grid) >= 2:
+        attention["from_map"] = {"pool": "avg", "grid": draw(st.integers(1, min(grid)))}
+        if min(attention["from_map"]["grid"], 3) < 3:
+            attention["attention"] = "mhsa"  # a 3x3 mask needs a grid of at least 3x3
+    cls, pos = draw(st.booleans()), draw(st.sampled_from(["learned", "none"]))
+    return {"name": "prop_hybrid", "input": {"channels": 3, "resolution": side}, "stem": stem,
+            "tokens": {"cls_token": "input" if cls else "none", "pos_embed": pos},
+            "stages": stages + [attention], "head": {"pool": "cls" if cls else "mean", "num_classes": 5}}
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv_and_hybrid_specs())
+@pytest.mark.slow
+def test_every_conv_net_and_hybrid_counts_what_runs(doc):
+    """Conv nets and hybrids: they validate, their parameters are the module's, their MACs are what torch's
+    FlopCounterMode counts (tests/macs_reference.py), and forward / backward are finite."""
+    from macs_reference import reference_macs
+
+    spec = load_spec(doc)
+    analysis = analyze(spec)
+    model = compile(spec).eval()
+    assert sum(p.numel() for p in model.parameters()) == analysis.params
+    h, w = spec.input.resolution
+    assert reference_macs(model, torch.randn(1, 3, h, w)) == analysis.macs
+    x = torch.randn(2, 3, h, w)
+    out = model.train()(x)
+    assert out.shape == (2, spec.head.num_classes or spec.stages[-1].dim) and torch.isfinite(out).all()
+    out.square().mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
