@@ -6,10 +6,10 @@ architecture; :func:`train_proxy` trains it for a fixed number of steps and retu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
-import math
 from typing import TYPE_CHECKING, Any
 
 import torch
