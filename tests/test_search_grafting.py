@@ -105,3 +105,40 @@ def test_small_grafting_space_runs_through_archspec_search(tmp_path: Path, capsy
         assert point["proxy_grids"][-1] == point["real_grids"][-1] == [4, 4]
     rows = (out / "trials.csv").read_text().splitlines()
     assert len(rows) >= 4 and "stages" in rows[0]
+
+
+def test_a_bad_grafting_space_is_a_located_error_exit_2(tmp_path: Path, capsys):
+    bad = yaml.safe_dump(SMALL_GRAFTING, sort_keys=False).replace("channels: 64", "chanels: 64")
+    path = tmp_path / "bad.yaml"
+    path.write_text(bad, encoding="utf-8")
+    assert main(["search", "--space", str(path), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "spec.stages.choice.c2[1].chanels: unknown key 'chanels'" in err and "did you mean 'channels'" in err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()
+
+
+def test_mask_placement_refuses_a_hybrid_exit_2(tmp_path: Path, capsys):
+    rc = main(["search", "masks", "levit_graft_r50s2_deit6", "--out", str(tmp_path / "m"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "has conv stages" in err and "Traceback" not in err and not (tmp_path / "m").exists()
+
+
+def test_space_schema_takes_conv_stages_in_every_stage_form():
+    import jsonschema
+
+    from archspec.errors import SpecError
+    from archspec.schema import space_schema
+
+    validator = jsonschema.Draft202012Validator(space_schema())
+    conv = {"kind": "conv", "block": "bottleneck", "depth": {"int": [1, 2]}, "channels": 32, "stride": 1}
+    spec = {**SMALL_GRAFTING["spec"], "input": {"channels": 3, "resolution": 64}}
+    forms = [SMALL_GRAFTING,
+             {"spec": {**spec, "stages": [conv, _deit(1, 4)]}},
+             {"spec": {**spec, "stages": {"count": 2, "items": [conv, _deit(1, 4)]}}}]
+    for document in forms:
+        assert list(validator.iter_errors(document)) == [], document
+        load_space(document)
+    typo = {"spec": {**spec, "stages": {"count": 2, "items": [{**conv, "chanels": 8}, _deit(1, 4)]}}}
+    assert list(validator.iter_errors(typo))
+    with pytest.raises(SpecError):
+        load_space(typo)
