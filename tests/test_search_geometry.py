@@ -140,6 +140,14 @@ def test_resnet_stem_geometry_by_hand(digits, name, size, grids):
     assert geometry.stem == spec.stem.model_dump(mode="json")
 
 
+def test_resnet_stem_min_grid_shrinks_only_unpooled_tokens(digits):
+    protocol = ProxyProtocol(min_grid=7)
+    unpooled, _ = proxy_geometry(load_spec("levit_graft_r50s3_deit3"), digits, protocol)  # every pixel a token
+    assert unpooled.image_size == (112, 112) and unpooled.grids[-1] == (7, 7)
+    pooled, _ = proxy_geometry(load_spec("levit_graft_r50s2_deit6"), digits, protocol)    # pooled to 14x14
+    assert pooled.image_size == (112, 112) and pooled.grids[-1] == (14, 14)
+
+
 def test_pure_resnet_proxy_is_at_the_cap_and_trains(digits):
     spec = load_spec("resnet50").model_dump(mode="json")
     spec["stages"] = [{"kind": "conv", "block": "basic", "depth": 1, "channels": c, "stride": s}

@@ -109,7 +109,8 @@ class ProxyGeometry:
 
     Attributes:
         image_size: proxy input ``(H, W)`` in pixels (the data are resized to it).
-        stem: the proxy's stem, as JSON (``kind`` plus ``channels`` or ``patch_size``).
+        stem: the proxy's stem, as JSON (``kind`` plus ``channels`` or ``patch_size``; a ``resnet`` stem is the
+            candidate's own, unchanged).
         grids: ``(rows, cols)`` token grid of each stage's blocks in the proxy.
         real_grids: the same for the candidate at its own input size.
     """
@@ -276,7 +277,9 @@ def proxy_spec(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> ArchSp
     * With ``protocol.min_grid`` set, a smaller first grid: the smallest side from ``min_grid`` up whose
       stages (their grids derived by the candidate's own shrinks) are each at least as large as the stage's
       largest mask window and which validates (e.g. a conv mixer's kernel fits); never larger than the
-      candidate's own.  Mask placement uses 8 (64 px, patch 8 -> 8x8).
+      candidate's own.  Mask placement uses 8 (64 px, patch 8 -> 8x8).  After a ResNet stem "first" is the
+      first attention stage: a ``pool: none`` graft's tokens shrink with the input (3 ResNet-50 stages with
+      ``min_grid=7``: 7x7 from 112 px), a ``pool: avg`` one's keep the pooled grid.
 
     Stages, depths, widths, heads, head kinds, mask windows, biases and shrinks are the candidate's own:
     a masked head's mask in the proxy is the candidate's.
