@@ -142,3 +142,20 @@ def test_space_schema_takes_conv_stages_in_every_stage_form():
     assert list(validator.iter_errors(typo))
     with pytest.raises(SpecError):
         load_space(typo)
+
+
+def test_an_invalid_point_inside_an_alternative_is_located_there():
+    from archspec.errors import SpecError
+
+    stages = SMALL_GRAFTING["spec"]["stages"]["choice"]
+    too_fine = {**stages, "c2": [*stages["c2"][:2], _deit(1, 16)]}  # a 16x16 grid from an 8x8 map
+    document = {"spec": {**SMALL_GRAFTING["spec"], "stages": {"choice": too_fine}}}
+    space = load_space(document)  # its smallest point (c1) is valid
+    with pytest.raises(SpecError) as info:
+        space.sample(optuna.trial.FixedTrial({"stages": "c2", "stages.c2.1.depth": 1}))
+    problem = info.value.problems[0]
+    assert problem.path == ("spec", "stages", "choice", "c2", 2, "from_map", "grid")
+    assert "drawn: stages=c2" in problem.hint
+    with pytest.raises(SpecError) as info:  # a stage's kind is no marker: choose between stage lists
+        load_space({"spec": {**SMALL_GRAFTING["spec"], "stages": [{**stages["c1"][0], "kind": {"choice": ["conv"]}}]}})
+    assert info.value.problems[0].path == ("spec", "stages", 0, "kind")
