@@ -120,9 +120,10 @@ def _or_marker(prop: dict[str, Any]) -> dict[str, Any]:
 
 def space_schema() -> dict[str, Any]:
     """JSON Schema of a search-space file: ``name``, ``kind``, ``description`` and a ``spec`` in which any value
-    may be a marker (``choice``, ``int``, ``float``, ``ref``), ``stages`` may be ``{count, items}`` and a stage
-    may have ``heads_mix`` (see :mod:`archspec.search.space`).  Labelled-choice alternatives are not checked
-    (their place's schema cannot be tied to them); ``archspec search`` checks them.  Raises nothing.
+    may be a marker (``choice``, ``int``, ``float``, ``ref``), ``stages`` may be ``{count, items}`` or a labelled
+    choice of stage lists, and a stage is an attention stage (which may have ``heads_mix``) or a conv stage (see
+    :mod:`archspec.search.space`).  Labelled-choice alternatives are not checked (their place's schema cannot be
+    tied to them); ``archspec search`` checks them.  Raises nothing.
     """
     spec = spec_schema()
     defs = spec.pop("$defs")
@@ -138,11 +139,13 @@ def space_schema() -> dict[str, Any]:
                   {"type": "object", "required": ["base"], "additionalProperties": False,
                    "properties": {key: {} for key in ("base", "masked", "window", "group", "per_layer")}}]}
     stages = defs["ArchSpec"]["properties"]["stages"]
+    stage_list = next(option for option in stages["anyOf"] if option.get("type") == "array")
+    stage_list["items"] = stage_list["items"]["anyOf"][0]  # an attention or conv stage; a stage is no marker
     stages["anyOf"].insert(0, {"type": "object", "required": ["count", "items"], "additionalProperties": False,
                                "properties": {"count": {"anyOf": [{"type": "integer", "minimum": 1},
                                                                   {"$ref": "#/$defs/Marker"}]},
                                               "items": {"type": "array", "minItems": 1,
-                                                        "items": {"$ref": "#/$defs/StageSpec"}}}})
+                                                        "items": stage_list["items"]}}})
     return {"$schema": SCHEMA_DIALECT, "$id": SPACE_SCHEMA_ID, "title": "archspec search space", "type": "object",
             "required": ["spec"], "additionalProperties": False,
             "properties": {"name": {"type": "string", "pattern": r"^[A-Za-z0-9_.\-]+$"},

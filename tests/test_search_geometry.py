@@ -99,3 +99,63 @@ def test_hard_masked_head_is_local_in_the_proxy(digits):
         assert not bool(masks.all()), "a hard mask of all ones is no mask"
         assert masks[0].sum(-1).max().item() == 25  # a patch away from the border sees its 5x5 window
     assert torch.isfinite(model(torch.randn(2, 3, 56, 56))).all()
+
+
+# ------------------------------------------------------------------ ResNet stems: hybrids and conv nets
+
+
+def _token_grids(spec, grids) -> tuple:
+    """The grids of the attention stages (the conv stages' are feature maps, which the proxy may shrink)."""
+    return tuple(grids[spec.n_conv_stages:])
+
+
+def test_grafting_space_proxies_keep_every_token_grid(digits):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    protocol = ProxyProtocol()
+    cuts = set()
+    for spec in _samples(load_space("levit_grafting"), 40, seed=3):
+        geometry, _ = proxy_geometry(spec, digits, protocol)
+        proxy = proxy_spec(spec, digits, protocol)
+        assert spec.is_hybrid
+        assert _token_grids(spec, geometry.grids) == _token_grids(spec, stage_grids(spec)) == ((14, 14),)
+        assert stage_grids(proxy) == geometry.grids and geometry.real_grids == stage_grids(spec)
+        # the input is the only knob: stem, stages and interface are the candidate's own
+        assert proxy.stages == spec.stages and proxy.stem == spec.stem
+        cuts.add(spec.n_conv_stages)
+        # the smallest multiple of 4 x the strides that keeps the 14x14 tokens (pool none after 3 stages: 224)
+        assert geometry.image_size == {1: (56, 56), 2: (112, 112), 3: (224, 224)}[spec.n_conv_stages]
+    assert cuts == {1, 2, 3}
+
+
+@pytest.mark.parametrize("name, size, grids", [
+    ("levit_graft_r50s1_deit9", (56, 56), ((14, 14), (14, 14))),    # pooled 14x14 from a 14x14 map
+    ("levit_graft_r50s2_deit6", (112, 112), ((28, 28), (14, 14), (14, 14))),
+    ("levit_graft_r50s4_deit0", (64, 64), ((16, 16), (8, 8), (4, 4), (2, 2))),  # a conv net: at the cap
+    ("resnet50", (64, 64), ((16, 16), (8, 8), (4, 4), (2, 2))),
+])
+def test_resnet_stem_geometry_by_hand(digits, name, size, grids):
+    spec = load_spec(name)
+    geometry, _ = proxy_geometry(spec, digits, ProxyProtocol())
+    assert geometry.image_size == size and geometry.grids == grids
+    assert geometry.stem == spec.stem.model_dump(mode="json")
+
+
+def test_resnet_stem_min_grid_shrinks_only_unpooled_tokens(digits):
+    protocol = ProxyProtocol(min_grid=7)
+    unpooled, _ = proxy_geometry(load_spec("levit_graft_r50s3_deit3"), digits, protocol)  # every pixel a token
+    assert unpooled.image_size == (112, 112) and unpooled.grids[-1] == (7, 7)
+    pooled, _ = proxy_geometry(load_spec("levit_graft_r50s2_deit6"), digits, protocol)    # pooled to 14x14
+    assert pooled.image_size == (112, 112) and pooled.grids[-1] == (14, 14)
+
+
+def test_pure_resnet_proxy_is_at_the_cap_and_trains(digits):
+    spec = load_spec("resnet50").model_dump(mode="json")
+    spec["stages"] = [{"kind": "conv", "block": "basic", "depth": 1, "channels": c, "stride": s}
+                      for c, s in ((8, 1), (16, 2))]  # small, so that the forward pass is quick
+    spec["stem"] = {"kind": "resnet", "channels": 8}
+    spec = load_spec(spec)
+    for cap in (32, 64):
+        geometry, _ = proxy_geometry(spec, digits, ProxyProtocol(image_size=cap))
+        assert geometry.image_size == (cap, cap) and geometry.grids == ((cap // 4,) * 2, (cap // 8,) * 2)
+    proxy = proxy_spec(spec, digits, ProxyProtocol())
+    assert compile(proxy)(torch.randn(2, 3, 64, 64)).shape == (2, digits.num_classes)

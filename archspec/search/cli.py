@@ -29,11 +29,12 @@ MODE 1 -- design under budgets (default):
   archspec search --budget-flops 1G
   archspec search --budget-flops 500M --budget-latency 15 --trials 30 --timeout 1800
   archspec search --budget-params 5M --objective accuracy --data ~/data/cifar-10-batches-py
+  archspec search --space levit_grafting --budget-flops 4.5G   (LeViT sec. 3.2: ResNet-50 stages + DeiT-S)
 Samples LeViT-family candidates (conv stem, shrinking attention, per stage LeViT bias / ConViT GPSA /
-MaiT masked heads; --space FILE for your own space), rejects over-budget ones from the static
-analysis before any weight exists (microseconds, never trained), measures latency at the spec's real
-input size, proxy-trains the rest on real data, and keeps the Pareto front of proxy accuracy vs
-latency (or, with --objective accuracy, the most accurate candidate within the budgets).
+MaiT masked heads; --space NAME for a shipped space, --space FILE for your own), rejects over-budget
+ones from the static analysis before any weight exists (microseconds, never trained), measures
+latency at the spec's real input size, proxy-trains the rest on real data, and keeps the Pareto
+front of proxy accuracy vs latency (or, with --objective accuracy, the most accurate candidate within the budgets).
 
 MODE 2 -- MaiT mask placement for a given spec:
   archspec search masks specs/mait_tiny_sch2.yaml --strategy als        (MaiT sec. 4.2, --rounds 2)
@@ -230,7 +231,8 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
     obj.add_argument("--objective", choices=("pareto", "accuracy"), default="pareto",
                      help="pareto (default): maximise proxy accuracy and minimise latency; accuracy: maximise proxy "
                           "accuracy with the budgets as constraints")
-    obj.add_argument("--space", metavar="FILE", help="search space YAML (default: the embedded LeViT-family space)")
+    obj.add_argument("--space", metavar="FILE", help="search space YAML, or a shipped space's name: levit_family "
+                     "(the default), levit_grafting")
     obj.add_argument("--prune", action="store_true",
                      help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
     obj.add_argument("--fidelity", choices=FIDELITIES, default=DEFAULT_FIDELITY,

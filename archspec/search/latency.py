@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from archspec.spec import ArchSpec
+from archspec.spec import ArchSpec, ConvStageSpec
 
 __all__ = ["LatencyProtocol", "LatencyCache", "architecture_key", "measure_latency"]
 
@@ -79,6 +79,8 @@ def architecture_key(spec: ArchSpec) -> str:
     """
     data = spec.model_dump(mode="json", exclude=set(_IGNORED))
     for i, stage in enumerate(data["stages"]):  # per-layer resolved heads, mixer and drop path: one spelling
+        if isinstance(spec.stages[i], ConvStageSpec):  # conv stages have one spelling already
+            continue
         for key in ("attention", "layers", "mixer", "drop_path"):
             stage.pop(key, None)
         stage["plans"] = [plan.model_dump(mode="json", exclude={"origin"}) for plan in spec.layer_plans(i)]

@@ -356,8 +356,8 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
 
     Raises:
         TypeError: an unknown option.
-        SpecError: a bad spec, strategy, threshold, window or any input the search refuses; nothing is
-            written then.
+        SpecError: a bad spec (also one with conv stages: a hybrid or a conv net), strategy, threshold, window
+            or any input the search refuses; nothing is written then.
     """
     mcfg = MaskConfig(**options) if mcfg is None else dataclasses.replace(mcfg, **options)
     mcfg = dataclasses.replace(mcfg, search=_masks_search_config(mcfg.search))
@@ -366,6 +366,11 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
     spec = mcfg.spec if isinstance(mcfg.spec, ArchSpec) else load_spec(mcfg.spec)
+    if spec.n_conv_stages:  # the placement, ALS and alpha code index attention stages from 0 and read layer plans
+        raise SpecError.single(("SPEC",), f"spec {spec.name!r} has conv stages: mask placement takes token models "
+                               "only (a patch, conv or identity stem, attention stages)",
+                               "place masks in the attention-only spec, or search a hybrid with archspec search "
+                               "--space (e.g. levit_grafting)")
     if not attention_layers(spec):
         raise SpecError.single(("SPEC",), f"spec {spec.name!r} has no attention layer to place masks in")
     if mcfg.strategy not in ("als", "optuna", "soft"):

@@ -6,6 +6,7 @@ architecture; :func:`train_proxy` trains it for a fixed number of steps and retu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
@@ -45,7 +46,8 @@ class ProxyProtocol(TrainConfig):
     lr, weight_decay, optimizer, warmup_steps, augmentation, eval_every, device -- with the same defaults;
     ``device`` is where the proxy trains, the CLI resolving ``auto``):
         image_size: the largest proxy input side in pixels: the stem keeps as many stride-2 convs (or as
-            large a patch) as fit it (:func:`proxy_spec`).
+            large a patch) as fit it (:func:`proxy_spec`); a pure conv net trains at it; a hybrid after a
+            ResNet stem trains at the smallest size that keeps its token grids, above it if need be.
         threads: ``torch.set_num_threads`` during the trial (restored afterwards); ``None`` leaves it.
         min_grid: ``None`` (default): the proxy has the candidate's own token grid in every stage; a side
             ``m``: the first stage's grid is at least ``m`` (and every stage's at least its largest mask window).
@@ -107,7 +109,8 @@ class ProxyGeometry:
 
     Attributes:
         image_size: proxy input ``(H, W)`` in pixels (the data are resized to it).
-        stem: the proxy's stem, as JSON (``kind`` plus ``channels`` or ``patch_size``).
+        stem: the proxy's stem, as JSON (``kind`` plus ``channels`` or ``patch_size``; a ``resnet`` stem is the
+            candidate's own, unchanged).
         grids: ``(rows, cols)`` token grid of each stage's blocks in the proxy.
         real_grids: the same for the candidate at its own input size.
     """
@@ -181,9 +184,35 @@ def _patch_stem(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple[dict
     return {**spec.stem.model_dump(mode="json"), "patch_size": p}, (target[0] * p, target[1] * p)
 
 
+def _resnet_input(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple[dict, tuple[int, int]]:
+    """The stem unchanged; the input ``map * F`` per side, at most the real one (``F`` = 4 x the conv strides).
+
+    A ResNet stem divides by 4 and every conv stage by its stride (each a ceiling division, so the map is
+    ``ceil(H / F)``): the input size is the only knob.  ``map`` is the feature map the first attention stage
+    needs to get a first token grid of ``target``: its ``from_map`` grid for ``pool: avg`` (pooling keeps that
+    grid while the map is at least as large: a 1-stage graft keeps 14x14 tokens from 56 px), ``target`` itself
+    otherwise (every pixel a token).  A multiple of ``F`` so that every stride halves a side exactly.  This is
+    the smallest such size, above ``cap`` when the tokens need it (the token grids win: the module's rule; a
+    graft after 3 ResNet-50 stages without pooling keeps its full 224 px).  A pure conv net has no tokens: its
+    input is ``cap`` (at most the real size).  Source: timm ``resnet.ResNet`` (stem /4, stage strides).
+    """
+    real = spec.input.resolution
+    if spec.is_convnet:
+        return spec.stem.model_dump(mode="json"), (min(cap, real[0]), min(cap, real[1]))
+    lead = spec.n_conv_stages
+    factor = 4 * math.prod(stage.stride for stage in spec.stages[:lead])
+    interface = spec.stages[lead].from_map
+    needed = interface.grid if interface is not None and interface.pool == "avg" else target
+    size = (min(needed[0] * factor, real[0]), min(needed[1] * factor, real[1]))
+    return spec.stem.model_dump(mode="json"), size
+
+
+_STEM_RULES = {"conv": _conv_stem, "resnet": _resnet_input}  # patch and identity stems: _patch_stem
+
+
 def _geometry_doc(spec: ArchSpec, data: Dataset, cap: int, target: tuple[int, int]) -> dict:
-    """The candidate's JSON with the stem and input size that give a first-stage grid of ``target``."""
-    stem, size = (_conv_stem if spec.stem.kind == "conv" else _patch_stem)(spec, target, cap)
+    """The candidate's JSON with the stem and input size that give a first-token-stage grid of ``target``."""
+    stem, size = _STEM_RULES.get(spec.stem.kind, _patch_stem)(spec, target, cap)
     doc = spec.model_dump(mode="json")
     doc["name"] = (spec.name + "_proxy")[:100]
     doc["input"] = {"channels": data.channels, "resolution": list(size)}
@@ -209,7 +238,7 @@ def proxy_geometry(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> tu
         SpecError: the candidate itself is invalid.
     """
     real = stage_grids(spec)
-    first = real[0]
+    first = real[0 if spec.is_convnet else spec.n_conv_stages]  # the first token stage's grid (conv stages: maps)
     targets = [first]
     if protocol.min_grid is not None:  # smallest first grid >= min_grid whose stages all hold their windows
         side = min(protocol.min_grid, max(first))
@@ -238,11 +267,19 @@ def proxy_spec(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> ArchSp
       resolution** (LeViT at 224 px: 14x14 -> 7x7 -> 4x4): a conv stem keeps as many of its last stride-2
       convs ``k`` as fit ``protocol.image_size`` (a 3x3 stride-2 conv halves an even side exactly), and
       the input is ``grid * 2**k`` pixels (LeViT's 4-conv stem -> 2 convs at 56 px); a patch (or identity)
-      stem takes the largest patch ``p`` that fits, at ``grid * p`` pixels.  The data are resized to that.
+      stem takes the largest patch ``p`` that fits, at ``grid * p`` pixels.  A ResNet stem (a hybrid's or a
+      conv net's) is kept whole and only the input shrinks: to the smallest multiple of ``4 x`` the conv
+      stages' strides at which every attention stage keeps its token grid (``from_map: {pool: avg, grid: 14}``
+      needs only a 14x14 map: 56 px after the stem alone, 112 px after two ResNet-50 stages; ``pool: none``
+      after three needs the full 224 px), even above ``protocol.image_size`` -- the token grids win; a pure
+      conv net, which has no tokens, trains at ``protocol.image_size`` (at most its own size).  The data are
+      resized to that.
     * With ``protocol.min_grid`` set, a smaller first grid: the smallest side from ``min_grid`` up whose
       stages (their grids derived by the candidate's own shrinks) are each at least as large as the stage's
       largest mask window and which validates (e.g. a conv mixer's kernel fits); never larger than the
-      candidate's own.  Mask placement uses 8 (64 px, patch 8 -> 8x8).
+      candidate's own.  Mask placement uses 8 (64 px, patch 8 -> 8x8).  After a ResNet stem "first" is the
+      first attention stage: a ``pool: none`` graft's tokens shrink with the input (3 ResNet-50 stages with
+      ``min_grid=7``: 7x7 from 112 px), a ``pool: avg`` one's keep the pooled grid.
 
     Stages, depths, widths, heads, head kinds, mask windows, biases and shrinks are the candidate's own:
     a masked head's mask in the proxy is the candidate's.

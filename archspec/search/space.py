@@ -28,6 +28,16 @@ Structure that a plain spec cannot say:
 ``stages: {count: <int or marker>, items: [stage, stage, ...]}``
     Only the first ``count`` items are used; parameters of the other items are not drawn.
     A plain list of stages is also accepted.
+``stages: {choice: {label_a: [stage, ...], label_b: {count: ..., items: [...]}}}``
+    A labelled choice over *whole stage lists* (each alternative a list or ``{count, items}``): how many
+    stages of which kind, e.g. LeViT's grafting -- 1, 2 or 3 ResNet-50 stages, then a DeiT stage.  Optuna
+    sees the label as parameter ``stages``; the markers inside an alternative are named with its label
+    (``stages.r50s2.2.depth``), so alternatives whose stage ``i`` differs never share a parameter.
+``stages[i]`` of ``kind: conv``
+    A conv stage (ResNet blocks after a ``resnet`` stem: ``block``, ``depth``, ``channels``, ``stride``...,
+    :class:`~archspec.spec.ConvStageSpec`); its values may be markers like any other.  The first attention
+    stage after conv stages takes ``from_map`` (how the map becomes tokens).  A stage's ``kind`` itself
+    cannot be a marker: choose between stage lists instead.
 ``stages[i].heads_mix``
     How the heads of a stage are composed; expands into the stage's ``attention`` and ``layers``.
     Either a head kind (``levit_bias``) or a mapping::
@@ -45,7 +55,8 @@ Structure that a plain spec cannot say:
 
 Optuna parameter names are the paths of the markers in the resulting spec: ``stages.count``,
 ``stages.1.dim``, ``stages.0.heads_mix`` (the drawn label), ``stages.0.heads_mix.mait.masked``,
-``stages.0.heads_mix.masked.4-7`` (group of layers 4-7).  Every sampled point is validated with
+``stages.0.heads_mix.masked.4-7`` (group of layers 4-7), ``stages`` and ``stages.r50s2.2.depth`` (a
+labelled choice of stage lists and a range inside its ``r50s2`` alternative).  Every sampled point is validated with
 :func:`archspec.load_spec`; a point that fails raises a :class:`~archspec.errors.SpecError` located
 at the offending field of the *space* file.
 
@@ -82,7 +93,7 @@ from pydantic import BaseModel, ValidationError
 from archspec.errors import Locator, Problem, SpecError
 from archspec.families.attention.heads import HeadSpec, MaskSpec
 from archspec.loader import load_spec
-from archspec.spec import ArchSpec, StageSpec
+from archspec.spec import ArchSpec, ConvStageSpec, StageSpec
 from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = ["SearchSpace", "load_space", "mask_placement_space", "MARKERS"]
@@ -224,8 +235,10 @@ class _Checker:
                 for key, item in node.items():
                     self.value(item, path + (key,), None)
                 return
-            extra = ("heads_mix",) if model is StageSpec else ()
+            extra = ("heads_mix", "kind") if model is StageSpec else ()
             for key, item in node.items():
+                if key == "kind" and model is StageSpec:
+                    continue  # 'kind: attention' names the default; stage() has checked it
                 if key in extra:
                     self.heads_mix(item, path + (key,))
                 elif key not in model.model_fields:
@@ -239,7 +252,13 @@ class _Checker:
                 self.value(item, path + (i,), model)
 
     def stages(self, node: Any, path: tuple) -> None:
-        if isinstance(node, dict) and not _is_marker(node):
+        if _is_marker(node):
+            if _marker_kind(node) != "choice" or not isinstance(node["choice"], dict):
+                self.add(path, "stages may be a list, {count: ..., items: [...]} or a labelled choice of those",
+                         "stages: {choice: {two: [{...}, {...}], three: [{...}, {...}, {...}]}}")
+                return
+            self.marker(node, path, None, alt=self.stages)
+        elif isinstance(node, dict):
             for key in node:
                 if key not in ("count", "items"):
                     self.unknown(path, key, ["count", "items"])
@@ -258,12 +277,29 @@ class _Checker:
                 elif isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= max(len(items), 1):
                     self.add(path + ("count",), f"count must be an integer between 1 and {len(items)}, got {count!r}")
             for i, item in enumerate(items):
-                self.value(item, path + ("items", i), StageSpec)
+                self.stage(item, path + ("items", i))
         elif isinstance(node, list):
+            if not node:
+                self.add(path, "stages must be a non-empty list of stages")
             for i, item in enumerate(node):
-                self.value(item, path + (i,), StageSpec)
+                self.stage(item, path + (i,))
         else:
-            self.add(path, "stages must be a list of stages or {count: ..., items: [...]}")
+            self.add(path, "stages must be a list of stages, {count: ..., items: [...]} or a labelled choice of those")
+
+    def stage(self, node: Any, path: tuple) -> None:
+        """One stage: its ``kind`` (absent or ``attention``, or ``conv``) picks the model its keys are checked
+        against."""
+        if not isinstance(node, dict) or _is_marker(node):
+            self.add(path, "a stage must be a mapping of its fields",
+                     "to choose between stages, choose between whole stage lists: stages: {choice: {label: [...]}}")
+            return
+        kind = node.get("kind", "attention")
+        if kind not in ("attention", "conv"):
+            hint = ("a stage's kind cannot be searched; choose between whole stage lists instead"
+                    if _is_marker(kind) else "'attention' (the default) or 'conv'")
+            self.add(path + ("kind",), f"a stage's kind must be 'attention' or 'conv', got {kind!r}", hint)
+            return
+        self.value(node, path, ConvStageSpec if kind == "conv" else StageSpec)
 
     def heads_mix(self, node: Any, path: tuple) -> None:
         if isinstance(node, str):
@@ -325,6 +361,7 @@ class _Sampler:
         self.drawn: dict[str, Any] = {}
         self._ypath_for_name: tuple = ()
         self.generated: dict[tuple, tuple[tuple, tuple]] = {}  # fields written by heads_mix -> (its path, window path)
+        self.prefix = "stages"  # Optuna names of stage parameters: stages.<i>..., or stages.<label>.<i>...
 
     def fail(self, path: tuple, message: str, hint: str | None = None) -> SpecError:
         return SpecError.single(path, message, hint)
@@ -404,15 +441,21 @@ class _Sampler:
                 out[key] = self.resolve(item, ("spec", key), (key,), key, None)
         return out
 
-    def stages(self, node: Any) -> list:
-        if isinstance(node, dict) and not _is_marker(node):
+    def stages(self, node: Any, base: tuple = ("spec", "stages"), prefix: str = "stages") -> list:
+        """The drawn stage list of ``node`` (at space path ``base``; Optuna names start with ``prefix``)."""
+        if _is_marker(node):  # a labelled choice of stage lists (the checker allows no other marker here)
+            self._ypath_for_name = base
+            label = self.suggest("categorical", prefix, list(node["choice"]))
+            return self.stages(node["choice"][label], base + ("choice", label), f"{prefix}.{label}")
+        self.prefix = prefix
+        if isinstance(node, dict):
             items = node["items"]
-            count = self.resolve(node["count"], ("spec", "stages", "count"), ("stages", "count"), "stages.count", None)
+            count = self.resolve(node["count"], base + ("count",), ("stages", "count"), f"{prefix}.count", None)
             if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= len(items):
-                raise self.fail(("spec", "stages", "count"), f"count {count!r} is not between 1 and {len(items)}")
-            indexed = [(("spec", "stages", "items", i), item) for i, item in enumerate(items[:count])]
+                raise self.fail(base + ("count",), f"count {count!r} is not between 1 and {len(items)}")
+            indexed = [(base + ("items", i), item) for i, item in enumerate(items[:count])]
         else:
-            indexed = [(("spec", "stages", i), item) for i, item in enumerate(node)]
+            indexed = [(base + (i,), item) for i, item in enumerate(node)]
         out = []
         for i, (ypath, item) in enumerate(indexed):
             self.origin[("stages", i)] = ypath
@@ -422,7 +465,7 @@ class _Sampler:
                 if key == "heads_mix":
                     mix = value
                     continue
-                stage[key] = self.resolve(value, ypath + (key,), ("stages", i, key), f"stages.{i}.{key}", i)
+                stage[key] = self.resolve(value, ypath + (key,), ("stages", i, key), f"{prefix}.{i}.{key}", i)
             if mix is not None:
                 self.heads_mix(stage, mix, ypath + ("heads_mix",), i)
             out.append(stage)
@@ -431,7 +474,7 @@ class _Sampler:
     def heads_mix(self, stage: dict, node: Any, ypath: tuple, i: int) -> None:
         """Resolve stage ``i``'s ``heads_mix`` (a base head kind and how many heads per layer group get a mask) into
         the stage's ``attention`` and per-layer ``layers`` overrides, in place; same Optuna names, same order."""
-        node, ypath, pname = self._mix_choice(node, ypath, f"stages.{i}.heads_mix")
+        node, ypath, pname = self._mix_choice(node, ypath, f"{self.prefix}.{i}.heads_mix")
         body = {"base": node} if isinstance(node, str) else dict(node)
         base = self.resolve(body["base"], ypath + ("base",), ("stages", i, "heads_mix", "base"), f"{pname}.base", i)
         if not isinstance(stage.get("heads"), int) or not isinstance(stage.get("depth"), int):
@@ -728,7 +771,8 @@ def mask_placement_space(spec: ArchSpec, windows: Sequence[str] = ("3x3", "3x5",
     token mixer is a convolution are left alone.
 
     Raises:
-        SpecError: a malformed window, ``max_masked < 0``, or a spec with no stage that can take a mask.
+        SpecError: a malformed window, ``max_masked < 0``, a spec with conv stages (a hybrid or conv net), or a
+            spec with no stage that can take a mask.
     """
     parsed = []
     for k, window in enumerate(windows):
@@ -741,6 +785,9 @@ def mask_placement_space(spec: ArchSpec, windows: Sequence[str] = ("3x3", "3x5",
     if max_masked is not None and max_masked < 0:
         raise SpecError.single(("max_masked",), f"max_masked must be >= 0, got {max_masked}")
     spec = load_spec(spec)
+    if spec.n_conv_stages:  # conv stages have no heads; the mask code indexes attention stages and their plans
+        raise SpecError.single(("stages",), f"spec {spec.name!r} has conv stages: mask placement takes token models "
+                               "only", "place masks in an attention-only spec")
     grids = _stage_grids(spec)
     doc_spec = spec.model_dump(mode="json")
     doc_spec["name"] = spec.name
