@@ -154,13 +154,13 @@ NO_TOKENS = "tokens: {cls_token: none, pos_embed: none}\n"
 
 @pytest.mark.parametrize("body, path, line, text", [
     (f"stem: {{kind: patch}}\n{NO_TOKENS}stages:\n  - {ATTN}\n  - {CONV}\nhead: {{pool: mean}}\n",
-     "stages[1].kind", None, "conv stage after an attention stage is not supported yet"),
-    (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {CONV}\n  - {ATTN}\nhead: {{pool: mean}}\n",
-     "stages[0].kind", None, "conv stage before an attention stage is not supported yet"),
+     "stages[1].kind", None, "conv stage after an attention stage is not supported"),
+    (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {CONV}\n  - {ATTN}\n  - {CONV}\nhead: {{pool: mean}}\n",
+     "stages[2].kind", None, "conv stage after an attention stage is not supported"),
     (f"stem: {{kind: patch}}\n{NO_TOKENS}stages:\n  - {CONV}\nhead: {{pool: mean}}\n",
      "stem.kind", 3, "conv stages need the feature map of a resnet stem"),
     (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {ATTN}\nhead: {{pool: mean}}\n",
-     "stem.kind", 3, "attention stages cannot take yet"),
+     "stem.kind", 3, "an attention stage takes only after a conv stage"),
     (f"stem: {{kind: resnet}}\nstages:\n  - {CONV}\nhead: {{pool: mean}}\n",
      "tokens.cls_token", None, "no tokens to prepend a class token"),
     (f"stem: {{kind: resnet}}\ntokens: {{cls_token: none}}\nstages:\n  - {CONV}\nhead: {{pool: mean}}\n",

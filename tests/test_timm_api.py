@@ -79,16 +79,18 @@ def test_import_archspec_registers_without_importing_torch() -> None:
 def test_create_model_builds_every_shipped_spec(name: str, one_thread) -> None:
     """Every shipped spec through timm.create_model, kwargs honoured: the spec it carries is the shipped one
     with those kwargs, its parameter count is the graph's (computed without torch) and it runs."""
-    model = timm.create_model(f"archspec_{name}", pretrained=False, num_classes=7, img_size=64).eval()
+    # a 2-stage graft pools a 1/8 map to 14x14 tokens: it needs 112 px (at 64 px the map is 8x8, refused)
+    size = 112 if name == "levit_graft_r50s2_deit6" else 64
+    model = timm.create_model(f"archspec_{name}", pretrained=False, num_classes=7, img_size=size).eval()
     data = load_spec(name).model_dump()
     data["head"]["num_classes"] = 7
-    data["input"]["resolution"] = (64, 64)
+    data["input"]["resolution"] = (size, size)
     expected = load_spec(data)
     assert model.spec == expected
     assert sum(p.numel() for p in model.parameters()) == archspec.analyze(expected).params
-    assert model.pretrained_cfg["input_size"] == (expected.input.channels, 64, 64)
+    assert model.pretrained_cfg["input_size"] == (expected.input.channels, size, size)
     with torch.no_grad():
-        assert model(torch.randn(1, expected.input.channels, 64, 64)).shape == (1, 7)
+        assert model(torch.randn(1, expected.input.channels, size, size)).shape == (1, 7)
 
 
 @pytest.mark.slow

@@ -112,7 +112,8 @@ def tcnn_spec(cnn: nn.Module, stages: Sequence[int | str] = (-1,), alpha: float 
     Args:
         cnn: a timm ``resnet.ResNet`` with bottleneck blocks in the chosen stages (``resnetrs50``, ``resnet50d``).
         stages: stage indices (4 = ``layer4``, -1 = the last) or names; default the last (sec. 2).
-        alpha, gating: initial locality strength and gating lambda (paper: 1, 1).
+        alpha: initial locality strength (paper: 1).
+        gating: initial gating lambda (paper: 1).
         stride_one: move the stride out of the transformed stages (paper: yes).
         resolution: the spec's input side in pixels (or ``(H, W)``).
         name: the spec's name.
