@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -86,6 +87,19 @@ def _train(task: dict) -> dict:
     except TrialFailure as exc:
         out["accuracy"], out["failure"] = None, exc.reason
     out["seconds"] = round(time.perf_counter() - start, 1)
+    return out
+
+
+def _logged_results(path: str) -> list[dict]:
+    """The trainings an interrupted run printed (``[k/N] arch i label: accuracy (seconds s)``), as ``_train``'s
+    results; a failed one (accuracy ``None``) keeps no reason."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        m = re.match(r"\s*\[\d+/\d+\] arch (\d+) (\w+): (\S+) \(([\d.]+) s\)", line)
+        if m:
+            acc = None if m.group(3) == "None" else float(m.group(3))
+            out.append({"index": int(m.group(1)), "label": m.group(2), "accuracy": acc, "seconds": float(m.group(4)),
+                        "history": None, **({"failure": "interrupted run's log"} if acc is None else {})})
     return out
 
 
@@ -179,6 +193,10 @@ def main(argv=None) -> int:
                              "same final accuracies (evaluation draws no random numbers), without the intermediate "
                              "passes over the val set, which on CPU at 14x14 grids cost about as much as the long "
                              "run's training for Fashion-MNIST's 10,000 test images")
+    parser.add_argument("--resume-log", default=None, metavar="LOG",
+                        help="the stdout of an interrupted run with the same arguments: its '[k/N] arch i label: "
+                             "accuracy (s)' lines are taken as done and only the other trainings run (each training is "
+                             "seeded, so a rerun would give the same accuracy)")
     parser.add_argument("--out", default=str(HERE / "proxy_rank"), help="output stem (.json and .md)")
     args = parser.parse_args(argv)
     if args.max_images is not None and args.max_images < 0:
@@ -229,6 +247,11 @@ def main(argv=None) -> int:
                           "seed": seed, "data": args.data, "image_size": proxy.image_size, "data_seed": args.seed,
                           "max_images": args.max_images})
     tasks.sort(key=lambda t: t["label"] == "proxy")  # longest first: better packing on the workers
+    done = _logged_results(args.resume_log) if args.resume_log else []
+    finished = {(r["index"], r["label"]) for r in done}
+    tasks = [t for t in tasks if (t["index"], t["label"]) not in finished]
+    if done:
+        print(f"resuming: {len(done)} trainings from {args.resume_log}, {len(tasks)} to run", flush=True)
     start_all = time.perf_counter()
     if args.jobs > 1:
         import multiprocessing
@@ -250,6 +273,7 @@ def main(argv=None) -> int:
             print(f"  [{len(results)}/{len(tasks)}] arch {r['index']} {r['label']}: "
                   f"{r.get('accuracy')} ({r['seconds']} s)",
                   flush=True)
+    results = done + results
     for r in results:
         row = rows[r["index"]]
         row[f"{r['label']}_accuracy"] = r.get("accuracy")
