@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -17,9 +18,20 @@ from pathlib import Path
 from archspec.errors import SpecError
 from archspec.search.config import DEFAULT_FIDELITY, FIDELITIES, ZERO_COST_RANKINGS  # torch- and Optuna-free
 
-__all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "DEFAULT_PROXY_THREADS"]
+__all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "DEFAULT_PROXY_THREADS", "usable_cores"]
 
-DEFAULT_PROXY_THREADS = 1
+def usable_cores() -> int:
+    """CPU cores this process may run on (``taskset`` / cgroup affinity honoured), at least 1."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # pragma: no cover - not on Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+# One proxy training at a time, on every core this process may use: on the idle 2-core machine a 60-step
+# proxy took 40 s with 2 threads against 68 s with 1 (docs/benchmarks.md, "Search").  Beside other busy
+# processes use --proxy-threads 1: OpenMP threads that share a core with another job busy-wait (18x slower).
+DEFAULT_PROXY_THREADS = usable_cores()
 
 
 SEARCH_DESCRIPTION = """\
@@ -187,10 +199,10 @@ def _add_data_options(p: argparse.ArgumentParser, d) -> None:
     data.add_argument("--proxy-lr", type=_float, default=d(None), metavar="LR",
                       help="proxy training peak learning rate")
     data.add_argument("--proxy-threads", type=_positive_int("--proxy-threads"), default=d(None), metavar="N",
-                      help=f"torch threads of the proxy training (default {DEFAULT_PROXY_THREADS}: "
-                           "on a busy 2-core machine "
-                           "2 threads ran 18x slower than 1 from OpenMP oversubscription; to use more cores, run more "
-                           "workers on one --storage)")
+                      help="torch threads of the proxy training (default: every core this process may use, "
+                           f"{DEFAULT_PROXY_THREADS} here); beside other busy processes pass 1 (on a busy 2-core "
+                           "machine 2 threads ran 18x slower than 1 from OpenMP oversubscription) and run more "
+                           "workers on one --storage")
 
 
 def _min_grid(text: str) -> int | str:

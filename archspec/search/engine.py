@@ -844,6 +844,9 @@ def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name:
     if rungs is not None:  # every rung is an evaluation point: multiples of the first rung, and the end
         cfg = dataclasses.replace(cfg, protocol=dataclasses.replace(cfg.protocol, eval_every=rungs.min_steps))
         attrs["proxy"], attrs["fidelity"] = cfg.protocol.describe(), {"kind": cfg.fidelity, **rungs.describe()}
+    elif not (cfg.prune and not multi):  # nothing reads an accuracy before the end: evaluate there only
+        cfg = dataclasses.replace(cfg, protocol=dataclasses.replace(cfg.protocol, eval_every=cfg.protocol.steps))
+        attrs["proxy"] = cfg.protocol.describe()
     run_dir, info, study = open_run(cfg, name, directions, metric_names, attrs, sampler, pruner)
     notes = _settings_notes(study, attrs) + zombie_notes(study)
 
