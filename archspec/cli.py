@@ -30,6 +30,7 @@ MaiT masked heads) into PyTorch models.
   archspec schema > archspec.schema.json         JSON Schema for editor completion
   archspec two-phase cmhsa_k3_conv_digits        CMHSA: conv phase, exact transfer to attention, attention phase
   archspec tcnn resnetrs50 --checkpoint W.pth    T-CNN: a timm ResNet's last stage as 9-head GPSA
+  archspec train levit_128s --data DIR           train with the seed papers' recipes (torchrun for several)
 
 A SPEC is a path to a YAML file or the name of a shipped spec.  Exit status: 0 ok, 2 bad input.
 """
@@ -78,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
         pass
     else:
         add_search_parser(sub)
+    from archspec.train.cli import add_train_parser  # torch-free; the trainer imports torch when it runs
+
+    add_train_parser(sub)
     # two-phase and tcnn (each sets its own handler); archspec.transfer imports its torch modules lazily
     from archspec.transfer.cli import add_transfer_parsers
 

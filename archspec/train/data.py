@@ -1,0 +1,216 @@
+"""Streamed training data: ``(PIL image, label)`` datasets read at run time, and timm's transforms.
+
+``--data`` takes what :func:`archspec.data.load_data` takes -- nothing (scikit-learn's digits),
+``fashion-mnist`` (Debian's ``dataset-fashion-mnist``), a directory of the four IDX files, a CIFAR-10/100
+directory, or an ImageFolder -- but nothing is decoded or resized up front: images are decoded by the
+``DataLoader`` workers as they are used, so an ImageFolder of any size trains in constant memory.
+
+* An ImageFolder with ``train/`` and ``val/`` (or ``validation/``) sub-folders uses them as the splits
+  (timm's and torchvision's layout); one without them is split 80/20, stratified and seeded, as
+  :func:`archspec.data.load_data` splits it.
+* Fashion-MNIST and CIFAR keep their published train/test splits; digits is split 80/20 (seeded).
+
+Transforms are timm's ``create_transform`` at the model's input size: training crops
+(``RandomResizedCrop``, flip, the recipe's RandAugment and random erasing), evaluation resize + centre crop;
+grey images are repeated to RGB for a 3-channel model (ImageNet mean/std), a 1-channel model reads them as
+they are (mean/std 0.5).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset, Subset
+
+from archspec.errors import SpecError
+
+__all__ = ["StreamData", "open_stream_data", "make_transforms"]
+
+
+@dataclass
+class StreamData:
+    """Train and val datasets of ``(PIL image, label)``, the number of classes and a name."""
+
+    name: str
+    train: Any
+    val: Any
+    num_classes: int
+
+    def describe(self) -> dict:
+        """JSON-ready summary."""
+        return {"name": self.name, "train": len(self.train), "val": len(self.val), "num_classes": self.num_classes}
+
+
+class ArrayImages(Dataset):
+    """Images held as a uint8 array ``(N, H, W)`` or ``(N, H, W, 3)``, returned as PIL images with labels."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray):
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        from PIL import Image  # noqa: PLC0415
+
+        return Image.fromarray(self.images[index]), int(self.labels[index])
+
+
+class ToMode:
+    """Convert a PIL image to ``mode`` (``RGB`` or ``L``) before ``transform`` (picklable for workers)."""
+
+    def __init__(self, mode: str, transform: Any):
+        self.mode, self.transform = mode, transform
+
+    def __call__(self, image):
+        return self.transform(image.convert(self.mode))
+
+
+def make_transforms(channels: int, size: tuple[int, int], config: Any) -> tuple[Any, Any]:
+    """``(train, eval)`` transforms of timm ``create_transform`` for ``channels`` x ``size`` inputs.
+
+    Training: random-resized crop, horizontal flip, ``config.auto_augment`` and ``config.reprob``
+    (DeiT's recipe); evaluation: resize (crop_pct 0.875) and centre crop.  Output ``(C, H, W)`` float.
+    """
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform  # noqa: PLC0415
+
+    mean, std = (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD) if channels == 3 else ((0.5,), (0.5,))
+    common = {"input_size": (channels, *size), "mean": mean, "std": std, "interpolation": "bicubic"}
+    train = create_transform(**common, is_training=True, auto_augment=config.auto_augment, re_prob=config.reprob,
+                             re_mode="pixel", re_count=1)
+    val = create_transform(**common, is_training=False, crop_pct=0.875)
+    mode = "RGB" if channels == 3 else "L"
+    return ToMode(mode, train), ToMode(mode, val)
+
+
+def open_stream_data(source: str | os.PathLike | None, seed: int = 0, max_images: int | None = None) -> StreamData:
+    """The train/val datasets of ``source`` (see the module docstring), nothing decoded yet.
+
+    Args:
+        max_images: keep at most this many images in total (stratified), for quick runs and tests.
+
+    Raises:
+        SpecError: at ``--data``: a missing path, a file instead of a directory, no images, Fashion-MNIST
+            not installed (with the apt line), CIFAR files that are not the published ones.
+    """
+    from archspec import data as mem  # noqa: PLC0415
+
+    if max_images is not None and max_images < 2:
+        raise SpecError.single(("--max-images",),
+                               f"must be at least 2 (a train and a validation image), got {max_images}")
+    if source is None or str(source) == "digits":
+        return _digits(seed, max_images)
+    if str(source) == "fashion-mnist":
+        return _fashion_mnist(mem._fashion_mnist_dir(), seed, max_images)
+    root = Path(source).expanduser()
+    if not root.exists():
+        raise mem._fail("no such directory", mem.DATA_HINT, root)
+    if not root.is_dir():
+        raise mem._fail("not a directory", mem.DATA_HINT, root)
+    cifar = mem._cifar_class(root)
+    if cifar is not None:
+        return _cifar(*cifar, seed, max_images)
+    if mem._is_idx_dir(root):
+        return _fashion_mnist(root, seed, max_images)
+    return _image_folder(root, seed, max_images)
+
+
+def _subset(dataset: Any, labels: np.ndarray, keep: int | None, seed: int) -> Any:
+    from archspec.data import _stratified_subset  # noqa: PLC0415
+
+    if keep is None or keep >= len(labels):
+        return dataset
+    return Subset(dataset, _stratified_subset(labels, keep, seed).tolist())
+
+
+def _split_sizes(n_train: int, n_val: int, max_images: int | None) -> tuple[int | None, int | None]:
+    if max_images is None:
+        return None, None
+    keep_val = max(1, round(max_images * n_val / (n_train + n_val)))
+    return max(1, max_images - keep_val), keep_val
+
+
+def _digits(seed: int, max_images: int | None) -> StreamData:
+    from sklearn.datasets import load_digits  # noqa: PLC0415
+
+    from archspec.data import _split, _stratified_subset  # noqa: PLC0415
+
+    digits = load_digits()
+    images = np.round(digits.images * (255 / 16)).astype(np.uint8)  # (1797, 8, 8), values 0..16
+    labels = digits.target.astype(np.int64)
+    if max_images is not None:
+        keep = _stratified_subset(labels, max_images, seed)
+        images, labels = images[keep], labels[keep]
+    train, val = _split(labels, seed)
+    return StreamData("digits", ArrayImages(images[train], labels[train]), ArrayImages(images[val], labels[val]), 10)
+
+
+def _fashion_mnist(source: Path, seed: int, max_images: int | None) -> StreamData:
+    """Fashion-MNIST through torchvision's ``FashionMNIST`` (the IDX files staged as :mod:`archspec.data` does)."""
+    from torchvision.datasets import FashionMNIST  # noqa: PLC0415
+
+    from archspec.data import _fail, _stage_idx_files  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="archspec-fmnist-") as tmp:
+        raw = Path(tmp) / "FashionMNIST" / "raw"
+        raw.mkdir(parents=True)
+        _stage_idx_files(source, raw)
+        try:
+            train, val = (FashionMNIST(tmp, train=split, download=False) for split in (True, False))
+        except (RuntimeError, ValueError, AssertionError) as exc:
+            raise _fail(f"cannot read the IDX files: {exc}", "expected the four Fashion-MNIST IDX files",
+                        source) from None
+    splits = [ArrayImages(d.data.numpy(), d.targets.numpy().astype(np.int64)) for d in (train, val)]
+    keep_train, keep_val = _split_sizes(len(splits[0]), len(splits[1]), max_images)
+    return StreamData("fashion-mnist", _subset(splits[0], splits[0].labels, keep_train, seed),
+                      _subset(splits[1], splits[1].labels, keep_val, seed), 10)
+
+
+def _cifar(cls, folder: Path, seed: int, max_images: int | None) -> StreamData:
+    from archspec.data import _check_cifar_files  # noqa: PLC0415
+
+    _check_cifar_files(cls, folder)
+    train, val = (cls(str(folder.parent), train=split, download=False) for split in (True, False))
+    keep_train, keep_val = _split_sizes(len(train), len(val), max_images)
+    return StreamData(cls.__name__.lower(), _subset(train, np.asarray(train.targets), keep_train, seed),
+                      _subset(val, np.asarray(val.targets), keep_val, seed), len(train.classes))
+
+
+def _is_image(path: str) -> bool:
+    from archspec.data import IMAGE_SUFFIXES  # noqa: PLC0415
+
+    return path.lower().endswith(IMAGE_SUFFIXES)
+
+
+def _image_folder(root: Path, seed: int, max_images: int | None) -> StreamData:
+    """torchvision ``ImageFolder``: ``root/{train,val}/<class>/...`` or ``root/<class>/...`` split 80/20."""
+    from torchvision.datasets import ImageFolder  # noqa: PLC0415
+
+    from archspec.data import DATA_HINT, _fail, _split  # noqa: PLC0415
+
+    val_dir = next((root / name for name in ("val", "validation") if (root / name).is_dir()), None)
+    try:
+        if (root / "train").is_dir() and val_dir is not None:
+            train, val = ImageFolder(str(root / "train")), ImageFolder(str(val_dir))
+            if train.classes != val.classes:
+                raise _fail("train/ and val/ hold different class folders", "give both the same class names", root)
+            keep_train, keep_val = _split_sizes(len(train), len(val), max_images)
+            return StreamData(f"imagefolder:{root.name}", _subset(train, np.asarray(train.targets), keep_train, seed),
+                              _subset(val, np.asarray(val.targets), keep_val, seed), len(train.classes))
+        whole = ImageFolder(str(root), is_valid_file=_is_image)
+    except (FileNotFoundError, RuntimeError) as exc:  # torchvision: no class folders / no images
+        raise _fail(f"not an ImageFolder: {exc}", DATA_HINT, root) from None
+    labels = np.asarray(whole.targets, dtype=np.int64)
+    if len(labels) < 2:
+        raise _fail("fewer than 2 images", DATA_HINT, root)
+    if max_images is not None:
+        whole, labels = _subset(whole, labels, max_images, seed), labels
+        labels = np.asarray([whole.dataset.targets[i] for i in whole.indices]) if isinstance(whole, Subset) else labels
+    train_idx, val_idx = _split(labels, seed)
+    return StreamData(f"imagefolder:{root.name}", Subset(whole, train_idx.tolist()), Subset(whole, val_idx.tolist()),
+                      len(whole.dataset.classes if isinstance(whole, Subset) else whole.classes))

@@ -1,0 +1,330 @@
+"""A whole training run into a run directory: :func:`fit`, what ``archspec train`` calls.
+
+The run directory (``--out``, default ``runs/train/<spec name>/``) holds::
+
+    run.json         marker (archspec version), the spec name, the resolved settings and the data
+    spec.yaml        the trained spec (its classifier sized to the data)
+    checkpoint.pt    the latest checkpoint (archspec.train.checkpoint), replaced atomically
+    metrics.csv      one row per evaluation (step, epoch, train loss, lr, val top-1, val loss, EMA top-1)
+    metrics.jsonl    the same, one JSON object per line
+    model/           the final model: an archspec build directory (``archspec.load("OUT/model")``)
+    model_ema/       the EMA weights, when ``ema_decay`` is set
+    summary.json     accuracy, steps, seconds, images/s
+
+``--out`` must be missing, an empty directory, or (with ``--resume`` only) a run directory archspec wrote;
+anything else is refused before any work and left untouched.  Every random draw of step ``k`` on rank ``r``
+(dropout, drop-path, Mixup/CutMix) comes from generators reseeded with ``(seed, r, k)`` before the step, and
+each sample's augmentation from ``(seed, epoch, index)``, so ``--resume`` after ``kill -9`` continues
+bit-for-bit from the last checkpoint (same threads, same device).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from archspec.errors import SpecError
+from archspec.train.config import TrainConfig, recipe
+
+__all__ = ["FitResult", "fit", "RUN_MARKER", "prepare_run_dir"]
+
+RUN_MARKER = "run.json"
+_RUN_FILES = {RUN_MARKER, "spec.yaml", "checkpoint.pt", "metrics.csv", "metrics.jsonl", "summary.json", "model",
+              "model_ema", "tensorboard"}
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns: final val top-1 (0..1) and loss, the EMA's top-1 (``None`` without EMA), steps,
+    seconds of this process's training, training images/s (all processes), the run directory and the model."""
+
+    accuracy: float
+    val_loss: float
+    ema_accuracy: float | None
+    steps: int
+    seconds: float
+    images_per_second: float
+    run_dir: Path | None
+    history: list = field(default_factory=list)
+    model: Any = field(default=None, repr=False)
+
+
+def _is_run_dir(path: Path) -> bool:
+    try:
+        marker = json.loads((path / RUN_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and "archspec_train" in marker and set(os.listdir(path)) <= _RUN_FILES | {
+        name for name in os.listdir(path) if name.startswith(".checkpoint.pt.")}
+
+
+def prepare_run_dir(out: Path, resume: bool) -> None:
+    """Check ``out`` before any work (see the module docstring).
+
+    Raises:
+        SpecError: at ``--out``: not a directory, a directory archspec did not write, a run without
+            ``--resume``, ``--resume`` without a checkpoint.
+    """
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise SpecError.single(("--out",), "exists and is not a directory; archspec leaves it untouched", None,
+                               str(out))
+    entries = os.listdir(out) if out.exists() else []
+    if resume:
+        if not (entries and _is_run_dir(out) and (out / "checkpoint.pt").is_file()):
+            raise SpecError.single(("--resume",), "no archspec training run with a checkpoint here",
+                                   "--resume continues a run `archspec train` wrote into this --out", str(out))
+        return
+    if entries and _is_run_dir(out):
+        raise SpecError.single(("--out",), "holds an earlier training run",
+                               "add --resume to continue it, or give another --out", str(out))
+    if entries:
+        raise SpecError.single(("--out",), "is a directory archspec did not write; it is left untouched",
+                               "give a missing or empty directory", str(out))
+
+
+def _reseed(seed: int, rank: int, step: int) -> None:
+    """torch, numpy and Python RNGs from ``(seed, rank, step)``: a step's random draws do not depend on history."""
+    s = int(np.random.SeedSequence([seed, rank, step]).generate_state(1, np.uint32)[0])
+    torch.manual_seed(s)
+    np.random.seed(s)
+    random.seed(s)
+
+
+def _check(config: TrainConfig) -> None:
+    problems = config.problems()
+    if problems:
+        name, message = problems[0]
+        raise SpecError.single((f"--{name.replace('_', '-')}",), message)
+
+
+def _load(spec: Any, num_classes: int):
+    """The spec with its classifier sized to the data's classes."""
+    from archspec.loader import load_spec  # noqa: PLC0415
+    from archspec.spec import ArchSpec  # noqa: PLC0415
+
+    spec = load_spec(spec)
+    if spec.head.num_classes == num_classes:
+        return spec
+    doc = spec.model_dump(mode="json")
+    doc["head"]["num_classes"] = num_classes
+    return ArchSpec.model_validate(doc)
+
+
+def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | None = None, *,
+        out: str | os.PathLike | None = None, resume: bool = False, seed: int = 0, teacher: str | None = None,
+        teacher_checkpoint: str | os.PathLike | None = None, max_images: int | None = None, progress: bool = True,
+        bar: bool | None = None, tensorboard: bool = False, sync_bn: bool = False) -> FitResult:
+    """Train ``spec`` on ``data`` with ``config`` (default: the ``short`` recipe) into the run directory ``out``.
+
+    Args:
+        spec: a spec file, shipped name, dict or ``ArchSpec``; its classifier is sized to the data's classes.
+        data: what ``--data`` takes (:func:`archspec.train.data.open_stream_data`); ``None``: digits.
+        out: the run directory (``None``: nothing written, no checkpoints).
+        resume: continue the run in ``out`` from its checkpoint.
+        seed: data order, augmentation and every random draw of training (the weights come from the spec's seed).
+        teacher, teacher_checkpoint: DeiT hard distillation (:func:`archspec.train.teacher.load_teacher`).
+        progress, bar, tensorboard: what is shown and logged (:class:`archspec.train.progress.Progress`).
+        sync_bn: ``torch.nn.SyncBatchNorm`` across processes (CUDA only).
+
+    Run under ``torchrun --nproc_per_node N`` it trains data-parallel (:mod:`archspec.train.distributed`).
+
+    Raises:
+        SpecError: bad input (spec, data, settings, ``--out``, teacher); nothing is written then.
+        TrialFailure: training diverged (NaN/inf loss) or the model failed at run time.
+    """
+    from archspec.train.loop import resolve_device  # noqa: PLC0415
+
+    config = config or recipe("short")
+    _check(config)
+    try:
+        device = resolve_device(config.device)
+    except ValueError as exc:
+        raise SpecError.single(("--device",), str(exc)) from None
+    out = Path(out) if out is not None else None
+    if out is not None:
+        prepare_run_dir(out, resume)
+    from archspec.train.data import open_stream_data  # noqa: PLC0415
+
+    stream = open_stream_data(data, seed=seed, max_images=max_images)
+    spec = _load(spec, stream.num_classes)
+    from archspec.train.distributed import init_processes, shutdown  # noqa: PLC0415
+
+    processes = init_processes(device)
+    try:
+        return _fit(spec, stream, config, processes, out, resume, seed, teacher, teacher_checkpoint,
+                    progress, bar, tensorboard, sync_bn)
+    finally:
+        shutdown(processes)
+
+
+def _fit(spec, stream, config, processes, out, resume, seed, teacher, teacher_checkpoint, progress, bar,
+         tensorboard, sync_bn) -> FitResult:
+    from archspec.compiler import compile as compile_spec  # noqa: PLC0415
+    from archspec.train.batches import StreamBatches  # noqa: PLC0415
+    from archspec.train.checkpoint import CHECKPOINT, load_checkpoint  # noqa: PLC0415
+    from archspec.train.data import make_transforms  # noqa: PLC0415
+    from archspec.train.loop import Trainer  # noqa: PLC0415
+
+    device = processes.device
+    train_tf, val_tf = make_transforms(spec.input.channels, tuple(spec.input.resolution), config)
+    try:
+        batches = StreamBatches(stream.train, train_tf, config.batch_size, seed, device, config.workers,
+                                processes.rank, processes.world)
+    except ValueError as exc:
+        raise SpecError.single(("--batch-size",), str(exc)) from None
+    per_epoch = batches.batches_per_epoch()
+    if config.epochs is not None:
+        config = replace(config.resolved(per_epoch), eval_every=per_epoch)
+    model = compile_spec(spec)
+    teacher_model = _teacher(model, teacher, teacher_checkpoint, stream.num_classes)
+    if sync_bn:
+        model = _sync_bn(model, device)
+    trainer = Trainer(model, config, device, num_classes=stream.num_classes, teacher=teacher_model,
+                      wrap=processes.wrap)
+    start = 0
+    if resume:
+        start = load_checkpoint(out / CHECKPOINT, trainer, batches)["step"]
+    elif out is not None and processes.main:
+        _write_start(out, spec, config, stream, seed, teacher, processes.world)
+    processes.barrier()
+    return _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, progress, bar, tensorboard,
+                per_epoch)
+
+
+def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, progress, bar, tensorboard,
+         per_epoch) -> FitResult:
+    from archspec.train.checkpoint import CHECKPOINT, save_checkpoint  # noqa: PLC0415
+    from archspec.train.loop import Hooks, run_steps  # noqa: PLC0415
+    from archspec.train.progress import Progress  # noqa: PLC0415
+
+    main = processes.main
+    shown = Progress(config.steps, start, config.batch_size, steps_per_epoch=per_epoch, log_every=config.log_every,
+                     run_dir=out if main else None, enabled=progress and main, bar=bar,
+                     tensorboard=tensorboard)
+    evaluate_fn = _evaluator(trainer, stream.val, val_tf, config, processes)
+
+    def checkpoint(step: int) -> None:
+        if out is not None and main:
+            save_checkpoint(out / CHECKPOINT, step, trainer, batches)
+
+    def on_step(step: int, loss: torch.Tensor) -> None:
+        shown.on_step(step, loss, trainer.lr())
+        if config.checkpoint_every is not None and step % config.checkpoint_every == 0:
+            checkpoint(step)
+
+    def on_eval(step: int, record: dict) -> None:
+        shown.on_eval({"epoch": round(step / per_epoch, 3), **record})
+        if config.checkpoint_every is None:
+            checkpoint(step)
+
+    hooks = Hooks(before_step=lambda step: _reseed(seed, processes.rank, step), on_step=on_step, on_eval=on_eval)
+    t0 = time.perf_counter()
+    try:
+        result = run_steps(trainer, iter(batches), evaluate_fn, start=start, hooks=hooks)
+    finally:
+        shown.close()
+    seconds = time.perf_counter() - t0
+    rate = (config.steps - start) * config.batch_size / seconds if seconds > 0 else math.nan
+    fitted = FitResult(result.accuracy, result.val_loss, result.ema_accuracy, config.steps, seconds, rate, out,
+                       result.history, trainer.module)
+    if out is not None and main:
+        _write_end(out, trainer, fitted)
+    processes.barrier()
+    return fitted
+
+
+def _evaluator(trainer, val_set, val_tf, config, processes):
+    from torch.utils.data import DataLoader  # noqa: PLC0415
+
+    from archspec.train.loop import evaluate  # noqa: PLC0415
+
+    shard = _Transformed(val_set, val_tf, range(processes.rank, len(val_set), processes.world))
+    loader = DataLoader(shard, batch_size=max(config.batch_size // processes.world, 1) * 2,
+                        num_workers=config.workers, pin_memory=processes.device.type == "cuda")
+
+    def evaluate_fn() -> dict:
+        accuracy, val_loss = evaluate(trainer.module, loader, device=processes.device, amp=config.amp,
+                                      reduce=processes.sum)
+        record = {"accuracy": accuracy, "val_loss": val_loss}
+        if trainer.ema is not None:
+            record["ema_accuracy"], _ = evaluate(trainer.ema.module, loader, device=processes.device,
+                                                 amp=config.amp, reduce=processes.sum)
+        return record
+
+    return evaluate_fn
+
+
+class _Transformed(torch.utils.data.Dataset):
+    """``dataset[indices[i]]`` through ``transform`` (the validation shard of one rank)."""
+
+    def __init__(self, dataset: Any, transform: Any, indices: range):
+        self.dataset, self.transform, self.indices = dataset, transform, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        image, label = self.dataset[self.indices[i]]
+        return self.transform(image), int(label)
+
+
+def _teacher(model, teacher, teacher_checkpoint, num_classes):
+    if teacher is None:
+        if teacher_checkpoint is not None:
+            raise SpecError.single(("--teacher-checkpoint",), "given without --teacher")
+        return None
+    if not getattr(model, "distilled", False):
+        raise SpecError.single(("--teacher",), "the spec has no distillation head",
+                               "DeiT/LeViT distillation needs `tokens: {dist_token: true}` and "
+                               "`head: {distillation: true}` in the spec (e.g. levit_128s)")
+    from archspec.train.teacher import load_teacher  # noqa: PLC0415
+
+    loaded = load_teacher(teacher, teacher_checkpoint, num_classes)
+    model.set_distilled_training(True)
+    return loaded
+
+
+def _sync_bn(model, device):
+    if device.type != "cuda":
+        raise SpecError.single(("--sync-bn",), "SyncBatchNorm runs on CUDA only", "drop --sync-bn on CPU")
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
+def _write_start(out: Path, spec, config: TrainConfig, stream, seed: int, teacher: str | None, world: int) -> None:
+    from archspec import __version__  # noqa: PLC0415
+    from archspec.search.runs import atomic_write_text  # noqa: PLC0415
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "spec.yaml", spec.to_yaml())
+    marker = {"archspec_train": __version__, "spec": spec.name, "config": config.describe(),
+              "data": stream.describe(), "seed": seed, "teacher": teacher, "processes": world}
+    atomic_write_text(out / RUN_MARKER, json.dumps(marker, indent=2) + "\n")
+
+
+def _write_end(out: Path, trainer, fitted: FitResult) -> None:
+    from archspec.artifact import save  # noqa: PLC0415
+    from archspec.builddir import write_build  # noqa: PLC0415
+    from archspec.search.runs import atomic_write_text  # noqa: PLC0415
+
+    report = {"trained": {"accuracy": fitted.accuracy, "val_loss": fitted.val_loss, "steps": fitted.steps}}
+    module = trainer.module
+    was = getattr(module, "distilled_training", False)
+    if was:
+        module.set_distilled_training(False)
+    write_build(out / "model", lambda d: save(module.cpu(), d), report)
+    if trainer.ema is not None:
+        write_build(out / "model_ema", lambda d: save(trainer.ema.module.cpu(), d),
+                    {"trained": {"ema_accuracy": fitted.ema_accuracy, "steps": fitted.steps}})
+    summary = {"accuracy": fitted.accuracy, "val_loss": fitted.val_loss, "ema_accuracy": fitted.ema_accuracy,
+               "steps": fitted.steps, "seconds": round(fitted.seconds, 2),
+               "images_per_second": round(fitted.images_per_second, 2)}
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")

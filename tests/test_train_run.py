@@ -1,0 +1,265 @@
+"""``archspec train`` / ``archspec.train.fit``: streamed data, run directories, resume after ``kill -9``,
+``torchrun`` with two CPU processes, distillation, recipes and progress -- each against an independent
+reference (an uninterrupted run, a single-process run, the DeiT formula, a hand-computed loss)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import archspec
+from archspec.cli import main
+from archspec.errors import SpecError
+from archspec.train import TrainConfig, Trainer, fit, recipe
+from archspec.train.batches import EpochSampler
+
+TINY = """\
+name: tiny_train
+input: {resolution: 16}
+stem: {kind: patch, patch_size: 4}
+tokens: {cls_token: none, pos_embed: learned}
+stages:
+  - {depth: 1, dim: 16, heads: 2, mlp_ratio: 2}
+head: {pool: mean, num_classes: 2}
+"""
+
+
+def _image_folder(root: Path, per_class: int = 24, size: int = 16) -> Path:
+    """Two classes a model can tell apart: horizontal vs vertical stripes, with seeded noise (PNG files)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    stripes = (np.arange(size) // 2 % 2 * 200).astype(np.float64)
+    patterns = {"horizontal": stripes[:, None].repeat(size, 1), "vertical": stripes[None].repeat(size, 0)}
+    for label, pattern in patterns.items():
+        (root / label).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = np.clip(pattern + rng.normal(0, 30, (size, size)), 0, 255).astype(np.uint8)
+            Image.fromarray(np.stack([pixels] * 3, -1)).save(root / label / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return _image_folder(tmp_path_factory.mktemp("data") / "stripes")
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    path = tmp_path / "tiny_train.yaml"
+    path.write_text(TINY)
+    return path
+
+
+def _config(**kw) -> TrainConfig:
+    base = {"steps": 12, "batch_size": 8, "lr": 3e-3, "warmup_steps": 2, "eval_every": 6, "workers": 0,
+            "log_every": 4, "smoothing": 0.0}
+    return TrainConfig(**{**base, **kw})
+
+
+def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def test_fit_streams_an_image_folder_into_a_loadable_run(one_thread, folder, tmp_path):
+    result = fit(TINY, folder, _config(steps=30, eval_every=10), out=tmp_path / "run", progress=False)
+    run = tmp_path / "run"
+    assert {"run.json", "spec.yaml", "checkpoint.pt", "metrics.csv", "metrics.jsonl", "model", "summary.json"} <= set(
+        os.listdir(run))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [10, 20, 30]
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"] and result.accuracy > 0.6  # stripes: chance is 0.5
+    loaded = archspec.load(run / "model")
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.equal(loaded(x), result.model.eval()(x))
+    assert json.loads((run / "summary.json").read_text())["steps"] == 30
+
+
+def test_epochs_turn_into_steps_and_one_evaluation_per_epoch(one_thread, folder, tmp_path):
+    # 48 images, 80/20 split -> 38 train; batch 8 -> 4 steps per epoch (the partial batch dropped)
+    result = fit(TINY, folder, _config(epochs=2, warmup_epochs=1), out=None, progress=False)
+    assert result.steps == 8 and [s for s, _, _ in result.history] == [4, 8]
+
+
+def test_out_rules_refuse_what_archspec_did_not_write(folder, tmp_path, spec_file, capsys):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    args = ["train", str(spec_file), "--data", str(folder), "--steps", "2", "--batch-size", "4", "--workers", "0"]
+    assert main([*args, "--out", str(foreign)]) == 2
+    assert "--out" in capsys.readouterr().err and os.listdir(foreign) == ["notes.txt"]
+    assert main([*args, "--out", str(tmp_path / "fresh"), "--resume"]) == 2
+    assert "--resume" in capsys.readouterr().err and not (tmp_path / "fresh").exists()
+    assert main([*args, "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert main([*args, "--out", str(tmp_path / "run"), "--quiet"]) == 2  # an earlier run: --resume or another --out
+    assert "--resume" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "x"), "--lr", "-1"]) == 2  # argparse: must be positive
+
+
+def _train_cmd(spec_file, folder, out, *extra) -> list[str]:
+    return [sys.executable, "-m", "archspec", "train", str(spec_file), "--data", str(folder), "--out", str(out),
+            "--batch-size", "8", "--lr", "3e-3", "--workers", "1", "--threads", "1", "--seed", "3",
+            "--mixup", "0.4", "--smoothing", "0.1", "--log-every", "5", *extra]
+
+
+def _checkpoint_step(path: Path) -> int:
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True)["step"])
+    except (OSError, RuntimeError, EOFError, KeyError):
+        return 0
+
+
+@pytest.mark.slow
+def test_resume_after_kill_9_is_bit_for_bit(folder, spec_file, tmp_path):
+    steps = ["--steps", "40", "--checkpoint-every", "1", "--eval-every", "20"]
+    whole = tmp_path / "whole"
+    subprocess.run(_train_cmd(spec_file, folder, whole, *steps, "--quiet"), check=True, timeout=300)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(spec_file, folder, killed, *steps, "--quiet"))
+    deadline = time.monotonic() + 240
+    while _checkpoint_step(killed / "checkpoint.pt") < 8 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "model").exists()  # killed mid-run
+    assert 8 <= _checkpoint_step(killed / "checkpoint.pt") < 40
+    subprocess.run(_train_cmd(spec_file, folder, killed, *steps, "--quiet", "--resume"), check=True, timeout=300)
+    a, b = _weights(whole / "model"), _weights(killed / "model")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_torchrun_two_cpu_processes_equal_one_with_the_same_global_batch(folder, spec_file, tmp_path):
+    common = ["--steps", "16", "--eval-every", "8", "--mixup", "0", "--quiet"]
+    single = _train_cmd(spec_file, folder, tmp_path / "one", *common)
+    subprocess.run(single, check=True, timeout=300)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", str(_free_port()), "-m", "archspec",
+                *_train_cmd(spec_file, folder, tmp_path / "two", *common)[3:]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(torchrun, check=True, timeout=300, env=env)
+    assert json.loads((tmp_path / "two" / "run.json").read_text())["processes"] == 2
+    a, b = _weights(tmp_path / "one" / "model"), _weights(tmp_path / "two" / "model")
+    # the same batches, gradients averaged by DDP: equal up to float summation order
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    rows = [[json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+            for d in ("one", "two")]
+    assert [r["step"] for r in rows[1]] == [8, 16]
+    assert rows[1][-1]["train_loss"] < rows[1][0]["train_loss"]  # it learns
+    for r1, r2 in zip(*rows):
+        assert r1["accuracy"] == r2["accuracy"] and abs(r1["val_loss"] - r2["val_loss"]) < 1e-5
+
+
+def test_ranks_split_each_global_batch_and_their_union_is_the_single_process_batch():
+    one = list(EpochSampler(50, 12, seed=5, epoch=3))
+    ranks = [list(EpochSampler(50, 12, seed=5, epoch=3, rank=r, world=3)) for r in range(3)]
+    for k in range(50 // 12):
+        union = sorted(i for r in ranks for _, i in r[k * 4:(k + 1) * 4])
+        assert union == sorted(i for _, i in one[k * 12:(k + 1) * 12])
+    resumed = list(EpochSampler(50, 12, seed=5, epoch=3, start=2))
+    assert resumed == one[24:48]
+
+
+def test_deit_recipe_follows_the_paper():
+    config = recipe("deit", batch_size=1024)
+    assert config.lr == pytest.approx(5e-4 * 1024 / 512)  # DeiT: lr = 5e-4 * batch / 512
+    assert (config.epochs, config.warmup_epochs, config.weight_decay, config.smoothing) == (300, 5, 0.05, 0.1)
+    assert (config.mixup, config.cutmix, config.reprob, config.auto_augment) == (0.8, 1.0, 0.25, "rand-m9-mstd0.5-inc1")
+    assert recipe("levit").epochs == 1000 and recipe("tcnn").epochs == 50
+    assert config.resolved(batches_per_epoch=10).steps == 3000 and config.resolved(10).warmup_steps == 50
+
+
+class _Pair(torch.nn.Module):
+    """A stand-in distilled student: returns fixed (cls, dist) logits in train mode."""
+
+    def __init__(self, cls, dist):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(()))
+        self.cls, self.dist = cls, dist
+
+    def forward(self, x):
+        return self.cls * self.w, self.dist * self.w
+
+
+def test_hard_distillation_loss_is_deits():
+    torch.manual_seed(0)
+    cls, dist, teacher_logits = torch.randn(4, 3), torch.randn(4, 3), torch.randn(4, 3)
+    y = torch.tensor([0, 1, 2, 1])
+    teacher = torch.nn.Linear(1, 1)
+    teacher.forward = lambda x: teacher_logits
+    trainer = Trainer(_Pair(cls, dist), _config(distill_alpha=0.5), torch.device("cpu"), teacher=teacher)
+    expected = 0.5 * F.cross_entropy(cls, y) + 0.5 * F.cross_entropy(dist, teacher_logits.argmax(1))
+    assert torch.allclose(trainer.loss(torch.zeros(4, 1), y), expected)
+
+
+def test_distillation_needs_a_distilled_spec_and_a_local_teacher(folder, tmp_path):
+    with pytest.raises(SpecError) as info:
+        fit(TINY, folder, _config(), teacher="resnet18", progress=False)
+    assert info.value.problems[0].path == ("--teacher",) and "distillation head" in info.value.problems[0].message
+    from archspec.train.teacher import load_teacher
+
+    with pytest.raises(SpecError) as info:
+        load_teacher("resnet18", None, 2)
+    problem = info.value.problems[0]
+    assert problem.path == ("--teacher-checkpoint",) and "downloads nothing" in problem.hint
+    with pytest.raises(SpecError, match="neither a directory nor a timm model"):
+        load_teacher("no_such_net_xyz", tmp_path / "w.pth", 2)
+
+
+def test_a_timm_teacher_loads_the_users_checkpoint(tmp_path):
+    import timm
+
+    from archspec.train.teacher import load_teacher
+
+    source = timm.create_model("resnet10t", pretrained=False, num_classes=2)
+    torch.save(source.state_dict(), tmp_path / "w.pth")
+    teacher = load_teacher("resnet10t", tmp_path / "w.pth", 2)
+    x = torch.randn(1, 3, 32, 32)
+    assert torch.equal(teacher(x), source.eval()(x)) and not any(p.requires_grad for p in teacher.parameters())
+    with pytest.raises(SpecError) as info:
+        load_teacher("resnet10t", tmp_path / "w.pth", 5)  # a 2-class checkpoint into a 5-class head
+    assert info.value.problems[0].path == ("--teacher-checkpoint",)
+
+
+def test_fashion_mnist_streams_grey_images_into_an_rgb_model(one_thread, tmp_path, monkeypatch):
+    from archspec import data as data_module
+    from tests.test_search_data import _write_idx
+
+    monkeypatch.setattr(data_module, "FASHION_MNIST_DIR", _write_idx(tmp_path / "fm"))
+    spec = TINY.replace("num_classes: 2", "num_classes: 10")
+    result = fit(spec, "fashion-mnist", _config(steps=2, eval_every=2), progress=False)
+    assert result.steps == 2 and result.model.spec.head.num_classes == 10
+
+
+def test_progress_lines_off_a_terminal(one_thread, folder, tmp_path, capsys):
+    fit(TINY, folder, _config(steps=8, eval_every=8, log_every=4), out=tmp_path / "run", bar=False)
+    lines = capsys.readouterr().out.splitlines()
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in steps] == ["4/8", "8/8"]
+    assert all(k in steps[0] for k in ("epoch", "loss", "lr", "img/s", "ETA"))
+    assert (tmp_path / "run" / "metrics.csv").read_text().splitlines()[0].startswith("epoch,step,train_loss,lr")
+
+
+def test_ema_is_evaluated_and_saved(one_thread, folder, tmp_path):
+    result = fit(TINY, folder, _config(steps=6, eval_every=6, ema_decay=0.9), out=tmp_path / "run", progress=False)
+    assert result.ema_accuracy is not None and (tmp_path / "run" / "model_ema" / "model.safetensors").is_file()
