@@ -31,6 +31,7 @@ _EXPORTS = {
     "ArchModel": "archspec.model",
     "compile": "archspec.compiler",
     "load": "archspec.artifact", "save": "archspec.artifact",
+    "quantize": "archspec.int8", "load_quantized": "archspec.int8", "QuantizedModel": "archspec.int8",
     "register": "archspec.registry",
 }
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from archspec.compiler import compile
     from archspec.errors import Problem, SpecError
     from archspec.families.attention.heads import HeadSpec
+    from archspec.int8 import QuantizedModel, load_quantized, quantize
     from archspec.loader import load_spec
     from archspec.model import ArchModel
     from archspec.registry import register

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file, save_model
 
 from archspec.errors import SpecError
 from archspec.model import ArchModel
@@ -51,13 +51,19 @@ def save(model: ArchModel, directory: str | os.PathLike) -> Path:
 
     The weights file's metadata holds the spec digest (:func:`spec_digest`) and the archspec version.
     Files get mode ``0o666 & ~umask`` (safetensors alone writes 0o600).  Both files are overwritten if
-    present.  Returns the directory.
+    present.  Returns the directory.  An int8 model (:class:`archspec.int8.QuantizedModel`) is written by
+    :func:`archspec.int8.save_quantized`: its float build plus ``int8.safetensors``.
 
     Raises:
         OSError: the directory or a file cannot be written.
+        SpecError: an int8 model that was not made from an archspec model.
     """
     from archspec import __version__
 
+    if type(model).__name__ == "QuantizedModel":
+        from archspec.int8 import save_quantized
+
+        return save_quantized(model, directory)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / SPEC).write_text(model.spec.to_yaml(), encoding="utf-8")
@@ -77,6 +83,18 @@ def save_weights(module: nn.Module, path: str | os.PathLike, metadata: dict[str,
     from archspec.builddir import normal_mode
 
     save_model(module, str(path), metadata=metadata)
+    os.chmod(path, normal_mode(directory=False))
+
+
+def save_weights_dict(tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` of a dict of tensors, with the file mode of :func:`save_weights`.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    from archspec.builddir import normal_mode
+
+    save_file(tensors, str(path), metadata=metadata)
     os.chmod(path, normal_mode(directory=False))
 
 

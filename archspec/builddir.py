@@ -1,9 +1,10 @@
 """Build directories: archspec writes, replaces and removes only directories it wrote itself.
 
-``archspec build`` writes OUT (default ``build/<name>/``) holding exactly :data:`BUILD_FILES`; its
-``report.json`` carries the marker key ``"archspec_build"`` (the archspec version).  A directory is an
-archspec build (:func:`is_build`) when it is a real directory (not a link) holding nothing but those
-names, each a regular file, and its report.json has the marker.  What happens to OUT (:func:`check_out`):
+``archspec build`` writes OUT (default ``build/<name>/``) holding exactly :data:`BUILD_FILES` (and
+:data:`INT8_FILE` with ``--int8``); its ``report.json`` carries the marker key ``"archspec_build"`` (the
+archspec version).  A directory is an archspec build (:func:`is_build`) when it is a real directory (not a
+link) holding nothing but those names, each a regular file, and its report.json has the marker.  What
+happens to OUT (:func:`check_out`):
 
 - missing: the files are written into a staging sibling ``.<name>.archspec-tmp-XXXXXXXX`` which is then
   renamed to OUT, so OUT never holds a partial build;
@@ -45,6 +46,7 @@ from archspec.errors import SpecError
 
 REPORT = "report.json"
 BUILD_FILES = frozenset({"spec.yaml", "model.safetensors", REPORT})
+INT8_FILE = "int8.safetensors"  # only in an `archspec build --int8`: the calibrated observers (archspec.int8)
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class Layout:
     report: str
 
 
-BUILD = Layout(BUILD_FILES, REPORT)
+BUILD = Layout(BUILD_FILES | {INT8_FILE}, REPORT)
 MARKER = "archspec_build"
 # archspec 0.1.0 wrote report.json without the marker; its report always held these keys together, so
 # a directory of nothing but BUILD_FILES with such a report is a build archspec wrote (replaced, not refused).

@@ -10,6 +10,9 @@ LeViT's two protocols (sec. 5.1, "Speed"):
   precision (bf16 autocast); the figure is images/s (and the median time of one batch).
 
 Both report ``ms`` (median per forward of ``batch`` images) and ``images_per_s`` = ``batch / ms * 1000``.
+
+Compiled latency (``archspec build --compile``, ``archspec search --latency-compile``) times the model returned by
+:func:`compile_for_inference` the same way; its first call, which compiles, is a warm-up run and never timed.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import torch
 
 from archspec.errors import SpecError
 
-__all__ = ["Latency", "measure_forward", "parse_device", "resolve_device", "MAX_GPU_BATCH"]
+__all__ = ["Latency", "measure_forward", "parse_device", "resolve_device", "MAX_GPU_BATCH", "compile_for_inference",
+           "first_call_seconds", "COMPILE_OPTIONS", "CompiledForInference", "inductor_options"]
 
 MAX_GPU_BATCH = 2048  # LeViT's GPU protocol: largest power of two that fits; capped so probing stays short
 
@@ -138,3 +142,61 @@ def measure_forward(model: torch.nn.Module, shape: tuple[int, int, int], device:
     ms = seconds * 1e3
     return Latency(ms=ms, images_per_s=batch * 1e3 / ms, batch=batch, threads=threads, device=str(device),
                    warmup=warmup, repeats=repeats, amp=str(amp).removeprefix("torch.") if amp else None)
+
+
+# Inductor's freezing treats the weights as constants (inference only): it folds them into the graph and prepacks
+# them for oneDNN, and it is what lowers an int8 PT2E graph to int8 kernels (archspec.int8).  One setting for
+# every compiled model, so float32 and int8 compile alike.  It is set around each call (Inductor's config is
+# global) rather than passed as torch.compile(options=...): with the option, torch 2.15's freezing pass fails on
+# the int8 graph (onednn.qconv_prepack under fake tensors) while the global setting works.
+COMPILE_OPTIONS = {"freezing": True}
+
+
+def inductor_options():
+    """Context manager setting :data:`COMPILE_OPTIONS` in Inductor's config (``torch._inductor.config.patch``);
+    every call of a model compiled for inference runs inside it, since a new batch size recompiles."""
+    from torch._inductor import config  # noqa: PLC0415
+
+    return config.patch(COMPILE_OPTIONS)
+
+
+class CompiledForInference(torch.nn.Module):
+    """``torch.compile`` (Inductor, default mode) of an inference model, each call under :func:`inductor_options`
+    (freezing).  Images ``(B, C, H, W)`` -> the model's output; the weights are the wrapped model's (``model``).
+
+    Nothing is compiled until the first call (:func:`first_call_seconds` times it); a new batch size compiles
+    again (static shapes, ``dynamic=False``, as the int8 path needs; Dynamo keeps up to 8 per model).  Inductor
+    generates its CPU kernels for the thread count set at that call, so compile under the thread count you will
+    time with.  Source: PyTorch ``torch.compile``; Inductor ``config.freezing``.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model.eval()
+        object.__setattr__(self, "_compiled", torch.compile(self.model, dynamic=False))  # not a second sub-module
+
+    def forward(self, x: torch.Tensor):
+        """The compiled model's output for ``x``, without autograd (freezing is for inference only)."""
+        with torch.no_grad(), inductor_options():
+            return self._compiled(x)
+
+
+def compile_for_inference(model: torch.nn.Module) -> CompiledForInference:
+    """:class:`CompiledForInference` of ``model`` (put in eval mode)."""
+    return CompiledForInference(model)
+
+
+def first_call_seconds(model: torch.nn.Module, x: torch.Tensor, threads: int = 1) -> float:
+    """Wall seconds of one forward of ``x`` ``(B, C, H, W)`` under ``torch.inference_mode`` with ``threads``
+    torch threads (restored afterwards): for a compiled model, the compilation."""
+    import time  # noqa: PLC0415
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model(x)
+        return time.perf_counter() - start
+    finally:
+        torch.set_num_threads(before)

@@ -224,6 +224,9 @@ def _add_latency_options(p: argparse.ArgumentParser, d) -> None:
                      help="batch size while timing (default: 1 on CPU, the largest power of two that fits on a GPU)")
     lat.add_argument("--latency-repeats", type=_positive_int("--latency-repeats"), default=d(None), metavar="N",
                      help="timed runs per candidate (default: the latency module's, 20 after 5 warm-up runs)")
+    lat.add_argument("--latency-compile", action="store_true", default=d(False),
+                     help="time each candidate under torch.compile (Inductor, freezing) instead of eagerly; its "
+                          "compilation (seconds to a minute per candidate) is never timed; cached apart from eager")
 
 
 def add_search_parser(sub) -> argparse.ArgumentParser:
@@ -340,7 +343,8 @@ def _latency(args):
     option = "--latency-device" if args.latency_device else "--device"
     device = parse_device(args.latency_device or args.device, option)
     batch = args.latency_batch if args.latency_batch is not None or device.type == "cuda" else 1
-    protocol = LatencyProtocol(device=str(device), threads=args.latency_threads, batch=batch)
+    protocol = LatencyProtocol(device=str(device), threads=args.latency_threads, batch=batch,
+                               compile=bool(getattr(args, "latency_compile", False)))
     if getattr(args, "latency_repeats", None):
         protocol = replace(protocol, repeats=args.latency_repeats, warmup=min(protocol.warmup, args.latency_repeats))
     return protocol

@@ -37,7 +37,9 @@ class LatencyProtocol:
     Default = LeViT's CPU protocol: one thread, batch 1, float32; the figure is the median ms of one
     forward pass.  ``device='cuda'`` (or ``'auto'`` on a GPU machine) with ``batch=None`` is LeViT's GPU
     protocol: the largest power-of-two batch that fits, bf16 autocast; the figure is then ms per image
-    (``1000 / images_per_s``) so candidates measured at different batches compare.
+    (``1000 / images_per_s``) so candidates measured at different batches compare.  ``compile=True`` times the
+    model under ``torch.compile`` (:func:`archspec.timing.compile_for_inference`: Inductor, freezing); its
+    compilation runs before the warm-up and is never timed (``archspec search --latency-compile``).
     """
 
     device: str = "cpu"
@@ -45,11 +47,13 @@ class LatencyProtocol:
     batch: int | None = 1
     warmup: int = 5
     repeats: int = 20
+    compile: bool = False
 
     def key(self) -> str:
-        """Cache key of the protocol on this machine (CPU model and torch version included)."""
+        """Cache key of the protocol on this machine (CPU model and torch version included); ``|compile`` is
+        appended for compiled latency only, so caches written before the option keep their eager entries."""
         return (f"{self.device}|threads={self.threads}|batch={self.batch}|warmup={self.warmup}|repeats={self.repeats}"
-                f"|{_machine()}|torch={torch.__version__}")
+                f"|{_machine()}|torch={torch.__version__}" + ("|compile" if self.compile else ""))
 
     def describe(self) -> dict:
         """JSON-ready dict."""
@@ -165,7 +169,15 @@ def measure_latency(spec: ArchSpec, protocol: LatencyProtocol = LatencyProtocol(
     with torch.random.fork_rng(devices=[]):
         model = compile_spec(spec)
     c, (h, w) = spec.input.channels, spec.input.resolution
-    result = measure_forward(model, (c, h, w), device, threads=protocol.threads, batch=protocol.batch,
+    batch = protocol.batch
+    if protocol.compile:  # static shapes: probe the GPU batch eagerly, then compile once at it
+        from archspec.timing import _largest_batch, compile_for_inference  # noqa: PLC0415
+
+        model = model.eval().to(device)
+        if batch is None and device.type == "cuda":
+            batch = _largest_batch(model, (c, h, w), device, torch.bfloat16)
+        model = compile_for_inference(model)
+    result = measure_forward(model, (c, h, w), device, threads=protocol.threads, batch=batch,
                              warmup=protocol.warmup, repeats=protocol.repeats)
     ms = result.ms if protocol.batch is not None else 1e3 / result.images_per_s
     if cache is not None:

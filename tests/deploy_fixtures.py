@@ -1,0 +1,39 @@
+"""The model the deployment tests share: LeViT-128S at 64 px with BatchNorm statistics of real photographs.
+
+At 64 px it has 4x4 tokens, both shrinking attentions and the NormLinear head.  Its BatchNorm running statistics
+are those of the three real photographs (flipped and shifted copies too, train-mode forwards), so activations
+and logits have the scale of a trained model: with random-init statistics the logits are ~1e-4 and any
+tolerance is meaningless.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import archspec
+from archspec.loader import load_spec
+
+RESOLUTION = 64
+
+
+def augmented(photos: torch.Tensor) -> torch.Tensor:
+    """``photos`` ``(N, C, H, W)`` and three altered copies (flipped, shifted right, down): ``(4N, C, H, W)``."""
+    return torch.cat([photos, photos.flip(-1), photos.roll(8, -1), photos.roll(8, -2)])
+
+
+def photo_levit(photos: torch.Tensor) -> nn.Module:
+    """LeViT-128S at :data:`RESOLUTION` px (seed 0) with the BatchNorm statistics of ``augmented(photos)``,
+    in eval mode."""
+    doc = load_spec("levit_128s").model_dump(mode="json", exclude_none=True)
+    doc["input"]["resolution"] = RESOLUTION
+    torch.manual_seed(0)
+    model = archspec.compile(doc)
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+            module.momentum = None  # cumulative average: the statistics of exactly these images
+    model.train()
+    with torch.no_grad():
+        model(augmented(photos))
+    return model.eval()

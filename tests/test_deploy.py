@@ -1,0 +1,234 @@
+"""Deployment on CPU: int8 (LeViT sec. 5.3) and compiled latency, each against something independent -- the
+float32 model's logits on real photographs, the float graph's own attention ops, a saved build against the model
+it was saved from, the reference int8 graph against Inductor's int8 kernels.
+
+The model is LeViT-128S at 64 px with BatchNorm statistics of real photographs (``deploy_fixtures``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from deploy_fixtures import RESOLUTION, augmented, photo_levit
+from torch import nn
+
+import archspec
+from archspec.cli import main
+from archspec.errors import SpecError
+from archspec.fuse import count_batchnorms
+from archspec.image import load_image, sample_batch
+from archspec.int8 import QuantizedModel, calibration_batches, load_quantized, quantize
+
+# int8 against float32 on the three real photos (stated tolerance): per image, cosine >= 0.98 and relative L2
+# error ||int8 - float|| / ||float|| <= 0.2.  Measured: cosine 0.997-0.999, relative error 0.04-0.08; a
+# calibration on images 20x too dark gives cosine 0.02-0.2, relative error ~1.7.
+MIN_COSINE, MAX_RELATIVE = 0.98, 0.2
+
+
+@pytest.fixture(scope="module")
+def photos() -> torch.Tensor:
+    """The three real photographs at 64 px, ``(3, 3, 64, 64)``."""
+    return sample_batch((RESOLUTION, RESOLUTION))
+
+
+@pytest.fixture(scope="module")
+def levit(photos, one_thread_module) -> nn.Module:
+    return photo_levit(photos)
+
+
+@pytest.fixture(scope="module")
+def int8_reference(levit, photos) -> QuantizedModel:
+    """int8 LeViT, calibrated on the augmented photos, running the uncompiled reference graph."""
+    return quantize(levit, [augmented(photos)], compile=False)
+
+
+def _close(int8_logits: torch.Tensor, float_logits: torch.Tensor) -> None:
+    cosine = torch.nn.functional.cosine_similarity(int8_logits, float_logits, dim=1)
+    relative = (int8_logits - float_logits).norm(dim=1) / float_logits.norm(dim=1)
+    assert (cosine >= MIN_COSINE).all() and (relative <= MAX_RELATIVE).all(), (cosine, relative)
+
+
+# ------------------------------------------------------------------------------------------------ int8
+
+
+def test_int8_logits_close_to_float32_on_real_photos(levit, int8_reference, photos):
+    with torch.no_grad():
+        _close(int8_reference(photos), levit(photos))
+
+
+def test_a_bad_calibration_is_caught_by_the_tolerance(levit, photos):
+    """The tolerance can fail: activations calibrated on images 20x too dark clip the real ones."""
+    bad = quantize(levit, [augmented(photos) * 0.05], compile=False)
+    with torch.no_grad(), pytest.raises(AssertionError):
+        _close(bad(photos), levit(photos))
+
+
+def test_int8_quantises_linears_and_convs_and_keeps_attention_in_float32(levit, int8_reference):
+    """Every linear and conv of the folded model runs in int8; the float graph's attention products and softmaxes
+    (counted in torch.export's graph of the float model, before any quantiser) all stay float32."""
+    folded = levit.fuse()
+    linears = sum(isinstance(m, nn.Linear) for m in folded.modules())
+    convs = sum(isinstance(m, nn.Conv2d) for m in folded.modules())
+    graph = torch.export.export(folded, (torch.randn(2, 3, RESOLUTION, RESOLUTION),)).graph
+    ops = [str(node.target) for node in graph.nodes if node.op == "call_function"]
+    assert int8_reference.summary["int8"] == {"linear": linears, "conv2d": convs}
+    kept = int8_reference.summary["float32"]
+    assert kept["matmul"] == sum(op.startswith("aten.matmul") for op in ops) == 2 * 11  # Q K^T and A V, 9 + 2 layers
+    assert kept["softmax"] == sum("softmax" in op for op in ops) == 11
+    for node in int8_reference.program.graph.nodes:  # no matmul / softmax reads an int8 tensor
+        if node.op == "call_function" and ("matmul" in str(node.target) or "softmax" in str(node.target)):
+            assert all("quantize_per" not in str(getattr(arg, "target", "")) for arg in node.all_input_nodes)
+
+
+def test_int8_leaves_the_float_model_alone_and_is_inference_only(levit, int8_reference, photos):
+    assert count_batchnorms(levit) > 0 and not levit.training  # quantize() folded a copy
+    assert int8_reference.calibration["images"] == 12 and int8_reference.calibration["input_shape"] == [3, 64, 64]
+    assert int8_reference.eval() is int8_reference
+    with pytest.raises(RuntimeError, match="inference only"):
+        int8_reference.train()
+    with torch.no_grad():
+        one = int8_reference(photos[:1])
+    torch.testing.assert_close(one, int8_reference(photos)[:1])  # dynamic batch
+
+
+def test_int8_save_and_load_rebuild_the_same_model(levit, int8_reference, photos, tmp_path):
+    archspec.save(int8_reference, tmp_path / "q")
+    assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["int8.safetensors", "model.safetensors",
+                                                                  "spec.yaml"]
+    loaded = load_quantized(tmp_path / "q", compile=False)
+    assert torch.equal(loaded(photos), int8_reference(photos))  # no calibration data needed
+    assert loaded.calibration == int8_reference.calibration
+    with torch.no_grad():  # the float build is still one
+        assert torch.equal(archspec.load(tmp_path / "q").eval()(photos), levit(photos))
+    archspec.save(levit, tmp_path / "f")
+    with pytest.raises(SpecError, match="--int8"):
+        load_quantized(tmp_path / "f")
+    (tmp_path / "q" / "int8.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(SpecError, match="int8.safetensors"):
+        load_quantized(tmp_path / "q")
+
+
+class _DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3 * 8 * 8, 4)
+
+    def forward(self, x):
+        if x.mean() > 0:  # Python control flow on a value: torch.export cannot capture it
+            x = -x
+        return self.fc(x.flatten(1))
+
+
+class _NoWeights(nn.Module):
+    def forward(self, x):
+        return x.mean(dim=(2, 3))
+
+
+@pytest.mark.parametrize("model, batches, message", [
+    (_DataDependent(), [torch.randn(2, 3, 8, 8)], "torch.export cannot capture"),
+    (_NoWeights(), [torch.randn(2, 3, 8, 8)], "no linear or convolution"),
+    (_NoWeights(), [], "no calibration batches"),
+    (_NoWeights(), [torch.randn(2, 3, 8, 8), torch.randn(2, 3, 9, 9)], "has shape"),
+    (_NoWeights(), ["images"], "not a tensor"),
+    (_NoWeights(), [torch.full((2, 3, 8, 8), float("nan"))], "not finite"),
+    (_NoWeights(), torch.randn(2, 3, 8, 8), "one tensor"),
+], ids=["data-dependent", "no-weights", "empty", "shapes", "not-tensor", "nan", "bare-tensor"])
+def test_what_cannot_be_quantised_is_refused_clearly(model, batches, message, one_thread):
+    with pytest.raises(SpecError, match=message):
+        quantize(model.eval(), batches, compile=False)
+
+
+def test_int8_refuses_other_cpus(monkeypatch, levit, photos):
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    with pytest.raises(SpecError, match="x86-64"):
+        quantize(levit, [photos], compile=False)
+
+
+def test_calibration_batches_from_a_dataset():
+    from archspec.data import load_data
+
+    data = load_data("digits", 8, max_images=100)
+    batches = calibration_batches(data, 1, (16, 12), batches=3, batch_size=16)
+    assert [tuple(b.shape) for b in batches] == [(16, 1, 16, 12)] * 3
+    again = calibration_batches(data, 1, (16, 12), batches=3, batch_size=16)
+    assert all(torch.equal(a, b) for a, b in zip(batches, again))  # seeded
+
+
+@pytest.mark.slow
+def test_compiled_int8_agrees_with_the_reference_graph(levit, int8_reference, photos):
+    """Inductor's oneDNN int8 kernels compute what the reference graph simulates (requantisation rounding
+    aside); one batch size (each new one compiles again)."""
+    compiled = QuantizedModel(int8_reference.program, levit, int8_reference.observers, {}, compile=True)
+    reference, got = int8_reference(photos), compiled(photos)
+    assert (got - reference).abs().max().item() <= 0.05 * reference.abs().max().item()
+    with torch.no_grad():
+        _close(got, levit(photos))
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+@pytest.mark.slow
+def test_build_int8_and_compile_end_to_end(tmp_path, capsys, one_thread):
+    out = tmp_path / "levit"
+    argv = ["build", "levit_128s", "--resolution", "64", "--out", str(out), "--repeats", "1", "--json", "--int8",
+            "--calibration-batches", "1", "--compile"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    int8 = report["int8"]
+    assert int8["latency_ms"] > 0 and int8["calibration"]["data"] == "digits" and int8["calibration"]["images"] == 32
+    assert int8["ops"]["int8"]["linear"] > 0 and int8["ops"]["float32"]["softmax"] == 11
+    assert report["compiled"]["latency_ms"] > 0 and report["compiled"]["compile_s"] > 0
+    assert sorted(p.name for p in out.iterdir()) == ["int8.safetensors", "model.safetensors", "report.json",
+                                                     "spec.yaml"]
+    photo = load_image(None, (64, 64), 3)
+    loaded = load_quantized(out, compile=False)
+    assert loaded.summary == int8["ops"]
+    assert main(["build", "levit_128s", "--resolution", "64", "--out", str(out), "--repeats", "1"]) == 0  # replaced
+    assert not (out / "int8.safetensors").exists()
+    assert archspec.load(out).eval()(photo).shape == (1, 1000)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--calibrate", "digits"], "--calibrate: applies only with --int8"),
+    (["--calibration-batches", "2"], "--calibration-batches: applies only with --int8"),
+    (["--int8", "--calibrate", "/no/such/dir"], "no such file or directory"),
+    (["--int8", "--calibration-batches", "0"], "at least 1 batch"),
+])
+def test_build_refuses_bad_int8_options_before_any_work(extra, message, tmp_path, capsys):
+    out = tmp_path / "b"
+    assert main(["build", "levit_128s", "--out", str(out), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------------ search
+
+
+def test_latency_protocol_compile_is_in_the_cache_key():
+    from archspec.cli import _parser
+    from archspec.search.cli import _latency
+    from archspec.search.latency import LatencyProtocol
+
+    assert LatencyProtocol(compile=True).key() != LatencyProtocol().key()
+    assert "compile" not in LatencyProtocol().key()  # caches written before the option stay valid
+    parser = _parser()
+    args = parser.parse_args(["search", "--latency-compile", "--device", "cpu"])
+    assert _latency(args).compile is True
+    assert _latency(parser.parse_args(["search", "--device", "cpu"])).compile is False
+
+
+@pytest.mark.slow
+def test_measure_latency_compiled(one_thread):
+    from archspec.search.latency import LatencyCache, LatencyProtocol, architecture_key, measure_latency
+
+    spec = archspec.load_spec({"name": "tiny", "input": {"channels": 3, "resolution": 32},
+                               "stem": {"kind": "patch", "patch_size": 8},
+                               "stages": [{"depth": 1, "dim": 32, "heads": 2}], "head": {"num_classes": 10}})
+    cache = LatencyCache(None)
+    protocol = LatencyProtocol(compile=True, warmup=1, repeats=2)
+    ms = measure_latency(spec, protocol, cache)
+    assert ms > 0 and cache.get(architecture_key(spec), protocol) == ms
+    assert cache.get(architecture_key(spec), LatencyProtocol(warmup=1, repeats=2)) is None
