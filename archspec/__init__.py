@@ -32,6 +32,7 @@ _EXPORTS = {
     "compile": "archspec.compiler",
     "load": "archspec.artifact", "save": "archspec.artifact",
     "quantize": "archspec.int8", "load_quantized": "archspec.int8", "QuantizedModel": "archspec.int8",
+    "export_onnx": "archspec.onnx_export",
     "register": "archspec.registry",
 }
 
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from archspec.int8 import QuantizedModel, load_quantized, quantize
     from archspec.loader import load_spec
     from archspec.model import ArchModel
+    from archspec.onnx_export import export_onnx
     from archspec.registry import register
     from archspec.spec import ArchSpec
 

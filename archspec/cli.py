@@ -32,6 +32,7 @@ MaiT masked heads) into PyTorch models.
   archspec tcnn resnetrs50 --checkpoint W.pth    T-CNN: a timm ResNet's last stage as 9-head GPSA
   archspec train levit_128s --data DIR           train with the seed papers' recipes (torchrun for several)
   archspec build levit_128s --fuse --int8 --compile   LeViT sec. 5.3 int8, folded and compiled CPU latency
+  archspec export levit_128s --onnx l.onnx --fuse     ONNX (dynamic batch), checked in ONNX Runtime
 
 A SPEC is a path to a YAML file or the name of a shipped spec.  Exit status: 0 ok, 2 bad input.
 """
@@ -87,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     from archspec.transfer.cli import add_transfer_parsers
 
     add_transfer_parsers(sub)
+    from archspec.deploy_cli import add_export_parser  # torch-free; the export imports torch and onnx when it runs
+
+    add_export_parser(sub)
     return parser
 
 

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
-HEAVY = ("torch", "timm", "torchvision", "torchao")
+HEAVY = ("torch", "timm", "torchvision", "onnx", "onnxruntime", "torchao")
 MARK = "FRONT-DOOR "
 
 # Run the CLI as `archspec ARGS` would, then say what it imported (stdout is the command's own).
@@ -51,6 +51,7 @@ COMMANDS = [
     pytest.param(["two-phase", "--help"], 0, id="two-phase-help"),
     pytest.param(["tcnn", "--help"], 0, id="tcnn-help"),
     pytest.param(["build", "--help"], 0, id="build-help"),  # --int8 / --compile imported nothing at parse time
+    pytest.param(["export", "--help"], 0, id="export-help"),  # nor onnx
 ]
 
 

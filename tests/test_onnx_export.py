@@ -1,0 +1,85 @@
+"""ONNX export (dynamic batch) checked in ONNX Runtime against PyTorch: float32 within 1e-4 on real photographs,
+folded and unfolded (LeViT sec. 5.3's BatchNorm folding: no BatchNormalization node left), int8 against PyTorch's
+reference int8 graph; ``archspec export``'s file rules.  Needs the extra archspec[export] (the test extra has it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from deploy_fixtures import RESOLUTION, augmented, photo_levit
+from torch import nn
+
+from archspec.cli import main
+from archspec.image import sample_batch
+
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def photos() -> torch.Tensor:
+    """The three real photographs at 64 px, ``(3, 3, 64, 64)``."""
+    return sample_batch((RESOLUTION, RESOLUTION))
+
+
+@pytest.fixture(scope="module")
+def levit(photos, one_thread_module) -> nn.Module:
+    return photo_levit(photos)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fuse", [False, True], ids=["unfolded", "folded"])
+def test_onnx_equals_pytorch_in_float32(levit, photos, fuse, tmp_path):
+    """ONNX Runtime's logits equal PyTorch's within 1e-4 on real photos, at the traced batch and at others."""
+    from archspec.onnx_export import export_onnx, ort_session, run_onnx
+
+    model = levit.fuse() if fuse else levit
+    written = export_onnx(model, tmp_path / "m.onnx", photos[:2], {"test": True})
+    batchnorms = written["nodes"].get("BatchNormalization", 0)
+    if fuse:
+        assert batchnorms == 0
+    else:  # the exporter's optimiser folds a BatchNorm2d into the conv before it, never a BatchNorm1d after a linear
+        assert batchnorms >= sum(type(m).__name__ == "LinearNorm" for m in levit.modules()) == 46
+    session = ort_session(tmp_path / "m.onnx", threads=1)
+    with torch.no_grad():
+        for x in (photos, photos[:1], augmented(photos)):
+            expected = model(x)
+            assert expected.abs().max() > 0.1  # logits of a useful scale, so 1e-4 means something
+            assert (run_onnx(session, x) - expected).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_export_cli_int8_and_the_file_rules(tmp_path, capsys, one_thread):
+    target = tmp_path / "levit.onnx"
+    target.write_text("my own model\n")
+    argv = ["export", "levit_128s", "--resolution", "64", "--onnx", str(target), "--json"]
+    assert main(argv) == 2  # not written by archspec
+    assert "not written by `archspec export`" in capsys.readouterr().err
+    assert target.read_text() == "my own model\n"
+    target.unlink()
+    assert main([*argv, "--fuse"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["batchnorm_nodes"] == 0 and report["check"]["max_abs_logit_diff"] <= 1e-4
+    assert report["check"]["batch1_max_abs_diff"] <= 1e-4
+    assert main([*argv, "--int8", "--calibration-batches", "1"]) == 0  # replaces its own file
+    report = json.loads(capsys.readouterr().out)
+    assert report["kind"] == "int8" and report["nodes"]["QuantizeLinear"] > 0 and report["nodes"]["DequantizeLinear"]
+    # ONNX Runtime's int8 kernels against PyTorch's reference int8 graph: rounding of requantisation only
+    assert report["check"]["max_abs_logit_diff"] <= 0.1 * max(report["check"]["max_abs_logit"], 1e-3)
+    assert main(["export", str(tmp_path), "--onnx", str(tmp_path / "x.onnx")]) == 2  # a directory that is no build
+    assert main(["export", "levit_128s", "--onnx", str(tmp_path)]) == 2  # FILE is a directory
+
+
+def test_export_needs_the_extra(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
+    assert main(["export", "levit_128s", "--onnx", str(tmp_path / "m.onnx")]) == 2
+    assert "pip install 'archspec[export]'" in capsys.readouterr().err
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_export_refuses_options_that_do_not_apply(tmp_path, capsys):
+    assert main(["export", "levit_128s", "--onnx", str(tmp_path / "m.onnx"), "--calibrate", "digits"]) == 2
+    assert "--calibrate: applies only with --int8" in capsys.readouterr().err
