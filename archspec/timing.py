@@ -161,28 +161,46 @@ def inductor_options():
 
 
 class CompiledForInference(torch.nn.Module):
-    """``torch.compile`` (Inductor, default mode) of an inference model, each call under :func:`inductor_options`
-    (freezing).  Images ``(B, C, H, W)`` -> the model's output; the weights are the wrapped model's (``model``).
+    """``torch.compile`` (Inductor, default mode, static shapes) of an inference model, each call under
+    :func:`inductor_options` (freezing).  Images ``(B, C, H, W)`` -> the model's output; the weights are the
+    wrapped model's (``model``).
 
-    Nothing is compiled until the first call (:func:`first_call_seconds` times it); a new batch size compiles
-    again (static shapes, ``dynamic=False``, as the int8 path needs; Dynamo keeps up to 8 per model).  Inductor
-    generates its CPU kernels for the thread count set at that call, so compile under the thread count you will
-    time with.  Source: PyTorch ``torch.compile``; Inductor ``config.freezing``.
+    At the first call with an input shape, the model is captured with ``torch.export`` at that shape and the
+    captured graph is compiled (the time :func:`first_call_seconds` measures); each shape has its own graph.
+    Compiling the exported graph rather than ``model.forward`` keeps every compiled model apart: Dynamo keeps
+    compiled code per Python code object, which all models of one class share, so compiling many of them in one
+    process (a search, a benchmark) would pass its recompile limit (8) and silently fall back to eager, and make
+    each model's calls check the others' guards.  The same export also gives a whole graph (no graph breaks) and
+    is the capture the int8 path and the ONNX export use.  Inductor generates its CPU kernels for the thread
+    count set at the first call: compile under the thread count you will time with.
+    Source: PyTorch ``torch.export``, ``torch.compile``; Inductor ``config.freezing``.
     """
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model.eval()
-        object.__setattr__(self, "_compiled", torch.compile(self.model, dynamic=False))  # not a second sub-module
+        object.__setattr__(self, "_runners", {})  # (shape, dtype, device) -> compiled graph; not sub-modules
+
+    def _apply(self, fn, recurse=True):  # .to() / .cuda(): the compiled graphs hold the old tensors
+        self._runners.clear()
+        return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor):
         """The compiled model's output for ``x``, without autograd (freezing is for inference only)."""
+        key = (tuple(x.shape), x.dtype, x.device)
         with torch.no_grad(), inductor_options():
-            return self._compiled(x)
+            runner = self._runners.get(key)
+            if runner is None:
+                self.model(x)  # eager once: fills eval-mode caches (timm LeViT's attention biases) before export
+                with torch.inference_mode(False):
+                    program = torch.export.export(self.model, (x.clone(),), strict=False).module()
+                runner = self._runners[key] = torch.compile(program, dynamic=False)
+            return runner(x)
 
 
 def compile_for_inference(model: torch.nn.Module) -> CompiledForInference:
-    """:class:`CompiledForInference` of ``model`` (put in eval mode)."""
+    """:class:`CompiledForInference` of ``model`` (put in eval mode): ``torch.export`` at each input shape, then
+    ``torch.compile`` (Inductor, freezing, static shapes), compiled at the first call."""
     return CompiledForInference(model)
 
 
