@@ -13,7 +13,9 @@ two batch sizes compare and a shared 2-core machine is not oversubscribed).  Cas
 * ``archspec folded``: ``model.fuse()`` (BatchNorms folded into the linears/convs, LeViT sec. 5.3; LeViTs only);
 * ``archspec compiled`` / ``archspec folded compiled``: the two under the same ``torch.compile``;
 * ``archspec int8``: :func:`archspec.quantize` (folded, int8 linears/convs, attention products and softmax in
-  float32), compiled (Inductor, oneDNN int8 kernels).
+  float32), compiled (Inductor, oneDNN int8 kernels);
+* ``archspec int8, uncompiled``: the same int8 model's PT2E reference graph, run without ``torch.compile``
+  (explicit quantize/dequantize ops around float kernels).
 
 The archspec model's BatchNorm statistics are those of the three shipped photographs (flipped and shifted too;
 :func:`photo_statistics`) and int8 is calibrated on the same twelve images, so logits have a trained model's scale
@@ -198,12 +200,13 @@ def bench_model(name: str, batches: list[int], args) -> dict:
     calibration = [photo_batch(size)]  # the images whose statistics the BatchNorms hold
     variants["archspec int8"] = archspec.quantize(ours, calibration, description={"data": "photos"})
     quantize_s = time.perf_counter() - start
+    variants["archspec int8, uncompiled"] = variants["archspec int8"].reference()  # PT2E reference graph
     result = {"model": name, "timm": TIMM_EQUIVALENTS[name], "quantize_s": round(quantize_s, 1), "batches": {},
               "int8_ops": variants["archspec int8"].summary}
     for batch in batches:
         x = torch.randn(batch, 3, size, size)
         compile_s = {label: round(_first_call(model, x), 1) for label, model in variants.items()
-                     if "compiled" in label or "int8" in label}
+                     if label.endswith("compiled") or label == "archspec int8"}
         print(f"{name} batch {batch}: compiled in {compile_s} s", flush=True)
         seconds = interleaved({label: _forward(model, x) for label, model in variants.items()}, args.samples,
                               args.min_time)
