@@ -206,7 +206,7 @@ def bench_model(name: str, batches: list[int], args) -> dict:
     for batch in batches:
         x = torch.randn(batch, 3, size, size)
         compile_s = {label: round(_first_call(model, x), 1) for label, model in variants.items()
-                     if label.endswith("compiled") or label == "archspec int8"}
+                     if label.endswith(" compiled") or label == "archspec int8"}
         print(f"{name} batch {batch}: compiled in {compile_s} s", flush=True)
         seconds = interleaved({label: _forward(model, x) for label, model in variants.items()}, args.samples,
                               args.min_time)
@@ -326,7 +326,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).with_name("deploy_latency")))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # compile, calibrate and time on one thread (Inductor bakes the count into its kernels)
-    started = time.time()
+    started, commit = time.time(), _commit()  # the code that runs, before anyone edits the tree meanwhile
     results = [bench_model(name, args.batches, args) for name in args.models]
     import torchao  # noqa: PLC0415
 
@@ -336,7 +336,7 @@ def main(argv=None) -> int:
         ort_version = onnxruntime.__version__
     except ImportError:
         ort_version = "-"
-    meta = {"command": " ".join(["python", *sys.argv]), "size": args.size, "commit": _commit(), "cpu": _cpu(),
+    meta = {"command": " ".join(["python", *sys.argv]), "size": args.size, "commit": commit, "cpu": _cpu(),
             "cores": len(__import__("os").sched_getaffinity(0)), "torch": torch.__version__,
             "torchao": torchao.__version__, "timm": timm.__version__, "onnxruntime": ort_version,
             "minutes": round((time.time() - started) / 60, 1)}
