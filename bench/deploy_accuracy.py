@@ -35,9 +35,13 @@ from archspec.train import TrainConfig, evaluate, train
 
 
 def _commit() -> str:
+    """HEAD, with ``+dirty`` when tracked files differ from it."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -61,6 +65,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).with_name("deploy_accuracy")))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    commit = _commit()  # the code that runs, before anyone edits the tree meanwhile
 
     doc = load_spec(args.spec).model_dump(mode="json", exclude_none=True)
     start = time.time()
@@ -98,7 +103,7 @@ def main(argv=None) -> int:
         "float32_top1": float_top1, "int8_top1": int8_top1, "drop_points": round(100 * (float_top1 - int8_top1), 2),
         "agreement": agree, "calibration": quantized.calibration, "int8_ops": quantized.summary,
         "quantize_s": round(quantize_s, 1), "int8_eval_s": round(int8_s, 1),
-        "commit": _commit(), "torch": torch.__version__, "threads": args.threads,
+        "commit": commit, "torch": torch.__version__, "threads": args.threads,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
     out = Path(args.out)
