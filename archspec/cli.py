@@ -548,15 +548,13 @@ def _int8_report(model, x, logits, args):
     it with the float logits on the photo, time it compiled (ms).  Returns ``(report, QuantizedModel)``."""
     import torch
 
-    from archspec.data import load_data
-    from archspec.int8 import BACKEND, calibration_batches, quantize
+    from archspec.int8 import BACKEND, load_calibration, quantize
     from archspec.timing import first_call_seconds, measure_forward
 
     spec = model.spec
-    source = args.calibrate or "digits"
-    data = load_data(source, max(spec.input.resolution))
-    batches = calibration_batches(data, spec.input.channels, spec.input.resolution, args.calibration_batches)
-    quantized = quantize(model, batches, description={"data": data.name, "source": str(source), "seed": 0})
+    batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),
+                                            args.calibration_batches)
+    quantized = quantize(model, batches, description=description)
     seconds = first_call_seconds(quantized, x, args.threads)
     out = quantized(x)
     diff = (out - logits).abs().max().item()

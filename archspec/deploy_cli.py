@@ -88,18 +88,17 @@ def _model(args: argparse.Namespace, is_dir: bool):
 def _quantized(args: argparse.Namespace, model, is_dir: bool):
     """The int8 model (reference graph: what is exported): the DIR's saved calibration, or --calibrate."""
     from archspec.builddir import INT8_FILE
-    from archspec.data import check_source, load_data
-    from archspec.int8 import calibration_batches, load_quantized, quantize, require_backend
+    from archspec.data import check_source
+    from archspec.int8 import load_calibration, load_quantized, quantize, require_backend
 
     require_backend()
     if is_dir and args.calibrate is None and (Path(args.spec) / INT8_FILE).is_file():
         return load_quantized(args.spec, compile=False, allow_spec_change=args.allow_spec_change)
     check_source(args.calibrate)
     spec = model.spec
-    data = load_data(args.calibrate or "digits", max(spec.input.resolution))
-    batches = calibration_batches(data, spec.input.channels, spec.input.resolution, args.calibration_batches)
-    return quantize(model, batches, compile=False,
-                    description={"data": data.name, "source": str(args.calibrate or "digits"), "seed": 0})
+    batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),
+                                            args.calibration_batches)
+    return quantize(model, batches, compile=False, description=description)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

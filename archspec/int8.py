@@ -40,8 +40,8 @@ from torch import nn
 from archspec.builddir import INT8_FILE
 from archspec.errors import SpecError
 
-__all__ = ["QuantizedModel", "quantize", "load_quantized", "save_quantized", "calibration_batches", "INT8_FILE",
-           "BACKEND"]
+__all__ = ["QuantizedModel", "quantize", "load_quantized", "save_quantized", "calibration_batches",
+           "load_calibration", "INT8_FILE", "BACKEND"]
 
 BACKEND = "torchao PT2E (X86InductorQuantizer: int8 per-channel weights, uint8 per-tensor activations) + Inductor"
 MAX_BATCH = 4096  # upper bound of the exported graph's dynamic batch dimension
@@ -150,7 +150,7 @@ def _prepare(model: nn.Module, example: torch.Tensor) -> tuple[torch.fx.GraphMod
 
     from archspec.fuse import fuse_model  # noqa: PLC0415
 
-    folded = fuse_model(model)  # LeViT sec. 5.3: BatchNorms folded before quantisation (a copy, eval mode)
+    folded = fuse_model(model).cpu()  # LeViT sec. 5.3: BatchNorms folded before quantisation (a copy, eval mode)
     quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
     return prepare_pt2e(_export(folded, example), quantizer), folded
 
@@ -310,6 +310,26 @@ def calibration_batches(data: Any, channels: int, resolution: tuple[int, int], b
     if x.shape[1] != channels:
         x = x.mean(dim=1, keepdim=True) if channels == 1 else x[:, torch.arange(channels) % x.shape[1]]
     return [chunk.contiguous() for chunk in x.split(batch_size)]
+
+
+def load_calibration(source: str | os.PathLike | None, channels: int, resolution: tuple[int, int], batches: int = 4,
+                     batch_size: int = 32, seed: int = 0) -> tuple[list[torch.Tensor], dict]:
+    """The calibration batches of ``archspec build --int8 --calibrate SOURCE``: :func:`calibration_batches` of
+    :func:`archspec.data.load_data` (``None``: the embedded digits), loading only a stratified subset a little
+    larger than the ``batches * batch_size`` training images needed (Fashion-MNIST in full at 224 px would be
+    14 GB).  Returns ``(batches, description)``, the description JSON-ready (data set, source, seed).
+
+    Raises:
+        SpecError: at ``--calibrate``: what :func:`archspec.data.load_data` raises.
+    """
+    import math  # noqa: PLC0415
+
+    from archspec.data import load_data  # noqa: PLC0415
+
+    pool = max(2, math.ceil(batches * batch_size / 0.75))  # every source keeps >= 75% of its images for training
+    data = load_data(source, max(resolution), seed=seed, max_images=pool)
+    out = calibration_batches(data, channels, resolution, batches, batch_size, seed)
+    return out, {"data": data.name, "source": str(source or "digits"), "seed": seed}
 
 
 def save_quantized(model: QuantizedModel, directory: str | os.PathLike) -> Path:

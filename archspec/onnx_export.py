@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -29,8 +27,7 @@ import torch
 
 from archspec.errors import SpecError
 
-__all__ = ["export_onnx", "check_target", "require_onnx", "ort_session", "run_onnx", "measure_onnx", "MARKER",
-           "FLOAT32_TOLERANCE"]
+__all__ = ["export_onnx", "check_target", "require_onnx", "ort_session", "run_onnx", "MARKER", "FLOAT32_TOLERANCE"]
 
 MARKER = "archspec_export"
 FLOAT32_TOLERANCE = 1e-4  # max |logit difference| ONNX Runtime vs PyTorch in float32 (the issue's bound)
@@ -165,20 +162,3 @@ def run_onnx(session: Any, x: torch.Tensor) -> torch.Tensor:
     """Logits ``(B, classes)`` of images ``(B, C, H, W)`` through an ONNX Runtime session."""
     name = session.get_inputs()[0].name
     return torch.from_numpy(session.run(None, {name: x.detach().cpu().numpy()})[0])
-
-
-def measure_onnx(path: str | os.PathLike, shape: tuple[int, int, int], batch: int = 1, threads: int = 1,
-                 warmup: int = 5, repeats: int = 20) -> float:
-    """Median wall time in ms of one ONNX Runtime forward of ``batch`` random images of ``shape`` ``(C, H, W)``
-    with ``threads`` intra-op threads (LeViT's CPU protocol: batch 1, one thread); ``time.perf_counter``."""
-    session = ort_session(path, threads)
-    name = session.get_inputs()[0].name
-    x = torch.randn(batch, *shape).numpy()
-    for _ in range(warmup):
-        session.run(None, {name: x})
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        session.run(None, {name: x})
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3

@@ -154,6 +154,11 @@ def test_calibration_batches_from_a_dataset():
     assert [tuple(b.shape) for b in batches] == [(16, 1, 16, 12)] * 3
     again = calibration_batches(data, 1, (16, 12), batches=3, batch_size=16)
     assert all(torch.equal(a, b) for a, b in zip(batches, again))  # seeded
+    from archspec.int8 import load_calibration
+
+    batches, description = load_calibration(None, 3, (16, 12), batches=2, batch_size=8)
+    assert [tuple(b.shape) for b in batches] == [(8, 3, 16, 12)] * 2  # from a subset of 22 images, not all 1797
+    assert description == {"data": "digits", "source": "digits", "seed": 0}
 
 
 @pytest.mark.slow
