@@ -18,7 +18,7 @@ from pathlib import Path
 from archspec.errors import SpecError
 from archspec.search.config import DEFAULT_FIDELITY, FIDELITIES, ZERO_COST_RANKINGS  # torch- and Optuna-free
 
-__all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "DEFAULT_PROXY_THREADS", "usable_cores"]
+__all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "idle_cores", "usable_cores"]
 
 def usable_cores() -> int:
     """CPU cores this process may run on (``taskset`` / cgroup affinity honoured), at least 1."""
@@ -28,10 +28,18 @@ def usable_cores() -> int:
         return max(os.cpu_count() or 1, 1)
 
 
-# One proxy training at a time, on every core this process may use: on the idle 2-core machine a 60-step
-# proxy took 40 s with 2 threads against 68 s with 1 (docs/benchmarks.md, "Search").  Beside other busy
-# processes use --proxy-threads 1: OpenMP threads that share a core with another job busy-wait (18x slower).
-DEFAULT_PROXY_THREADS = usable_cores()
+def idle_cores() -> int:
+    """:func:`usable_cores` less the cores other processes keep busy (the 1-minute load average), at least 1.
+
+    The proxy's default thread count: one training at a time on every idle core.  On the idle 2-core machine a
+    60-step proxy took 40 s with 2 threads against 68 s with 1, but beside one busy process (even niced) 2
+    OpenMP threads busy-wait for the core they do not get, and the bare search trained 6 candidates instead
+    of 16 (docs/benchmarks.md, "Search")."""
+    try:
+        busy = round(os.getloadavg()[0])
+    except (AttributeError, OSError):  # pragma: no cover - no load average on this system
+        busy = 0
+    return max(usable_cores() - busy, 1)
 
 
 SEARCH_DESCRIPTION = """\
@@ -199,9 +207,9 @@ def _add_data_options(p: argparse.ArgumentParser, d) -> None:
     data.add_argument("--proxy-lr", type=_float, default=d(None), metavar="LR",
                       help="proxy training peak learning rate")
     data.add_argument("--proxy-threads", type=_positive_int("--proxy-threads"), default=d(None), metavar="N",
-                      help="torch threads of the proxy training (default: every core this process may use, "
-                           f"{DEFAULT_PROXY_THREADS} here); beside other busy processes pass 1 (on a busy 2-core "
-                           "machine 2 threads ran 18x slower than 1 from OpenMP oversubscription) and run more "
+                      help="torch threads of the proxy training (default: the cores this process may use less those "
+                           "busy by the 1-minute load average; on a busy 2-core machine 2 threads ran 18x slower "
+                           "than 1 from OpenMP oversubscription); to use more cores beside other jobs, run more "
                            "workers on one --storage")
 
 
@@ -315,7 +323,7 @@ def _protocol(args, defaults: dict | None = None):
     protocol = replace(ProxyProtocol(), **(defaults or {}))
     update = {}
     if getattr(args, "proxy_threads", None) is None and protocol.threads is None:
-        update["threads"] = DEFAULT_PROXY_THREADS
+        update["threads"] = idle_cores()
     for option, fieldname in (("proxy_steps", "steps"), ("proxy_size", "image_size"), ("proxy_batch", "batch_size"),
                               ("proxy_lr", "lr"), ("proxy_threads", "threads")):
         value = getattr(args, option, None)
