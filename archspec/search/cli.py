@@ -29,17 +29,35 @@ def usable_cores() -> int:
 
 
 def idle_cores() -> int:
-    """:func:`usable_cores` less the cores other processes keep busy (the 1-minute load average), at least 1.
+    """:func:`usable_cores` less the cores other processes keep busy, at least 1.
 
-    The proxy's default thread count: one training at a time on every idle core.  On the idle 2-core machine a
-    60-step proxy took 40 s with 2 threads against 68 s with 1, but beside one busy process (even niced) 2
-    OpenMP threads busy-wait for the core they do not get, and the bare search trained 6 candidates instead
-    of 16 (docs/benchmarks.md, "Search")."""
+    Busy cores: the 1-minute load average, unless the count of runnable processes (``/proc/loadavg``, the
+    most of 5 looks 20 ms apart, this one left out) says fewer run now -- the average lags a job that has
+    just ended by minutes.  The proxy's default thread count: one training at a time on every idle core.
+    On the idle 2-core machine a 60-step proxy took 40 s with 2 threads against 68 s with 1, but beside one
+    busy process (even niced) 2 OpenMP threads busy-wait for the core they do not get, and the bare search
+    trained 6 candidates instead of 16 (docs/benchmarks.md, "Search")."""
     try:
         busy = round(os.getloadavg()[0])
     except (AttributeError, OSError):  # pragma: no cover - no load average on this system
-        busy = 0
-    return max(usable_cores() - busy, 1)
+        return usable_cores()
+    return max(usable_cores() - min(busy, _running_others()), 1)
+
+
+def _running_others(looks: int = 5) -> int:
+    """Other processes runnable now (Linux ``/proc/loadavg``); a large number where it cannot be read."""
+    import time  # noqa: PLC0415
+
+    most = 0
+    for i in range(looks):
+        try:
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return 1 << 30
+        most = max(most, running - 1)
+        if i + 1 < looks:
+            time.sleep(0.02)
+    return most
 
 
 SEARCH_DESCRIPTION = """\
