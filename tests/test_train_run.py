@@ -263,3 +263,26 @@ def test_progress_lines_off_a_terminal(one_thread, folder, tmp_path, capsys):
 def test_ema_is_evaluated_and_saved(one_thread, folder, tmp_path):
     result = fit(TINY, folder, _config(steps=6, eval_every=6, ema_decay=0.9), out=tmp_path / "run", progress=False)
     assert result.ema_accuracy is not None and (tmp_path / "run" / "model_ema" / "model.safetensors").is_file()
+
+
+def test_a_tcnn_build_fine_tunes_from_its_weights_with_the_gating_at_lr_0_1(one_thread, folder, tmp_path):
+    """T-CNN sec. 3: fine-tuning starts from the transferred weights; the gating trains at lr 0.1, no decay."""
+    from archspec.artifact import save
+    from archspec.builddir import write_build
+    from archspec.train.run import _initial_model, _load, _param_groups
+    from tests.test_tcnn_spec import _small
+
+    model = archspec.compile(_small())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)  # weights no seed would give
+    write_build(tmp_path / "t", lambda d: save(model, d), {"test": True})
+    spec = _load(tmp_path / "t", 2)
+    start = _initial_model(tmp_path / "t", spec)
+    kept = {k: v for k, v in model.state_dict().items() if not k.startswith("head")}
+    assert all(torch.equal(start.state_dict()[k], v) for k, v in kept.items()) and start.num_classes == 2
+    groups = _param_groups(start, _config(lr=1e-3))
+    assert [g["lr"] for g in groups] == [1e-3, 1e-3, 0.1] and groups[2]["weight_decay"] == 0.0
+    assert _param_groups(archspec.compile(TINY), _config()) is None  # no T-CNN layers: timm's groups
+    result = fit(tmp_path / "t", folder, _config(steps=2, eval_every=2, batch_size=4), progress=False)
+    assert result.steps == 2
