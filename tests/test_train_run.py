@@ -286,3 +286,16 @@ def test_a_tcnn_build_fine_tunes_from_its_weights_with_the_gating_at_lr_0_1(one_
     assert _param_groups(archspec.compile(TINY), _config()) is None  # no T-CNN layers: timm's groups
     result = fit(tmp_path / "t", folder, _config(steps=2, eval_every=2, batch_size=4), progress=False)
     assert result.steps == 2
+
+
+@pytest.mark.slow
+def test_archspec_train_trains_a_shipped_spec_on_an_image_folder(folder, tmp_path, capsys):
+    """levit_128s at its own 224 px from 16 px PNGs (timm's transforms resize), 2 steps, a loadable model."""
+    out = tmp_path / "levit"
+    args = ["train", "levit_128s", "--data", str(folder), "--steps", "2", "--batch-size", "4", "--workers", "0",
+            "--threads", "1", "--out", str(out), "--json"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 2 and summary["images_per_second"] > 0
+    model = archspec.load(out / "model")
+    assert model.spec.name == "levit_128s" and model.num_classes == 2
