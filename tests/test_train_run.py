@@ -299,3 +299,17 @@ def test_archspec_train_trains_a_shipped_spec_on_an_image_folder(folder, tmp_pat
     assert summary["steps"] == 2 and summary["images_per_second"] > 0
     model = archspec.load(out / "model")
     assert model.spec.name == "levit_128s" and model.num_classes == 2
+
+
+def test_steps_keep_the_recipes_warm_up_share():
+    from archspec.train.cli import config_from_args
+
+    parser = __import__("argparse").ArgumentParser()
+    sub = parser.add_subparsers()
+    from archspec.train.cli import add_train_parser
+
+    add_train_parser(sub)
+    short = config_from_args(parser.parse_args(["train", "x", "--steps", "200"]))
+    deit = config_from_args(parser.parse_args(["train", "x", "--steps", "600", "--recipe", "deit"]))
+    assert (short.steps, short.warmup_steps, short.epochs) == (200, 20, None)  # 1 of 10 epochs
+    assert (deit.steps, deit.warmup_steps) == (600, 10)  # 5 of 300 epochs

@@ -104,9 +104,11 @@ def config_from_args(args: argparse.Namespace):
 
     overrides = {name: getattr(args, name) for name in _OVERRIDES}
     config = recipe(args.recipe, args.batch_size, **overrides)
-    if args.steps is not None:
+    if args.steps is not None:  # the recipe's warm-up share of the run (short: 1 of 10 epochs; deit: 5 of 300)
+        share = (config.warmup_epochs / config.epochs if config.epochs and config.warmup_epochs is not None
+                 else config.warmup_steps / config.steps)
         config = replace(config, steps=args.steps, epochs=None, warmup_epochs=None,
-                         warmup_steps=min(config.warmup_steps, args.steps - 1),
+                         warmup_steps=min(round(share * args.steps), args.steps - 1),
                          eval_every=args.eval_every or min(config.eval_every, args.steps))
     elif args.eval_every is not None:
         config = replace(config, eval_every=args.eval_every)
