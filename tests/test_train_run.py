@@ -23,16 +23,10 @@ from archspec.cli import main
 from archspec.errors import SpecError
 from archspec.train import TrainConfig, Trainer, fit, recipe
 from archspec.train.batches import EpochSampler
+from tests.test_train import TINY as TINY_10
 
-TINY = """\
-name: tiny_train
-input: {resolution: 16}
-stem: {kind: patch, patch_size: 4}
-tokens: {cls_token: none, pos_embed: learned}
-stages:
-  - {depth: 1, dim: 16, heads: 2, mlp_ratio: 2}
-head: {pool: mean, num_classes: 2}
-"""
+# the one-block ViT of tests/test_train.py, for a 2-class data set
+TINY = TINY_10.replace("name: t\n", "name: tiny_train\n").replace("num_classes: 10", "num_classes: 2")
 
 
 def _image_folder(root: Path, per_class: int = 24, size: int = 16) -> Path:
