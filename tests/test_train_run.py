@@ -307,3 +307,17 @@ def test_steps_keep_the_recipes_warm_up_share():
     deit = config_from_args(parser.parse_args(["train", "x", "--steps", "600", "--recipe", "deit"]))
     assert (short.steps, short.warmup_steps, short.epochs) == (200, 20, None)  # 1 of 10 epochs
     assert (deit.steps, deit.warmup_steps) == (600, 10)  # 5 of 300 epochs
+
+
+def test_clip_grad_bounds_the_update(one_thread):
+    """timm dispatch_clip_grad: with plain SGD (lr 1, no momentum) the first update is the clipped gradient."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    config = _config(optimizer="sgd", lr=1.0, weight_decay=0.0, warmup_steps=0, clip_grad=0.01, steps=2)
+    trainer = Trainer(model, config, torch.device("cpu"))
+    for group in trainer.optimizer.param_groups:
+        group["momentum"], group["nesterov"] = 0.0, False
+    trainer.step(torch.randn(16, 8) * 100, torch.randint(0, 3, (16,)), 1)
+    change = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+    assert 0.0099 < change.norm().item() <= 0.0100001
