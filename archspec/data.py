@@ -254,11 +254,17 @@ def _stage_idx_files(source: Path, raw: Path) -> None:
         (raw / name).write_bytes(data)
 
 
-def _fashion_mnist(source: Path, image_size: int, seed: int, max_images: int | None) -> Dataset:
-    """Fashion-MNIST (70,000 28x28 grey images, 10 classes) through torchvision's ``FashionMNIST``.
+def fashion_mnist_arrays(source: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Fashion-MNIST's published split as ``(x_train (60000, 28, 28) uint8, y_train int64, x_test, y_test)``,
+    read by torchvision's ``FashionMNIST``.
 
     The IDX files (plain or ``.gz``) are staged into a temporary ``FashionMNIST/raw`` folder that
-    torchvision reads with ``download=False``; the folder is removed afterwards."""
+    torchvision reads with ``download=False``; the folder is removed afterwards.
+
+    Raises:
+        SpecError: at ``--data``: missing, oversized or malformed IDX files, image and label files of
+            different lengths.
+    """
     import tempfile  # noqa: PLC0415
 
     from torchvision.datasets import FashionMNIST  # noqa: PLC0415
@@ -273,10 +279,17 @@ def _fashion_mnist(source: Path, image_size: int, seed: int, max_images: int | N
             why = str(exc) or "a header is not in the IDX format (magic number or dimensions)"
             raise _fail(f"cannot read the IDX files: {why}", "expected the four Fashion-MNIST IDX files",
                         source) from None
-    x_train, x_val = (d.data.numpy()[:, None] for d in (train, val))  # (N, 1, 28, 28) uint8
+    x_train, x_val = (d.data.numpy() for d in (train, val))  # (N, 28, 28) uint8
     y_train, y_val = (d.targets.numpy().astype(np.int64) for d in (train, val))
     if len(y_train) != len(x_train) or len(y_val) != len(x_val) or not len(y_val):
         raise _fail("the IDX image and label files disagree in length", None, source)
+    return x_train, y_train, x_val, y_val
+
+
+def _fashion_mnist(source: Path, image_size: int, seed: int, max_images: int | None) -> Dataset:
+    """Fashion-MNIST (70,000 28x28 grey images, 10 classes) in memory (:func:`fashion_mnist_arrays`)."""
+    x_train, y_train, x_val, y_val = fashion_mnist_arrays(source)
+    x_train, x_val = x_train[:, None], x_val[:, None]  # (N, 1, 28, 28)
     x_train, y_train, x_val, y_val = _subsample(x_train, y_train, x_val, y_val, seed, max_images)
     to_t = lambda a: torch.from_numpy(a.astype(np.float32) / 255.0)  # noqa: E731
     return _finish("fashion-mnist", to_t(x_train), y_train, to_t(x_val), y_val, 10, image_size)

@@ -240,3 +240,18 @@ def test_masks_bad_input(mait_file, tmp_path, capsys):
     assert main(["search", "masks", str(mait_file), "--window", "4x4", "--out", str(tmp_path / "x")]) == 2
     assert main(["search", "masks", str(mait_file), "--als-low", "0.9", "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x" / "best.yaml").exists()
+
+
+def test_proxy_threads_default_to_the_idle_cores(monkeypatch):
+    """Busy cores: the load average, unless fewer processes run now (the average lags a job that ended)."""
+    from archspec.search import cli as search_cli
+
+    monkeypatch.setattr(search_cli, "usable_cores", lambda: 4)
+    monkeypatch.setattr(search_cli.os, "getloadavg", lambda: (2.2, 0.0, 0.0))
+    monkeypatch.setattr(search_cli, "_running_others", lambda: 3)
+    assert search_cli.idle_cores() == 2  # two cores busy for a minute, still running
+    monkeypatch.setattr(search_cli, "_running_others", lambda: 0)
+    assert search_cli.idle_cores() == 4  # the job that loaded them has ended
+    monkeypatch.setattr(search_cli.os, "getloadavg", lambda: (9.0, 0.0, 0.0))
+    monkeypatch.setattr(search_cli, "_running_others", lambda: 9)
+    assert search_cli.idle_cores() == 1  # never fewer than one

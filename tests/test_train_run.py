@@ -23,16 +23,10 @@ from archspec.cli import main
 from archspec.errors import SpecError
 from archspec.train import TrainConfig, Trainer, fit, recipe
 from archspec.train.batches import EpochSampler
+from tests.test_train import TINY as TINY_10
 
-TINY = """\
-name: tiny_train
-input: {resolution: 16}
-stem: {kind: patch, patch_size: 4}
-tokens: {cls_token: none, pos_embed: learned}
-stages:
-  - {depth: 1, dim: 16, heads: 2, mlp_ratio: 2}
-head: {pool: mean, num_classes: 2}
-"""
+# the one-block ViT of tests/test_train.py, for a 2-class data set
+TINY = TINY_10.replace("name: t\n", "name: tiny_train\n").replace("num_classes: 10", "num_classes: 2")
 
 
 def _image_folder(root: Path, per_class: int = 24, size: int = 16) -> Path:
@@ -263,3 +257,67 @@ def test_progress_lines_off_a_terminal(one_thread, folder, tmp_path, capsys):
 def test_ema_is_evaluated_and_saved(one_thread, folder, tmp_path):
     result = fit(TINY, folder, _config(steps=6, eval_every=6, ema_decay=0.9), out=tmp_path / "run", progress=False)
     assert result.ema_accuracy is not None and (tmp_path / "run" / "model_ema" / "model.safetensors").is_file()
+
+
+def test_a_tcnn_build_fine_tunes_from_its_weights_with_the_gating_at_lr_0_1(one_thread, folder, tmp_path):
+    """T-CNN sec. 3: fine-tuning starts from the transferred weights; the gating trains at lr 0.1, no decay."""
+    from archspec.artifact import save
+    from archspec.builddir import write_build
+    from archspec.train.run import _initial_model, _load, _param_groups
+    from tests.test_tcnn_spec import _small
+
+    model = archspec.compile(_small())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)  # weights no seed would give
+    write_build(tmp_path / "t", lambda d: save(model, d), {"test": True})
+    spec = _load(tmp_path / "t", 2)
+    start = _initial_model(tmp_path / "t", spec)
+    kept = {k: v for k, v in model.state_dict().items() if not k.startswith("head")}
+    assert all(torch.equal(start.state_dict()[k], v) for k, v in kept.items()) and start.num_classes == 2
+    groups = _param_groups(start, _config(lr=1e-3))
+    assert [g["lr"] for g in groups] == [1e-3, 1e-3, 0.1] and groups[2]["weight_decay"] == 0.0
+    assert _param_groups(archspec.compile(TINY), _config()) is None  # no T-CNN layers: timm's groups
+    result = fit(tmp_path / "t", folder, _config(steps=2, eval_every=2, batch_size=4), progress=False)
+    assert result.steps == 2
+
+
+@pytest.mark.slow
+def test_archspec_train_trains_a_shipped_spec_on_an_image_folder(folder, tmp_path, capsys):
+    """levit_128s at its own 224 px from 16 px PNGs (timm's transforms resize), 2 steps, a loadable model."""
+    out = tmp_path / "levit"
+    args = ["train", "levit_128s", "--data", str(folder), "--steps", "2", "--batch-size", "4", "--workers", "0",
+            "--threads", "1", "--out", str(out), "--json"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 2 and summary["images_per_second"] > 0
+    model = archspec.load(out / "model")
+    assert model.spec.name == "levit_128s" and model.num_classes == 2
+
+
+def test_steps_keep_the_recipes_warm_up_share():
+    from archspec.train.cli import config_from_args
+
+    parser = __import__("argparse").ArgumentParser()
+    sub = parser.add_subparsers()
+    from archspec.train.cli import add_train_parser
+
+    add_train_parser(sub)
+    short = config_from_args(parser.parse_args(["train", "x", "--steps", "200"]))
+    deit = config_from_args(parser.parse_args(["train", "x", "--steps", "600", "--recipe", "deit"]))
+    assert (short.steps, short.warmup_steps, short.epochs) == (200, 20, None)  # 1 of 10 epochs
+    assert (deit.steps, deit.warmup_steps) == (600, 10)  # 5 of 300 epochs
+
+
+def test_clip_grad_bounds_the_update(one_thread):
+    """timm dispatch_clip_grad: with plain SGD (lr 1, no momentum) the first update is the clipped gradient."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    config = _config(optimizer="sgd", lr=1.0, weight_decay=0.0, warmup_steps=0, clip_grad=0.01, steps=2)
+    trainer = Trainer(model, config, torch.device("cpu"))
+    for group in trainer.optimizer.param_groups:
+        group["momentum"], group["nesterov"] = 0.0, False
+    trainer.step(torch.randn(16, 8) * 100, torch.randint(0, 3, (16,)), 1)
+    change = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+    assert 0.0099 < change.norm().item() <= 0.0100001

@@ -37,8 +37,11 @@ def test_two_phase_cli_writes_both_builds_and_step0_equals_phase1(one_thread, tm
     assert phase2(torch.randn(1, 3, 16, 16)).shape == (1, 10)
     saved = json.loads((out / "phase2" / "report.json").read_text())
     assert saved["phase2"]["accuracy"] == report["phase2"]["accuracy"]
-    # a second run replaces the builds archspec wrote
+    # a second run replaces the builds archspec wrote, and shows each phase's progress (the one loop's lines)
+    capsys.readouterr()
     assert main(["two-phase", str(_spec_file(tmp_path)), "--out", str(out), "--no-baseline", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "phase 1: step 6/6" in err and "phase 2: step 4/4" in err and "phase 2: eval" in err
 
 
 def test_two_phase_refuses_user_files_and_specs_without_conv(tmp_path, capsys):

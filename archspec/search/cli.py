@@ -18,7 +18,7 @@ from pathlib import Path
 from archspec.errors import SpecError
 from archspec.search.config import DEFAULT_FIDELITY, FIDELITIES, ZERO_COST_RANKINGS  # torch- and Optuna-free
 
-__all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "DEFAULT_PROXY_THREADS", "usable_cores"]
+__all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "idle_cores", "usable_cores"]
 
 def usable_cores() -> int:
     """CPU cores this process may run on (``taskset`` / cgroup affinity honoured), at least 1."""
@@ -28,10 +28,36 @@ def usable_cores() -> int:
         return max(os.cpu_count() or 1, 1)
 
 
-# One proxy training at a time, on every core this process may use: on the idle 2-core machine a 60-step
-# proxy took 40 s with 2 threads against 68 s with 1 (docs/benchmarks.md, "Search").  Beside other busy
-# processes use --proxy-threads 1: OpenMP threads that share a core with another job busy-wait (18x slower).
-DEFAULT_PROXY_THREADS = usable_cores()
+def idle_cores() -> int:
+    """:func:`usable_cores` less the cores other processes keep busy, at least 1.
+
+    Busy cores: the 1-minute load average, unless the count of runnable processes (``/proc/loadavg``, the
+    most of 5 looks 20 ms apart, this one left out) says fewer run now -- the average lags a job that has
+    just ended by minutes.  The proxy's default thread count: one training at a time on every idle core.
+    On the idle 2-core machine a 60-step proxy took 40 s with 2 threads against 68 s with 1, but beside one
+    busy process (even niced) 2 OpenMP threads busy-wait for the core they do not get, and the bare search
+    trained 6 candidates instead of 16 (docs/benchmarks.md, "Search")."""
+    try:
+        busy = round(os.getloadavg()[0])
+    except (AttributeError, OSError):  # pragma: no cover - no load average on this system
+        return usable_cores()
+    return max(usable_cores() - min(busy, _running_others()), 1)
+
+
+def _running_others(looks: int = 5) -> int:
+    """Other processes runnable now (Linux ``/proc/loadavg``); a large number where it cannot be read."""
+    import time  # noqa: PLC0415
+
+    most = 0
+    for i in range(looks):
+        try:
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return 1 << 30
+        most = max(most, running - 1)
+        if i + 1 < looks:
+            time.sleep(0.02)
+    return most
 
 
 SEARCH_DESCRIPTION = """\
@@ -199,9 +225,9 @@ def _add_data_options(p: argparse.ArgumentParser, d) -> None:
     data.add_argument("--proxy-lr", type=_float, default=d(None), metavar="LR",
                       help="proxy training peak learning rate")
     data.add_argument("--proxy-threads", type=_positive_int("--proxy-threads"), default=d(None), metavar="N",
-                      help="torch threads of the proxy training (default: every core this process may use, "
-                           f"{DEFAULT_PROXY_THREADS} here); beside other busy processes pass 1 (on a busy 2-core "
-                           "machine 2 threads ran 18x slower than 1 from OpenMP oversubscription) and run more "
+                      help="torch threads of the proxy training (default: the cores this process may use less those "
+                           "busy by the 1-minute load average; on a busy 2-core machine 2 threads ran 18x slower "
+                           "than 1 from OpenMP oversubscription); to use more cores beside other jobs, run more "
                            "workers on one --storage")
 
 
@@ -318,7 +344,7 @@ def _protocol(args, defaults: dict | None = None):
     protocol = replace(ProxyProtocol(), **(defaults or {}))
     update = {}
     if getattr(args, "proxy_threads", None) is None and protocol.threads is None:
-        update["threads"] = DEFAULT_PROXY_THREADS
+        update["threads"] = idle_cores()
     for option, fieldname in (("proxy_steps", "steps"), ("proxy_size", "image_size"), ("proxy_batch", "batch_size"),
                               ("proxy_lr", "lr"), ("proxy_threads", "threads")):
         value = getattr(args, option, None)

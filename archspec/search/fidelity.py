@@ -22,8 +22,8 @@ stops there (an Optuna PRUNED trial with ``status = stopped`` and its rung accur
   latency/accuracy front, a candidate that is not dominated in (rung accuracy, latency) by any other
   trial at the rung also goes on.
 
-Schedule for the default 60-step proxy with ``eta = 3``: rungs at 7, 21 and 60 steps
-(``min_steps = round(60 / 9)``); for 150 steps, 17, 51 and 150.  :func:`rung_correlations` reports, per
+Schedule for the default 120-step proxy with ``eta = 3``: rungs at 13, 39 and 120 steps
+(``min_steps = round(120 / 9)``); for 60 steps, 7, 21 and 60.  :func:`rung_correlations` reports, per
 rung, Kendall's tau between the rung accuracy and the last rung's over the candidates that reached the last
 rung.
 """

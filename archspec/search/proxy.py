@@ -34,13 +34,15 @@ class ProxyProtocol(TrainConfig):
 
     Defaults: every stage at the candidate's own token grid (:func:`proxy_spec`; a 224 px LeViT's 14x14 ->
     7x7 -> 4x4, from 56 px through the last two of its four stride-2 stem convs), the images resized to
-    that size (the built-in 8x8 digits upsampled); 60 AdamW steps of batch 16, lr 2e-3 with 6 linear
+    that size (the built-in 8x8 digits upsampled); 120 AdamW steps of batch 16, lr 2e-3 with 12 linear
     warm-up steps then cosine to 0, weight decay 0.05 (timm ``create_optimizer_v2``: not on 1-d parameters
     nor ``model.no_weight_decay`` -- attention bias tables, gating), random crop (pad 8) + horizontal flip,
-    val top-1 every 20 steps (3 report points for pruning).
+    val top-1 every 20 steps (3 report points for pruning; the search evaluates only the last step when no
+    rung or pruner reads the others).
 
     With other processes on the same cores use ``threads=1``: two processes with 2 OpenMP threads each
-    on 2 cores ran 5-10x slower here (busy-waiting).  Measured costs: ``docs/benchmarks.md`` ("Search").
+    on 2 cores ran 5-10x slower here (busy-waiting); ``archspec search`` defaults to the idle cores
+    (:func:`archspec.search.cli.idle_cores`).  Measured costs: ``docs/benchmarks.md`` ("Search").
 
     Attributes (besides :class:`archspec.train.TrainConfig`'s optimisation settings -- steps, batch_size,
     lr, weight_decay, optimizer, warmup_steps, augmentation, eval_every, device -- with the same defaults;
@@ -53,12 +55,13 @@ class ProxyProtocol(TrainConfig):
             ``m``: the first stage's grid is at least ``m`` (and every stage's at least its largest mask window).
     """
 
-    # Shorter and smaller than archspec.train's defaults: at the candidates' real token grids (14x14 for a
-    # 224 px LeViT) a step costs ~4x one on the old 4x4 proxy grid, and the bare search must train several
-    # candidates in its 540 s on 2 cores (measured: docs/benchmarks.md, "Search").
-    steps: int = 60
+    # Batch 16: at the candidates' real token grids (14x14 for a 224 px LeViT) a step costs ~4x one on the old
+    # 4x4 proxy grid, and the bare search must train several candidates in its 540 s on 2 cores.  120 steps, not
+    # 60: at 60 the 16 candidates of a bare search reached 0.27-0.43 and one design dominated the rest (a 1-point
+    # front); at 120, 11 candidates, 0.45-0.56, a 3-point front (docs/benchmarks.md, "Search").
+    steps: int = 120
     batch_size: int = 16
-    warmup_steps: int = 6
+    warmup_steps: int = 12
     eval_every: int = 20
     image_size: int = 64
     threads: int | None = None

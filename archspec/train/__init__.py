@@ -5,7 +5,8 @@ free of torch)::
 
     from archspec.train import fit, recipe
 
-    result = fit("levit_128s", data="path/to/imagefolder", config=recipe("deit", batch_size=256), out="runs/levit")
+    result = fit("levit_128s", data="path/to/imagefolder", config=recipe("deit", batch_size=256),
+                 out="runs/levit")
     result.accuracy, result.run_dir                    # val top-1 (0..1), the run directory
 
 Modules:

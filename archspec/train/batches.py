@@ -156,7 +156,8 @@ class StreamBatches:
         dataset: e.g. torchvision ``ImageFolder``.
         global_batch: images per optimizer step over all ranks (divisible by ``world``).
         seed: seeds the epoch orders and each sample's augmentation.
-        rank, world: this process and the number of processes.
+        rank: this process's rank.
+        world: the number of processes.
 
     Raises:
         ValueError: ``global_batch`` not divisible by ``world`` or larger than the dataset.

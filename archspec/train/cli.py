@@ -42,7 +42,8 @@ def add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a spec with the seed papers' recipes (one CPU, GPUs, torchrun)",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(handler=cmd_train)
-    p.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name (see `archspec list`)")
+    p.add_argument("spec", metavar="SPEC", help="YAML file, shipped spec name (see `archspec list`), or a build "
+                   "directory to fine-tune (e.g. a T-CNN from `archspec tcnn`)")
     p.add_argument("--data", metavar="DATA", help="digits (default), fashion-mnist, a CIFAR or Fashion-MNIST "
                    "directory, or an ImageFolder (with train/ and val/, or split 80/20)")
     p.add_argument("--recipe", choices=sorted(RECIPES), default="short", help="training recipe (default: short)")
@@ -103,9 +104,11 @@ def config_from_args(args: argparse.Namespace):
 
     overrides = {name: getattr(args, name) for name in _OVERRIDES}
     config = recipe(args.recipe, args.batch_size, **overrides)
-    if args.steps is not None:
+    if args.steps is not None:  # the recipe's warm-up share of the run (short: 1 of 10 epochs; deit: 5 of 300)
+        share = (config.warmup_epochs / config.epochs if config.epochs and config.warmup_epochs is not None
+                 else config.warmup_steps / config.steps)
         config = replace(config, steps=args.steps, epochs=None, warmup_epochs=None,
-                         warmup_steps=min(config.warmup_steps, args.steps - 1),
+                         warmup_steps=min(round(share * args.steps), args.steps - 1),
                          eval_every=args.eval_every or min(config.eval_every, args.steps))
     elif args.eval_every is not None:
         config = replace(config, eval_every=args.eval_every)
@@ -115,9 +118,10 @@ def config_from_args(args: argparse.Namespace):
 def cmd_train(args: argparse.Namespace) -> int:
     """Run :func:`~archspec.train.run.fit` from the command line; returns the exit status (1: training failed)."""
     from archspec.loader import load_spec  # noqa: PLC0415
+    from archspec.train.run import is_build_dir  # noqa: PLC0415
 
     config = config_from_args(args)
-    spec = load_spec(args.spec)
+    spec = load_spec(Path(args.spec) / "spec.yaml" if is_build_dir(args.spec) else args.spec)
     out = Path(args.out) if args.out else Path("runs") / "train" / spec.name
     if args.threads is not None:
         import torch  # noqa: PLC0415

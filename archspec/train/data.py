@@ -19,7 +19,6 @@ they are (mean/std 0.5).
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,21 +150,11 @@ def _digits(seed: int, max_images: int | None) -> StreamData:
 
 
 def _fashion_mnist(source: Path, seed: int, max_images: int | None) -> StreamData:
-    """Fashion-MNIST through torchvision's ``FashionMNIST`` (the IDX files staged as :mod:`archspec.data` does)."""
-    from torchvision.datasets import FashionMNIST  # noqa: PLC0415
+    """Fashion-MNIST's published split (:func:`archspec.data.fashion_mnist_arrays`), images kept as uint8."""
+    from archspec.data import fashion_mnist_arrays  # noqa: PLC0415
 
-    from archspec.data import _fail, _stage_idx_files  # noqa: PLC0415
-
-    with tempfile.TemporaryDirectory(prefix="archspec-fmnist-") as tmp:
-        raw = Path(tmp) / "FashionMNIST" / "raw"
-        raw.mkdir(parents=True)
-        _stage_idx_files(source, raw)
-        try:
-            train, val = (FashionMNIST(tmp, train=split, download=False) for split in (True, False))
-        except (RuntimeError, ValueError, AssertionError) as exc:
-            raise _fail(f"cannot read the IDX files: {exc}", "expected the four Fashion-MNIST IDX files",
-                        source) from None
-    splits = [ArrayImages(d.data.numpy(), d.targets.numpy().astype(np.int64)) for d in (train, val)]
+    x_train, y_train, x_val, y_val = fashion_mnist_arrays(source)
+    splits = [ArrayImages(x_train, y_train), ArrayImages(x_val, y_val)]
     keep_train, keep_val = _split_sizes(len(splits[0]), len(splits[1]), max_images)
     return StreamData("fashion-mnist", _subset(splits[0], splits[0].labels, keep_train, seed),
                       _subset(splits[1], splits[1].labels, keep_val, seed), 10)

@@ -330,7 +330,7 @@ def run_steps(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tens
 
 def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int = 0,
           report: Callable[[int, float], None] | None = None,
-          param_groups: list[dict] | None = None) -> TrainResult:
+          param_groups: list[dict] | None = None, progress: str | None = None) -> TrainResult:
     """The in-memory fast path: train ``model`` in place on ``data.train`` for ``config.steps`` steps; ``model``
     ends in eval mode on ``config.device``.  Batches: ``(B, C, H, W)`` images, integer labels, cross-entropy
     on ``(B, classes)``.
@@ -344,6 +344,8 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
             ``optuna.TrialPruned``), which propagates.
         param_groups: optimizer parameter groups (each may carry its own ``lr``, e.g. T-CNN's gating); the
             schedule scales every group's lr by the same factor.  Default: timm's weight-decay groups.
+        progress: a label to print progress lines under (every ``config.log_every`` steps and each
+            evaluation, on stderr: :class:`archspec.train.progress.Progress`); ``None``: silent.
 
     Raises:
         TrialFailure: empty training set, NaN/inf loss, an exception inside the model, out of memory.
@@ -361,4 +363,14 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
         accuracy, val_loss = evaluate(model, data, device=device, amp=config.amp)
         return {"accuracy": accuracy, "val_loss": val_loss}
 
-    return run_steps(trainer, iter(batches), evaluate_fn, hooks=Hooks(report=report))
+    hooks = Hooks(report=report)
+    if progress is not None:
+        import sys  # noqa: PLC0415
+
+        from archspec.train.progress import Progress  # noqa: PLC0415
+
+        shown = Progress(config.steps, 0, batches.batch, log_every=config.log_every, bar=False, stream=sys.stderr,
+                         label=progress)
+        hooks.on_step = lambda step, loss: shown.on_step(step, loss, trainer.lr())
+        hooks.on_eval = lambda step, record: shown.on_eval(record)
+    return run_steps(trainer, iter(batches), evaluate_fn, hooks=hooks)

@@ -35,17 +35,21 @@ class Progress:
         run_dir: where ``metrics.csv`` / ``metrics.jsonl`` go (``None``: nowhere).
         enabled: show progress (rank 0, not ``--quiet``); the metrics files are written whenever ``run_dir`` is set.
         bar: a rich progress bar (default: when stdout is a terminal) instead of log lines.
+        tensorboard: also write TensorBoard scalars into ``run_dir/tensorboard`` (needs ``tensorboard``).
+        stream: where lines go (default stdout).
+        label: a prefix of every line (``phase 1: step 50/200 ...``).
     """
 
     def __init__(self, total: int, start: int, images_per_step: int, *, steps_per_epoch: int | None = None,
                  log_every: int = 50, run_dir: Path | None = None, enabled: bool = True, bar: bool | None = None,
-                 tensorboard: bool = False, stream: Any = None):
+                 tensorboard: bool = False, stream: Any = None, label: str = ""):
         self.total, self.start, self.images_per_step = total, start, images_per_step
         self.steps_per_epoch, self.log_every, self.run_dir, self.enabled = steps_per_epoch, log_every, run_dir, enabled
         self.stream = stream or sys.stdout
         self.bar = self.stream.isatty() if bar is None else bar
         self.t0 = self.t_last = time.perf_counter()
         self.step_last = start
+        self.prefix = f"{label}: " if label else ""
         self._rich = self._task = self._tb = None
         if enabled and self.bar:
             self._start_bar()
@@ -69,7 +73,7 @@ class Progress:
         eta = (self.total - step) * (now - self.t0) / max(step - self.start, 1)
         self.t_last, self.step_last = now, step
         epoch = f"  epoch {step / self.steps_per_epoch:.1f}" if self.steps_per_epoch else ""
-        return (f"step {step}/{self.total}{epoch}  loss {loss:.4f}  lr {lr:.2e}  {rate:.1f} img/s  "
+        return (f"{self.prefix}step {step}/{self.total}{epoch}  loss {loss:.4f}  lr {lr:.2e}  {rate:.1f} img/s  "
                 f"ETA {format_seconds(eta)}")
 
     def on_step(self, step: int, loss: Any, lr: float) -> None:
@@ -93,7 +97,7 @@ class Progress:
             if self._rich is not None:
                 self._rich.console.print(f"eval  {shown}")
             else:
-                print(f"eval  {shown}", file=self.stream, flush=True)
+                print(f"{self.prefix}eval  {shown}", file=self.stream, flush=True)
         if self.run_dir is not None:
             _append(self.run_dir, record)
         if self._tb is not None:

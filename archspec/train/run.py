@@ -106,17 +106,48 @@ def _check(config: TrainConfig) -> None:
         raise SpecError.single((f"--{name.replace('_', '-')}",), message)
 
 
+def is_build_dir(source: Any) -> bool:
+    """Whether ``source`` names an archspec build directory (its weights are the starting point)."""
+    from archspec.builddir import is_build  # noqa: PLC0415
+
+    return isinstance(source, (str, os.PathLike)) and Path(source).is_dir() and is_build(source)
+
+
 def _load(spec: Any, num_classes: int):
-    """The spec with its classifier sized to the data's classes."""
+    """The spec with its classifier sized to the data's classes (a build directory's spec for a build)."""
     from archspec.loader import load_spec  # noqa: PLC0415
     from archspec.spec import ArchSpec  # noqa: PLC0415
 
-    spec = load_spec(spec)
+    spec = load_spec(Path(spec) / "spec.yaml") if is_build_dir(spec) else load_spec(spec)
     if spec.head.num_classes == num_classes:
         return spec
     doc = spec.model_dump(mode="json")
     doc["head"]["num_classes"] = num_classes
     return ArchSpec.model_validate(doc)
+
+
+def _initial_model(source: Any, spec):
+    """A fresh model of ``spec`` (its seed's initialisation), or a build directory's weights with the classifier
+    reset when the data has other classes (fine-tuning; T-CNN after ``archspec tcnn``)."""
+    from archspec.compiler import compile as compile_spec  # noqa: PLC0415
+
+    if not is_build_dir(source):
+        return compile_spec(spec)
+    from archspec.artifact import load  # noqa: PLC0415
+
+    model = load(source)
+    if model.spec.head.num_classes != spec.head.num_classes:
+        model.reset_classifier(spec.head.num_classes)
+    return model
+
+
+def _param_groups(model, config: TrainConfig) -> list[dict] | None:
+    """T-CNN's groups (sec. 3: gating at lr 0.1, no weight decay) when the model has transformed layers."""
+    from archspec.transfer.tcnn import gating_param_groups, transformed_layers  # noqa: PLC0415
+
+    if not transformed_layers(model):
+        return None
+    return gating_param_groups(model, config.lr, weight_decay=config.weight_decay)
 
 
 def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | None = None, *,
@@ -126,13 +157,19 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
     """Train ``spec`` on ``data`` with ``config`` (default: the ``short`` recipe) into the run directory ``out``.
 
     Args:
-        spec: a spec file, shipped name, dict or ``ArchSpec``; its classifier is sized to the data's classes.
+        spec: a spec file, shipped name, dict or ``ArchSpec`` (fresh weights from its seed), or an archspec
+            build directory (its weights: fine-tuning, e.g. a T-CNN from ``archspec tcnn``, whose gating then
+            trains at lr 0.1 without weight decay as T-CNN sec. 3); the classifier is sized to the data.
         data: what ``--data`` takes (:func:`archspec.train.data.open_stream_data`); ``None``: digits.
         out: the run directory (``None``: nothing written, no checkpoints).
         resume: continue the run in ``out`` from its checkpoint.
         seed: data order, augmentation and every random draw of training (the weights come from the spec's seed).
-        teacher, teacher_checkpoint: DeiT hard distillation (:func:`archspec.train.teacher.load_teacher`).
-        progress, bar, tensorboard: what is shown and logged (:class:`archspec.train.progress.Progress`).
+        teacher: DeiT hard distillation's teacher (:func:`archspec.train.teacher.load_teacher`): a timm model
+            name or an archspec build directory.
+        teacher_checkpoint: the timm teacher's weights file (nothing is downloaded).
+        progress: show progress (:class:`archspec.train.progress.Progress`; metrics files are always written).
+        bar: a progress bar instead of log lines (default: when stdout is a terminal).
+        tensorboard: also write TensorBoard scalars (needs ``tensorboard``).
         sync_bn: ``torch.nn.SyncBatchNorm`` across processes (CUDA only).
 
     Run under ``torchrun --nproc_per_node N`` it trains data-parallel (:mod:`archspec.train.distributed`).
@@ -155,20 +192,19 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
     from archspec.train.data import open_stream_data  # noqa: PLC0415
 
     stream = open_stream_data(data, seed=seed, max_images=max_images)
-    spec = _load(spec, stream.num_classes)
+    source, spec = spec, _load(spec, stream.num_classes)
     from archspec.train.distributed import init_processes, shutdown  # noqa: PLC0415
 
     processes = init_processes(device)
     try:
-        return _fit(spec, stream, config, processes, out, resume, seed, teacher, teacher_checkpoint,
+        return _fit(source, spec, stream, config, processes, out, resume, seed, teacher, teacher_checkpoint,
                     progress, bar, tensorboard, sync_bn)
     finally:
         shutdown(processes)
 
 
-def _fit(spec, stream, config, processes, out, resume, seed, teacher, teacher_checkpoint, progress, bar,
+def _fit(source, spec, stream, config, processes, out, resume, seed, teacher, teacher_checkpoint, progress, bar,
          tensorboard, sync_bn) -> FitResult:
-    from archspec.compiler import compile as compile_spec  # noqa: PLC0415
     from archspec.train.batches import StreamBatches  # noqa: PLC0415
     from archspec.train.checkpoint import CHECKPOINT, load_checkpoint  # noqa: PLC0415
     from archspec.train.data import make_transforms  # noqa: PLC0415
@@ -184,12 +220,12 @@ def _fit(spec, stream, config, processes, out, resume, seed, teacher, teacher_ch
     per_epoch = batches.batches_per_epoch()
     if config.epochs is not None:
         config = replace(config.resolved(per_epoch), eval_every=per_epoch)
-    model = compile_spec(spec)
+    model = _initial_model(source, spec)
     teacher_model = _teacher(model, teacher, teacher_checkpoint, stream.num_classes)
     if sync_bn:
         model = _sync_bn(model, device)
-    trainer = Trainer(model, config, device, num_classes=stream.num_classes, teacher=teacher_model,
-                      wrap=processes.wrap)
+    trainer = Trainer(model, config, device, param_groups=_param_groups(model, config),
+                      num_classes=stream.num_classes, teacher=teacher_model, wrap=processes.wrap)
     start = 0
     if resume:
         start = load_checkpoint(out / CHECKPOINT, trainer, batches)["step"]

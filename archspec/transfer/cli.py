@@ -141,7 +141,7 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         result = two_phase(spec, data, phase1, phase2, peak=DEFAULT_PEAK if args.peak is None else args.peak,
-                           seed=args.seed, baseline=not args.no_baseline)
+                           seed=args.seed, baseline=not args.no_baseline, progress=not args.json)
     except (TransferError, TrialFailure) as exc:
         raise SpecError.single((), str(exc), None, args.spec) from None
     _write(out, result, names)

@@ -69,7 +69,7 @@ def _compile_seeded(spec: ArchSpec, seed: int) -> torch.nn.Module:
 
 
 def two_phase(conv_spec: ArchSpec, data: Any, phase1: TrainConfig, phase2: TrainConfig, peak: float = DEFAULT_PEAK,
-              seed: int = 0, baseline: bool = True) -> TwoPhaseResult:
+              seed: int = 0, baseline: bool = True, progress: bool = False) -> TwoPhaseResult:
     """Run the two-phase pipeline on ``data`` (an :class:`archspec.data.Dataset`).
 
     Args:
@@ -79,6 +79,7 @@ def two_phase(conv_spec: ArchSpec, data: Any, phase1: TrainConfig, phase2: Train
         peak: Lemma 2's M for the transfer.
         seed: initial weights, batch order and augmentation of every run.
         baseline: also train the phase-2 architecture from random initialisation.
+        progress: print each run's progress lines on stderr (:func:`archspec.train.train`).
 
     Returns:
         :class:`TwoPhaseResult` whose report holds ``phase1``, ``transfer`` (val top-1 of the transferred model
@@ -93,17 +94,18 @@ def two_phase(conv_spec: ArchSpec, data: Any, phase1: TrainConfig, phase2: Train
     device = resolve_device(phase1.device)
     with torch.random.fork_rng(devices=[]):
         conv_model = _compile_seeded(spec, seed)
-        first = train(conv_model, data, phase1, seed=seed)
+        label = (lambda name: name) if progress else (lambda name: None)
+        first = train(conv_model, data, phase1, seed=seed, progress=label("phase 1"))
         attn_model = conv_to_mhsa(conv_model, peak=peak)
         step0 = evaluate(attn_model, data, device=device)
         logit_error = _max_logit_error(conv_model, attn_model, data, device)
-        second = train(attn_model, data, phase2, seed=seed + 1)
+        second = train(attn_model, data, phase2, seed=seed + 1, progress=label("phase 2"))
         base_model, base = None, None
         if baseline:
             base_model = _compile_seeded(attention_spec(spec), seed)
             steps = phase1.steps + phase2.steps
             base_config = TrainConfig(**{**phase2.describe(), "steps": steps, "warmup_steps": phase1.warmup_steps})
-            base = train(base_model, data, base_config, seed=seed)
+            base = train(base_model, data, base_config, seed=seed, progress=label("baseline"))
     report = {
         "data": data.describe(), "seed": seed, "peak": peak,
         "phase1_spec": spec.name, "phase2_spec": attn_model.spec.name,

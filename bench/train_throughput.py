@@ -1,0 +1,144 @@
+"""Training throughput: ``archspec.train.fit`` (what ``archspec train`` runs) against timm's own training loop on
+the same model, the same images and the same optimisation, side by side in one process, each run twice.
+
+timm's ``train.py`` is not in the timm wheel, so "timm's loop" here is its ``train_one_epoch`` written out with
+timm's own parts: ``create_dataset`` + ``create_loader`` (timm's transforms and DataLoader),
+``create_optimizer_v2``, ``create_scheduler_v2`` stepped per update, ``LabelSmoothingCrossEntropy``,
+``zero_grad / backward / step`` -- no prefetcher, as on CPU.  Both loops train the archspec model of SPEC
+(same initial weights) on a generated ImageFolder of PNG files (``train/``, ``val/``) at the spec's input size,
+``--steps`` AdamW steps of ``--batch`` images with ``--workers`` loader processes, and evaluate the same
+validation images once at the end; a run is timed end to end (loader start-up and that evaluation included),
+after one untimed 3-step run of each loop.
+
+    python bench/train_throughput.py [--spec levit_128s] [--steps 30] [--batch 16] [--workers 2] [--threads 2]
+
+Writes ``bench/train_throughput.json`` and ``.md`` (images/s per run, and the ratio archspec / timm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def make_folder(root: Path, size: int, n_train: int, n_val: int, classes: int = 4) -> Path:
+    """A seeded ImageFolder of RGB PNGs (``root/{train,val}/<class>/<i>.png``)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", n_train), ("val", n_val)):
+        for i in range(n):
+            folder = root / split / f"c{i % classes}"
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+def archspec_run(spec, root: Path, steps: int, batch: int, workers: int) -> float:
+    """Images/s of ``archspec.train.fit`` (recipe ``short`` for ``steps`` steps, one evaluation at the end)."""
+    from archspec.train import fit, recipe
+
+    config = replace(recipe("short", batch), epochs=None, warmup_epochs=None, steps=steps, warmup_steps=2,
+                     eval_every=steps, workers=workers, device="cpu")
+    start = time.perf_counter()
+    fit(spec, root, config, progress=False)
+    return steps * batch / (time.perf_counter() - start)
+
+
+def timm_run(spec, root: Path, steps: int, batch: int, workers: int) -> float:
+    """Images/s of timm's ``train_one_epoch`` written out with timm's parts, on the archspec model of ``spec``."""
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_dataset, create_loader
+    from timm.loss import LabelSmoothingCrossEntropy
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import create_scheduler_v2
+
+    import archspec
+
+    start = time.perf_counter()
+    model = archspec.compile(spec)
+    size = tuple(spec.input.resolution)
+    loaders = {}
+    for split, training in (("train", True), ("val", False)):
+        dataset = create_dataset("", root=str(root), split=split, is_training=training)
+        loaders[split] = create_loader(dataset, input_size=(3, *size), batch_size=batch, is_training=training,
+                                       use_prefetcher=False, num_workers=workers, interpolation="bicubic",
+                                       mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=0.875)
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
+    scheduler, _ = create_scheduler_v2(optimizer, sched="cosine", num_epochs=steps - 2, warmup_epochs=2,
+                                       warmup_prefix=True, warmup_lr=1e-6, min_lr=1e-5, updates_per_epoch=1,
+                                       step_on_epochs=False)
+    loss_fn, updates = LabelSmoothingCrossEntropy(0.1), 0
+    model.train()
+    while updates < steps:
+        for x, y in loaders["train"]:
+            loss = loss_fn(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            updates += 1
+            scheduler.step_update(num_updates=updates)
+            if updates == steps:
+                break
+    model.eval()
+    with torch.no_grad():
+        correct = sum((model(x).argmax(1) == y).sum().item() for x, y in loaders["val"])
+    assert correct >= 0
+    return steps * batch / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", default="levit_128s")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", default=str(HERE / "train_throughput"))
+    args = parser.parse_args()
+    import archspec
+
+    torch.set_num_threads(args.threads)
+    spec = archspec.load_spec(args.spec)
+    n_train = args.batch * args.steps + args.batch  # one epoch covers the run
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="archspec-bench-") as tmp:
+        root = make_folder(Path(tmp), spec.input.resolution[0], n_train, n_val=2 * args.batch)
+        spec = archspec.load_spec({**spec.model_dump(mode="json"), "head": {**spec.model_dump(mode="json")["head"],
+                                                                             "num_classes": 4}})
+        for run in (archspec_run, timm_run):  # untimed warm-up: the first run in a process pays one-off costs
+            run(spec, root, 3, args.batch, args.workers)  # (library loading, allocator growth): 8 vs 38 img/s
+        for repeat in range(args.repeats):
+            for name, run in (("archspec train", archspec_run), ("timm train_one_epoch", timm_run)):
+                rate = run(spec, root, args.steps, args.batch, args.workers)
+                rows.append({"loop": name, "repeat": repeat + 1, "images_per_s": round(rate, 2)})
+                print(rows[-1], flush=True)
+    mean = {name: np.mean([r["images_per_s"] for r in rows if r["loop"] == name]) for name in
+            ("archspec train", "timm train_one_epoch")}
+    ratio = mean["archspec train"] / mean["timm train_one_epoch"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
+    result = {"spec": args.spec, "steps": args.steps, "batch": args.batch, "workers": args.workers,
+              "threads": args.threads, "rows": rows, "ratio_archspec_over_timm": round(float(ratio), 3),
+              "torch": torch.__version__, "commit": commit, "machine": platform.processor() or platform.machine()}
+    Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["| loop | run | images/s |", "|---|---|---|"]
+    lines += [f"| {r['loop']} | {r['repeat']} | {r['images_per_s']} |" for r in rows]
+    lines.append(f"\nratio archspec / timm (mean of runs): {ratio:.3f}")
+    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
