@@ -31,8 +31,9 @@ _EXPORTS = {
     "ArchModel": "archspec.model",
     "compile": "archspec.compiler",
     "load": "archspec.artifact", "save": "archspec.artifact",
-    "quantize": "archspec.int8", "load_quantized": "archspec.int8", "QuantizedModel": "archspec.int8",
-    "export_onnx": "archspec.onnx_export",
+    "quantize": "archspec.deploy.int8", "load_quantized": "archspec.deploy.int8",
+    "QuantizedModel": "archspec.deploy.int8",
+    "export_onnx": "archspec.deploy.onnx_export",
     "register": "archspec.registry",
 }
 
@@ -42,12 +43,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from archspec.analysis import Analysis, analyze
     from archspec.artifact import load, save
     from archspec.compiler import compile
+    from archspec.deploy.int8 import QuantizedModel, load_quantized, quantize
+    from archspec.deploy.onnx_export import export_onnx
     from archspec.errors import Problem, SpecError
     from archspec.families.attention.heads import HeadSpec
-    from archspec.int8 import QuantizedModel, load_quantized, quantize
     from archspec.loader import load_spec
     from archspec.model import ArchModel
-    from archspec.onnx_export import export_onnx
     from archspec.registry import register
     from archspec.spec import ArchSpec
 

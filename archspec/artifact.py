@@ -51,8 +51,8 @@ def save(model: ArchModel, directory: str | os.PathLike) -> Path:
 
     The weights file's metadata holds the spec digest (:func:`spec_digest`) and the archspec version.
     Files get mode ``0o666 & ~umask`` (safetensors alone writes 0o600).  Both files are overwritten if
-    present.  Returns the directory.  An int8 model (:class:`archspec.int8.QuantizedModel`) is written by
-    :func:`archspec.int8.save_quantized`: its float build plus ``int8.safetensors``.
+    present.  Returns the directory.  An int8 model (:class:`archspec.deploy.int8.QuantizedModel`) is written by
+    :func:`archspec.deploy.int8.save_quantized`: its float build plus ``int8.safetensors``.
 
     Raises:
         OSError: the directory or a file cannot be written.
@@ -61,7 +61,7 @@ def save(model: ArchModel, directory: str | os.PathLike) -> Path:
     from archspec import __version__
 
     if type(model).__name__ == "QuantizedModel":
-        from archspec.int8 import save_quantized
+        from archspec.deploy.int8 import save_quantized
 
         return save_quantized(model, directory)
     directory = Path(directory)

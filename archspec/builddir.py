@@ -46,7 +46,7 @@ from archspec.errors import SpecError
 
 REPORT = "report.json"
 BUILD_FILES = frozenset({"spec.yaml", "model.safetensors", REPORT})
-INT8_FILE = "int8.safetensors"  # only in an `archspec build --int8`: the calibrated observers (archspec.int8)
+INT8_FILE = "int8.safetensors"  # only in an `archspec build --int8`: the calibrated observers (archspec.deploy.int8)
 
 
 @dataclass(frozen=True)

@@ -88,13 +88,15 @@ def _parser() -> argparse.ArgumentParser:
     from archspec.transfer.cli import add_transfer_parsers
 
     add_transfer_parsers(sub)
-    from archspec.deploy_cli import add_export_parser  # torch-free; the export imports torch and onnx when it runs
+    from archspec.deploy.cli import add_export_parser  # torch-free; the export imports torch and onnx when it runs
 
     add_export_parser(sub)
     return parser
 
 
 def _add_build_parser(sub) -> None:
+    from archspec.deploy.cli import add_build_options
+
     build = sub.add_parser(
         "build", help="validate, compile, run a real photograph through the model and save it",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -124,19 +126,7 @@ def _add_build_parser(sub) -> None:
                        help="also fold every BatchNorm into its linear/conv (LeViT sec. 5.3) "
                             "and time the folded model; "
                             "the saved weights stay unfolded (model.fuse() after archspec.load)")
-    build.add_argument("--compile", action="store_true",
-                       help="also time the model under torch.compile (Inductor, freezing: weights as constants) "
-                            "next to eager (and the folded one with --fuse); the first call compiles (seconds)")
-    build.add_argument("--int8", action="store_true",
-                       help="also quantise to int8 as LeViT sec. 5.3 did (BatchNorms folded, weights per channel, "
-                            "activation scales calibrated on --calibrate, attention products and softmax in float32; "
-                            "torchao PT2E, x86 CPUs), time it compiled and write int8.safetensors beside the float "
-                            "weights (archspec.load_quantized(OUT) rebuilds it)")
-    build.add_argument("--calibrate", metavar="DATA",
-                       help="--int8: the training images to calibrate on, what `archspec train --data` takes: "
-                            "digits (the default, embedded), fashion-mnist, a CIFAR, IDX or ImageFolder directory")
-    build.add_argument("--calibration-batches", type=int, default=4, metavar="N",
-                       help="--int8: calibrate on N batches of 32 training images (default 4; LeViT: 'a few batches')")
+    add_build_options(build)  # --compile, --int8, --calibrate, --calibration-batches (archspec.deploy.cli)
     build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     build.add_argument("--max-memory", type=_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
@@ -351,30 +341,6 @@ def _write_out(verb: str, out: Path, write, report: dict, layout=None) -> dict:
     return report
 
 
-def _check_deploy_options(args: argparse.Namespace, device) -> None:
-    """``--int8`` / ``--calibrate`` / ``--calibration-batches`` / ``--compile`` before any work.
-
-    Raises:
-        SpecError: an option without the one it needs, int8 off the CPU, an unknown or missing --calibrate
-            source, a machine that cannot run int8 (:func:`archspec.int8.require_backend`).
-    """
-    from archspec.data import check_source
-
-    if not args.int8:
-        for option, given in (("--calibrate", args.calibrate is not None),
-                              ("--calibration-batches", args.calibration_batches != 4)):
-            if given:
-                raise SpecError.single((option,), "applies only with --int8", f"add --int8, or drop {option}")
-        return
-    if device.type != "cpu":
-        raise SpecError.single(("--int8",), f"int8 runs on the CPU (oneDNN kernels), not on {device}",
-                               "use --device cpu with --int8")
-    if args.calibration_batches < 1:
-        raise SpecError.single(("--calibration-batches",), f"needs at least 1 batch, got {args.calibration_batches}")
-    from archspec.int8 import require_backend
-
-    require_backend()
-    check_source(args.calibrate)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -383,7 +349,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     OUT is checked before any work and written by :func:`archspec.builddir.write_build`: a missing OUT or an
     empty directory is filled, an earlier archspec build is replaced atomically, anything else is refused.
     ``--fuse``, ``--compile`` and ``--int8`` add the folded, compiled and int8 models' figures to the report;
-    ``--int8`` also writes ``int8.safetensors`` (:func:`archspec.int8.save_quantized`).
+    ``--int8`` also writes ``int8.safetensors`` (:func:`archspec.deploy.int8.save_quantized`).
 
     Raises:
         SpecError: a bad spec, option, image, calibration source or OUT, a model that cannot be quantised
@@ -394,6 +360,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from archspec import artifact, builddir
     from archspec.analysis import analyze, human
     from archspec.compiler import compile
+    from archspec.deploy import build as deploy_build
     from archspec.image import default_image_path, load_image
     from archspec.timing import measure_forward, parse_device
 
@@ -402,7 +369,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise SpecError.single(("--threads",), f"needs at least 1 thread, got {args.threads}")
     device = parse_device(args.device)
-    _check_deploy_options(args, device)
+    deploy_build.check_options(args, device)
     spec = _load(args.spec, args.resolution, args.seed, max_memory=args.max_memory)
     out = Path(args.out) if args.out else Path("build") / spec.name
     builddir.check_out(out)  # refuse an OUT that is not ours before any work
@@ -413,8 +380,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         logits = model(x)
     timing = measure_forward(model, tuple(x.shape[1:]), device, threads=args.threads, warmup=2, repeats=args.repeats)
     fused = _fused_report(model, x, logits, args) if args.fuse else None
-    compiled = _compiled_report(model, x, args) if args.compile else None
-    int8, quantized = _int8_report(model, x, logits, args) if args.int8 else (None, None)
+    compiled = deploy_build.compiled_report(model, x, args) if args.compile else None
+    int8, quantized = deploy_build.int8_report(model, x, logits, args) if args.int8 else (None, None)
     report = {
         **analysis.to_dict(),
         "image": str(Path(args.image) if args.image else default_image_path()),
@@ -445,29 +412,15 @@ def cmd_build(args: argparse.Namespace) -> int:
         + (f"folded (--fuse): {fused['batchnorms_folded']} BatchNorms folded, params {fused['params']:,}, "
            f"latency {fused['latency_ms']:.1f} ms, "
            f"max |logit diff| {fused['max_abs_logit_diff']:.1e}\n" if fused else "")
-        + (_compiled_line(compiled, timing.ms) if compiled else "")
-        + (_int8_line(int8, timing.ms) if int8 else "")
+        + (deploy_build.compiled_line(compiled, timing.ms) if compiled else "")
+        + (deploy_build.int8_line(int8, timing.ms) if int8 else "")
         + f"wrote {out}/: {files}   (archspec.load{'_quantized' * bool(int8)}('{out}') rebuilds it)"
     )
     return 0
 
 
-def _compiled_line(compiled: dict, eager_ms: float) -> str:
-    folded = compiled.get("fused_latency_ms")
-    return (f"torch.compile (--compile, Inductor, freezing): latency {compiled['latency_ms']:.1f} ms "
-            f"({eager_ms / compiled['latency_ms']:.2f}x eager)"
-            + (f", folded {folded:.1f} ms" if folded is not None else "")
-            + f", first call (compilation) {compiled['compile_s']:.0f} s\n")
 
 
-def _int8_line(int8: dict, eager_ms: float) -> str:
-    ops = ", ".join(f"{n} {op}" for op, n in int8["ops"]["int8"].items())
-    kept = ", ".join(f"{n} {op}" for op, n in int8["ops"]["float32"].items()) or "nothing"
-    return (f"int8 (--int8, {int8['calibration']['images']} {int8['calibration']['data']} images): latency "
-            f"{int8['latency_ms']:.1f} ms ({eager_ms / int8['latency_ms']:.2f}x float32 eager), first call "
-            f"(compilation) {int8['compile_s']:.0f} s; max |logit diff| vs float32 {int8['max_abs_logit_diff']:.2e} "
-            f"(logits up to {int8['max_abs_logit']:.2e}), top-1 {'agrees' if int8['top1_agrees'] else 'differs'}\n"
-            f"  int8: {ops}; float32: {kept}\n")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -526,48 +479,8 @@ def _fused_report(model, x, logits, args) -> dict:
             "max_abs_logit_diff": diff}
 
 
-def _compiled_report(model, x, args) -> dict:
-    """``--compile``: the model (and its folded copy with ``--fuse``) timed under ``torch.compile`` (ms), and the
-    first call's seconds (Dynamo + Inductor compilation)."""
-    from archspec.timing import compile_for_inference, first_call_seconds, measure_forward
-
-    shape, report = tuple(x.shape[1:]), {"backend": "inductor", "options": {"freezing": True}}
-    for key, variant in (("", model), ("fused_", model.fuse() if args.fuse else None)):
-        if variant is None:
-            continue
-        compiled = compile_for_inference(variant)
-        seconds = first_call_seconds(compiled, x, args.threads)
-        report[f"{key}compile_s"] = round(seconds, 2)
-        report[f"{key}latency_ms"] = round(measure_forward(compiled, shape, x.device, threads=args.threads, warmup=2,
-                                                           repeats=args.repeats).ms, 3)
-    return report
 
 
-def _int8_report(model, x, logits, args):
-    """``--int8``: quantise ``model`` (LeViT sec. 5.3, :func:`archspec.quantize`) on ``--calibrate`` data, compare
-    it with the float logits on the photo, time it compiled (ms).  Returns ``(report, QuantizedModel)``."""
-    import torch
-
-    from archspec.int8 import BACKEND, load_calibration, quantize
-    from archspec.timing import first_call_seconds, measure_forward
-
-    spec = model.spec
-    batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),
-                                            args.calibration_batches)
-    quantized = quantize(model, batches, description=description)
-    seconds = first_call_seconds(quantized, x, args.threads)
-    out = quantized(x)
-    diff = (out - logits).abs().max().item()
-    report = {
-        "backend": BACKEND, "calibration": quantized.calibration, "ops": quantized.summary,
-        "compile_s": round(seconds, 2),
-        "latency_ms": round(measure_forward(quantized, tuple(x.shape[1:]), "cpu", threads=args.threads, warmup=2,
-                                            repeats=args.repeats).ms, 3),
-        "max_abs_logit_diff": diff, "max_abs_logit": logits.abs().max().item(),
-        "cosine": torch.nn.functional.cosine_similarity(out.flatten(), logits.flatten(), dim=0).item(),
-        "top1_agrees": bool((out.argmax(-1) == logits.argmax(-1)).all()),
-    }
-    return report, quantized
 
 
 def cmd_list(args: argparse.Namespace) -> int:

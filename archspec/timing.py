@@ -145,7 +145,7 @@ def measure_forward(model: torch.nn.Module, shape: tuple[int, int, int], device:
 
 
 # Inductor's freezing treats the weights as constants (inference only): it folds them into the graph and prepacks
-# them for oneDNN, and it is what lowers an int8 PT2E graph to int8 kernels (archspec.int8).  One setting for
+# them for oneDNN, and it is what lowers an int8 PT2E graph to int8 kernels (archspec.deploy.int8).  One setting for
 # every compiled model, so float32 and int8 compile alike.  It is set around each call (Inductor's config is
 # global) rather than passed as torch.compile(options=...): with the option, torch 2.15's freezing pass fails on
 # the int8 graph (onednn.qconv_prepack under fake tensors) while the global setting works.

@@ -29,7 +29,7 @@ import torch
 
 import archspec
 from archspec.data import load_data
-from archspec.int8 import calibration_batches
+from archspec.deploy.int8 import calibration_batches
 from archspec.loader import load_spec
 from archspec.train import TrainConfig, evaluate, train
 

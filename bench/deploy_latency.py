@@ -27,7 +27,7 @@ case is measured in two rounds; in each round the cases alternate ``--samples`` 
 hits all of them alike and the two rounds show the noise.  Speed = timm eager ms / case ms (> 1: faster).
 
 ONNX part (LeViTs, batch 1, one thread): the unfolded, folded and int8 models exported by
-:func:`archspec.onnx_export.export_onnx` (dynamic batch), timed in ONNX Runtime (``intra_op_num_threads=1``)
+:func:`archspec.deploy.onnx_export.export_onnx` (dynamic batch), timed in ONNX Runtime (``intra_op_num_threads=1``)
 next to PyTorch eager, interleaved the same way, with the max |logit difference| ONNX Runtime vs PyTorch.
 
 Profile part (batch 1): shares of self CPU time (``torch.profiler``) of the int8 model, compiled and as the
@@ -245,7 +245,7 @@ def table_rows(name: str, batch: int, ms: dict[str, list[float]]) -> str:
 
 def bench_onnx(model, folded, quantized, args) -> dict:
     """ONNX Runtime vs PyTorch eager, batch 1, one thread, for the unfolded, folded and int8 model."""
-    from archspec.onnx_export import export_onnx, ort_session, run_onnx  # noqa: PLC0415
+    from archspec.deploy.onnx_export import export_onnx, ort_session, run_onnx  # noqa: PLC0415
 
     size = args.size
     photos = sample_batch((size, size))

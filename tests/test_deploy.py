@@ -16,10 +16,10 @@ from torch import nn
 
 import archspec
 from archspec.cli import main
+from archspec.deploy.int8 import QuantizedModel, calibration_batches, load_quantized, quantize
 from archspec.errors import SpecError
 from archspec.fuse import count_batchnorms
 from archspec.image import load_image, sample_batch
-from archspec.int8 import QuantizedModel, calibration_batches, load_quantized, quantize
 
 # int8 against float32 on the three real photos (stated tolerance): per image, cosine >= 0.98 and relative L2
 # error ||int8 - float|| / ||float|| <= 0.2.  Measured: cosine 0.997-0.999, relative error 0.04-0.08; a
@@ -154,7 +154,7 @@ def test_calibration_batches_from_a_dataset():
     assert [tuple(b.shape) for b in batches] == [(16, 1, 16, 12)] * 3
     again = calibration_batches(data, 1, (16, 12), batches=3, batch_size=16)
     assert all(torch.equal(a, b) for a, b in zip(batches, again))  # seeded
-    from archspec.int8 import load_calibration
+    from archspec.deploy.int8 import load_calibration
 
     batches, description = load_calibration(None, 3, (16, 12), batches=2, batch_size=8)
     assert [tuple(b.shape) for b in batches] == [(8, 3, 16, 12)] * 2  # from a subset of 22 images, not all 1797

@@ -34,7 +34,7 @@ def levit(photos, one_thread_module) -> nn.Module:
 @pytest.mark.parametrize("fuse", [False, True], ids=["unfolded", "folded"])
 def test_onnx_equals_pytorch_in_float32(levit, photos, fuse, tmp_path):
     """ONNX Runtime's logits equal PyTorch's within 1e-4 on real photos, at the traced batch and at others."""
-    from archspec.onnx_export import export_onnx, ort_session, run_onnx
+    from archspec.deploy.onnx_export import export_onnx, ort_session, run_onnx
 
     model = levit.fuse() if fuse else levit
     written = export_onnx(model, tmp_path / "m.onnx", photos[:2], {"test": True})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from archspec.errors import SpecError
 
-__all__ = ["add_export_parser", "cmd_export"]
+__all__ = ["add_build_options", "add_export_parser", "cmd_export"]
 
 EXPORT_DESCRIPTION = """\
 Export SPEC (random initialisation from its seed) or a build directory DIR (its weights) to ONNX with a dynamic
@@ -50,6 +50,23 @@ def add_export_parser(sub) -> argparse.ArgumentParser:
     export.add_argument("--json", action="store_true", help="print the report as JSON")
     export.set_defaults(handler=cmd_export)
     return export
+
+
+def add_build_options(build: argparse.ArgumentParser) -> None:
+    """Add ``--compile``, ``--int8``, ``--calibrate`` and ``--calibration-batches`` to ``archspec build``."""
+    build.add_argument("--compile", action="store_true",
+                       help="also time the model under torch.compile (Inductor, freezing: weights as constants) "
+                            "next to eager (and the folded one with --fuse); the first call compiles (seconds)")
+    build.add_argument("--int8", action="store_true",
+                       help="also quantise to int8 as LeViT sec. 5.3 did (BatchNorms folded, weights per channel, "
+                            "activation scales calibrated on --calibrate, attention products and softmax in float32; "
+                            "torchao PT2E, x86 CPUs), time it compiled and write int8.safetensors beside the float "
+                            "weights (archspec.load_quantized(OUT) rebuilds it)")
+    build.add_argument("--calibrate", metavar="DATA",
+                       help="--int8: the training images to calibrate on, what `archspec train --data` takes: "
+                            "digits (the default, embedded), fashion-mnist, a CIFAR, IDX or ImageFolder directory")
+    build.add_argument("--calibration-batches", type=int, default=4, metavar="N",
+                       help="--int8: calibrate on N batches of 32 training images (default 4; LeViT: 'a few batches')")
 
 
 def _check_options(args: argparse.Namespace, is_dir: bool) -> None:
@@ -89,7 +106,7 @@ def _quantized(args: argparse.Namespace, model, is_dir: bool):
     """The int8 model (reference graph: what is exported): the DIR's saved calibration, or --calibrate."""
     from archspec.builddir import INT8_FILE
     from archspec.data import check_source
-    from archspec.int8 import load_calibration, load_quantized, quantize, require_backend
+    from archspec.deploy.int8 import load_calibration, load_quantized, quantize, require_backend
 
     require_backend()
     if is_dir and args.calibrate is None and (Path(args.spec) / INT8_FILE).is_file():
@@ -109,7 +126,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             exported or quantised (exit 2 in :func:`archspec.cli.main`); FILE is untouched then.
     """
     from archspec import __version__
-    from archspec.onnx_export import FLOAT32_TOLERANCE, check_target, export_onnx, require_onnx
+    from archspec.deploy.onnx_export import FLOAT32_TOLERANCE, check_target, export_onnx, require_onnx
 
     is_dir = Path(args.spec).is_dir()
     _check_options(args, is_dir)
@@ -117,9 +134,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_target(args.onnx)  # refuse a FILE that is not ours before any work
     import torch
 
+    from archspec.deploy.onnx_export import ort_session, run_onnx
     from archspec.fuse import count_batchnorms
     from archspec.image import sample_batch
-    from archspec.onnx_export import ort_session, run_onnx
 
     model, origin = _model(args, is_dir)
     spec = model.spec

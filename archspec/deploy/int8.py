@@ -27,6 +27,7 @@ rebuilds the identical int8 model from them without the calibration data (steps 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 from collections import Counter, OrderedDict
@@ -42,6 +43,10 @@ from archspec.errors import SpecError
 
 __all__ = ["QuantizedModel", "quantize", "load_quantized", "save_quantized", "calibration_batches",
            "load_calibration", "INT8_FILE", "BACKEND"]
+
+# torchao registers an Enum with torch's pytree at import, which torch >= 2.15 answers with a deprecation warning
+# on every run (torchao's to fix, nothing a user can act on): drop that one message, nothing else.
+logging.getLogger("torch.utils._pytree").addFilter(lambda record: "register_constant" not in record.getMessage())
 
 BACKEND = "torchao PT2E (X86InductorQuantizer: int8 per-channel weights, uint8 per-tensor activations) + Inductor"
 MAX_BATCH = 4096  # upper bound of the exported graph's dynamic batch dimension

@@ -1,7 +1,7 @@
 """ONNX export with a dynamic batch dimension, checked in ONNX Runtime against PyTorch.
 
 The exporter is ``torch.onnx.export(..., dynamo=True)``: it captures the model with ``torch.export`` (the same
-capture :mod:`archspec.int8` quantises) and translates it with onnxscript's ATen library, so a dynamic batch is
+capture :mod:`archspec.deploy.int8` quantises) and translates it with onnxscript's ATen library, so a dynamic batch is
 a ``torch.export.Dim`` and the int8 graph's quantize / dequantize ops become ONNX ``QuantizeLinear`` /
 ``DequantizeLinear`` (the QDQ format ONNX Runtime fuses into int8 kernels).  The TorchScript exporter
 (``dynamo=False``) is deprecated in PyTorch 2.x and cannot read the PT2E int8 graph.
@@ -94,7 +94,7 @@ def export_onnx(module: torch.nn.Module, path: str | os.PathLike, example: torch
     dynamic batch dimension, atomically (a temporary file in the same directory, renamed over ``path``).
 
     Args:
-        module: a float model (folded or not), or a :class:`~archspec.int8.QuantizedModel`'s ``program``.
+        module: a float model (folded or not), or a :class:`~archspec.deploy.int8.QuantizedModel`'s ``program``.
         example: images ``(B, C, H, W)`` to trace with (``B >= 2``: batch 1 would be specialised).
         metadata: JSON-ready provenance, stored under :data:`MARKER` in the ONNX metadata.
         opset: ONNX opset (default: the exporter's).
@@ -110,6 +110,9 @@ def export_onnx(module: torch.nn.Module, path: str | os.PathLike, example: torch
 
     path = Path(path)
     batch = torch.export.Dim("batch", min=1, max=4096)
+    if not isinstance(module, torch.fx.GraphModule):
+        with torch.no_grad():  # fill eval-mode caches (timm LeViT's attention-bias cache) before export, not during
+            module(example[:1])  # it: torch.export warns about tensor attributes assigned while it traces
     try:
         with torch.no_grad(), warnings.catch_warnings():
             if isinstance(module, torch.fx.GraphModule):  # an exported int8 graph has no train/eval mode to set

@@ -1,0 +1,101 @@
+"""What ``archspec build --compile / --int8`` adds to a build: the option checks, the compiled and int8 reports
+(ms, seconds of compilation, logit differences) and their lines in the build's summary.
+
+``archspec.cli.cmd_build`` calls these; torch is imported inside them, when a build runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from archspec.errors import SpecError
+
+__all__ = ["check_options", "compiled_report", "int8_report", "compiled_line", "int8_line"]
+
+
+def check_options(args: argparse.Namespace, device) -> None:
+    """``--int8`` / ``--calibrate`` / ``--calibration-batches`` / ``--compile`` before any work.
+
+    Raises:
+        SpecError: an option without the one it needs, int8 off the CPU, an unknown or missing --calibrate
+            source, a machine that cannot run int8 (:func:`archspec.deploy.int8.require_backend`).
+    """
+    from archspec.data import check_source
+
+    if not args.int8:
+        for option, given in (("--calibrate", args.calibrate is not None),
+                              ("--calibration-batches", args.calibration_batches != 4)):
+            if given:
+                raise SpecError.single((option,), "applies only with --int8", f"add --int8, or drop {option}")
+        return
+    if device.type != "cpu":
+        raise SpecError.single(("--int8",), f"int8 runs on the CPU (oneDNN kernels), not on {device}",
+                               "use --device cpu with --int8")
+    if args.calibration_batches < 1:
+        raise SpecError.single(("--calibration-batches",), f"needs at least 1 batch, got {args.calibration_batches}")
+    from archspec.deploy.int8 import require_backend
+
+    require_backend()
+    check_source(args.calibrate)
+
+
+def compiled_line(compiled: dict, eager_ms: float) -> str:
+    folded = compiled.get("fused_latency_ms")
+    return (f"torch.compile (--compile, Inductor, freezing): latency {compiled['latency_ms']:.1f} ms "
+            f"({eager_ms / compiled['latency_ms']:.2f}x eager)"
+            + (f", folded {folded:.1f} ms" if folded is not None else "")
+            + f", first call (compilation) {compiled['compile_s']:.0f} s\n")
+
+
+def int8_line(int8: dict, eager_ms: float) -> str:
+    ops = ", ".join(f"{n} {op}" for op, n in int8["ops"]["int8"].items())
+    kept = ", ".join(f"{n} {op}" for op, n in int8["ops"]["float32"].items()) or "nothing"
+    return (f"int8 (--int8, {int8['calibration']['images']} {int8['calibration']['data']} images): latency "
+            f"{int8['latency_ms']:.1f} ms ({eager_ms / int8['latency_ms']:.2f}x float32 eager), first call "
+            f"(compilation) {int8['compile_s']:.0f} s; max |logit diff| vs float32 {int8['max_abs_logit_diff']:.2e} "
+            f"(logits up to {int8['max_abs_logit']:.2e}), top-1 {'agrees' if int8['top1_agrees'] else 'differs'}\n"
+            f"  int8: {ops}; float32: {kept}\n")
+
+
+def compiled_report(model, x, args) -> dict:
+    """``--compile``: the model (and its folded copy with ``--fuse``) timed under ``torch.compile`` (ms), and the
+    first call's seconds (Dynamo + Inductor compilation)."""
+    from archspec.timing import compile_for_inference, first_call_seconds, measure_forward
+
+    shape, report = tuple(x.shape[1:]), {"backend": "inductor", "options": {"freezing": True}}
+    for key, variant in (("", model), ("fused_", model.fuse() if args.fuse else None)):
+        if variant is None:
+            continue
+        compiled = compile_for_inference(variant)
+        seconds = first_call_seconds(compiled, x, args.threads)
+        report[f"{key}compile_s"] = round(seconds, 2)
+        report[f"{key}latency_ms"] = round(measure_forward(compiled, shape, x.device, threads=args.threads, warmup=2,
+                                                           repeats=args.repeats).ms, 3)
+    return report
+
+
+def int8_report(model, x, logits, args):
+    """``--int8``: quantise ``model`` (LeViT sec. 5.3, :func:`archspec.quantize`) on ``--calibrate`` data, compare
+    it with the float logits on the photo, time it compiled (ms).  Returns ``(report, QuantizedModel)``."""
+    import torch
+
+    from archspec.deploy.int8 import BACKEND, load_calibration, quantize
+    from archspec.timing import first_call_seconds, measure_forward
+
+    spec = model.spec
+    batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),
+                                            args.calibration_batches)
+    quantized = quantize(model, batches, description=description)
+    seconds = first_call_seconds(quantized, x, args.threads)
+    out = quantized(x)
+    diff = (out - logits).abs().max().item()
+    report = {
+        "backend": BACKEND, "calibration": quantized.calibration, "ops": quantized.summary,
+        "compile_s": round(seconds, 2),
+        "latency_ms": round(measure_forward(quantized, tuple(x.shape[1:]), "cpu", threads=args.threads, warmup=2,
+                                            repeats=args.repeats).ms, 3),
+        "max_abs_logit_diff": diff, "max_abs_logit": logits.abs().max().item(),
+        "cosine": torch.nn.functional.cosine_similarity(out.flatten(), logits.flatten(), dim=0).item(),
+        "top1_agrees": bool((out.argmax(-1) == logits.argmax(-1)).all()),
+    }
+    return report, quantized
