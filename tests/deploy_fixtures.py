@@ -8,10 +8,12 @@ tolerance is meaningless.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 import archspec
+from archspec.image import sample_batch
 from archspec.loader import load_spec
 
 RESOLUTION = 64
@@ -37,3 +39,15 @@ def photo_levit(photos: torch.Tensor) -> nn.Module:
     with torch.no_grad():
         model(augmented(photos))
     return model.eval()
+
+
+@pytest.fixture(scope="module")
+def photos() -> torch.Tensor:
+    """Fixture: the three real photographs at 64 px, ``(3, 3, 64, 64)``."""
+    return sample_batch((RESOLUTION, RESOLUTION))
+
+
+@pytest.fixture(scope="module")
+def levit(photos, one_thread_module) -> nn.Module:
+    """Fixture: :func:`photo_levit` of the photos, built with one torch thread."""
+    return photo_levit(photos)

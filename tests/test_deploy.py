@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 
+import deploy_fixtures
 import pytest
 import torch
-from deploy_fixtures import RESOLUTION, augmented, photo_levit
+from deploy_fixtures import RESOLUTION, augmented
 from torch import nn
 
 import archspec
@@ -19,23 +20,14 @@ from archspec.cli import main
 from archspec.deploy.int8 import QuantizedModel, calibration_batches, load_quantized, quantize
 from archspec.errors import SpecError
 from archspec.fuse import count_batchnorms
-from archspec.image import load_image, sample_batch
+from archspec.image import load_image
+
+photos, levit = deploy_fixtures.photos, deploy_fixtures.levit  # the shared fixtures
 
 # int8 against float32 on the three real photos (stated tolerance): per image, cosine >= 0.98 and relative L2
 # error ||int8 - float|| / ||float|| <= 0.2.  Measured: cosine 0.997-0.999, relative error 0.04-0.08; a
 # calibration on images 20x too dark gives cosine 0.02-0.2, relative error ~1.7.
 MIN_COSINE, MAX_RELATIVE = 0.98, 0.2
-
-
-@pytest.fixture(scope="module")
-def photos() -> torch.Tensor:
-    """The three real photographs at 64 px, ``(3, 3, 64, 64)``."""
-    return sample_batch((RESOLUTION, RESOLUTION))
-
-
-@pytest.fixture(scope="module")
-def levit(photos, one_thread_module) -> nn.Module:
-    return photo_levit(photos)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +63,10 @@ def test_int8_quantises_linears_and_convs_and_keeps_attention_in_float32(levit, 
     folded = levit.fuse()
     linears = sum(isinstance(m, nn.Linear) for m in folded.modules())
     convs = sum(isinstance(m, nn.Conv2d) for m in folded.modules())
-    graph = torch.export.export(folded, (torch.randn(2, 3, RESOLUTION, RESOLUTION),)).graph
+    x = torch.randn(2, 3, RESOLUTION, RESOLUTION)
+    with torch.no_grad():
+        folded(x)  # fill the eval-mode attention-bias caches before export, as quantize() does
+    graph = torch.export.export(folded, (x,)).graph
     ops = [str(node.target) for node in graph.nodes if node.op == "call_function"]
     assert int8_reference.summary["int8"] == {"linear": linears, "conv2d": convs}
     kept = int8_reference.summary["float32"]

@@ -8,26 +8,16 @@ from __future__ import annotations
 import json
 import sys
 
+import deploy_fixtures
 import pytest
 import torch
-from deploy_fixtures import RESOLUTION, augmented, photo_levit
-from torch import nn
+from deploy_fixtures import augmented
 
 from archspec.cli import main
-from archspec.image import sample_batch
+
+photos, levit = deploy_fixtures.photos, deploy_fixtures.levit  # the shared fixtures
 
 pytest.importorskip("onnxruntime")
-
-
-@pytest.fixture(scope="module")
-def photos() -> torch.Tensor:
-    """The three real photographs at 64 px, ``(3, 3, 64, 64)``."""
-    return sample_batch((RESOLUTION, RESOLUTION))
-
-
-@pytest.fixture(scope="module")
-def levit(photos, one_thread_module) -> nn.Module:
-    return photo_levit(photos)
 
 
 @pytest.mark.slow
