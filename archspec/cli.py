@@ -380,7 +380,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         logits = model(x)
     timing = measure_forward(model, tuple(x.shape[1:]), device, threads=args.threads, warmup=2, repeats=args.repeats)
     fused = _fused_report(model, x, logits, args) if args.fuse else None
-    compiled = deploy_build.compiled_report(model, x, args) if args.compile else None
+    compiled = deploy_build.compiled_report(model, x, logits, args) if args.compile else None
     int8, quantized = deploy_build.int8_report(model, x, logits, args) if args.int8 else (None, None)
     report = {
         **analysis.to_dict(),

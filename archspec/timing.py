@@ -26,7 +26,7 @@ import torch
 from archspec.errors import SpecError
 
 __all__ = ["Latency", "measure_forward", "parse_device", "resolve_device", "MAX_GPU_BATCH", "compile_for_inference",
-           "first_call_seconds", "COMPILE_OPTIONS", "CompiledForInference", "inductor_options"]
+           "COMPILE_OPTIONS", "CompiledForInference", "inductor_options"]
 
 MAX_GPU_BATCH = 2048  # LeViT's GPU protocol: largest power of two that fits; capped so probing stays short
 
@@ -166,7 +166,8 @@ class CompiledForInference(torch.nn.Module):
     wrapped model's (``model``).
 
     At the first call with an input shape, the model is captured with ``torch.export`` at that shape and the
-    captured graph is compiled (the time :func:`first_call_seconds` measures); each shape has its own graph.
+    captured graph is compiled (the time :func:`archspec.deploy.build.first_call` measures); each shape has its
+    own graph.
     Compiling the exported graph rather than ``model.forward`` keeps every compiled model apart: Dynamo keeps
     compiled code per Python code object, which all models of one class share, so compiling many of them in one
     process (a search, a benchmark) would pass its recompile limit (8) and silently fall back to eager, and make
@@ -200,21 +201,11 @@ class CompiledForInference(torch.nn.Module):
 
 def compile_for_inference(model: torch.nn.Module) -> CompiledForInference:
     """:class:`CompiledForInference` of ``model`` (put in eval mode): ``torch.export`` at each input shape, then
-    ``torch.compile`` (Inductor, freezing, static shapes), compiled at the first call."""
+    ``torch.compile`` (Inductor, freezing, static shapes), compiled at the first call.  Images ``(B, C, H, W)``
+    -> the model's output (logits ``(B, classes)``), equal to eager up to float rounding.
+
+    Raises (at the first call of a shape, not here): what ``torch.export`` raises for a model it cannot capture,
+    and Inductor's errors (e.g. no C++ compiler on a CPU); ``archspec build --compile`` turns them into a
+    located message (:func:`archspec.deploy.build.first_call`).
+    Source: PyTorch ``torch.export`` and ``torch.compile`` (Inductor ``config.freezing``)."""
     return CompiledForInference(model)
-
-
-def first_call_seconds(model: torch.nn.Module, x: torch.Tensor, threads: int = 1) -> float:
-    """Wall seconds of one forward of ``x`` ``(B, C, H, W)`` under ``torch.inference_mode`` with ``threads``
-    torch threads (restored afterwards): for a compiled model, the compilation."""
-    import time  # noqa: PLC0415
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        start = time.perf_counter()
-        with torch.inference_mode():
-            model(x)
-        return time.perf_counter() - start
-    finally:
-        torch.set_num_threads(before)

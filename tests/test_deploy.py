@@ -20,7 +20,7 @@ from archspec.cli import main
 from archspec.deploy.int8 import QuantizedModel, calibration_batches, load_quantized, quantize
 from archspec.errors import SpecError
 from archspec.fuse import count_batchnorms
-from archspec.image import load_image
+from archspec.image import load_image, sample_batch
 
 photos, levit = deploy_fixtures.photos, deploy_fixtures.levit  # the shared fixtures
 
@@ -181,6 +181,7 @@ def test_build_int8_and_compile_end_to_end(tmp_path, capsys, one_thread):
     assert int8["latency_ms"] > 0 and int8["calibration"]["data"] == "digits" and int8["calibration"]["images"] == 32
     assert int8["ops"]["int8"]["linear"] > 0 and int8["ops"]["float32"]["softmax"] == 11
     assert report["compiled"]["latency_ms"] > 0 and report["compiled"]["compile_s"] > 0
+    assert report["compiled"]["max_abs_logit_diff"] <= 1e-4 * int8["max_abs_logit"]  # compiled = eager (float32)
     assert sorted(p.name for p in out.iterdir()) == ["int8.safetensors", "model.safetensors", "report.json",
                                                      "spec.yaml"]
     photo = load_image(None, (64, 64), 3)
@@ -189,6 +190,52 @@ def test_build_int8_and_compile_end_to_end(tmp_path, capsys, one_thread):
     assert main(["build", "levit_128s", "--resolution", "64", "--out", str(out), "--repeats", "1"]) == 0  # replaced
     assert not (out / "int8.safetensors").exists()
     assert archspec.load(out).eval()(photo).shape == (1, 1000)
+
+
+def test_build_compile_failure_is_a_located_message(monkeypatch, tmp_path, capsys, one_thread):
+    """A compilation that fails (here: torch.compile's compiled function raising, as Inductor does without a
+    C++ compiler) ends in a message at --compile, exit 2, nothing written -- not a traceback."""
+    def broken_compile(*args, **kwargs):
+        def run(*a, **k):
+            raise RuntimeError("C++ compile error\nno such file: g++")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    out = tmp_path / "b"
+    argv = ["build", "levit_128s", "--resolution", "64", "--out", str(out), "--repeats", "1", "--compile"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--compile: torch.compile failed: C++ compile error" in err and "C++ compiler" in err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_compile_for_inference_equals_eager_per_model_and_shape(one_thread):
+    """Two models of one class compiled in one process each compute their own logits (the export keeps their
+    compiled graphs apart), at two batch sizes, and .to() drops the compiled graphs."""
+    from archspec.timing import compile_for_inference
+
+    doc = {"name": "tiny", "input": {"channels": 3, "resolution": 32}, "stem": {"kind": "patch", "patch_size": 8},
+           "stages": [{"depth": 1, "dim": 32, "heads": 2}], "head": {"num_classes": 10}}
+    torch.manual_seed(0)
+    models = [archspec.compile(doc).eval(), archspec.compile(doc).eval()]
+    with torch.no_grad():  # random weights everywhere: the initial head is zero, and zero logits compare equal
+        for model in models:
+            for p in model.parameters():
+                p.normal_(0.0, 0.2)
+    x = sample_batch((32, 32))
+    for model in models:
+        compiled = compile_for_inference(model)
+        for batch in (x, x[:1]):
+            with torch.no_grad():
+                expected = model(batch)
+            assert expected.abs().max() > 0.1  # logits of a useful scale
+            torch.testing.assert_close(compiled(batch), expected, rtol=1e-5, atol=1e-5)
+        assert len(compiled._runners) == 2
+        compiled.to("cpu", torch.float64).to(torch.float32)
+        assert not compiled._runners
+    with torch.no_grad():
+        assert not torch.allclose(models[0](x), models[1](x))  # two different models, not one graph reused
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -10,7 +10,7 @@ import argparse
 
 from archspec.errors import SpecError
 
-__all__ = ["check_options", "compiled_report", "int8_report", "compiled_line", "int8_line"]
+__all__ = ["check_options", "compiled_report", "int8_report", "compiled_line", "int8_line", "first_call"]
 
 
 def check_options(args: argparse.Namespace, device) -> None:
@@ -40,14 +40,16 @@ def check_options(args: argparse.Namespace, device) -> None:
 
 
 def compiled_line(compiled: dict, eager_ms: float) -> str:
+    """The build summary's line of :func:`compiled_report` (``eager_ms``: the eager latency, ms)."""
     folded = compiled.get("fused_latency_ms")
     return (f"torch.compile (--compile, Inductor, freezing): latency {compiled['latency_ms']:.1f} ms "
-            f"({eager_ms / compiled['latency_ms']:.2f}x eager)"
+            f"({eager_ms / compiled['latency_ms']:.2f}x eager, max |logit diff| {compiled['max_abs_logit_diff']:.1e})"
             + (f", folded {folded:.1f} ms" if folded is not None else "")
             + f", first call (compilation) {compiled['compile_s']:.0f} s\n")
 
 
 def int8_line(int8: dict, eager_ms: float) -> str:
+    """The build summary's lines of :func:`int8_report` (``eager_ms``: the float32 eager latency, ms)."""
     ops = ", ".join(f"{n} {op}" for op, n in int8["ops"]["int8"].items())
     kept = ", ".join(f"{n} {op}" for op, n in int8["ops"]["float32"].items()) or "nothing"
     return (f"int8 (--int8, {int8['calibration']['images']} {int8['calibration']['data']} images): latency "
@@ -57,37 +59,76 @@ def int8_line(int8: dict, eager_ms: float) -> str:
             f"  int8: {ops}; float32: {kept}\n")
 
 
-def compiled_report(model, x, args) -> dict:
-    """``--compile``: the model (and its folded copy with ``--fuse``) timed under ``torch.compile`` (ms), and the
-    first call's seconds (Dynamo + Inductor compilation)."""
-    from archspec.timing import compile_for_inference, first_call_seconds, measure_forward
+def compiled_report(model, x, logits, args) -> dict:
+    """``--compile``: the model (and its folded copy with ``--fuse``) timed under ``torch.compile`` (ms), the first
+    call's seconds (``torch.export`` + Inductor compilation) and the largest |logit difference| from the eager
+    ``logits`` ``(1, classes)`` on the photo ``x`` ``(1, C, H, W)``.
+
+    Raises:
+        SpecError: at ``--compile``: torch.compile fails on this machine or model (:func:`first_call`).
+    """
+    from archspec.timing import compile_for_inference, measure_forward
 
     shape, report = tuple(x.shape[1:]), {"backend": "inductor", "options": {"freezing": True}}
     for key, variant in (("", model), ("fused_", model.fuse() if args.fuse else None)):
         if variant is None:
             continue
         compiled = compile_for_inference(variant)
-        seconds = first_call_seconds(compiled, x, args.threads)
+        seconds, out = first_call(compiled, x, args.threads, "--compile")
         report[f"{key}compile_s"] = round(seconds, 2)
+        report[f"{key}max_abs_logit_diff"] = (out - logits).abs().max().item()
         report[f"{key}latency_ms"] = round(measure_forward(compiled, shape, x.device, threads=args.threads, warmup=2,
                                                            repeats=args.repeats).ms, 3)
     return report
 
 
+def first_call(model, x, threads: int, option: str):
+    """The first forward of a compiled model (where torch.export and Inductor compile): ``(seconds, output)``.
+
+    Raises:
+        SpecError: at ``option``: the capture or the compilation failed -- most often Inductor's CPU backend
+            finding no working C++ compiler -- with the first line of torch's reason.
+    """
+    import time
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # Inductor generates its kernels for the thread count of the first call
+    try:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model(x)
+        return time.perf_counter() - start, out
+    except SpecError:
+        raise
+    except Exception as exc:  # Dynamo / export / Inductor raise many types (BackendCompilerFailed, InductorError...)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise SpecError.single((option,), f"torch.compile failed: {reason}",
+                               "Inductor's CPU backend needs a C++ compiler (g++ or clang) on PATH; "
+                               f"or leave out {option}") from None
+    finally:
+        torch.set_num_threads(before)
+
+
 def int8_report(model, x, logits, args):
     """``--int8``: quantise ``model`` (LeViT sec. 5.3, :func:`archspec.quantize`) on ``--calibrate`` data, compare
-    it with the float logits on the photo, time it compiled (ms).  Returns ``(report, QuantizedModel)``."""
+    it with the float logits ``(1, classes)`` on the photo ``x`` ``(1, C, H, W)``, time it compiled (ms).
+    Returns ``(report, QuantizedModel)``.
+
+    Raises:
+        SpecError: at ``--calibrate`` (the data), ``--int8`` (what :func:`archspec.deploy.int8.quantize` refuses;
+            a compilation that fails, :func:`first_call`)."""
     import torch
 
     from archspec.deploy.int8 import BACKEND, load_calibration, quantize
-    from archspec.timing import first_call_seconds, measure_forward
+    from archspec.timing import measure_forward
 
     spec = model.spec
     batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),
                                             args.calibration_batches)
     quantized = quantize(model, batches, description=description)
-    seconds = first_call_seconds(quantized, x, args.threads)
-    out = quantized(x)
+    seconds, out = first_call(quantized, x, args.threads, "--int8")
     diff = (out - logits).abs().max().item()
     report = {
         "backend": BACKEND, "calibration": quantized.calibration, "ops": quantized.summary,
