@@ -84,7 +84,7 @@ import math
 import os
 import re
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -584,6 +584,37 @@ def _layer_overrides(layer_heads: list[list[HeadSpec]], default: HeadSpec) -> li
     return overrides
 
 
+class _EnumTrial:
+    """A trial that replays a prefix of choice indices and takes the first option of every later parameter,
+    recording how many options each parameter had (:meth:`SearchSpace.points` walks the tree of points)."""
+
+    def __init__(self, prefix: Sequence[int]):
+        self.prefix = list(prefix)
+        self.path: list[int] = []
+        self.counts: list[int] = []
+        self.params: dict[str, Any] = {}
+
+    def _pick(self, name: str, options: list) -> Any:
+        index = self.prefix[len(self.path)] if len(self.path) < len(self.prefix) else 0
+        self.path.append(index)
+        self.counts.append(len(options))
+        self.params[name] = options[index]
+        return options[index]
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        return self._pick(name, list(choices))
+
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
+        return self._pick(name, list(range(low, high + 1, step)))
+
+    def suggest_float(self, name: str, low: float, high: float, step: float | None = None, log: bool = False) -> float:
+        if step is None or log:
+            raise SpecError.single((), f"parameter {name!r} is a continuous float range: the space has no finite "
+                                   "list of points", "give the range a step, or use a {choice: [...]}")
+        count = int(round((high - low) / step)) + 1
+        return self._pick(name, [low + i * step for i in range(count)])
+
+
 class SearchSpace:
     """A declarative search space (see the module docstring for the language).
 
@@ -663,6 +694,42 @@ class SearchSpace:
         trial = _MinTrial()
         self.sample(trial)
         return dict(trial.params)
+
+    def points(self, limit: int | None = None) -> Iterator[tuple[dict[str, Any], ArchSpec]]:
+        """Every point of a finite space, depth first in the order of each parameter's options:
+        ``(params, spec)``, ``params`` being the Optuna parameters that :meth:`sample` would draw for it
+        (``optuna.trial.FixedTrial(params)`` gives the same spec).  Conditional parameters (a stage count,
+        a labelled alternative) are enumerated only where they exist.  Points whose spec is invalid are
+        skipped (:meth:`sample` would refuse them too).
+
+        Args:
+            limit: stop with an error after this many points (a guard for spaces too large to list).
+
+        Raises:
+            SpecError: a continuous float range (no finite list), or more than ``limit`` points.
+        """
+        prefix: list[int] = []
+        count = 0
+        while True:
+            trial = _EnumTrial(prefix)
+            try:
+                spec = self.sample(trial)
+            except SpecError as exc:
+                if any("continuous float range" in p.message for p in exc.problems):
+                    raise
+                spec = None
+            if spec is not None:
+                count += 1
+                if limit is not None and count > limit:
+                    raise SpecError.single((), f"the space has more than {limit} points", None, self.file)
+                yield dict(trial.params), spec
+            path, counts = trial.path, trial.counts
+            i = len(path) - 1
+            while i >= 0 and path[i] + 1 >= counts[i]:
+                i -= 1
+            if i < 0:
+                return
+            prefix = path[:i] + [path[i] + 1]
 
     def describe(self) -> dict:
         """JSON-ready summary."""

@@ -1,0 +1,327 @@
+"""Tabulate a finite design space: learning curves, TSE, zero-cost scores and counts for every point (issue 32).
+
+    nice -n 19 python bench/space_table.py --resume                 # every point of levit_small, seeds 0 and 1
+    nice -n 19 python bench/space_table.py --designs 24 --resume    # the first 24 designs only (the seed check)
+    python bench/space_table.py --report                            # seed-to-seed Kendall tau of what is written
+    python bench/space_table.py --latency --resume                  # CPU latency pass (nothing else running!)
+
+A NAS-benchmark table in the manner of NAS-Bench-201 / JAHS-Bench-201: each point of the space is trained once
+per seed with one fixed protocol (the *reference*), and everything a search could ask of it is written down, so
+that search methods can be compared on the table in seconds (``archspec search --oracle``).
+
+The reference protocol (``PROTOCOL`` below; why these choices: docs/search-works.md):
+
+* data: Fashion-MNIST from Debian's ``dataset-fashion-mnist`` at its own 28 px; a fixed, class-stratified subset
+  of 10,000 of the 60,000 training images (seed 0) -- ConViT's sample-efficiency study (sec. 4.2) is where
+  locality matters, and the subset keeps a design at about two minutes on one core; the intermediate curve
+  points are scored on a fixed 2,000-image subset of the 10,000 test images, the final point on all of them;
+* training: archspec's one loop (:class:`archspec.train.loop.Trainer`, :func:`run_steps`): AdamW lr 2e-3, weight
+  decay 0.05, batch 64, 4 epochs (625 steps), 31 linear warm-up steps then cosine to 0, random crop (pad 3) and
+  flip, one torch thread; the seed sets the initial weights, the batch order and the augmentation;
+* curve: val top-1 at steps 25, 50, 100, 200, 400 and 625 (geometric, plus the end), the cumulative sum of the
+  training losses at the same steps (TSE, Ru et al. 2021), and the per-step training seconds;
+* zero-cost: SynFlow, NASWOT and grad-norm of the untrained model on one batch of 64 training images
+  (:func:`archspec.search.proxy.score_proxy`, the search's zero-cost rung, at the design's own geometry).
+
+Rows are appended one per (design, seed) to ``--out`` (JSON lines, flushed and fsynced per row); ``--resume``
+skips the pairs already written, and refuses a file written under another protocol.  The order is fixed: the
+designs of a seeded permutation of the space (seed 0), so the first ``--designs N`` are N designs spread at
+random over the space, then the hand designs (``HAND_DESIGNS``), then the rest; both seeds of a design run back
+to back.  The sidecar ``<out>.meta.json`` holds the protocol, the machine, the versions and the commits that
+wrote rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "archspec" / "search" / "tables" / "levit_small.jsonl"
+
+PROTOCOL = {
+    "space": "levit_small",
+    "data": "fashion-mnist",
+    "image_size": 28,
+    "train_images": 10_000,     # class-stratified subset of the 60,000 training images, seed 0
+    "curve_val_images": 2_000,  # class-stratified subset of the 10,000 test images (intermediate points)
+    "final_val_images": 10_000,
+    "batch_size": 64,
+    "steps": 625,               # 4 epochs of the subset
+    "warmup_steps": 31,
+    "lr": 2e-3,
+    "weight_decay": 0.05,
+    "optimizer": "adamw",
+    "augmentation": "flip+crop",
+    "curve_steps": [25, 50, 100, 200, 400, 625],
+    "zero_cost_batch": 64,
+    "threads": 1,
+}
+
+# The seed papers' designs scaled into the space (same head kinds and stage pattern; issue 32, part 4).  Each is a
+# point of levit_small, named by its Optuna parameters.
+HAND_DESIGNS = {
+    "LeViT-128S-like": {"stages": "narrow", "s0_depth": 2, "s0": "levit_bias", "s1_depth": 2, "s1": "levit_bias"},
+    "ConViT-Ti-like": {"stages": "narrow", "s0_depth": 2, "s0": "gpsa", "s1_depth": 2, "s1": "mhsa"},
+    "DeiT-Ti-like": {"stages": "narrow", "s0_depth": 2, "s0": "mhsa", "s1_depth": 2, "s1": "mhsa"},
+    "MaiT-Sch2-like": {"stages": "narrow", "s0_depth": 2, "s0": "mask3_mhsa", "s1_depth": 2, "s1": "mhsa"},
+    "CMHSA-like": {"stages": "narrow", "s0_depth": 2, "s0": "signed_bias", "s1_depth": 2, "s1": "signed_bias"},
+}
+
+
+def hand_params(short: dict) -> dict:
+    """Optuna parameters of a hand design given in ``HAND_DESIGNS``' short form."""
+    w = short["stages"]
+    return {"stages": w, f"stages.{w}.0.depth": short["s0_depth"], f"stages.{w}.0.heads_mix": short["s0"],
+            f"stages.{w}.1.depth": short["s1_depth"], f"stages.{w}.1.heads_mix": short["s1"]}
+
+
+def protocol_id(protocol: dict) -> str:
+    """A short hash of the protocol: rows written under another protocol are not comparable."""
+    return hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def design_label(params: dict) -> str:
+    """``narrow 2x mask3_bias / 1x gpsa``: width, then depth and head kind per stage."""
+    w = params["stages"]
+    return (f"{w} {params[f'stages.{w}.0.depth']}x {params[f'stages.{w}.0.heads_mix']} / "
+            f"{params[f'stages.{w}.1.depth']}x {params[f'stages.{w}.1.heads_mix']}")
+
+
+def ordered_points(space) -> list[tuple[int, dict, object]]:
+    """``(index, params, spec)`` of every point: a seeded permutation (seed 0), the hand designs moved to just
+    after the first 24 (the seed check's designs)."""
+    points = [(i, p, s) for i, (p, s) in enumerate(space.points())]
+    random.Random(0).shuffle(points)
+    hand = [hand_params(h) for h in HAND_DESIGNS.values()]
+    head, rest = points[:24], points[24:]
+    moved = [pt for pt in rest if pt[1] in hand]
+    return head + moved + [pt for pt in rest if pt[1] not in hand]
+
+
+def git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__}
+
+
+def load_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a kill: the pair is simply run again
+                print(f"{path}:{n}: skipping an unreadable line", file=sys.stderr)
+    return rows
+
+
+def stratified(labels, keep: int, seed: int):
+    """Indices of a class-stratified subset of ``keep`` samples (equal shares per class, seeded)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    per = keep // len(classes)
+    out = [rng.permutation(np.flatnonzero(labels == c))[:per] for c in classes]
+    return np.sort(np.concatenate(out))
+
+
+def reference_data(protocol: dict):
+    """``(train, curve_val, final_val)`` :class:`archspec.data.Dataset` views of Fashion-MNIST for the protocol."""
+    from torch.utils.data import TensorDataset
+
+    from archspec.data import Dataset, load_data
+
+    full = load_data(protocol["data"], image_size=protocol["image_size"], seed=0)
+    x, y = full.train.tensors
+    xv, yv = full.val.tensors
+    keep = stratified(y.numpy(), protocol["train_images"], seed=0)
+    curve = stratified(yv.numpy(), protocol["curve_val_images"], seed=0)
+
+    def view(train_idx, val_idx):
+        return Dataset(full.name, TensorDataset(x[train_idx], y[train_idx]), TensorDataset(xv[val_idx], yv[val_idx]),
+                       full.num_classes, full.channels, full.image_size)
+
+    import torch
+
+    everything = torch.arange(len(yv))[: protocol["final_val_images"]]
+    return view(keep, curve), view(keep, everything)
+
+
+def train_row(spec, data_curve, data_final, protocol: dict, seed: int) -> dict:
+    """Train one design once under the protocol: its curve, TSE, final accuracy and seconds."""
+    import torch
+
+    from archspec.compiler import compile as compile_spec
+    from archspec.search.proxy import ProxyProtocol, proxy_spec
+    from archspec.train.batches import TensorBatches
+    from archspec.train.config import TrainConfig
+    from archspec.train.loop import Hooks, Trainer, evaluate, run_steps
+
+    config = TrainConfig(steps=protocol["steps"], batch_size=protocol["batch_size"], lr=protocol["lr"],
+                         weight_decay=protocol["weight_decay"], optimizer=protocol["optimizer"],
+                         warmup_steps=protocol["warmup_steps"], augmentation=protocol["augmentation"],
+                         eval_every=protocol["steps"], device="cpu")
+    geometry = ProxyProtocol(image_size=protocol["image_size"])
+    pspec = proxy_spec(spec, data_curve, geometry).model_copy(update={"seed": seed})
+    torch.manual_seed(seed)
+    model = compile_spec(pspec)
+    batches = TensorBatches(data_curve.train, config.batch_size, config.augmentation, seed, torch.device("cpu"))
+    trainer = Trainer(model, config, torch.device("cpu"), num_classes=data_curve.num_classes)
+    points = set(protocol["curve_steps"])
+    curve, tse, state = [], [], {"loss_sum": 0.0, "eval_s": 0.0, "last": time.perf_counter(), "train_s": 0.0}
+
+    def on_step(step: int, loss) -> None:
+        state["loss_sum"] += float(loss)
+        state["train_s"] += time.perf_counter() - state["last"]
+        if step in points:
+            start = time.perf_counter()
+            acc, val_loss = evaluate(model, data_curve)
+            state["eval_s"] += time.perf_counter() - start
+            curve.append([step, acc, round(val_loss, 5)])
+            tse.append([step, round(state["loss_sum"], 4), round(state["train_s"], 2)])
+        state["last"] = time.perf_counter()
+
+    def final_eval() -> dict:
+        start = time.perf_counter()
+        acc, val_loss = evaluate(model, data_final)
+        state["eval_s"] += time.perf_counter() - start
+        return {"accuracy": acc, "val_loss": val_loss}
+
+    result = run_steps(trainer, iter(batches), final_eval, hooks=Hooks(on_step=on_step))
+    return {"curve": curve, "tse": tse, "final_accuracy": result.accuracy, "final_val_loss": round(result.val_loss, 5),
+            "train_seconds": round(state["train_s"], 2), "eval_seconds": round(state["eval_s"], 2)}
+
+
+def zero_cost_row(spec, data, protocol: dict, seed: int) -> dict:
+    import math
+
+    from archspec.search.proxy import ProxyProtocol, score_proxy
+    from archspec.search.zero_cost import ZERO_COST_SCORES
+
+    proto = ProxyProtocol(image_size=protocol["image_size"], batch_size=protocol["zero_cost_batch"])
+    result, _ = score_proxy(spec, data, proto, ZERO_COST_SCORES, seed=seed)
+    return {"zc": {k: (v if math.isfinite(v) else None) for k, v in result.scores.items()},
+            "zc_seconds": {k: round(v, 4) for k, v in result.seconds.items()}}
+
+
+def write_meta(out: Path, protocol: dict, commit: str) -> None:
+    meta_path = out.with_suffix(".meta.json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta.update({"protocol": protocol, "protocol_id": protocol_id(protocol),
+                 "command": "nice -n 19 python bench/space_table.py --resume", "machine": machine()})
+    commits = meta.setdefault("commits", [])
+    if commit not in commits:
+        commits.append(commit)
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def tabulate(args) -> int:
+    import torch
+
+    from archspec.analysis import analyze
+    from archspec.search.latency import architecture_key
+    from archspec.search.space import load_space
+
+    torch.set_num_threads(PROTOCOL["threads"])
+    out = Path(args.out)
+    rows = load_rows(out)
+    pid = protocol_id(PROTOCOL)
+    foreign = {r.get("protocol_id") for r in rows} - {pid}
+    if foreign:
+        print(f"{out}: holds rows of another protocol ({', '.join(sorted(map(str, foreign)))}); "
+              "use another --out", file=sys.stderr)
+        return 2
+    if rows and not args.resume:
+        print(f"{out}: already holds {len(rows)} rows; --resume continues it", file=sys.stderr)
+        return 2
+    done = {(r["key"], r["seed"]) for r in rows}
+    space = load_space(PROTOCOL["space"])
+    order = ordered_points(space)[: args.designs] if args.designs else ordered_points(space)
+    data_curve, data_final = reference_data(PROTOCOL)
+    commit = git_commit()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_meta(out, PROTOCOL, commit)
+    hand = {json.dumps(hand_params(h), sort_keys=True): name for name, h in HAND_DESIGNS.items()}
+    todo = [(pt, s) for pt in order for s in args.seeds if (architecture_key(pt[2]), s) not in done]
+    print(f"{len(order)} designs x {len(args.seeds)} seeds: {len(todo)} trainings to run", flush=True)
+    for n, ((index, params, spec), seed) in enumerate(todo, 1):
+        counts = analyze(spec)
+        row = {"protocol_id": pid, "key": architecture_key(spec), "index": index, "params": params,
+               "label": design_label(params), "hand": hand.get(json.dumps(params, sort_keys=True)),
+               "seed": seed, "macs": counts.macs, "n_params": counts.params}
+        row.update(zero_cost_row(spec, data_curve, PROTOCOL, seed))
+        row.update(train_row(spec, data_curve, data_final, PROTOCOL, seed))
+        row["commit"] = commit
+        with out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        print(f"[{n}/{len(todo)}] {index:3d} seed {seed} {row['label']}: {row['final_accuracy']:.4f} "
+              f"({row['train_seconds']:.0f} s train, {row['eval_seconds']:.0f} s eval)", flush=True)
+    return 0
+
+
+def seed_report(rows: list[dict]) -> dict:
+    """Kendall tau between seed 0 and seed 1 final accuracies over the designs that have both."""
+    from scipy.stats import kendalltau
+
+    by = {}
+    for r in rows:
+        by.setdefault(r["key"], {})[r["seed"]] = r["final_accuracy"]
+    pairs = [(v[0], v[1]) for v in by.values() if 0 in v and 1 in v]
+    if len(pairs) < 3:
+        return {"designs": len(pairs)}
+    tau, p = kendalltau(*zip(*pairs))
+    diffs = [abs(a - b) for a, b in pairs]
+    means = [(a + b) / 2 for a, b in pairs]
+    return {"designs": len(pairs), "tau": round(tau, 4), "p": p, "mean_abs_seed_diff": round(sum(diffs) / len(diffs), 4),
+            "accuracy_range": [round(min(means), 4), round(max(means), 4)]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="the table (JSON lines; default: the shipped table)")
+    parser.add_argument("--resume", action="store_true", help="continue a table: skip the (design, seed) pairs written")
+    parser.add_argument("--designs", type=int, default=None, help="only the first N designs of the fixed order")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds per design (default 0 1)")
+    parser.add_argument("--report", action="store_true", help="print the seed-to-seed Kendall tau of the table")
+    args = parser.parse_args(argv)
+    if args.report:
+        print(json.dumps(seed_report(load_rows(Path(args.out))), indent=1))
+        return 0
+    return tabulate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
