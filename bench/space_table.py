@@ -305,7 +305,8 @@ def seed_report(rows: list[dict]) -> dict:
     tau, p = kendalltau(*zip(*pairs))
     diffs = [abs(a - b) for a, b in pairs]
     means = [(a + b) / 2 for a, b in pairs]
-    return {"designs": len(pairs), "tau": round(tau, 4), "p": p, "mean_abs_seed_diff": round(sum(diffs) / len(diffs), 4),
+    return {"designs": len(pairs), "tau": round(tau, 4), "p": p,
+            "mean_abs_seed_diff": round(sum(diffs) / len(diffs), 4),
             "accuracy_range": [round(min(means), 4), round(max(means), 4)]}
 
 

@@ -274,6 +274,14 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
                           "accuracy with the budgets as constraints")
     obj.add_argument("--space", metavar="FILE", help="search space YAML, or a shipped space's name: levit_family "
                      "(the default), levit_grafting")
+    obj.add_argument("--list", action="store_true",
+                     help="print every point of a finite --space (its Optuna parameters, MACs, params) and exit: "
+                          "nothing is trained or written")
+    obj.add_argument("--oracle", metavar="TABLE",
+                     help="answer every evaluation from a tabulated space instead of training (a table file from "
+                          "bench/space_table.py, or a shipped table's name: levit_small): the proxy at step k is the "
+                          "table's learning curve at step k, zero-cost scores and latency are the table's; the "
+                          "engine, sampler, budgets and rungs are the real ones (docs: Does the search work?)")
     obj.add_argument("--prune", action="store_true",
                      help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
     obj.add_argument("--fidelity", choices=FIDELITIES, default=DEFAULT_FIDELITY,
@@ -390,7 +398,7 @@ def _config(args, **overrides):
         trial_timeout=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
         fidelity=getattr(args, "fidelity", "none"), eta=getattr(args, "eta", 3),
         zc_score=getattr(args, "zc_score", "synflow"),
-        min_steps=getattr(args, "min_steps", None),
+        min_steps=getattr(args, "min_steps", None), oracle=getattr(args, "oracle", None),
     )
     if args.study_name is not None:
         from archspec.search.study import validate_study_name
@@ -417,10 +425,36 @@ def _report(outcome, args) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    """Mode 1 handler."""
+    """Mode 1 handler (``--list``: the space's points)."""
+    if getattr(args, "list", False):
+        return list_points(args.space, args.json)
     from archspec.search.design import run_design
 
     return _report(run_design(_config(args)), args)
+
+
+def list_points(space_source: str | None, as_json: bool) -> int:
+    """``archspec search --space SPACE --list``: every point of a finite space, one line each (parameters, MACs,
+    params), then the count; with ``--json`` one JSON object per line.  Imports neither torch nor Optuna.
+
+    Raises:
+        SpecError: the space cannot be read, has a continuous float range, or more than 100,000 points.
+    """
+    from archspec.analysis import analyze, human
+    from archspec.search.space import load_space
+
+    space = load_space(space_source)
+    count = 0
+    for count, (params, spec) in enumerate(space.points(limit=100_000), 1):
+        counts = analyze(spec)
+        if as_json:
+            print(json.dumps({"index": count - 1, "params": params, "macs": counts.macs, "n_params": counts.params}))
+        else:
+            shown = " ".join(f"{k}={v}" for k, v in params.items())
+            print(f"{count - 1:5d}  {human(counts.macs):>7} MACs  {human(counts.params):>7} params  {shown}")
+    if not as_json:
+        print(f"{count} points in space {space.name!r}")
+    return 0
 
 
 def cmd_search_masks(args: argparse.Namespace) -> int:

@@ -84,6 +84,7 @@ class SearchConfig:
     zc_score: str = "synflow"                       # the zero-cost rung's ranking score (ZERO_COST_RANKINGS)
     min_steps: int | None = None                    # its first rung (default: proxy steps / eta**2)
     trial_timeout: float | None = DEFAULT_TRIAL_TIMEOUT_S  # per-candidate training limit (FAIL beyond it)
+    oracle: Any = None                              # a table (path or shipped name): answers instead of training
     budget_options: dict = field(default_factory=lambda: dict(BUDGET_OPTIONS))
 
 

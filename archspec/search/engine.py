@@ -319,12 +319,49 @@ def _preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     check_fidelity(cfg)
     check_budgets_feasible(space, cfg.budgets, cfg.budget_options)
     check_space_valid(space, seed=cfg.seed)
-    check_data_path(cfg.data)
+    oracle = check_oracle(cfg, space, n_objectives)
+    if oracle is None:
+        check_data_path(cfg.data)
     check_outputs(cfg, name)
     sampler = make_sampler(cfg.sampler, cfg.seed, n_objectives)
+    if oracle is not None:  # nothing is trained: the table answers; no images are read
+        return oracle.dataset(), sampler, oracle
     # Decoding every image is the last input check (the slowest): still nothing written.
     data = load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)
-    return data, sampler
+    return data, sampler, None
+
+
+MAX_ORACLE_POINTS = 100_000  # an oracle search checks every point of its space against the table
+
+
+def check_oracle(cfg: SearchConfig, space, n_objectives: int):
+    """The :class:`~archspec.search.oracle.OracleTable` of ``cfg.oracle`` (``None`` without one), checked against
+    the search: the table tabulates ``space``, covers ``--proxy-steps``, and has latency where the search needs it.
+
+    Raises:
+        SpecError: at ``--oracle`` / ``--proxy-steps``.
+    """
+    from archspec.search.latency import architecture_key
+    from archspec.search.oracle import load_table
+
+    if cfg.oracle is None:
+        return None
+    table = load_table(cfg.oracle)
+    if table.space != space.name:
+        raise SpecError.single(("--oracle",), f"the table tabulates space {table.space!r}, not {space.name!r}",
+                               f"add --space {table.space}", str(cfg.oracle))
+    table.check_steps(cfg.protocol.steps)
+    missing = [params for params, spec in space.points(limit=MAX_ORACLE_POINTS)
+               if architecture_key(spec) not in table.rows]
+    if missing:
+        raise SpecError.single(("--oracle",), f"the table lacks {len(missing)} design(s) of space {space.name!r}, "
+                               f"e.g. {missing[0]}", "finish it: nice -n 19 python bench/space_table.py --resume",
+                               str(cfg.oracle))
+    if (n_objectives == 2 or cfg.budgets.latency_ms is not None) and not table.latency_ms:
+        raise SpecError.single(("--oracle",), "the table has no latency yet (its latency pass has not run)",
+                               "search with --objective accuracy, or run bench/space_table.py --latency",
+                               str(cfg.oracle))
+    return table
 
 
 # ----------------------------------------------------------------------------------- failures and deadlines
@@ -393,6 +430,8 @@ class CandidateObjective:
         on_status: ``f(text)`` told what the running trial does (the progress display).
         after_train: ``f(trial, spec, result)`` after a successful proxy training.
         train_fn: replaces :func:`~archspec.search.proxy.train_proxy` (same signature).
+        oracle: an :class:`~archspec.search.oracle.OracleTable` that answers training, the zero-cost rung and
+            latency from a tabulated space instead of measuring them (``--oracle``).
 
     Counts what it did (``attempted``, ``infeasible``, ``reused``, ``duplicates``, ``stopped``, the
     ``consecutive_*`` runs :class:`StopRules` reads); ``search_deadline`` (``perf_counter`` seconds) is when
@@ -402,9 +441,10 @@ class CandidateObjective:
     def __init__(self, space: SearchSpace, data: Dataset, cfg: SearchConfig, cache: LatencyCache, n_objectives: int,
                  on_status: Callable[[str], None] | None = None,
                  after_train: Callable[[optuna.trial.Trial, Any, Any], None] | None = None,
-                 train_fn: Callable | None = None):
+                 train_fn: Callable | None = None, oracle: Any = None):
         self.space, self.data, self.cfg, self.cache = space, data, cfg, cache
-        self.train_fn = train_fn
+        self.oracle = oracle
+        self.train_fn = oracle.train if oracle is not None and train_fn is None else train_fn
         self.n_objectives = n_objectives
         self.on_status = on_status or (lambda text: None)
         self.after_train = after_train
@@ -522,7 +562,13 @@ class CandidateObjective:
 
         budgets = self.cfg.budgets
         self.on_status(f"trial {trial.number}: latency")
-        latency = float(measure_latency(spec, self.cfg.latency, self.cache))
+        if self.oracle is not None and not self.oracle.latency_ms:  # accuracy only (check_oracle): rank by it alone
+            self.consecutive_infeasible = 0
+            return 0.0
+        if self.oracle is not None:
+            latency = float(self.oracle.latency(spec))
+        else:
+            latency = float(measure_latency(spec, self.cfg.latency, self.cache))
         trial.set_user_attr("latency_ms", latency)
         if budgets.latency_ms is not None:
             trial.set_constraint("latency", latency / budgets.latency_ms - 1.0)
@@ -629,13 +675,17 @@ class CandidateObjective:
         from archspec.search.zero_cost import ZERO_COST_SCORES
 
         self.on_status(f"trial {trial.number}: zero-cost scores")
-        result, geometry = score_proxy(spec, self.data, self.cfg.protocol, ZERO_COST_SCORES, seed=self.cfg.seed)
+        if self.oracle is not None:
+            result, geometry = self.oracle.zero_cost(spec, seed=self.cfg.seed)
+        else:
+            result, geometry = score_proxy(spec, self.data, self.cfg.protocol, ZERO_COST_SCORES, seed=self.cfg.seed)
         scores = {**result.scores, "params": params, "macs": macs}
         scores = {k: (v if v is None or not math.isnan(v) else -math.inf) for k, v in scores.items()}
         self.zc_scored += 1
         trial.set_user_attr(ZERO_COST_ATTR, {"scores": scores, "seconds": result.seconds,
                                              "total_seconds": round(sum(result.seconds.values()), 4)})
-        trial.set_user_attr(GEOMETRY_ATTR, geometry.describe())
+        if geometry is not None:
+            trial.set_user_attr(GEOMETRY_ATTR, geometry.describe())
         name = self.cfg.zc_score
         value = scores[name]
         competitors = [(t.user_attrs[ZERO_COST_ATTR]["scores"][name], t.user_attrs.get("latency_ms", math.inf))
@@ -660,6 +710,8 @@ class CandidateObjective:
             if value is not None:
                 trial.set_user_attr(key, float(value) if math.isfinite(float(value)) else None)
         trial.set_user_attr("steps", int(getattr(result, "steps", 0)))
+        if getattr(result, "seconds", None) is not None:  # the loop's own seconds (the oracle's: tabulated)
+            trial.set_user_attr("proxy_seconds", round(float(result.seconds), 3))
         geometry = getattr(result, "geometry", None)
         if geometry is not None:  # the proxy's stage grids next to the candidate's real ones
             trial.set_user_attr(GEOMETRY_ATTR, geometry.describe())
@@ -837,7 +889,7 @@ def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name:
     multi = cfg.objective == "pareto"
     directions = ["maximize", "minimize"] if multi else ["maximize"]
     metric_names = ["accuracy", "latency_ms"] if multi else ["accuracy"]
-    data, sampler = _preflight(space, cfg, name, len(directions))
+    data, sampler, oracle = _preflight(space, cfg, name, len(directions))
     rate = static_check_rate(space, cfg.budgets, n=200, seed=cfg.seed)
     attrs = _study_attrs(space, cfg, mode, extra_attrs)
     rungs, pruner = _fidelity(cfg, multi)
@@ -852,12 +904,15 @@ def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name:
 
     progress = report.ProgressDisplay(cfg.trials, cfg.progress, len(directions), cfg.timeout)
     objective = CandidateObjective(space, data, cfg, LatencyCache(run_dir / "latency.json"), len(directions),
-                                   on_status=progress.status, after_train=after_train, train_fn=train_fn)
+                                   on_status=progress.status, after_train=after_train, train_fn=train_fn,
+                                   oracle=oracle)
     objective.rungs = rungs
     interrupted, search_seconds = _optimize(study, objective, progress, cfg, notes)
     notes += stop_notes(objective, cfg, interrupted, search_seconds)
     summary = _run_summary(mode, name, info, run_dir, cfg, data, rate, objective, search_seconds, notes, interrupted)
     summary["fidelity"] = _fidelity_summary(study, cfg, rungs, objective)
+    if oracle is not None:
+        summary["oracle"] = oracle.describe()
     if cfg.fidelity == "zc":
         summary["zero_cost"] = _zero_cost_summary(study, cfg, objective)
     with run_lock(run_dir):

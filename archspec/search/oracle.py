@@ -1,0 +1,271 @@
+"""Answer a search's evaluations from a tabulated space instead of training (``archspec search --oracle TABLE``).
+
+A table (written by ``bench/space_table.py``, one JSON line per design and seed) holds, for every point of a
+finite space, what a search could ask of it: the learning curve of the reference protocol (val top-1 at a
+geometric series of steps), the training seconds up to each point, the zero-cost scores of the untrained model,
+MACs, parameters and -- after the separate latency pass -- CPU latency.  This is how NAS benchmarks
+(NAS-Bench-201, JAHS-Bench-201) let search methods be compared in seconds with many repeats.
+
+The oracle replaces exactly three measurements of :class:`archspec.search.engine.CandidateObjective`; the engine,
+sampler, budgets, rungs and reports stay the real ones:
+
+* training a proxy for ``k`` steps: the table's curve at step ``k`` (linear in ``log k`` between tabulated
+  steps; the curve's last step is the longest proxy there is), reported at every evaluation point the engine
+  asks for (rungs, pruners); its cost is the tabulated training seconds up to ``k``;
+* the zero-cost rung: the tabulated scores;
+* latency: the tabulated milliseconds (or, where the table has none, an error at ``--oracle``).
+
+Which seed's curve answers is the search's ``--seed`` modulo the table's seeds, so repeats with different seeds
+see the seed-to-seed noise a real search would.  A design that is not in the table is an error (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from archspec.errors import SpecError
+
+__all__ = ["TABLES_DIR", "OracleTable", "load_table"]
+
+TABLES_DIR = Path(__file__).resolve().parent / "tables"
+_OPTION = ("--oracle",)
+_MAX_BYTES = 64 * 2**20
+_REQUIRED = ("key", "seed", "params", "macs", "n_params", "curve", "tse", "final_accuracy", "zc")
+
+
+def _fail(message: str, file: str | None, hint: str | None = None) -> SpecError:
+    return SpecError.single(_OPTION, message, hint, file)
+
+
+def _interpolate(points: list[tuple[float, float]], x: float) -> float:
+    """Linear interpolation in ``log x`` between sorted ``(x, y)`` points; below the first, the first ``y``."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + t * (y1 - y0)
+    return points[-1][1]
+
+
+@dataclass
+class OracleResult:
+    """What :meth:`OracleTable.train` answers, shaped like :class:`archspec.search.proxy.ProxyResult`:
+    val top-1 (0..1), val loss, mean train loss, steps, simulated CPU seconds (the table's), history."""
+
+    accuracy: float
+    val_loss: float
+    train_loss: float
+    steps: int
+    seconds: float
+    history: list[tuple[int, float]] = field(default_factory=list)
+    geometry: Any = None
+    model: Any = None
+
+
+@dataclass
+class OracleTable:
+    """A tabulated space: rows by architecture key and seed (see the module docstring).
+
+    Attributes:
+        file: where it was read from.
+        space: the name of the space it tabulates.
+        rows: ``{architecture key: {seed: row}}``.
+        latency_ms: ``{architecture key: ms}`` (empty before the latency pass).
+        meta: the sidecar's protocol, machine and commits (``{}`` if there is none).
+    """
+
+    file: str
+    space: str
+    rows: dict[str, dict[int, dict]]
+    latency_ms: dict[str, float]
+    meta: dict
+
+    @property
+    def seeds(self) -> list[int]:
+        """The seeds every row of the table has (sorted)."""
+        common = None
+        for by_seed in self.rows.values():
+            common = set(by_seed) if common is None else common & set(by_seed)
+        return sorted(common or ())
+
+    @property
+    def curve_steps(self) -> list[int]:
+        """The tabulated steps of the learning curves."""
+        first = next(iter(next(iter(self.rows.values())).values()))
+        return [int(s) for s, *_ in first["curve"]]
+
+    def row(self, spec, seed: int) -> dict:
+        """The row of ``spec`` for the search seed ``seed`` (the table's seed ``seeds[seed % len(seeds)]``).
+
+        Raises:
+            SpecError: at ``--oracle``: the design is not in the table.
+        """
+        from archspec.search.latency import architecture_key
+
+        key = architecture_key(spec)
+        by_seed = self.rows.get(key)
+        if not by_seed:
+            raise _fail(f"design {key[:12]} is not in the table (space {self.space!r}, {len(self.rows)} designs)",
+                        self.file, "search the space the table tabulates (--space), or finish the table "
+                                   "(bench/space_table.py --resume)")
+        seeds = self.seeds or sorted(by_seed)
+        return by_seed.get(seeds[seed % len(seeds)]) or by_seed[sorted(by_seed)[0]]
+
+    def check_steps(self, steps: int) -> None:
+        """Raises :class:`SpecError` at ``--proxy-steps`` when ``steps`` lies past the tabulated curve."""
+        last = self.curve_steps[-1]
+        if steps > last:
+            raise SpecError.single(("--proxy-steps",), f"{steps} steps is past the table's curve ({last} steps)",
+                                   f"tabulated steps: {', '.join(map(str, self.curve_steps))}")
+
+    def train(self, spec, data, protocol, seed: int = 0, report=None, on_model=None) -> OracleResult:
+        """The proxy training :func:`archspec.search.proxy.train_proxy` would run, answered from the table:
+        ``report(step, accuracy)`` at every ``protocol.eval_every`` steps and the last, as the real loop does.
+
+        Raises:
+            SpecError: the design is not in the table, or ``protocol.steps`` is past its curve.
+        """
+        self.check_steps(protocol.steps)
+        row = self.row(spec, seed)
+        accuracy = [(float(s), float(a)) for s, a, _ in row["curve"]]
+        val_loss = [(float(s), float(v)) for s, _, v in row["curve"]]
+        seconds = [(float(s), float(t)) for s, _, t in row["tse"]]
+        loss_sums = [(0.0, 0.0)] + [(float(s), float(total)) for s, total, _ in row["tse"]]
+        steps = list(range(protocol.eval_every, protocol.steps, protocol.eval_every)) + [protocol.steps]
+        history = []
+        for step in steps:
+            value = _interpolate(accuracy, step)
+            history.append((step, value))
+            if report is not None:
+                report(step, value)
+        k = protocol.steps
+        mean_loss = _linear(loss_sums, k) / k
+        cost = _linear([(0.0, 0.0)] + seconds, k)  # training seconds up to step k (evaluation excluded)
+        return OracleResult(accuracy=history[-1][1], val_loss=_interpolate(val_loss, k), train_loss=mean_loss,
+                            steps=k, seconds=cost, history=history)
+
+    def zero_cost(self, spec, seed: int = 0):
+        """The tabulated zero-cost scores: ``(ZeroCostResult, None)`` like :func:`~archspec.search.proxy.score_proxy`.
+
+        Raises:
+            SpecError: the design is not in the table.
+        """
+        from archspec.search.zero_cost import ZeroCostResult
+
+        row = self.row(spec, seed)
+        scores = {k: (v if v is not None else -math.inf) for k, v in row["zc"].items()}
+        return ZeroCostResult(scores=scores, seconds=dict(row.get("zc_seconds") or {})), None
+
+    def latency(self, spec) -> float:
+        """The tabulated latency in ms.
+
+        Raises:
+            SpecError: the design is not in the table, or the table has no latency for it.
+        """
+        from archspec.search.latency import architecture_key
+
+        self.row(spec, 0)
+        ms = self.latency_ms.get(architecture_key(spec))
+        if ms is None:
+            raise _fail("the table has no latency for this design (its latency pass has not run)", self.file,
+                        "run `python bench/space_table.py --latency --resume` with nothing else running, or search "
+                        "with --objective accuracy")
+        return ms
+
+    def dataset(self):
+        """A stand-in :class:`archspec.data.Dataset` of the table's data (one blank image per split): what the
+        engine's static checks and reports read of the data (channels, classes, size); nothing is trained on it."""
+        import torch
+        from torch.utils.data import TensorDataset
+
+        from archspec.data import Dataset
+
+        protocol = self.meta.get("protocol", {})
+        size = int(protocol.get("image_size", 28))
+        channels, classes = int(protocol.get("channels", 1)), int(protocol.get("num_classes", 10))
+        blank = TensorDataset(torch.zeros(1, channels, size, size), torch.zeros(1, dtype=torch.long))
+        return Dataset(f"oracle:{Path(self.file).stem}", blank, blank, classes, channels, size)
+
+    def describe(self) -> dict:
+        """JSON-ready summary (recorded in the search's summary)."""
+        return {"file": self.file, "space": self.space, "designs": len(self.rows), "seeds": self.seeds,
+                "curve_steps": self.curve_steps, "latency": bool(self.latency_ms),
+                "protocol_id": self.meta.get("protocol_id")}
+
+
+def _linear(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear interpolation in ``x`` (cumulative sums such as TSE)."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+    return points[-1][1]
+
+
+def _read_rows(path: Path, name: str) -> list[dict]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise _fail(f"line {n}: not JSON ({exc.msg})", name) from None
+            missing = [k for k in _REQUIRED if not isinstance(row, dict) or k not in row]
+            if missing:
+                raise _fail(f"line {n}: not a table row (missing {', '.join(missing)})", name,
+                            "a table is what bench/space_table.py writes") from None
+            rows.append(row)
+    return rows
+
+
+def load_table(source: str | os.PathLike) -> OracleTable:
+    """Read a table: a JSONL path, or the name of a shipped table (``levit_small``).  Its sidecars
+    ``<stem>.meta.json`` (protocol) and ``<stem>.latency.json`` (``{key: ms}``) are read when present.
+
+    Raises:
+        SpecError: at ``--oracle``: no such file or shipped table, a directory, over 64 MB, unreadable, a line
+            that is not JSON or not a table row, no rows.
+    """
+    path = Path(source).expanduser()
+    name = str(source)
+    if not path.exists() and path.parent == Path(".") and (TABLES_DIR / f"{path.name}.jsonl").is_file():
+        path = TABLES_DIR / f"{path.name}.jsonl"
+    if not path.exists():
+        shipped = sorted(p.stem for p in TABLES_DIR.glob("*.jsonl")) if TABLES_DIR.is_dir() else []
+        raise _fail("no such table", name, f"shipped tables: {', '.join(shipped) or 'none'}")
+    if not path.is_file():
+        raise _fail("not a regular file", name)
+    if path.stat().st_size > _MAX_BYTES:
+        raise _fail(f"over {_MAX_BYTES // 2**20} MB: not a table", name)
+    try:
+        rows = _read_rows(path, name)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read: {getattr(exc, 'strerror', None) or exc}", name) from None
+    if not rows:
+        raise _fail("the table has no rows", name)
+    by_key: dict[str, dict[int, dict]] = {}
+    for row in rows:
+        by_key.setdefault(row["key"], {})[int(row["seed"])] = row
+    meta = _sidecar(path.with_suffix(".meta.json"), name)
+    latency = {k: float(v) for k, v in _sidecar(path.with_suffix(".latency.json"), name).items()}
+    space = meta.get("protocol", {}).get("space", path.stem)
+    return OracleTable(file=name, space=space, rows=by_key, latency_ms=latency, meta=meta)
+
+
+def _sidecar(path: Path, name: str) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _fail(f"its sidecar {path.name} is unreadable: {exc}", name) from None
+    if not isinstance(data, dict):
+        raise _fail(f"its sidecar {path.name} is not a JSON object", name)
+    return data
