@@ -1,0 +1,81 @@
+"""The shipped table of levit_small (issue 32, part 2): its schema against the space and the protocol, and -- slow --
+two of its rows trained again, which must land within the table's own seed spread."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from archspec.search.latency import architecture_key
+from archspec.search.oracle import TABLES_DIR, load_table
+from archspec.search.space import load_space
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = TABLES_DIR / "levit_small.jsonl"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("space_table", ROOT / "bench" / "space_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def table():
+    if not TABLE.is_file():
+        pytest.fail(f"{TABLE} is not shipped")
+    return load_table(TABLE)
+
+
+def test_table_rows_match_the_space_and_the_protocol(table):
+    bench = _bench()
+    meta = table.meta
+    assert meta["protocol"] == bench.PROTOCOL and meta["protocol_id"] == bench.protocol_id(bench.PROTOCOL)
+    assert meta["commits"] and meta["machine"]["cores"] >= 1
+    points = {architecture_key(spec): params for params, spec in load_space("levit_small").points()}
+    steps = bench.PROTOCOL["curve_steps"]
+    seen = set()
+    for key, by_seed in table.rows.items():
+        assert key in points, f"row {key[:12]} is no point of levit_small"
+        for seed, row in by_seed.items():
+            assert (key, seed) not in seen and seed in (0, 1)
+            seen.add((key, seed))
+            assert row["params"] == points[key] and row["protocol_id"] == meta["protocol_id"]
+            assert [s for s, *_ in row["curve"]] == steps and [s for s, *_ in row["tse"]] == steps
+            assert all(0.0 <= a <= 1.0 for _, a, _ in row["curve"]) and 0.0 <= row["final_accuracy"] <= 1.0
+            seconds = [t for *_, t in row["tse"]]
+            assert seconds == sorted(seconds) and seconds[0] > 0  # cumulative training seconds
+            losses = [total for _, total, _ in row["tse"]]
+            assert losses == sorted(losses)  # a sum of positive losses only grows
+            assert set(row["zc"]) == {"naswot", "synflow", "grad_norm"}
+            assert row["macs"] > 0 and row["n_params"] > 0
+    assert len(seen) >= 48  # the seed check's 24 designs, both seeds
+
+
+@pytest.mark.slow
+def test_two_random_rows_retrain_within_the_tables_seed_spread(table):
+    """Two designs drawn at random from the table (seeded), retrained with seed 0 under the protocol: the final
+    accuracy lands within the design's two tabulated seeds, widened by their spread (at least 1 point)."""
+    import torch
+
+    bench = _bench()
+    pairs = sorted(k for k, by in table.rows.items() if 0 in by and 1 in by)
+    narrow = [k for k in pairs if table.rows[k][0]["params"]["stages"] == "narrow"]  # the cheaper half: CI time
+    points = {architecture_key(spec): spec for _, spec in load_space("levit_small").points()}
+    data_curve, data_final = bench.reference_data(bench.PROTOCOL)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for key in random.Random(0).sample(narrow, 2):
+            rows = table.rows[key]
+            got = bench.train_row(points[key], data_curve, data_final, bench.PROTOCOL, seed=0)["final_accuracy"]
+            low, high = sorted((rows[0]["final_accuracy"], rows[1]["final_accuracy"]))
+            spread = max(high - low, 0.01)
+            assert low - spread <= got <= high + spread, (rows[0]["label"], got, low, high)
+    finally:
+        torch.set_num_threads(threads)
