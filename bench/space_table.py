@@ -292,6 +292,36 @@ def tabulate(args) -> int:
     return 0
 
 
+def latency_pass(args) -> int:
+    """CPU latency of every point by LeViT's protocol (one thread, batch 1, median of 20 after 5 warm-up runs), in
+    two full passes over the space so that the noise shows; written to ``<out>.latency.json`` as
+    ``{"protocol", "machine", "commit", "ms": {key: [pass 1, pass 2]}}``.  ``--resume`` keeps keys measured
+    twice already.  Run it with nothing else running."""
+    from archspec.search.latency import LatencyProtocol, architecture_key, measure_latency
+    from archspec.search.space import load_space
+
+    path = Path(args.out).with_suffix(".latency.json")
+    old = json.loads(path.read_text()) if path.exists() and args.resume else {}
+    ms: dict[str, list[float]] = {k: v for k, v in old.get("ms", {}).items() if len(v) >= 2}
+    protocol = LatencyProtocol()
+    points = [(architecture_key(spec), spec) for _, spec in load_space(PROTOCOL["space"]).points()]
+    start = time.perf_counter()
+    for attempt in range(2):
+        for key, spec in points:
+            if len(ms.get(key, [])) > attempt:
+                continue
+            ms.setdefault(key, []).append(round(measure_latency(spec, protocol), 4))
+        print(f"pass {attempt + 1}: {time.perf_counter() - start:.0f} s", flush=True)
+    out = {"protocol": protocol.describe(), "machine": machine(), "commit": git_commit(),
+           "command": "python bench/space_table.py --latency", "ms": ms}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=0) + "\n")
+    os.replace(tmp, path)
+    ratios = [max(v) / min(v) for v in ms.values()]
+    print(f"{len(ms)} designs; pass-to-pass ratio median {sorted(ratios)[len(ratios) // 2]:.3f}, max {max(ratios):.3f}")
+    return 0
+
+
 def seed_report(rows: list[dict]) -> dict:
     """Kendall tau between seed 0 and seed 1 final accuracies over the designs that have both."""
     from scipy.stats import kendalltau
@@ -317,10 +347,14 @@ def main(argv=None) -> int:
     parser.add_argument("--designs", type=int, default=None, help="only the first N designs of the fixed order")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds per design (default 0 1)")
     parser.add_argument("--report", action="store_true", help="print the seed-to-seed Kendall tau of the table")
+    parser.add_argument("--latency", action="store_true",
+                        help="the latency pass (two passes, LeViT's CPU protocol) into <out>.latency.json")
     args = parser.parse_args(argv)
     if args.report:
         print(json.dumps(seed_report(load_rows(Path(args.out))), indent=1))
         return 0
+    if args.latency:
+        return latency_pass(args)
     return tabulate(args)
 
 

@@ -48,7 +48,7 @@ def _table(tmp_path, finals=None, drop: int | None = None, latency: bool = False
                                                                       "channels": 3, "num_classes": 10}}))
     if latency:
         (tmp_path / "tiny.latency.json").write_text(json.dumps(
-            {architecture_key(spec): 1.0 + i for i, (_, spec) in enumerate(points)}))
+            {"ms": {architecture_key(spec): [0.5 + i, 1.5 + i] for i, (_, spec) in enumerate(points)}}))
     return path, points
 
 

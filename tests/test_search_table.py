@@ -4,7 +4,6 @@ two of its rows trained again, which must land within the table's own seed sprea
 from __future__ import annotations
 
 import importlib.util
-import json
 import random
 from pathlib import Path
 

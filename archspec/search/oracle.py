@@ -227,7 +227,8 @@ def _read_rows(path: Path, name: str) -> list[dict]:
 
 def load_table(source: str | os.PathLike) -> OracleTable:
     """Read a table: a JSONL path, or the name of a shipped table (``levit_small``).  Its sidecars
-    ``<stem>.meta.json`` (protocol) and ``<stem>.latency.json`` (``{key: ms}``) are read when present.
+    ``<stem>.meta.json`` (protocol) and ``<stem>.latency.json`` (``{"ms": {key: [ms per pass]}}``) are read
+    when present.
 
     Raises:
         SpecError: at ``--oracle``: no such file or shipped table, a directory, over 64 MB, unreadable, a line
@@ -254,9 +255,20 @@ def load_table(source: str | os.PathLike) -> OracleTable:
     for row in rows:
         by_key.setdefault(row["key"], {})[int(row["seed"])] = row
     meta = _sidecar(path.with_suffix(".meta.json"), name)
-    latency = {k: float(v) for k, v in _sidecar(path.with_suffix(".latency.json"), name).items()}
+    latency = _latency(_sidecar(path.with_suffix(".latency.json"), name), name)
     space = meta.get("protocol", {}).get("space", path.stem)
     return OracleTable(file=name, space=space, rows=by_key, latency_ms=latency, meta=meta)
+
+
+def _latency(sidecar: dict, name: str) -> dict[str, float]:
+    """``{key: ms}`` from a latency sidecar ``{"ms": {key: ms or [ms of each pass]}}``: the mean of the passes."""
+    out = {}
+    for key, value in (sidecar.get("ms") or {}).items():
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, int | float) and v > 0 for v in values):
+            raise _fail(f"its latency sidecar has no positive ms for design {str(key)[:12]}", name)
+        out[key] = sum(values) / len(values)
+    return out
 
 
 def _sidecar(path: Path, name: str) -> dict:
