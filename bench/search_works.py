@@ -1,7 +1,8 @@
-"""Does the search work?  Fidelities ranked against the table's reference (issue 32, part 3).
+"""Does the search work?  Fidelities against the table's reference, and search methods against random sampling.
 
     python bench/search_works.py fidelity                  # Kendall tau of every fidelity, on the shipped table
     python bench/search_works.py fidelity --table T.jsonl --json out.json
+    python bench/search_works.py simulate --repeats 20     # archspec search vs random etc. on the oracle
 
 The reference is each design's final accuracy (all 10,000 test images) after the full protocol.  A fidelity
 measured on one seed's run is compared with the *other* seed's final accuracy (both assignments, then averaged),
@@ -102,6 +103,188 @@ def fidelity_table(rows: list[dict]) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------------------- search methods
+# Each method is `archspec search --oracle` with these options (run_design's names); the budget is the same for all.
+METHODS = {
+    "archspec default (TPE, SynFlow rung)": {"sampler": "tpe", "fidelity": "zc", "zc_score": "synflow"},
+    "random sampling": {"sampler": "random", "fidelity": "none"},
+    "TPE, no rung": {"sampler": "tpe", "fidelity": "none"},
+    "NSGA-II": {"sampler": "nsga2", "fidelity": "none"},
+    "TPE + successive halving": {"sampler": "tpe", "fidelity": "sha"},
+}
+
+
+def hypervolume_2d(points: list[tuple[float, float]], ref: tuple[float, float]) -> float:
+    """Area dominated by ``points`` (both coordinates minimised) up to the reference point ``ref``: the union of
+    the rectangles ``[x, ref_x] x [y, ref_y]``; points beyond ``ref`` in either coordinate add nothing.  A sweep
+    in ``x``: each strip up to the next point's ``x`` is as tall as ``ref_y`` less the lowest ``y`` so far."""
+    inside = sorted((x, y) for x, y in points if x < ref[0] and y < ref[1])
+    area, best_y = 0.0, ref[1]
+    for (x, y), next_x in zip(inside, [p[0] for p in inside[1:]] + [ref[0]]):
+        best_y = min(best_y, y)
+        area += (next_x - x) * (ref[1] - best_y)
+    return area
+
+
+def pareto(points: list[tuple[float, float, object]]) -> list:
+    """The items of ``(accuracy, cost, item)`` that no other beats on both (higher accuracy, lower cost)."""
+    return [c for a, k, c in points
+            if not any(a2 >= a and k2 <= k and (a2 > a or k2 < k) for a2, k2, _ in points)]
+
+
+class Truth:
+    """What the table says of each design: reference accuracy (mean final over seeds), MACs, latency, costs."""
+
+    def __init__(self, table):
+        self.table = table
+        self.accuracy = {k: float(np.mean([r["final_accuracy"] for r in by.values()])) for k, by in table.rows.items()}
+        self.macs = {k: next(iter(by.values()))["macs"] for k, by in table.rows.items()}
+        self.latency = dict(table.latency_ms)
+        accs, macs = list(self.accuracy.values()), list(self.macs.values())
+        lats = list(self.latency.values()) or [1.0]
+        self.bounds = {"accuracy": (min(accs), max(accs)), "macs": (min(macs), max(macs)),
+                       "latency": (min(lats), max(lats))}
+
+    def normalised(self, key: str, cost: str) -> tuple[float, float]:
+        """``(1 - accuracy, cost)`` scaled so the table spans [0, 1] on both: both minimised."""
+        lo, hi = self.bounds["accuracy"]
+        clo, chi = self.bounds[cost]
+        value = self.macs[key] if cost == "macs" else self.latency[key]
+        return (1 - (self.accuracy[key] - lo) / (hi - lo), (value - clo) / (chi - clo))
+
+    def trial_cost(self, trial, seed: int, steps: int) -> float:
+        """Simulated CPU seconds a trial spent: the table's training seconds up to the step it reached (the
+        proxy's last step, or the last rung it reached when stopped there), plus its zero-cost seconds."""
+        from archspec.search.oracle import _linear
+
+        ua = trial.user_attrs
+        cost = float(ua.get("zero_cost", {}).get("total_seconds", 0.0))
+        key = ua.get("arch_key")
+        if key not in self.table.rows or "reused_from" in ua:
+            return cost
+        reached = steps if ua.get("status") == "trained" else max(map(int, ua.get("rungs", {}) or {"0": 0}))
+        if reached:
+            by = self.table.rows[key]
+            row = by.get(self.table.seeds[seed % len(self.table.seeds)], next(iter(by.values())))
+            cost += _linear([(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]], reached)
+        return cost
+
+
+def trace(study, truth: Truth, seed: int, steps: int, macs_budget: float) -> list[dict]:
+    """The search as it went, one entry per finished trial: cumulative simulated seconds, trained count, and
+    the front it would report then (Pareto by proxy accuracy and latency), scored on the table's reference:
+    hypervolume in (accuracy, latency) and (accuracy, MACs), and the reference accuracy of the best design
+    (by proxy) under ``macs_budget``."""
+    import optuna
+
+    out, seconds, trained = [], 0.0, []
+    for t in sorted(study.trials, key=lambda t: t.number):
+        seconds += truth.trial_cost(t, seed, steps)
+        if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("status") in ("trained", "reused"):
+            if "reused_from" not in t.user_attrs:
+                trained.append((t.values[0], t.user_attrs.get("latency_ms", 0.0), t.user_attrs["arch_key"]))
+        front = pareto(trained)
+        row = {"trial": t.number, "seconds": seconds, "trained": len(trained)}
+        for cost in ("latency", "macs"):
+            pts = [truth.normalised(k, cost) for k in front] if (cost == "macs" or truth.latency) else []
+            row[f"hv_{cost}"] = hypervolume_2d(pts, (1.0, 1.0)) if pts else 0.0
+        under = [(acc, k) for acc, _, k in trained if truth.macs[k] <= macs_budget]
+        row["best_under_budget"] = truth.accuracy[max(under)[1]] if under else None
+        out.append(row)
+    return out
+
+
+def simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget: float,
+             methods: dict | None = None) -> dict:
+    """Every method, ``repeats`` times (seeds 0..repeats-1), each a real ``archspec search --oracle`` of
+    ``trials`` trained candidates with ``steps``-step proxies, on an in-memory storage: their traces."""
+    import tempfile
+
+    from archspec.search import run_design
+    from archspec.search.oracle import load_table
+
+    table = load_table(table_path)
+    truth = Truth(table)
+    results = {}
+    for name, options in (methods or METHODS).items():
+        runs = []
+        for seed in range(repeats):
+            with tempfile.TemporaryDirectory() as tmp:
+                outcome = run_design(space=table.space, oracle=table_path, trials=trials, timeout=None,
+                                     trial_timeout=None, protocol={"steps": steps}, seed=seed, storage="memory",
+                                     out=Path(tmp) / "run", progress=False, **options)
+            runs.append(trace(outcome.study, truth, seed, steps, macs_budget))
+        results[name] = runs
+    return {"table": table_path, "repeats": repeats, "trials": trials, "steps": steps, "macs_budget": macs_budget,
+            "bounds": truth.bounds, "methods": results}
+
+
+def value_at(run: list[dict], field: str, seconds: float):
+    """A run's ``field`` at simulated time ``seconds`` (its last trace entry by then; 0 / None before any)."""
+    last = None
+    for row in run:
+        if row["seconds"] > seconds:
+            break
+        last = row[field]
+    return last if last is not None else (0.0 if field.startswith("hv") else None)
+
+
+def compare(result: dict, baseline: str = "random sampling") -> dict:
+    """Median and IQR of each method's hypervolumes and best-under-budget accuracy at the common budget (the
+    baseline's median total simulated seconds) and after its last trial, and the paired Wilcoxon signed-rank test
+    (one-sided: the method beats the baseline; repeats paired by seed)."""
+    from scipy.stats import wilcoxon
+
+    methods = result["methods"]
+    budget = float(np.median([run[-1]["seconds"] for run in methods[baseline]]))
+    out = {"budget_seconds": budget, "methods": {}}
+    for name, runs in methods.items():
+        entry = {}
+        for field in ("hv_latency", "hv_macs", "best_under_budget"):
+            at_budget = [value_at(run, field, budget) for run in runs]
+            final = [run[-1][field] for run in runs]
+            for label, values in (("at_budget", at_budget), ("final", final)):
+                vals = [v for v in values if v is not None]
+                entry[f"{field}_{label}"] = {"median": float(np.median(vals)) if vals else None,
+                                             "iqr": [float(np.percentile(vals, 25)), float(np.percentile(vals, 75))]
+                                             if vals else None, "values": values}
+        if name != baseline:
+            for field in ("hv_latency", "hv_macs"):
+                for label in ("at_budget", "final"):
+                    a = entry[f"{field}_{label}"]["values"]
+                    b = [value_at(run, field, budget) if label == "at_budget" else run[-1][field]
+                         for run in methods[baseline]]
+                    diffs = [x - y for x, y in zip(a, b)]
+                    p = float(wilcoxon(a, b, alternative="greater").pvalue) if any(diffs) else 1.0
+                    entry[f"{field}_{label}"]["wilcoxon_p_vs_baseline"] = p
+                    entry[f"{field}_{label}"]["wins"] = sum(d > 0 for d in diffs)
+        out["methods"][name] = entry
+    return out
+
+
+def plot(result: dict, path: str, field: str = "hv_latency") -> None:
+    """Anytime ``field`` against simulated CPU seconds: median and interquartile band per method (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    end = max(run[-1]["seconds"] for runs in result["methods"].values() for run in runs)
+    grid = np.linspace(0, end, 200)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, runs in result["methods"].items():
+        values = np.array([[value_at(run, field, t) for t in grid] for run in runs], dtype=float)
+        median, q1, q3 = (np.percentile(values, q, axis=0) for q in (50, 25, 75))
+        ax.plot(grid / 60, median, label=name)
+        ax.fill_between(grid / 60, q1, q3, alpha=0.2)
+    ax.set_xlabel("simulated CPU minutes (the table's training seconds)")
+    ax.set_ylabel("hypervolume, (accuracy, latency)" if field == "hv_latency" else "hypervolume, (accuracy, MACs)")
+    ax.set_title(f"{len(next(iter(result['methods'].values())))} repeats per method: median and IQR")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def markdown(result: dict) -> str:
     ref = result["reference_seed_to_seed"]
     lines = [f"{result['designs']} designs; the reference's own seed-to-seed tau {ref['tau']:.3f} "
@@ -119,7 +302,31 @@ def main(argv=None) -> int:
     fid = sub.add_parser("fidelity", help="Kendall tau of every fidelity against the reference")
     fid.add_argument("--table", default=str(DEFAULT_TABLE))
     fid.add_argument("--json", default=None, help="also write the result here")
+    sim = sub.add_parser("simulate", help="search methods against random sampling on the oracle")
+    sim.add_argument("--table", default=str(DEFAULT_TABLE))
+    sim.add_argument("--repeats", type=int, default=20)
+    sim.add_argument("--trials", type=int, default=20, help="trained candidates per search (default 20)")
+    sim.add_argument("--steps", type=int, default=None, help="proxy steps (default: the search's default)")
+    sim.add_argument("--macs-budget", type=float, default=20e6, help="for best accuracy under a MAC budget")
+    sim.add_argument("--json", default="search_works_simulate.json")
+    sim.add_argument("--plot", default=None, help="PNG of the anytime hypervolume (accuracy, latency)")
     args = parser.parse_args(argv)
+    if args.cmd == "simulate":
+        from archspec.search.proxy import ProxyProtocol
+
+        steps = args.steps or ProxyProtocol().steps
+        result = simulate(args.table, args.repeats, args.trials, steps, args.macs_budget)
+        result["comparison"] = compare(result)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        if args.plot:
+            plot(result, args.plot)
+        for name, entry in result["comparison"]["methods"].items():
+            hv = entry["hv_latency_at_budget"]
+            print(f"{name}: HV(acc, latency) at {result['comparison']['budget_seconds']:.0f} s median "
+                  f"{hv['median']:.3f} IQR {hv['iqr'][0]:.3f}..{hv['iqr'][1]:.3f}"
+                  + (f", Wilcoxon p {hv['wilcoxon_p_vs_baseline']:.3g} ({hv['wins']} wins)"
+                     if "wilcoxon_p_vs_baseline" in hv else ""))
+        return 0
     rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()]
     result = fidelity_table(rows)
     print(markdown(result))
