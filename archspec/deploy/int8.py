@@ -332,7 +332,10 @@ def load_calibration(source: str | os.PathLike | None, channels: int, resolution
     from archspec.data import load_data  # noqa: PLC0415
 
     pool = max(2, math.ceil(batches * batch_size / 0.75))  # every source keeps >= 75% of its images for training
-    data = load_data(source, max(resolution), seed=seed, max_images=pool)
+    try:
+        data = load_data(source, max(resolution), seed=seed, max_images=pool)
+    except SpecError as exc:  # load_data speaks of --data, an option build and export do not have
+        raise exc.as_option("--data", "--calibrate") from None
     out = calibration_batches(data, channels, resolution, batches, batch_size, seed)
     return out, {"data": data.name, "source": str(source or "digits"), "seed": seed}
 
