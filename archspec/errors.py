@@ -73,6 +73,13 @@ class SpecError(ValueError):
         """One-problem error."""
         return cls([Problem(tuple(path), message, hint, file, line, column)])
 
+    def as_option(self, old: str, new: str) -> SpecError:
+        """A copy that names the command-line option ``new`` where this one names ``old`` (path and hint): a
+        helper shared by several verbs speaks of ``--data``, ``build --int8`` calls it ``--calibrate``."""
+        return SpecError([Problem((new, *p.path[1:]) if p.path and p.path[0] == old else p.path, p.message,
+                                  p.hint.replace(old, new) if p.hint else p.hint, p.file, p.line, p.column)
+                          for p in self.problems])
+
     def located(self, locate: Locator | None) -> SpecError:
         """Return a copy whose problems have file/line/column filled from ``locate``."""
         if locate is None:

@@ -105,6 +105,47 @@ def test_int8_save_and_load_rebuild_the_same_model(levit, int8_reference, photos
         load_quantized(tmp_path / "q")
 
 
+def _tampered(directory, metadata=None, tensors=None):
+    """Rewrite ``directory/int8.safetensors`` with changed metadata or tensors (what a hostile file holds)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = directory / "int8.safetensors"
+    with safe_open(str(path), framework="pt") as handle:
+        meta, saved = handle.metadata(), {key: handle.get_tensor(key) for key in handle.keys()}
+    save_file((tensors or (lambda t: t))(saved), str(path), metadata=(metadata or (lambda m: m))(meta))
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("no calibration", "no calibration input shape"),
+    ("huge input shape", "is not the model's input"),
+    ("reshaped observer", "do not fit this model's observers"),
+])
+def test_load_quantized_refuses_a_tampered_calibration_file(levit, int8_reference, tmp_path, damage, message):
+    """Metadata and tensors of int8.safetensors are untrusted: a clear SpecError naming the file, and nothing
+    allocated at a size the file alone decides (the input shape must be the spec's)."""
+    import json
+
+    archspec.save(int8_reference, tmp_path / "q")
+
+    def meta(m):
+        record = json.loads(m["archspec_int8"])
+        if damage == "no calibration":
+            del record["calibration"]
+        else:
+            record["calibration"]["input_shape"] = [3, 100000, 100000]
+        return {**m, "archspec_int8": json.dumps(record)}
+
+    def tensors(saved):
+        key = next(k for k, v in saved.items() if v.numel() > 1)
+        return {**saved, key: saved[key].reshape(-1)[:-1].clone()}
+
+    _tampered(tmp_path / "q", **({"tensors": tensors} if damage == "reshaped observer" else {"metadata": meta}))
+    with pytest.raises(SpecError, match=message) as info:
+        load_quantized(tmp_path / "q", compile=False)
+    assert "int8.safetensors" in str(info.value)
+
+
 class _DataDependent(nn.Module):
     def __init__(self):
         super().__init__()
@@ -247,7 +288,8 @@ def test_compile_for_inference_equals_eager_per_model_and_shape(one_thread):
 def test_build_refuses_bad_int8_options_before_any_work(extra, message, tmp_path, capsys):
     out = tmp_path / "b"
     assert main(["build", "levit_128s", "--out", str(out), *extra]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "--data" not in err  # build has no --data: the message names --calibrate
     assert not out.exists()
 
 

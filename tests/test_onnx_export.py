@@ -73,3 +73,6 @@ def test_export_needs_the_extra(monkeypatch, tmp_path, capsys):
 def test_export_refuses_options_that_do_not_apply(tmp_path, capsys):
     assert main(["export", "levit_128s", "--onnx", str(tmp_path / "m.onnx"), "--calibrate", "digits"]) == 2
     assert "--calibrate: applies only with --int8" in capsys.readouterr().err
+    assert main(["export", "levit_128s", "--onnx", str(tmp_path / "m.onnx"), "--int8", "--calibrate", "/nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--calibrate: no such file" in err and "--data" not in err and not (tmp_path / "m.onnx").exists()

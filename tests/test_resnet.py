@@ -199,6 +199,24 @@ def test_located_errors(body: str, path: str, line: int | None, text: str, tmp_p
         assert problem.line == line
 
 
+@pytest.mark.parametrize("stride", [3, 4])
+@pytest.mark.parametrize("stage", ["block: basic", "block: bottleneck", "block: bottleneck, mixer: {kind: gpsa}"])
+def test_a_stride_that_would_not_build_is_refused_at_validation(stage: str, stride: int, tmp_path) -> None:
+    """Every spec that validates builds: timm's 1x1 strided shortcut pads from stride 3 on (a 56 px input gives
+    maps of 5 and 6 pixels) and GPSA runs at stride 1 or 2, so a conv stage's stride is 1 or 2, refused with its
+    line; stride 2 of the same stage builds and runs."""
+    body = (f"input: {{resolution: 56}}\nstem: {{kind: resnet}}\n{NO_TOKENS}stages:\n"
+            f"  - {{kind: conv, {stage}, depth: 1, channels: 32, stride: STRIDE}}\nhead: {{pool: mean}}\n")
+    source = tmp_path / "t.yaml"
+    source.write_text(HEAD + body.replace("STRIDE", str(stride)), encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        archspec.load_spec(source)
+    problem = info.value.problems[0]
+    assert format_path(problem.path) == "stages[0].stride" and problem.file == str(source) and problem.line == 6
+    model = archspec.compile(HEAD + body.replace("STRIDE", "2")).eval()
+    assert model(torch.randn(1, 3, 56, 56)).shape[-1] == 1000
+
+
 def test_unknown_key_hint_lists_the_conv_stage_keys() -> None:
     with pytest.raises(SpecError) as info:
         archspec.load_spec({"stem": {"kind": "resnet"}, "stages": [{"kind": "conv", "block": "basic", "depth": 1,

@@ -98,8 +98,8 @@ def test_out_rules_refuse_what_archspec_did_not_write(folder, tmp_path, spec_fil
     assert main([*args, "--out", str(tmp_path / "fresh"), "--resume"]) == 2
     assert "--resume" in capsys.readouterr().err and not (tmp_path / "fresh").exists()
     assert main([*args, "--out", str(tmp_path / "run"), "--quiet"]) == 0
-    assert main([*args, "--out", str(tmp_path / "run"), "--quiet"]) == 2  # an earlier run: --resume or another --out
-    assert "--resume" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "run"), "--quiet"]) == 2  # a finished run: --restart or another --out
+    assert "--restart" in capsys.readouterr().err
     assert main([*args, "--out", str(tmp_path / "x"), "--lr", "-1"]) == 2  # argparse: must be positive
 
 

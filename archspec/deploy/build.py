@@ -36,7 +36,10 @@ def check_options(args: argparse.Namespace, device) -> None:
     from archspec.deploy.int8 import require_backend
 
     require_backend()
-    check_source(args.calibrate)
+    try:
+        check_source(args.calibrate)
+    except SpecError as exc:  # check_source speaks of --data, an option this verb does not have
+        raise exc.as_option("--data", "--calibrate") from None
 
 
 def compiled_line(compiled: dict, eager_ms: float) -> str:

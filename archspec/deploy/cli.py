@@ -111,7 +111,10 @@ def _quantized(args: argparse.Namespace, model, is_dir: bool):
     require_backend()
     if is_dir and args.calibrate is None and (Path(args.spec) / INT8_FILE).is_file():
         return load_quantized(args.spec, compile=False, allow_spec_change=args.allow_spec_change)
-    check_source(args.calibrate)
+    try:
+        check_source(args.calibrate)
+    except SpecError as exc:  # check_source speaks of --data, an option this verb does not have
+        raise exc.as_option("--data", "--calibrate") from None
     spec = model.spec
     batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),
                                             args.calibration_batches)

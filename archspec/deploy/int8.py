@@ -332,7 +332,10 @@ def load_calibration(source: str | os.PathLike | None, channels: int, resolution
     from archspec.data import load_data  # noqa: PLC0415
 
     pool = max(2, math.ceil(batches * batch_size / 0.75))  # every source keeps >= 75% of its images for training
-    data = load_data(source, max(resolution), seed=seed, max_images=pool)
+    try:
+        data = load_data(source, max(resolution), seed=seed, max_images=pool)
+    except SpecError as exc:  # load_data speaks of --data, an option build and export do not have
+        raise exc.as_option("--data", "--calibrate") from None
     out = calibration_batches(data, channels, resolution, batches, batch_size, seed)
     return out, {"data": data.name, "source": str(source or "digits"), "seed": seed}
 
@@ -402,7 +405,7 @@ def load_quantized(directory: str | os.PathLike, compile: bool = True,
     if metadata.get("archspec_spec_sha256") != spec_digest(float_model.spec) and not allow_spec_change:
         raise SpecError.single((), "was calibrated for another spec than this directory's spec.yaml",
                                "rebuild it with `archspec build SPEC --int8`", str(path))
-    shape = tuple(provenance["calibration"]["input_shape"])
+    shape = _saved_input_shape(provenance, float_model, path)
     prepared, _ = _prepare(float_model, torch.zeros(2, *shape))
     if set(_observers(prepared)) != set(saved):  # (a per-channel observer's shape is set when it first observes)
         import torchao  # noqa: PLC0415
@@ -414,8 +417,38 @@ def load_quantized(directory: str | os.PathLike, compile: bool = True,
     state = OrderedDict(saved)
     # the observers' version metadata: without it they read the file as an old (version < 3) state and reset eps
     state._metadata = getattr(prepared.state_dict(), "_metadata", None)
-    prepared.load_state_dict(state, strict=False)
-    if any(not torch.equal(value, saved[key]) for key, value in _observers(prepared).items()):
+    try:
+        prepared.load_state_dict(state, strict=False)
+        unchanged = all(torch.equal(value, saved[key]) for key, value in _observers(prepared).items())
+        converted = convert_pt2e(prepared) if unchanged else None
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # e.g. a reshaped statistic
+        raise SpecError.single((), f"its observer statistics do not fit this model's observers: "
+                                   f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
+                               "calibrate again: `archspec build SPEC --int8 --calibrate DATA`", str(path)) from None
+    if not unchanged:
         raise SpecError.single((), "its observer statistics did not load unchanged into this torchao's observers",
                                "calibrate again: `archspec build SPEC --int8 --calibrate DATA`", str(path))
-    return QuantizedModel(convert_pt2e(prepared), float_model, saved, provenance["calibration"], compile=compile)
+    return QuantizedModel(converted, float_model, saved, provenance["calibration"], compile=compile)
+
+
+def _saved_input_shape(provenance: Any, float_model: nn.Module, path: Path) -> tuple[int, ...]:
+    """The calibration's input shape ``(C, H, W)`` from the file's metadata, which must be the model's own input
+    (so nothing is allocated at a size the file alone decides).
+
+    Raises:
+        SpecError: naming ``path``: no calibration record, or a shape other than the model's input.
+    """
+    calibration = provenance.get("calibration") if isinstance(provenance, dict) else None
+    shape = calibration.get("input_shape") if isinstance(calibration, dict) else None
+    if not (isinstance(shape, list) and shape and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                      for v in shape)):
+        raise SpecError.single((), "not an int8 calibration file archspec wrote: its metadata has no calibration "
+                                   "input shape", "rebuild it with `archspec build SPEC --int8`", str(path))
+    expected = _input_shape(float_model)
+    if expected is not None and tuple(shape) != tuple(expected):
+        raise SpecError.single((), f"its calibration input shape {tuple(shape)} is not the model's input "
+                                   f"{tuple(expected)}", "rebuild it with `archspec build SPEC --int8`", str(path))
+    if expected is None and len(shape) > 4:
+        raise SpecError.single((), f"its calibration input shape {tuple(shape)} is not an image's",
+                               "rebuild it with `archspec build SPEC --int8`", str(path))
+    return tuple(shape)

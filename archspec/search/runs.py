@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from archspec.builddir import normal_mode
 from archspec.errors import SpecError
 from archspec.loader import load_spec
 from archspec.spec import ArchSpec, spec_to_yaml
@@ -98,6 +99,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, normal_mode(directory=False))  # mkstemp makes 0o600; files follow the umask as open()'s do
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -25,7 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
-__all__ = ["SeededSamples", "EpochSampler", "StreamBatches", "TensorBatches", "augment"]
+__all__ = ["SeededSamples", "EpochSampler", "StreamBatches", "TensorBatches", "augment", "quiet_worker"]
+
+
+def quiet_worker(worker_id: int) -> None:
+    """A DataLoader worker's start: SIGTERM ends it silently (the default action) instead of running the handler
+    it inherited from ``archspec train`` (which stops the main process and then shuts its workers down)."""
+    import signal  # noqa: PLC0415
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def augment(x: torch.Tensor, mode: str, gen: torch.Generator) -> torch.Tensor:
@@ -184,7 +192,8 @@ class StreamBatches:
                                self.batch_in_epoch)
         loader = DataLoader(self.samples, batch_size=self.global_batch // self.world, sampler=sampler,
                             num_workers=self.workers, pin_memory=self.device.type == "cuda", drop_last=True,
-                            persistent_workers=False, generator=torch.Generator().manual_seed(self.seed))
+                            persistent_workers=False, generator=torch.Generator().manual_seed(self.seed),
+                            worker_init_fn=quiet_worker if self.workers else None)
         return iter(loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -13,11 +13,14 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from archspec.builddir import normal_mode
 
 __all__ = ["CHECKPOINT", "rng_state", "set_rng_state", "save_checkpoint", "load_checkpoint"]
 
@@ -56,6 +59,7 @@ def save_checkpoint(path: str | os.PathLike, step: int, trainer: Any, batches: A
              "rng": rng_state(), "extra": extra or {}}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, normal_mode(directory=False))  # mkstemp makes 0o600; files follow the umask
         with os.fdopen(fd, "wb") as fh:
             torch.save(state, fh)
             fh.flush()
@@ -71,10 +75,43 @@ def load_checkpoint(path: str | os.PathLike, trainer: Any, batches: Any) -> dict
     """Restore ``trainer``, ``batches`` and the RNG states from ``path``; returns ``{"step", "extra"}``.
 
     Raises:
-        OSError, RuntimeError: the file is missing or not a checkpoint archspec wrote.
+        SpecError: at ``--resume``, naming ``path``: the file is missing, unreadable, truncated, not a
+            checkpoint archspec wrote (random bytes, a pickle of other objects, missing entries) or one of
+            another model (tensor shapes that do not match); nothing is changed on disk.
     """
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    trainer.load_state_dict(state["trainer"])
-    batches.load_state_dict(state["batches"])
-    set_rng_state(state["rng"])
+    from archspec.errors import SpecError  # noqa: PLC0415
+
+    path = Path(path)
+
+    def fail(reason: str) -> SpecError:
+        return SpecError.single(("--resume",), f"{path.name} cannot be resumed from: {reason}",
+                                "the run directory is left as it is; --restart starts the run over", str(path))
+
+    try:
+        with warnings.catch_warnings():  # torch's note on the pickle protocol of a file that is no checkpoint
+            warnings.simplefilter("ignore", UserWarning)
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, EOFError, RuntimeError, ValueError, TypeError) as exc:
+        text = str(exc).strip()
+        reason = text.splitlines()[0].split(". ")[0] if text else type(exc).__name__
+        if "weights_only" in str(exc) or "Weights only" in str(exc):
+            reason = "not a checkpoint archspec wrote (it holds objects other than tensors, numbers and strings)"
+        raise fail(f"unreadable or truncated ({reason})") from None
+    except Exception as exc:  # noqa: BLE001 - pickle.UnpicklingError and the like: bytes that are no checkpoint
+        raise fail(f"not a checkpoint archspec wrote ({type(exc).__name__})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("trainer"), dict) or not isinstance(
+            state.get("step"), int):
+        raise fail("not a checkpoint archspec wrote (no step and trainer state)")
+    missing = [k for k in ("batches", "rng") if not isinstance(state.get(k), dict)]
+    missing += [f"trainer.{k}" for k in ("model", "optimizer", "scheduler") if k not in state["trainer"]]
+    if missing:
+        raise fail(f"not a complete checkpoint (missing {', '.join(missing)})")
+    try:
+        trainer.load_state_dict(state["trainer"])
+        batches.load_state_dict(state["batches"])
+        set_rng_state(state["rng"])
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        shown = "; ".join(lines[:3]) or type(exc).__name__
+        raise fail(f"it does not match this model and settings ({shown})") from None
     return {"step": int(state["step"]), "extra": state.get("extra", {})}

@@ -20,6 +20,8 @@ Train SPEC on --data with a recipe from the seed papers, writing checkpoints, me
   archspec train levit_128s --data DIR --recipe levit --teacher regnety_160 --teacher-checkpoint W.pth
   torchrun --nproc_per_node 2 -m archspec train levit_128s --data DIR     data-parallel (gloo on CPU, NCCL on CUDA)
   archspec train levit_128s --data DIR --out runs/x --resume   continue a killed run bit-for-bit
+  archspec train levit_128s --data DIR --out runs/x --restart  replace archspec's own earlier run there
+  archspec train build/t --data DIR --recipe tcnn              fine-tune a build directory from its weights
 
 Recipes (--recipe; any option below overrides its value):
 """ + "\n".join(f"  {name:<7}{why}" for name, (_, why) in RECIPES.items())
@@ -31,8 +33,8 @@ def _positive(kind, name: str):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} expects a number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{name} must be positive, got {text}")
+        if not (value > 0 and value != float("inf")):
+            raise argparse.ArgumentTypeError(f"{name} must be a positive number, got {text}")
         return value
     return parse
 
@@ -49,6 +51,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--recipe", choices=sorted(RECIPES), default="short", help="training recipe (default: short)")
     p.add_argument("--out", metavar="DIR", help="run directory (default: runs/train/<spec name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--restart", action="store_true",
+                   help="replace the run archspec wrote in --out (stopped before a checkpoint, failed, or finished) "
+                        "and train from the start; anything archspec did not write is refused")
     p.add_argument("--seed", type=int, default=0, help="data order, augmentation and random draws (default 0)")
     p.add_argument("--max-images", type=_positive(int, "--max-images"), metavar="N",
                    help="use at most N images (stratified), for quick runs")
@@ -100,10 +105,11 @@ def config_from_args(args: argparse.Namespace):
     """The :class:`~archspec.train.config.TrainConfig` of the recipe with the given options."""
     from dataclasses import replace  # noqa: PLC0415
 
-    from archspec.train.config import recipe  # noqa: PLC0415
+    from archspec.train.config import check_config, recipe  # noqa: PLC0415
 
     overrides = {name: getattr(args, name) for name in _OVERRIDES}
     config = recipe(args.recipe, args.batch_size, **overrides)
+    check_config(config)  # before the warm-up share below is computed from it
     if args.steps is not None:  # the recipe's warm-up share of the run (short: 1 of 10 epochs; deit: 5 of 300)
         share = (config.warmup_epochs / config.epochs if config.epochs and config.warmup_epochs is not None
                  else config.warmup_steps / config.steps)
@@ -116,12 +122,26 @@ def config_from_args(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Run :func:`~archspec.train.run.fit` from the command line; returns the exit status (1: training failed)."""
+    """Run :func:`~archspec.train.run.fit` from the command line; returns the exit status (1: training failed,
+    143: stopped by SIGTERM after shutting its DataLoader workers down).
+
+    A build directory as SPEC is passed to ``fit`` as the directory, so training starts from its weights.
+
+    Raises:
+        SpecError: what :func:`~archspec.train.run.fit` raises; ``--recipe levit`` without ``--teacher``
+            (exit 2 in :func:`archspec.cli.main`).
+    """
+    from archspec.errors import SpecError  # noqa: PLC0415
     from archspec.loader import load_spec  # noqa: PLC0415
     from archspec.train.run import is_build_dir  # noqa: PLC0415
 
     config = config_from_args(args)
-    spec = load_spec(Path(args.spec) / "spec.yaml" if is_build_dir(args.spec) else args.spec)
+    if args.recipe == "levit" and args.teacher is None:
+        raise SpecError.single(("--recipe",), "levit trains with hard distillation and needs --teacher",
+                               "give --teacher MODEL|DIR (and --teacher-checkpoint for a timm model), or "
+                               "--recipe deit for the same recipe without distillation")
+    build = is_build_dir(args.spec)
+    spec = load_spec(Path(args.spec) / "spec.yaml" if build else args.spec)
     out = Path(args.out) if args.out else Path("runs") / "train" / spec.name
     if args.threads is not None:
         import torch  # noqa: PLC0415
@@ -131,12 +151,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     from archspec.train.run import fit  # noqa: PLC0415
 
     try:
-        result = fit(spec, args.data, config, out=out, resume=args.resume, seed=args.seed, teacher=args.teacher,
-                     teacher_checkpoint=args.teacher_checkpoint, max_images=args.max_images,
-                     progress=not args.quiet and not args.json, tensorboard=args.tensorboard, sync_bn=args.sync_bn)
+        with _sigterm_as_interrupt():
+            result = fit(args.spec if build else spec, args.data, config, out=out, resume=args.resume,
+                         restart=args.restart, seed=args.seed, teacher=args.teacher,
+                         teacher_checkpoint=args.teacher_checkpoint, max_images=args.max_images,
+                         progress=not args.quiet and not args.json, tensorboard=args.tensorboard,
+                         sync_bn=args.sync_bn)
     except TrialFailure as exc:
         print(f"archspec train: training failed: {exc.reason}", file=sys.stderr)
         return 1
+    except _Terminated:
+        print(f"archspec train: stopped by SIGTERM; continue with --resume --out {out}", file=sys.stderr)
+        return 143
     summary = {"accuracy": result.accuracy, "val_loss": result.val_loss, "ema_accuracy": result.ema_accuracy,
                "steps": result.steps, "seconds": round(result.seconds, 2),
                "images_per_second": round(result.images_per_second, 2), "run_dir": str(out),
@@ -146,6 +172,33 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"val top-1 {result.accuracy:.4f} after {result.steps} steps ({result.images_per_second:.1f} img/s); "
               f"model: {out / 'model'} (archspec.load)")
     return 0
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so the DataLoader workers are shut down before the process ends."""
+
+
+class _sigterm_as_interrupt:
+    """Within the block, SIGTERM raises :class:`_Terminated` (the main thread only; restored after)."""
+
+    def __enter__(self):
+        import signal  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            def handler(signum, frame):
+                raise _Terminated()
+
+            self.previous = signal.signal(signal.SIGTERM, handler)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        import signal  # noqa: PLC0415
+
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
 
 
 def _is_main() -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
-__all__ = ["AUGMENTATIONS", "AMP_MODES", "RECIPES", "TrainConfig", "recipe"]
+__all__ = ["AUGMENTATIONS", "AMP_MODES", "RECIPES", "TrainConfig", "check_config", "recipe"]
 
 AUGMENTATIONS = ("none", "flip", "crop", "flip+crop")  # the in-memory fast path's tensor augmentation
 AMP_MODES = ("auto", "bf16", "fp16", "off")  # auto: bf16 autocast on CUDA, none on CPU
@@ -111,8 +111,17 @@ class TrainConfig:
             out.append(("augmentation", f"must be one of {', '.join(AUGMENTATIONS)}, got {self.augmentation!r}"))
         if self.amp not in AMP_MODES:
             out.append(("amp", f"must be one of {', '.join(AMP_MODES)}, got {self.amp!r}"))
-        if self.epochs is not None and not self.epochs > 0:
-            out.append(("epochs", f"must be positive, got {self.epochs}"))
+        if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
+            out.append(("epochs", f"must be a positive number, got {self.epochs}"))
+        if self.warmup_epochs is not None and not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
+            out.append(("warmup_epochs", f"must be a number >= 0, got {self.warmup_epochs}"))
+        if self.warmup_lr is not None and not (math.isfinite(self.warmup_lr) and self.warmup_lr >= 0):
+            out.append(("warmup_lr", f"must be a number >= 0, got {self.warmup_lr}"))
+        if self.layer_decay is not None and not (math.isfinite(self.layer_decay) and 0 < self.layer_decay <= 1):
+            out.append(("layer_decay", f"must be in (0, 1] (each earlier layer's lr is multiplied by it), "
+                                       f"got {self.layer_decay}"))
+        if self.clip_grad is not None and not (math.isfinite(self.clip_grad) and self.clip_grad > 0):
+            out.append(("clip_grad", f"must be a positive number, got {self.clip_grad}"))
         if not 0 <= self.smoothing < 1:
             out.append(("smoothing", f"must be in [0, 1), got {self.smoothing}"))
         out += [(name, f"must be in [0, 1], got {getattr(self, name)}") for name in ("reprob", "distill_alpha")
@@ -171,3 +180,17 @@ def recipe(name: str, batch_size: int = 32, **overrides) -> TrainConfig:
     chosen = {**settings(batch_size), "batch_size": batch_size,
               **{k: v for k, v in overrides.items() if v is not None}}
     return TrainConfig(**chosen)
+
+
+def check_config(config: TrainConfig) -> None:
+    """Raise on the first invalid setting of ``config``, named as its command-line option.
+
+    Raises:
+        SpecError: at ``--<setting>`` (e.g. ``--warmup-epochs: must be a number >= 0, got -2.0``).
+    """
+    from archspec.errors import SpecError  # noqa: PLC0415
+
+    problems = config.problems()
+    if problems:
+        name, message = problems[0]
+        raise SpecError.single((f"--{name.replace('_', '-')}",), message)

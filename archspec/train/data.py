@@ -19,16 +19,19 @@ they are (mean/std 0.5).
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image as PILImage
 from torch.utils.data import Dataset, Subset
+from torchvision.datasets import ImageFolder
 
 from archspec.errors import SpecError
 
-__all__ = ["StreamData", "open_stream_data", "make_transforms"]
+__all__ = ["StreamData", "open_stream_data", "make_transforms", "check_auto_augment"]
 
 
 @dataclass
@@ -85,6 +88,44 @@ def make_transforms(channels: int, size: tuple[int, int], config: Any) -> tuple[
     val = create_transform(**common, is_training=False, crop_pct=0.875)
     mode = "RGB" if channels == 3 else "L"
     return ToMode(mode, train), ToMode(mode, val)
+
+
+_AA_SECTIONS = {"rand": ("mstd", "mmax", "inc", "m", "n", "p"), "augmix": ("mstd", "m", "w", "d", "a", "b")}
+
+
+def check_auto_augment(policy: str) -> None:
+    """Check a timm auto-augment policy string (``--aa``) as timm's ``create_transform`` would parse it.
+
+    timm skips a section without digits silently (``rand-garbage`` is plain RandAugment); here every section
+    after the policy name must be one timm reads (``rand``: ``m9``, ``n2``, ``mstd0.5``, ``mmax10``, ``inc1``,
+    ``p0.5``, ``t<choices>``; ``augmix``: ``m``, ``w``, ``d``, ``a``, ``b``, ``mstd``; AutoAugment's ``v0``,
+    ``v0r``, ``original``, ``originalr``, ``3a``: ``mstd``), then timm builds the transform.
+
+    Raises:
+        SpecError: at ``--aa``, naming the section timm would not read.
+    """
+    import re  # noqa: PLC0415
+
+    from timm.data.auto_augment import (  # noqa: PLC0415
+        augment_and_mix_transform,
+        auto_augment_transform,
+        rand_augment_transform,
+    )
+
+    hint = "timm policies: rand-m9-mstd0.5-inc1 (RandAugment), augmix-m5-w4-d2, original-mstd0.5, v0, 3a"
+    name, *sections = policy.split("-")
+    known = _AA_SECTIONS.get(name, ("mstd",))
+    for section in sections:
+        match = re.fullmatch(r"([a-z]+)(\d.*)", section)
+        if not ((name == "rand" and section.startswith("t") and len(section) > 1)
+                or (match and match.group(1) in known)):
+            raise SpecError.single(("--aa",), f"{policy!r}: timm does not read the section {section!r}", hint)
+    build = {"rand": rand_augment_transform, "augmix": augment_and_mix_transform}.get(name, auto_augment_transform)
+    try:
+        build(policy, {"translate_const": 100, "img_mean": (124, 116, 104)})
+    except (AssertionError, ValueError, KeyError, TypeError) as exc:
+        raise SpecError.single(("--aa",), f"{policy!r} is not a timm auto-augment policy: {exc or 'unknown'}",
+                               hint) from None
 
 
 def open_stream_data(source: str | os.PathLike | None, seed: int = 0, max_images: int | None = None) -> StreamData:
@@ -170,30 +211,111 @@ def _cifar(cls, folder: Path, seed: int, max_images: int | None) -> StreamData:
                       _subset(val, np.asarray(val.targets), keep_val, seed), len(train.classes))
 
 
-def _is_image(path: str) -> bool:
-    from archspec.data import IMAGE_SUFFIXES  # noqa: PLC0415
+# What decoding a damaged file raises in PIL: UnidentifiedImageError and truncated data (OSError), a header PIL
+# cannot parse (SyntaxError, ValueError, EOFError, struct.error) and DecompressionBombError (over twice
+# PIL.Image.MAX_IMAGE_PIXELS, e.g. 15000x15000).
+_DAMAGED = (OSError, ValueError, SyntaxError, EOFError, ArithmeticError, struct.error, PILImage.DecompressionBombError)
+_MAX_SKIPS = 20  # consecutive damaged images before a run gives up (timm's ImageDataset does the same)
 
-    return path.lower().endswith(IMAGE_SUFFIXES)
+
+class _Candidates:
+    """``is_valid_file`` of an ImageFolder: an image suffix, a regular file (a FIFO would hang the reader) and
+    not empty; what is left out is counted and named once, on stderr."""
+
+    def __init__(self, suffixes: tuple[str, ...]):
+        self.suffixes, self.left_out = suffixes, []
+
+    def __call__(self, path: str) -> bool:
+        import stat  # noqa: PLC0415
+
+        if not path.lower().endswith(self.suffixes):
+            return False
+        try:
+            info = os.stat(path)
+        except OSError as exc:
+            self.left_out.append(f"{path} ({exc.strerror})")
+            return False
+        if not stat.S_ISREG(info.st_mode):
+            self.left_out.append(f"{path} (not a regular file)")
+            return False
+        if info.st_size == 0:
+            self.left_out.append(f"{path} (empty)")
+            return False
+        return True
+
+    def report(self, root: Path) -> None:
+        if self.left_out:
+            import sys  # noqa: PLC0415
+
+            shown = "; ".join(self.left_out[:3]) + (f"; and {len(self.left_out) - 3} more" if len(self.left_out) > 3
+                                                     else "")
+            print(f"archspec train: warning: left out {len(self.left_out)} file(s) of {root} that cannot be "
+                  f"images: {shown}", file=sys.stderr)
+
+
+class CheckedImageFolder(ImageFolder):
+    """torchvision's ImageFolder that skips an image it cannot decode (random bytes, truncated data, a
+    decompression bomb), as timm's ImageDataset does: the next image is used in its place and the file is
+    named once per process on stderr; after 20 damaged images in a row the run stops (``RuntimeError``)."""
+
+    def __getitem__(self, index: int):
+        for attempt in range(min(_MAX_SKIPS, len(self.samples))):
+            at = (index + attempt) % len(self.samples)
+            try:
+                return super().__getitem__(at)
+            except _DAMAGED as exc:
+                _warn_damaged(self.samples[at][0], exc)
+        raise RuntimeError(f"{_MAX_SKIPS} damaged images in a row from {self.samples[index][0]} on: "
+                           "check the --data directory")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_damaged(path: str, exc: BaseException) -> None:
+    import sys  # noqa: PLC0415
+
+    if path not in _WARNED:
+        _WARNED.add(path)
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"archspec train: warning: skipped a damaged image, {path}: {type(exc).__name__}: {reason} "
+              "(the next image is used in its place)", file=sys.stderr, flush=True)
 
 
 def _image_folder(root: Path, seed: int, max_images: int | None) -> StreamData:
-    """torchvision ``ImageFolder``: ``root/{train,val}/<class>/...`` or ``root/<class>/...`` split 80/20."""
-    from torchvision.datasets import ImageFolder  # noqa: PLC0415
+    """torchvision ``ImageFolder``: ``root/{train,val}/<class>/...`` or ``root/<class>/...`` split 80/20.
 
-    from archspec.data import DATA_HINT, _fail, _split  # noqa: PLC0415
+    Files that cannot be images (not regular files, e.g. a FIFO; empty) are left out with one warning; an image
+    that fails to decode during the run is skipped with a warning naming it (:class:`CheckedImageFolder`).
 
+    Raises:
+        SpecError: at ``--data``: not an ImageFolder, train/ and val/ with different classes, fewer than 2
+            classes or 2 images.
+    """
+    from torchvision.datasets.folder import IMG_EXTENSIONS  # noqa: PLC0415
+
+    from archspec.data import DATA_HINT, IMAGE_SUFFIXES, _fail, _split  # noqa: PLC0415
+
+    folder = CheckedImageFolder
     val_dir = next((root / name for name in ("val", "validation") if (root / name).is_dir()), None)
     try:
         if (root / "train").is_dir() and val_dir is not None:
-            train, val = ImageFolder(str(root / "train")), ImageFolder(str(val_dir))
+            candidates = _Candidates(tuple(IMG_EXTENSIONS))
+            train = folder(str(root / "train"), is_valid_file=candidates)
+            val = folder(str(val_dir), is_valid_file=candidates)
+            candidates.report(root)
             if train.classes != val.classes:
                 raise _fail("train/ and val/ hold different class folders", "give both the same class names", root)
+            _enough_classes(train.classes, root)
             keep_train, keep_val = _split_sizes(len(train), len(val), max_images)
             return StreamData(f"imagefolder:{root.name}", _subset(train, np.asarray(train.targets), keep_train, seed),
                               _subset(val, np.asarray(val.targets), keep_val, seed), len(train.classes))
-        whole = ImageFolder(str(root), is_valid_file=_is_image)
+        candidates = _Candidates(tuple(IMAGE_SUFFIXES))
+        whole = folder(str(root), is_valid_file=candidates)
+        candidates.report(root)
     except (FileNotFoundError, RuntimeError) as exc:  # torchvision: no class folders / no images
         raise _fail(f"not an ImageFolder: {exc}", DATA_HINT, root) from None
+    _enough_classes(whole.classes, root)
     labels = np.asarray(whole.targets, dtype=np.int64)
     if len(labels) < 2:
         raise _fail("fewer than 2 images", DATA_HINT, root)
@@ -203,3 +325,10 @@ def _image_folder(root: Path, seed: int, max_images: int | None) -> StreamData:
     train_idx, val_idx = _split(labels, seed)
     return StreamData(f"imagefolder:{root.name}", Subset(whole, train_idx.tolist()), Subset(whole, val_idx.tolist()),
                       len(whole.dataset.classes if isinstance(whole, Subset) else whole.classes))
+
+
+def _enough_classes(classes: list, root: Path) -> None:
+    from archspec.data import _fail  # noqa: PLC0415
+
+    if len(classes) < 2:
+        raise _fail(f"found {len(classes)} class folder(s); classification needs at least 2", None, root)

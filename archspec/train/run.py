@@ -11,8 +11,12 @@ The run directory (``--out``, default ``runs/train/<spec name>/``) holds::
     model_ema/       the EMA weights, when ``ema_decay`` is set
     summary.json     accuracy, steps, seconds, images/s
 
-``--out`` must be missing, an empty directory, or (with ``--resume`` only) a run directory archspec wrote;
-anything else is refused before any work and left untouched.  Every random draw of step ``k`` on rank ``r``
+``--out`` must be missing, an empty directory, or a run directory archspec wrote: with ``--resume`` it
+continues (a run with a checkpoint that has not finished), with ``--restart`` it is replaced (an unfinished run,
+e.g. one stopped before its first checkpoint, or a finished one); anything else is refused before any work and
+left untouched.  One run at a time writes a run directory (an ``flock`` on it; a second is refused).
+
+Every random draw of step ``k`` on rank ``r``
 (dropout, drop-path, Mixup/CutMix) comes from generators reseeded with ``(seed, r, k)`` before the step, and
 each sample's augmentation from ``(seed, epoch, index)``, so ``--resume`` after ``kill -9`` continues
 bit-for-bit from the last checkpoint (same threads, same device).
@@ -58,37 +62,162 @@ class FitResult:
     model: Any = field(default=None, repr=False)
 
 
+def _is_run_entry(name: str) -> bool:
+    """A name a run writes into its directory: a run file, or a leftover of an interrupted atomic write
+    (``.checkpoint.pt.*``, ``.run.json.*.tmp``, the staging ``.model.archspec-tmp-*`` of a build)."""
+    if name in _RUN_FILES:
+        return True
+    return any(name.startswith(f".{run_file}.") for run_file in _RUN_FILES)
+
+
 def _is_run_dir(path: Path) -> bool:
     try:
         marker = json.loads((path / RUN_MARKER).read_text())
+        names = os.listdir(path)
     except (OSError, ValueError):
         return False
-    return isinstance(marker, dict) and "archspec_train" in marker and set(os.listdir(path)) <= _RUN_FILES | {
-        name for name in os.listdir(path) if name.startswith(".checkpoint.pt.")}
+    return isinstance(marker, dict) and "archspec_train" in marker and all(_is_run_entry(n) for n in names)
 
 
-def prepare_run_dir(out: Path, resume: bool) -> None:
-    """Check ``out`` before any work (see the module docstring).
+def _out_error(out: Path, message: str, hint: str | None = None, option: str = "--out") -> SpecError:
+    return SpecError.single((option,), message, hint, str(out))
+
+
+def _writable_parent(out: Path) -> None:
+    """Refuse an ``out`` that cannot be created: its nearest existing ancestor is not a directory."""
+    parent = out
+    while True:
+        parent = parent.parent
+        if os.path.lexists(parent) or parent == parent.parent:
+            break
+    if parent.exists() and not parent.is_dir():
+        raise _out_error(out, f"cannot be created: {parent} is not a directory", "give another --out")
+
+
+def prepare_run_dir(out: Path, resume: bool, restart: bool = False) -> str:
+    """Check ``out`` before any work (see the module docstring); writes nothing.
+
+    Returns ``"new"`` (missing or empty), ``"resume"`` (a run to continue) or ``"replace"`` (``restart``: an
+    archspec run to remove before the new one starts).
 
     Raises:
-        SpecError: at ``--out``: not a directory, a directory archspec did not write, a run without
-            ``--resume``, ``--resume`` without a checkpoint.
+        SpecError: at ``--out``: not a directory, a directory archspec did not write, an earlier run without
+            ``--resume`` or ``--restart``; at ``--resume``: no run, a run without a checkpoint or a finished
+            run; at ``--restart``: given with ``--resume``.
     """
+    if resume and restart:
+        raise SpecError.single(("--restart",), "cannot be combined with --resume",
+                               "--resume continues the run in --out; --restart replaces it")
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise SpecError.single(("--out",), "exists and is not a directory; archspec leaves it untouched", None,
-                               str(out))
-    entries = os.listdir(out) if out.exists() else []
+        raise _out_error(out, "exists and is not a directory; archspec leaves it untouched")
+    _writable_parent(out)
+    try:
+        entries = os.listdir(out) if out.exists() else []
+    except OSError as exc:
+        raise _out_error(out, f"cannot list it: {exc.strerror or exc}") from None
+    ours = bool(entries) and _is_run_dir(out)
+    if entries and not ours:
+        raise _out_error(out, "is a directory archspec did not write; it is left untouched",
+                         "give a missing or empty directory" + (" (--resume continues only a run archspec wrote)"
+                                                                if resume else ""))
+    finished = ours and (out / "summary.json").exists()
+    checkpointed = ours and (out / "checkpoint.pt").is_file()
     if resume:
-        if not (entries and _is_run_dir(out) and (out / "checkpoint.pt").is_file()):
-            raise SpecError.single(("--resume",), "no archspec training run with a checkpoint here",
-                                   "--resume continues a run `archspec train` wrote into this --out", str(out))
-        return
-    if entries and _is_run_dir(out):
-        raise SpecError.single(("--out",), "holds an earlier training run",
-                               "add --resume to continue it, or give another --out", str(out))
-    if entries:
-        raise SpecError.single(("--out",), "is a directory archspec did not write; it is left untouched",
-                               "give a missing or empty directory", str(out))
+        if not ours:
+            raise _out_error(out, "no archspec training run with a checkpoint here",
+                             "--resume continues a run `archspec train` wrote into this --out", "--resume")
+        if finished:
+            raise _out_error(out, f"the run here has finished (its model is {out / 'model'}); there is "
+                                  "nothing to resume", "add --restart instead to train it again from the start, or "
+                                                       "give another --out", "--resume")
+        if not checkpointed:
+            raise _out_error(out, "the run here stopped before its first checkpoint; there is nothing to resume",
+                             "add --restart instead of --resume to start it over", "--resume")
+        return "resume"
+    if not ours:
+        return "new"
+    if restart:
+        return "replace"
+    if finished:
+        hint = "add --restart to replace it (its model is removed), or give another --out"
+    elif checkpointed:
+        hint = "add --resume to continue it from its checkpoint, --restart to start it over, or give another --out"
+    else:
+        hint = "it stopped before its first checkpoint: add --restart to start it over, or give another --out"
+    raise _out_error(out, "holds an earlier training run", hint)
+
+
+def _clear_run(out: Path) -> None:
+    """Remove what the archspec run in ``out`` wrote (``--restart``), after checking every entry first.
+
+    Raises:
+        SpecError: at ``--out``: an entry is not what a run writes (then nothing is removed).
+    """
+    import shutil  # noqa: PLC0415
+
+    from archspec.builddir import BUILD, _only_build_files  # noqa: PLC0415
+
+    removals = []
+    for name in sorted(os.listdir(out)):
+        path = out / name
+        if path.is_symlink() or path.is_file():
+            removals.append(path.unlink)
+        elif name == "tensorboard" and all(f.is_file() and f.name.startswith("events.out.tfevents")
+                                           for f in path.iterdir()):
+            removals.append(lambda p=path: shutil.rmtree(p))
+        elif path.is_dir() and _only_build_files(path, BUILD):  # model/, model_ema/ or a build's staging dir
+            removals.append(lambda p=path: shutil.rmtree(p))
+        else:
+            raise _out_error(out, f"--restart: {path} is not what archspec train writes; nothing was removed",
+                             "move it away yourself, or give another --out")
+    for remove in removals:
+        remove()
+
+
+class _RunLock:
+    """An exclusive ``flock`` on the run directory for one run (``None`` fd where ``fcntl`` is missing)."""
+
+    def __init__(self, out: Path):
+        try:
+            import fcntl  # noqa: PLC0415
+        except ImportError:  # pragma: no cover - not POSIX
+            self.fd = None
+            return
+        self.fd = os.open(out, os.O_RDONLY)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+            raise _out_error(out, "another `archspec train` is writing this run directory right now",
+                             "wait for it to end, or give another --out") from None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _claim(out: Path, resume: bool, restart: bool) -> _RunLock:
+    """Create ``out`` if needed, lock it, check it again under the lock and clear it for ``--restart``.
+
+    Raises:
+        SpecError: at ``--out``: it cannot be created (permissions, a read-only or immutable directory), another
+            run holds it, or it changed since :func:`prepare_run_dir` looked.
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _out_error(out, f"cannot create the run directory: {exc.strerror or exc}",
+                         "give a writable --out") from None
+    lock = _RunLock(out)
+    try:
+        if prepare_run_dir(out, resume, restart) == "replace":
+            _clear_run(out)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _reseed(seed: int, rank: int, step: int) -> None:
@@ -99,11 +228,25 @@ def _reseed(seed: int, rank: int, step: int) -> None:
     random.seed(s)
 
 
-def _check(config: TrainConfig) -> None:
-    problems = config.problems()
-    if problems:
-        name, message = problems[0]
-        raise SpecError.single((f"--{name.replace('_', '-')}",), message)
+def _check(config: TrainConfig, seed: int) -> None:
+    """Every setting, the optimizer name and auto-augment policy as timm reads them, and the seed.
+
+    Raises:
+        SpecError: at the option (``--opt``, ``--aa``, ``--seed``, ``--warmup-epochs``, ...).
+    """
+    from timm.optim import list_optimizers  # noqa: PLC0415
+
+    from archspec.train.config import check_config  # noqa: PLC0415
+    from archspec.train.data import check_auto_augment  # noqa: PLC0415
+
+    check_config(config)
+    if config.optimizer.lower().split("_")[-1] not in list_optimizers():  # timm: "lookahead_adamw" -> adamw
+        raise SpecError.single(("--opt",), f"{config.optimizer!r} is not a timm optimizer",
+                               "e.g. adamw, sgd, lamb, lion; timm.optim.list_optimizers() names them all")
+    if config.auto_augment is not None:
+        check_auto_augment(config.auto_augment)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+        raise SpecError.single(("--seed",), f"must be an integer in [0, 2^31), got {seed}")
 
 
 def is_build_dir(source: Any) -> bool:
@@ -151,7 +294,8 @@ def _param_groups(model, config: TrainConfig) -> list[dict] | None:
 
 
 def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | None = None, *,
-        out: str | os.PathLike | None = None, resume: bool = False, seed: int = 0, teacher: str | None = None,
+        out: str | os.PathLike | None = None, resume: bool = False, restart: bool = False, seed: int = 0,
+        teacher: str | None = None,
         teacher_checkpoint: str | os.PathLike | None = None, max_images: int | None = None, progress: bool = True,
         bar: bool | None = None, tensorboard: bool = False, sync_bn: bool = False) -> FitResult:
     """Train ``spec`` on ``data`` with ``config`` (default: the ``short`` recipe) into the run directory ``out``.
@@ -162,7 +306,9 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
             trains at lr 0.1 without weight decay as T-CNN sec. 3); the classifier is sized to the data.
         data: what ``--data`` takes (:func:`archspec.train.data.open_stream_data`); ``None``: digits.
         out: the run directory (``None``: nothing written, no checkpoints).
-        resume: continue the run in ``out`` from its checkpoint.
+        resume: continue the run in ``out`` from its checkpoint (the same spec; a finished run is refused).
+        restart: replace the run archspec wrote in ``out`` (unfinished or finished) with a new one; it is removed
+            only once every input has been checked.
         seed: data order, augmentation and every random draw of training (the weights come from the spec's seed).
         teacher: DeiT hard distillation's teacher (:func:`archspec.train.teacher.load_teacher`): a timm model
             name or an archspec build directory.
@@ -175,20 +321,22 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
     Run under ``torchrun --nproc_per_node N`` it trains data-parallel (:mod:`archspec.train.distributed`).
 
     Raises:
-        SpecError: bad input (spec, data, settings, ``--out``, teacher); nothing is written then.
+        SpecError: bad input (spec, data, settings, ``--seed``, ``--out``, teacher, a damaged build directory);
+            with ``resume``: another spec than the run's, a damaged or mismatched ``checkpoint.pt``; another
+            run writing ``out``.  Nothing is written then (and an earlier run in ``out`` is left as it was).
         TrialFailure: training diverged (NaN/inf loss) or the model failed at run time.
     """
     from archspec.train.loop import resolve_device  # noqa: PLC0415
 
     config = config or recipe("short")
-    _check(config)
+    _check(config, seed)
     try:
         device = resolve_device(config.device)
     except ValueError as exc:
         raise SpecError.single(("--device",), str(exc)) from None
     out = Path(out) if out is not None else None
     if out is not None:
-        prepare_run_dir(out, resume)
+        prepare_run_dir(out, resume, restart)
     from archspec.train.data import open_stream_data  # noqa: PLC0415
 
     stream = open_stream_data(data, seed=seed, max_images=max_images)
@@ -196,14 +344,29 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
     from archspec.train.distributed import init_processes, shutdown  # noqa: PLC0415
 
     processes = init_processes(device)
+    locks: list[_RunLock] = []
     try:
-        return _fit(source, spec, stream, config, processes, out, resume, seed, teacher, teacher_checkpoint,
-                    progress, bar, tensorboard, sync_bn)
+        return _fit(source, spec, stream, config, processes, out, (resume, restart, locks), seed, teacher,
+                    teacher_checkpoint, progress, bar, tensorboard, sync_bn)
     finally:
+        for lock in locks:
+            lock.release()
         shutdown(processes)
 
 
-def _fit(source, spec, stream, config, processes, out, resume, seed, teacher, teacher_checkpoint, progress, bar,
+def _check_resumed_spec(out: Path, spec) -> None:
+    """Refuse to continue the run in ``out`` with another spec than the one it trained (its ``spec.yaml``)."""
+    from archspec.loader import load_spec  # noqa: PLC0415
+
+    earlier = load_spec(out / "spec.yaml")
+    if earlier.model_dump(mode="json") != spec.model_dump(mode="json"):
+        raise SpecError.single(("--resume",), f"the run here trained the spec {earlier.name!r}; SPEC "
+                                              f"({spec.name!r}) differs from it",
+                               f"resume with the run's own spec: archspec train {out / 'spec.yaml'} ... --resume",
+                               str(out / "spec.yaml"))
+
+
+def _fit(source, spec, stream, config, processes, out, run_mode, seed, teacher, teacher_checkpoint, progress, bar,
          tensorboard, sync_bn) -> FitResult:
     from archspec.train.batches import StreamBatches  # noqa: PLC0415
     from archspec.train.checkpoint import CHECKPOINT, load_checkpoint  # noqa: PLC0415
@@ -227,7 +390,11 @@ def _fit(source, spec, stream, config, processes, out, resume, seed, teacher, te
     trainer = Trainer(model, config, device, param_groups=_param_groups(model, config),
                       num_classes=stream.num_classes, teacher=teacher_model, wrap=processes.wrap)
     start = 0
+    resume, restart, locks = run_mode
+    if out is not None and processes.main:  # every input is checked: now the run directory is ours
+        locks.append(_claim(out, resume, restart))
     if resume:
+        _check_resumed_spec(out, spec)
         start = load_checkpoint(out / CHECKPOINT, trainer, batches)["step"]
     elif out is not None and processes.main:
         _write_start(out, spec, config, stream, seed, teacher, processes.world)
@@ -266,6 +433,10 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
     t0 = time.perf_counter()
     try:
         result = run_steps(trainer, iter(batches), evaluate_fn, start=start, hooks=hooks)
+        if start >= config.steps:  # resumed after the last step (killed while writing the model): evaluate it
+            record = evaluate_fn()
+            result = replace(result, accuracy=record["accuracy"], val_loss=record["val_loss"],
+                             ema_accuracy=record.get("ema_accuracy"))
     finally:
         shown.close()
     seconds = time.perf_counter() - t0
@@ -281,11 +452,13 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
 def _evaluator(trainer, val_set, val_tf, config, processes):
     from torch.utils.data import DataLoader  # noqa: PLC0415
 
+    from archspec.train.batches import quiet_worker  # noqa: PLC0415
     from archspec.train.loop import evaluate  # noqa: PLC0415
 
     shard = _Transformed(val_set, val_tf, range(processes.rank, len(val_set), processes.world))
     loader = DataLoader(shard, batch_size=max(config.batch_size // processes.world, 1) * 2,
-                        num_workers=config.workers, pin_memory=processes.device.type == "cuda")
+                        num_workers=config.workers, pin_memory=processes.device.type == "cuda",
+                        worker_init_fn=quiet_worker if config.workers else None)
 
     def evaluate_fn() -> dict:
         accuracy, val_loss = evaluate(trainer.module, loader, device=processes.device, amp=config.amp,
@@ -340,10 +513,10 @@ def _write_start(out: Path, spec, config: TrainConfig, stream, seed: int, teache
     from archspec.search.runs import atomic_write_text  # noqa: PLC0415
 
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "spec.yaml", spec.to_yaml())
     marker = {"archspec_train": __version__, "spec": spec.name, "config": config.describe(),
               "data": stream.describe(), "seed": seed, "teacher": teacher, "processes": world}
-    atomic_write_text(out / RUN_MARKER, json.dumps(marker, indent=2) + "\n")
+    atomic_write_text(out / RUN_MARKER, json.dumps(marker, indent=2) + "\n")  # first: the directory is a run
+    atomic_write_text(out / "spec.yaml", spec.to_yaml())
 
 
 def _write_end(out: Path, trainer, fitted: FitResult) -> None:

@@ -81,7 +81,8 @@ class ConvStageSpec(StrictModel):
     depth: int = Field(..., ge=1, le=MAX_DEPTH, description="Number of blocks.")
     channels: int = Field(..., ge=1, le=MAX_DIM, description="Output channels of every block (timm: planes x "
                           "expansion, e.g. 256 for ResNet-50's first stage).")
-    stride: int = Field(1, ge=1, le=4, description="Stride of the stage's first block (timm: 1 for the first stage, "
+    # 1 or 2: timm's 1x1 strided shortcut pads from stride 3 on (a map one pixel off the 3x3's), GPSA runs at 1 or 2
+    stride: int = Field(1, ge=1, le=2, description="Stride of the stage's first block (timm: 1 for the first stage, "
                         "2 after).")
     expansion: int | None = Field(None, ge=1, le=8, description="Bottleneck ratio: the inner width (timm's planes) "
                                   "is channels / expansion; default 4 for bottleneck, 1 for basic (timm).")

@@ -1,0 +1,303 @@
+"""``archspec train`` as safe as ``build`` (issue #33): fine-tuning from a build keeps its weights, bad options and
+damaged files are exit 2 with a message naming the option or file and nothing written, and no run directory is
+left that archspec can neither resume nor replace."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pickle
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import archspec
+from archspec.artifact import save
+from archspec.builddir import write_build
+from archspec.cli import main
+from archspec.train import fit
+from tests.test_train_run import TINY, _config, _image_folder
+
+QUICK = ["--steps", "2", "--max-images", "40", "--batch-size", "8", "--workers", "0", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return _image_folder(tmp_path_factory.mktemp("data") / "stripes")
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    path = tmp_path / "tiny_train.yaml"
+    path.write_text(TINY)
+    return path
+
+
+def _train(spec, folder, out, *extra) -> list[str]:
+    return ["train", str(spec), "--data", str(folder), "--out", str(out), *QUICK, *extra]
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` (relative name -> bytes): "left as it was" is equality of two of these."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _filled_build(path: Path, value: float = 0.0123) -> Path:
+    model = archspec.compile(TINY)
+    with torch.no_grad():
+        for p in model.state_dict().values():
+            if p.is_floating_point():
+                p.fill_(value)
+    write_build(path, lambda d: save(model, d), {"test": True})
+    return path
+
+
+# ------------------------------------------------------------------ 1. fine-tuning keeps the build's weights
+def _kept(model_dir: Path, value: float = 0.0123) -> tuple[int, int]:
+    from safetensors.torch import load_file
+
+    weights = {k: v for k, v in load_file(str(model_dir / "model.safetensors")).items() if v.is_floating_point()}
+    return sum(bool((v - value).abs().max() <= 1e-6) for v in weights.values()), len(weights)
+
+
+def test_train_on_a_build_dir_fine_tunes_its_weights_through_the_cli(one_thread, folder, tmp_path):
+    build = _filled_build(tmp_path / "b")
+    assert main(["train", str(build), "--data", str(folder), "--out", str(tmp_path / "r"), "--steps", "1",
+                 "--lr", "1e-9", "--max-images", "40", "--batch-size", "8", "--workers", "0", "--quiet"]) == 0
+    kept, total = _kept(tmp_path / "r" / "model")
+    assert total > 5 and kept == total  # every tensor still 0.0123 after a step at lr 1e-9
+
+
+def test_fit_on_a_build_dir_fine_tunes_its_weights(one_thread, folder, tmp_path):
+    build = _filled_build(tmp_path / "b")
+    fit(build, folder, _config(steps=1, lr=1e-9, warmup_steps=0, eval_every=1), out=tmp_path / "r",
+        max_images=40, progress=False)
+    kept, total = _kept(tmp_path / "r" / "model")
+    assert total > 5 and kept == total
+
+
+def test_a_build_with_truncated_weights_is_refused(folder, tmp_path, capsys):
+    build = _filled_build(tmp_path / "b")
+    weights = build / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    assert main(_train(build, folder, tmp_path / "r")) == 2
+    assert "model.safetensors" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------------------ 1. resume only what can be resumed
+def _interrupted_run(spec_file, folder, out: Path) -> Path:
+    """A run with a checkpoint that did not finish: what ``kill -9`` after a checkpoint leaves."""
+    assert main(_train(spec_file, folder, out, "--steps", "4", "--checkpoint-every", "1")) == 0
+    import shutil
+
+    shutil.rmtree(out / "model")
+    (out / "summary.json").unlink()
+    return out
+
+
+def test_resume_with_another_spec_is_refused(one_thread, folder, tmp_path, spec_file, capsys):
+    run = _interrupted_run(spec_file, folder, tmp_path / "r")
+    other = tmp_path / "other.yaml"
+    other.write_text(TINY.replace("mlp_ratio: 2", "mlp_ratio: 2, qkv_bias: false"))
+    before = _snapshot(run)
+    assert main(_train(other, folder, run, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "spec.yaml" in err and "differs" in err
+    assert _snapshot(run) == before
+    assert main(_train(spec_file, folder, run, "--steps", "4", "--resume")) == 0  # its own spec continues
+    assert (run / "model" / "model.safetensors").is_file()
+
+
+def test_resume_of_a_finished_run_is_refused_and_changes_nothing(one_thread, folder, tmp_path, spec_file, capsys):
+    run = tmp_path / "r"
+    assert main(_train(spec_file, folder, run)) == 0
+    before = _snapshot(run)
+    assert main(_train(spec_file, folder, run, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "finished" in err and "--restart" in err
+    assert _snapshot(run) == before
+
+
+def test_a_second_run_into_a_locked_out_is_refused(folder, tmp_path, spec_file, capsys):
+    out = tmp_path / "r"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a running `archspec train` holds
+    try:
+        assert main(_train(spec_file, folder, out)) == 2
+    finally:
+        os.close(fd)
+    assert "another `archspec train`" in capsys.readouterr().err and os.listdir(out) == []
+
+
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("--warmup-epochs", "-2", ">= 0"), ("--warmup-epochs", "inf", ">= 0"), ("--warmup-epochs", "nan", ">= 0"),
+    ("--layer-decay", "nan", "(0, 1]"), ("--layer-decay", "-0.5", "(0, 1]"),
+    ("--aa", "rand-garbage-xyz", "garbage"), ("--epochs", "inf", "positive"), ("--opt", "adamw9000", "timm"),
+    ("--seed", "-1", "2^31"),
+])
+def test_bad_options_are_refused_before_anything_is_written(tmp_path, spec_file, option, value, words, capsys):
+    out = tmp_path / "r"
+    assert main(["train", str(spec_file), "--out", str(out), "--steps", "2", option, value]) == 2
+    err = capsys.readouterr().err
+    assert option in err and words in err and "Traceback" not in err and not out.exists()
+
+
+def test_the_levit_recipe_needs_a_teacher(tmp_path, capsys):
+    assert main(["train", "levit_128s", "--recipe", "levit", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "--recipe" in err and "--teacher" in err and not (tmp_path / "r").exists()
+
+
+def test_a_one_class_image_folder_is_refused(tmp_path, spec_file, capsys):
+    data = _image_folder(tmp_path / "data", per_class=6)
+    import shutil
+
+    shutil.rmtree(data / "vertical")
+    assert main(_train(spec_file, data, tmp_path / "r")) == 2
+    err = capsys.readouterr().err
+    assert "at least 2" in err and str(data) in err and not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------------------ 2. no run directory is ever stuck
+def test_a_run_stopped_before_its_first_checkpoint_is_replaced_with_restart(one_thread, folder, tmp_path,
+                                                                             spec_file, monkeypatch, capsys):
+    from archspec.train.loop import Trainer
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C during the first step
+
+    run = tmp_path / "r"
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "step", interrupted)
+        assert main(_train(spec_file, folder, run)) == 130
+    assert {"run.json", "spec.yaml"} <= set(os.listdir(run)) and not (run / "checkpoint.pt").exists()
+    capsys.readouterr()
+    assert main(_train(spec_file, folder, run, "--resume")) == 2
+    assert "before its first checkpoint" in (err := capsys.readouterr().err) and "--restart" in err
+    assert main(_train(spec_file, folder, run)) == 2
+    assert "--restart" in capsys.readouterr().err
+    assert main(_train(spec_file, folder, run, "--restart")) == 0
+    assert archspec.load(run / "model").num_classes == 2
+
+
+def test_restart_replaces_a_finished_run_but_never_what_archspec_did_not_write(one_thread, folder, tmp_path,
+                                                                                spec_file, capsys):
+    run = tmp_path / "r"
+    assert main(_train(spec_file, folder, run)) == 0
+    first = (run / "run.json").stat().st_mtime_ns
+    assert main(_train(spec_file, folder, run, "--restart", "--seed", "5")) == 0
+    assert (run / "run.json").stat().st_mtime_ns != first and '"seed": 5' in (run / "run.json").read_text()
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert main(_train(spec_file, folder, foreign, "--restart")) == 2
+    assert os.listdir(foreign) == ["notes.txt"]
+    (run / "notes.txt").write_text("mine")  # a user's file inside a run directory: not archspec's any more
+    assert main(_train(spec_file, folder, run, "--restart")) == 2
+    assert (run / "notes.txt").read_text() == "mine" and (run / "model").is_dir()
+    assert main(_train(spec_file, folder, run, "--restart", "--resume")) == 2
+    assert "--restart" in capsys.readouterr().err
+
+
+def test_a_bad_option_with_restart_leaves_the_earlier_run(one_thread, folder, tmp_path, spec_file):
+    run = tmp_path / "r"
+    assert main(_train(spec_file, folder, run)) == 0
+    before = _snapshot(run)
+    assert main(_train(spec_file, folder, run, "--restart", "--teacher", "nope")) == 2  # no distillation head
+    assert _snapshot(run) == before
+
+
+# ------------------------------------------------------------------ 3. damaged inputs
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose IHDR claims ``width`` x ``height`` (PIL refuses it at open: a decompression bomb)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IEND", b""))
+
+
+def test_damaged_images_are_skipped_with_a_warning_naming_each(one_thread, tmp_path, spec_file, capsys):
+    data = _image_folder(tmp_path / "data", per_class=12)
+    rng = np.random.default_rng(0)
+    (data / "horizontal" / "random.jpg").write_bytes(rng.bytes(2000))
+    (data / "horizontal" / "empty.png").write_bytes(b"")
+    (data / "vertical" / "bomb.png").write_bytes(_png_header(15000, 15000))
+    os.mkfifo(data / "vertical" / "pipe.png")  # opening it would hang the reader
+    out = tmp_path / "r"
+    assert main(["train", str(spec_file), "--data", str(data), "--out", str(out), "--steps", "6",
+                 "--batch-size", "8", "--workers", "0", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "left out 2 file(s)" in err and "pipe.png (not a regular file)" in err and "empty.png (empty)" in err
+    assert "Traceback" not in err
+    # 26 files, 24 images and 2 damaged ones: the 6 steps of 8 read the training split (80%) at least once
+    assert "random.jpg" in err and "bomb.png" in err and "DecompressionBombError" in err
+
+
+def test_out_that_cannot_be_created_is_refused(tmp_path, spec_file, folder, monkeypatch, capsys):
+    (tmp_path / "afile").write_text("x")
+    assert main(_train(spec_file, folder, tmp_path / "afile" / "run")) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "not a directory" in err and (tmp_path / "afile").read_text() == "x"
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(1, "Operation not permitted", str(self))  # an immutable (chattr +i) parent
+
+    monkeypatch.setattr(Path, "mkdir", refused)
+    assert main(_train(spec_file, folder, tmp_path / "locked" / "run")) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "cannot create the run directory: Operation not permitted" in err
+
+
+class _NotACheckpoint:
+    pass
+
+
+def _wider_checkpoint(tmp_path, folder) -> bytes:
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(TINY.replace("dim: 16", "dim: 32"))
+    assert main(_train(wide, folder, tmp_path / "wide")) == 0
+    return (tmp_path / "wide" / "checkpoint.pt").read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random", "pickle", "no model", "wider spec"])
+def test_a_damaged_checkpoint_is_refused_naming_it_and_the_run_is_kept(one_thread, folder, tmp_path, spec_file,
+                                                                       damage, capsys):
+    run = _interrupted_run(spec_file, folder, tmp_path / "r")
+    good = (run / "checkpoint.pt").read_bytes()
+    damaged = {"truncated": lambda: good[: len(good) // 2],
+               "random": lambda: np.random.default_rng(0).bytes(5000),
+               "pickle": lambda: pickle.dumps(_NotACheckpoint()),
+               "no model": lambda: _torch_bytes({"step": 1, "trainer": {}}),
+               "wider spec": lambda: _wider_checkpoint(tmp_path, folder)}[damage]()
+    (run / "checkpoint.pt").write_bytes(damaged)
+    before = _snapshot(run)
+    capsys.readouterr()
+    assert main(_train(spec_file, folder, run, "--steps", "4", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint.pt" in err and "--resume" in err and "Traceback" not in err
+    assert _snapshot(run) == before
+
+
+def _torch_bytes(obj) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------ 4. files follow the umask
+def test_run_files_follow_the_umask(one_thread, folder, tmp_path, spec_file):
+    old = os.umask(0o022)
+    try:
+        assert main(_train(spec_file, folder, tmp_path / "r")) == 0
+    finally:
+        os.umask(old)
+    for name in ("checkpoint.pt", "run.json", "spec.yaml", "summary.json", "metrics.csv"):
+        assert (tmp_path / "r" / name).stat().st_mode & 0o777 == 0o644, name
