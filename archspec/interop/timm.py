@@ -57,6 +57,9 @@ TIMM_EQUIVALENTS = {
     "resnet50": "resnet50",
     "resnet50d": "resnet50d",
     "resnetrs50": "resnetrs50",
+    "resnext50_32x4d": "resnext50_32x4d",
+    "resnet26t": "resnet26t",
+    "seresnext26d_32x4d": "seresnext26d_32x4d",
 }
 
 _QKV = re.compile(r"^(?P<prefix>.*\.attn)\.qkv\.(?P<kind>weight|bias)$")
@@ -234,12 +237,12 @@ def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 
     depth, channels, stride, shortcut, SE), the average-pool classifier, at ``resolution`` pixels.
 
     Only the architecture's reading is done here; :func:`load_timm_weights` then checks every tensor's name and
-    shape strictly, which catches what the reading cannot see (a ResNeXt's grouped convs, other widths).
+    shape strictly, which catches what the reading cannot see.  ResNeXt's grouped 3x3 (``groups``, ``base_width``)
+    and timm's tiered deep stem (``widths``) are read.
 
     Raises:
-        ValueError: not a timm ResNet, or a part the spec language has no word for (a tiered deep stem as
-            resnet10t's, anti-aliasing, dilation, groups, attention other than SE, pooling other than 'avg'),
-            naming it.
+        ValueError: not a timm ResNet, or a part the spec language has no word for (anti-aliasing, dilation,
+            attention other than SE, pooling other than 'avg'), naming it.
     """
     from timm.layers.squeeze_excite import SEModule  # noqa: PLC0415 - timm on demand, as the converters above
     from timm.models.resnet import BasicBlock, Bottleneck, ResNet  # noqa: PLC0415
@@ -250,10 +253,13 @@ def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 
         raise ValueError(f"not a timm ResNet (timm.models.resnet.ResNet): {type(model).__name__}")
     if isinstance(model.conv1, nn.Sequential):  # timm stem_type 'deep' / 'deep_tiered'
         widths = [m.out_channels for m in model.conv1 if isinstance(m, nn.Conv2d)]
-        if len(widths) != 3 or widths[0] != widths[1]:
-            raise ValueError(f"its deep stem has conv widths {widths}; archspec's deep stem has two equal first "
-                             "widths (timm stem_type='deep'), not a tiered one")
-        stem = {"kind": "resnet", "deep": True, "stem_width": widths[0], "channels": widths[2]}
+        if len(widths) != 3:
+            raise ValueError(f"its deep stem has {len(widths)} convs {widths}; archspec's deep stem has three")
+        stem = {"kind": "resnet", "deep": True, "channels": widths[2]}
+        if widths[0] == widths[1]:  # timm stem_type='deep'
+            stem["stem_width"] = widths[0]
+        else:  # 'deep_tiered'
+            stem["widths"] = widths[:2]
         in_chans = model.conv1[0].in_channels
     else:
         if model.conv1.kernel_size != (7, 7):
@@ -278,14 +284,20 @@ def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 
         for j, block in enumerate(blocks):
             convs = [m for m in block.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
             plain = [isinstance(getattr(block, n, None), (nn.Identity, type(None))) for n in ("aa", "drop_block")]
-            if any(c.groups != 1 or c.dilation != (1, 1) for c in convs) or not all(plain):
-                raise ValueError(f"layer{i}.{j} has grouped, dilated or anti-aliased convs or DropBlock, which "
+            if any(c.dilation != (1, 1) for c in convs) or not all(plain):
+                raise ValueError(f"layer{i}.{j} has dilated or anti-aliased convs or DropBlock, which "
                                  "archspec's conv stages do not have")
         channels = (first.conv3 if kind == "bottleneck" else first.conv2).out_channels
         strided = first.conv2 if kind == "bottleneck" else first.conv1
         entry = {"kind": "conv", "block": kind, "depth": len(blocks), "channels": channels,
                  "stride": strided.stride[0]}
-        if channels // first.conv1.out_channels != EXPANSION[kind]:
+        groups = first.conv2.groups if kind == "bottleneck" else 1
+        planes = channels // EXPANSION[kind]
+        if groups != 1 or (kind == "bottleneck" and first.conv1.out_channels != planes):  # ResNeXt
+            width = first.conv1.out_channels // groups  # timm: floor(planes * base_width / 64) per group
+            base_width = -(-width * 64 // planes)
+            entry.update(groups=groups, base_width=base_width)
+        elif channels // first.conv1.out_channels != EXPANSION[kind]:
             entry["expansion"] = channels // first.conv1.out_channels
         down = first.downsample
         if down is not None and isinstance(down[0], (nn.AvgPool2d, nn.Identity)):  # timm downsample_avg

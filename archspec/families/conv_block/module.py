@@ -237,6 +237,7 @@ def build(shape: ConvBlockShape) -> nn.Module:
     torch's default; with ``zero_init_last`` the block's ``zero_init_last()`` (its last BatchNorm's weight 0).
     With ``mixer == 'gpsa'`` the Bottleneck's ``conv2`` is a :class:`~.ConvGPSA` (``width -> width`` at
     the block's stride, ``W_out`` Kaiming-initialised as that conv would be, alpha and lambda from the shape).
+    ResNeXt's ``groups`` / ``base_width`` are timm Bottleneck's ``cardinality`` / ``base_width``.
     """
     downsample = None
     if shape.downsample is not None:
@@ -245,13 +246,14 @@ def build(shape: ConvBlockShape) -> nn.Module:
                           first_dilation=1)
     attn = partial(SEModule, rd_ratio=shape.rd_ratio, rd_divisor=shape.rd_divisor) if shape.se_channels else None
     cls = _block_class(shape.block, shape.expansion)
+    grouped = dict(cardinality=shape.groups, base_width=shape.base_width) if shape.block == "bottleneck" else {}
     module = cls(shape.in_chans, shape.width, shape.stride, downsample, attn_layer=attn,
-                 drop_path=DropPath(shape.drop_path) if shape.drop_path > 0 else None)
+                 drop_path=DropPath(shape.drop_path) if shape.drop_path > 0 else None, **grouped)
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
     if shape.mixer == "gpsa":  # timm's Bottleneck calls self.conv2(x): the GPSA takes its place and its name
-        module.conv2 = ConvGPSA(shape.width, shape.width, shape.stride, alpha=shape.locality_strength,
+        module.conv2 = ConvGPSA(shape.mid, shape.mid, shape.stride, alpha=shape.locality_strength,
                                 gating=shape.gating_init)
     if shape.zero_init_last:
         module.zero_init_last()

@@ -9,6 +9,12 @@ ResNet-D's 2x2 average pool then a 1x1 conv + BatchNorm (``avg``, timm ``downsam
 fig. 2c).  Optional squeeze-excitation after the last conv (timm ``SEModule``, ResNet-RS: ``rd_ratio`` 0.25).
 Every conv is bias-free and followed by a BatchNorm; activations are ReLU.
 
+ResNeXt (Xie et al. 2017, "Aggregated Residual Transformations", sec. 3.3, fig. 3c): ``groups`` (timm's
+``cardinality``) splits the bottleneck's 3x3 conv into that many groups and ``base_width`` sets the width of each
+group per 64 planes, as timm ``resnet.Bottleneck``: inner width ``floor(planes x base_width / 64) x groups`` with
+``planes = channels / expansion`` (ResNeXt-50 32x4d: planes 64, base_width 4, groups 32 -> 128 inner channels).
+The defaults (1, 64) are ResNet's.
+
 ``mixer: {kind: gpsa}`` replaces every bottleneck's 3x3 conv by T-CNN's 9-head gated positional self-attention
 on the map's pixels (d'Ascoli et al. 2021, "Transformed CNNs", sec. 2, eq. 4-7, footnote 1; the torch side is
 :class:`archspec.families.conv_block.module.ConvGPSA`): head ``h`` = kernel tap ``h``, ``W_val = I`` shared by the
@@ -34,7 +40,7 @@ from archspec.strict_model import DropPathRate, StrictModel
 
 __all__ = ["SESpec", "GPSAMixerSpec", "ConvStageSpec", "GPSA_HEADS", "gpsa_head_dim", "gpsa_counts", "gpsa_memory",
            "ConvBlockShape", "se_channels", "plan", "counts", "memory", "out_grid", "batchnorm_channels", "label",
-           "head_letters", "strided_grid", "NO_WEIGHT_DECAY", "EXPANSION"]
+           "head_letters", "strided_grid", "NO_WEIGHT_DECAY", "EXPANSION", "inner_width"]
 
 # ConvGPSA's locality alpha~_h, gating lambda_h and centres Delta_h: positions and mixing weights, decayed by
 # neither ConViT (timm convit's gating_param) nor T-CNN's fine-tuning groups (archspec.transfer.gating_param_groups)
@@ -93,6 +99,11 @@ class ConvStageSpec(StrictModel):
                                  "default, Goyal et al. 2017).")
     drop_path: DropPathRate = Field(
         0.0, description="Stochastic depth: one rate for every block, or [first, last] linearly spaced over the stage.")
+    groups: int = Field(1, ge=1, le=MAX_DIM, description="Groups of the bottleneck's 3x3 conv (ResNeXt's "
+                        "cardinality, timm cardinality; 32 for resnext50_32x4d); bottleneck blocks only.")
+    base_width: int = Field(64, ge=1, le=MAX_DIM, description="Width of each group per 64 planes (timm base_width; "
+                            "4 for resnext50_32x4d): inner width = floor(planes x base_width / 64) x groups, planes "
+                            "= channels / expansion; bottleneck blocks only.")
     mixer: GPSAMixerSpec | None = Field(
         None, description="Replace every block's 3x3 conv by T-CNN's 9-head GPSA (bottleneck blocks only; "
         "{kind: gpsa}).  T-CNN also moves the stage's stride out (BoTNet): write stride: 1, and the stage keeps "
@@ -123,7 +134,7 @@ class ConvBlockShape:
     shortcut ``downsample`` (None: identity; ``conv`` or ``avg``), ``se_channels`` (0: no SE), the SE's
     ``rd_ratio`` and ``rd_divisor``, ``zero_init_last``, the block's ``drop_path`` rate, and ``mixer``
     (``gpsa``: the bottleneck's 3x3 conv is T-CNN's GPSA, initialised at ``locality_strength`` and ``gating_init``;
-    None: the conv)."""
+    None: the conv), and ResNeXt's ``groups`` / ``base_width`` of the 3x3 conv (inner width :attr:`mid`)."""
 
     block: str
     in_chans: int
@@ -140,10 +151,23 @@ class ConvBlockShape:
     mixer: str | None = None
     locality_strength: float = 1.0
     gating_init: float = 1.0
+    groups: int = 1
+    base_width: int = 64
 
     @property
     def expansion(self) -> int:
         return self.channels // self.width
+
+    @property
+    def mid(self) -> int:
+        """The inner width of the 3x3 conv: timm Bottleneck's ``floor(planes x base_width / 64) x cardinality``
+        (``width`` = planes; a basic block's is ``width``)."""
+        return inner_width(self.width, self.base_width, self.groups)
+
+
+def inner_width(planes: int, base_width: int = 64, groups: int = 1) -> int:
+    """timm ``resnet.Bottleneck``'s ``width = int(math.floor(planes * (base_width / 64)) * cardinality)``."""
+    return int(planes * base_width // 64) * groups
 
 
 def se_channels(channels: int, rd_ratio: float, rd_divisor: int) -> int:
@@ -175,6 +199,20 @@ def plan(stage: ConvStageSpec, index: int, in_chans: int, grid: tuple[int, int]
                          f"(T-CNN sec. 2); a {stage.block} block has two 3x3 convs and no single one to replace",
                          "use block: bottleneck, or remove mixer"))
     ratio = stage.ratio
+    grouped = stage.groups != 1 or stage.base_width != 64
+    if grouped and stage.block != "bottleneck":
+        key = "groups" if stage.groups != 1 else "base_width"
+        problems.append((("stages", index, key), f"{key} shapes a bottleneck's 3x3 conv (ResNeXt); a {stage.block} "
+                         "block has none (timm's BasicBlock supports only cardinality 1, base_width 64)",
+                         "use block: bottleneck, or remove groups / base_width"))
+    elif grouped and stage.mixer is not None:
+        problems.append((("stages", index, "groups" if stage.groups != 1 else "base_width"),
+                         f"a {stage.mixer.kind} mixer replaces the plain 3x3 conv of the bottleneck; there is no "
+                         "grouped conv left for groups / base_width to shape", "remove groups / base_width or mixer"))
+    elif grouped and stage.channels % ratio == 0 and inner_width(stage.channels // ratio, stage.base_width, 1) < 1:
+        problems.append((("stages", index, "base_width"), f"base_width {stage.base_width} leaves floor(planes x "
+                         f"base_width / 64) = 0 channels per group (planes = {stage.channels // ratio})",
+                         f"use base_width >= {-(-64 // (stage.channels // ratio))}"))
     if stage.channels % ratio:
         problems.append((("stages", index, "channels"), f"{stage.channels} output channels are not divisible by the "
                          f"bottleneck ratio {ratio} (inner width = channels / expansion)",
@@ -195,7 +233,8 @@ def plan(stage: ConvStageSpec, index: int, in_chans: int, grid: tuple[int, int]
         down = stage.downsample if layer == 0 and (stride != 1 or c != stage.channels) else None
         shapes.append(ConvBlockShape(stage.block, c, stage.channels, width, stride, tuple(grid), down, se,
                                      stage.se.rd_ratio if stage.se else 0.0625, stage.se.rd_divisor if stage.se else 8,
-                                     stage.zero_init_last, stage.drop_path_of(layer), *mixer))
+                                     stage.zero_init_last, stage.drop_path_of(layer), *mixer, stage.groups,
+                                     stage.base_width))
         grid = (_strided(grid[0], stride), _strided(grid[1], stride))
         c = stage.channels
     return shapes, problems
@@ -207,12 +246,14 @@ def out_grid(shape: ConvBlockShape) -> tuple[int, int]:
 
 
 def _convs(shape: ConvBlockShape) -> list[tuple[int, int, int, int]]:
-    """The block's convs with a BatchNorm after each ``(k, c_in, c_out, pixels_out)``, shortcut included."""
+    """The block's convs with a BatchNorm after each ``(k, c_in, c_out, pixels_out)``, shortcut included; a grouped
+    3x3 conv (ResNeXt) as ``c_in / groups`` input channels (its weights and MACs are ``1 / groups`` of a plain
+    conv's)."""
     h, w = shape.grid
     ho, wo = out_grid(shape)
-    c, out, mid = shape.in_chans, shape.channels, shape.width
+    c, out, mid = shape.in_chans, shape.channels, shape.mid
     if shape.block == "bottleneck":
-        convs = [(1, c, mid, h * w), (3, mid, mid, ho * wo), (1, mid, out, ho * wo)]
+        convs = [(1, c, mid, h * w), (3, mid // shape.groups, mid, ho * wo), (1, mid, out, ho * wo)]
     else:
         convs = [(3, c, mid, ho * wo), (3, mid, out, ho * wo)]
     if shape.downsample is not None:
@@ -315,9 +356,10 @@ def batchnorm_channels(shape: ConvBlockShape) -> int:
 
 
 def label(shape: ConvBlockShape) -> str:
-    """The analysis table's kind: ``bottleneck``, ``basic``, with ``+gpsa`` (T-CNN's 3x3), ``/2`` for a stride,
-    ``+se``."""
-    return (shape.block + (f"+{shape.mixer}" if shape.mixer else "") + (f"/{shape.stride}" if shape.stride > 1 else "")
+    """The analysis table's kind: ``bottleneck``, ``basic``, with ``+gpsa`` (T-CNN's 3x3), ``/g32`` for ResNeXt's
+    groups, ``/2`` for a stride, ``+se``."""
+    return (shape.block + (f"+{shape.mixer}" if shape.mixer else "")
+            + (f"/g{shape.groups}" if shape.groups > 1 else "") + (f"/{shape.stride}" if shape.stride > 1 else "")
             + ("+se" if shape.se_channels else ""))
 
 
