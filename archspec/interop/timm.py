@@ -11,6 +11,8 @@ Supported timm families (the blocks archspec mirrors):
   ``conv1`` / ``bn1`` / ``maxpool`` <-> ``stem.conv1`` / ``stem.bn1`` / ``stem.maxpool``, ``layer{i}.{j}`` <->
   ``stages.{i-1}.blocks.{j}``, ``fc`` <-> ``head``.  :func:`resnet_spec_from_timm` writes the spec of a timm
   ResNet.
+* ``ByobNet`` BoTNets (``specs/botnet26t.yaml``, timm ``botnet26t_256``): conv stages whose attention mixer is
+  timm's ``BottleneckAttn``; :func:`byobnet_key_from_timm` renames the ConvNormAct pairs to ResNet's names.
 * T-CNNs (``specs/t_resnet50d.yaml``, ``t_resnet50rs.yaml``: conv stages with ``mixer: {kind: gpsa}``) load a
   timm ResNet's weights one way (:func:`from_timm`): a transformed block's ``conv2.weight`` becomes its GPSA's
   ``W_out`` (T-CNN eq. 6), and the GPSA's own tensors (W_qry, W_key, W_val = I, centres, locality, gating),
@@ -60,6 +62,7 @@ TIMM_EQUIVALENTS = {
     "resnext50_32x4d": "resnext50_32x4d",
     "resnet26t": "resnet26t",
     "seresnext26d_32x4d": "seresnext26d_32x4d",
+    "botnet26t": "botnet26t_256",
 }
 
 _QKV = re.compile(r"^(?P<prefix>.*\.attn)\.qkv\.(?P<kind>weight|bias)$")
@@ -109,6 +112,41 @@ def resnet_key_to_timm(key: str) -> str:
     return re.sub(r"^head\.", "fc.", key)
 
 
+# timm ByobNet (byobnet.py / byoanet.py: botnet26t_256, resnet26t-like 'bottle' stages) -> archspec's ResNet names.
+# Its ConvNormAct pairs (``.conv`` + ``.bn``) are timm ResNet's ``convN`` + ``bnN``; a SelfAttnBlock's ``self_attn``
+# sits where archspec's attention mixer does (``conv2``) and its ``post_attn`` BatchNorm is ``bn2``.
+_BYOB_STEM = {"stem.conv1.conv.": "stem.conv1.0.", "stem.conv1.bn.": "stem.conv1.1.",
+              "stem.conv2.conv.": "stem.conv1.3.", "stem.conv2.bn.": "stem.conv1.4.",
+              "stem.conv3.conv.": "stem.conv1.6.", "stem.conv3.bn.": "stem.bn1.", "head.fc.": "head."}
+_BYOB_BLOCK = {"conv1_1x1.conv.": "conv1.", "conv1_1x1.bn.": "bn1.", "conv2_kxk.conv.": "conv2.",
+               "conv2_kxk.bn.": "bn2.", "self_attn.": "conv2.", "post_attn.": "bn2.", "conv3_1x1.conv.": "conv3.",
+               "conv3_1x1.bn.": "bn3.", "shortcut.conv.conv.": "downsample.1.", "shortcut.conv.bn.": "downsample.2.",
+               "shortcut.conv.": "downsample.0.", "shortcut.bn.": "downsample.1."}
+_BYOB_LAYER = re.compile(r"^stages\.(\d+)\.(\d+)\.")
+
+
+def byobnet_key_from_timm(key: str) -> str:
+    """A timm ByobNet key (BoTNet's ``botnet26t_256``) -> archspec's: ``stem.conv3.bn.weight`` -> ``stem.bn1.weight``,
+    ``stages.3.0.self_attn.qkv.weight`` -> ``stages.3.blocks.0.conv2.qkv.weight``, ``stages.2.0.shortcut.conv.weight``
+    -> ``stages.2.blocks.0.downsample.0.weight``, ``head.fc.bias`` -> ``head.bias``; other keys unchanged."""
+    for theirs, ours in _BYOB_STEM.items():
+        if key.startswith(theirs):
+            return ours + key[len(theirs):]
+    match = _BYOB_LAYER.match(key)
+    if not match:
+        return key
+    rest = key[match.end():]
+    for theirs, ours in _BYOB_BLOCK.items():
+        if rest.startswith(theirs):
+            rest = ours + rest[len(theirs):]
+            break
+    return f"stages.{match.group(1)}.blocks.{match.group(2)}." + rest
+
+
+def _is_byobnet(keys) -> bool:
+    return any(".conv1_1x1." in k for k in keys)
+
+
 def _is_convnet(model: nn.Module) -> bool:
     return getattr(getattr(model, "spec", None), "is_convnet", False)
 
@@ -152,6 +190,8 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
     Raises:
         ValueError: a timm block index beyond the archspec model's depth.
     """
+    if _is_convnet(model) and _is_byobnet(state_dict):
+        return {byobnet_key_from_timm(k): v for k, v in state_dict.items()}
     if _is_convnet(model):
         return _resnet_from_timm(state_dict, model)
     stage_of = _stage_of(model)
@@ -191,8 +231,9 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
     ours = model.state_dict()
     if _is_convnet(model):
         out = {}
+        rename = byobnet_key_from_timm if _is_byobnet(timm_model.state_dict()) else resnet_key_from_timm
         for key in timm_model.state_dict():
-            src = resnet_key_from_timm(key)
+            src = rename(key)
             if src not in ours:
                 raise KeyError(f"timm tensor {key!r} has no archspec counterpart (looked for {src!r})")
             out[key] = ours[src]
