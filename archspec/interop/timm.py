@@ -62,7 +62,6 @@ TIMM_EQUIVALENTS = {
     "resnext50_32x4d": "resnext50_32x4d",
     "resnet26t": "resnet26t",
     "seresnext26d_32x4d": "seresnext26d_32x4d",
-    "botnet26t": "botnet26t_256",
 }
 
 _QKV = re.compile(r"^(?P<prefix>.*\.attn)\.qkv\.(?P<kind>weight|bias)$")
