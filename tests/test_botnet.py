@@ -114,3 +114,14 @@ def test_botnet_rel_in_a_token_stage_is_refused() -> None:
     with pytest.raises(SpecError, match="inside a bottleneck's attention mixer only"):
         archspec.load_spec({"input": {"resolution": 32}, "stem": {"kind": "patch", "patch_size": 8},
                             "stages": [{"depth": 1, "dim": 16, "heads": 2, "attention": "botnet_rel"}]})
+
+
+def test_tcnn_to_timm_round_trips_the_resnet_weights(one_thread) -> None:
+    """to_timm of a T-CNN (GPSA in bottlenecks) gives its timm ResNet back: W_out -> the 3x3 conv (T-CNN eq. 6
+    inverted); before, a KeyError."""
+    reference = timm.create_model("resnet50d", pretrained=False)
+    randomise(reference, 3)
+    tcnn = load_timm_weights(archspec.compile("t_resnet50d", img_size=64), reference)
+    back = to_timm(tcnn, reference)
+    assert set(back) == set(reference.state_dict())
+    assert all(torch.equal(back[k], v) for k, v in reference.state_dict().items())

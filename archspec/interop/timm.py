@@ -222,7 +222,10 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
     """Convert ``model``'s weights into a state dict for ``timm_model`` (the reverse of :func:`from_timm`).
 
     MHSA ``qk`` and ``v`` are concatenated back into ``qkv`` when ``timm_model`` has a ``qkv`` Linear
-    there (ViT, ConViT MHSA); ConViT GPSA keeps ``qk`` / ``v``.
+    there (ViT, ConViT MHSA); ConViT GPSA keeps ``qk`` / ``v``.  A T-CNN (conv stages with ``mixer: {kind: gpsa}``)
+    into its timm ResNet: each GPSA's ``W_out`` becomes the 3x3 conv's weight again (the inverse of eq. 6's
+    loading, so ``from_timm`` then ``to_timm`` gives the ResNet's weights back); the GPSA's own tensors (W_qry,
+    W_key, W_val, centres, locality, gating), which a ResNet has no place for, are left out.
 
     Raises:
         KeyError: a tensor of ``timm_model`` has no archspec counterpart.
@@ -233,6 +236,11 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
         rename = byobnet_key_from_timm if _is_byobnet(timm_model.state_dict()) else resnet_key_from_timm
         for key in timm_model.state_dict():
             src = rename(key)
+            gpsa = src[:-len(".weight")] + ".out_weight" if src.endswith(".conv2.weight") else None
+            if src not in ours and gpsa in ours:  # a T-CNN block: W_out back to the 3x3 conv's taps (eq. 6)
+                weight = ours[gpsa]  # (9, D_in, D_out) -> (D_out, D_in, 3, 3), inverse of conv_to_out_weight
+                out[key] = weight.reshape(3, 3, weight.shape[1], weight.shape[2]).permute(3, 2, 0, 1).contiguous()
+                continue
             if src not in ours:
                 raise KeyError(f"timm tensor {key!r} has no archspec counterpart (looked for {src!r})")
             out[key] = ours[src]
