@@ -18,10 +18,12 @@ from archspec.families.attention.heads import (
     HeadSpec,
     MaskSpec,
     RelBiasSpec,
+    RelLogitsSpec,
     head_letters_legend,
 )
 from archspec.spec import (
     ArchSpec,
+    AttentionMixerSpec,
     ClassAttentionSpec,
     ConvStageSpec,
     ConvStemSpec,
@@ -45,10 +47,12 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("stem (kind: conv)", ConvStemSpec), ("stem (kind: identity)", IdentityStemSpec),
     ("stem (kind: resnet)", ResNetStemSpec), ("tokens", TokensSpec),
     ("stages[]", StageSpec), ("stages[] (kind: conv)", ConvStageSpec), ("stages[].se", SESpec),
-    ("stages[].mixer (kind: conv stages)", GPSAMixerSpec),
+    ("stages[].mixer (kind: conv stages, gpsa)", GPSAMixerSpec),
+    ("stages[].mixer (kind: conv stages, attention)", AttentionMixerSpec),
     ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec),
     ("stages[].shrink", ShrinkSpec), ("stages[].from_map", MapToTokensSpec),
     ("head kind (stages[].attention, layers[].heads[])", HeadSpec), ("gpsa", GPSASpec), ("rel_bias", RelBiasSpec),
+    ("rel_logits", RelLogitsSpec),
     ("mask", MaskSpec), ("class_attention", ClassAttentionSpec), ("head", HeadOutSpec),
 ]
 

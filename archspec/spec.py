@@ -35,7 +35,7 @@ from archspec.errors import Locator, Problem, SpecError
 from archspec.families.attention.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
 from archspec.families.attention.rules import check_value_dim
 from archspec.families.class_attention.rules import ClassAttentionSpec
-from archspec.families.conv_block.rules import ConvStageSpec, GPSAMixerSpec, SESpec
+from archspec.families.conv_block.rules import AttentionMixerSpec, ConvStageSpec, GPSAMixerSpec, SESpec
 from archspec.families.head.rules import HeadOutSpec
 from archspec.families.interface.rules import MapToTokensSpec
 from archspec.families.shrink.rules import ShrinkSpec
@@ -47,8 +47,8 @@ from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
 
 __all__ = [
     "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec", "TokensSpec",
-    "StageSpec", "ConvStageSpec", "SESpec", "GPSAMixerSpec", "MapToTokensSpec", "AnyStage", "LayerOverride",
-    "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
+    "StageSpec", "ConvStageSpec", "SESpec", "GPSAMixerSpec", "AttentionMixerSpec", "MapToTokensSpec", "AnyStage",
+    "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
     "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "parse_spec", "spec_to_yaml", "SPEC_DIR",
 ]
 
@@ -428,6 +428,7 @@ _HINTS = {
     "union_tag_invalid": "stem kinds: patch, conv, identity, resnet",
     "union_tag_not_found": "stem kinds: patch, conv, identity, resnet",
     "stage_kind": "stage kinds: attention (the default), conv",
+    "mixer_kind": "conv-stage mixer kinds: gpsa (T-CNN), attention (BoTNet)",
     "model_type": "write it as indented 'key: value' lines, or {key: value}",
     "model_attributes_type": "write it as indented 'key: value' lines, or {key: value}",
     "string_pattern_mismatch": "use only letters, digits, '_', '.' and '-'",
@@ -440,7 +441,7 @@ _STAGE_TAGS = {"attention_stage": StageSpec, "conv_stage": ConvStageSpec}
 _LOC_MARKERS = frozenset({
     "function-after", "function-before", "function-wrap", "function-plain", "tagged-union", "nullable",
     "default", "lax-or-strict", "json-or-python", "chain", "is-instance", "int", "float", "str", "bool",
-    "none", "list", "tuple", "dict", "attention_stage", "conv_stage",
+    "none", "list", "tuple", "dict", "attention_stage", "conv_stage", "gpsa_mixer", "attention_mixer",
 })
 
 
@@ -510,7 +511,7 @@ def _problems_from_validation(exc: ValidationError) -> list[Problem]:
                 message = f"unknown {owner} {disc} {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
             else:
                 message = f"{owner} needs a '{disc}' key"
-        elif kind == "stage_kind":
+        elif kind in ("stage_kind", "mixer_kind"):
             path = path + ("kind",)
         elif kind in ("model_type", "model_attributes_type"):
             got = err.get("input")

@@ -16,7 +16,7 @@ import archspec
 from archspec.errors import SpecError, format_path
 from archspec.interop.timm import TIMM_EQUIVALENTS, from_timm, load_timm_weights, to_timm
 
-RESNETS = ["resnet18", "resnet50", "resnet50d", "resnetrs50"]
+RESNETS = ["resnet18", "resnet50", "resnet50d", "resnetrs50", "resnext50_32x4d", "resnet26t", "seresnext26d_32x4d"]
 FAST = ["resnet18"]  # the others are ~2-4 s each for the parity test on 2 cores: slow
 
 
@@ -83,6 +83,47 @@ def test_logits_equal_timm_both_directions(name: str) -> None:
     assert forward <= 1e-5 and backward <= 1e-5, (forward, backward)
 
 
+def _small_parity(ours: torch.nn.Module, reference: torch.nn.Module, size: int) -> tuple[float, float]:
+    """Max |logit difference| timm -> archspec and archspec -> timm at ``size`` px, each with randomised weights."""
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    randomise(reference, 1)
+    load_timm_weights(ours, reference)
+    ours.eval(), reference.eval()
+    with torch.no_grad():
+        forward = (ours(x) - reference(x)).abs().max().item()
+        assert reference(x).std() > 1e-2
+    randomise(ours, 2)
+    reference.load_state_dict(to_timm(ours, reference), strict=True)
+    with torch.no_grad():
+        backward = (ours(x) - reference(x)).abs().max().item()
+    return forward, backward
+
+
+@pytest.mark.parametrize("name", ["resnext50_32x4d", "resnet26t", "seresnext26d_32x4d"])
+def test_grouped_and_tiered_logits_equal_timm_at_64px(name: str, one_thread) -> None:
+    """ResNeXt's grouped 3x3 (groups 32, base_width 4) and timm's tiered stem (3 -> 24 -> 32 -> 64): the shipped
+    specs, written from the papers / timm's constructor arguments, against timm's own modules."""
+    reference = timm.create_model(TIMM_EQUIVALENTS[name], pretrained=False)
+    ours = archspec.compile(name, img_size=64)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in reference.parameters())
+    forward, backward = _small_parity(ours, reference, 64)
+    assert forward <= 1e-5 and backward <= 1e-5, (forward, backward)
+
+
+@pytest.mark.parametrize("name", ["resnet10t", "resnext50d_32x4d"])
+def test_held_out_timm_resnets_read_and_match(name: str, one_thread) -> None:
+    """Held out: timm ResNets no shipped spec names (resnet10t's tiered stem with basic blocks, a ResNeXt-D) read by
+    :func:`resnet_spec_from_timm` into a spec; equal parameter count and logits with randomised weights."""
+    from archspec.interop.timm import resnet_spec_from_timm
+
+    reference = timm.create_model(name, pretrained=False)
+    spec = resnet_spec_from_timm(reference, resolution=64, name=name)
+    ours = archspec.compile(spec)
+    assert archspec.analyze(spec).params == sum(p.numel() for p in reference.parameters())
+    forward, backward = _small_parity(ours, reference, 64)
+    assert forward <= 1e-5 and backward <= 1e-5, (forward, backward)
+
+
 def test_conversion_keys_round_trip() -> None:
     """Every timm key has one archspec key and back (deep stem, conv pool, avg shortcut and SE included)."""
     ours = archspec.compile("resnetrs50", img_size=32)
@@ -92,7 +133,8 @@ def test_conversion_keys_round_trip() -> None:
     assert set(to_timm(ours, theirs)) == set(theirs.state_dict())
 
 
-@pytest.mark.parametrize("name, size", [("resnet18", 224), ("resnet50d", 64), ("resnetrs50", 96)])
+@pytest.mark.parametrize("name, size", [("resnet18", 224), ("resnet50d", 64), ("resnetrs50", 96),
+                                        ("resnext50_32x4d", 64), ("resnet26t", 64), ("seresnext26d_32x4d", 64)])
 def test_analysis_equals_module_and_reference_counter(name: str, size: int, one_thread) -> None:
     model = archspec.compile(name, img_size=size).eval()
     analysis = model.analysis.graph
@@ -179,6 +221,16 @@ NO_TOKENS = "tokens: {cls_token: none, pos_embed: none}\n"
      "stages[2].stride", 8, "stride 2 on a 1x1 map would shrink it below 1x1"),
     (f"stem: {{kind: resnet, stem_width: 16}}\n{NO_TOKENS}stages:\n  - {CONV}\nhead: {{pool: mean}}\n",
      "stem.stem_width", 3, "applies to the deep stem only"),
+    (f"stem: {{kind: resnet, widths: [24, 32]}}\n{NO_TOKENS}stages:\n  - {CONV}\nhead: {{pool: mean}}\n",
+     "stem.widths", 3, "applies to the deep stem only"),
+    (f"stem: {{kind: resnet, deep: true, stem_width: 32, widths: [24, 32]}}\n{NO_TOKENS}stages:\n  - {CONV}\n"
+     "head: {pool: mean}\n", "stem.widths", 3, "not both"),
+    (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {{kind: conv, block: basic, depth: 1, channels: 8, groups: 2}}\n"
+     "head: {pool: mean}\n", "stages[0].groups", 6, "a basic block has none"),
+    (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {{kind: conv, block: bottleneck, depth: 1, channels: 64, "
+     "groups: 4, mixer: {kind: gpsa}}\nhead: {pool: mean}\n", "stages[0].groups", 6, "no grouped conv left"),
+    (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {{kind: conv, block: bottleneck, depth: 1, channels: 64, "
+     "groups: 4, base_width: 2}\nhead: {pool: mean}\n", "stages[0].base_width", 6, "0 channels per group"),
     (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {{kind: cnn, depth: 1}}\nhead: {{pool: mean}}\n",
      "stages[0].kind", 6, "must be 'attention' (the default) or 'conv'"),
     (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {{kind: conv, block: basic, depth: 1, channels: 8, dim: 8}}\n"

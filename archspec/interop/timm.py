@@ -11,6 +11,8 @@ Supported timm families (the blocks archspec mirrors):
   ``conv1`` / ``bn1`` / ``maxpool`` <-> ``stem.conv1`` / ``stem.bn1`` / ``stem.maxpool``, ``layer{i}.{j}`` <->
   ``stages.{i-1}.blocks.{j}``, ``fc`` <-> ``head``.  :func:`resnet_spec_from_timm` writes the spec of a timm
   ResNet.
+* ``ByobNet`` BoTNets (``specs/botnet26t.yaml``, timm ``botnet26t_256``): conv stages whose attention mixer is
+  timm's ``BottleneckAttn``; :func:`byobnet_key_from_timm` renames the ConvNormAct pairs to ResNet's names.
 * T-CNNs (``specs/t_resnet50d.yaml``, ``t_resnet50rs.yaml``: conv stages with ``mixer: {kind: gpsa}``) load a
   timm ResNet's weights one way (:func:`from_timm`): a transformed block's ``conv2.weight`` becomes its GPSA's
   ``W_out`` (T-CNN eq. 6), and the GPSA's own tensors (W_qry, W_key, W_val = I, centres, locality, gating),
@@ -57,6 +59,9 @@ TIMM_EQUIVALENTS = {
     "resnet50": "resnet50",
     "resnet50d": "resnet50d",
     "resnetrs50": "resnetrs50",
+    "resnext50_32x4d": "resnext50_32x4d",
+    "resnet26t": "resnet26t",
+    "seresnext26d_32x4d": "seresnext26d_32x4d",
 }
 
 _QKV = re.compile(r"^(?P<prefix>.*\.attn)\.qkv\.(?P<kind>weight|bias)$")
@@ -106,6 +111,41 @@ def resnet_key_to_timm(key: str) -> str:
     return re.sub(r"^head\.", "fc.", key)
 
 
+# timm ByobNet (byobnet.py / byoanet.py: botnet26t_256, resnet26t-like 'bottle' stages) -> archspec's ResNet names.
+# Its ConvNormAct pairs (``.conv`` + ``.bn``) are timm ResNet's ``convN`` + ``bnN``; a SelfAttnBlock's ``self_attn``
+# sits where archspec's attention mixer does (``conv2``) and its ``post_attn`` BatchNorm is ``bn2``.
+_BYOB_STEM = {"stem.conv1.conv.": "stem.conv1.0.", "stem.conv1.bn.": "stem.conv1.1.",
+              "stem.conv2.conv.": "stem.conv1.3.", "stem.conv2.bn.": "stem.conv1.4.",
+              "stem.conv3.conv.": "stem.conv1.6.", "stem.conv3.bn.": "stem.bn1.", "head.fc.": "head."}
+_BYOB_BLOCK = {"conv1_1x1.conv.": "conv1.", "conv1_1x1.bn.": "bn1.", "conv2_kxk.conv.": "conv2.",
+               "conv2_kxk.bn.": "bn2.", "self_attn.": "conv2.", "post_attn.": "bn2.", "conv3_1x1.conv.": "conv3.",
+               "conv3_1x1.bn.": "bn3.", "shortcut.conv.conv.": "downsample.1.", "shortcut.conv.bn.": "downsample.2.",
+               "shortcut.conv.": "downsample.0.", "shortcut.bn.": "downsample.1."}
+_BYOB_LAYER = re.compile(r"^stages\.(\d+)\.(\d+)\.")
+
+
+def byobnet_key_from_timm(key: str) -> str:
+    """A timm ByobNet key (BoTNet's ``botnet26t_256``) -> archspec's: ``stem.conv3.bn.weight`` -> ``stem.bn1.weight``,
+    ``stages.3.0.self_attn.qkv.weight`` -> ``stages.3.blocks.0.conv2.qkv.weight``, ``stages.2.0.shortcut.conv.weight``
+    -> ``stages.2.blocks.0.downsample.0.weight``, ``head.fc.bias`` -> ``head.bias``; other keys unchanged."""
+    for theirs, ours in _BYOB_STEM.items():
+        if key.startswith(theirs):
+            return ours + key[len(theirs):]
+    match = _BYOB_LAYER.match(key)
+    if not match:
+        return key
+    rest = key[match.end():]
+    for theirs, ours in _BYOB_BLOCK.items():
+        if rest.startswith(theirs):
+            rest = ours + rest[len(theirs):]
+            break
+    return f"stages.{match.group(1)}.blocks.{match.group(2)}." + rest
+
+
+def _is_byobnet(keys) -> bool:
+    return any(".conv1_1x1." in k for k in keys)
+
+
 def _is_convnet(model: nn.Module) -> bool:
     return getattr(getattr(model, "spec", None), "is_convnet", False)
 
@@ -149,6 +189,8 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
     Raises:
         ValueError: a timm block index beyond the archspec model's depth.
     """
+    if _is_convnet(model) and _is_byobnet(state_dict):
+        return {byobnet_key_from_timm(k): v for k, v in state_dict.items()}
     if _is_convnet(model):
         return _resnet_from_timm(state_dict, model)
     stage_of = _stage_of(model)
@@ -180,7 +222,10 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
     """Convert ``model``'s weights into a state dict for ``timm_model`` (the reverse of :func:`from_timm`).
 
     MHSA ``qk`` and ``v`` are concatenated back into ``qkv`` when ``timm_model`` has a ``qkv`` Linear
-    there (ViT, ConViT MHSA); ConViT GPSA keeps ``qk`` / ``v``.
+    there (ViT, ConViT MHSA); ConViT GPSA keeps ``qk`` / ``v``.  A T-CNN (conv stages with ``mixer: {kind: gpsa}``)
+    into its timm ResNet: each GPSA's ``W_out`` becomes the 3x3 conv's weight again (the inverse of eq. 6's
+    loading, so ``from_timm`` then ``to_timm`` gives the ResNet's weights back); the GPSA's own tensors (W_qry,
+    W_key, W_val, centres, locality, gating), which a ResNet has no place for, are left out.
 
     Raises:
         KeyError: a tensor of ``timm_model`` has no archspec counterpart.
@@ -188,8 +233,14 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
     ours = model.state_dict()
     if _is_convnet(model):
         out = {}
+        rename = byobnet_key_from_timm if _is_byobnet(timm_model.state_dict()) else resnet_key_from_timm
         for key in timm_model.state_dict():
-            src = resnet_key_from_timm(key)
+            src = rename(key)
+            gpsa = src[:-len(".weight")] + ".out_weight" if src.endswith(".conv2.weight") else None
+            if src not in ours and gpsa in ours:  # a T-CNN block: W_out back to the 3x3 conv's taps (eq. 6)
+                weight = ours[gpsa]  # (9, D_in, D_out) -> (D_out, D_in, 3, 3), inverse of conv_to_out_weight
+                out[key] = weight.reshape(3, 3, weight.shape[1], weight.shape[2]).permute(3, 2, 0, 1).contiguous()
+                continue
             if src not in ours:
                 raise KeyError(f"timm tensor {key!r} has no archspec counterpart (looked for {src!r})")
             out[key] = ours[src]
@@ -234,12 +285,12 @@ def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 
     depth, channels, stride, shortcut, SE), the average-pool classifier, at ``resolution`` pixels.
 
     Only the architecture's reading is done here; :func:`load_timm_weights` then checks every tensor's name and
-    shape strictly, which catches what the reading cannot see (a ResNeXt's grouped convs, other widths).
+    shape strictly, which catches what the reading cannot see.  ResNeXt's grouped 3x3 (``groups``, ``base_width``)
+    and timm's tiered deep stem (``widths``) are read.
 
     Raises:
-        ValueError: not a timm ResNet, or a part the spec language has no word for (a tiered deep stem as
-            resnet10t's, anti-aliasing, dilation, groups, attention other than SE, pooling other than 'avg'),
-            naming it.
+        ValueError: not a timm ResNet, or a part the spec language has no word for (anti-aliasing, dilation,
+            attention other than SE, pooling other than 'avg'), naming it.
     """
     from timm.layers.squeeze_excite import SEModule  # noqa: PLC0415 - timm on demand, as the converters above
     from timm.models.resnet import BasicBlock, Bottleneck, ResNet  # noqa: PLC0415
@@ -250,10 +301,13 @@ def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 
         raise ValueError(f"not a timm ResNet (timm.models.resnet.ResNet): {type(model).__name__}")
     if isinstance(model.conv1, nn.Sequential):  # timm stem_type 'deep' / 'deep_tiered'
         widths = [m.out_channels for m in model.conv1 if isinstance(m, nn.Conv2d)]
-        if len(widths) != 3 or widths[0] != widths[1]:
-            raise ValueError(f"its deep stem has conv widths {widths}; archspec's deep stem has two equal first "
-                             "widths (timm stem_type='deep'), not a tiered one")
-        stem = {"kind": "resnet", "deep": True, "stem_width": widths[0], "channels": widths[2]}
+        if len(widths) != 3:
+            raise ValueError(f"its deep stem has {len(widths)} convs {widths}; archspec's deep stem has three")
+        stem = {"kind": "resnet", "deep": True, "channels": widths[2]}
+        if widths[0] == widths[1]:  # timm stem_type='deep'
+            stem["stem_width"] = widths[0]
+        else:  # 'deep_tiered'
+            stem["widths"] = widths[:2]
         in_chans = model.conv1[0].in_channels
     else:
         if model.conv1.kernel_size != (7, 7):
@@ -278,14 +332,20 @@ def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 
         for j, block in enumerate(blocks):
             convs = [m for m in block.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
             plain = [isinstance(getattr(block, n, None), (nn.Identity, type(None))) for n in ("aa", "drop_block")]
-            if any(c.groups != 1 or c.dilation != (1, 1) for c in convs) or not all(plain):
-                raise ValueError(f"layer{i}.{j} has grouped, dilated or anti-aliased convs or DropBlock, which "
+            if any(c.dilation != (1, 1) for c in convs) or not all(plain):
+                raise ValueError(f"layer{i}.{j} has dilated or anti-aliased convs or DropBlock, which "
                                  "archspec's conv stages do not have")
         channels = (first.conv3 if kind == "bottleneck" else first.conv2).out_channels
         strided = first.conv2 if kind == "bottleneck" else first.conv1
         entry = {"kind": "conv", "block": kind, "depth": len(blocks), "channels": channels,
                  "stride": strided.stride[0]}
-        if channels // first.conv1.out_channels != EXPANSION[kind]:
+        groups = first.conv2.groups if kind == "bottleneck" else 1
+        planes = channels // EXPANSION[kind]
+        if groups != 1 or (kind == "bottleneck" and first.conv1.out_channels != planes):  # ResNeXt
+            width = first.conv1.out_channels // groups  # timm: floor(planes * base_width / 64) per group
+            base_width = -(-width * 64 // planes)
+            entry.update(groups=groups, base_width=base_width)
+        elif channels // first.conv1.out_channels != EXPANSION[kind]:
             entry["expansion"] = channels // first.conv1.out_channels
         down = first.downsample
         if down is not None and isinstance(down[0], (nn.AvgPool2d, nn.Identity)):  # timm downsample_avg

@@ -6,7 +6,9 @@ folder with its spec model and rules:
 * ``gpsa``     -- ConViT gated positional self-attention (:mod:`.gpsa`, d'Ascoli et al. 2021, eq. 5-7),
 * ``rel_bias`` -- an additive relative position bias: LeViT's table on absolute offsets or CMHSA's on
   signed offsets (:mod:`.rel_bias`),
-* ``mask``     -- a MaiT attention mask on the patch grid (:mod:`.mask`, Li et al. 2022, eq. 2 and 4).
+* ``mask``     -- a MaiT attention mask on the patch grid (:mod:`.mask`, Li et al. 2022, eq. 2 and 4),
+* ``rel_logits`` -- BoTNet's query-dependent relative position logits (:mod:`.rel_logits`, Srinivas et al. 2021),
+  in a bottleneck's attention mixer only.
 
 They compose: a head may carry a relative bias *and* a mask, or GPSA gating on top of masked
 content attention.  YAML shorthands (``mhsa``, ``gpsa``, ``mask``, ``soft_mask``, ``strict_mask``,
@@ -25,16 +27,17 @@ from pydantic import Field, model_validator
 
 from archspec.strict_model import StrictModel
 
-from . import gpsa, mask, rel_bias
+from . import gpsa, mask, rel_bias, rel_logits
 from .gpsa import GPSASpec
 from .mask import MaskSpec
 from .rel_bias import RelBiasSpec
+from .rel_logits import RelLogitsSpec
 
-__all__ = ["HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "KINDS", "HEAD_SHORTHANDS", "HEAD_LETTERS",
-           "head_letters_legend", "coerce_heads", "StrictModel"]
+__all__ = ["HeadSpec", "GPSASpec", "RelBiasSpec", "RelLogitsSpec", "MaskSpec", "KINDS", "HEAD_SHORTHANDS",
+           "HEAD_LETTERS", "head_letters_legend", "coerce_heads", "StrictModel"]
 
 #: The head kinds, in the order their letters compose.
-KINDS = (gpsa, rel_bias, mask)
+KINDS = (gpsa, rel_bias, mask, rel_logits)
 
 HEAD_SHORTHANDS: dict[str, dict[str, Any]] = {"mhsa": {}, "global": {}}
 for _kind in KINDS:
@@ -69,6 +72,9 @@ class HeadSpec(StrictModel):
     gpsa: GPSASpec | None = Field(None, description="Gated positional self-attention (ConViT).")
     rel_bias: RelBiasSpec | None = Field(None, description="Additive relative position bias (LeViT / CMHSA).")
     mask: MaskSpec | None = Field(None, description="MaiT attention mask.")
+    rel_logits: RelLogitsSpec | None = Field(
+        None, description="BoTNet's relative position logits q . R[offset] (Srinivas et al. 2021; shorthand "
+        "botnet_rel); in a bottleneck's attention mixer only.")
 
     @model_validator(mode="before")
     @classmethod

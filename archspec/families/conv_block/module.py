@@ -44,9 +44,10 @@ from torch import Tensor, nn
 
 from archspec.errors import TransferError
 
-from .rules import EXPANSION, GPSA_HEADS, ConvBlockShape, gpsa_head_dim
+from .rules import EXPANSION, GPSA_HEADS, BotShape, ConvBlockShape, attention_shape, gpsa_head_dim
 
-__all__ = ["build", "BLOCKS", "BETA", "ConvGPSA", "conv_to_out_weight", "inverse_softplus"]
+__all__ = ["build", "BLOCKS", "BETA", "ConvGPSA", "MapAttention", "build_bot", "conv_to_out_weight",
+           "inverse_softplus"]
 
 BLOCKS = {"basic": BasicBlock, "bottleneck": Bottleneck}
 
@@ -221,6 +222,43 @@ class ConvGPSA(nn.Module):
         return f"{self.d_in}->{self.d_out}, heads=9, head_dim={self.head_dim}, stride={self.stride}"
 
 
+class MapAttention(nn.Module):
+    """Self-attention of any head kinds on a feature map's pixels (a bottleneck's ``mixer: {kind: attention}`` whose
+    heads are not all BoTNet's ``botnet_rel``): ``(B, C, H, W)`` -> the ``H W`` pixels as tokens, row-major ->
+    :class:`archspec.families.attention.module.Attention` (``attn``: ``qk``, ``v``, ``proj``; per-head MHSA, GPSA,
+    LeViT / CMHSA bias, MaiT masks) -> ``(B, C, H, W)`` -> a 2x2 stride-2 average pool where ``stride == 2``
+    (BoTNet's stride handling, timm ``BottleneckAttn.pool``) -> ``(B, C, H / s, W / s)``.
+
+    Raises:
+        ValueError: (forward) a map of another size than the layer's grid (the attention's tables are built for it).
+    """
+
+    def __init__(self, attn: nn.Module, stride: int = 1) -> None:
+        super().__init__()
+        self.attn = attn
+        self.pool = nn.AvgPool2d(2, 2) if stride == 2 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, C, H, W = x.shape
+        out = self.attn(x.flatten(2).transpose(1, 2))
+        return self.pool(out.transpose(1, 2).reshape(B, C, H, W))
+
+
+def build_bot(bot: BotShape) -> nn.Module:
+    """The attention mixer of ``bot``: ``(B, C, H, W) -> (B, C, H / s, W / s)``.  Every head ``botnet_rel``: timm's
+    own ``layers.BottleneckAttn(C, C, feat_size=grid, stride, num_heads)`` (Srinivas et al. 2021; names ``qkv``,
+    ``pos_embed.height_rel`` / ``width_rel``; timm's init); else :class:`MapAttention` around archspec's
+    ``Attention`` (the token stages' head kinds, d = C / heads)."""
+    if bot.timm:
+        from timm.layers.bottleneck_attn import BottleneckAttn  # noqa: PLC0415
+
+        return BottleneckAttn(bot.dim, bot.dim, feat_size=bot.grid, stride=bot.stride, num_heads=len(bot.heads),
+                              qkv_bias=bot.qkv_bias)
+    from archspec.families.attention.module import build as build_attention  # noqa: PLC0415
+
+    return MapAttention(build_attention(attention_shape(bot)), bot.stride)
+
+
 def _block_class(block: str, expansion: int) -> type[nn.Module]:
     """timm's block class, subclassed only to change its class attribute ``expansion`` when the spec does."""
     cls = BLOCKS[block]
@@ -237,6 +275,7 @@ def build(shape: ConvBlockShape) -> nn.Module:
     torch's default; with ``zero_init_last`` the block's ``zero_init_last()`` (its last BatchNorm's weight 0).
     With ``mixer == 'gpsa'`` the Bottleneck's ``conv2`` is a :class:`~.ConvGPSA` (``width -> width`` at
     the block's stride, ``W_out`` Kaiming-initialised as that conv would be, alpha and lambda from the shape).
+    ResNeXt's ``groups`` / ``base_width`` are timm Bottleneck's ``cardinality`` / ``base_width``.
     """
     downsample = None
     if shape.downsample is not None:
@@ -245,14 +284,17 @@ def build(shape: ConvBlockShape) -> nn.Module:
                           first_dilation=1)
     attn = partial(SEModule, rd_ratio=shape.rd_ratio, rd_divisor=shape.rd_divisor) if shape.se_channels else None
     cls = _block_class(shape.block, shape.expansion)
+    grouped = dict(cardinality=shape.groups, base_width=shape.base_width) if shape.block == "bottleneck" else {}
     module = cls(shape.in_chans, shape.width, shape.stride, downsample, attn_layer=attn,
-                 drop_path=DropPath(shape.drop_path) if shape.drop_path > 0 else None)
+                 drop_path=DropPath(shape.drop_path) if shape.drop_path > 0 else None, **grouped)
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
     if shape.mixer == "gpsa":  # timm's Bottleneck calls self.conv2(x): the GPSA takes its place and its name
-        module.conv2 = ConvGPSA(shape.width, shape.width, shape.stride, alpha=shape.locality_strength,
+        module.conv2 = ConvGPSA(shape.mid, shape.mid, shape.stride, alpha=shape.locality_strength,
                                 gating=shape.gating_init)
+    if shape.bot is not None:  # BoTNet: attention (+ pool) in conv2's place; bn2, act2 are timm's post_attn
+        module.conv2 = build_bot(shape.bot)
     if shape.zero_init_last:
         module.zero_init_last()
     return module

@@ -9,6 +9,12 @@ ResNet-D's 2x2 average pool then a 1x1 conv + BatchNorm (``avg``, timm ``downsam
 fig. 2c).  Optional squeeze-excitation after the last conv (timm ``SEModule``, ResNet-RS: ``rd_ratio`` 0.25).
 Every conv is bias-free and followed by a BatchNorm; activations are ReLU.
 
+ResNeXt (Xie et al. 2017, "Aggregated Residual Transformations", sec. 3.3, fig. 3c): ``groups`` (timm's
+``cardinality``) splits the bottleneck's 3x3 conv into that many groups and ``base_width`` sets the width of each
+group per 64 planes, as timm ``resnet.Bottleneck``: inner width ``floor(planes x base_width / 64) x groups`` with
+``planes = channels / expansion`` (ResNeXt-50 32x4d: planes 64, base_width 4, groups 32 -> 128 inner channels).
+The defaults (1, 64) are ResNet's.
+
 ``mixer: {kind: gpsa}`` replaces every bottleneck's 3x3 conv by T-CNN's 9-head gated positional self-attention
 on the map's pixels (d'Ascoli et al. 2021, "Transformed CNNs", sec. 2, eq. 4-7, footnote 1; the torch side is
 :class:`archspec.families.conv_block.module.ConvGPSA`): head ``h`` = kernel tap ``h``, ``W_val = I`` shared by the
@@ -25,16 +31,18 @@ a map twice as large a side as the CNN's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from archspec.families.attention.heads import HeadSpec
 from archspec.memory import F32, NodeMemory
 from archspec.strict_model import DropPathRate, StrictModel
 
-__all__ = ["SESpec", "GPSAMixerSpec", "ConvStageSpec", "GPSA_HEADS", "gpsa_head_dim", "gpsa_counts", "gpsa_memory",
+__all__ = ["SESpec", "GPSAMixerSpec", "AttentionMixerSpec", "ConvStageSpec", "BotShape", "bot_counts",
+           "make_divisible", "GPSA_HEADS", "gpsa_head_dim", "gpsa_counts", "gpsa_memory",
            "ConvBlockShape", "se_channels", "plan", "counts", "memory", "out_grid", "batchnorm_channels", "label",
-           "head_letters", "strided_grid", "NO_WEIGHT_DECAY", "EXPANSION"]
+           "head_letters", "strided_grid", "executed_macs", "NO_WEIGHT_DECAY", "EXPANSION", "inner_width"]
 
 # ConvGPSA's locality alpha~_h, gating lambda_h and centres Delta_h: positions and mixing weights, decayed by
 # neither ConViT (timm convit's gating_param) nor T-CNN's fine-tuning groups (archspec.transfer.gating_param_groups)
@@ -69,6 +77,62 @@ class GPSAMixerSpec(StrictModel):
                                "every head (paper: 1); sigmoid(lambda) weighs positional against content attention.")
 
 
+class AttentionMixerSpec(StrictModel):
+    """Self-attention on the map's pixels in place of a bottleneck's 3x3 conv (BoTNet, Srinivas et al. 2021, fig. 4
+    and sec. 3; timm ``byobnet.SelfAttnBlock`` with ``BottleneckAttn``): the 1x1 reduction, then ``heads``-head
+    attention over every pixel of the ``H x W`` map, BatchNorm + ReLU, the 1x1 expansion.  Where the block strides,
+    attention runs at stride 1 and a 2x2 average pool follows (BoTNet sec. 4 / timm ``BottleneckAttn.pool``).
+
+    Heads are the token stages' kinds, composed per head (MHSA, GPSA, LeViT bias, CMHSA signed bias, hard / soft /
+    strict masks), plus BoTNet's relative logits (``botnet_rel``, the default).  A layer whose heads are all
+    ``botnet_rel`` is timm's ``BottleneckAttn`` (one 1x1 ``qkv`` conv, no output projection); any other layer is
+    archspec's :class:`~archspec.families.attention.module.Attention` on the pixels (``qk``, ``v``, ``proj``), with
+    ``d = inner width / heads`` per head."""
+
+    kind: Literal["attention"] = Field(..., description="'attention': multi-head self-attention on the map's pixels "
+                                       "(BoTNet); 'gpsa': T-CNN's GPSA.")
+    heads: int = Field(4, ge=1, le=64, description="Attention heads (BoTNet / timm BottleneckAttn: 4); the inner "
+                       "width must be divisible by it.")
+    attention: HeadSpec = Field(default_factory=lambda: HeadSpec(rel_logits={}),
+                                description="Head kind of every head (default botnet_rel: BoTNet's relative logits).")
+    head_kinds: list[HeadSpec] | None = Field(
+        None, description="One head kind per head (overrides 'attention'), e.g. [mhsa, levit_bias, mask:3x3, gpsa].")
+    layers: list[int] | None = Field(
+        None, description="Stage-local indices of the blocks that get attention (the others keep their 3x3 conv), "
+        "e.g. [1] for timm botnet26t's third stage; default every block.")
+    qkv_bias: bool = Field(False, description="Bias on the q/k/v projection (BoTNet / timm: none).")
+
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or any(k < 0 for k in value) or len(set(value)) != len(value)):
+            raise ValueError("layers lists distinct stage-local block indices (0 = the first block), at least one")
+        return value
+
+    @model_validator(mode="after")
+    def _one_per_head(self) -> AttentionMixerSpec:
+        if self.head_kinds is not None and len(self.head_kinds) != self.heads:
+            raise ValueError(f"{len(self.head_kinds)} head kinds for {self.heads} heads: give one per head")
+        return self
+
+    def kinds(self) -> tuple[HeadSpec, ...]:
+        """Every head's kind: ``head_kinds``, else ``attention`` for each head."""
+        return tuple(self.head_kinds) if self.head_kinds is not None else (self.attention,) * self.heads
+
+
+def _mixer_kind(value) -> str | None:
+    """Which mixer model a conv stage's ``mixer`` is (tags distinct from field names, so error paths stay clean)."""
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    return {"gpsa": "gpsa_mixer", "attention": "attention_mixer"}.get(kind) if isinstance(kind, str) else None
+
+
+#: a conv stage's ``mixer``: T-CNN's GPSA or BoTNet's attention (tags distinct from field names)
+ConvMixer = Annotated[
+    Annotated[GPSAMixerSpec, Tag("gpsa_mixer")] | Annotated[AttentionMixerSpec, Tag("attention_mixer")],
+    Discriminator(_mixer_kind, custom_error_type="mixer_kind",
+                  custom_error_message="a conv stage's mixer kind must be 'gpsa' or 'attention'")]
+
+
 class ConvStageSpec(StrictModel):
     """A conv stage (``kind: conv``): ``depth`` ResNet residual blocks of ``block`` with ``channels`` output
     channels; the first block strides by ``stride`` and gets a ``downsample`` shortcut when the stride or the
@@ -94,10 +158,16 @@ class ConvStageSpec(StrictModel):
                                  "default, Goyal et al. 2017).")
     drop_path: DropPathRate = Field(
         0.0, description="Stochastic depth: one rate for every block, or [first, last] linearly spaced over the stage.")
-    mixer: GPSAMixerSpec | None = Field(
-        None, description="Replace every block's 3x3 conv by T-CNN's 9-head GPSA (bottleneck blocks only; "
-        "{kind: gpsa}).  T-CNN also moves the stage's stride out (BoTNet): write stride: 1, and the stage keeps "
-        "its input map.")
+    groups: int = Field(1, ge=1, le=MAX_DIM, description="Groups of the bottleneck's 3x3 conv (ResNeXt's "
+                        "cardinality, timm cardinality; 32 for resnext50_32x4d); bottleneck blocks only.")
+    base_width: int = Field(64, ge=1, le=MAX_DIM, description="Width of each group per 64 planes (timm base_width; "
+                            "4 for resnext50_32x4d): inner width = floor(planes x base_width / 64) x groups, planes "
+                            "= channels / expansion; bottleneck blocks only.")
+    mixer: ConvMixer | None = Field(
+        None, description="Replace the bottleneck's 3x3 conv: {kind: gpsa} T-CNN's 9-head "
+        "GPSA in every block (T-CNN also moves the stage's stride out, BoTNet's move: write stride: 1); "
+        "{kind: attention} BoTNet's multi-head self-attention on the map, any head kinds, in every block or the "
+        "blocks of 'layers' (attention at stride 1, then a 2x2 average pool where the block strides).")
 
     @property
     def dim(self) -> int:
@@ -124,7 +194,7 @@ class ConvBlockShape:
     shortcut ``downsample`` (None: identity; ``conv`` or ``avg``), ``se_channels`` (0: no SE), the SE's
     ``rd_ratio`` and ``rd_divisor``, ``zero_init_last``, the block's ``drop_path`` rate, and ``mixer``
     (``gpsa``: the bottleneck's 3x3 conv is T-CNN's GPSA, initialised at ``locality_strength`` and ``gating_init``;
-    None: the conv)."""
+    None: the conv), and ResNeXt's ``groups`` / ``base_width`` of the 3x3 conv (inner width :attr:`mid`)."""
 
     block: str
     in_chans: int
@@ -141,10 +211,85 @@ class ConvBlockShape:
     mixer: str | None = None
     locality_strength: float = 1.0
     gating_init: float = 1.0
+    groups: int = 1
+    base_width: int = 64
+    bot: BotShape | None = None
 
     @property
     def expansion(self) -> int:
         return self.channels // self.width
+
+    @property
+    def mid(self) -> int:
+        """The inner width of the 3x3 conv: timm Bottleneck's ``floor(planes x base_width / 64) x cardinality``
+        (``width`` = planes; a basic block's is ``width``)."""
+        return inner_width(self.width, self.base_width, self.groups)
+
+
+@dataclass(frozen=True)
+class BotShape:
+    """An attention mixer in a bottleneck: ``dim`` inner channels on a ``grid`` map (the block's input grid: BoTNet
+    attends at stride 1), ``heads`` head kinds, ``qkv_bias``; ``stride`` 2 adds the 2x2 average pool.  ``timm``:
+    every head ``botnet_rel`` (timm's ``BottleneckAttn``); else archspec's ``Attention`` on the pixels."""
+
+    dim: int
+    grid: tuple[int, int]
+    heads: tuple[HeadSpec, ...]
+    stride: int = 1
+    qkv_bias: bool = False
+
+    @property
+    def timm(self) -> bool:
+        return all(h.rel_logits is not None and h.gpsa is None and h.rel_bias is None and h.mask is None
+                   for h in self.heads)
+
+    @property
+    def qk_dim(self) -> int:
+        """Per-head q/k width: timm ``make_divisible(dim, 8) // heads`` for BottleneckAttn, else ``dim // heads``."""
+        return make_divisible(self.dim) // len(self.heads) if self.timm else self.dim // len(self.heads)
+
+    @property
+    def v_dim(self) -> int:
+        return self.dim // len(self.heads)
+
+
+def make_divisible(v: float, divisor: int = 8) -> int:
+    """timm ``layers.helpers.make_divisible(v, divisor, min_value=None, round_limit=.9)``."""
+    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return new_v + divisor if new_v < 0.9 * v else new_v
+
+
+def attention_shape(bot: BotShape):
+    """The :class:`~archspec.families.attention.rules.AttentionShape` of a non-timm attention mixer (no prefix
+    tokens, layernorm-family linears)."""
+    from archspec.families.attention.rules import AttentionShape, head_dims  # noqa: PLC0415 - avoids a cycle
+
+    dims = head_dims(bot.dim, len(bot.heads), bot.qk_dim)
+    return AttentionShape(bot.dim, bot.heads, bot.grid, 0, dims, bot.qkv_bias)
+
+
+def bot_counts(bot: BotShape) -> tuple[int, int]:
+    """(params, MACs per image) of an attention mixer.  timm's ``BottleneckAttn``: the 1x1 ``qkv`` conv
+    ``C (2 h d + h d_v)`` weights (+ bias) and ``N`` times that in MACs, the tables
+    (:func:`archspec.families.attention.rel_logits.table_params`) and their MACs, ``Q K^T`` and ``A V``
+    ``h N^2 (d + d_v)``; the average pool 0.  Other layers: the attention family's
+    :func:`~archspec.families.attention.rules.counts` on the ``N = H W`` pixels."""
+    from archspec.families.attention import rel_logits  # noqa: PLC0415
+    from archspec.families.attention.rules import counts as attention_counts  # noqa: PLC0415
+
+    if not bot.timm:
+        return attention_counts(attention_shape(bot))
+    h, d, dv = len(bot.heads), bot.qk_dim, bot.v_dim
+    n = bot.grid[0] * bot.grid[1]
+    out = h * (2 * d + dv)
+    params = bot.dim * out + (out if bot.qkv_bias else 0) + rel_logits.table_params(bot.grid, d)
+    macs = n * bot.dim * out + rel_logits.table_macs(bot.grid, d, h) + h * n * n * (d + dv)
+    return params, macs
+
+
+def inner_width(planes: int, base_width: int = 64, groups: int = 1) -> int:
+    """timm ``resnet.Bottleneck``'s ``width = int(math.floor(planes * (base_width / 64)) * cardinality)``."""
+    return int(planes * base_width // 64) * groups
 
 
 def se_channels(channels: int, rd_ratio: float, rd_divisor: int) -> int:
@@ -176,6 +321,20 @@ def plan(stage: ConvStageSpec, index: int, in_chans: int, grid: tuple[int, int]
                          f"(T-CNN sec. 2); a {stage.block} block has two 3x3 convs and no single one to replace",
                          "use block: bottleneck, or remove mixer"))
     ratio = stage.ratio
+    grouped = stage.groups != 1 or stage.base_width != 64
+    if grouped and stage.block != "bottleneck":
+        key = "groups" if stage.groups != 1 else "base_width"
+        problems.append((("stages", index, key), f"{key} shapes a bottleneck's 3x3 conv (ResNeXt); a {stage.block} "
+                         "block has none (timm's BasicBlock supports only cardinality 1, base_width 64)",
+                         "use block: bottleneck, or remove groups / base_width"))
+    elif grouped and stage.mixer is not None:
+        problems.append((("stages", index, "groups" if stage.groups != 1 else "base_width"),
+                         f"a {stage.mixer.kind} mixer replaces the plain 3x3 conv of the bottleneck; there is no "
+                         "grouped conv left for groups / base_width to shape", "remove groups / base_width or mixer"))
+    elif grouped and stage.channels % ratio == 0 and inner_width(stage.channels // ratio, stage.base_width, 1) < 1:
+        problems.append((("stages", index, "base_width"), f"base_width {stage.base_width} leaves floor(planes x "
+                         f"base_width / 64) = 0 channels per group (planes = {stage.channels // ratio})",
+                         f"use base_width >= {-(-64 // (stage.channels // ratio))}"))
     if stage.channels % ratio:
         problems.append((("stages", index, "channels"), f"{stage.channels} output channels are not divisible by the "
                          f"bottleneck ratio {ratio} (inner width = channels / expansion)",
@@ -184,22 +343,77 @@ def plan(stage: ConvStageSpec, index: int, in_chans: int, grid: tuple[int, int]
         problems.append((("stages", index, "stride"), f"stride {stage.stride} on a {grid[0]}x{grid[1]} map would "
                          "shrink it below 1x1 (a strided conv needs at least as many pixels a side as its stride)",
                          "use stride: 1 here, fewer strided stages, or a larger input resolution"))
+    if not problems and isinstance(stage.mixer, AttentionMixerSpec):
+        problems += _attention_problems(stage, index, grid)
     if problems:
         return [], problems
     width = stage.channels // ratio
     se = se_channels(stage.channels, stage.se.rd_ratio, stage.se.rd_divisor) if stage.se else 0
-    mixer = ((stage.mixer.kind, stage.mixer.locality_strength, stage.mixer.gating_init) if stage.mixer is not None
-             else (None, 1.0, 1.0))
+    gpsa = isinstance(stage.mixer, GPSAMixerSpec)
+    mixer = ((stage.mixer.kind, stage.mixer.locality_strength, stage.mixer.gating_init) if gpsa else (None, 1.0, 1.0))
+    attention = stage.mixer if isinstance(stage.mixer, AttentionMixerSpec) else None
     shapes, c = [], in_chans
     for layer in range(stage.depth):
         stride = stage.stride if layer == 0 else 1
         down = stage.downsample if layer == 0 and (stride != 1 or c != stage.channels) else None
+        bot = None
+        if attention is not None and (attention.layers is None or layer in attention.layers):
+            mid = inner_width(width, stage.base_width, stage.groups)
+            bot = BotShape(mid, tuple(grid), attention.kinds(), stride, attention.qkv_bias)
+            mixer = ("attention", 1.0, 1.0)
+        elif attention is not None:
+            mixer = (None, 1.0, 1.0)
         shapes.append(ConvBlockShape(stage.block, c, stage.channels, width, stride, tuple(grid), down, se,
                                      stage.se.rd_ratio if stage.se else 0.0625, stage.se.rd_divisor if stage.se else 8,
-                                     stage.zero_init_last, stage.drop_path_of(layer), *mixer))
+                                     stage.zero_init_last, stage.drop_path_of(layer), *mixer, stage.groups,
+                                     stage.base_width, bot))
         grid = (_strided(grid[0], stride), _strided(grid[1], stride))
         c = stage.channels
     return shapes, problems
+
+
+def _attention_problems(stage: ConvStageSpec, index: int, grid: tuple[int, int]) -> list[tuple[tuple, str, str]]:
+    """An attention mixer's problems: block indices past the depth, an inner width the heads do not divide, a
+    strided attention block on odd sides or at a stride other than 2 (BoTNet pools 2x2 after attention), BoTNet's
+    relative logits mixed with other kinds in one layer, and each head kind's own checks on the block's map."""
+    from archspec.families.attention import rel_logits  # noqa: PLC0415
+    from archspec.families.attention.heads import KINDS  # noqa: PLC0415
+
+    mixer, at = stage.mixer, ("stages", index, "mixer")
+    out: list[tuple[tuple, str, str]] = []
+    layers = mixer.layers if mixer.layers is not None else list(range(stage.depth))
+    beyond = [k for k in layers if k >= stage.depth]
+    if beyond:
+        out.append((at + ("layers",), f"block {beyond[0]} is beyond the stage's {stage.depth} blocks "
+                    f"(0-{stage.depth - 1})", "list stage-local block indices below the depth"))
+    mid = inner_width(stage.channels // stage.ratio, stage.base_width, stage.groups)
+    if mid % mixer.heads:
+        out.append((at + ("heads",), f"the inner width {mid} is not divisible by {mixer.heads} heads",
+                    "use a head count that divides channels / expansion"))
+    if 0 in layers and stage.stride > 1:
+        if stage.stride != 2:
+            out.append((at, f"an attention block strides by attending at stride 1, then a 2x2 average pool (BoTNet); "
+                        f"stride {stage.stride} has no such pool", "use stride: 2 (or 1) on this stage"))
+        elif grid[0] % 2 or grid[1] % 2:
+            out.append((at, f"the first block attends on a {grid[0]}x{grid[1]} map, then pools 2x2: odd sides would "
+                        "floor where the shortcut's strided conv rounds up (the two maps would differ)",
+                        "use an input resolution that leaves even sides here, or stride: 1"))
+    kinds = mixer.kinds()
+    botnet = [h.rel_logits is not None for h in kinds]
+    where = at + (("head_kinds",) if mixer.head_kinds is not None else ("attention",))
+    if any(botnet) and not all(h.rel_logits is not None and h.letter == "B" for h in kinds):
+        out.append((where, "botnet_rel heads are timm's BottleneckAttn, whose layer has no room for other kinds: "
+                    "every head of a layer is botnet_rel, or none is",
+                    "make every head botnet_rel, or use mhsa / levit_bias / signed_bias / masks / gpsa"))
+    g = grid
+    for layer in range(stage.depth):
+        if layer in layers:
+            for kind in KINDS:
+                if kind is not rel_logits:
+                    out += kind.problems(kinds, g, 0, where)
+        if layer == 0:
+            g = strided_grid(g, stage.stride)
+    return list(dict.fromkeys(out))
 
 
 def out_grid(shape: ConvBlockShape) -> tuple[int, int]:
@@ -208,12 +422,14 @@ def out_grid(shape: ConvBlockShape) -> tuple[int, int]:
 
 
 def _convs(shape: ConvBlockShape) -> list[tuple[int, int, int, int]]:
-    """The block's convs with a BatchNorm after each ``(k, c_in, c_out, pixels_out)``, shortcut included."""
+    """The block's convs with a BatchNorm after each ``(k, c_in, c_out, pixels_out)``, shortcut included; a grouped
+    3x3 conv (ResNeXt) as ``c_in / groups`` input channels (its weights and MACs are ``1 / groups`` of a plain
+    conv's)."""
     h, w = shape.grid
     ho, wo = out_grid(shape)
-    c, out, mid = shape.in_chans, shape.channels, shape.width
+    c, out, mid = shape.in_chans, shape.channels, shape.mid
     if shape.block == "bottleneck":
-        convs = [(1, c, mid, h * w), (3, mid, mid, ho * wo), (1, mid, out, ho * wo)]
+        convs = [(1, c, mid, h * w), (3, mid // shape.groups, mid, ho * wo), (1, mid, out, ho * wo)]
     else:
         convs = [(3, c, mid, ho * wo), (3, mid, out, ho * wo)]
     if shape.downsample is not None:
@@ -282,11 +498,29 @@ def counts(shape: ConvBlockShape) -> tuple[int, int]:
         gp, gm = gpsa_counts(c, o, shape.grid, shape.stride)
         params += gp - 9 * c * o
         macs += gm - n * 9 * c * o
+    if shape.bot is not None:  # the 3x3 conv's slot: attention on the block's input map (+ a 2x2 pool: 0 MACs)
+        _, c, o, n = convs[1]
+        bp, bm = bot_counts(shape.bot)
+        params += bp - 9 * c * o
+        macs += bm - n * 9 * c * o
     if shape.se_channels:
         rd, out = shape.se_channels, shape.channels
         params += 2 * out * rd + rd + out
         macs += 2 * out * rd
     return params, macs
+
+
+def executed_macs(shape: ConvBlockShape) -> int:
+    """MACs per image as the module runs them: :func:`counts`, plus, for an attention mixer on archspec's
+    ``Attention``, what its fast paths execute beyond the papers' count (a GPSA head's ``P V``, linear-time hard
+    masks: :func:`archspec.families.attention.rules.attention_macs_change`)."""
+    macs = counts(shape)[1]
+    if shape.bot is not None and not shape.bot.timm:
+        from archspec.families.attention.rules import attention_macs_change  # noqa: PLC0415
+
+        bot = shape.bot
+        macs += attention_macs_change(bot.heads, bot.qk_dim, bot.v_dim, bot.grid, 0)
+    return macs
 
 
 def memory(shape: ConvBlockShape) -> NodeMemory:
@@ -306,6 +540,11 @@ def memory(shape: ConvBlockShape) -> NodeMemory:
         peak, kept = gpsa_memory(c, o, shape.grid, shape.stride)
         act = max(act, x_in + 2 * sizes[0] + peak)
         saved += kept
+    if shape.bot is not None:  # an estimate: q, k, v, two (h, N, N) logits (content, relative) and A, A V
+        n, h = shape.grid[0] * shape.grid[1], len(shape.bot.heads)
+        peak = 3 * n * shape.bot.dim + 3 * h * n * n + n * shape.bot.dim
+        act = max(act, x_in + 2 * sizes[0] + peak)
+        saved += peak
     return NodeMemory(act=F32 * act, saved=F32 * saved)
 
 
@@ -316,13 +555,16 @@ def batchnorm_channels(shape: ConvBlockShape) -> int:
 
 
 def label(shape: ConvBlockShape) -> str:
-    """The analysis table's kind: ``bottleneck``, ``basic``, with ``+gpsa`` (T-CNN's 3x3), ``/2`` for a stride,
-    ``+se``."""
-    return (shape.block + (f"+{shape.mixer}" if shape.mixer else "") + (f"/{shape.stride}" if shape.stride > 1 else "")
+    """The analysis table's kind: ``bottleneck``, ``basic``, with ``+gpsa`` (T-CNN's 3x3), ``/g32`` for ResNeXt's
+    groups, ``/2`` for a stride, ``+se``."""
+    return (shape.block + (f"+{shape.mixer}" if shape.mixer else "")
+            + (f"/g{shape.groups}" if shape.groups > 1 else "") + (f"/{shape.stride}" if shape.stride > 1 else "")
             + ("+se" if shape.se_channels else ""))
 
 
 def head_letters(shape: ConvBlockShape) -> str:
     """The analysis table's heads: nine ``P`` (GPSA, positional: :func:`archspec.families.attention.gpsa.letter`)
     for a GPSA block, none for a conv block."""
+    if shape.bot is not None:
+        return " ".join(h.letter for h in shape.bot.heads)
     return " ".join(["P"] * GPSA_HEADS) if shape.mixer == "gpsa" else ""

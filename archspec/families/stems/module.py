@@ -101,22 +101,25 @@ class IdentityStem(nn.Module):
 class ResNetStem(nn.Module):
     """ResNet's stem with timm ``resnet.ResNet``'s layers and names: ``conv1`` (a 7x7 stride-2 conv, or the deep
     stem's ``Sequential`` of three 3x3 convs ``in -> w -> w -> C`` with BatchNorm + ReLU between them), ``bn1``,
-    ``act1``, ``maxpool`` (3x3 stride-2 max-pool, or ResNet-RS's 3x3 stride-2 conv + BatchNorm + ReLU).
+    ``act1``, ``maxpool`` (3x3 stride-2 max-pool, or ResNet-RS's 3x3 stride-2 conv + BatchNorm + ReLU).  A tiered
+    deep stem (timm ``stem_type='deep_tiered'``) has widths ``in -> w -> w2 -> C`` (``stem_mid = w2``).
 
     Shapes: ``(B, in_chans, H, W) -> (B, C, ceil(H / 4), ceil(W / 4))`` (a map, not tokens).
     MACs: per conv ``H_out W_out k^2 c_in c_out``.  Initialisation as timm ``ResNet.init_weights``: every conv
     ``kaiming_normal_(mode='fan_out', nonlinearity='relu')``.
     """
 
-    def __init__(self, in_chans: int, channels: int, stem_width: int = 0, pool: str = "max") -> None:
+    def __init__(self, in_chans: int, channels: int, stem_width: int = 0, pool: str = "max", stem_mid: int = 0
+                 ) -> None:
         super().__init__()
         if stem_width:
+            mid = stem_mid or stem_width
             self.conv1 = nn.Sequential(
                 nn.Conv2d(in_chans, stem_width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(stem_width),
                 nn.ReLU(inplace=True),
-                nn.Conv2d(stem_width, stem_width, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(stem_width),
+                nn.Conv2d(stem_width, mid, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(mid),
                 nn.ReLU(inplace=True),
-                nn.Conv2d(stem_width, channels, 3, stride=1, padding=1, bias=False))
+                nn.Conv2d(mid, channels, 3, stride=1, padding=1, bias=False))
         else:
             self.conv1 = nn.Conv2d(in_chans, channels, kernel_size=7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(channels)
@@ -142,5 +145,5 @@ def build(shape: StemShape) -> nn.Module:
     if shape.kind == "identity":
         return IdentityStem(shape.in_chans, shape.patch_size)
     if shape.kind == "resnet":
-        return ResNetStem(shape.in_chans, shape.dim, shape.stem_width, shape.pool)
+        return ResNetStem(shape.in_chans, shape.dim, shape.stem_width, shape.pool, shape.stem_mid)
     return ConvStem(shape.in_chans, list(shape.channels), activation(shape.act))

@@ -76,6 +76,10 @@ class ResNetStemSpec(StrictModel):
     deep: bool = Field(False, description="Three 3x3 convs instead of the 7x7 one (timm stem_type='deep').")
     stem_width: int | None = Field(None, ge=1, le=MAX_DIM, description="Deep stem: width of its first two convs; "
                                    "default channels / 2 (timm's stem_width, 32 for ResNet-D/RS).")
+    widths: list[int] | None = Field(
+        None, min_length=2, max_length=2, description="Deep stem: the widths of its first two convs when they "
+        "differ, [first, second] (timm stem_type='deep_tiered', resnet10t/26t: [24, 32], i.e. "
+        "[3 * (stem_width // 4), stem_width]); replaces stem_width.")
     pool: Literal["max", "conv"] = Field("max", description="'max': 3x3 stride-2 max-pool; 'conv': 3x3 stride-2 conv "
                                          "+ BatchNorm + ReLU (ResNet-RS, timm replace_stem_pool).")
 
@@ -86,6 +90,19 @@ class ResNetStemSpec(StrictModel):
             raise ValueError("stem_width applies to the deep stem only (deep: true)")
         return value
 
+    @field_validator("widths")
+    @classmethod
+    def _tiered(cls, value: list[int] | None, info) -> list[int] | None:
+        if value is None:
+            return value
+        if not info.data.get("deep", False):
+            raise ValueError("widths applies to the deep stem only (deep: true)")
+        if info.data.get("stem_width") is not None:
+            raise ValueError("give either stem_width (two equal widths) or widths (a list of two), not both")
+        if any(not 1 <= c <= MAX_DIM for c in value):
+            raise ValueError(f"stem widths must be between 1 and {MAX_DIM}")
+        return value
+
 
 StemSpec = Annotated[PatchStemSpec | ConvStemSpec | IdentityStemSpec | ResNetStemSpec, Field(discriminator="kind")]
 
@@ -94,7 +111,8 @@ StemSpec = Annotated[PatchStemSpec | ConvStemSpec | IdentityStemSpec | ResNetSte
 class StemShape:
     """A stem of ``kind`` from ``in_chans`` channels at ``img_size`` to tokens of width ``dim``: a patch side
     ``patch_size`` (patch, identity) or the conv layers' ``channels`` and ``act`` (conv); for the ResNet stem a
-    map of ``dim`` channels, ``stem_width`` the deep stem's inner width (0: the 7x7 stem) and ``pool``."""
+    map of ``dim`` channels, ``stem_width`` the deep stem's first conv width (0: the 7x7 stem), ``stem_mid`` its
+    second conv's (0: ``stem_width``; timm's tiered stem: 32 after 24) and ``pool``."""
 
     kind: str
     in_chans: int
@@ -105,6 +123,7 @@ class StemShape:
     act: str = "hardswish"
     stem_width: int = 0
     pool: str = "max"
+    stem_mid: int = 0
 
 
 def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv_layers: int = DEFAULT_CONV_LAYERS
@@ -145,7 +164,11 @@ def plan(stem: PatchStemSpec | ConvStemSpec | IdentityStemSpec | ResNetStemSpec,
         return _plan_conv(stem, in_chans, img_size, first_dim)
     if stem.kind == "resnet":
         width = (stem.stem_width or max(stem.channels // 2, 1)) if stem.deep else 0
-        return StemShape("resnet", in_chans, tuple(img_size), stem.channels, stem_width=width, pool=stem.pool), []
+        mid = 0
+        if stem.deep and stem.widths is not None:
+            width, mid = stem.widths
+        return StemShape("resnet", in_chans, tuple(img_size), stem.channels, stem_width=width, pool=stem.pool,
+                         stem_mid=mid), []
     p, (height, width) = stem.patch_size, img_size
     out = []
     if height % p or width % p:
@@ -194,8 +217,8 @@ def _resnet_convs(shape: StemShape) -> list[tuple[int, int, int, int, int]]:
     h1, w1 = (h - 1) // 2 + 1, (w - 1) // 2 + 1
     h2, w2 = (h1 - 1) // 2 + 1, (w1 - 1) // 2 + 1
     if shape.stem_width:
-        sw = shape.stem_width
-        convs = [(3, c, sw, h1, w1), (3, sw, sw, h1, w1), (3, sw, out, h1, w1)]
+        sw, mid = shape.stem_width, shape.stem_mid or shape.stem_width
+        convs = [(3, c, sw, h1, w1), (3, sw, mid, h1, w1), (3, mid, out, h1, w1)]
     else:
         convs = [(7, c, out, h1, w1)]
     if shape.pool == "conv":
@@ -245,8 +268,9 @@ def batchnorm_channels(shape: StemShape) -> int:
 
 
 def label(shape: StemShape) -> str:
-    """The analysis table's kind: ``patch16``, ``identity16``, ``conv4``, ``resnet`` or ``resnet-deep``
-    (``+convpool``)."""
+    """The analysis table's kind: ``patch16``, ``identity16``, ``conv4``, ``resnet``, ``resnet-deep`` or
+    ``resnet-tiered`` (``+convpool``)."""
     if shape.kind == "resnet":
-        return "resnet" + ("-deep" if shape.stem_width else "") + ("+convpool" if shape.pool == "conv" else "")
+        deep = "-tiered" if shape.stem_mid and shape.stem_mid != shape.stem_width else "-deep"
+        return "resnet" + (deep if shape.stem_width else "") + ("+convpool" if shape.pool == "conv" else "")
     return f"conv{len(shape.channels)}" if shape.kind == "conv" else f"{shape.kind}{shape.patch_size}"
