@@ -115,6 +115,9 @@ def _or_marker(prop: dict[str, Any]) -> dict[str, Any]:
     body = {k: v for k, v in prop.items() if k not in _META_KEYS}
     if "items" in body and isinstance(body["items"], dict):
         body["items"] = _or_marker(body["items"])
+    if "anyOf" in body:  # an optional list (``list[int] | None``): its items may be markers too
+        body["anyOf"] = [{**o, "items": _or_marker(o["items"])} if isinstance(o.get("items"), dict) else o
+                         for o in body["anyOf"]]
     return {**meta, "anyOf": [body, {"$ref": "#/$defs/Marker"}]}
 
 

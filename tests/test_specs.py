@@ -32,6 +32,10 @@ TIMM_TWINS = {
     "resnetrs50": "resnetrs50",
     "levit_graft_r50s0_deit12": "deit_small_patch16_224",  # LeViT Tab. 1's end rows: DeiT-S and ResNet-50
     "levit_graft_r50s4_deit0": "resnet50",
+    "resnet26t": "resnet26t",
+    "resnext50_32x4d": "resnext50_32x4d",
+    "seresnext26d_32x4d": "seresnext26d_32x4d",
+    "botnet26t": "botnet26t_256",
 }
 MACS_CHECKED = ("deit_tiny", "convit_tiny", "levit_128s")  # cait_xxs24: tests/test_cait.py
 MACS_TOL = 0.02
@@ -41,7 +45,7 @@ EXPECTED_SPECS = {
     "mait_tiny_sch1", "mait_tiny_sch2", "mait_tiny_sch3", "mait_xs_sch2", "cmhsa_k3_conv", "cmhsa_k3",
     "cmhsa_k5_conv", "cmhsa_k5", "cait_xxs24", "masked_cait_xxs24", "resnet18", "resnet50", "resnet50d", "resnetrs50",
     "levit_graft_r50s0_deit12", "levit_graft_r50s1_deit9", "levit_graft_r50s2_deit6", "levit_graft_r50s3_deit3",
-    "levit_graft_r50s4_deit0",
+    "levit_graft_r50s4_deit0", "resnet26t", "resnext50_32x4d", "seresnext26d_32x4d", "botnet26t",
 }
 
 
