@@ -255,3 +255,22 @@ def test_proxy_threads_default_to_the_idle_cores(monkeypatch):
     monkeypatch.setattr(search_cli.os, "getloadavg", lambda: (9.0, 0.0, 0.0))
     monkeypatch.setattr(search_cli, "_running_others", lambda: 9)
     assert search_cli.idle_cores() == 1  # never fewer than one
+
+
+@pytest.mark.slow
+def test_masks_als_says_when_no_layer_became_local_and_shows_progress(mait_file, tmp_path, capsys):
+    """MaiT's rule removes every mask when no head reaches the ALS threshold: the run must say so (summary note,
+    best.yaml's header) instead of presenting the unmasked model silently, and it shows each round's training and
+    per-layer decisions on stderr as they happen (issue 37)."""
+    out = tmp_path / "empty"
+    fast = [a for a in FAST if a != "--no-progress"]
+    rc = main(["search", "masks", str(mait_file), "--strategy", "als", "--rounds", "1", "--als-high", "1.0",
+               "--als-low", "0.99", "--out", str(out), *fast])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "als round 1" in err  # the training loop's progress lines, labelled by round
+    assert "round 1: layer 0: remove" in err and "round 1: layer 1: remove" in err  # decisions as they happen
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["no_locality"] is True
+    assert summary["notes"][0].startswith("no layer became local after 3 proxy steps")
+    assert "no layer became local" in (out / "best.yaml").read_text().split("\nname:")[0]

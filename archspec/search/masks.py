@@ -300,11 +300,12 @@ def _alphas(model) -> dict[tuple[int, int], list[float | None]]:
     return out
 
 
-def train_keeping_model(spec: ArchSpec, data, protocol, seed: int, report=None):
-    """``train_proxy`` and the trained model (eval mode): ``(result, model)``."""
+def train_keeping_model(spec: ArchSpec, data, protocol, seed: int, report=None, progress: str | None = None):
+    """``train_proxy`` and the trained model (eval mode): ``(result, model)``; ``progress`` labels the loop's
+    progress lines on stderr (``None``: silent)."""
     from archspec.search import proxy
 
-    result = proxy.train_proxy(spec, data, protocol, seed=seed, report=report)
+    result = proxy.train_proxy(spec, data, protocol, seed=seed, report=report, progress=progress)
     return result, result.model
 
 
@@ -580,7 +581,8 @@ class _MaskRun:
         cfg = self.cfg
         trial.set_user_attr("latency_ms", float(measure_latency(round_spec, cfg.latency, self.cache)))
         start = time.perf_counter()
-        result, model = train_keeping_model(round_spec, self.data, cfg.protocol, cfg.seed)
+        label = f"{self.mcfg.strategy} round {trial.user_attrs.get('round', '?')}" if cfg.progress else None
+        result, model = train_keeping_model(round_spec, self.data, cfg.protocol, cfg.seed, progress=label)
         trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 3))
         for key in ("accuracy", "val_loss", "train_loss"):
             trial.set_user_attr(key, float(getattr(result, key)))
@@ -634,6 +636,9 @@ class _MaskRun:
             "uniform_baseline": {_label(spec, k): round(v, 4) for k, v in self.baselines.items()},
             "decisions": {_label(spec, k): v for k, v in decisions.items()},
             "placement_next": _placement_json(spec, new)})
+        if self.cfg.progress:
+            for key, text in decisions.items():
+                print(f"round {r}: {_label(spec, key)}: {text}", file=sys.stderr, flush=True)
         return new
 
     def soft_round(self) -> tuple[Placement | None, dict]:
@@ -675,6 +680,10 @@ class _MaskRun:
             "notes": self.notes, "interrupted": interrupted, **extra,
         }
         best_file = None
+        empty = self._empty_note(placement, interrupted)
+        if empty is not None:
+            summary["notes"].insert(0, empty)
+            summary["no_locality"] = True
         with run_lock(self.run_dir):
             self._summarise_trials(summary, placement)
             if placement is not None and not interrupted:
@@ -688,6 +697,19 @@ class _MaskRun:
         summary["wall_seconds"] = round(time.perf_counter() - self.wall_start, 2)
         runs.atomic_write_text(self.run_dir / "summary.json", report.summary_json(summary))
         return SearchOutcome(self.study, summary, self.run_dir, interrupted, best_file)
+
+    def _empty_note(self, placement: Placement | None, interrupted: bool) -> str | None:
+        """The note for a placement that masks no head at all (MaiT's rule found no local layer): what it means
+        and what to try; ``None`` when some head stays masked (or nothing was decided)."""
+        if placement is None or interrupted or any(sum(v) for v in placement.values()):
+            return None
+        steps = self.cfg.protocol.steps
+        if self.mcfg.strategy == "soft":
+            return (f"no layer became local after {steps} proxy steps: no learned alpha fell below "
+                    f"{self.mcfg.alpha_threshold:g}, so best.yaml is the unmasked model; train longer with "
+                    "--proxy-steps, or use a larger --proxy-size")
+        return (f"no layer became local after {steps} proxy steps: no masked head reached ALS {self.high:g}, so "
+                "best.yaml is the unmasked model; train longer with --proxy-steps, or use --strategy soft")
 
     def _summarise_trials(self, summary: dict, placement: Placement | None) -> None:
         """trials.csv, and the study's counts, failures and median trial time into ``summary``."""
@@ -722,6 +744,8 @@ class _MaskRun:
             "placement": _placement_json(spec, placement), "masked_heads": masked_total,
             "data": summary["data"], "proxy": summary["proxy"], "seed": self.cfg.seed, "created": runs.now_iso(),
         }
+        if summary.get("no_locality"):
+            prov["note"] = summary["notes"][0]
         _, text = runs.emit_spec(final_spec, None, f"{spec.name}_{self.mcfg.strategy}"[:100], prov)
         best_file = runs.atomic_write_text(self.run_dir / "best.yaml", text)
         self.files.insert(0, "best.yaml")

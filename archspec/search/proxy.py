@@ -307,7 +307,8 @@ def _threads(n: int | None) -> Iterator[None]:
 
 def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: int = 0,
                 report: Callable[[int, float], None] | None = None,
-                on_model: Callable[[torch.nn.Module], None] | None = None) -> ProxyResult:
+                on_model: Callable[[torch.nn.Module], None] | None = None,
+                progress: str | None = None) -> ProxyResult:
     """Train ``proxy_spec(spec, ...)`` for ``protocol.steps`` steps and return its val top-1.
 
     The training loop is :func:`archspec.train.train` (the package's one loop): timm's optimizer factory
@@ -322,6 +323,8 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
             and the last); it may raise ``optuna.TrialPruned``, which propagates.
         on_model: called with the freshly built model before training (e.g. to install a deadline
             forward hook); an exception it raises from a hook propagates like ``report``'s.
+        progress: a label for the training loop's progress lines on stderr (step, loss, lr, images/s, ETA:
+            :class:`archspec.train.progress.Progress`); ``None`` (default): silent.
 
     Returns:
         :class:`ProxyResult`, whose ``model`` is the trained model (eval mode).
@@ -345,7 +348,7 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
             raise failure(exc, "while building the model") from None
         if on_model is not None:
             on_model(model)
-        result = train(model, data, protocol.train_config(), seed=seed, report=report)
+        result = train(model, data, protocol.train_config(), seed=seed, report=report, progress=progress)
     return ProxyResult(accuracy=result.accuracy, val_loss=result.val_loss, train_loss=result.train_loss,
                        steps=result.steps, seconds=result.seconds, history=[(s, a) for s, a, _ in result.history],
                        geometry=geometry, model=model)
