@@ -438,14 +438,14 @@ def list_points(space_source: str | None, as_json: bool) -> int:
     params), then the count; with ``--json`` one JSON object per line.  Imports neither torch nor Optuna.
 
     Raises:
-        SpecError: the space cannot be read, has a continuous float range, or more than 100,000 points.
+        SpecError: the space cannot be read, has a continuous float range, or more than 10,000 points.
     """
     from archspec.analysis import analyze, human
     from archspec.search.space import load_space
 
     space = load_space(space_source)
     count = 0
-    for count, (params, spec) in enumerate(space.points(limit=100_000), 1):
+    for count, (params, spec) in enumerate(space.points(limit=10_000), 1):
         counts = analyze(spec)
         if as_json:
             print(json.dumps({"index": count - 1, "params": params, "macs": counts.macs, "n_params": counts.params}))

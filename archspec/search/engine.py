@@ -331,7 +331,7 @@ def _preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     return data, sampler, None
 
 
-MAX_ORACLE_POINTS = 100_000  # an oracle search checks every point of its space against the table
+MAX_ORACLE_POINTS = 10_000  # an oracle search checks every point of its space against the table
 
 
 def check_oracle(cfg: SearchConfig, space, n_objectives: int):

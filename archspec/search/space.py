@@ -708,6 +708,12 @@ class SearchSpace:
         Raises:
             SpecError: a continuous float range (no finite list), or more than ``limit`` points.
         """
+        if limit is not None:
+            size = self._count_leaves(limit)
+            if size > limit:
+                raise SpecError.single((), f"the space has more than {limit} points",
+                                       "listing and tabulating are for finite spaces of a few hundred points "
+                                       "(e.g. levit_small); sample larger ones with archspec search", self.file)
         prefix: list[int] = []
         count = 0
         while True:
@@ -720,8 +726,6 @@ class SearchSpace:
                 spec = None
             if spec is not None:
                 count += 1
-                if limit is not None and count > limit:
-                    raise SpecError.single((), f"the space has more than {limit} points", None, self.file)
                 yield dict(trial.params), spec
             path, counts = trial.path, trial.counts
             i = len(path) - 1
@@ -730,6 +734,28 @@ class SearchSpace:
             if i < 0:
                 return
             prefix = path[:i] + [path[i] + 1]
+
+    def _count_leaves(self, stop: int) -> int:
+        """How many parameter combinations the space has, counted by resolving the document only (no spec is
+        validated: fast), stopping once past ``stop``."""
+        prefix: list[int] = []
+        count = 0
+        while count <= stop:
+            trial = _EnumTrial(prefix)
+            try:
+                _Sampler(trial).document(self.document["spec"])
+            except SpecError as exc:
+                if any("continuous float range" in p.message for p in exc.problems):
+                    raise self._located(exc) from None
+            count += 1
+            path, counts = trial.path, trial.counts
+            i = len(path) - 1
+            while i >= 0 and path[i] + 1 >= counts[i]:
+                i -= 1
+            if i < 0:
+                break
+            prefix = path[:i] + [path[i] + 1]
+        return count
 
     def describe(self) -> dict:
         """JSON-ready summary."""
