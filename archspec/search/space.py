@@ -615,6 +615,16 @@ class _EnumTrial:
         return self._pick(name, [low + i * step for i in range(count)])
 
 
+def _next_prefix(trial: _EnumTrial) -> list[int] | None:
+    """The choice indices of the next point after ``trial``'s, depth first (an odometer over the options each
+    parameter had on this path: later parameters may not exist on the next one); ``None`` after the last."""
+    path, counts = trial.path, trial.counts
+    i = len(path) - 1
+    while i >= 0 and path[i] + 1 >= counts[i]:
+        i -= 1
+    return None if i < 0 else path[:i] + [path[i] + 1]
+
+
 class SearchSpace:
     """A declarative search space (see the module docstring for the language).
 
@@ -727,13 +737,9 @@ class SearchSpace:
             if spec is not None:
                 count += 1
                 yield dict(trial.params), spec
-            path, counts = trial.path, trial.counts
-            i = len(path) - 1
-            while i >= 0 and path[i] + 1 >= counts[i]:
-                i -= 1
-            if i < 0:
+            prefix = _next_prefix(trial)
+            if prefix is None:
                 return
-            prefix = path[:i] + [path[i] + 1]
 
     def _count_leaves(self, stop: int) -> int:
         """How many parameter combinations the space has, counted by resolving the document only (no spec is
@@ -748,13 +754,9 @@ class SearchSpace:
                 if any("continuous float range" in p.message for p in exc.problems):
                     raise self._located(exc) from None
             count += 1
-            path, counts = trial.path, trial.counts
-            i = len(path) - 1
-            while i >= 0 and path[i] + 1 >= counts[i]:
-                i -= 1
-            if i < 0:
+            prefix = _next_prefix(trial)
+            if prefix is None:
                 break
-            prefix = path[:i] + [path[i] + 1]
         return count
 
     def describe(self) -> dict:
