@@ -139,7 +139,9 @@ class ConvStageSpec(StrictModel):
     width changes (timm ``resnet.make_blocks``)."""
 
     kind: Literal["conv"] = Field("conv", description="'conv': ResNet residual blocks on a feature map "
-                                  "(stages without 'kind' are attention stages).")
+                                  "(stages without 'kind' are attention stages).  After attention stages (a conv "
+                                  "tail) the map is the last attention stage's tokens on its grid, row-major, the "
+                                  "class and distillation tokens dropped.")
     block: Literal["basic", "bottleneck"] = Field(..., description="'basic': two 3x3 convs (ResNet-18/34); "
                                                   "'bottleneck': 1x1, 3x3, 1x1 (ResNet-50 and up).")
     depth: int = Field(..., ge=1, le=MAX_DEPTH, description="Number of blocks.")
