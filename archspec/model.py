@@ -244,7 +244,7 @@ class ArchModel(nn.Module):
         for s, stage in enumerate(self.stages):  # the patch stages, then CaiT's class-attention stage if any
             if s < self.n_conv_stages:  # a hybrid's conv stages ran in _embed
                 continue
-            if s >= self.tail_start:  # a conv tail: the tokens become a map (prefix tokens dropped) once
+            if self.to_map is not None and s >= self.tail_start:  # a conv tail: tokens -> map once (no prefix)
                 if s == self.tail_start:
                     x = self.to_map(x, grid)  # the grid at this input size
                     prefix = 0
@@ -328,7 +328,7 @@ class ArchModel(nn.Module):
         for s, stage in enumerate(self.stages[:self.n_patch_stages]):  # CaiT's class attention is no level
             if s < self.n_conv_stages:
                 continue
-            if s >= self.tail_start:  # a conv tail's stage
+            if self.to_map is not None and s >= self.tail_start:  # a conv tail's stage
                 reduction *= self.spec.stages[s].stride
                 info.append(dict(num_chs=self.spec.stages[s].channels, reduction=reduction, module=f"stages.{s}"))
                 continue
