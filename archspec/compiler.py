@@ -80,10 +80,14 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
         stem_module = build("stem", stem["shape"])
         stages = _stages(nodes, len(spec.stages))
         interface_module = build("interface", interface["shape"]) if interface is not None else None
+        # a conv tail's tokens -> map node (conv stages after the attention stages)
+        to_map = next((build("interface", n["shape"]) for n in nodes if n["kind"] == "to_map"), None)
         tokens = embed["tokens_plan"]
+        last = spec.stages[-1]
         model = ArchModel(spec, stem_module, stages, dim_in=spec.stages[spec.n_conv_stages].dim,
-                          dim_out=spec.stages[-1].dim, cls_at=tokens.cls_at, n_extra=tokens.n_extra,
-                          pos_embed_len=embed["pos_embed_len"], token_dim=tokens.width, drop_rate=drop_rate,
-                          n_conv_stages=spec.n_conv_stages, interface=interface_module)
+                          dim_out=last.channels if spec.has_conv_tail else last.dim, cls_at=tokens.cls_at,
+                          n_extra=tokens.n_extra, pos_embed_len=embed["pos_embed_len"], token_dim=tokens.width,
+                          drop_rate=drop_rate, n_conv_stages=spec.n_conv_stages, interface=interface_module,
+                          to_map=to_map)
     model.analysis = graph
     return model

@@ -38,7 +38,8 @@ class ConvNet(ArchModel):
         self.spec = spec
         self.stem = stem
         self.stages = nn.ModuleList(stages)
-        self.n_patch_stages = len(spec.stages)
+        self.n_patch_stages = self.tail_start = len(spec.stages)
+        self.to_map = None
         self.cls_at = None
         self.has_dist = self.distilled = self.distilled_training = False
         self.cls_token = self.dist_token = self.pos_embed = None

@@ -219,8 +219,13 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
     _check_grid(b, grid)
     tokens = _resolve_tokens(b)
     flow = _add_embed(b, tokens, grid, dim)
-    for i in range(spec.n_conv_stages, len(spec.stages)):
+    for i in range(spec.n_conv_stages, spec.tail_start):
         _add_stage(b, i, flow, tokens)
+    if spec.has_conv_tail:  # conv, attention, conv: the tokens become a map again; ResNet's head
+        grid, channels = _add_conv_stages(b, *_add_tokens_to_map(b, flow), range(spec.tail_start, len(spec.stages)),
+                                          flow.block_index)
+        _add_map_head(b, grid, channels)
+        return _finish(b)
     if tokens.cls_at is not None and tokens.cls_at == spec.depth and spec.depth > 0:
         _add_insert(b, flow, tokens)
     if spec.class_attention is not None:
@@ -231,24 +236,30 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
 
 def _check_stage_kinds(b: _Builder) -> bool:
     """Whether the spec is a conv net (a ResNet stem and conv stages only); raises every problem of a spec whose
-    stage kinds do not join: a conv stage after an attention stage (tokens do not turn back into a map), conv
-    stages after a token stem, a ResNet stem before attention stages with no conv stage between, and a conv net
-    with class or distillation tokens, a position embedding, class-token pooling or CaiT's class attention.
-    A hybrid (conv stages, then attention stages) is checked by :func:`_add_interface`."""
+    stage kinds do not join: an attention stage after a conv tail (conv stages after attention stages), leading
+    conv stages after a token stem, a ResNet stem before attention stages with no conv stage between, a conv tail
+    with what needs the class token (:func:`_check_conv_tail`), and a conv net with class or distillation tokens,
+    a position embedding, class-token pooling or CaiT's class attention.  A hybrid (conv stages, then attention
+    stages) is checked by :func:`_add_interface`."""
     spec = b.spec
     conv = [isinstance(s, CONV_BLOCK.ConvStageSpec) for s in spec.stages]
     resnet_stem = spec.stem.kind == "resnet"
     if not any(conv) and not resnet_stem:
         return False
-    n_conv = spec.n_conv_stages
-    for i in range(n_conv, len(conv)):
-        if conv[i]:
-            b.problem(("stages", i, "kind"), "a conv stage after an attention stage is not supported (tokens do not "
-                      "turn back into a feature map in this version)",
-                      "put every conv stage before the attention stages (a hybrid: conv stages, then attention)")
-    if any(conv) and not resnet_stem:
+    # A conv stage after attention stages (a sandwich) takes the tokens back as a map: every stage after it must
+    # be a conv stage, and the model ends on the ResNet head (see _add_tokens_to_map).
+    n_conv, tail = spec.n_conv_stages, spec.tail_start
+    for i in range(tail, len(conv)):
+        if not conv[i]:
+            b.problem(("stages", i, "kind"), f"an attention stage after the conv stages that follow attention stages "
+                      f"(from stages[{tail}]) is not supported: the map would need a second interface",
+                      "end the model on its conv stages (conv, attention, conv), or move this stage before "
+                      f"stages[{tail}]")
+    if n_conv and not resnet_stem:
         b.problem(("stem", "kind"), f"conv stages need the feature map of a resnet stem, not the tokens of a "
                   f"{spec.stem.kind} stem", "set stem: {kind: resnet}")
+    if spec.has_conv_tail:
+        _check_conv_tail(b)
     if resnet_stem and n_conv == 0:
         b.problem(("stem", "kind"), "the resnet stem makes a feature map, which an attention stage takes only after "
                   "a conv stage", "add a kind: conv stage first, or use a patch, conv or identity stem")
@@ -278,11 +289,46 @@ def _check_stage_kinds(b: _Builder) -> bool:
     return True
 
 
-def _add_conv_stages(b: _Builder, grid: tuple[int, int], channels: int) -> tuple[tuple[int, int], int]:
-    """Each leading conv stage's residual blocks (family ``conv_block``); returns the map's size and channels
-    after them.  ``tokens`` of a node is the map's pixel count ``H x W``, ``dim`` its channels."""
-    index = 0
-    for i in range(b.spec.n_conv_stages):
+def _check_conv_tail(b: _Builder) -> None:
+    """What a model ending on conv stages after attention stages cannot have: the class token is dropped where
+    the tokens become a map, so class-token pooling, a distillation head, CaiT's class attention and a class
+    token inserted after the last attention block (dropped at once) are refused where they are written."""
+    spec, tail = b.spec, b.spec.tail_start
+    at = f"the tokens become a map at stages[{tail}] (class and distillation tokens dropped)"
+    if spec.head.pool != "mean":
+        b.problem(("head", "pool"), f"{at}; the head averages the final map", "set head.pool: mean")
+    if spec.head.distillation:
+        b.problem(("head", "distillation"), f"{at}; a distillation head has no token to read",
+                  "remove head.distillation")
+    if spec.class_attention is not None:
+        b.problem(("class_attention",), f"{at}; CaiT's class attention needs tokens after the last stage",
+                  "remove class_attention")
+    depth = spec.depth
+    if isinstance(spec.tokens.cls_token, int) and not isinstance(spec.tokens.cls_token, bool) \
+            and spec.tokens.cls_token == depth and depth > 0:
+        b.problem(("tokens", "cls_token"), f"a class token inserted after the last attention block (block {depth}) "
+                  f"is dropped at once: {at}", "use an earlier block, or cls_token: none")
+
+
+def _add_tokens_to_map(b: _Builder, flow: _Flow) -> tuple[tuple[int, int], int]:
+    """The tokens ``(B, n_prefix + gh gw, C)`` after the last attention stage -> the map ``(B, C, gh, gw)`` the conv
+    tail takes (family ``interface``, :class:`~archspec.families.interface.rules.TokensToMapShape`): the class and
+    distillation tokens are dropped (as BoTNet-style hybrids after ViT backbones and timm's
+    ``forward_intermediates`` do), the patch tokens laid out row-major on the stage's token grid.  No parameters,
+    no MACs.  Returns the map's grid and channels."""
+    i = b.spec.tail_start
+    shape = INTERFACE.TokensToMapShape(flow.dim, tuple(flow.grid), flow.n_prefix)
+    b.add_family("to_map", "interface", shape, kind="to_map", label=INTERFACE.label(shape), stage=i,
+                 tokens=flow.grid[0] * flow.grid[1], grid=tuple(flow.grid), dim=flow.dim)
+    return tuple(flow.grid), flow.dim
+
+
+def _add_conv_stages(b: _Builder, grid: tuple[int, int], channels: int, stages: range | None = None,
+                     index: int = 0) -> tuple[tuple[int, int], int]:
+    """Each conv stage's residual blocks (family ``conv_block``), the leading ones unless ``stages`` says which
+    (a conv tail's); returns the map's size and channels after them.  ``tokens`` of a node is the map's pixel
+    count ``H x W``, ``dim`` its channels; ``layer`` counts blocks from ``index``."""
+    for i in (range(b.spec.n_conv_stages) if stages is None else stages):
         stage = b.spec.stages[i]
         shapes, found = CONV_BLOCK.plan(stage, i, channels, grid)
         b.problems_of(found)
@@ -300,13 +346,16 @@ def _add_conv_stages(b: _Builder, grid: tuple[int, int], channels: int) -> tuple
 def _build_convnet(b: _Builder) -> nx.DiGraph:
     """The IR of a conv net: the ResNet stem, each conv stage's residual blocks (family ``conv_block``), the
     average-pool + classifier head."""
-    spec = b.spec
-    grid, channels = _add_conv_stages(b, *_add_stem(b))
-    head = spec.head
+    _add_map_head(b, *_add_conv_stages(b, *_add_stem(b)))
+    return _finish(b)
+
+
+def _add_map_head(b: _Builder, grid: tuple[int, int], channels: int) -> None:
+    """timm ResNet's head on the last map (a conv net's, or a conv tail's): average pool + classifier, no norm."""
+    head = b.spec.head
     shape = HeadShape(channels, grid[0] * grid[1], head.num_classes, False, False, head.pool, final_norm=False)
     b.add_family("head", "head", shape, kind="head", label="avg-pool", tokens=1, grid=(1, 1),
                  dim=head.num_classes or channels, heads="", bn_channels_before_linear=0)
-    return _finish(b)
 
 
 def _add_interface(b: _Builder, grid: tuple[int, int], channels: int) -> tuple[tuple[int, int], int]:
@@ -351,11 +400,11 @@ def _check_grid(b: _Builder, grid: tuple[int, int]) -> None:
 
 def _width_before_block(spec: ArchSpec, index: int) -> int:
     """Token width entering global token block ``index`` (the last stage's width after the last block)."""
-    for stage in spec.stages[spec.n_conv_stages:]:
+    for stage in spec.stages[spec.n_conv_stages:spec.tail_start]:
         if index < stage.depth:
             return stage.dim
         index -= stage.depth
-    return spec.stages[-1].dim
+    return spec.stages[spec.tail_start - 1].dim
 
 
 def _resolve_tokens(b: _Builder) -> TokensPlan:
@@ -514,8 +563,10 @@ def _finish(b: _Builder) -> nx.DiGraph:
     peak = max(nodes, key=lambda d: d["act_bytes"])
     weights, buffers = F32 * total_params, sum(d["buffer_bytes"] for d in nodes)
     # LeViT Tab. 1's split: the conv part is every node before the tokens exist (stem, conv stages, interface)
+    # and, after a conv tail's tokens -> map, every node from there on (its conv stages and ResNet head)
     embed = next((k for k, d in enumerate(nodes) if d["kind"] == "embed"), len(nodes))
-    conv_macs = sum(d["macs"] for d in nodes[:embed])
+    to_map = next((k for k, d in enumerate(nodes) if d["kind"] == "to_map"), len(nodes))
+    conv_macs = sum(d["macs"] for d in nodes[:embed] + nodes[to_map:])
     g.graph.update(params=total_params, macs=sum(d["macs"] for d in nodes), conv_macs=conv_macs,
                    token_macs=sum(d["macs"] for d in nodes) - conv_macs,
                    macs_executed=sum(d["macs_executed"] for d in nodes), output=(nodes[-1]["dim"],), order=b.order,

@@ -1,7 +1,8 @@
 """``archspec inspect``: attention diagnostics of a model on real photographs, as PNG plots and JSON.
 
 For a spec (random initialisation from its seed) or a saved model directory, one forward pass over
-real images gives every self-attention layer's maps; from them:
+real images gives every self-attention layer's maps (attention inside BoTNet / T-CNN bottlenecks included, on the
+map's pixels: :func:`archspec.metrics.attention_layers`); from them:
 
 * ALS (MaiT eq. 3): per layer and head, the attention mass a patch puts inside its window
   (:func:`archspec.metrics.attention_locality_score` with a spatial window mask);
@@ -29,8 +30,8 @@ from torch import Tensor, nn
 from archspec.builddir import Layout
 from archspec.families.attention.tables import grid_positions
 from archspec.metrics import (
+    attention_layers,
     attention_locality_score,
-    attention_maps,
     cross_layer_similarity,
     layer_gating,
     nonlocality,
@@ -73,23 +74,23 @@ def diagnose(model: nn.Module, images: Tensor, window: tuple[int, int] = (3, 3))
     Raises:
         ValueError: the model has no self-attention layer.
     """
-    maps = attention_maps(model, images)
-    if not maps:
+    found = attention_layers(model, images)
+    if not found:
         raise ValueError("the model has no self-attention layer to inspect")
-    modules, gates = dict(model.named_modules()), layer_gating(model)
+    gates = layer_gating(model)
     layers = []
-    for name, attn in maps.items():
-        layer = modules[name]
+    for name, layer in found.items():
+        attn = layer.attn
         mask = patch_window_mask(layer.grid, window, layer.num_prefix_tokens).to(attn.device)
         layers.append({
-            "name": name, "grid": list(layer.grid), "heads": " ".join(h.letter for h in layer.head_specs),
+            "name": name, "grid": list(layer.grid), "heads": layer.letters,
             "als": attention_locality_score(attn, mask, layer.num_prefix_tokens).tolist(),
             "nonlocality": nonlocality(attn, layer.grid, layer.num_prefix_tokens).tolist(),
             "gating": gates[name].tolist() if name in gates else None,
         })
-    prefixes = [modules[n].num_prefix_tokens for n in maps]
+    prefixes = [layer.num_prefix_tokens for layer in found.values()]
     return {"window": list(window), "layers": layers,
-            "similarity": _similarity_runs(list(maps), list(maps.values()), prefixes)}
+            "similarity": _similarity_runs(list(found), [layer.attn for layer in found.values()], prefixes)}
 
 
 def _per_head_lines(ax, layers: list[dict], key: str, ylabel: str) -> None:

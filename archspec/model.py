@@ -74,7 +74,10 @@ class ArchModel(nn.Module):
     classifier (timm ViT's ``head_drop``; not part of the spec, like timm's ``drop_rate`` kwarg);
     ``n_conv_stages`` and ``interface`` for a hybrid (LeViT sec. 3.2 grafting): the first ``n_conv_stages`` of
     ``stages`` are conv stages run on the stem's feature map, ``interface`` turns their map into the tokens
-    ``(B, N, C)`` the class token and position embedding join (family ``interface``).
+    ``(B, N, C)`` the class token and position embedding join (family ``interface``); ``to_map`` for a conv tail
+    (conv stages after the attention stages, from ``spec.tail_start``): it drops the class/distillation tokens and
+    lays the rest out as a map ``(B, C, gh, gw)`` on the last token grid; the tail's conv stages run on it and the
+    head is timm ResNet's (average pool + classifier, no norm), so ``forward_features`` returns a map.
 
     Attributes:
         spec: the :class:`~archspec.spec.ArchSpec` it was compiled from (``model.spec.to_yaml()``).
@@ -83,12 +86,16 @@ class ArchModel(nn.Module):
 
     def __init__(self, spec: ArchSpec, stem: nn.Module, stages: Sequence[Stage], dim_in: int, dim_out: int,
                  cls_at: int | None, n_extra: int, pos_embed_len: int, token_dim: int | None = None,
-                 drop_rate: float = 0.0, n_conv_stages: int = 0, interface: nn.Module | None = None):
+                 drop_rate: float = 0.0, n_conv_stages: int = 0, interface: nn.Module | None = None,
+                 to_map: nn.Module | None = None):
         super().__init__()
         self.spec = spec
         self.stem = stem
         self.n_conv_stages = n_conv_stages
         self.interface = interface
+        self.to_map = to_map
+        # the first stage of a conv tail (conv stages after the attention stages); len(stages) when none
+        self.tail_start = spec.tail_start
         self.stages = nn.ModuleList(stages)
         # The spec's stages; a compiled CaiT has one more, its class-attention stage, after them.
         self.n_patch_stages = len(spec.stages)
@@ -97,7 +104,8 @@ class ArchModel(nn.Module):
         self.num_prefix_tokens = n_extra
         self.global_pool = "token" if spec.head.pool == "cls" else "avg"
         self.num_features = self.head_hidden_size = self.embed_dim = dim_out
-        self.batchnorm_head = spec.stages[-1].norm == "batchnorm"
+        last_tokens = spec.stages[spec.tail_start - 1]  # the last attention stage
+        self.batchnorm_head = last_tokens.norm == "batchnorm" and to_map is None
         self.distilled = spec.head.distillation
         self.distilled_training = False
         self.grad_checkpointing = False
@@ -110,8 +118,8 @@ class ArchModel(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, token_dim)) if self.has_dist else None
         self.pos_embed = nn.Parameter(torch.zeros(1, pos_embed_len, dim_in)) if pos_embed_len else None
         # layernorm family as timm ViT: final norm before token pooling, fc_norm after mean pooling
-        layernorm = not self.batchnorm_head
-        eps = spec.stages[-1].norm_eps
+        layernorm = not self.batchnorm_head and to_map is None  # a conv tail's head has no norm (timm ResNet)
+        eps = last_tokens.norm_eps
         self.norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "token" else nn.Identity()
         self.fc_norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "avg" else nn.Identity()
         self._init_tokens()
@@ -157,8 +165,9 @@ class ArchModel(nn.Module):
         if global_pool is not None:
             if global_pool not in ("token", "avg", ""):
                 raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
-            if global_pool == "token" and self.cls_token is None:
-                raise ValueError("token pooling needs a class token")
+            if global_pool == "token" and (self.cls_token is None or getattr(self, "to_map", None) is not None):
+                raise ValueError("token pooling needs a class token" + (
+                    " (a conv tail drops it where the tokens become a map)" if self.cls_token is not None else ""))
             self.global_pool = global_pool
         self._num_classes = num_classes
         if num_classes != self.spec.head.num_classes:  # keep model.spec true to the model
@@ -235,6 +244,16 @@ class ArchModel(nn.Module):
         for s, stage in enumerate(self.stages):  # the patch stages, then CaiT's class-attention stage if any
             if s < self.n_conv_stages:  # a hybrid's conv stages ran in _embed
                 continue
+            if self.to_map is not None and s >= self.tail_start:  # a conv tail: tokens -> map once (no prefix)
+                if s == self.tail_start:
+                    x = self.to_map(x, grid)  # the grid at this input size
+                    prefix = 0
+                for block in stage.blocks:
+                    x = self._run_block(block, x)
+                grid = tuple(x.shape[-2:])
+                if s in take:
+                    taken.append((x.flatten(2).transpose(1, 2), grid, 0))
+                continue
             if not isinstance(stage.downsample, nn.Identity):
                 x = stage.downsample(x)
                 grid = ((grid[0] - 1) // 2 + 1, (grid[1] - 1) // 2 + 1)
@@ -248,18 +267,23 @@ class ArchModel(nn.Module):
                 index += 1
             if not per_block and s in take and s < self.n_patch_stages:
                 taken.append((x, grid, prefix))
-        if self.cls_at is not None and self.cls_at == index and index > 0:
+        if self.cls_at is not None and self.cls_at == index and index > 0 and x.dim() == 3:
             x = self._prefix(x)
         return x, taken
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``(B, C_in, H, W)`` -> tokens ``(B, N, C)`` after the last block (and final norm)."""
+        """Images ``(B, C_in, H, W)`` -> tokens ``(B, N, C)`` after the last block (and final norm); with a conv tail
+        the last map ``(B, C, H', W')``."""
         return self.norm(self._forward_levels(x)[0])
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Tokens ``(B, N, C)`` -> logits ``(B, num_classes)`` (pooled ``(B, C)`` with ``pre_logits``;
-        the tokens unchanged after ``reset_classifier(0, '')``)."""
+        the tokens unchanged after ``reset_classifier(0, '')``); a conv tail's map ``(B, C, H', W')`` is averaged
+        (timm ResNet's head)."""
         if self.global_pool == "":
+            return x if pre_logits else self.head(x)
+        if x.dim() == 4:  # a conv tail's map
+            x = self.head_drop(x.mean(dim=(2, 3)))
             return x if pre_logits else self.head(x)
         if self.global_pool == "token":
             pooled = x[:, 0]
@@ -303,6 +327,10 @@ class ArchModel(nn.Module):
             reduction = self.spec.input.resolution[0] // self.patch_grid[0]
         for s, stage in enumerate(self.stages[:self.n_patch_stages]):  # CaiT's class attention is no level
             if s < self.n_conv_stages:
+                continue
+            if self.to_map is not None and s >= self.tail_start:  # a conv tail's stage
+                reduction *= self.spec.stages[s].stride
+                info.append(dict(num_chs=self.spec.stages[s].channels, reduction=reduction, module=f"stages.{s}"))
                 continue
             if not isinstance(stage.downsample, nn.Identity):
                 reduction *= 2
@@ -412,7 +440,7 @@ class ArchModel(nn.Module):
     def _set_block_grids(self, grid: tuple[int, int]) -> None:
         """Move every token mixer and shrinking attention to the patch grid ``grid`` of a new input size
         (CaiT's class attention has no grid: it attends from the class token to whatever tokens come)."""
-        for stage in self.stages[self.n_conv_stages:self.n_patch_stages]:  # a hybrid's conv stages take any map
+        for stage in self.stages[self.n_conv_stages:self.tail_start]:  # conv stages (a hybrid's, a tail's) take any map
             if not isinstance(stage.downsample, nn.Identity):
                 if stage.downsample.grid != tuple(grid):
                     stage.downsample.set_grid(grid)
@@ -497,7 +525,8 @@ def default_pretrained_cfg(spec: ArchSpec) -> dict[str, Any]:
                 "first_conv": stems.first_conv_name("resnet", spec.stem.deep)}
     return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
             "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875, "interpolation": "bicubic",
-            "classifier": classifier_names(spec.stages[-1].norm == "batchnorm", spec.head.distillation),
+            "classifier": classifier_names(spec.stages[spec.tail_start - 1].norm == "batchnorm"
+                                           and not spec.has_conv_tail, spec.head.distillation),
             "first_conv": stems.first_conv_name(spec.stem.kind, getattr(spec.stem, "deep", False))}
 
 

@@ -295,7 +295,10 @@ class ArchSpec(StrictModel):
         default_factory=TokensSpec, description="Class/distillation tokens and position embedding."
     )
     stages: list[AnyStage] = Field(..., min_length=1, max_length=8, description="Stages, in order: attention "
-                                   "stages (the default kind) or conv stages (kind: conv, after a resnet stem).")
+                                   "stages (the default kind) or conv stages (kind: conv).  Conv stages before the "
+                                   "attention stages need a resnet stem; conv stages after them (a conv tail: conv, "
+                                   "attention, conv) take the tokens as a map on the last token grid, class and "
+                                   "distillation tokens dropped, and end the model on ResNet's head (pool: mean).")
     class_attention: ClassAttentionSpec | None = Field(
         None, description="CaiT class-attention stage after the last stage (needs tokens.cls_token: <total depth>).")
     head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head.")
@@ -316,7 +319,7 @@ class ArchSpec(StrictModel):
         block for a conv net."""
         if self.is_convnet:
             return sum(s.depth for s in self.stages)
-        return sum(s.depth for s in self.stages[self.n_conv_stages:])
+        return sum(s.depth for s in self.stages[self.n_conv_stages:self.tail_start])
 
     @property
     def is_convnet(self) -> bool:
@@ -331,6 +334,20 @@ class ArchSpec(StrictModel):
         while n < len(self.stages) and isinstance(self.stages[n], ConvStageSpec):
             n += 1
         return n
+
+    @property
+    def tail_start(self) -> int:
+        """Index of the first conv stage after the attention stages (a conv-attention-conv sandwich: the tokens
+        become a map again there, class and distillation tokens dropped); ``len(stages)`` when there is none."""
+        n = self.n_conv_stages
+        while n < len(self.stages) and not isinstance(self.stages[n], ConvStageSpec):
+            n += 1
+        return n if n > self.n_conv_stages else len(self.stages)
+
+    @property
+    def has_conv_tail(self) -> bool:
+        """Whether conv stages follow the attention stages (the model ends on a feature map, ResNet's head)."""
+        return self.tail_start < len(self.stages)
 
     @property
     def is_hybrid(self) -> bool:

@@ -321,3 +321,17 @@ def test_measure_latency_compiled(one_thread):
     ms = measure_latency(spec, protocol, cache)
     assert ms > 0 and cache.get(architecture_key(spec), protocol) == ms
     assert cache.get(architecture_key(spec), LatencyProtocol(warmup=1, repeats=2)) is None
+
+
+@pytest.mark.slow
+def test_int8_of_a_hybrid_with_attention_in_bottlenecks(photos, one_thread):
+    """int8 (torchao PT2E) of a small hybrid: tiered stem, ResNeXt, T-CNN GPSA, an attention stage and a conv tail
+    with BoTNet attention (tests/test_fuse.py's HYBRID): within the stated tolerance of float32 on real photos."""
+    from test_fuse import HYBRID, _randomise_batchnorms
+
+    torch.manual_seed(0)
+    model = _randomise_batchnorms(archspec.compile(HYBRID))
+    x = nn.functional.interpolate(photos, size=(64, 64), mode="bilinear", antialias=True)
+    quantized = quantize(model, [augmented(x)], compile=False)
+    with torch.no_grad():
+        _close(quantized(x), model(x))

@@ -23,7 +23,7 @@ from archspec.families.block.rules import BlockShape
 from archspec.families.class_attention.rules import ClassAttentionShape
 from archspec.families.conv_block.rules import ConvBlockShape
 from archspec.families.conv_mixer.rules import ConvMixerShape
-from archspec.families.interface.rules import InterfaceShape
+from archspec.families.interface.rules import InterfaceShape, TokensToMapShape
 from archspec.families.shrink.rules import ShrinkShape
 from archspec.families.stems.rules import StemShape
 from archspec.families.talking_heads.rules import TalkingHeadsShape
@@ -71,6 +71,7 @@ MORE = [
     ("conv_block", ConvBlockShape("bottleneck", 16, 32, 8, 2, (7, 5), "avg", 8, 0.25, mixer="gpsa"), (1, 16, 7, 5), 12),
     ("conv_block", ConvBlockShape("bottleneck", 32, 64, 32, 1, (4, 3), "conv", mixer="gpsa"), (1, 32, 4, 3), 12),
     ("interface", InterfaceShape(16, (3, 3), (3, 3), 16, False, False), (1, 16, 3, 3), 9),  # every pixel a token
+    ("interface", TokensToMapShape(16, (3, 4), 1), (1, 13, 16), 12),  # a conv tail's map: class token dropped
 ]
 NO_MODULE = {"tokens", "head"}  # the model's own parameters; the head's classifier is tested in test_timm_api
 

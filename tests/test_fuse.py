@@ -65,3 +65,53 @@ def test_analyze_counts_the_folded_model(one_thread):
     assert analysis.params == sum(p.numel() for p in model.parameters())
     assert analysis.params_folded == sum(p.numel() for p in model.fuse().parameters())
     assert analysis.macs_executed == analysis.macs  # no masked heads: BatchNorm is 0 MACs either way
+
+
+def _randomise_batchnorms(model: nn.Module) -> nn.Module:
+    for module in model.modules():  # non-trivial running statistics and affine parameters
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.running_mean.normal_(0, 0.2)
+            module.running_var.uniform_(0.5, 2.0)
+            module.weight.data.normal_(1.0, 0.2)
+            module.bias.data.normal_(0.0, 0.2)
+    return model.eval()
+
+
+# A small hybrid: tiered deep stem with a conv pool, a ResNeXt stage with an avg shortcut, a T-CNN GPSA stage, an
+# attention stage, then a conv tail whose second block holds BoTNet attention (its bn2 stays: no conv before it).
+HYBRID = {
+    "name": "fuse_hybrid", "input": {"channels": 3, "resolution": 64},
+    "stem": {"kind": "resnet", "deep": True, "widths": [8, 12], "channels": 16, "pool": "conv"},
+    "tokens": {"cls_token": "input", "pos_embed": "learned"},
+    "stages": [{"kind": "conv", "block": "bottleneck", "depth": 1, "channels": 64, "groups": 2, "base_width": 32,
+                "downsample": "avg"},
+               {"kind": "conv", "block": "bottleneck", "depth": 1, "channels": 64, "mixer": {"kind": "gpsa"}},
+               {"depth": 1, "dim": 32, "heads": 2, "from_map": {"pool": "avg", "grid": 8}},
+               {"kind": "conv", "block": "basic", "depth": 1, "channels": 32},
+               {"kind": "conv", "block": "bottleneck", "depth": 2, "channels": 64, "stride": 2,
+                "mixer": {"kind": "attention", "heads": 2, "layers": [1]}}],
+    "head": {"pool": "mean", "num_classes": 10},
+}
+
+
+@pytest.mark.parametrize("doc", [HYBRID, "resnet26t"], ids=["hybrid", "resnet26t"])
+def test_fused_conv_stages_equal_unfolded_and_the_analysis_counts_them(doc, one_thread):
+    """Every conv -> BatchNorm pair of the stem and the conv stages folds (T-CNN's and BoTNet's bn2 stay); logits
+    within 1e-5 of the unfolded model; ``analyze``'s folded parameters equal the folded module's."""
+    from archspec.analysis import analyze
+
+    spec = load_spec(doc).model_dump(mode="json") if isinstance(doc, str) else doc
+    spec["input"]["resolution"] = 64
+    torch.manual_seed(0)
+    model = _randomise_batchnorms(archspec.compile(spec))
+    folded = model.fuse()
+    kept = [n for n, m in folded.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    if doc == "resnet26t":
+        assert kept == []
+    else:  # the GPSA block's and the BoTNet block's bn2 only
+        assert kept == ["stages.1.blocks.0.bn2", "stages.4.blocks.1.bn2"]
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), model(x), atol=1e-5, rtol=1e-5)
+    params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert analyze(spec).params_folded == params(folded) < params(model)

@@ -63,12 +63,15 @@ KEYS = ["depth", "dim", "heads", "head_dim", "key_dim", "attn_ratio", "mlp_ratio
         "qkv_bias", "drop_path", "layer_scale", "attention", "mixer", "layers", "shrink", "stride", "patch_size",
         "channels", "cls_token", "dist_token", "pos_embed", "pool", "num_classes", "distillation", "range", "window",
         "from_map", "grid", "proj",
-        "mode", "kind", "resolution", "seed", "gating_trainable", "conv_init", "table", "alpha_init", "kernel", "bogus"]
+        "mode", "kind", "resolution", "seed", "gating_trainable", "conv_init", "table", "alpha_init", "kernel", "bogus",
+        "groups", "base_width", "widths", "head_kinds"]
 VALUES: list[Any] = [None, True, False, 0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 48, 64, 4096, 4097, -1, -16, 2**31, 10**12,
                      0.0, 0.01, 0.5, 0.999, 1.0, 1.5, 2.0, 1e-9, 1e308, -0.5, math.nan, math.inf, "", "abc", "3",
                      "input", "none", "mean", "cls", "batchnorm", "layernorm", "hardswish", "gelu", "conv", "patch",
                      "identity", "conv3", "conv4", "attention", "3x3", "3x4", "0-1", "1-0", "2", [], [0], [1, 2],
-                     [0, 1, 2], [48, 48], [8, 16], [0.1, 0.2], {}, {"bogus": 1}, {"kind": "conv"}] + HEAD_KINDS
+                     [0, 1, 2], [48, 48], [8, 16], [0.1, 0.2], {}, {"bogus": 1}, {"kind": "conv"},
+                     {"kind": "attention"}, {"kind": "attention", "heads": 2, "attention": "mhsa", "layers": [1]},
+                     {"kind": "gpsa"}] + HEAD_KINDS
 
 # Plausible values per key: most mutants stay close to valid, so the build path gets exercised.
 PLAUSIBLE: dict[str, list[Any]] = {
@@ -94,6 +97,10 @@ PLAUSIBLE: dict[str, list[Any]] = {
                  {"proj": False}, {"proj": True}, {"pool": "avg"}, {"grid": 3}],
     "grid": [1, 2, 3, 14, [2, 3], 0], "proj": [True, False, None],
     "gating_trainable": [True, False], "conv_init": [True, False], "depth_mask": [1, 2],
+    # conv stages: ResNeXt groups, tiered stems, BoTNet attention / T-CNN GPSA mixers (the "mixer" key above is an
+    # attention stage's; a conv stage's comes from VALUES and from these)
+    "groups": [1, 2, 4, 32, 0], "base_width": [4, 16, 64, 1], "widths": [[24, 32], [4, 8], [8], [0, 4]],
+    "head_kinds": [None, ["mhsa", "gpsa"], ["botnet_rel", "mhsa"], ["botnet_rel"] * 4],
 }
 
 
@@ -141,6 +148,8 @@ def small_base(path: Path) -> dict:
         if stem.get("stem_width"):
             stem["stem_width"] = max(1, stem["stem_width"] // 4)
     doc["stages"] = [_shrink_stage(s, widths) for s in doc["stages"]]
+    if any((s.get("mixer") or {}).get("kind") == "attention" for s in doc["stages"] if s.get("kind") == "conv"):
+        doc["input"]["resolution"] = 64  # BoTNet: a strided attention block needs even sides (48 px: c4 at 3x3)
     for stage in doc["stages"]:  # a hybrid's pooled token grid shrinks with the input (LeViT's 14 -> 3 at 48 px)
         if (stage.get("from_map") or {}).get("grid"):
             stage["from_map"]["grid"] = max(1, stage["from_map"]["grid"] // 4)
@@ -218,7 +227,8 @@ def _check_built(spec, analysis) -> None:
     h, w = spec.input.resolution
     with torch.inference_mode():
         out = model(torch.randn(2, spec.input.channels, h, w))
-    expected = spec.head.num_classes or spec.stages[-1].dim
+    last = spec.stages[-1]  # a conv net or a conv tail ends on a conv stage's channels
+    expected = spec.head.num_classes or (last.channels if isinstance(last, ConvStageSpec) else last.dim)
     assert tuple(out.shape) == (2, expected), spec.to_yaml()
     assert torch.isfinite(out).all(), spec.to_yaml()
 

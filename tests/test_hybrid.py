@@ -14,10 +14,12 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from macs_reference import reference_macs
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from archspec import analyze, compile, load_spec
+from archspec.blocks import attention_impl
 from archspec.errors import SpecError
 from archspec.spec import SPEC_DIR
 
@@ -124,8 +126,11 @@ def test_hybrid_saves_and_loads(tmp_path):
 
 
 @pytest.mark.parametrize(("edit", "path", "words"), [
+    (lambda d: d["stages"].extend([{"kind": "conv", "block": "basic", "depth": 1, "channels": 48},
+                                   {"depth": 1, "dim": 48, "heads": 2}]),
+     ("stages", 3, "kind"), "second interface"),
     (lambda d: d["stages"].append({"kind": "conv", "block": "basic", "depth": 1, "channels": 48}),
-     ("stages", 2, "kind"), "after an attention stage"),
+     ("head", "pool"), "class and distillation tokens dropped"),
     (lambda d: d["stages"][1].update(from_map={"pool": "avg", "grid": 9}), ("stages", 1, "from_map", "grid"),
      "enlarge"),
     (lambda d: d["stages"][1].update(from_map={"proj": False}), ("stages", 1, "from_map", "proj"), "32 channels"),
@@ -152,3 +157,99 @@ def test_pool_without_grid_is_a_schema_error_exit_2(tmp_path):
     run = subprocess.run([sys.executable, "-m", "archspec", "validate", str(f)], capture_output=True, text=True)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "from_map" in run.stderr + run.stdout and "grid" in run.stderr + run.stdout
+
+
+# ------------------------------------------------------------------------------ conv tails (conv, attention, conv)
+def _sandwich(**tail) -> dict:
+    """``_small`` with a conv tail: a bottleneck stage (stride 2, 64 channels; ``tail`` adds e.g. BoTNet's
+    attention mixer) after the attention stage, mean-pooled head (the class token is dropped at the map)."""
+    doc = _small(pool="avg", grid=4)
+    doc["stages"].append({"kind": "conv", "block": "bottleneck", "depth": 2, "channels": 64, "stride": 2, **tail})
+    doc["head"]["pool"] = "mean"
+    return doc
+
+
+def _vit_then_conv() -> dict:
+    """A patch-stem ConViT (a GPSA layer, then the class token enters before an MHSA layer) followed by a conv
+    stage: no leading conv stage; the class token inserted late is dropped at the map too."""
+    return {"name": "vit_conv", "input": {"channels": 3, "resolution": 32},
+            "stem": {"kind": "patch", "patch_size": 4}, "tokens": {"cls_token": 1, "pos_embed": "learned"},
+            "stages": [{"depth": 2, "dim": 32, "heads": 4, "attention": "mhsa", "qkv_bias": False,
+                        "layers": [{"range": [0, 0], "attention": "gpsa"}]},
+                       {"kind": "conv", "block": "basic", "depth": 1, "channels": 48, "stride": 2}],
+            "head": {"pool": "mean", "num_classes": 10}}
+
+
+@pytest.mark.parametrize("doc", [_sandwich(), _sandwich(mixer={"kind": "attention", "heads": 2}), _vit_then_conv()],
+                         ids=["conv-attn-conv", "conv-attn-botnet", "vit-conv"])
+def test_sandwich_counts_equal_the_module_and_the_flop_counter(doc):
+    spec = load_spec(doc)
+    a = analyze(spec)
+    model = compile(spec).eval()
+    assert sum(p.numel() for p in model.parameters()) == a.params
+    x = torch.randn(1, 3, *spec.input.resolution)
+    with attention_impl(model, "dense"):  # the papers' count is the dense formula's (GPSA's fast path differs)
+        assert reference_macs(model, x) == a.macs
+        with torch.no_grad():
+            assert model(x).shape == (1, 10)
+    rows = {r.layer: r for r in a.rows}
+    assert rows["to_map"].params == rows["to_map"].macs == 0
+    tail = spec.tail_start
+    assert rows[f"stages.{tail}.blocks.0"].dim == spec.stages[tail].channels
+    # LeViT Tab. 1's split: the tail's conv stages and ResNet head are conv MACs
+    assert a.conv_macs == sum(r.macs for r in a.rows if not r.layer.startswith(("embed", f"stages.{tail - 1}.")))
+
+
+def test_tokens_become_the_map_row_major_without_the_class_token():
+    """The sandwich's forward equals a hand composition: the tokens after the attention stage, class token
+    dropped, reshaped row-major to (B, C, 4, 4), then the tail's blocks, the mean and the classifier."""
+    model = compile(_sandwich()).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        tokens = model.stages[0].blocks[0](model.stem(x))
+        tokens = model._prefix(model.interface(tokens)) + model.pos_embed
+        for block in model.stages[1].blocks:
+            tokens = block(tokens)
+        assert tokens.shape == (2, 1 + 16, 48)
+        fmap = torch.stack([tokens[:, 1 + r * 4:1 + (r + 1) * 4].transpose(1, 2) for r in range(4)], dim=2)
+        torch.testing.assert_close(model.to_map(tokens, (4, 4)), fmap)
+        for block in model.stages[2].blocks:
+            fmap = block(fmap)
+        assert model.forward_features(x).shape == (2, 64, 2, 2)
+        torch.testing.assert_close(model(x), model.head(fmap.mean(dim=(2, 3))), rtol=1e-5, atol=1e-6)
+
+
+def test_sandwich_backbone_api_input_size_and_save(tmp_path):
+    from archspec import load, save
+
+    model = compile(_sandwich()).eval()
+    assert [f["num_chs"] for f in model.feature_info] == [32, 48, 64]
+    assert [f["reduction"] for f in model.feature_info] == [8, 16, 32]
+    maps = model.forward_intermediates(torch.randn(2, 3, 64, 64), intermediates_only=True)
+    assert [tuple(m.shape) for m in maps] == [(2, 32, 8, 8), (2, 48, 4, 4), (2, 64, 2, 2)]
+    with pytest.raises(ValueError, match="conv tail drops it"):
+        model.reset_classifier(10, "token")
+    save(model, tmp_path / "m")
+    again = load(tmp_path / "m").eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), again(x))
+    vit = compile(_vit_then_conv()).eval()  # the to_map grid follows the input size (8x8 -> 12x12 tokens)
+    vit.set_input_size(48)
+    assert vit.forward_features(torch.randn(1, 3, 48, 48)).shape == (1, 48, 6, 6)
+
+
+@pytest.mark.parametrize(("edit", "path", "words"), [
+    (lambda d: d["head"].update(distillation=True), ("head", "distillation"), "no token to read"),
+    (lambda d: d.update(class_attention={"depth": 1}), ("class_attention",), "needs tokens after the last stage"),
+    (lambda d: d["tokens"].update(cls_token=2), ("tokens", "cls_token"), "dropped at once"),
+    (lambda d: d["stages"].append({"depth": 1, "dim": 64, "heads": 2}), ("stages", 3, "kind"),
+     "second interface"),
+])
+def test_conv_tail_refusals_are_located(edit, path, words):
+    doc = _sandwich()
+    edit(doc)
+    with pytest.raises(SpecError) as info:
+        analyze(load_spec(doc, check=False))
+    problems = info.value.problems
+    assert any(p.path == path and words in p.message for p in problems), [(p.path, p.message) for p in problems]

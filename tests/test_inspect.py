@@ -148,3 +148,77 @@ def test_plots_use_fixed_scales_and_whole_layer_ticks(tmp_path, capsys, monkeypa
     for ax in saved["similarity.png"].axes[:-1]:  # the last axes is the colour bar
         ticks = [*ax.get_xticks(), *ax.get_yticks()]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+# A tiny hybrid with attention inside bottlenecks: T-CNN's GPSA (stage 0, 16x16 map), BoTNet's relative-logit
+# heads (timm BottleneckAttn, stage 1 at stride 2: attention on 16x16, then pooled) and a mixed MHSA + GPSA layer
+# (archspec's Attention on the pixels, stage 2 on 8x8).
+TINY_BOT = {
+    "name": "tiny_bot", "input": {"channels": 3, "resolution": 64}, "stem": {"kind": "resnet", "channels": 16},
+    "tokens": {"cls_token": "none", "pos_embed": "none"},
+    "stages": [{"kind": "conv", "block": "bottleneck", "depth": 1, "channels": 32, "mixer": {"kind": "gpsa"}},
+               {"kind": "conv", "block": "bottleneck", "depth": 1, "channels": 32, "stride": 2,
+                "mixer": {"kind": "attention", "heads": 2}},
+               {"kind": "conv", "block": "bottleneck", "depth": 1, "channels": 32,
+                "mixer": {"kind": "attention", "heads": 2, "head_kinds": ["mhsa", "gpsa"]}}],
+    "head": {"pool": "mean", "num_classes": 10},
+}
+
+
+def test_attention_inside_bottlenecks_is_diagnosed(one_thread):
+    """Every kind of bottleneck attention gives a square map on its pixels: BoTNet's probabilities reproduce timm
+    BottleneckAttn's output (attn @ v), T-CNN's GPSA and the mixed layer report their gating."""
+    import torch
+
+    from archspec import compile
+    from archspec.inspect import diagnose
+    from archspec.metrics import attention_layers, bottleneck_attention
+
+    model = compile(TINY_BOT).eval()
+    x = torch.randn(2, 3, 64, 64)
+    layers = attention_layers(model, x)
+    assert list(layers) == ["stages.0.blocks.0.conv2", "stages.1.blocks.0.conv2", "stages.2.blocks.0.conv2.attn"]
+    assert [v.grid for v in layers.values()] == [(16, 16), (16, 16), (8, 8)]
+    assert [v.letters for v in layers.values()] == [" ".join("P" * 9), "B B", "A P"]
+    bot = model.stages[1].blocks[0].conv2
+    fmap = torch.randn(2, 8, 16, 16)  # the block's inner width 8 at the stage's input grid
+    with torch.no_grad():
+        attn = bottleneck_attention(bot, fmap)
+        v = bot.qkv(fmap)[:, -bot.dim_out_v:].reshape(2 * 2, bot.dim_head_v, -1).transpose(-1, -2)
+        out = (attn.reshape(4, 256, 256) @ v).transpose(-1, -2).reshape(2, 8, 16, 16)
+        torch.testing.assert_close(bot.pool(out), bot(fmap), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(2, 2, 256))
+    report = diagnose(model, x)
+    rows = {row["name"]: row for row in report["layers"]}
+    assert rows["stages.0.blocks.0.conv2"]["gating"] == pytest.approx([1 / (1 + math.exp(-1))] * 9, abs=1e-6)
+    assert rows["stages.1.blocks.0.conv2"]["gating"] is None
+    assert len(rows["stages.2.blocks.0.conv2.attn"]["gating"]) == 1  # its one GPSA head
+    assert [len(run["layers"]) for run in report["similarity"]] == [1, 1, 1]  # 9, 2, 2 heads: no common run
+
+
+def test_tcnn_gpsa_at_large_locality_is_its_convolution_in_the_diagnostics(one_thread):
+    """Hand-computed: with large alpha and gating (set_exact) T-CNN's head (dr, dc) attends to the pixel at that
+    offset, so on a 4x4 map its ALS (3x3 window) and its nonlocality / |offset| are the share of queries whose
+    offset pixel is inside the map (the padding's share is left out): 1, 12/16 on an edge, 9/16 at a corner."""
+    import torch
+
+    from archspec.families.conv_block.module import ConvGPSA
+    from archspec.metrics import attention_locality_score, conv_gpsa_attention, nonlocality, patch_window_mask
+
+    layer = ConvGPSA(8, 8).set_exact()
+    attn = conv_gpsa_attention(layer, torch.randn(1, 8, 4, 4))
+    share = torch.tensor([(4 - abs(dr)) * (4 - abs(dc)) / 16 for dr in (-1, 0, 1) for dc in (-1, 0, 1)])
+    dist = torch.tensor([math.hypot(dr, dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1)])
+    als = attention_locality_score(attn, patch_window_mask((4, 4), (3, 3)))
+    torch.testing.assert_close(als, share, rtol=0, atol=1e-5)
+    torch.testing.assert_close(nonlocality(attn, (4, 4)), share * dist, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_inspect_cli_on_a_botnet_hybrid(tmp_path, capsys, one_thread):
+    out = tmp_path / "bot"
+    assert main(["inspect", _write(tmp_path, TINY_BOT), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {p.name for p in out.iterdir()} == INSPECT.files
+    assert [row["heads"] for row in report["layers"]] == [" ".join("P" * 9), "B B", "A P"]
+    assert all(0 <= v <= 1 for row in report["layers"] for v in row["als"])

@@ -13,6 +13,7 @@ import pytest
 import torch
 from deploy_fixtures import augmented
 
+import archspec
 from archspec.cli import main
 
 photos, levit = deploy_fixtures.photos, deploy_fixtures.levit  # the shared fixtures
@@ -76,3 +77,25 @@ def test_export_refuses_options_that_do_not_apply(tmp_path, capsys):
     assert main(["export", "levit_128s", "--onnx", str(tmp_path / "m.onnx"), "--int8", "--calibrate", "/nope"]) == 2
     err = capsys.readouterr().err
     assert "--calibrate: no such file" in err and "--data" not in err and not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fuse", [False, True], ids=["unfolded", "folded"])
+def test_onnx_of_a_hybrid_with_attention_in_bottlenecks(photos, fuse, tmp_path, one_thread):
+    """The small hybrid of tests/test_fuse.py (T-CNN GPSA, an attention stage, a conv tail with BoTNet attention)
+    exports and ONNX Runtime's logits equal PyTorch's within 1e-4 relative to their scale; folded, only the two
+    BatchNorms after attention (no conv to fold into) are left."""
+    from test_fuse import HYBRID, _randomise_batchnorms
+
+    from archspec.deploy.onnx_export import export_onnx, ort_session, run_onnx
+
+    torch.manual_seed(0)
+    model = _randomise_batchnorms(archspec.compile(HYBRID))
+    model = model.fuse() if fuse else model
+    x = torch.nn.functional.interpolate(photos, size=(64, 64), mode="bilinear", antialias=True)
+    written = export_onnx(model, tmp_path / "h.onnx", x[:2], {"test": True})
+    assert written["nodes"].get("BatchNormalization", 0) == 2
+    session = ort_session(tmp_path / "h.onnx", threads=1)
+    with torch.no_grad():
+        expected = model(x)
+        assert (run_onnx(session, x) - expected).abs().max().item() <= 1e-4 * max(expected.abs().max().item(), 1.0)

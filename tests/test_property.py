@@ -238,27 +238,21 @@ def test_every_valid_spec_compiles_runs_and_counts(doc):
 
 @st.composite
 def conv_and_hybrid_specs(draw) -> dict:
-    """A conv net or a hybrid that should validate: a ResNet stem (7x7 or deep, max-pool or strided conv), 1-2 conv
-    stages (basic / bottleneck, stride 1 / 2, conv or avg shortcut, SE, T-CNN's GPSA in bottlenecks), then, for a
-    hybrid, an attention stage taking the map through ``from_map`` (pooled to a grid no larger than the map, or
-    every pixel a token; projected when the widths differ) with or without a class token."""
+    """A conv net or a hybrid that should validate: a ResNet stem (7x7, deep or tiered, max-pool or strided conv),
+    1-2 conv stages (:func:`_conv_stage`: SE, T-CNN's GPSA, BoTNet attention or ResNeXt groups in bottlenecks),
+    then, for a hybrid, an attention stage taking the map through ``from_map`` (pooled to a grid no larger than
+    the map, or every pixel a token; projected when the widths differ) with or without a class token, and
+    possibly a conv tail (conv, attention, conv)."""
     side = draw(st.sampled_from([24, 32, 33, 40]))
     grid = ((side - 1) // 4 + 1,) * 2  # the ResNet stem divides by 4 (rounding up)
     stem = {"kind": "resnet", "channels": draw(st.sampled_from([4, 8])), "deep": draw(st.booleans()),
             "pool": draw(st.sampled_from(["max", "conv"]))}
+    if stem["deep"] and draw(st.booleans()):  # timm's tiered stem: two different first widths
+        stem["widths"] = draw(st.sampled_from([[4, 6], [6, 4], [3, 8]]))
     stages = []
     for _ in range(draw(st.integers(1, 2))):
-        block = draw(st.sampled_from(["basic", "bottleneck"]))
-        stride = draw(st.sampled_from([1, 2])) if min(grid) >= 2 else 1
-        stage = {"kind": "conv", "block": block, "depth": draw(st.integers(1, 2)),
-                 "channels": draw(st.sampled_from([8, 12, 16])), "stride": stride,
-                 "downsample": draw(st.sampled_from(["conv", "avg"]))}
-        if draw(st.booleans()):
-            stage["se"] = {"rd_ratio": 0.25, "rd_divisor": 4}
-        if block == "bottleneck" and draw(st.booleans()):
-            stage["mixer"] = {"kind": "gpsa", "locality_strength": draw(st.sampled_from([0.5, 1.0, 3.0]))}
-        stages.append(stage)
-        grid = ((grid[0] - 1) // stride + 1, (grid[1] - 1) // stride + 1)
+        stages.append(draw(_conv_stage(grid)))
+        grid = ((grid[0] - 1) // stages[-1]["stride"] + 1, (grid[1] - 1) // stages[-1]["stride"] + 1)
     if not draw(st.booleans()):
         return {"name": "prop_conv", "input": {"channels": 3, "resolution": side}, "stem": stem,
                 "tokens": {"cls_token": "none", "pos_embed": "none"}, "stages": stages,
@@ -271,9 +265,41 @@ def conv_and_hybrid_specs(draw) -> dict:
         if min(attention["from_map"]["grid"], 3) < 3:
             attention["attention"] = "mhsa"  # a 3x3 mask needs a grid of at least 3x3
     cls, pos = draw(st.booleans()), draw(st.sampled_from(["learned", "none"]))
+    tail = []
+    if draw(st.booleans()):  # a conv tail: the tokens (class token dropped) become a map again
+        token_grid = (attention["from_map"]["grid"],) * 2 if "from_map" in attention else grid
+        tail = [draw(_conv_stage(token_grid))]
     return {"name": "prop_hybrid", "input": {"channels": 3, "resolution": side}, "stem": stem,
             "tokens": {"cls_token": "input" if cls else "none", "pos_embed": pos},
-            "stages": stages + [attention], "head": {"pool": "cls" if cls else "mean", "num_classes": 5}}
+            "stages": stages + [attention] + tail,
+            "head": {"pool": "cls" if cls and not tail else "mean", "num_classes": 5}}
+
+
+@st.composite
+def _conv_stage(draw, grid: tuple[int, int]) -> dict:
+    """A conv stage on a ``grid`` map: basic / bottleneck, stride 1 / 2, conv or avg shortcut, SE, and in bottlenecks
+    T-CNN's GPSA, BoTNet's attention (any head kind on the pixels; strided only on even maps) or ResNeXt groups."""
+    block = draw(st.sampled_from(["basic", "bottleneck"]))
+    stride = draw(st.sampled_from([1, 2])) if min(grid) >= 2 else 1
+    stage = {"kind": "conv", "block": block, "depth": draw(st.integers(1, 2)),
+             "channels": draw(st.sampled_from([8, 12, 16])), "stride": stride,
+             "downsample": draw(st.sampled_from(["conv", "avg"]))}
+    if draw(st.booleans()):
+        stage["se"] = {"rd_ratio": 0.25, "rd_divisor": 4}
+    if block == "bottleneck":
+        extra = draw(st.sampled_from(["none", "gpsa", "attention", "groups"]))
+        if extra == "gpsa":
+            stage["mixer"] = {"kind": "gpsa", "locality_strength": draw(st.sampled_from([0.5, 1.0, 3.0]))}
+        elif extra == "attention" and (stride == 1 or (grid[0] % 2 == 0 and grid[1] % 2 == 0)):
+            planes = stage["channels"] // 4
+            heads = draw(st.sampled_from([h for h in (1, 2) if planes % h == 0]))
+            kinds = ["botnet_rel", "mhsa", "levit_bias"] + (["mask:3x3"] if min(grid) >= 3 else [])
+            stage["mixer"] = {"kind": "attention", "heads": heads, "attention": draw(st.sampled_from(kinds))}
+            if stage["depth"] == 2 and draw(st.booleans()):
+                stage["mixer"]["layers"] = [1]  # attention in the last block only (botnet26t's c4)
+        elif extra == "groups":
+            stage["groups"], stage["base_width"] = draw(st.sampled_from([(2, 64), (2, 32), (4, 16)]))
+    return stage
 
 
 @settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])

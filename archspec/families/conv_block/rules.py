@@ -139,7 +139,9 @@ class ConvStageSpec(StrictModel):
     width changes (timm ``resnet.make_blocks``)."""
 
     kind: Literal["conv"] = Field("conv", description="'conv': ResNet residual blocks on a feature map "
-                                  "(stages without 'kind' are attention stages).")
+                                  "(stages without 'kind' are attention stages).  After attention stages (a conv "
+                                  "tail) the map is the last attention stage's tokens on its grid, row-major, the "
+                                  "class and distillation tokens dropped.")
     block: Literal["basic", "bottleneck"] = Field(..., description="'basic': two 3x3 convs (ResNet-18/34); "
                                                   "'bottleneck': 1x1, 3x3, 1x1 (ResNet-50 and up).")
     depth: int = Field(..., ge=1, le=MAX_DEPTH, description="Number of blocks.")
@@ -549,9 +551,15 @@ def memory(shape: ConvBlockShape) -> NodeMemory:
 
 
 def batchnorm_channels(shape: ConvBlockShape) -> int:
-    """BatchNorm channels ``model.fuse()`` folds away: none (timm's blocks pair ``nn.Conv2d`` with ``nn.BatchNorm2d``,
-    which ``timm.utils.reparameterize_model`` leaves as they are)."""
-    return 0
+    """BatchNorm channels ``model.fuse()`` folds into the conv before them (:func:`archspec.fuse.fold_conv_batchnorms`;
+    each saves ``C`` parameters: ``2C`` affine become a ``C`` bias): basic ``bn1`` (width) and ``bn2`` (channels);
+    bottleneck ``bn1`` and ``bn2`` (the inner width; not ``bn2`` after T-CNN's GPSA or BoTNet's attention, which
+    are no conv) and ``bn3`` (channels); the ``downsample`` shortcut's BatchNorm (channels)."""
+    shortcut = shape.channels if shape.downsample is not None else 0
+    if shape.block == "basic":
+        return shape.width + shape.channels + shortcut
+    conv2 = shape.mid if shape.mixer is None and shape.bot is None else 0
+    return shape.mid + conv2 + shape.channels + shortcut
 
 
 def label(shape: ConvBlockShape) -> str:

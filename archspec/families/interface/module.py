@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .rules import InterfaceShape
+from .rules import InterfaceShape, TokensToMapShape
 
-__all__ = ["MapToTokens", "build"]
+__all__ = ["MapToTokens", "TokensToMap", "build"]
 
 
 class MapToTokens(nn.Module):
@@ -25,6 +25,24 @@ class MapToTokens(nn.Module):
         return self.proj(self.pool(x)).flatten(2).transpose(1, 2)
 
 
-def build(shape: InterfaceShape) -> MapToTokens:
+class TokensToMap(nn.Module):
+    """Tokens ``(B, n_prefix + gh gw, C)`` -> map ``(B, C, gh, gw)`` (a conv stage after attention stages): the
+    ``n_prefix`` class/distillation tokens are dropped and the patch tokens laid out row-major on ``grid`` (timm
+    ``forward_intermediates``' NCHW reshape).  ``grid`` is the token grid at the spec's input size; the model passes
+    the grid of the actual input at forward.  No weights."""
+
+    def __init__(self, grid: tuple[int, int], n_prefix: int):
+        super().__init__()
+        self.grid = tuple(grid)
+        self.n_prefix = n_prefix
+
+    def forward(self, x: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+        rows, cols = self.grid if grid is None else grid
+        return x[:, self.n_prefix:].transpose(1, 2).reshape(x.shape[0], x.shape[2], rows, cols)
+
+
+def build(shape: InterfaceShape | TokensToMapShape) -> MapToTokens | TokensToMap:
     """The interface of ``shape``."""
+    if isinstance(shape, TokensToMapShape):
+        return TokensToMap(shape.grid, shape.n_prefix)
     return MapToTokens(shape.channels, shape.dim, shape.grid, shape.proj, shape.pool)

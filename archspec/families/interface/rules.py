@@ -10,6 +10,12 @@ introduced at the interface".  The paper does not say how the map's channels (25
 average-pooled to ``grid`` (``nn.AdaptiveAvgPool2d``; with ``pool: none`` it keeps its size), projected, and
 flattened row-major to tokens ``(B, gh gw, D)``; the class token and position embedding are then the token
 model's own (``tokens:``), added at this grid.
+
+The other way (:class:`TokensToMapShape`): a conv stage after attention stages (a conv-attention-conv sandwich)
+takes the tokens ``(B, n_prefix + gh gw, C)`` as the map ``(B, C, gh, gw)`` on the last attention stage's token grid.
+The class and distillation tokens are dropped, as hybrids that put conv layers after a ViT backbone do (ViTDet's
+simple feature pyramid, timm's ``forward_intermediates(output_fmt='NCHW')``); the papers put no norm there and
+neither do we (the next bottleneck starts with a conv + BatchNorm).  No parameters, no MACs.
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ from pydantic import Field, field_validator, model_validator
 from archspec.memory import F32, NodeMemory
 from archspec.strict_model import StrictModel
 
-__all__ = ["MapToTokensSpec", "InterfaceShape", "plan", "token_grid", "out_grid", "counts", "memory", "label",
-           "NO_WEIGHT_DECAY"]
+__all__ = ["MapToTokensSpec", "InterfaceShape", "TokensToMapShape", "plan", "token_grid", "out_grid", "counts",
+           "memory", "label", "NO_WEIGHT_DECAY"]
 
 NO_WEIGHT_DECAY: frozenset[str] = frozenset()
 
@@ -70,6 +76,16 @@ class InterfaceShape:
     pool: bool = False
 
 
+@dataclass(frozen=True)
+class TokensToMapShape:
+    """Tokens ``(B, n_prefix + gh gw, dim)`` -> the map ``(B, dim, gh, gw)``: prefix tokens dropped, the rest laid
+    out row-major on ``grid`` (a token grid is always a rectangle ``gh x gw``, so every token model has one)."""
+
+    dim: int
+    grid: tuple[int, int]
+    n_prefix: int = 0
+
+
 def plan(spec: MapToTokensSpec | None, channels: int, map_grid: tuple[int, int], dim: int, at: tuple
          ) -> tuple[InterfaceShape, list[tuple[tuple, str, str]]]:
     """The interface from a ``channels`` x ``map_grid`` map to the attention stage at ``at`` (its spec path) of
@@ -98,28 +114,35 @@ def token_grid(spec: MapToTokensSpec | None, map_grid: tuple[int, int]) -> tuple
     return tuple(spec.grid) if spec is not None and spec.pool == "avg" else tuple(map_grid)
 
 
-def out_grid(shape: InterfaceShape) -> tuple[int, int]:
-    """The token grid: the pooled grid, or the map's."""
+def out_grid(shape: InterfaceShape | TokensToMapShape) -> tuple[int, int]:
+    """The token grid: the pooled grid, or the map's (tokens -> map: the tokens' grid)."""
     return shape.grid
 
 
-def counts(shape: InterfaceShape) -> tuple[int, int]:
+def counts(shape: InterfaceShape | TokensToMapShape) -> tuple[int, int]:
     """(params, MACs per image): the 1x1 conv's ``C D + D`` parameters and ``gh gw C D`` MACs (the average pool
-    counts none, as the ResNet-D shortcut's)."""
-    if not shape.proj:
+    counts none, as the ResNet-D shortcut's); tokens -> map: none (a slice and a reshape)."""
+    if isinstance(shape, TokensToMapShape) or not shape.proj:
         return 0, 0
     return shape.channels * shape.dim + shape.dim, shape.grid[0] * shape.grid[1] * shape.channels * shape.dim
 
 
-def memory(shape: InterfaceShape) -> NodeMemory:
-    """Bytes (batch 1, float32): the map, its pooled copy and the projected tokens (flattening is a view)."""
+def memory(shape: InterfaceShape | TokensToMapShape) -> NodeMemory:
+    """Bytes (batch 1, float32): the map, its pooled copy and the projected tokens (flattening is a view);
+    tokens -> map: the tokens and the map's contiguous copy."""
+    if isinstance(shape, TokensToMapShape):
+        pixels = shape.dim * shape.grid[0] * shape.grid[1]
+        return NodeMemory(act=F32 * (shape.dim * shape.n_prefix + 2 * pixels), saved=F32 * pixels)
     pooled = shape.channels * shape.grid[0] * shape.grid[1]
     tokens = shape.dim * shape.grid[0] * shape.grid[1] if shape.proj else 0
     act = shape.channels * shape.map_grid[0] * shape.map_grid[1] + pooled + tokens
     return NodeMemory(act=F32 * act, saved=F32 * (pooled + tokens))
 
 
-def label(shape: InterfaceShape) -> str:
-    """The analysis table's kind: ``map->tokens``, with ``avg/k`` for pooling and ``+proj``."""
+def label(shape: InterfaceShape | TokensToMapShape) -> str:
+    """The analysis table's kind: ``map->tokens``, with ``avg/k`` for pooling and ``+proj``; ``tokens->map``
+    (``-cls`` when prefix tokens are dropped)."""
+    if isinstance(shape, TokensToMapShape):
+        return "tokens->map" + (f" -{shape.n_prefix} prefix" if shape.n_prefix else "")
     return "map->tokens" + (f" avg {shape.map_grid[0]}->{shape.grid[0]}" if shape.pool else "") + \
         ("+proj" if shape.proj else "")

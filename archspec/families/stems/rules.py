@@ -262,9 +262,12 @@ def memory(shape: StemShape) -> NodeMemory:
 
 
 def batchnorm_channels(shape: StemShape) -> int:
-    """BatchNorm channels ``model.fuse()`` folds away: every conv layer's (conv stem); none for ResNet's stem,
-    whose ``nn.Conv2d`` / ``nn.BatchNorm2d`` pairs (timm's) have no ``fuse``."""
-    return 0 if shape.kind == "resnet" else sum(shape.channels)
+    """BatchNorm channels ``model.fuse()`` folds away: every conv layer's (conv stem); ResNet's stem: ``bn1``, the deep
+    stem's two inner BatchNorms and the conv pool's (:func:`archspec.fuse.fold_conv_batchnorms`)."""
+    if shape.kind != "resnet":
+        return sum(shape.channels)
+    deep = shape.stem_width + (shape.stem_mid or shape.stem_width) if shape.stem_width else 0
+    return shape.dim + deep + (shape.dim if shape.pool == "conv" else 0)
 
 
 def label(shape: StemShape) -> str:
