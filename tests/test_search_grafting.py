@@ -117,10 +117,33 @@ def test_a_bad_grafting_space_is_a_located_error_exit_2(tmp_path: Path, capsys):
     assert "Traceback" not in err and not (tmp_path / "r").exists()
 
 
-def test_mask_placement_refuses_a_hybrid_exit_2(tmp_path: Path, capsys):
-    rc = main(["search", "masks", "levit_graft_r50s2_deit6", "--out", str(tmp_path / "m"), "--no-progress"])
+def test_mask_placement_refuses_a_conv_net_exit_2(tmp_path: Path, capsys):
+    rc = main(["search", "masks", "resnet18", "--out", str(tmp_path / "m"), "--no-progress"])
     err = capsys.readouterr().err
-    assert rc == 2 and "has conv stages" in err and "Traceback" not in err and not (tmp_path / "m").exists()
+    assert rc == 2 and "has no attention stage" in err and "Traceback" not in err and not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_mask_placement_on_a_hybrid_places_masks_in_its_token_stages(tmp_path: Path, capsys, one_thread):
+    """A graft (a ResNet stem and bottleneck stage under a DeiT stage): MaiT's ALS rounds read and place masks on
+    the token stage's heads only; the conv stage is left as it was and the placed spec builds."""
+    spec = {"name": "tiny_graft", "input": {"channels": 3, "resolution": 64},
+            "stem": {"kind": "resnet", "channels": 16}, "tokens": {"cls_token": "input", "pos_embed": "learned"},
+            "stages": [{"kind": "conv", "block": "bottleneck", "depth": 1, "channels": 32, "stride": 1},
+                       _deit(2, 8)],
+            "head": {"pool": "cls", "num_classes": 10}}
+    path = tmp_path / "tiny_graft.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    out = tmp_path / "m"
+    rc = main(["search", "masks", str(path), "--strategy", "als", "--rounds", "1", "--window", "3x3", "--out", str(out),
+               "--proxy-steps", "3", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2",
+               "--no-progress", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary["rounds"][0]["als"]) == {"s1.l0", "s1.l1"}  # token stage 1 only
+    placed = load_spec(out / "best.yaml")
+    assert placed.stages[0] == load_spec(path).stages[0]  # the conv stage untouched
+    assert main(["build", str(out / "best.yaml"), "--out", str(tmp_path / "b"), "--repeats", "1"]) == 0
 
 
 def test_space_schema_takes_conv_stages_in_every_stage_form():
@@ -159,3 +182,11 @@ def test_an_invalid_point_inside_an_alternative_is_located_there():
     with pytest.raises(SpecError) as info:  # a stage's kind is no marker: choose between stage lists
         load_space({"spec": {**SMALL_GRAFTING["spec"], "stages": [{**stages["c1"][0], "kind": {"choice": ["conv"]}}]}})
     assert info.value.problems[0].path == ("spec", "stages", 0, "kind")
+
+
+def test_mask_placement_space_of_a_hybrid_draws_only_its_token_stages():
+    from archspec.search.space import mask_placement_space
+
+    space = mask_placement_space(load_spec("levit_graft_r50s1_deit9"), windows=("3x3",))
+    params = space.smallest_params()
+    assert params and all(k.startswith("stages.1.") for k in params)  # stage 0 is ResNet-50's conv stage

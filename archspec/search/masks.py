@@ -69,7 +69,7 @@ from archspec.search.engine import (
     zombie_notes,
 )
 from archspec.search.study import mark_worker
-from archspec.spec import ArchSpec
+from archspec.spec import ArchSpec, ConvStageSpec
 
 __all__ = ["MaskConfig", "run_masks", "attention_layers", "apply_placement", "assign_from_als", "calibrate",
            "soft_placement", "DEFAULT_ALS_HIGH", "DEFAULT_ALS_LOW"]
@@ -105,13 +105,19 @@ class MaskConfig:
 
 # ----------------------------------------------------------------------------------- spec surgery
 def attention_layers(spec: ArchSpec) -> list[tuple[int, int, list[HeadSpec]]]:
-    """``(stage, layer, heads)`` of every block whose token mixer is attention, in order."""
+    """``(stage, layer, heads)`` of every token-stage block whose token mixer is attention, in order (a hybrid's conv
+    stages, attention inside bottlenecks included, take no MaiT mask: they are skipped)."""
     out = []
-    for s in range(len(spec.stages)):
+    for s in token_stages(spec):
         for l, plan in enumerate(spec.layer_plans(s)):
             if plan.mixer.kind == "attention":
                 out.append((s, l, list(plan.heads)))
     return out
+
+
+def token_stages(spec: ArchSpec) -> list[int]:
+    """Indices of the spec's attention (token) stages; a hybrid's conv stages are not among them."""
+    return [i for i, stage in enumerate(spec.stages) if not isinstance(stage, ConvStageSpec)]
 
 
 def _strip_mask(head: HeadSpec) -> HeadSpec:
@@ -214,7 +220,10 @@ def _attention_modules(model) -> dict[tuple[int, int], Any]:
     from archspec.families.attention.module import Attention
 
     out = {}
+    tokens = set(token_stages(model.spec))
     for s, stage in enumerate(model.stages):
+        if s not in tokens:  # a conv stage (attention inside a bottleneck takes no MaiT mask)
+            continue
         for l, block in enumerate(stage.blocks):
             for module in block.modules():
                 if isinstance(module, Attention):
@@ -357,7 +366,7 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
 
     Raises:
         TypeError: an unknown option.
-        SpecError: a bad spec (also one with conv stages: a hybrid or a conv net), strategy, threshold, window
+        SpecError: a bad spec (also a conv net, or a hybrid without attention stages), strategy, threshold, window
             or any input the search refuses; nothing is written then.
     """
     mcfg = MaskConfig(**options) if mcfg is None else dataclasses.replace(mcfg, **options)
@@ -367,11 +376,10 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
     spec = mcfg.spec if isinstance(mcfg.spec, ArchSpec) else load_spec(mcfg.spec)
-    if spec.n_conv_stages:  # the placement, ALS and alpha code index attention stages from 0 and read layer plans
-        raise SpecError.single(("SPEC",), f"spec {spec.name!r} has conv stages: mask placement takes token models "
-                               "only (a patch, conv or identity stem, attention stages)",
-                               "place masks in the attention-only spec, or search a hybrid with archspec search "
-                               "--space (e.g. levit_grafting)")
+    if spec.n_conv_stages and not attention_layers(spec):
+        raise SpecError.single(("SPEC",), f"spec {spec.name!r} has no attention stage: mask placement puts MaiT "
+                               "masks on the heads of token stages (attention inside bottlenecks takes none)",
+                               "a hybrid needs attention stages after its conv stages (e.g. levit_graft_r50s1_deit9)")
     if not attention_layers(spec):
         raise SpecError.single(("SPEC",), f"spec {spec.name!r} has no attention layer to place masks in")
     if mcfg.strategy not in ("als", "optuna", "soft"):

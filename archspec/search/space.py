@@ -866,8 +866,8 @@ def mask_placement_space(spec: ArchSpec, windows: Sequence[str] = ("3x3", "3x5",
     token mixer is a convolution are left alone.
 
     Raises:
-        SpecError: a malformed window, ``max_masked < 0``, a spec with conv stages (a hybrid or conv net), or a
-            spec with no stage that can take a mask.
+        SpecError: a malformed window, ``max_masked < 0``, or a spec with no token stage that can take a mask (a
+            conv net; a hybrid's conv stages are left alone).
     """
     parsed = []
     for k, window in enumerate(windows):
@@ -880,16 +880,13 @@ def mask_placement_space(spec: ArchSpec, windows: Sequence[str] = ("3x3", "3x5",
     if max_masked is not None and max_masked < 0:
         raise SpecError.single(("max_masked",), f"max_masked must be >= 0, got {max_masked}")
     spec = load_spec(spec)
-    if spec.n_conv_stages:  # conv stages have no heads; the mask code indexes attention stages and their plans
-        raise SpecError.single(("stages",), f"spec {spec.name!r} has conv stages: mask placement takes token models "
-                               "only", "place masks in an attention-only spec")
     grids = _stage_grids(spec)
     doc_spec = spec.model_dump(mode="json")
     doc_spec["name"] = spec.name
     any_stage = False
     for i, stage in enumerate(spec.stages):
-        if stage.mixer.kind == "conv" or i not in grids:
-            continue
+        if isinstance(stage, ConvStageSpec) or stage.mixer.kind == "conv" or i not in grids:
+            continue  # a hybrid's conv stages (attention inside bottlenecks too) take no MaiT mask
         rows, cols = grids[i]
         fitting = [name for name, (r, c) in parsed if r <= rows and c <= cols]
         cap = stage.heads if max_masked is None else min(stage.heads, max_masked)
