@@ -88,6 +88,15 @@ def test_a_build_with_truncated_weights_is_refused(folder, tmp_path, capsys):
     assert "model.safetensors" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
+def test_a_240_character_out_trains_and_restarts_leaving_no_staging(one_thread, folder, tmp_path, spec_file):
+    run = tmp_path / "runs" / ("r" * 240)  # legal (NAME_MAX is 255 bytes); its staging siblings must fit too
+    assert main(_train(spec_file, folder, run)) == 0
+    assert main(_train(spec_file, folder, run, "--restart")) == 0
+    assert os.listdir(run.parent) == [run.name]
+    assert not [p for p in run.rglob(".*")]  # no staging directory or temporary file left inside
+    assert archspec.load(run / "model") is not None
+
+
 # ------------------------------------------------------------------ 1. resume only what can be resumed
 def _interrupted_run(spec_file, folder, out: Path) -> Path:
     """A run with a checkpoint that did not finish: what ``kill -9`` after a checkpoint leaves."""
