@@ -408,6 +408,7 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
     from archspec.train.checkpoint import CHECKPOINT, save_checkpoint  # noqa: PLC0415
     from archspec.train.loop import Hooks, run_steps  # noqa: PLC0415
     from archspec.train.progress import Progress  # noqa: PLC0415
+    from archspec.train.stop import check, deferred  # noqa: PLC0415
 
     main = processes.main
     shown = Progress(config.steps, start, config.batch_size, steps_per_epoch=per_epoch, log_every=config.log_every,
@@ -429,10 +430,15 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
         if config.checkpoint_every is None:
             checkpoint(step)
 
-    hooks = Hooks(before_step=lambda step: _reseed(seed, processes.rank, step), on_step=on_step, on_eval=on_eval)
+    def before_step(step: int) -> None:
+        check()  # a SIGTERM since the last step stops the run here (archspec.train.stop)
+        _reseed(seed, processes.rank, step)
+
+    hooks = Hooks(before_step=before_step, on_step=on_step, on_eval=on_eval)
     t0 = time.perf_counter()
     try:
-        result = run_steps(trainer, iter(batches), evaluate_fn, start=start, hooks=hooks)
+        with deferred():
+            result = run_steps(trainer, iter(batches), evaluate_fn, start=start, hooks=hooks)
         if start >= config.steps:  # resumed after the last step (killed while writing the model): evaluate it
             record = evaluate_fn()
             result = replace(result, accuracy=record["accuracy"], val_loss=record["val_loss"],
