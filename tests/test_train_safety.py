@@ -253,6 +253,52 @@ def test_damaged_images_are_skipped_with_a_warning_naming_each(one_thread, tmp_p
     assert "random.jpg" in err and "bomb.png" in err and "DecompressionBombError" in err
 
 
+def _damage_all(data: Path) -> dict[Path, bytes]:
+    """Overwrite every image under ``data`` with random bytes; return the originals (to repair them)."""
+    rng = np.random.default_rng(1)
+    originals = {p: p.read_bytes() for p in sorted(data.rglob("*.png"))}
+    for path in originals:
+        path.write_bytes(rng.bytes(300))
+    return originals
+
+
+@pytest.mark.parametrize("workers", ["0", pytest.param("2", marks=pytest.mark.slow)])
+def test_20_damaged_images_in_a_row_stop_the_run_at_data_and_restart_replaces_it(one_thread, tmp_path, spec_file,
+                                                                                   capsys, workers):
+    data = _image_folder(tmp_path / "data", per_class=12)
+    originals = _damage_all(data)
+    out = tmp_path / "r"
+    argv = ["train", str(spec_file), "--data", str(data), "--out", str(out), "--steps", "2", "--batch-size", "8",
+            "--workers", workers, "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "RuntimeError" not in err
+    message = err[err.index("error"):]  # after the warnings naming each damaged file
+    assert "--data" in message and str(data) in message and "20 damaged images in a row" in message
+    assert "--restart" in message and "Caught" not in message  # torch's worker wrapping is not shown
+    for path, raw in originals.items():
+        path.write_bytes(raw)
+    assert main([*argv, "--restart"]) == 0  # the stopped run is archspec's: replaced
+    assert (out / "model" / "model.safetensors").is_file()
+
+
+def test_damaged_images_after_a_checkpoint_leave_the_run_resumable(one_thread, folder, tmp_path, spec_file, capsys):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(folder, data)
+    run = _interrupted_run(spec_file, data, tmp_path / "r")  # a checkpoint at step 4 of 4, no model yet
+    originals = _damage_all(data)
+    capsys.readouterr()
+    assert main(_train(spec_file, data, run, "--steps", "8", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--data" in err and "20 damaged images in a row" in err and "--resume" in err
+    for path, raw in originals.items():
+        path.write_bytes(raw)
+    assert main(_train(spec_file, data, run, "--steps", "8", "--resume")) == 0
+    assert (run / "model" / "model.safetensors").is_file()
+
+
 def test_out_that_cannot_be_created_is_refused(tmp_path, spec_file, folder, monkeypatch, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(_train(spec_file, folder, tmp_path / "afile" / "run")) == 2
