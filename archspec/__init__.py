@@ -16,6 +16,7 @@ for importing torch and timm.  The shipped specs become timm models (``timm.crea
 
 from __future__ import annotations
 
+import logging as _logging
 from typing import TYPE_CHECKING
 
 from archspec import registry as _registry
@@ -54,6 +55,21 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
 
 
 _registry.install()  # registers the shipped specs with timm once timm is imported (no torch import here)
+
+
+class _NoCudaHomeNotice(_logging.Filter):
+    """Drops the one record torch logs when ``torch.utils.cpp_extension`` is imported on a machine without CUDA
+    ("No CUDA runtime is found, using CUDA_HOME=..."): ``torch.utils.benchmark.Timer``, which every ``archspec
+    build`` and ``search`` needs for its latency, imports that module, and the notice is about compiling C++/CUDA
+    extensions, which archspec never does.  Every other record of that logger passes."""
+
+    def filter(self, record: _logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+_cpp_extension_log = _logging.getLogger("torch.utils.cpp_extension")
+if not any(isinstance(f, _NoCudaHomeNotice) for f in _cpp_extension_log.filters):
+    _cpp_extension_log.addFilter(_NoCudaHomeNotice())
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

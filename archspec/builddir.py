@@ -7,7 +7,8 @@ link) holding nothing but those names, each a regular file, and its report.json 
 happens to OUT (:func:`check_out`):
 
 - missing: the files are written into a staging sibling ``.<name>.archspec-tmp-XXXXXXXX`` which is then
-  renamed to OUT, so OUT never holds a partial build;
+  renamed to OUT, so OUT never holds a partial build (for a name too long to leave room for that, the
+  ``<name>`` part is shortened: :func:`staging_prefix`);
 - an empty directory: the files are written into it, report.json (the marker) last, so an interrupted
   write never looks like a complete build (the next build refuses that OUT and names what is in it);
 - an archspec build: a staging sibling is filled and exchanged with OUT in one atomic step, then the
@@ -67,6 +68,29 @@ LEGACY_REPORT_KEYS = frozenset({"latency_ms", "latency_protocol", "rows", "seed"
 MAX_REPORT_BYTES = 10_000_000  # a report is a table of layers; anything bigger is not ours
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2  # linux/fs.h
 _AT_FDCWD = -100
+NAME_MAX = 255  # bytes in one path component on Linux (ext4, xfs, btrfs, tmpfs) and macOS
+_RANDOM_CHARS = 8  # what tempfile.mkstemp / mkdtemp put between prefix and suffix
+
+
+def staging_prefix(name: str, tag: str = "", suffix: str = "", extra: int = _RANDOM_CHARS) -> str:
+    """The prefix of a hidden sibling of ``name`` that fits one path component: ``.<name>.<tag>``.
+
+    When that prefix, ``extra`` more characters (tempfile's random part) and ``suffix`` would pass
+    :data:`NAME_MAX` bytes, the ``<name>`` part is ``name`` cut to fit (at a character boundary) plus ``~``
+    and 8 hex digits of its SHA-1, so the sibling still tells which ``name`` it belongs to: a 240-character
+    ``--out`` gets a staging sibling as a short one does.  Raises nothing.
+    """
+    full = f".{name}.{tag}"
+    room = NAME_MAX - extra - len(suffix.encode("utf-8", "surrogateescape"))
+    if len(full.encode("utf-8", "surrogateescape")) <= room:
+        return full
+    import hashlib  # noqa: PLC0415
+
+    raw = name.encode("utf-8", "surrogateescape")
+    digest = hashlib.sha1(raw).hexdigest()[:8]
+    keep = max(room - len(f"..{tag}~{digest}".encode("utf-8", "surrogateescape")), 0)
+    visible = raw[:keep].decode("utf-8", "ignore")  # drops a character cut in half
+    return f".{visible}~{digest}.{tag}"
 
 
 def normal_mode(directory: bool) -> int:
@@ -253,7 +277,9 @@ def swap_in(staging: Path, out: Path) -> Path:
     """
     if _renameat2(staging, out, _RENAME_EXCHANGE):
         return staging
-    aside = staging.with_name(staging.name.replace(".archspec-tmp-", ".archspec-old-", 1))
+    tmp_prefix = staging_prefix(out.name, "archspec-tmp-")
+    tail = staging.name[len(tmp_prefix):] if staging.name.startswith(tmp_prefix) else staging.name[-_RANDOM_CHARS:]
+    aside = staging.with_name(staging_prefix(out.name, "archspec-old-") + tail)
     os.rename(out, aside)
     try:
         os.rename(staging, out)
@@ -277,7 +303,8 @@ def _lock(directory: Path, blocking: bool) -> int | None:
 
 
 def _leftover_pattern(out: Path) -> re.Pattern:
-    return re.compile(rf"\.{re.escape(out.name)}\.archspec-(?:tmp|old)-[A-Za-z0-9_]+")
+    prefixes = (staging_prefix(out.name, "archspec-tmp-"), staging_prefix(out.name, "archspec-old-"))
+    return re.compile(rf"(?:{'|'.join(re.escape(p) for p in prefixes)})[A-Za-z0-9_]+")
 
 
 def clean_leftovers(out: Path, layout: Layout = BUILD) -> list[Path]:
@@ -340,7 +367,7 @@ def write_build(out: str | os.PathLike, fill: Callable[[Path], None], report: di
         return _write_into_empty(out, fill, report, layout), None
     out.parent.mkdir(parents=True, exist_ok=True)
     clean_leftovers(out, layout)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.archspec-tmp-", dir=out.parent))
+    staging = Path(tempfile.mkdtemp(prefix=staging_prefix(out.name, "archspec-tmp-"), dir=out.parent))
     lock = _lock(staging, blocking=True)
     try:
         os.chmod(staging, normal_mode(directory=True))  # mkdtemp makes it 0o700

@@ -216,9 +216,14 @@ def test_a_failure_before_the_swap_leaves_the_old_build_intact(tmp_path) -> None
     assert _tree(tmp_path) == before  # old build as it was, staging removed
 
 
-def test_two_step_fallback_killed_between_renames_keeps_the_old_build(tmp_path, monkeypatch) -> None:
+# NAME_MAX is 255 bytes: `.<240 characters>.archspec-tmp-XXXXXXXX` would pass it, so staging names are shortened
+LONG = "b" * 240
+
+
+@pytest.mark.parametrize("name", ["b", LONG], ids=["short", "240 characters"])
+def test_two_step_fallback_killed_between_renames_keeps_the_old_build(tmp_path, monkeypatch, name) -> None:
     """Without renameat2: OUT -> .b.archspec-old-*, then staging -> OUT; a kill in between is the documented window."""
-    out = tmp_path / "b"
+    out = tmp_path / name
     _write(out, 1)
     monkeypatch.setattr(builddir, "_renameat2", lambda *a: False)
     real_rename = os.rename
@@ -237,7 +242,13 @@ def test_two_step_fallback_killed_between_renames_keeps_the_old_build(tmp_path, 
     aside = [p for p in tmp_path.iterdir() if ".archspec-old-" in p.name]
     assert not out.exists() and len(aside) == 1 and builddir.is_build(aside[0]) and _seed_of(aside[0]) == 1
     _write(out, 3)  # the next build of OUT cleans the leftover
-    assert _seed_of(out) == 3 and os.listdir(tmp_path) == ["b"]
+    assert _seed_of(out) == 3 and os.listdir(tmp_path) == [name]
+
+
+def test_a_240_character_out_is_built_and_replaced_leaving_no_staging(cwd, spec_file) -> None:
+    assert _build(str(spec_file), "--out", LONG) == 0  # staged in a sibling, renamed to OUT
+    assert _build(str(spec_file), "--out", LONG) == 0  # staged, then exchanged with the old build
+    assert sorted(os.listdir(cwd)) == sorted([LONG, "thesis.tex"]) and builddir.is_build(cwd / LONG)
 
 
 def test_leftover_cleanup_removes_only_unlocked_archspec_staging(tmp_path) -> None:

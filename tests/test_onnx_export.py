@@ -6,6 +6,7 @@ reference int8 graph; ``archspec export``'s file rules.  Needs the extra archspe
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import deploy_fixtures
@@ -62,6 +63,17 @@ def test_export_cli_int8_and_the_file_rules(tmp_path, capsys, one_thread):
     assert report["check"]["max_abs_logit_diff"] <= 0.1 * max(report["check"]["max_abs_logit"], 1e-3)
     assert main(["export", str(tmp_path), "--onnx", str(tmp_path / "x.onnx")]) == 2  # a directory that is no build
     assert main(["export", "levit_128s", "--onnx", str(tmp_path)]) == 2  # FILE is a directory
+
+
+def test_export_to_a_240_character_file_name_leaves_no_staging_file(tmp_path, one_thread):
+    spec = tmp_path / "spec" / "tiny.yaml"
+    spec.parent.mkdir()
+    spec.write_text("input: {resolution: 32}\nstem: {kind: patch, patch_size: 8}\n"
+                    "stages: [{depth: 1, dim: 16, heads: 2}]\nhead: {num_classes: 10}\n")
+    out = tmp_path / "onnx"
+    name = "m" * 235 + ".onnx"  # legal (NAME_MAX is 255 bytes); `.<name>.archspec-tmp-XXXXXXXX.onnx` would not be
+    assert main(["export", str(spec), "--onnx", str(out / name)]) == 0
+    assert os.listdir(out) == [name]
 
 
 def test_export_needs_the_extra(monkeypatch, tmp_path, capsys):

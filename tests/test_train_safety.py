@@ -7,7 +7,12 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import select
+import signal
 import struct
+import subprocess
+import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -86,6 +91,15 @@ def test_a_build_with_truncated_weights_is_refused(folder, tmp_path, capsys):
     weights.write_bytes(weights.read_bytes()[:-100])
     assert main(_train(build, folder, tmp_path / "r")) == 2
     assert "model.safetensors" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_a_240_character_out_trains_and_restarts_leaving_no_staging(one_thread, folder, tmp_path, spec_file):
+    run = tmp_path / "runs" / ("r" * 240)  # legal (NAME_MAX is 255 bytes); its staging siblings must fit too
+    assert main(_train(spec_file, folder, run)) == 0
+    assert main(_train(spec_file, folder, run, "--restart")) == 0
+    assert os.listdir(run.parent) == [run.name]
+    assert not [p for p in run.rglob(".*")]  # no staging directory or temporary file left inside
+    assert archspec.load(run / "model") is not None
 
 
 # ------------------------------------------------------------------ 1. resume only what can be resumed
@@ -239,6 +253,52 @@ def test_damaged_images_are_skipped_with_a_warning_naming_each(one_thread, tmp_p
     assert "random.jpg" in err and "bomb.png" in err and "DecompressionBombError" in err
 
 
+def _damage_all(data: Path) -> dict[Path, bytes]:
+    """Overwrite every image under ``data`` with random bytes; return the originals (to repair them)."""
+    rng = np.random.default_rng(1)
+    originals = {p: p.read_bytes() for p in sorted(data.rglob("*.png"))}
+    for path in originals:
+        path.write_bytes(rng.bytes(300))
+    return originals
+
+
+@pytest.mark.parametrize("workers", ["0", pytest.param("2", marks=pytest.mark.slow)])
+def test_20_damaged_images_in_a_row_stop_the_run_at_data_and_restart_replaces_it(one_thread, tmp_path, spec_file,
+                                                                                   capsys, workers):
+    data = _image_folder(tmp_path / "data", per_class=12)
+    originals = _damage_all(data)
+    out = tmp_path / "r"
+    argv = ["train", str(spec_file), "--data", str(data), "--out", str(out), "--steps", "2", "--batch-size", "8",
+            "--workers", workers, "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "RuntimeError" not in err
+    message = err[err.index("error"):]  # after the warnings naming each damaged file
+    assert "--data" in message and str(data) in message and "20 damaged images in a row" in message
+    assert "--restart" in message and "Caught" not in message  # torch's worker wrapping is not shown
+    for path, raw in originals.items():
+        path.write_bytes(raw)
+    assert main([*argv, "--restart"]) == 0  # the stopped run is archspec's: replaced
+    assert (out / "model" / "model.safetensors").is_file()
+
+
+def test_damaged_images_after_a_checkpoint_leave_the_run_resumable(one_thread, folder, tmp_path, spec_file, capsys):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(folder, data)
+    run = _interrupted_run(spec_file, data, tmp_path / "r")  # a checkpoint at step 4 of 4, no model yet
+    originals = _damage_all(data)
+    capsys.readouterr()
+    assert main(_train(spec_file, data, run, "--steps", "8", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--data" in err and "20 damaged images in a row" in err and "--resume" in err
+    for path, raw in originals.items():
+        path.write_bytes(raw)
+    assert main(_train(spec_file, data, run, "--steps", "8", "--resume")) == 0
+    assert (run / "model" / "model.safetensors").is_file()
+
+
 def test_out_that_cannot_be_created_is_refused(tmp_path, spec_file, folder, monkeypatch, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(_train(spec_file, folder, tmp_path / "afile" / "run")) == 2
@@ -301,3 +361,57 @@ def test_run_files_follow_the_umask(one_thread, folder, tmp_path, spec_file):
         os.umask(old)
     for name in ("checkpoint.pt", "run.json", "spec.yaml", "summary.json", "metrics.csv"):
         assert (tmp_path / "r" / name).stat().st_mode & 0o777 == 0o644, name
+
+
+# ------------------------------------------------------------------ 3. SIGTERM with DataLoader workers
+def _first_line(proc: subprocess.Popen, starts: str, deadline: float) -> str | None:
+    """The first stdout line of ``proc`` starting with ``starts`` (None: it ended or ``deadline`` passed)."""
+    buffer = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if not ready:
+            if proc.poll() is not None:
+                return None
+            continue
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            return None
+        buffer += chunk
+        for line in buffer.decode(errors="replace").splitlines():
+            if line.startswith(starts):
+                return line
+    return None
+
+
+@pytest.mark.slow
+def test_sigterm_with_dataloader_workers_exits_143_quietly(folder, tmp_path, spec_file):
+    """SIGTERM while two DataLoader workers run: the run stops at the next step, the loader shuts its workers down,
+    exit 143; no traceback (a worker's ConnectionResetError / EOFError from a queue its parent closed, or the main
+    process's "Exception ignored" when the signal lands in the loader's __del__ or a fork hook, where it was lost
+    and the run went on).  The failure was intermittent, so 5 runs (at once, to save time), each signalled at
+    another moment after its first step (4 steps an epoch: workers start and stop every few steps)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    delays = [0.0, 0.05, 0.15, 0.3, 0.6]
+    procs = [subprocess.Popen([sys.executable, "-m", "archspec", "train", str(spec_file), "--data", str(folder),
+                               "--out", str(tmp_path / f"run{i}"), "--steps", "100000", "--max-images", "40",
+                               "--batch-size", "8", "--workers", "2", "--threads", "1", "--log-every", "1",
+                               "--eval-every", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+             for i in range(len(delays))]
+    try:
+        deadline = time.monotonic() + 180
+        for proc, delay in zip(procs, delays):
+            line = _first_line(proc, "step ", deadline)
+            assert line is not None, proc.communicate(timeout=30)[1].decode()
+            time.sleep(delay)
+            proc.send_signal(signal.SIGTERM)
+        errors = [proc.communicate(timeout=60)[1].decode(errors="replace") for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, delay, err in zip(procs, delays, errors):
+        assert proc.returncode == 143, (delay, err)
+        assert "stopped by SIGTERM" in err, (delay, err)
+        for word in ("Traceback", "ConnectionResetError", "EOFError", "Exception ignored"):
+            assert word not in err, (delay, err)

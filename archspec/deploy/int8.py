@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import platform
+import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
@@ -195,6 +196,12 @@ def summarize(converted: torch.fx.GraphModule) -> dict:
         elif name in _FLOAT_KEPT:
             kept[name.lstrip("_")] += 1
     return {"int8": dict(quantized), "float32": dict(kept), "quantize": quant, "dequantize": dequant}
+
+
+# Inductor's oneDNN int8 lowering (torch 2.15) calls torch.tensor() on a tensor, which warns at every int8 compile;
+# the warning is about torch's own code, so exactly that one is ignored (issued from that module, that text).
+warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning,
+                        module=r"torch\._inductor\.mkldnn_lowerings")
 
 
 def compile_int8(program: torch.fx.GraphModule) -> nn.Module:

@@ -126,7 +126,10 @@ def export_onnx(module: torch.nn.Module, path: str | os.PathLike, example: torch
     program.model.metadata_props[MARKER] = json.dumps(metadata, sort_keys=True)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.archspec-tmp-", suffix=".onnx", dir=path.parent)
+        from archspec.builddir import staging_prefix  # noqa: PLC0415
+
+        fd, tmp = tempfile.mkstemp(prefix=staging_prefix(path.name, "archspec-tmp-", ".onnx"), suffix=".onnx",
+                                   dir=path.parent)
         os.close(fd)
         try:
             program.save(tmp, external_data=False)

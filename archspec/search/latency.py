@@ -128,7 +128,10 @@ class LatencyCache:
             self._memory = data
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+        from archspec.builddir import staging_prefix  # noqa: PLC0415
+
+        fd, tmp = tempfile.mkstemp(prefix=staging_prefix(self.path.name, "", ".tmp")[1:], suffix=".tmp",
+                                   dir=self.path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(data, fh, indent=1, sort_keys=True)

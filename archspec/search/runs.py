@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from archspec.builddir import normal_mode
+from archspec.builddir import normal_mode, staging_prefix
 from archspec.errors import SpecError
 from archspec.loader import load_spec
 from archspec.spec import ArchSpec, spec_to_yaml
@@ -97,7 +97,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temporary file in the same directory + ``os.replace``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=staging_prefix(path.name, "", ".tmp"), suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, normal_mode(directory=False))  # mkstemp makes 0o600; files follow the umask as open()'s do
         with os.fdopen(fd, "wb") as f:
@@ -128,13 +128,13 @@ def replace_dir(final: Path, files: dict[str, str]) -> Path:
     a directory swap allows: build a temporary sibling, move the old one aside, move the new one in."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=staging_prefix(final.name), dir=final.parent))
     old = None
     try:
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
         if final.exists():
-            old = final.with_name(f".{final.name}.old.{os.getpid()}")
+            old = final.with_name(f"{staging_prefix(final.name, 'old.', extra=10)}{os.getpid()}")
             if old.exists():
                 shutil.rmtree(old)
             os.replace(final, old)

@@ -201,12 +201,23 @@ class StreamBatches:
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.batch_in_epoch >= self.batches_per_epoch():
-            self.epoch, self.batch_in_epoch, self._it = self.epoch + 1, 0, None
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            self.close()
         if self._it is None:
             self._it = self._loader()
         x, y = next(self._it)
         self.batch_in_epoch += 1
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def close(self) -> None:
+        """Shut the current epoch's workers down now, in this frame, rather than in the iterator's ``__del__``:
+        an exception raised meanwhile (``archspec train``'s SIGTERM) then propagates instead of being printed
+        and ignored, as Python does with one raised in ``__del__``; the workers are terminated either way
+        (torch's ``_shutdown_workers`` ends in a ``finally``).  Raises nothing of its own."""
+        it, self._it = self._it, None
+        shutdown = getattr(it, "_shutdown_workers", None)  # torch's multi-process iterator; None: no workers
+        if shutdown is not None:
+            shutdown()
 
     def state_dict(self) -> dict:
         """Epoch and batch position (everything else follows from the seed)."""

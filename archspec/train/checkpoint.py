@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from archspec.builddir import normal_mode
+from archspec.builddir import normal_mode, staging_prefix
 
 __all__ = ["CHECKPOINT", "rng_state", "set_rng_state", "save_checkpoint", "load_checkpoint"]
 
@@ -57,7 +57,7 @@ def save_checkpoint(path: str | os.PathLike, step: int, trainer: Any, batches: A
     path = Path(path)
     state = {"step": int(step), "trainer": trainer.state_dict(), "batches": batches.state_dict(),
              "rng": rng_state(), "extra": extra or {}}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=staging_prefix(path.name, "", ".tmp"), suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, normal_mode(directory=False))  # mkstemp makes 0o600; files follow the umask
         with os.fdopen(fd, "wb") as fh:

@@ -149,9 +149,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     from archspec.train.loop import TrialFailure  # noqa: PLC0415
     from archspec.train.run import fit  # noqa: PLC0415
+    from archspec.train.stop import Terminated, sigterm_stops  # noqa: PLC0415
 
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_stops():
             result = fit(args.spec if build else spec, args.data, config, out=out, resume=args.resume,
                          restart=args.restart, seed=args.seed, teacher=args.teacher,
                          teacher_checkpoint=args.teacher_checkpoint, max_images=args.max_images,
@@ -160,7 +161,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except TrialFailure as exc:
         print(f"archspec train: training failed: {exc.reason}", file=sys.stderr)
         return 1
-    except _Terminated:
+    except Terminated:
         print(f"archspec train: stopped by SIGTERM; continue with --resume --out {out}", file=sys.stderr)
         return 143
     summary = {"accuracy": result.accuracy, "val_loss": result.val_loss, "ema_accuracy": result.ema_accuracy,
@@ -172,33 +173,6 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"val top-1 {result.accuracy:.4f} after {result.steps} steps ({result.images_per_second:.1f} img/s); "
               f"model: {out / 'model'} (archspec.load)")
     return 0
-
-
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread so the DataLoader workers are shut down before the process ends."""
-
-
-class _sigterm_as_interrupt:
-    """Within the block, SIGTERM raises :class:`_Terminated` (the main thread only; restored after)."""
-
-    def __enter__(self):
-        import signal  # noqa: PLC0415
-        import threading  # noqa: PLC0415
-
-        self.previous = None
-        if threading.current_thread() is threading.main_thread():
-            def handler(signum, frame):
-                raise _Terminated()
-
-            self.previous = signal.signal(signal.SIGTERM, handler)
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        import signal  # noqa: PLC0415
-
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-        return False
 
 
 def _is_main() -> bool:

@@ -253,10 +253,26 @@ class _Candidates:
                   f"images: {shown}", file=sys.stderr)
 
 
+class DamagedImages(Exception):  # noqa: N818 - what the user reads is the message, at --data
+    """:data:`_MAX_SKIPS` damaged images in a row: the data folder, not the run, is at fault.  Not a RuntimeError,
+    so the training loop does not take it for a failure of the model; from a DataLoader worker it arrives as the
+    same class with torch's "Caught ... Original Traceback" text around the message (:func:`damaged_message`)."""
+
+
+def damaged_message(exc: DamagedImages) -> str:
+    """The message of ``exc`` without what torch's DataLoader puts around it when a worker raised it."""
+    last = (str(exc).strip().splitlines() or [""])[-1]
+    return last.split(f"{DamagedImages.__name__}: ", 1)[-1]
+
+
 class CheckedImageFolder(ImageFolder):
     """torchvision's ImageFolder that skips an image it cannot decode (random bytes, truncated data, a
     decompression bomb), as timm's ImageDataset does: the next image is used in its place and the file is
-    named once per process on stderr; after 20 damaged images in a row the run stops (``RuntimeError``)."""
+    named once per process on stderr.
+
+    Raises:
+        DamagedImages: 20 damaged images in a row (``fit`` turns it into a SpecError at ``--data``).
+    """
 
     def __getitem__(self, index: int):
         for attempt in range(min(_MAX_SKIPS, len(self.samples))):
@@ -265,8 +281,8 @@ class CheckedImageFolder(ImageFolder):
                 return super().__getitem__(at)
             except _DAMAGED as exc:
                 _warn_damaged(self.samples[at][0], exc)
-        raise RuntimeError(f"{_MAX_SKIPS} damaged images in a row from {self.samples[index][0]} on: "
-                           "check the --data directory")
+        tried = min(_MAX_SKIPS, len(self.samples))
+        raise DamagedImages(f"{tried} damaged images in a row in {self.root}, from {self.samples[index][0]} on")
 
 
 _WARNED: set[str] = set()

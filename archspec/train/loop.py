@@ -95,7 +95,10 @@ def evaluate(model: torch.nn.Module, data: Any, batch: int = 256, device: str | 
     was = model.training
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64)
+    from archspec.train.stop import check  # noqa: PLC0415
+
     for x, y in _val_batches(data, batch):
+        check()  # a SIGTERM to `archspec train` stops a long evaluation too (archspec.train.stop)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             logits = model(x).float()

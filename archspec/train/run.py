@@ -324,6 +324,8 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
         SpecError: bad input (spec, data, settings, ``--seed``, ``--out``, teacher, a damaged build directory);
             with ``resume``: another spec than the run's, a damaged or mismatched ``checkpoint.pt``; another
             run writing ``out``.  Nothing is written then (and an earlier run in ``out`` is left as it was).
+            At ``--data`` also during the run: 20 damaged images in a row (the run directory is left as an
+            unfinished run, which ``--resume`` continues from its last checkpoint or ``--restart`` replaces).
         TrialFailure: training diverged (NaN/inf loss) or the model failed at run time.
     """
     from archspec.train.loop import resolve_device  # noqa: PLC0415
@@ -337,7 +339,7 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
     out = Path(out) if out is not None else None
     if out is not None:
         prepare_run_dir(out, resume, restart)
-    from archspec.train.data import open_stream_data  # noqa: PLC0415
+    from archspec.train.data import DamagedImages, open_stream_data  # noqa: PLC0415
 
     stream = open_stream_data(data, seed=seed, max_images=max_images)
     source, spec = spec, _load(spec, stream.num_classes)
@@ -348,10 +350,25 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
     try:
         return _fit(source, spec, stream, config, processes, out, (resume, restart, locks), seed, teacher,
                     teacher_checkpoint, progress, bar, tensorboard, sync_bn)
+    except DamagedImages as exc:
+        raise _damaged_data(exc, data, out) from None
     finally:
         for lock in locks:
             lock.release()
         shutdown(processes)
+
+
+def _damaged_data(exc: BaseException, data: Any, out: Path | None) -> SpecError:
+    """The SpecError at ``--data`` for :class:`~archspec.train.data.DamagedImages`, saying what to do with the run
+    directory: it is an archspec run (``--restart`` replaces it), resumable once it holds a checkpoint."""
+    from archspec.train.data import damaged_message  # noqa: PLC0415
+
+    hint = "remove or repair the damaged files"
+    if out is not None and (out / "checkpoint.pt").is_file():
+        hint += f", then continue with --resume --out {out} (or start over with --restart)"
+    elif out is not None and (out / RUN_MARKER).is_file():
+        hint += f", then start over with --restart --out {out}"
+    return SpecError.single(("--data",), f"{damaged_message(exc)}; the run stopped", hint, str(data))
 
 
 def _check_resumed_spec(out: Path, spec) -> None:
@@ -408,6 +425,7 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
     from archspec.train.checkpoint import CHECKPOINT, save_checkpoint  # noqa: PLC0415
     from archspec.train.loop import Hooks, run_steps  # noqa: PLC0415
     from archspec.train.progress import Progress  # noqa: PLC0415
+    from archspec.train.stop import check, deferred  # noqa: PLC0415
 
     main = processes.main
     shown = Progress(config.steps, start, config.batch_size, steps_per_epoch=per_epoch, log_every=config.log_every,
@@ -429,10 +447,15 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
         if config.checkpoint_every is None:
             checkpoint(step)
 
-    hooks = Hooks(before_step=lambda step: _reseed(seed, processes.rank, step), on_step=on_step, on_eval=on_eval)
+    def before_step(step: int) -> None:
+        check()  # a SIGTERM since the last step stops the run here (archspec.train.stop)
+        _reseed(seed, processes.rank, step)
+
+    hooks = Hooks(before_step=before_step, on_step=on_step, on_eval=on_eval)
     t0 = time.perf_counter()
     try:
-        result = run_steps(trainer, iter(batches), evaluate_fn, start=start, hooks=hooks)
+        with deferred():
+            result = run_steps(trainer, iter(batches), evaluate_fn, start=start, hooks=hooks)
         if start >= config.steps:  # resumed after the last step (killed while writing the model): evaluate it
             record = evaluate_fn()
             result = replace(result, accuracy=record["accuracy"], val_loss=record["val_loss"],
