@@ -58,13 +58,18 @@ def test_table_rows_match_the_space_and_the_protocol(table):
 
 @pytest.mark.slow
 def test_two_random_rows_retrain_within_the_tables_seed_spread(table):
-    """Two designs drawn at random from the table (seeded), retrained with seed 0 under the protocol: the final
-    accuracy lands within the design's two tabulated seeds, widened by their spread (at least 1 point)."""
+    """Two designs drawn at random (seeded) from the table's cheapest (narrow, 1 + 1 blocks), retrained with seed 0
+    under the protocol: the final accuracy lands within the design's two tabulated seeds, widened by their spread
+    (at least 1 point)."""
     import torch
 
     bench = _bench()
     pairs = sorted(k for k, by in table.rows.items() if 0 in by and 1 in by)
-    narrow = [k for k in pairs if table.rows[k][0]["params"]["stages"] == "narrow"]  # the cheaper half: CI time
+    def cheap(params: dict) -> bool:  # narrow, one block a stage: about a minute each on one core (CI time)
+        w = params["stages"]
+        return w == "narrow" and params[f"stages.{w}.0.depth"] == 1 and params[f"stages.{w}.1.depth"] == 1
+
+    narrow = [k for k in pairs if cheap(table.rows[k][0]["params"])]
     points = {architecture_key(spec): spec for _, spec in load_space("levit_small").points()}
     data_curve, data_final = bench.reference_data(bench.PROTOCOL)
     threads = torch.get_num_threads()
