@@ -18,14 +18,7 @@ def _small_levit() -> nn.Module:
     spec = load_spec("levit_128s").model_dump(mode="json", exclude_none=True)
     spec["input"]["resolution"] = 64  # 4x4 grid after the stem: a tiny but complete LeViT (shrinks, NormLinear head)
     torch.manual_seed(0)
-    model = archspec.compile(spec)
-    for module in model.modules():  # non-trivial running statistics and affine parameters
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            module.running_mean.normal_(0, 0.2)
-            module.running_var.uniform_(0.5, 2.0)
-            module.weight.data.normal_(1.0, 0.2)
-            module.bias.data.normal_(0.0, 0.2)
-    return model.eval()
+    return _randomise_batchnorms(archspec.compile(spec))
 
 
 def test_fused_levit_equals_unfolded(one_thread):
