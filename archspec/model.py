@@ -282,7 +282,7 @@ class ArchModel(nn.Module):
         (timm ResNet's head)."""
         if self.global_pool == "":
             return x if pre_logits else self.head(x)
-        if x.dim() == 4:  # a conv tail's map
+        if self.to_map is not None:  # a conv tail's map (static: FX traces no branch on a tensor)
             x = self.head_drop(x.mean(dim=(2, 3)))
             return x if pre_logits else self.head(x)
         if self.global_pool == "token":
