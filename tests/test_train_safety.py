@@ -415,3 +415,28 @@ def test_sigterm_with_dataloader_workers_exits_143_quietly(folder, tmp_path, spe
         assert "stopped by SIGTERM" in err, (delay, err)
         for word in ("Traceback", "ConnectionResetError", "EOFError", "Exception ignored"):
             assert word not in err, (delay, err)
+
+
+def test_a_forked_worker_does_not_keep_the_run_lock(tmp_path):
+    """kill -9 of a run leaves its DataLoader workers alive for a moment; a forked child shares the flock's open
+    file description, so it must close its copy, or the next `--resume` finds the directory locked."""
+    from archspec.train.run import _RunLock
+
+    out = tmp_path / "r"
+    out.mkdir()
+    lock = _RunLock(out)
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # a worker: alive while the parent dies and the next run starts
+        os.write(ready_w, b"1")  # after the fork handlers ran, as a DataLoader worker that has started
+        time.sleep(3)
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        lock.release()  # what the killed parent's death does to its own descriptor
+        _RunLock(out).release()  # the resumed run takes the lock while the child still lives
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        os.close(ready_r)
+        os.close(ready_w)

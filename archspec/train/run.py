@@ -191,6 +191,17 @@ class _RunLock:
             self.fd = None
             raise _out_error(out, "another `archspec train` is writing this run directory right now",
                              "wait for it to end, or give another --out") from None
+        # A forked child (a DataLoader worker) shares the lock's open file description: closing its copy keeps
+        # the lock with this process alone, so a run killed with -9 does not leave an orphaned worker holding it.
+        os.register_at_fork(after_in_child=self._close_in_child)
+
+    def _close_in_child(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
 
     def release(self) -> None:
         if self.fd is not None:
