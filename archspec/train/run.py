@@ -160,6 +160,9 @@ def _clear_run(out: Path) -> None:
     removals = []
     for name in sorted(os.listdir(out)):
         path = out / name
+        if not _is_run_entry(name):  # prepare_run_dir checked this; checked again right before removing anything
+            raise _out_error(out, f"--restart: {path} is not what archspec train writes; nothing was removed",
+                             "move it away yourself, or give another --out")
         if path.is_symlink() or path.is_file():
             removals.append(path.unlink)
         elif name == "tensorboard" and all(f.is_file() and f.name.startswith("events.out.tfevents")
