@@ -188,3 +188,29 @@ def test_oracle_cli_exit_2_on_a_broken_table(tmp_path):
                           str(tmp_path / "run")], capture_output=True, text=True)
     assert out.returncode == 2 and "not a table row" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("curve", [[10, "high", 1.0]], "curve and tse"),
+    ("curve", [[20, 0.5, 1.0], [10, 0.6, 1.0]], "increasing steps"),
+    ("tse", [[10, 1.0, 1.0]], "same steps"),
+    ("zc", {"synflow": "big"}, "zc must map"),
+    ("seed", "0", "seed an integer"),
+])
+def test_a_malformed_row_is_a_located_error(tmp_path, field, value, words):
+    path, _ = _table(tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1][field] = value
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SpecError) as err:
+        load_table(path)
+    assert err.value.problems[0].path == ("--oracle",) and "line 2" in str(err.value) and words in str(err.value)
+
+
+@pytest.mark.parametrize("option", [["--oracle", "levit_small"], ["--list"]])
+def test_mask_placement_refuses_design_only_options(tmp_path, capsys, option):
+    from archspec.cli import main
+
+    assert main(["search", *option, "masks", "mait_tiny_sch1", "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert f"{option[0]} applies to mode 1" in err and not (tmp_path / "m").exists()

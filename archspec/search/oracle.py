@@ -207,6 +207,28 @@ def _linear(points: list[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
+def _triples(value) -> bool:
+    """A non-empty list of ``[step, number, number]`` with positive, increasing steps."""
+    if not isinstance(value, list) or not value:
+        return False
+    numbers = all(isinstance(t, list) and len(t) == 3 and all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                              for v in t) for t in value)
+    return numbers and all(t[0] > 0 for t in value) and [t[0] for t in value] == sorted({t[0] for t in value})
+
+
+def _row_problem(row: dict) -> str | None:
+    """What is wrong with a row's fields (``None`` when nothing): the shapes the oracle reads."""
+    if not isinstance(row["key"], str) or isinstance(row["seed"], bool) or not isinstance(row["seed"], int):
+        return "key must be text and seed an integer"
+    if not _triples(row["curve"]) or not _triples(row["tse"]):
+        return "curve and tse must be lists of [step, value, value] with increasing steps"
+    if [t[0] for t in row["curve"]] != [t[0] for t in row["tse"]]:
+        return "curve and tse must have the same steps"
+    if not isinstance(row["zc"], dict) or not all(v is None or isinstance(v, int | float) for v in row["zc"].values()):
+        return "zc must map score names to numbers"
+    return None
+
+
 def _read_rows(path: Path, name: str) -> list[dict]:
     rows = []
     with path.open(encoding="utf-8") as f:
@@ -221,6 +243,9 @@ def _read_rows(path: Path, name: str) -> list[dict]:
             if missing:
                 raise _fail(f"line {n}: not a table row (missing {', '.join(missing)})", name,
                             "a table is what bench/space_table.py writes") from None
+            problem = _row_problem(row)
+            if problem:
+                raise _fail(f"line {n}: {problem}", name, "a table is what bench/space_table.py writes")
             rows.append(row)
     return rows
 
