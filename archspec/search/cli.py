@@ -462,6 +462,10 @@ def cmd_search_masks(args: argparse.Namespace) -> int:
     from archspec.search.config import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S
     from archspec.search.masks import MaskConfig, run_masks
 
+    for option in ("oracle", "list"):  # design-search options: mask placement trains the given spec itself
+        if getattr(args, option, None):
+            raise SpecError.single((f"--{option}",), f"--{option} applies to mode 1 (design search), not to masks",
+                                   "drop it, or run `archspec search --space ... --" + option + " ...`")
     if (getattr(args, "budget_flops", None) or getattr(args, "budget_params", None)
             or getattr(args, "budget_latency", None)):
         raise SpecError.single(("--budget-flops",), "budgets apply to mode 1 (design); mask placement keeps the "
