@@ -1,8 +1,9 @@
 """archspec: a declarative architecture compiler for vision transformers with convolutional biases.
 
-The path from YAML to ``nn.Module`` is three steps, each a module: :mod:`archspec.spec` (pydantic
-models, YAML loading), :mod:`archspec.graph` (networkx IR with shapes, parameter and MAC counts) and
-:mod:`archspec.compiler` (IR -> :class:`~archspec.model.ArchModel` from :mod:`archspec.blocks`).
+The path from YAML to ``nn.Module`` reads top to bottom in the package names: :mod:`archspec.spec` (the spec
+language: pydantic models, YAML loading), :mod:`archspec.ir` (the networkx IR with shapes, parameter and MAC
+counts), :mod:`archspec.nn` (the compiler: IR -> :class:`~archspec.nn.model.ArchModel`, each node's module built
+by its block family in :mod:`archspec.families`); docs/architecture.md draws the layers.
 
     >>> from archspec import compile
     >>> model = compile("mait_tiny_sch2")          # a shipped spec, a path, YAML text or a dict
@@ -11,7 +12,7 @@ models, YAML loading), :mod:`archspec.graph` (networkx IR with shapes, parameter
 
 Names are imported on first use (PEP 562), so ``archspec validate`` and static analysis never pay
 for importing torch and timm.  The shipped specs become timm models (``timm.create_model(
-"archspec_mait_tiny_sch2")``) as soon as timm is imported too (:mod:`archspec.registry`).
+"archspec_mait_tiny_sch2")``) as soon as timm is imported too (:mod:`archspec.timm.registry`).
 """
 
 from __future__ import annotations
@@ -19,39 +20,38 @@ from __future__ import annotations
 import logging as _logging
 from typing import TYPE_CHECKING
 
-from archspec import registry as _registry
-from archspec.lazy import lazy_exports
-
-__version__ = "0.1.0"
+from archspec._util.lazy import lazy_exports
+from archspec._version import __version__
+from archspec.timm import registry as _registry
 
 _EXPORTS = {
-    "ArchSpec": "archspec.spec", "load_spec": "archspec.loader",
-    "Analysis": "archspec.analysis", "analyze": "archspec.analysis",
+    "ArchSpec": "archspec.spec", "load_spec": "archspec.ir.loader",
+    "Analysis": "archspec.ir.analysis", "analyze": "archspec.ir.analysis",
     "Problem": "archspec.errors", "SpecError": "archspec.errors",
     "HeadSpec": "archspec.families.attention.heads",
-    "ArchModel": "archspec.model",
-    "compile": "archspec.compiler",
-    "load": "archspec.artifact", "save": "archspec.artifact",
+    "ArchModel": "archspec.nn.model",
+    "compile": "archspec.nn.compiler",
+    "load": "archspec.io.artifact", "save": "archspec.io.artifact",
     "quantize": "archspec.deploy.int8", "load_quantized": "archspec.deploy.int8",
     "QuantizedModel": "archspec.deploy.int8",
     "export_onnx": "archspec.deploy.onnx_export",
-    "register": "archspec.registry",
+    "register": "archspec.timm.registry",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from archspec.analysis import Analysis, analyze
-    from archspec.artifact import load, save
-    from archspec.compiler import compile
     from archspec.deploy.int8 import QuantizedModel, load_quantized, quantize
     from archspec.deploy.onnx_export import export_onnx
     from archspec.errors import Problem, SpecError
     from archspec.families.attention.heads import HeadSpec
-    from archspec.loader import load_spec
-    from archspec.model import ArchModel
-    from archspec.registry import register
+    from archspec.io.artifact import load, save
+    from archspec.ir.analysis import Analysis, analyze
+    from archspec.ir.loader import load_spec
+    from archspec.nn.compiler import compile
+    from archspec.nn.model import ArchModel
     from archspec.spec import ArchSpec
+    from archspec.timm.registry import register
 
 
 _registry.install()  # registers the shipped specs with timm once timm is imported (no torch import here)

@@ -96,7 +96,7 @@ class TransferError(ValueError):
 class Locator:
     """Maps field paths of a parsed YAML document to (line, column), 1-based.
 
-    Built by :func:`archspec.yamlsource.load_yaml`.  A path that is not in the document (a default,
+    Built by :func:`archspec.spec.yaml_source.load_yaml`.  A path that is not in the document (a default,
     or a derived value) is located at its deepest ancestor that is.
     """
 

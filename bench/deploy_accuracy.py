@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 import archspec
-from archspec.data import load_data
 from archspec.deploy.int8 import calibration_batches
-from archspec.loader import load_spec
+from archspec.io.datasets import load_data
+from archspec.ir.loader import load_spec
 from archspec.train import TrainConfig, evaluate, train
 
 

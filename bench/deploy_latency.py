@@ -7,9 +7,9 @@ Every model runs on **one thread** (LeViT's CPU protocol is batch 1, one thread;
 two batch sizes compare and a shared 2-core machine is not oversubscribed).  Cases per model and batch:
 
 * ``timm`` float32 eager: ``timm.create_model(twin, pretrained=False)``; the baseline (speed 1.00);
-* ``timm compiled``: the same under :func:`archspec.timing.compile_for_inference` (``torch.compile``, Inductor,
-  freezing);
-* ``archspec``: the archspec model with the timm model's weights (:mod:`archspec.interop.timm`), eager;
+* ``timm compiled``: the same under :func:`archspec.diagnostics.timing.compile_for_inference` (``torch.compile``,
+  Inductor, freezing);
+* ``archspec``: the archspec model with the timm model's weights (:mod:`archspec.timm.convert`), eager;
 * ``archspec folded``: ``model.fuse()`` (BatchNorms folded into the linears/convs, LeViT sec. 5.3; LeViTs only);
 * ``archspec compiled`` / ``archspec folded compiled``: the two under the same ``torch.compile``;
 * ``archspec int8``: :func:`archspec.quantize` (folded, int8 linears/convs, attention products and softmax in
@@ -55,9 +55,9 @@ import torch
 from torch.utils.benchmark import Timer
 
 import archspec
-from archspec.image import sample_batch
-from archspec.interop.timm import TIMM_EQUIVALENTS, load_timm_weights
-from archspec.timing import compile_for_inference
+from archspec.diagnostics.timing import compile_for_inference
+from archspec.io.images import sample_batch
+from archspec.timm.convert import TIMM_EQUIVALENTS, load_timm_weights
 
 MODELS = ["levit_128s", "levit_256", "deit_tiny"]
 

@@ -4,7 +4,7 @@
 
 For each shipped spec (random init from its seed, BatchNorm statistics randomised so the fold is not trivial),
 ``model.fuse()`` folds every conv -> BatchNorm pair of the ResNet stem and the conv stages
-(``archspec.fuse.fold_conv_batchnorms``; BoTNet's / T-CNN's bn2 after attention stay).  Two rounds; in each the
+(``archspec.nn.fuse.fold_conv_batchnorms``; BoTNet's / T-CNN's bn2 after attention stay).  Two rounds; in each the
 unfolded and the folded model alternate, ``--repeats`` forwards of one real photo each (batch 1, inference mode);
 prints the medians, the ratio unfolded / folded (above 1: the folded model is faster), the BatchNorms left and
 the largest logit difference.
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import archspec
-from archspec.image import sample_batch
+from archspec.io.images import sample_batch
 
 
 def _ms(model: nn.Module, x: torch.Tensor) -> float:

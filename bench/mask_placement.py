@@ -80,7 +80,7 @@ def found_placement(spec: dict, strategy: str, args, work: Path) -> dict | None:
 
 
 def train(spec_doc: dict, data, protocol, seed: int):
-    from archspec.loader import load_spec
+    from archspec.ir.loader import load_spec
     from archspec.search.masks import train_keeping_model
 
     return train_keeping_model(load_spec(spec_doc), data, protocol, seed)[0]
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from archspec.data import load_data
+    from archspec.io.datasets import load_data
     from archspec.search.config import MASKS_PROXY_DEFAULTS
     from archspec.search.proxy import ProxyProtocol
 

@@ -70,8 +70,8 @@ def _train(task: dict) -> dict:
     """One training run in a worker process (``ProcessPoolExecutor``): ``{index, label, accuracy|failure, seconds}``."""
     import torch
 
-    from archspec.data import load_data
-    from archspec.loader import load_spec
+    from archspec.io.datasets import load_data
+    from archspec.ir.loader import load_spec
     from archspec.search.proxy import ProxyProtocol, TrialFailure, train_proxy
 
     torch.set_num_threads(task["protocol"]["threads"] or 1)
@@ -207,8 +207,8 @@ def main(argv=None) -> int:
 
     from scipy.stats import kendalltau
 
-    from archspec.analysis import human
-    from archspec.data import load_data
+    from archspec.io.datasets import load_data
+    from archspec.ir.analysis import human
     from archspec.search.budget import Budgets, parse_quantity
     from archspec.search.proxy import ProxyProtocol
     from archspec.search.space import load_space

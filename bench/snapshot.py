@@ -31,7 +31,7 @@ def snapshot() -> dict:
     import torch
 
     import archspec
-    from archspec.image import sample_batch
+    from archspec.io.images import sample_batch
     from archspec.spec import shipped_specs
 
     torch.set_num_threads(1)

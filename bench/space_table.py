@@ -164,10 +164,11 @@ def stratified(labels, keep: int, seed: int):
 
 
 def reference_data(protocol: dict):
-    """``(train, curve_val, final_val)`` :class:`archspec.data.Dataset` views of Fashion-MNIST for the protocol."""
+    """``(train, curve_val, final_val)`` :class:`archspec.io.datasets.Dataset` views of Fashion-MNIST for the
+    protocol."""
     from torch.utils.data import TensorDataset
 
-    from archspec.data import Dataset, load_data
+    from archspec.io.datasets import Dataset, load_data
 
     full = load_data(protocol["data"], image_size=protocol["image_size"], seed=0)
     x, y = full.train.tensors
@@ -189,7 +190,7 @@ def train_row(spec, data_curve, data_final, protocol: dict, seed: int) -> dict:
     """Train one design once under the protocol: its curve, TSE, final accuracy and seconds."""
     import torch
 
-    from archspec.compiler import compile as compile_spec
+    from archspec.nn.compiler import compile as compile_spec
     from archspec.search.proxy import ProxyProtocol, proxy_spec
     from archspec.train.batches import TensorBatches
     from archspec.train.config import TrainConfig
@@ -256,7 +257,7 @@ def write_meta(out: Path, protocol: dict, commit: str) -> None:
 def tabulate(args) -> int:
     import torch
 
-    from archspec.analysis import analyze
+    from archspec.ir.analysis import analyze
     from archspec.search.latency import architecture_key
     from archspec.search.space import load_space
 

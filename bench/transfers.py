@@ -5,7 +5,7 @@ T-CNN's parameter / MAC growth against Tab. 2 of d'Ascoli et al.
 
 CMHSA: the shipped cmhsa_k{3,5}_conv specs (224 px, 16x16x3 patches, 6 layers, d = d_H = 768, 9 heads), random
 init (seed 0, the spec's), transferred by archspec.transfer.conv_to_mhsa at several relative-bias peaks M; max
-|logit difference| on the three real photographs of archspec.image.sample_batch.
+|logit difference| on the three real photographs of archspec.io.images.sample_batch.
 Border: the same transfer without the ring of zero tokens, on cmhsa_k3_conv_digits (32 px).
 T-CNN: timm resnetrs50 / resnet50d (random init; parameter and MAC counts do not depend on weights),
 archspec.transfer.tcnn with the paper's defaults (last stage, stride 1); MACs by torch's FlopCounterMode at
@@ -50,7 +50,7 @@ def border_rows(images: torch.Tensor) -> list[dict]:
     import torch.nn.functional as F
 
     import archspec
-    from archspec.loader import load_spec
+    from archspec.ir.loader import load_spec
     from archspec.transfer import attention_spec, conv_to_mhsa
 
     conv = archspec.compile("cmhsa_k3_conv_digits").eval()
@@ -106,7 +106,7 @@ def tcnn_rows(images: torch.Tensor) -> list[dict]:
 
 
 def main() -> None:
-    from archspec.image import sample_batch
+    from archspec.io.images import sample_batch
 
     images = sample_batch((224, 224))
     start = time.perf_counter()

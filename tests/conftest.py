@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from archspec.image import sample_batch
+from archspec.io.images import sample_batch
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import archspec
-from archspec.image import sample_batch
-from archspec.loader import load_spec
+from archspec.io.images import sample_batch
+from archspec.ir.loader import load_spec
 
 RESOLUTION = 64
 

@@ -20,8 +20,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file, save_model
 
 import archspec
-from archspec.artifact import META_DIGEST, spec_digest
 from archspec.cli import main
+from archspec.io.artifact import META_DIGEST, spec_digest
 from archspec.spec import shipped_specs
 
 TINY = """\
@@ -171,10 +171,10 @@ def test_saved_weights_get_the_normal_file_mode(tmp_path) -> None:
 
 def test_a_model_over_the_default_memory_limit_reloads_with_its_limit(saved, monkeypatch, capsys) -> None:
     """A model built with a raised --max-memory reloads when the same limit is given, and only then."""
-    import archspec.graph
+    import archspec.ir.graph
 
     saved, _ = saved
-    monkeypatch.setattr(archspec.graph, "DEFAULT_MAX_MEMORY", 1024)  # the tiny model needs far more
+    monkeypatch.setattr(archspec.ir.graph, "DEFAULT_MAX_MEMORY", 1024)  # the tiny model needs far more
     with pytest.raises(archspec.SpecError, match="memory"):
         archspec.load(saved)
     assert archspec.load(saved, max_memory=2**30).spec.name == "tiny"

@@ -1,4 +1,4 @@
-"""Block math of archspec.blocks checked against hand formulas and hand-computed cases."""
+"""Block math of archspec.nn.blocks checked against hand formulas and hand-computed cases."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from timm.models import convit, levit
 from torch import nn
 
-from archspec.blocks import (
+from archspec.families.attention.heads import HeadSpec
+from archspec.nn.blocks import (
     Attention,
     ConvMixer,
     IdentityStem,
@@ -22,7 +23,6 @@ from archspec.blocks import (
     signed_bias_idxs,
     window_mask,
 )
-from archspec.families.attention.heads import HeadSpec
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Block-level parity of archspec.blocks against timm modules with copied weights (eval mode, max |diff| <= 1e-5)."""
+"""Block-level parity of archspec.nn.blocks against timm modules with copied weights (eval mode, max |diff| <= 1e-5)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from timm.models import convit, levit
 from timm.models import vision_transformer as vit
 from torch import nn
 
-from archspec.blocks import Attention, ConvStem, LevitBlock, PatchStem, ShrinkBlock, TransformerBlock
+from archspec.nn.blocks import Attention, ConvStem, LevitBlock, PatchStem, ShrinkBlock, TransformerBlock
 
 TOL = 1e-5
 

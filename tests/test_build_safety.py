@@ -14,8 +14,8 @@ import stat
 import pytest
 from PIL import Image
 
-from archspec import builddir
 from archspec.cli import main
+from archspec.io import builddir
 
 TINY = """\
 input: {resolution: 32}

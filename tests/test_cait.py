@@ -18,13 +18,13 @@ import archspec
 from archspec import analyze, load_spec
 from archspec.errors import SpecError, format_path
 from archspec.families.attention.heads import HeadSpec
-from archspec.families.attention.masking import window_mask
+from archspec.families.attention.mask_terms import window_mask
 from archspec.families.class_attention import rules as class_attention_rules
 from archspec.families.class_attention.module import ClassAttentionBlock
 from archspec.families.talking_heads import rules as talking_heads_rules
 from archspec.families.talking_heads.module import TalkingHeadAttn
-from archspec.graph import build_graph
-from archspec.interop.timm import from_timm, load_timm_weights, to_timm
+from archspec.ir.graph import build_graph
+from archspec.timm.convert import from_timm, load_timm_weights, to_timm
 
 CAIT_XXS24_PARAMS = 11_956_264  # timm cait_xxs24_224, pretrained=False (the figure)
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from sklearn.datasets import load_digits
 from timm.optim import create_optimizer_v2
 
 import archspec
-from archspec.blocks import attention_impl
+from archspec.nn.blocks import attention_impl
 from archspec.spec import shipped_specs
 
 SMALL = {

@@ -19,8 +19,8 @@ import archspec
 from archspec.cli import main
 from archspec.deploy.int8 import QuantizedModel, calibration_batches, load_quantized, quantize
 from archspec.errors import SpecError
-from archspec.fuse import count_batchnorms
-from archspec.image import load_image, sample_batch
+from archspec.io.images import load_image, sample_batch
+from archspec.nn.fuse import count_batchnorms
 
 photos, levit = deploy_fixtures.photos, deploy_fixtures.levit  # the shared fixtures
 
@@ -183,7 +183,7 @@ def test_int8_refuses_other_cpus(monkeypatch, levit, photos):
 
 
 def test_calibration_batches_from_a_dataset():
-    from archspec.data import load_data
+    from archspec.io.datasets import load_data
 
     data = load_data("digits", 8, max_images=100)
     batches = calibration_batches(data, 1, (16, 12), batches=3, batch_size=16)
@@ -254,7 +254,7 @@ def test_build_compile_failure_is_a_located_message(monkeypatch, tmp_path, capsy
 def test_compile_for_inference_equals_eager_per_model_and_shape(one_thread):
     """Two models of one class compiled in one process each compute their own logits (the export keeps their
     compiled graphs apart), at two batch sizes, and .to() drops the compiled graphs."""
-    from archspec.timing import compile_for_inference
+    from archspec.diagnostics.timing import compile_for_inference
 
     doc = {"name": "tiny", "input": {"channels": 3, "resolution": 32}, "stem": {"kind": "patch", "patch_size": 8},
            "stages": [{"depth": 1, "dim": 32, "heads": 2}], "head": {"num_classes": 10}}
@@ -297,13 +297,13 @@ def test_build_refuses_bad_int8_options_before_any_work(extra, message, tmp_path
 
 
 def test_latency_protocol_compile_is_in_the_cache_key():
-    from archspec.cli import _parser
-    from archspec.search.cli import _latency
+    from archspec.cli.app import make_parser
+    from archspec.cli.search import _latency
     from archspec.search.latency import LatencyProtocol
 
     assert LatencyProtocol(compile=True).key() != LatencyProtocol().key()
     assert "compile" not in LatencyProtocol().key()  # caches written before the option stay valid
-    parser = _parser()
+    parser = make_parser()
     args = parser.parse_args(["search", "--latency-compile", "--device", "cpu"])
     assert _latency(args).compile is True
     assert _latency(parser.parse_args(["search", "--device", "cpu"])).compile is False

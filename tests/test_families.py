@@ -15,7 +15,6 @@ import pytest
 import torch
 from macs_reference import reference_macs
 
-from archspec.blocks import attention_impl
 from archspec.families import FAMILIES, build, rules
 from archspec.families.attention.heads import coerce_heads
 from archspec.families.attention.rules import AttentionShape, AttnDims
@@ -25,8 +24,9 @@ from archspec.families.conv_block.rules import ConvBlockShape
 from archspec.families.conv_mixer.rules import ConvMixerShape
 from archspec.families.interface.rules import InterfaceShape, TokensToMapShape
 from archspec.families.shrink.rules import ShrinkShape
-from archspec.families.stems.rules import StemShape
+from archspec.families.stem.rules import StemShape
 from archspec.families.talking_heads.rules import TalkingHeadsShape
+from archspec.nn.blocks import attention_impl
 
 ROOT = Path(__file__).resolve().parents[1]
 _MIXED = coerce_heads(["mhsa", "mask:3x3", {"gpsa": {}, "mask": {"mode": "soft"}}, "levit_bias"])
@@ -125,30 +125,32 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-TORCH_SIDE = ("torch", "timm", "torchvision", ".module", ".kernels", ".masking", ".tables", "archspec.blocks")
+TORCH_SIDE = ("torch", "timm", "torchvision", ".module", ".kernels", ".mask_terms", ".tables", "archspec.nn.blocks")
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "archspec" / "families").glob("**/*.py")), ids=lambda p: str(p.name))
 def test_rules_import_no_torch(path):
-    """Every torch-free file of a family (all but module.py, kernels.py, masking.py, tables.py, activations.py)
+    """Every torch-free file of a family (all but module.py, kernels.py, mask_terms.py, tables.py, activations.py)
     imports neither torch nor a torch-side file, not even lazily."""
-    if path.name in ("module.py", "kernels.py", "masking.py", "tables.py", "activations.py"):
+    if path.name in ("module.py", "kernels.py", "mask_terms.py", "tables.py", "activations.py"):
         return
     bad = {m for m in _imports(path) if m.startswith(TORCH_SIDE) or m.endswith(TORCH_SIDE[3:])}
     assert not bad, f"{path} imports {bad}"
 
 
 def test_the_path_reads_top_to_bottom():
-    """spec.py imports nothing of graph/loader/compiler/model/blocks; graph.py nothing of loader/compiler/model and
-    no family's torch side; the compiler reads no spec model beyond ArchSpec."""
-    later = ("archspec.graph", "archspec.loader", "archspec.compiler", "archspec.model", "archspec.blocks")
-    assert not {m for m in _imports(ROOT / "archspec" / "spec.py") if m.startswith(later)}
-    graph = _imports(ROOT / "archspec" / "graph.py")
-    assert not {m for m in graph if m.startswith(later[1:]) or m.endswith(TORCH_SIDE[3:]) or m.startswith("torch")}
+    """The spec language imports nothing of the IR or the compiler; graph.py nothing of loader/compiler/model and
+    no family's torch side (the import-linter contract, tests/test_lint.py, checks every layer)."""
+    later = ("archspec.ir", "archspec.nn")
+    for path in (ROOT / "archspec" / "spec").glob("*.py"):
+        assert not {m for m in _imports(path) if m.startswith(later)}, path
+    graph = _imports(ROOT / "archspec" / "ir" / "graph.py")
+    later = ("archspec.ir.loader", "archspec.nn")
+    assert not {m for m in graph if m.startswith(later) or m.endswith(TORCH_SIDE[3:]) or m.startswith("torch")}
 
 
 def test_validating_every_shipped_spec_imports_no_torch():
-    code = ("import sys; from archspec.loader import load_spec; from archspec.analysis import analyze; "
+    code = ("import sys; from archspec.ir.loader import load_spec; from archspec.ir.analysis import analyze; "
             "from archspec.spec import shipped_specs; [analyze(load_spec(n)) for n in shipped_specs()]; "
             "print(sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -11,10 +11,10 @@ import copy
 import pytest
 import torch
 
-from archspec.blocks import Attention, attention_impl, set_attention_impl
 from archspec.families.attention.kernels import hard_window_attention, window_tables
-from archspec.families.attention.masking import window_mask
+from archspec.families.attention.mask_terms import window_mask
 from archspec.families.attention.rules import window_path_pays
+from archspec.nn.blocks import Attention, attention_impl, set_attention_impl
 
 BIASED_MASK = {"mask": {"window": [3, 3]}, "rel_bias": {"table": "absolute"}}
 GPSA_MASK = {"gpsa": {"conv_init": False}, "mask": {}}
@@ -162,8 +162,8 @@ def test_rebuilding_grid_tables_keeps_the_layer_exact():
 
 def test_analyze_reports_executed_macs_of_linear_time_heads():
     """Papers' totals unchanged; executed MACs drop by N^2 (qk+v) - window cost for each linear-time head (by hand)."""
-    from archspec.analysis import analyze
-    from archspec.loader import load_spec
+    from archspec.ir.analysis import analyze
+    from archspec.ir.loader import load_spec
 
     spec = load_spec("mait_tiny_sch2").model_dump(mode="json", exclude_none=True)
     small = analyze(spec)

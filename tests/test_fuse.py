@@ -10,8 +10,8 @@ from torch import nn
 
 import archspec
 from archspec.cli import main
-from archspec.fuse import count_batchnorms
-from archspec.loader import load_spec
+from archspec.ir.loader import load_spec
+from archspec.nn.fuse import count_batchnorms
 
 
 def _small_levit() -> nn.Module:
@@ -49,7 +49,7 @@ def test_build_fuse_reports_the_folded_model(tmp_path, capsys, one_thread):
 
 
 def test_analyze_counts_the_folded_model(one_thread):
-    from archspec.analysis import analyze
+    from archspec.ir.analysis import analyze
 
     model = _small_levit()
     spec = load_spec("levit_128s").model_dump(mode="json", exclude_none=True)
@@ -91,7 +91,7 @@ HYBRID = {
 def test_fused_conv_stages_equal_unfolded_and_the_analysis_counts_them(doc, one_thread):
     """Every conv -> BatchNorm pair of the stem and the conv stages folds (T-CNN's and BoTNet's bn2 stay); logits
     within 1e-5 of the unfolded model; ``analyze``'s folded parameters equal the folded module's."""
-    from archspec.analysis import analyze
+    from archspec.ir.analysis import analyze
 
     spec = load_spec(doc).model_dump(mode="json") if isinstance(doc, str) else doc
     spec["input"]["resolution"] = 64

@@ -19,8 +19,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from archspec import analyze, compile, load_spec
-from archspec.blocks import attention_impl
 from archspec.errors import SpecError
+from archspec.nn.blocks import attention_impl
 from archspec.spec import SPEC_DIR
 
 # LeViT Tab. 1: (ResNet-50 stages, DeiT-S layers) -> (params in M, conv MACs in M, transformer MACs in M)

@@ -17,7 +17,7 @@ import pytest
 from archspec import load_spec
 from archspec.cli import main
 from archspec.errors import SpecError
-from archspec.yamlsource import MAX_NESTING, is_yaml_text, load_yaml
+from archspec.spec.yaml_source import MAX_NESTING, is_yaml_text, load_yaml
 
 TINY = "{name: t, input: {resolution: 32}, stem: {kind: patch, patch_size: 8}, " \
        "stages: [{depth: 1, dim: 32, heads: 2}], head: {num_classes: 10}}"

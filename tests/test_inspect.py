@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from archspec.cli import main
-from archspec.image import default_image_path
-from archspec.inspect import INSPECT
+from archspec.diagnostics.inspection import INSPECT
+from archspec.io.images import default_image_path
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -171,8 +171,8 @@ def test_attention_inside_bottlenecks_is_diagnosed(one_thread):
     import torch
 
     from archspec import compile
-    from archspec.inspect import diagnose
-    from archspec.metrics import attention_layers, bottleneck_attention
+    from archspec.diagnostics.inspection import diagnose
+    from archspec.diagnostics.metrics import attention_layers, bottleneck_attention
 
     model = compile(TINY_BOT).eval()
     x = torch.randn(2, 3, 64, 64)
@@ -202,8 +202,13 @@ def test_tcnn_gpsa_at_large_locality_is_its_convolution_in_the_diagnostics(one_t
     offset pixel is inside the map (the padding's share is left out): 1, 12/16 on an edge, 9/16 at a corner."""
     import torch
 
+    from archspec.diagnostics.metrics import (
+        attention_locality_score,
+        conv_gpsa_attention,
+        nonlocality,
+        patch_window_mask,
+    )
     from archspec.families.conv_block.module import ConvGPSA
-    from archspec.metrics import attention_locality_score, conv_gpsa_attention, nonlocality, patch_window_mask
 
     layer = ConvGPSA(8, 8).set_exact()
     attn = conv_gpsa_attention(layer, torch.randn(1, 8, 4, 4))

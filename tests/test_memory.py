@@ -21,9 +21,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from archspec import analyze, compile, load_spec
+from archspec._util.memory import format_bytes, parse_memory
 from archspec.errors import SpecError, format_path
-from archspec.graph import DEFAULT_MAX_MEMORY, build_graph
-from archspec.memory import format_bytes, parse_memory
+from archspec.ir.graph import DEFAULT_MAX_MEMORY, build_graph
 
 
 def _data_ptr(tensor: torch.Tensor) -> int | None:
@@ -212,7 +212,7 @@ def test_limit_keywords_and_module_default(monkeypatch):
     assert load_spec(TINY, max_memory=need) == spec
     with pytest.raises(SpecError, match="over the memory limit"):
         compile(spec, max_memory=need - 1)
-    monkeypatch.setattr("archspec.graph.DEFAULT_MAX_MEMORY", need - 1)
+    monkeypatch.setattr("archspec.ir.graph.DEFAULT_MAX_MEMORY", need - 1)
     with pytest.raises(SpecError):
         compile(spec)
     assert sum(p.numel() for p in compile(spec, max_memory=math.inf).parameters()) == analyze(spec).params

@@ -1,4 +1,5 @@
-"""archspec.metrics: attention maps, MaiT ALS (eq. 3) and ConViT nonlocality (eq. 8) on hand cases and models."""
+"""archspec.diagnostics.metrics: attention maps, MaiT ALS (eq. 3) and ConViT nonlocality (eq. 8) on hand cases and
+models."""
 
 from __future__ import annotations
 
@@ -6,8 +7,14 @@ import pytest
 import torch
 
 from archspec import compile
-from archspec.families.attention.masking import window_mask
-from archspec.metrics import attention_locality_score, attention_maps, layer_als, nonlocality, patch_window_mask
+from archspec.diagnostics.metrics import (
+    attention_locality_score,
+    attention_maps,
+    layer_als,
+    nonlocality,
+    patch_window_mask,
+)
+from archspec.families.attention.mask_terms import window_mask
 
 TINY = {
     "name": "tiny_metrics", "input": {"channels": 3, "resolution": 32}, "stem": {"kind": "patch", "patch_size": 8},
@@ -91,7 +98,7 @@ def test_cross_layer_similarity_hand_case():
     eq. 5: M^{0,1}_{0} = 0, M^{0,1}_{1} = 1; M^{i,i}_t = 1; the per-head L x L map averages tokens: 0.5.
     A third layer with token 0 at [0.6, 0.8] gives cos([1, 0], [0.6, 0.8]) = 0.6 against layer 0.
     """
-    from archspec.metrics import cross_layer_similarity
+    from archspec.diagnostics.metrics import cross_layer_similarity
 
     a0 = torch.tensor([[1.0, 0.0], [0.6, 0.4]]).view(1, 1, 2, 2)
     a1 = torch.tensor([[0.0, 1.0], [0.6, 0.4]]).view(1, 1, 2, 2)
@@ -106,7 +113,7 @@ def test_cross_layer_similarity_hand_case():
 
 
 def test_cross_layer_similarity_rejects_mixed_shapes():
-    from archspec.metrics import cross_layer_similarity
+    from archspec.diagnostics.metrics import cross_layer_similarity
 
     with pytest.raises(ValueError):
         cross_layer_similarity([torch.rand(1, 2, 4, 4), torch.rand(1, 3, 4, 4)])
@@ -115,7 +122,7 @@ def test_cross_layer_similarity_rejects_mixed_shapes():
 
 
 def test_layer_cross_similarity_of_a_model_is_symmetric_with_unit_diagonal(one_thread):
-    from archspec.metrics import layer_cross_similarity
+    from archspec.diagnostics.metrics import layer_cross_similarity
 
     model = compile(TINY)
     names, sim = layer_cross_similarity(model, torch.randn(2, 3, 32, 32))
@@ -127,7 +134,7 @@ def test_layer_cross_similarity_of_a_model_is_symmetric_with_unit_diagonal(one_t
 
 def test_layer_cross_similarity_compares_patches_when_the_class_token_comes_late(one_thread):
     """ConViT-like: block 0 has no class token, block 1 has it; the maps are cut to the patch block."""
-    from archspec.metrics import layer_cross_similarity
+    from archspec.diagnostics.metrics import layer_cross_similarity
 
     doc = {**TINY, "tokens": {"cls_token": 1}, "stages": [{"depth": 2, "dim": 32, "heads": 2, "attention": "mhsa"}]}
     _, sim = layer_cross_similarity(compile(doc), torch.randn(1, 3, 32, 32))

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from archspec.reference import markdown
+from archspec.spec.reference import markdown
 
 
 def test_docs_spec_reference_is_current() -> None:

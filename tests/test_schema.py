@@ -15,9 +15,9 @@ import yaml
 
 from archspec.cli import main
 from archspec.errors import SpecError
-from archspec.loader import load_spec
-from archspec.schema import SCHEMA_FILE_NAME, spec_schema
+from archspec.ir.loader import load_spec
 from archspec.spec import SPEC_DIR, shipped_specs
+from archspec.spec.schema import SCHEMA_FILE_NAME, spec_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATOR = jsonschema.Draft202012Validator(spec_schema())
@@ -130,9 +130,9 @@ def test_space_schema_accepts_shipped_and_documented_spaces(capsys) -> None:
 
     from search_fixtures import TINY_SPACE
 
-    from archspec.schema import SPACE_SCHEMA_FILE_NAME, space_schema
     from archspec.search import SPACES_DIR, space
     from archspec.search.space import load_space
+    from archspec.spec.schema import SPACE_SCHEMA_FILE_NAME, space_schema
 
     schema = space_schema()
     jsonschema.Draft202012Validator.check_schema(schema)

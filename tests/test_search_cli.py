@@ -16,8 +16,8 @@ import yaml
 from search_fixtures import TINY_SPACE
 
 from archspec import load_spec
-from archspec.analysis import analyze
 from archspec.cli import main
+from archspec.ir.analysis import analyze
 
 TINY_MAIT = """\
 name: tiny_mait
@@ -244,7 +244,7 @@ def test_masks_bad_input(mait_file, tmp_path, capsys):
 
 def test_proxy_threads_default_to_the_idle_cores(monkeypatch):
     """Busy cores: the load average, unless fewer processes run now (the average lags a job that ended)."""
-    from archspec.search import cli as search_cli
+    from archspec.cli import search as search_cli
 
     monkeypatch.setattr(search_cli, "usable_cores", lambda: 4)
     monkeypatch.setattr(search_cli.os, "getloadavg", lambda: (2.2, 0.0, 0.0))

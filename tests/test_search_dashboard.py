@@ -11,7 +11,7 @@ import sys
 import pytest
 from test_search_oracle import TINY_SPACE, _table
 
-from archspec.loader import load_spec
+from archspec.ir.loader import load_spec
 from archspec.search import run_design
 from archspec.search.latency import architecture_key
 

@@ -1,4 +1,4 @@
-"""archspec.data: Fashion-MNIST and CIFAR through torchvision's readers, on tiny files written here.
+"""archspec.io.datasets: Fashion-MNIST and CIFAR through torchvision's readers, on tiny files written here.
 
 The tests never need Debian's ``dataset-fashion-mnist`` nor the real CIFAR archives: they write
 IDX files (the format of LeCun's MNIST page: big-endian magic ``0x00000803``/``0x00000801``, sizes, bytes)
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from archspec import SpecError
-from archspec import data as data_module
-from archspec.data import load_data
+from archspec.io import datasets as data_module
+from archspec.io.datasets import load_data
 
 IDX_NAMES = {"train": "train", "test": "t10k"}
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from archspec import compile, load_spec
-from archspec.data import load_data
 from archspec.families.attention.module import Attention
+from archspec.io.datasets import load_data
 from archspec.search.proxy import ProxyProtocol, proxy_geometry, proxy_spec, stage_grids
 from archspec.search.space import load_space, mask_placement_space
 

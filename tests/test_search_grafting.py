@@ -150,7 +150,7 @@ def test_space_schema_takes_conv_stages_in_every_stage_form():
     import jsonschema
 
     from archspec.errors import SpecError
-    from archspec.schema import space_schema
+    from archspec.spec.schema import space_schema
 
     validator = jsonschema.Draft202012Validator(space_schema())
     conv = {"kind": "conv", "block": "bottleneck", "depth": {"int": [1, 2]}, "channels": 32, "stride": 1}

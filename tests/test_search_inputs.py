@@ -200,7 +200,7 @@ def test_storage_refuses_foreign_files_but_accepts_its_own(tmp_path):
 
 
 def test_load_data_refuses_one_image():
-    from archspec.data import load_data
+    from archspec.io.datasets import load_data
 
     with pytest.raises(SpecError, match="--max-images"):
         load_data(None, image_size=16, max_images=1)

@@ -16,8 +16,8 @@ import optuna
 import pytest
 from search_fixtures import TINY_SPACE
 
-from archspec.analysis import analyze
 from archspec.errors import SpecError
+from archspec.ir.analysis import analyze
 from archspec.search import run_design
 from archspec.search.latency import architecture_key
 from archspec.search.oracle import load_table

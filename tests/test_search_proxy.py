@@ -1,4 +1,5 @@
-"""archspec.data, archspec.search.proxy and .latency: datasets, proxy adaptation and training, latency and its cache."""
+"""archspec.io.datasets, archspec.search.proxy and .latency: datasets, proxy adaptation and training, latency and
+its cache."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import archspec.compiler as COMPILE_MODULE
+import archspec.nn.compiler as COMPILE_MODULE
 from archspec import SpecError, analyze, load_spec
-from archspec.data import load_data
+from archspec.io.datasets import load_data
 from archspec.search.latency import LatencyCache, LatencyProtocol, architecture_key, measure_latency
 from archspec.search.proxy import ProxyProtocol, TrialFailure, proxy_spec, train_proxy
 

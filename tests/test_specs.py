@@ -1,5 +1,5 @@
 """The shipped spec library (specs/*.yaml): every spec loads and builds, and the static counts of
-:func:`archspec.graph.build_graph` agree with timm (parameters exactly, MACs within 2%) and with the
+:func:`archspec.ir.graph.build_graph` agree with timm (parameters exactly, MACs within 2%) and with the
 papers' tables (MaiT Tab. 4, LeViT v1 Tab. 3)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from macs_reference import reference_macs
 
 import archspec
-from archspec.graph import build_graph
-from archspec.loader import load_spec
+from archspec.ir.graph import build_graph
+from archspec.ir.loader import load_spec
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"
 SPEC_FILES = sorted(SPEC_DIR.glob("*.yaml"))

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from macs_reference import reference_macs
 
-from archspec.data import load_data
+from archspec.io.datasets import load_data
 from archspec.train import TrainConfig, train
 from archspec.transfer import TransferError
 from archspec.transfer.tcnn import ConvGPSA, conv_gpsa_macs, gating_param_groups, tcnn, transformed_layers
@@ -186,7 +186,7 @@ def test_tcnn_report_describes_the_saved_model_and_files_follow_the_umask(one_th
     import os
 
     from archspec.cli import main
-    from archspec.image import load_image
+    from archspec.io.images import load_image
     from archspec.transfer import load_tcnn  # importable as the README documents it
 
     cnn = _cnn("resnet26d", num_classes=7)  # branches made visible (randomised BatchNorm)

@@ -151,7 +151,7 @@ def test_tcnn_model_is_the_weight_surgery_and_saves(tmp_path, one_thread) -> Non
     """The spec path (compile, load the CNN's weights) = the surgery on the CNN (same W_qry / W_key given):
     stride kept and alpha = lambda = 40 it is the CNN; at the paper's alpha = lambda = 1 with the stride moved
     it equals the surgery's T-CNN; saved with archspec.save it loads back (archspec.load, load_tcnn)."""
-    from archspec.image import sample_batch
+    from archspec.io.images import sample_batch
 
     cnn = _cnn()
     x = sample_batch((64, 64))  # three real photographs

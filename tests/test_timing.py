@@ -1,4 +1,4 @@
-"""archspec.timing: one latency implementation (torch.utils.benchmark.Timer) for build and search."""
+"""archspec.diagnostics.timing: one latency implementation (torch.utils.benchmark.Timer) for build and search."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from archspec import SpecError
-from archspec.timing import measure_forward, parse_device, resolve_device
+from archspec.diagnostics.timing import measure_forward, parse_device, resolve_device
 
 
 class Sleeper(torch.nn.Module):

@@ -19,12 +19,12 @@ from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table_levit
 from timm.optim import create_optimizer_v2
 
 import archspec
-from archspec.compiler import compile
 from archspec.errors import SpecError
-from archspec.interop.timm import from_timm
-from archspec.loader import load_spec
-from archspec.model import FX_LEAF_MODULES, symbolic_trace
+from archspec.ir.loader import load_spec
+from archspec.nn.compiler import compile
+from archspec.nn.model import FX_LEAF_MODULES, symbolic_trace
 from archspec.spec import shipped_specs
+from archspec.timm.convert import from_timm
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import archspec
-from archspec.data import load_data
+from archspec.io.datasets import load_data
 from archspec.search import proxy
 from archspec.train import TrainConfig, TrialFailure, resolve_device, train
 

@@ -236,7 +236,7 @@ def test_a_timm_teacher_loads_the_users_checkpoint(tmp_path):
 
 
 def test_fashion_mnist_streams_grey_images_into_an_rgb_model(one_thread, tmp_path, monkeypatch):
-    from archspec import data as data_module
+    from archspec.io import datasets as data_module
     from tests.test_search_data import _write_idx
 
     monkeypatch.setattr(data_module, "FASHION_MNIST_DIR", _write_idx(tmp_path / "fm"))
@@ -261,8 +261,8 @@ def test_ema_is_evaluated_and_saved(one_thread, folder, tmp_path):
 
 def test_a_tcnn_build_fine_tunes_from_its_weights_with_the_gating_at_lr_0_1(one_thread, folder, tmp_path):
     """T-CNN sec. 3: fine-tuning starts from the transferred weights; the gating trains at lr 0.1, no decay."""
-    from archspec.artifact import save
-    from archspec.builddir import write_build
+    from archspec.io.artifact import save
+    from archspec.io.builddir import write_build
     from archspec.train.run import _initial_model, _load, _param_groups
     from tests.test_tcnn_spec import _small
 
@@ -296,11 +296,11 @@ def test_archspec_train_trains_a_shipped_spec_on_an_image_folder(folder, tmp_pat
 
 
 def test_steps_keep_the_recipes_warm_up_share():
-    from archspec.train.cli import config_from_args
+    from archspec.cli.train import config_from_args
 
     parser = __import__("argparse").ArgumentParser()
     sub = parser.add_subparsers()
-    from archspec.train.cli import add_train_parser
+    from archspec.cli.train import add_train_parser
 
     add_train_parser(sub)
     short = config_from_args(parser.parse_args(["train", "x", "--steps", "200"]))

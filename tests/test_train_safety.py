@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import archspec
-from archspec.artifact import save
-from archspec.builddir import write_build
 from archspec.cli import main
+from archspec.io.artifact import save
+from archspec.io.builddir import write_build
 from archspec.train import fit
 from tests.test_train_run import TINY, _config, _image_folder
 

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import archspec
-from archspec.blocks import Attention, ConvMixer
-from archspec.loader import load_spec
+from archspec.ir.loader import load_spec
+from archspec.nn.blocks import Attention, ConvMixer
 from archspec.spec import SPEC_DIR
 from archspec.transfer import (
     DEFAULT_PEAK,

@@ -9,7 +9,7 @@ import torch
 
 import archspec
 from archspec.cli import main
-from archspec.loader import load_spec
+from archspec.ir.loader import load_spec
 from archspec.spec import SPEC_DIR
 
 FAST = ["--steps1", "6", "--steps2", "4", "--max-images", "120", "--batch-size", "16", "--warmup1", "2"]
@@ -59,7 +59,7 @@ def test_two_phase_refuses_user_files_and_specs_without_conv(tmp_path, capsys):
 def test_grey_data_is_repeated_to_the_specs_three_channels():
     from torch.utils.data import TensorDataset
 
-    from archspec.data import Dataset
+    from archspec.io.datasets import Dataset
     from archspec.transfer.two_phase import match_channels
 
     split = TensorDataset(torch.arange(8.0).reshape(2, 1, 2, 2), torch.tensor([0, 1]))

@@ -6,10 +6,10 @@ Modules (none imports torch on ``import archspec.deploy``):
   quantisation as LeViT did it, on torchao's PT2E flow, compiled by Inductor;
 * :mod:`archspec.deploy.onnx_export` -- ``export_onnx``: ONNX with a dynamic batch, checked in ONNX Runtime;
 * :mod:`archspec.deploy.build` -- what ``archspec build --compile / --int8`` adds to a build;
-* :mod:`archspec.deploy.cli` -- the ``archspec export`` command line and ``build``'s deployment options
+* :mod:`archspec.cli.deploy` -- the ``archspec export`` command line and ``build``'s deployment options
   (torch-free parsers).
 
-Compiled latency itself (``compile_for_inference``) lives with the other timing rules in :mod:`archspec.timing`,
-which ``archspec search --latency-compile`` shares.  The public names are ``archspec.quantize``,
-``archspec.load_quantized``, ``archspec.QuantizedModel`` and ``archspec.export_onnx``.
+Compiled latency itself (``compile_for_inference``) lives with the other timing rules in
+:mod:`archspec.diagnostics.timing`, which ``archspec search --latency-compile`` shares.  The public names are
+``archspec.quantize``, ``archspec.load_quantized``, ``archspec.QuantizedModel`` and ``archspec.export_onnx``.
 """

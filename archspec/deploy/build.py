@@ -20,7 +20,7 @@ def check_options(args: argparse.Namespace, device) -> None:
         SpecError: an option without the one it needs, int8 off the CPU, an unknown or missing --calibrate
             source, a machine that cannot run int8 (:func:`archspec.deploy.int8.require_backend`).
     """
-    from archspec.data import check_source
+    from archspec.io.datasets import check_source
 
     if not args.int8:
         for option, given in (("--calibrate", args.calibrate is not None),
@@ -70,7 +70,7 @@ def compiled_report(model, x, logits, args) -> dict:
     Raises:
         SpecError: at ``--compile``: torch.compile fails on this machine or model (:func:`first_call`).
     """
-    from archspec.timing import compile_for_inference, measure_forward
+    from archspec.diagnostics.timing import compile_for_inference, measure_forward
 
     shape, report = tuple(x.shape[1:]), {"backend": "inductor", "options": {"freezing": True}}
     for key, variant in (("", model), ("fused_", model.fuse() if args.fuse else None)):
@@ -125,7 +125,7 @@ def int8_report(model, x, logits, args):
     import torch
 
     from archspec.deploy.int8 import BACKEND, load_calibration, quantize
-    from archspec.timing import measure_forward
+    from archspec.diagnostics.timing import measure_forward
 
     spec = model.spec
     batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),

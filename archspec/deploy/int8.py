@@ -7,7 +7,7 @@ float32.  :func:`quantize` does the same with **torchao's PT2E flow** (``torchao
 the PyTorch docs name as the successor of ``torch.ao.quantization`` ("pt2e quantization has been migrated to
 torchao"; PyTorch 2.15 no longer ships ``torch.ao.quantization.quantize_pt2e``):
 
-1. fold every BatchNorm into its linear / conv (:func:`archspec.fuse.fuse_model`, LeViT sec. 5.3);
+1. fold every BatchNorm into its linear / conv (:func:`archspec.nn.fuse.fuse_model`, LeViT sec. 5.3);
 2. capture the folded model with ``torch.export`` (batch dimension dynamic);
 3. ``prepare_pt2e`` with ``X86InductorQuantizer``'s default static config: int8 weights, symmetric per output
    channel (``PerChannelMinMaxObserver``), uint8 activations per tensor (``HistogramObserver``); the quantizer
@@ -39,8 +39,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from archspec.builddir import INT8_FILE
+from archspec._version import __version__
+from archspec.diagnostics.timing import inductor_options
 from archspec.errors import SpecError
+from archspec.io.artifact import save, save_weights_dict, spec_digest
+from archspec.io.builddir import INT8_FILE
+from archspec.io.datasets import load_data
+from archspec.nn.fuse import fuse_model
 
 __all__ = ["QuantizedModel", "quantize", "load_quantized", "save_quantized", "calibration_batches",
            "load_calibration", "INT8_FILE", "BACKEND"]
@@ -154,7 +159,6 @@ def _prepare(model: nn.Module, example: torch.Tensor) -> tuple[torch.fx.GraphMod
         get_default_x86_inductor_quantization_config,
     )
 
-    from archspec.fuse import fuse_model  # noqa: PLC0415
 
     folded = fuse_model(model).cpu()  # LeViT sec. 5.3: BatchNorms folded before quantisation (a copy, eval mode)
     quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
@@ -205,7 +209,7 @@ warnings.filterwarnings("ignore", message="To copy construct from a tensor", cat
 
 
 def compile_int8(program: torch.fx.GraphModule) -> nn.Module:
-    """``torch.compile`` of a converted PT2E graph; called under :func:`archspec.timing.inductor_options`
+    """``torch.compile`` of a converted PT2E graph; called under :func:`archspec.diagnostics.timing.inductor_options`
     (Inductor's ``freezing``: weights as constants), Inductor lowers dequantize -> linear/conv -> quantize to
     oneDNN int8 kernels (torchao's x86 PT2E tutorial).  Compilation happens at the first call (tens of seconds
     for a LeViT on 2 cores) and again at each new batch size: static shapes (``dynamic=False``), since Inductor's
@@ -244,9 +248,12 @@ class QuantizedModel(nn.Module):
         object.__setattr__(self, "_runner", compile_int8(program) if compile else program)
         self.training = False
 
+    def save_build(self, directory: str | os.PathLike) -> Path:
+        """:func:`save_quantized` of this model (what :func:`archspec.save` calls for an int8 model)."""
+        return save_quantized(self, directory)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``(B, num_classes)`` of images ``(B, C, H, W)`` (any batch size up to 4096)."""
-        from archspec.timing import inductor_options  # noqa: PLC0415
 
         with torch.no_grad(), inductor_options():
             return self._runner(x)
@@ -309,7 +316,7 @@ def quantize(model: nn.Module, calibration_batches: Iterable[Any], *, compile: b
 
 def calibration_batches(data: Any, channels: int, resolution: tuple[int, int], batches: int = 4,
                         batch_size: int = 32, seed: int = 0) -> list[torch.Tensor]:
-    """``batches`` batches of ``batch_size`` training images of an :class:`archspec.data.Dataset`, resized to
+    """``batches`` batches of ``batch_size`` training images of an :class:`archspec.io.datasets.Dataset`, resized to
     ``resolution`` ``(H, W)`` and brought to ``channels`` (grey repeated to RGB, RGB averaged to grey), in a
     seeded order: the calibration set LeViT describes ("a few batches of training data").
 
@@ -327,16 +334,15 @@ def calibration_batches(data: Any, channels: int, resolution: tuple[int, int], b
 def load_calibration(source: str | os.PathLike | None, channels: int, resolution: tuple[int, int], batches: int = 4,
                      batch_size: int = 32, seed: int = 0) -> tuple[list[torch.Tensor], dict]:
     """The calibration batches of ``archspec build --int8 --calibrate SOURCE``: :func:`calibration_batches` of
-    :func:`archspec.data.load_data` (``None``: the embedded digits), loading only a stratified subset a little
+    :func:`archspec.io.datasets.load_data` (``None``: the embedded digits), loading only a stratified subset a little
     larger than the ``batches * batch_size`` training images needed (Fashion-MNIST in full at 224 px would be
     14 GB).  Returns ``(batches, description)``, the description JSON-ready (data set, source, seed).
 
     Raises:
-        SpecError: at ``--calibrate``: what :func:`archspec.data.load_data` raises.
+        SpecError: at ``--calibrate``: what :func:`archspec.io.datasets.load_data` raises.
     """
     import math  # noqa: PLC0415
 
-    from archspec.data import load_data  # noqa: PLC0415
 
     pool = max(2, math.ceil(batches * batch_size / 0.75))  # every source keeps >= 75% of its images for training
     try:
@@ -356,8 +362,6 @@ def save_quantized(model: QuantizedModel, directory: str | os.PathLike) -> Path:
         SpecError: the model was not made from an archspec model (no spec to save).
         OSError: a file cannot be written.
     """
-    from archspec import __version__  # noqa: PLC0415
-    from archspec.artifact import save, save_weights_dict, spec_digest  # noqa: PLC0415
 
     if model.spec is None:
         raise SpecError.single((), "only an int8 model made from an archspec model can be saved (it has no spec)",
@@ -391,7 +395,7 @@ def load_quantized(directory: str | os.PathLike, compile: bool = True,
     from safetensors import SafetensorError, safe_open  # noqa: PLC0415
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e  # noqa: PLC0415
 
-    from archspec.artifact import load, spec_digest  # noqa: PLC0415
+    from archspec.io.artifact import load, spec_digest  # noqa: PLC0415
 
     require_backend()
     directory = Path(directory)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from archspec.errors import SpecError
+from archspec.io.builddir import normal_mode, staging_prefix
 
 __all__ = ["export_onnx", "check_target", "require_onnx", "ort_session", "run_onnx", "MARKER", "FLOAT32_TOLERANCE"]
 
@@ -126,14 +127,12 @@ def export_onnx(module: torch.nn.Module, path: str | os.PathLike, example: torch
     program.model.metadata_props[MARKER] = json.dumps(metadata, sort_keys=True)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        from archspec.builddir import staging_prefix  # noqa: PLC0415
 
         fd, tmp = tempfile.mkstemp(prefix=staging_prefix(path.name, "archspec-tmp-", ".onnx"), suffix=".onnx",
                                    dir=path.parent)
         os.close(fd)
         try:
             program.save(tmp, external_data=False)
-            from archspec.builddir import normal_mode  # noqa: PLC0415
 
             os.chmod(tmp, normal_mode(directory=False))
             os.replace(tmp, path)

@@ -9,7 +9,7 @@ A *family* is one kind of part of a model.  Its folder ``archspec/families/<fami
               leaf names an optimizer must not decay.
 ``module.py`` the ``nn.Module`` and ``build(shape) -> nn.Module``.
 
-:mod:`archspec.graph` walks the spec and asks each family's rules; :mod:`archspec.compiler` hands every
+:mod:`archspec.ir.graph` walks the spec and asks each family's rules; :mod:`archspec.nn.compiler` hands every
 node's shape to :func:`build` without reading the spec again.  :data:`FAMILIES` is the registry: a new
 family is a folder plus a line here (the checklist is in ``docs/architecture.md``).  This module and every
 ``rules.py`` import no torch, so ``archspec validate`` never does; a family's ``module.py`` is imported the
@@ -29,7 +29,7 @@ __all__ = ["FAMILIES", "rules", "module", "build", "no_weight_decay_leaves"]
 
 #: family name -> its package (``<package>.rules`` torch-free, ``<package>.module`` the torch side)
 FAMILIES: dict[str, str] = {
-    "stem": "archspec.families.stems",
+    "stem": "archspec.families.stem",
     "tokens": "archspec.families.tokens",          # rules only: the model's own parameters
     "attention": "archspec.families.attention",
     "talking_heads": "archspec.families.talking_heads",

@@ -24,7 +24,7 @@ Modules (import them directly; this package imports nothing heavy on its own):
 * :mod:`archspec.search.masks`   -- mode 2, MaiT mask placement: ``run_masks``;
 * :mod:`archspec.search.report`  -- progress, trials.csv, the Pareto / best specs, plots, the printed summary;
 * :mod:`archspec.search.runs`    -- run-directory files: marker, atomic writes, specs with provenance;
-* :mod:`archspec.search.cli`     -- ``archspec search`` (the command-line client of the two modes);
+* :mod:`archspec.cli.search`     -- ``archspec search`` (the command-line client of the two modes);
 * :mod:`archspec.search.space`   -- the declarative search-space language, ``load_space``,
   ``mask_placement_space`` (MaiT mode 2);
 * :mod:`archspec.search.budget`  -- ``parse_quantity``, ``Budgets``, ``static_check`` (graph only);
@@ -35,7 +35,7 @@ Modules (import them directly; this package imports nothing heavy on its own):
 * :mod:`archspec.search.study`   -- storages, samplers, resume, zombie trials; :mod:`archspec.search.fidelity`
   -- multi-fidelity rungs.
 
-The proxy training data comes from :mod:`archspec.data` (``load_data``: digits by default, Fashion-MNIST,
+The proxy training data comes from :mod:`archspec.io.datasets` (``load_data``: digits by default, Fashion-MNIST,
 CIFAR-10/100, ImageFolder), shared with training and the weight transfers.
 """
 
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from archspec.lazy import lazy_exports
+from archspec._util.lazy import lazy_exports
 
 SPACES_DIR = Path(__file__).resolve().parent / "spaces"
 DEFAULT_SPACE = SPACES_DIR / "levit_family.yaml"

@@ -1,6 +1,6 @@
 """Budgets (MACs, parameters, latency) and the static feasibility check of a candidate.
 
-``static_check`` needs only the IR (:func:`archspec.graph.build_graph`): no weights are built, so a
+``static_check`` needs only the IR (:func:`archspec.ir.graph.build_graph`): no weights are built, so a
 search rejects an over-budget candidate in about a millisecond, before any training.  Latency is
 not static; the orchestrator measures it with :func:`archspec.search.latency.measure_latency`.
 
@@ -17,8 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from archspec.analysis import human
+from archspec._util.memory import format_bytes
 from archspec.errors import SpecError
+from archspec.ir.analysis import human
+from archspec.ir.graph import DEFAULT_MAX_MEMORY, build_graph, check_memory
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,7 +78,7 @@ class Budgets:
     """Upper bounds of a search; ``None`` = unconstrained.  MACs per image at the spec's input size.
 
     ``memory`` (bytes) bounds both a batch-1 inference forward at the spec's size and a proxy training
-    step (:func:`training_memory`); ``None`` takes :data:`archspec.graph.DEFAULT_MAX_MEMORY` (8 GiB).
+    step (:func:`training_memory`); ``None`` takes :data:`archspec.ir.graph.DEFAULT_MAX_MEMORY` (8 GiB).
     """
 
     macs: float | None = None
@@ -104,7 +106,7 @@ def training_memory(graph, batch: int) -> int:
     """Estimated bytes of one training step of the IR ``graph`` at ``batch`` images.
 
     Training keeps every node's intermediates for the backward pass, so activations are the *sum*
-    over nodes of ``saved_bytes`` (per image; :mod:`archspec.graph`), times the batch -- where
+    over nodes of ``saved_bytes`` (per image; :mod:`archspec.ir.graph`), times the batch -- where
     inference takes only the largest node's peak; parameters count :data:`TRAINING_STATE_FACTOR`
     times (weight, gradient, AdamW's two moments); buffers once.
     """
@@ -115,8 +117,6 @@ def training_memory(graph, batch: int) -> int:
 
 def _memory_reasons(graph, budgets: Budgets, data, protocol) -> list[str]:
     """Over-limit reasons: the batch-1 inference forward at the spec's size, and the proxy training batch."""
-    from archspec.graph import DEFAULT_MAX_MEMORY, build_graph, check_memory  # noqa: PLC0415
-    from archspec.memory import format_bytes  # noqa: PLC0415
 
     limit = DEFAULT_MAX_MEMORY if budgets.memory is None else budgets.memory
     reasons = [p.message for p in check_memory(graph, limit)]
@@ -143,12 +143,12 @@ def static_check(spec: ArchSpec, budgets: Budgets, data=None, protocol=None) -> 
     """Check ``spec`` against the MAC, parameter and memory budgets from the IR alone (no weights).
 
     Memory: a batch-1 inference forward at the spec's size and, when ``data`` (a
-    :class:`~archspec.data.Dataset`) and ``protocol`` (a :class:`~archspec.search.proxy.ProxyProtocol`)
+    :class:`~archspec.io.datasets.Dataset`) and ``protocol`` (a :class:`~archspec.search.proxy.ProxyProtocol`)
     are given, one proxy training step of ``protocol.batch_size`` images (:func:`training_memory`),
     against ``budgets.memory``.  The latency budget is not checked here (it needs a measurement).
     An invalid spec is infeasible, with the validator's message as the reason (``macs = params = 0``).
     """
-    from archspec.graph import build_graph  # noqa: PLC0415 - keep module import light
+    from archspec.ir.graph import build_graph  # noqa: PLC0415 - keep module import light
 
     try:
         graph = build_graph(spec)

@@ -1,6 +1,6 @@
 """The settings and the result of one search run: :class:`SearchConfig`, :class:`SearchOutcome`, the defaults.
 
-Imports neither Optuna nor torch, so the command line (:mod:`archspec.search.cli`) can build its parser,
+Imports neither Optuna nor torch, so the command line (:mod:`archspec.cli.search`) can build its parser,
 and print its defaults in ``--help``, without paying for either; :mod:`archspec.search.engine` re-exports
 every name here as part of its public API.
 """
@@ -147,14 +147,14 @@ class SearchOutcome:
     @property
     def best_spec(self) -> Any:
         """The spec of ``best.yaml``, loaded and checked (``None`` when none was written)."""
-        from archspec.loader import load_spec  # noqa: PLC0415
+        from archspec.ir.loader import load_spec  # noqa: PLC0415
 
         return None if self.best_file is None else load_spec(str(self.best_file))
 
     @property
     def pareto_specs(self) -> list:
         """The specs of ``pareto/`` in rank order (most accurate first); ``[best_spec]`` for one objective."""
-        from archspec.loader import load_spec  # noqa: PLC0415
+        from archspec.ir.loader import load_spec  # noqa: PLC0415
 
         if "pareto" not in self.summary:
             return [] if self.best_file is None else [self.best_spec]

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from archspec.analysis import human
+from archspec.ir.analysis import human
 from archspec.search.config import SearchConfig, SearchOutcome, complete_config
+from archspec.search.engine import run_optuna_search
+from archspec.search.space import load_space
 
 __all__ = ["run_design", "default_study_name"]
 
@@ -53,8 +55,6 @@ def run_design(cfg: SearchConfig | None = None, /, **options: Any) -> SearchOutc
         SpecError: a bad space file, or any input :func:`~archspec.search.engine.run_optuna_search` refuses;
             nothing is written then.
     """
-    from archspec.search.engine import run_optuna_search
-    from archspec.search.space import load_space
 
     cfg = complete_config(cfg, **options)
     space = load_space(cfg.space)

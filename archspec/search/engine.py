@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from archspec.analysis import human
 from archspec.errors import SpecError
+from archspec.ir.analysis import human
 from archspec.search import report, runs
 from archspec.search.config import (
     BUDGET_OPTIONS,
@@ -85,7 +85,7 @@ from archspec.search.study import (
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # annotations only: the space, the data and the cache import torch-side modules
-    from archspec.data import Dataset
+    from archspec.io.datasets import Dataset
     from archspec.search.latency import LatencyCache
     from archspec.search.space import SearchSpace
 
@@ -279,12 +279,13 @@ def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
 
 
 def check_data_path(data: str | None) -> None:
-    """Fail fast, before a study is opened, when ``--data`` names nothing (see :func:`archspec.data.check_source`).
+    """Fail fast, before a study is opened, when ``--data`` names nothing
+    (see :func:`archspec.io.datasets.check_source`).
 
     Raises:
         SpecError: a missing path, or Fashion-MNIST asked for where it is not installed (exit 2 from the CLI).
     """
-    from archspec.data import check_source
+    from archspec.io.datasets import check_source
 
     check_source(data)
 
@@ -310,7 +311,7 @@ def _preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     Raises:
         SpecError: the first bad input (trials, timeout, budgets, space, data, ``--out``, ``--storage``).
     """
-    from archspec.data import load_data
+    from archspec.io.datasets import load_data
 
     if cfg.trials < 1:
         raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")
@@ -423,7 +424,7 @@ class CandidateObjective:
 
     Args:
         space: the :class:`~archspec.search.space.SearchSpace` to sample.
-        data: the :class:`~archspec.data.Dataset` of the proxy training.
+        data: the :class:`~archspec.io.datasets.Dataset` of the proxy training.
         cfg: the :class:`~archspec.search.config.SearchConfig` (budgets, protocols, limits).
         cache: the :class:`~archspec.search.latency.LatencyCache` of the run directory.
         n_objectives: 1 (accuracy) or 2 (accuracy, latency in ms).

@@ -23,6 +23,9 @@ from pathlib import Path
 
 import torch
 
+from archspec.diagnostics.timing import compile_for_inference, largest_batch, measure_forward, resolve_device
+from archspec.io.builddir import staging_prefix
+from archspec.nn.compiler import compile as compile_spec
 from archspec.spec import ArchSpec, ConvStageSpec
 
 __all__ = ["LatencyProtocol", "LatencyCache", "architecture_key", "measure_latency"]
@@ -32,13 +35,13 @@ _IGNORED = ("name", "description", "source", "seed")
 
 @dataclass(frozen=True)
 class LatencyProtocol:
-    """How latency is measured (:func:`archspec.timing.measure_forward`).
+    """How latency is measured (:func:`archspec.diagnostics.timing.measure_forward`).
 
     Default = LeViT's CPU protocol: one thread, batch 1, float32; the figure is the median ms of one
     forward pass.  ``device='cuda'`` (or ``'auto'`` on a GPU machine) with ``batch=None`` is LeViT's GPU
     protocol: the largest power-of-two batch that fits, bf16 autocast; the figure is then ms per image
     (``1000 / images_per_s``) so candidates measured at different batches compare.  ``compile=True`` times the
-    model under ``torch.compile`` (:func:`archspec.timing.compile_for_inference`: Inductor, freezing); its
+    model under ``torch.compile`` (:func:`archspec.diagnostics.timing.compile_for_inference`: Inductor, freezing); its
     compilation runs before the warm-up and is never timed (``archspec search --latency-compile``).
     """
 
@@ -128,7 +131,6 @@ class LatencyCache:
             self._memory = data
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        from archspec.builddir import staging_prefix  # noqa: PLC0415
 
         fd, tmp = tempfile.mkstemp(prefix=staging_prefix(self.path.name, "", ".tmp")[1:], suffix=".tmp",
                                    dir=self.path.parent)
@@ -158,8 +160,6 @@ def measure_latency(spec: ArchSpec, protocol: LatencyProtocol = LatencyProtocol(
         SpecError: the spec is invalid.
         RuntimeError: the device is not available.
     """
-    from archspec.compiler import compile as compile_spec  # noqa: PLC0415
-    from archspec.timing import measure_forward, resolve_device  # noqa: PLC0415
 
     key = architecture_key(spec)
     if cache is not None:
@@ -174,11 +174,10 @@ def measure_latency(spec: ArchSpec, protocol: LatencyProtocol = LatencyProtocol(
     c, (h, w) = spec.input.channels, spec.input.resolution
     batch = protocol.batch
     if protocol.compile:  # static shapes: probe the GPU batch eagerly, then compile once at it
-        from archspec.timing import _largest_batch, compile_for_inference  # noqa: PLC0415
 
         model = model.eval().to(device)
         if batch is None and device.type == "cuda":
-            batch = _largest_batch(model, (c, h, w), device, torch.bfloat16)
+            batch = largest_batch(model, (c, h, w), device, torch.bfloat16)
         model = compile_for_inference(model)
     result = measure_forward(model, (c, h, w), device, threads=protocol.threads, batch=batch,
                              warmup=protocol.warmup, repeats=protocol.repeats)

@@ -3,7 +3,7 @@
 Three strategies (Li et al. 2022, "MaiT"):
 
 ``als`` -- the placement strategy of sec. 4.2, driven by the Attention Locality Score (eq. 3,
-    :func:`archspec.metrics.layer_als`, on held-out images):
+    :func:`archspec.diagnostics.metrics.layer_als`, on held-out images):
 
     1. round 1: a hard mask (``--window``, 3x3) on head 0 of every attention layer, every other mask
        removed; proxy-train; ALS per layer and head;
@@ -52,10 +52,10 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from archspec.data import load_data
 from archspec.errors import SpecError, format_path
 from archspec.families.attention.heads import HeadSpec, MaskSpec
-from archspec.loader import load_spec
+from archspec.io.datasets import load_data
+from archspec.ir.loader import load_spec
 from archspec.search import report, runs
 from archspec.search.config import MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S, complete_config, warmup_warning
 from archspec.search.engine import (
@@ -233,10 +233,11 @@ def _attention_modules(model) -> dict[tuple[int, int], Any]:
 
 
 def layer_scores(model, images, window: tuple[int, int]) -> dict[tuple[int, int], list[float]]:
-    """ALS per head of every attention layer (:func:`archspec.metrics.layer_als`), keyed by (stage, layer)."""
+    """ALS per head of every attention layer (:func:`archspec.diagnostics.metrics.layer_als`), keyed by
+    (stage, layer)."""
     import torch
 
-    from archspec.metrics import layer_als
+    from archspec.diagnostics.metrics import layer_als
 
     modules = _attention_modules(model)
     by_id = {id(m): key for key, m in modules.items()}
@@ -270,11 +271,11 @@ def uniform_baselines(model, window: tuple[int, int]) -> dict[tuple[int, int], f
 
     ``ALS_uniform = mean over patch queries of |window neighbours| / N``: 0.05 on MaiT's 14x14 grid with
     a 3x3 window and a class token, but 0.37 on a 4x4 proxy grid -- the level "no locality" sits at.
-    Computed with :func:`archspec.metrics.attention_locality_score` on a uniform map.
+    Computed with :func:`archspec.diagnostics.metrics.attention_locality_score` on a uniform map.
     """
     import torch
 
-    from archspec.metrics import attention_locality_score, patch_window_mask
+    from archspec.diagnostics.metrics import attention_locality_score, patch_window_mask
 
     out = {}
     for key, module in _attention_modules(model).items():
@@ -566,7 +567,7 @@ class _MaskRun:
 
     def _ask_round(self, round_index: int, round_spec: ArchSpec):
         """A new trial for a training round, with its strategy, round, spec, MACs and params."""
-        from archspec.analysis import analyze
+        from archspec.ir.analysis import analyze
 
         trial = self.study.ask()
         mark_worker(trial)
@@ -736,7 +737,7 @@ class _MaskRun:
 
     def _write_best(self, summary: dict, placement: Placement, extra: dict):
         """best.yaml: ``spec`` with the decided placement, and its provenance; returns its path."""
-        from archspec.analysis import analyze
+        from archspec.ir.analysis import analyze
 
         spec, window, rounds_log = self.spec, self.window, self.rounds_log
         final_spec = apply_placement(spec, placement_heads(spec, placement, window))

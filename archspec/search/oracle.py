@@ -179,12 +179,12 @@ class OracleTable:
         return ms
 
     def dataset(self):
-        """A stand-in :class:`archspec.data.Dataset` of the table's data (one blank image per split): what the
+        """A stand-in :class:`archspec.io.datasets.Dataset` of the table's data (one blank image per split): what the
         engine's static checks and reports read of the data (channels, classes, size); nothing is trained on it."""
         import torch
         from torch.utils.data import TensorDataset
 
-        from archspec.data import Dataset
+        from archspec.io.datasets import Dataset
 
         protocol = self.meta.get("protocol", {})
         size = int(protocol.get("image_size", 28))

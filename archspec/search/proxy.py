@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from archspec.data import Dataset
 from archspec.errors import SpecError
-from archspec.loader import load_spec
+from archspec.io.datasets import Dataset
+from archspec.ir.loader import load_spec
 from archspec.spec import ArchSpec
 from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
 from archspec.train import TrainConfig, TrialFailure, failure, train
@@ -42,7 +42,7 @@ class ProxyProtocol(TrainConfig):
 
     With other processes on the same cores use ``threads=1``: two processes with 2 OpenMP threads each
     on 2 cores ran 5-10x slower here (busy-waiting); ``archspec search`` defaults to the idle cores
-    (:func:`archspec.search.cli.idle_cores`).  Measured costs: ``docs/benchmarks.md`` ("Search").
+    (:func:`archspec.cli.search.idle_cores`).  Measured costs: ``docs/benchmarks.md`` ("Search").
 
     Attributes (besides :class:`archspec.train.TrainConfig`'s optimisation settings -- steps, batch_size,
     lr, weight_decay, optimizer, warmup_steps, augmentation, eval_every, device -- with the same defaults;
@@ -135,7 +135,7 @@ def stage_grids(spec: ArchSpec | dict) -> tuple[tuple[int, int], ...]:
     Raises:
         SpecError: the spec is invalid.
     """
-    from archspec.graph import build_graph  # noqa: PLC0415
+    from archspec.ir.graph import build_graph  # noqa: PLC0415
 
     graph = build_graph(spec if isinstance(spec, ArchSpec) else load_spec(spec))
     grids: dict[int, tuple[int, int]] = {}
@@ -333,7 +333,7 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
         TrialFailure: NaN/inf loss, an exception inside the model (with its message), out of memory.
         SpecError: the spec cannot be adapted to the proxy.
     """
-    from archspec.compiler import compile as compile_spec  # noqa: PLC0415
+    from archspec.nn.compiler import compile as compile_spec  # noqa: PLC0415
 
     geometry, doc = proxy_geometry(spec, data, protocol)
     pspec = load_spec(doc).model_copy(update={"seed": seed})
@@ -369,7 +369,7 @@ def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: t
         TrialFailure: an exception inside the model, or out of memory.
         SpecError: the spec cannot be adapted to the proxy.
     """
-    from archspec.compiler import compile as compile_spec  # noqa: PLC0415
+    from archspec.nn.compiler import compile as compile_spec  # noqa: PLC0415
     from archspec.search.zero_cost import zero_cost_scores  # noqa: PLC0415
 
     geometry, doc = proxy_geometry(spec, data, protocol)

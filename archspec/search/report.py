@@ -28,7 +28,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from archspec.analysis import human
+from archspec.ir.analysis import human
 from archspec.search import runs
 from archspec.search.config import GEOMETRY_ATTR
 
@@ -249,7 +249,7 @@ def spec_of_trial(trial, space=None):
     """
     import optuna
 
-    from archspec.loader import load_spec
+    from archspec.ir.loader import load_spec
 
     data = trial.user_attrs.get("spec")
     if data is not None:

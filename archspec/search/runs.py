@@ -1,4 +1,5 @@
-"""Run directories of ``archspec search``: the marker, atomic writes, emitted specs with provenance.
+"""Run directories of ``archspec search``: the marker, emitted specs with provenance (atomic writes:
+:mod:`archspec.io.atomic`, re-exported here).
 
 Layout of ``runs/<study-name>/`` (or ``--out``)::
 
@@ -24,20 +25,17 @@ What goes into the files -- trials.csv, plots, the summary -- is :mod:`archspec.
 from __future__ import annotations
 
 import datetime as _dt
-import io
 import json
 import math
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from archspec.builddir import normal_mode, staging_prefix
 from archspec.errors import SpecError
-from archspec.loader import load_spec
+from archspec.io.atomic import atomic_savefig, atomic_write_bytes, atomic_write_text, replace_dir
+from archspec.ir.loader import load_spec
 from archspec.spec import ArchSpec, spec_to_yaml
 
 __all__ = [
@@ -91,60 +89,6 @@ def prepare_run_dir(out: Path) -> Path:
     except OSError as exc:
         raise SpecError.single(("--out",), f"cannot create the run directory: {exc.strerror}", None, str(out)) from None
     return out
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temporary file in the same directory + ``os.replace``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=staging_prefix(path.name, "", ".tmp"), suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, normal_mode(directory=False))  # mkstemp makes 0o600; files follow the umask as open()'s do
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    """Write UTF-8 ``text`` to ``path`` atomically."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_savefig(fig, path: Path, dpi: int = 120) -> Path:
-    """Save a matplotlib figure as PNG atomically."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return atomic_write_bytes(path, buf.getvalue())
-
-
-def replace_dir(final: Path, files: dict[str, str]) -> Path:
-    """Replace directory ``final`` by one holding exactly ``files`` (name -> text), as atomically as
-    a directory swap allows: build a temporary sibling, move the old one aside, move the new one in."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=staging_prefix(final.name), dir=final.parent))
-    old = None
-    try:
-        for name, text in files.items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        if final.exists():
-            old = final.with_name(f"{staging_prefix(final.name, 'old.', extra=10)}{os.getpid()}")
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(final, old)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and old.exists():
-            shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 # ----------------------------------------------------------------------------------- provenance / specs

@@ -92,9 +92,9 @@ from pydantic import BaseModel, ValidationError
 
 from archspec.errors import Locator, Problem, SpecError
 from archspec.families.attention.heads import HeadSpec, MaskSpec
-from archspec.loader import load_spec
+from archspec.ir.loader import load_spec
 from archspec.spec import ArchSpec, ConvStageSpec, StageSpec
-from archspec.yamlsource import is_yaml_text, load_yaml, read_text_file
+from archspec.spec.yaml_source import is_yaml_text, load_yaml, read_text_file
 
 __all__ = ["SearchSpace", "load_space", "mask_placement_space", "MARKERS"]
 
@@ -806,7 +806,7 @@ def load_space(source: str | os.PathLike | dict | None = None) -> SearchSpace:
     Args:
         source: ``None`` (the embedded LeViT-family design space), a path to a YAML file, the name of
             a shipped space (``levit_family``), YAML text or a dict.  A ``str`` is YAML text or a path
-            by the rule of :func:`archspec.yamlsource.is_yaml_text` (as for :func:`archspec.load_spec`).
+            by the rule of :func:`archspec.spec.yaml_source.is_yaml_text` (as for :func:`archspec.load_spec`).
 
     Raises:
         SpecError: unknown keys, malformed markers, empty choices, refs to nothing, a space whose
@@ -838,7 +838,7 @@ def load_space(source: str | os.PathLike | dict | None = None) -> SearchSpace:
 
 
 def _stage_grids(spec: ArchSpec) -> dict[int, tuple[int, int]]:
-    from archspec.graph import build_graph  # noqa: PLC0415
+    from archspec.ir.graph import build_graph  # noqa: PLC0415
 
     graph = build_graph(spec)
     grids: dict[int, tuple[int, int]] = {}

@@ -14,21 +14,22 @@ Modules:
 * :mod:`archspec.train.config` -- ``TrainConfig`` and the seed papers' ``RECIPES`` (torch-free);
 * :mod:`archspec.train.loop` -- the one loop (``run_steps``, ``Trainer``) and the in-memory fast path ``train``;
 * :mod:`archspec.train.batches` -- batch sources: in memory, or streamed through a ``DataLoader``;
-* :mod:`archspec.train.data` -- streamed datasets (ImageFolder, Fashion-MNIST, CIFAR, digits) and timm transforms;
+* :mod:`archspec.train.streamed_data` -- streamed datasets (ImageFolder, Fashion-MNIST, CIFAR, digits) and timm
+  transforms;
 * :mod:`archspec.train.checkpoint` -- atomic checkpoints and bit-for-bit resume;
 * :mod:`archspec.train.distributed` -- ``torchrun`` processes (DDP: gloo on CPU, NCCL on CUDA);
 * :mod:`archspec.train.progress` -- progress bar / log lines, metrics CSV and JSON lines;
 * :mod:`archspec.train.run` -- ``fit``: a whole run into a run directory (``archspec train``);
-* :mod:`archspec.train.cli` -- the ``archspec train`` command line (torch-free).
+* :mod:`archspec.cli.train` -- the ``archspec train`` command line (torch-free).
 """
 
 from __future__ import annotations
 
-from archspec.lazy import lazy_exports
+from archspec._util.lazy import lazy_exports
 
 _EXPORTS = {
     "AUGMENTATIONS": "config", "AMP_MODES": "config", "RECIPES": "config", "TrainConfig": "config", "recipe": "config",
-    "TrainResult": "loop", "Trainer": "loop", "TrialFailure": "loop", "evaluate": "loop", "failure": "loop",
+    "TrainResult": "loop", "Trainer": "loop", "TrialFailure": "failures", "evaluate": "loop", "failure": "failures",
     "resolve_device": "loop", "run_steps": "loop", "train": "loop",
     "fit": "run", "FitResult": "run",
 }

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
+from archspec.train.failures import TrialFailure
+
 __all__ = ["SeededSamples", "EpochSampler", "StreamBatches", "TensorBatches", "augment", "quiet_worker"]
 
 
@@ -67,8 +69,6 @@ class TensorBatches:
     """
 
     def __init__(self, split: Any, batch_size: int, augmentation: str, seed: int, device: torch.device):
-        from archspec.train.loop import TrialFailure  # noqa: PLC0415
-
         images, labels = split.tensors
         if len(labels) == 0:
             raise TrialFailure("the training set is empty")

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from archspec.builddir import normal_mode, staging_prefix
+from archspec.errors import SpecError
+from archspec.io.builddir import normal_mode, staging_prefix
 
 __all__ = ["CHECKPOINT", "rng_state", "set_rng_state", "save_checkpoint", "load_checkpoint"]
 
@@ -79,7 +80,6 @@ def load_checkpoint(path: str | os.PathLike, trainer: Any, batches: Any) -> dict
             checkpoint archspec wrote (random bytes, a pickle of other objects, missing entries) or one of
             another model (tensor shapes that do not match); nothing is changed on disk.
     """
-    from archspec.errors import SpecError  # noqa: PLC0415
 
     path = Path(path)
 

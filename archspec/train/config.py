@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
+from archspec.errors import SpecError
+
 __all__ = ["AUGMENTATIONS", "AMP_MODES", "RECIPES", "TrainConfig", "check_config", "recipe"]
 
 AUGMENTATIONS = ("none", "flip", "crop", "flip+crop")  # the in-memory fast path's tensor augmentation
@@ -188,7 +190,6 @@ def check_config(config: TrainConfig) -> None:
     Raises:
         SpecError: at ``--<setting>`` (e.g. ``--warmup-epochs: must be a number >= 0, got -2.0``).
     """
-    from archspec.errors import SpecError  # noqa: PLC0415
 
     problems = config.problems()
     if problems:

@@ -20,20 +20,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from archspec.diagnostics.timing import parse_device
+from archspec.errors import SpecError
+from archspec.train.batches import TensorBatches
 from archspec.train.config import AUGMENTATIONS, TrainConfig
+from archspec.train.failures import TrialFailure, failure
+from archspec.train.progress import Progress
+from archspec.train.stop import check
 
 if TYPE_CHECKING:
-    from archspec.data import Dataset
+    from archspec.io.datasets import Dataset
 
 __all__ = ["TrainResult", "Trainer", "TrialFailure", "evaluate", "failure", "resolve_device", "run_steps", "train"]
-
-
-class TrialFailure(Exception):
-    """A model that cannot be trained: NaN/inf loss, an exception inside the model, out of memory."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -52,26 +50,16 @@ class TrainResult:
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> ``cuda`` when available else ``cpu``; otherwise ``torch.device(name)``
-    (:func:`archspec.timing.parse_device`, which the timing shares).
+    (:func:`archspec.diagnostics.timing.parse_device`, which the timing shares).
 
     Raises:
         ValueError: an unknown device name, or CUDA asked for but not available.
     """
-    from archspec.errors import SpecError  # noqa: PLC0415
-    from archspec.timing import parse_device  # noqa: PLC0415
 
     try:
         return parse_device(name)
     except SpecError as exc:
         raise ValueError(exc.problems[0].message) from None
-
-
-def failure(exc: BaseException, where: str) -> TrialFailure:
-    """A :class:`TrialFailure` naming an exception raised ``where`` (out of memory told apart)."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower() or isinstance(exc, torch.OutOfMemoryError):
-        return TrialFailure(f"out of memory {where}: {text[:300]}")
-    return TrialFailure(f"{type(exc).__name__} {where}: {text[:300]}")
 
 
 def autocast_dtype(amp: str, device: torch.device) -> torch.dtype | None:
@@ -86,7 +74,7 @@ def evaluate(model: torch.nn.Module, data: Any, batch: int = 256, device: str | 
              amp: str = "auto", reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[float, float]:
     """Val top-1 (0..1) and mean cross-entropy of ``model`` in eval mode (restored after).
 
-    ``data``: an in-memory :class:`archspec.data.Dataset` (its ``val`` tensors) or an iterable of ``(x, y)``
+    ``data``: an in-memory :class:`archspec.io.datasets.Dataset` (its ``val`` tensors) or an iterable of ``(x, y)``
     batches (a ``DataLoader`` of ``(B, C, H, W)`` images and labels).  ``reduce`` sums the
     ``[correct, loss sum, count]`` tensor over processes (``torch.distributed``).
     """
@@ -95,7 +83,6 @@ def evaluate(model: torch.nn.Module, data: Any, batch: int = 256, device: str | 
     was = model.training
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64)
-    from archspec.train.stop import check  # noqa: PLC0415
 
     for x, y in _val_batches(data, batch):
         check()  # a SIGTERM to `archspec train` stops a long evaluation too (archspec.train.stop)
@@ -130,7 +117,7 @@ class Trainer:
             default: timm's weight-decay groups of ``model``.
         num_classes: for Mixup's soft targets.
         teacher: a distillation teacher (DeiT hard distillation; ``model`` must return ``(cls, dist)``
-            logits in train mode, :meth:`archspec.model.ArchModel.set_distilled_training`).
+            logits in train mode, :meth:`archspec.nn.model.ArchModel.set_distilled_training`).
         wrap: ``f(model) -> module`` applied after the optimizer is built (DistributedDataParallel).
 
     Raises:
@@ -354,7 +341,6 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
         TrialFailure: empty training set, NaN/inf loss, an exception inside the model, out of memory.
         ValueError: an unknown device or augmentation.
     """
-    from archspec.train.batches import TensorBatches  # noqa: PLC0415
 
     if config.augmentation not in AUGMENTATIONS:
         raise ValueError(f"augmentation must be one of {', '.join(AUGMENTATIONS)}, got {config.augmentation!r}")
@@ -370,7 +356,6 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
     if progress is not None:
         import sys  # noqa: PLC0415
 
-        from archspec.train.progress import Progress  # noqa: PLC0415
 
         shown = Progress(config.steps, 0, batches.batch, log_every=config.log_every, bar=False, stream=sys.stderr,
                          label=progress)

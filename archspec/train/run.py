@@ -36,8 +36,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from archspec._version import __version__
 from archspec.errors import SpecError
-from archspec.train.config import TrainConfig, recipe
+from archspec.io.artifact import load, save
+from archspec.io.atomic import atomic_write_text
+from archspec.io.builddir import BUILD, is_build, only_build_files, write_build
+from archspec.ir.loader import load_spec
+from archspec.nn.compiler import compile as compile_spec
+from archspec.spec import ArchSpec
+from archspec.train.batches import StreamBatches, quiet_worker
+from archspec.train.checkpoint import CHECKPOINT, load_checkpoint
+from archspec.train.config import TrainConfig, check_config, recipe
+from archspec.train.distributed import init_processes, shutdown
+from archspec.train.loop import Hooks, Trainer, evaluate, resolve_device, run_steps
+from archspec.train.param_groups import gating_param_groups, transformed_layers
+from archspec.train.progress import Progress
+from archspec.train.stop import check, deferred
+from archspec.train.streamed_data import (
+    DamagedImages,
+    check_auto_augment,
+    damaged_message,
+    make_transforms,
+    open_stream_data,
+)
+from archspec.train.teacher import load_teacher
 
 __all__ = ["FitResult", "fit", "RUN_MARKER", "prepare_run_dir"]
 
@@ -155,7 +177,6 @@ def _clear_run(out: Path) -> None:
     """
     import shutil  # noqa: PLC0415
 
-    from archspec.builddir import BUILD, _only_build_files  # noqa: PLC0415
 
     removals = []
     for name in sorted(os.listdir(out)):
@@ -168,7 +189,7 @@ def _clear_run(out: Path) -> None:
         elif name == "tensorboard" and all(f.is_file() and f.name.startswith("events.out.tfevents")
                                            for f in path.iterdir()):
             removals.append(lambda p=path: shutil.rmtree(p))
-        elif path.is_dir() and _only_build_files(path, BUILD):  # model/, model_ema/ or a build's staging dir
+        elif path.is_dir() and only_build_files(path, BUILD):  # model/, model_ema/ or a build's staging dir
             removals.append(lambda p=path: shutil.rmtree(p))
         else:
             raise _out_error(out, f"--restart: {path} is not what archspec train writes; nothing was removed",
@@ -250,8 +271,6 @@ def _check(config: TrainConfig, seed: int) -> None:
     """
     from timm.optim import list_optimizers  # noqa: PLC0415
 
-    from archspec.train.config import check_config  # noqa: PLC0415
-    from archspec.train.data import check_auto_augment  # noqa: PLC0415
 
     check_config(config)
     if config.optimizer.lower().split("_")[-1] not in list_optimizers():  # timm: "lookahead_adamw" -> adamw
@@ -265,15 +284,12 @@ def _check(config: TrainConfig, seed: int) -> None:
 
 def is_build_dir(source: Any) -> bool:
     """Whether ``source`` names an archspec build directory (its weights are the starting point)."""
-    from archspec.builddir import is_build  # noqa: PLC0415
 
     return isinstance(source, (str, os.PathLike)) and Path(source).is_dir() and is_build(source)
 
 
 def _load(spec: Any, num_classes: int):
     """The spec with its classifier sized to the data's classes (a build directory's spec for a build)."""
-    from archspec.loader import load_spec  # noqa: PLC0415
-    from archspec.spec import ArchSpec  # noqa: PLC0415
 
     spec = load_spec(Path(spec) / "spec.yaml") if is_build_dir(spec) else load_spec(spec)
     if spec.head.num_classes == num_classes:
@@ -286,11 +302,9 @@ def _load(spec: Any, num_classes: int):
 def _initial_model(source: Any, spec):
     """A fresh model of ``spec`` (its seed's initialisation), or a build directory's weights with the classifier
     reset when the data has other classes (fine-tuning; T-CNN after ``archspec tcnn``)."""
-    from archspec.compiler import compile as compile_spec  # noqa: PLC0415
 
     if not is_build_dir(source):
         return compile_spec(spec)
-    from archspec.artifact import load  # noqa: PLC0415
 
     model = load(source)
     if model.spec.head.num_classes != spec.head.num_classes:
@@ -300,8 +314,6 @@ def _initial_model(source: Any, spec):
 
 def _param_groups(model, config: TrainConfig) -> list[dict] | None:
     """T-CNN's groups (sec. 3: gating at lr 0.1, no weight decay) when the model has transformed layers."""
-    from archspec.transfer.tcnn import gating_param_groups, transformed_layers  # noqa: PLC0415
-
     if not transformed_layers(model):
         return None
     return gating_param_groups(model, config.lr, weight_decay=config.weight_decay)
@@ -318,7 +330,7 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
         spec: a spec file, shipped name, dict or ``ArchSpec`` (fresh weights from its seed), or an archspec
             build directory (its weights: fine-tuning, e.g. a T-CNN from ``archspec tcnn``, whose gating then
             trains at lr 0.1 without weight decay as T-CNN sec. 3); the classifier is sized to the data.
-        data: what ``--data`` takes (:func:`archspec.train.data.open_stream_data`); ``None``: digits.
+        data: what ``--data`` takes (:func:`archspec.train.streamed_data.open_stream_data`); ``None``: digits.
         out: the run directory (``None``: nothing written, no checkpoints).
         resume: continue the run in ``out`` from its checkpoint (the same spec; a finished run is refused).
         restart: replace the run archspec wrote in ``out`` (unfinished or finished) with a new one; it is removed
@@ -342,7 +354,6 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
             unfinished run, which ``--resume`` continues from its last checkpoint or ``--restart`` replaces).
         TrialFailure: training diverged (NaN/inf loss) or the model failed at run time.
     """
-    from archspec.train.loop import resolve_device  # noqa: PLC0415
 
     config = config or recipe("short")
     _check(config, seed)
@@ -353,11 +364,9 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
     out = Path(out) if out is not None else None
     if out is not None:
         prepare_run_dir(out, resume, restart)
-    from archspec.train.data import DamagedImages, open_stream_data  # noqa: PLC0415
 
     stream = open_stream_data(data, seed=seed, max_images=max_images)
     source, spec = spec, _load(spec, stream.num_classes)
-    from archspec.train.distributed import init_processes, shutdown  # noqa: PLC0415
 
     processes = init_processes(device)
     locks: list[_RunLock] = []
@@ -373,9 +382,8 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
 
 
 def _damaged_data(exc: BaseException, data: Any, out: Path | None) -> SpecError:
-    """The SpecError at ``--data`` for :class:`~archspec.train.data.DamagedImages`, saying what to do with the run
-    directory: it is an archspec run (``--restart`` replaces it), resumable once it holds a checkpoint."""
-    from archspec.train.data import damaged_message  # noqa: PLC0415
+    """The SpecError at ``--data`` for :class:`~archspec.train.streamed_data.DamagedImages`, saying what to do with
+    the run directory: it is an archspec run (``--restart`` replaces it), resumable once it holds a checkpoint."""
 
     hint = "remove or repair the damaged files"
     if out is not None and (out / "checkpoint.pt").is_file():
@@ -387,7 +395,7 @@ def _damaged_data(exc: BaseException, data: Any, out: Path | None) -> SpecError:
 
 def _check_resumed_spec(out: Path, spec) -> None:
     """Refuse to continue the run in ``out`` with another spec than the one it trained (its ``spec.yaml``)."""
-    from archspec.loader import load_spec  # noqa: PLC0415
+    from archspec.ir.loader import load_spec  # noqa: PLC0415
 
     earlier = load_spec(out / "spec.yaml")
     if earlier.model_dump(mode="json") != spec.model_dump(mode="json"):
@@ -399,10 +407,6 @@ def _check_resumed_spec(out: Path, spec) -> None:
 
 def _fit(source, spec, stream, config, processes, out, run_mode, seed, teacher, teacher_checkpoint, progress, bar,
          tensorboard, sync_bn) -> FitResult:
-    from archspec.train.batches import StreamBatches  # noqa: PLC0415
-    from archspec.train.checkpoint import CHECKPOINT, load_checkpoint  # noqa: PLC0415
-    from archspec.train.data import make_transforms  # noqa: PLC0415
-    from archspec.train.loop import Trainer  # noqa: PLC0415
 
     device = processes.device
     train_tf, val_tf = make_transforms(spec.input.channels, tuple(spec.input.resolution), config)
@@ -437,9 +441,6 @@ def _fit(source, spec, stream, config, processes, out, run_mode, seed, teacher, 
 def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, progress, bar, tensorboard,
          per_epoch) -> FitResult:
     from archspec.train.checkpoint import CHECKPOINT, save_checkpoint  # noqa: PLC0415
-    from archspec.train.loop import Hooks, run_steps  # noqa: PLC0415
-    from archspec.train.progress import Progress  # noqa: PLC0415
-    from archspec.train.stop import check, deferred  # noqa: PLC0415
 
     main = processes.main
     shown = Progress(config.steps, start, config.batch_size, steps_per_epoch=per_epoch, log_every=config.log_every,
@@ -489,8 +490,6 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
 def _evaluator(trainer, val_set, val_tf, config, processes):
     from torch.utils.data import DataLoader  # noqa: PLC0415
 
-    from archspec.train.batches import quiet_worker  # noqa: PLC0415
-    from archspec.train.loop import evaluate  # noqa: PLC0415
 
     shard = _Transformed(val_set, val_tf, range(processes.rank, len(val_set), processes.world))
     loader = DataLoader(shard, batch_size=max(config.batch_size // processes.world, 1) * 2,
@@ -532,7 +531,6 @@ def _teacher(model, teacher, teacher_checkpoint, num_classes):
         raise SpecError.single(("--teacher",), "the spec has no distillation head",
                                "DeiT/LeViT distillation needs `tokens: {dist_token: true}` and "
                                "`head: {distillation: true}` in the spec (e.g. levit_128s)")
-    from archspec.train.teacher import load_teacher  # noqa: PLC0415
 
     loaded = load_teacher(teacher, teacher_checkpoint, num_classes)
     model.set_distilled_training(True)
@@ -546,9 +544,6 @@ def _sync_bn(model, device):
 
 
 def _write_start(out: Path, spec, config: TrainConfig, stream, seed: int, teacher: str | None, world: int) -> None:
-    from archspec import __version__  # noqa: PLC0415
-    from archspec.search.runs import atomic_write_text  # noqa: PLC0415
-
     out.mkdir(parents=True, exist_ok=True)
     marker = {"archspec_train": __version__, "spec": spec.name, "config": config.describe(),
               "data": stream.describe(), "seed": seed, "teacher": teacher, "processes": world}
@@ -557,10 +552,6 @@ def _write_start(out: Path, spec, config: TrainConfig, stream, seed: int, teache
 
 
 def _write_end(out: Path, trainer, fitted: FitResult) -> None:
-    from archspec.artifact import save  # noqa: PLC0415
-    from archspec.builddir import write_build  # noqa: PLC0415
-    from archspec.search.runs import atomic_write_text  # noqa: PLC0415
-
     report = {"trained": {"accuracy": fitted.accuracy, "val_loss": fitted.val_loss, "steps": fitted.steps}}
     module = trainer.module
     was = getattr(module, "distilled_training", False)

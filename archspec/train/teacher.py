@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from archspec.errors import SpecError
+from archspec.io.artifact import load
 
 __all__ = ["load_teacher"]
 
@@ -42,8 +43,6 @@ def load_teacher(teacher: str, checkpoint: str | os.PathLike | None, num_classes
 
 
 def _from_build(path: Path, num_classes: int) -> torch.nn.Module:
-    from archspec.artifact import load  # noqa: PLC0415
-
     model = load(path)
     if model.spec.head.num_classes != num_classes:
         raise SpecError.single(("--teacher",), f"the teacher has {model.spec.head.num_classes} classes, the data "

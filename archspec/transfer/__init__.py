@@ -2,7 +2,7 @@
 two-phase training pipeline, and T-CNN's re-expression of a timm ResNet's 3x3 convolutions as GPSA layers.
 
 Names are imported on first use (PEP 562, as :mod:`archspec` does), so building the command line --
-``archspec.transfer.cli`` lives in this package -- never imports torch or timm.
+``archspec.cli.transfer`` lives in this package -- never imports torch or timm.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from archspec.lazy import lazy_exports
+from archspec._util.lazy import lazy_exports
 
 # public name -> submodule that defines it
 _EXPORTS = {

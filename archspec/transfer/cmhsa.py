@@ -14,7 +14,7 @@ phase-2 model whose mixers are multi-head self-attention with signed relative bi
   kernel tap ``W^C[x(r,s,t), y(r,s,t)]`` (zero outside the receptive field); ``b_O`` = the conv bias per pixel.
 
 Borders: the phase-2 spec surrounds the token grid with ``R`` rings of zero tokens (``mixer.pad_tokens``,
-:class:`archspec.blocks.ZeroPadTokens`); with ``W_V = I`` and zero value bias they carry zeros, the conv's
+:class:`archspec.nn.blocks.ZeroPadTokens`); with ``W_V = I`` and zero value bias they carry zeros, the conv's
 zero padding, so border patches are exact too.
 """
 
@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from archspec.blocks import Attention, ConvMixer, ZeroPadTokens
 from archspec.errors import TransferError
+from archspec.nn.blocks import Attention, ConvMixer, ZeroPadTokens
+from archspec.nn.compiler import compile as compile_spec
 from archspec.spec import ArchSpec, MixerSpec
 
 __all__ = ["DEFAULT_PEAK", "TransferError", "attention_spec", "conv_to_mhsa", "conv_to_attention_weights",
@@ -145,7 +146,7 @@ def conv_to_mhsa(conv_model: nn.Module, peak: float = DEFAULT_PEAK, spec: ArchSp
     """Transfer a (trained) phase-1 CMHSA model into its phase-2 attention model (App. A.2, every layer).
 
     Args:
-        conv_model: an :class:`archspec.model.ArchModel` with pixel-view conv mixers (``mixer: conv<K>``).
+        conv_model: an :class:`archspec.nn.model.ArchModel` with pixel-view conv mixers (``mixer: conv<K>``).
         peak: Lemma 2's M, the relative-bias value at each head's offset; the transferred logits differ
             from the conv model's by about ``N exp(-peak)`` relative (``N`` tokens).
         spec: the phase-2 spec; default :func:`attention_spec` of the model's spec.
@@ -158,7 +159,6 @@ def conv_to_mhsa(conv_model: nn.Module, peak: float = DEFAULT_PEAK, spec: ArchSp
         TransferError: when the two specs differ in anything but the transferred mixers, or a layer cannot
             express its conv (too few heads, ``d_H < d``, heads without signed bias).
     """
-    from archspec.compiler import compile as compile_spec
 
     target = spec if spec is not None else attention_spec(conv_model.spec)
     attn_model = compile_spec(target)

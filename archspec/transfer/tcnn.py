@@ -7,10 +7,10 @@ its construction is described) and a conv stage's ``mixer: {kind: gpsa}`` puts i
 stage, so a T-CNN is a spec (``specs/t_resnet50d.yaml``, ``t_resnet50rs.yaml``) that ``archspec build``,
 ``analyze``, :func:`archspec.save` and :func:`archspec.load` take as any other.  From a timm ResNet:
 
-* :func:`tcnn_spec` writes the T-CNN spec of the CNN (:func:`archspec.interop.timm.resnet_spec_from_timm`, then
+* :func:`tcnn_spec` writes the T-CNN spec of the CNN (:func:`archspec.timm.convert.resnet_spec_from_timm`, then
   ``mixer: {kind: gpsa}`` and BoTNet's ``stride: 1`` on the chosen stages);
 * :func:`tcnn_model` compiles a T-CNN spec and loads the CNN's weights into it
-  (:func:`archspec.interop.timm.load_timm_weights`: every untransformed tensor as is, each transformed 3x3
+  (:func:`archspec.timm.convert.load_timm_weights`: every untransformed tensor as is, each transformed 3x3
   conv's taps into its GPSA's ``W_out``, eq. 6) -- what ``archspec tcnn`` does and saves;
 * :func:`tcnn` is the older weight surgery on the timm model itself (any timm ResNet, basic blocks included;
   not a spec, so not saved by ``archspec.save``).
@@ -33,6 +33,8 @@ from archspec.errors import TransferError
 from archspec.families.conv_block.module import BETA, ConvGPSA
 from archspec.families.conv_block.module import inverse_softplus as _inverse_softplus  # noqa: F401 - older name
 from archspec.families.conv_block.rules import gpsa_counts
+from archspec.timm.convert import load_timm_weights, resnet_spec_from_timm
+from archspec.train.param_groups import gating_param_groups, transformed_layers
 
 __all__ = ["BETA", "ConvGPSA", "conv_gpsa_macs", "count_macs", "gating_param_groups", "load_tcnn", "tcnn",
            "tcnn_from_recipe", "tcnn_model", "tcnn_spec", "transformed_layers"]
@@ -105,7 +107,7 @@ def tcnn(cnn: nn.Module, stages: Sequence[int | str] = (-1,), alpha: float = 1.0
 def tcnn_spec(cnn: nn.Module, stages: Sequence[int | str] = (-1,), alpha: float = 1.0, gating: float = 1.0,
               stride_one: bool = True, resolution: int | tuple[int, int] = 224, name: str = "t_cnn") -> dict:
     """The T-CNN spec of a timm ResNet (a dict for :func:`archspec.load_spec`): the CNN's own spec
-    (:func:`archspec.interop.timm.resnet_spec_from_timm`) with ``mixer: {kind: gpsa, locality_strength: alpha,
+    (:func:`archspec.timm.convert.resnet_spec_from_timm`) with ``mixer: {kind: gpsa, locality_strength: alpha,
     gating_init: gating}`` on the chosen stages and, with ``stride_one``, their ``stride: 1`` (BoTNet's move,
     sec. 2: the stage then keeps its input map).
 
@@ -122,7 +124,6 @@ def tcnn_spec(cnn: nn.Module, stages: Sequence[int | str] = (-1,), alpha: float 
         TransferError: not a ResNet archspec can write (its reason), an unknown stage, a stage of basic blocks
             (T-CNN re-expresses a bottleneck's single 3x3 conv; :func:`tcnn` does basic blocks by surgery).
     """
-    from archspec.interop.timm import resnet_spec_from_timm  # noqa: PLC0415 - timm on demand
 
     try:
         doc = resnet_spec_from_timm(cnn, resolution, name)
@@ -147,10 +148,10 @@ def tcnn_spec(cnn: nn.Module, stages: Sequence[int | str] = (-1,), alpha: float 
 def tcnn_model(cnn: nn.Module, spec: Any = None, **spec_options: Any) -> nn.Module:
     """A T-CNN of ``cnn`` built from a spec: :func:`archspec.compile` of ``spec`` (default :func:`tcnn_spec`
     ``(cnn, **spec_options)``; or a shipped T-CNN spec such as ``"t_resnet50d"``), with ``cnn``'s weights loaded
-    by :func:`archspec.interop.timm.load_timm_weights` -- each transformed 3x3 conv's taps into its GPSA's
+    by :func:`archspec.timm.convert.load_timm_weights` -- each transformed 3x3 conv's taps into its GPSA's
     ``W_out`` (eq. 6), every other tensor as is -- in ``cnn``'s train/eval mode and on its device.
 
-    Returns an :class:`archspec.model.ArchModel` (images ``(B, C, H, W)`` -> logits ``(B, num_classes)``) that
+    Returns an :class:`archspec.nn.model.ArchModel` (images ``(B, C, H, W)`` -> logits ``(B, num_classes)``) that
     :func:`archspec.save` writes and :func:`archspec.load` reads back.
 
     Raises:
@@ -158,7 +159,6 @@ def tcnn_model(cnn: nn.Module, spec: Any = None, **spec_options: Any) -> nn.Modu
         SpecError: the spec is invalid (at its resolution, or over the memory limit).
     """
     import archspec  # noqa: PLC0415 - the package's front door; imported here to keep this module light
-    from archspec.interop.timm import load_timm_weights  # noqa: PLC0415
 
     if spec is None:
         spec = tcnn_spec(cnn, **spec_options)
@@ -172,29 +172,6 @@ def tcnn_model(cnn: nn.Module, spec: Any = None, **spec_options: Any) -> nn.Modu
         raise TransferError(f"the CNN's weights do not fit the T-CNN spec {model.spec.name!r}: {first}") from None
     device = next(cnn.parameters()).device
     return model.to(device).train(cnn.training)
-
-
-def transformed_layers(model: nn.Module) -> list[ConvGPSA]:
-    """The :class:`ConvGPSA` layers of a T-CNN, in order."""
-    return [m for m in model.modules() if isinstance(m, ConvGPSA)]
-
-
-def gating_param_groups(model: nn.Module, lr: float, gating_lr: float = 0.1, weight_decay: float = 0.05) -> list[dict]:
-    """Optimizer groups for fine-tuning a T-CNN (sec. 3): the gating ``lambda_h`` at ``gating_lr`` (paper 0.1) and
-    no weight decay; other 1-d parameters (norms, biases, locality, centres) without weight decay; the rest
-    with it.  Pass to ``torch.optim.AdamW`` or :func:`archspec.train.train` (``param_groups``)."""
-    layers = transformed_layers(model)
-    gating = {id(m.gating) for m in layers}
-    positional = {id(m.centers) for m in layers}  # 2-d, but positions: no weight decay (as timm's pos_proj-free GPSA)
-    groups = {"gating": [], "no_decay": [], "decay": []}
-    for p in model.parameters():
-        if not p.requires_grad:
-            continue
-        key = "gating" if id(p) in gating else ("no_decay" if p.ndim <= 1 or id(p) in positional else "decay")
-        groups[key].append(p)
-    return [{"params": groups["decay"], "lr": lr, "weight_decay": weight_decay},
-            {"params": groups["no_decay"], "lr": lr, "weight_decay": 0.0},
-            {"params": groups["gating"], "lr": gating_lr, "weight_decay": 0.0}]
 
 
 RECIPE_KEYS = ("base", "stages", "alpha", "gating", "stride_one", "num_classes")

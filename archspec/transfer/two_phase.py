@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from archspec.io.datasets import Dataset
+from archspec.nn.compiler import compile as compile_spec
 from archspec.spec import ArchSpec
 from archspec.train import TrainConfig, TrainResult, evaluate, resolve_device, train
 from archspec.transfer.cmhsa import DEFAULT_PEAK, attention_spec, conv_to_mhsa
@@ -45,7 +47,6 @@ def match_channels(data: Any, channels: int) -> Any:
     3-channel spec runs on Fashion-MNIST; any other mismatch is returned unchanged (the spec's check names it)."""
     from torch.utils.data import TensorDataset  # noqa: PLC0415
 
-    from archspec.data import Dataset  # noqa: PLC0415
 
     if data.channels != 1 or channels != 3:
         return data
@@ -62,15 +63,13 @@ def _summary(result: TrainResult) -> dict[str, Any]:
 
 
 def _compile_seeded(spec: ArchSpec, seed: int) -> torch.nn.Module:
-    from archspec.compiler import compile as compile_spec  # noqa: PLC0415
-
     torch.manual_seed(seed)
     return compile_spec(spec.model_copy(update={"seed": seed}))
 
 
 def two_phase(conv_spec: ArchSpec, data: Any, phase1: TrainConfig, phase2: TrainConfig, peak: float = DEFAULT_PEAK,
               seed: int = 0, baseline: bool = True, progress: bool = False) -> TwoPhaseResult:
-    """Run the two-phase pipeline on ``data`` (an :class:`archspec.data.Dataset`).
+    """Run the two-phase pipeline on ``data`` (an :class:`archspec.io.datasets.Dataset`).
 
     Args:
         conv_spec: a phase-1 spec (``mixer: conv<K>``), adapted to the data by :func:`fit_to_data`.

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from archspec.strict_model import StrictModel
+from archspec._util.pydantic_base import StrictModel
 
 __all__ = ["GPSASpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "params", "macs", "tables", "problems",
            "NO_WEIGHT_DECAY"]

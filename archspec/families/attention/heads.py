@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from archspec.strict_model import StrictModel
+from archspec._util.pydantic_base import StrictModel
 
 from . import gpsa, mask, rel_bias, rel_logits
 from .gpsa import GPSASpec

@@ -44,7 +44,7 @@ def _dynamo_is_compiling() -> bool:  # torch 2.1 / 2.2, before torch.compiler.is
 
 
 #: ``torch.compiler.is_compiling`` (torch >= 2.3): True while Dynamo traces, a constant inside the graph.
-_is_compiling = getattr(torch.compiler, "is_compiling", None) or _dynamo_is_compiling
+is_compiling = getattr(torch.compiler, "is_compiling", None) or _dynamo_is_compiling
 
 
 def window_tables(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int) -> dict[str, Tensor]:
@@ -227,7 +227,7 @@ def hard_window_attention(q: Tensor, k: Tensor, v: Tensor, grid: tuple[int, int]
     """
     p = num_prefix_tokens
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if needs_grad and not _is_compiling():
+    if needs_grad and not is_compiling():
         return _PatchWindowAttention.apply(q, k, v, tuple(grid), tuple(window), p, scale, tables["outside"],
                                            tables["n0"])
     out = _patch_window_output(_window_logits(q, k, grid, window, p, scale, tables).softmax(dim=-1), v, grid, window,
@@ -277,7 +277,7 @@ def hard_masked_attention(q: Tensor, k: Tensor, v: Tensor, zero: Tensor, scale: 
         ``(B, h, N, v_dim)``.  With autograd on (outside ``torch.compile``) only ``q, k, v`` are kept for backward.
     """
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if needs_grad and not _is_compiling():
+    if needs_grad and not is_compiling():
         return _HardMaskedAttention.apply(q, k, v, zero, scale)
     return _HardMaskedAttention._weights(q, k, zero, scale) @ v
 

@@ -4,7 +4,7 @@ A mask keeps a ``rows x cols`` window of patches around each query.  Three modes
 before the softmax: ``hard`` (eq. 2: non-neighbours get logit exactly 0, weight ``e^0``), ``soft`` (eq. 4:
 non-neighbour logits scaled by a learned ``alpha`` in (0, 1) per head) and ``strict`` (non-neighbours
 ``-inf``; not in the paper, a separately named option).  Class and distillation tokens are neighbours of
-every token.  The torch side is :mod:`archspec.families.attention.masking` (the mask tables and the one
+every token.  The torch side is :mod:`archspec.families.attention.mask_terms` (the mask tables and the one
 mask rule that :class:`~archspec.families.attention.module.Attention` and CaiT's talking heads share) and
 the linear-time hard-mask kernel of :mod:`archspec.families.attention.kernels`; which heads take that
 kernel, and what it executes, is :mod:`archspec.families.attention.rules`'s.
@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from archspec.strict_model import StrictModel
+from archspec._util.pydantic_base import StrictModel
 
 __all__ = ["MaskSpec", "FIELD", "SHORTHANDS", "LEGEND", "WINDOW_PATTERN", "parse_window", "letter", "params", "macs",
            "tables", "problems", "alpha_to_logit", "NO_WEIGHT_DECAY"]

@@ -39,15 +39,15 @@ from ..activations import activation
 from . import gpsa
 from .heads import HeadSpec, coerce_heads
 from .kernels import (
-    _is_compiling,
     flex_masked_attention,
     gpsa_attention,
     hard_masked_attention,
     hard_window_attention,
+    is_compiling,
     window_tables,
 )
 from .mask import alpha_to_logit
-from .masking import apply_mask_terms, hard_zero, mask_terms, strict_block, window_mask
+from .mask_terms import apply_mask_terms, hard_zero, mask_terms, strict_block, window_mask
 from .rules import AttentionShape, head_path
 from .tables import (
     check_grid,
@@ -72,7 +72,7 @@ def _usable(cached: Tensor | None) -> bool:
     """A cached constant can be reused: it exists, and it was not made under ``inference_mode`` unless we are in it
     (autograd refuses to save inference tensors for backward).  Never under ``torch.compile``: the compiled graph
     recomputes (and constant-folds) the tables itself, and Dynamo cannot trace ``is_inference``."""
-    if _is_compiling():
+    if is_compiling():
         return False
     return cached is not None and (not cached.is_inference() or torch.is_inference_mode_enabled())
 
@@ -80,7 +80,7 @@ def _usable(cached: Tensor | None) -> bool:
 def _cacheable(training: bool) -> bool:
     """Whether a constant computed now may be stored: eval mode, outside ``torch.compile`` tracing (a traced
     tensor stored on the module would leak out of the graph)."""
-    return not training and not _is_compiling()
+    return not training and not is_compiling()
 
 
 class Attention(nn.Module):
@@ -102,7 +102,7 @@ class Attention(nn.Module):
     * Signed relative bias: CMHSA eq. 4 (``signed_biases`` ``(n_signed_heads, (2H-1)(2W-1))``).
     * Masks: MaiT eq. 2 (hard), eq. 4 (soft, ``mask_alpha_logit`` per soft head, ``alpha = sigmoid``),
       strict (``-inf``, our named option).  Prefix tokens are neighbours of everything (see
-      :func:`archspec.families.attention.masking.window_mask`).
+      :func:`archspec.families.attention.mask_terms.window_mask`).
 
     Parameters exist only for heads that use them, so parameter counts are honest.
 
@@ -467,7 +467,7 @@ class Attention(nn.Module):
         return torch.sigmoid(self.gating_param) if self.gpsa_heads else None
 
     def _mask_terms(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """The layer's mask terms ``(zero, mult, block)`` (:func:`~.masking.mask_terms`); ``zero``, a constant,
+        """The layer's mask terms ``(zero, mult, block)`` (:func:`~.mask_terms.mask_terms`); ``zero``, a constant,
         is cached (bool, a quarter of a float multiplier's memory)."""
         if not self.mask_heads:
             return None, None, None
@@ -608,7 +608,7 @@ class Attention(nn.Module):
     def _plan(self) -> tuple[list[tuple[tuple, list[int]]], list[int] | None]:
         """``(groups, head_order)`` of the running mode.  Under ``torch.compile`` this is a trace-time branch:
         the compiled plan is fixed into the graph."""
-        return self._compiled_plan if _is_compiling() else (self._groups, self._head_order)
+        return self._compiled_plan if is_compiling() else (self._groups, self._head_order)
 
     def _group_outputs(self, q: Tensor, k: Tensor, v: Tensor, groups) -> list[Tensor]:
         """One ``(B, len(heads), N, v_dim)`` output per group of :meth:`_plan`."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from archspec.strict_model import StrictModel
+from archspec._util.pydantic_base import StrictModel
 
 __all__ = ["RelLogitsSpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "params", "macs", "tables", "problems",
            "NO_WEIGHT_DECAY", "table_params", "table_macs"]

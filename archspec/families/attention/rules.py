@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from archspec.memory import BOOL, F32, NodeMemory
-from archspec.strict_model import HINT
+from archspec._util.memory import BOOL, F32, NodeMemory
+from archspec._util.pydantic_base import HINT
 
 from . import rel_bias
 from .heads import KINDS, HeadSpec
@@ -59,7 +59,7 @@ def head_dims(dim: int, heads: int, head_dim: int | None = None, key_dim: int | 
 
 def check_value_dim(attn_ratio: float, key_dim: int, what: str, hint_tail: str = "") -> float:
     """LeViT's value dim ``int(attn_ratio * key_dim)`` must be at least 1 (0 would build an empty tensor); a
-    pydantic validator's check (its message carries a hint after :data:`archspec.strict_model.HINT`).
+    pydantic validator's check (its message carries a hint after :data:`archspec._util.pydantic_base.HINT`).
 
     Raises:
         ValueError: the value dim rounds to 0.
@@ -315,7 +315,7 @@ def memory(shape: AttentionShape) -> NodeMemory:
 
     Alive throughout: the block input, the norm output (layernorm family), q/k/v; then the largest of
     the q/k copies of the ``Q K^T`` matmul, the logit phase (see :func:`_logit_terms`), ``A V`` with
-    its contiguous copy of v, and the output projection.  Rule: :mod:`archspec.graph`.
+    its contiguous copy of v, and the output projection.  Rule: :mod:`archspec.ir.graph`.
     """
     heads, n, dim = shape.heads, shape.n_tokens, shape.dim
     n_patches = n - shape.n_prefix

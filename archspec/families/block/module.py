@@ -10,6 +10,8 @@ from timm.layers import DropPath, LayerScale, Mlp, trunc_normal_
 from timm.models.levit import LevitMlp
 from torch import Tensor, nn
 
+from archspec.families import build as build_family
+
 from ..activations import activation
 from .rules import BlockShape
 
@@ -128,7 +130,6 @@ def build(shape: BlockShape) -> nn.Module:
     """The block of a :class:`~.rules.BlockShape`: its mixer built by the mixer's family, then a
     :class:`LevitBlock` (batchnorm) or a :class:`TransformerBlock` around it.  The mixer is built first, so
     the initial weights follow the order of the module tree (``attn`` before ``mlp``)."""
-    from archspec.families import build as build_family
 
     mixer = build_family(shape.mixer_family, shape.mixer)
     act = activation(shape.act)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from archspec.memory import F32, NodeMemory
+from archspec._util.memory import F32, NodeMemory
+from archspec.families import rules
 
 __all__ = ["BlockShape", "counts", "executed_macs", "memory", "batchnorm_channels", "label", "mlp_memory",
            "NO_WEIGHT_DECAY"]
@@ -50,8 +51,6 @@ class BlockShape:
 
 
 def _mixer_rules(shape: BlockShape):
-    from archspec.families import rules
-
     return rules(shape.mixer_family)
 
 
@@ -90,7 +89,7 @@ def mlp_memory(n: int, dim: int, hidden: int, batchnorm: bool, layer_scale: bool
 
 
 def memory(shape: BlockShape) -> NodeMemory:
-    """Bytes (batch 1, float32; rule in :mod:`archspec.graph`): the larger of the mixer's and the MLP's peaks,
+    """Bytes (batch 1, float32; rule in :mod:`archspec.ir.graph`): the larger of the mixer's and the MLP's peaks,
     the sum of what both save for backward, the mixer's buffers."""
     mix = _mixer_rules(shape).memory(shape.mixer)
     layer_scale = shape.layer_scale is not None and not shape.batchnorm

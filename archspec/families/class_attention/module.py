@@ -13,7 +13,7 @@ Numerics and names mirror timm ``cait.ClassAttn`` (``q``, ``k``, ``v``, ``proj``
 ``cait.LayerScaleBlockClassAttn`` (``norm1``, ``attn``, ``gamma_1``, ``norm2``, ``mlp``, ``gamma_2``).
 In archspec the block takes and returns the whole token sequence ``(B, 1 + N_p, C)`` with the class
 token first (timm passes ``(x_patches, x_cls)`` separately and concatenates after the last block; the
-values are identical), so the stage is an ordinary last :class:`~archspec.model.Stage` of the model.
+values are identical), so the stage is an ordinary last :class:`~archspec.nn.model.Stage` of the model.
 """
 
 from __future__ import annotations

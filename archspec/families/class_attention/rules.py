@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from archspec.memory import F32, NodeMemory
-from archspec.strict_model import StrictModel
+from archspec._util.memory import F32, NodeMemory
+from archspec._util.pydantic_base import StrictModel
 
 __all__ = ["ClassAttentionSpec", "ClassAttentionShape", "plan", "counts", "memory", "NO_WEIGHT_DECAY", "MAX_DEPTH",
            "MAX_HEADS"]

@@ -43,6 +43,7 @@ from timm.models.resnet import BasicBlock, Bottleneck, downsample_avg, downsampl
 from torch import Tensor, nn
 
 from archspec.errors import TransferError
+from archspec.families.attention.module import build as build_attention
 
 from .rules import EXPANSION, GPSA_HEADS, BotShape, ConvBlockShape, attention_shape, gpsa_head_dim
 
@@ -254,7 +255,6 @@ def build_bot(bot: BotShape) -> nn.Module:
 
         return BottleneckAttn(bot.dim, bot.dim, feat_size=bot.grid, stride=bot.stride, num_heads=len(bot.heads),
                               qkv_bias=bot.qkv_bias)
-    from archspec.families.attention.module import build as build_attention  # noqa: PLC0415
 
     return MapAttention(build_attention(attention_shape(bot)), bot.stride)
 

@@ -35,9 +35,12 @@ from typing import Annotated, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from archspec.families.attention.heads import HeadSpec
-from archspec.memory import F32, NodeMemory
-from archspec.strict_model import DropPathRate, StrictModel
+from archspec._util.memory import F32, NodeMemory
+from archspec._util.pydantic_base import DropPathRate, StrictModel
+from archspec.families.attention import rel_logits
+from archspec.families.attention.heads import KINDS, HeadSpec
+from archspec.families.attention.rules import AttentionShape, attention_macs_change, head_dims
+from archspec.families.attention.rules import counts as attention_counts
 
 __all__ = ["SESpec", "GPSAMixerSpec", "AttentionMixerSpec", "ConvStageSpec", "BotShape", "bot_counts",
            "make_divisible", "GPSA_HEADS", "gpsa_head_dim", "gpsa_counts", "gpsa_memory",
@@ -66,7 +69,7 @@ class GPSAMixerSpec(StrictModel):
     """T-CNN's GPSA in place of a bottleneck's 3x3 conv (d'Ascoli et al. 2021, sec. 2, eq. 4-7, footnote 1):
     9 heads (one per kernel tap), ``W_val = I`` shared, ``W_out^h`` the tap's filter, explicit zero padding,
     locality ``alpha = softplus_5(alpha~)``, gating ``lambda`` (eq. 7).  Initialised "on the verge of locality"
-    (alpha = lambda = 1); loading a CNN's 3x3 weights into ``W_out`` (archspec.interop.timm.load_timm_weights)
+    (alpha = lambda = 1); loading a CNN's 3x3 weights into ``W_out`` (archspec.timm.convert.load_timm_weights)
     makes the layer the CNN's conv as alpha and lambda grow."""
 
     kind: Literal["gpsa"] = Field(..., description="'gpsa': T-CNN's 9-head gated positional self-attention on the "
@@ -264,7 +267,6 @@ def make_divisible(v: float, divisor: int = 8) -> int:
 def attention_shape(bot: BotShape):
     """The :class:`~archspec.families.attention.rules.AttentionShape` of a non-timm attention mixer (no prefix
     tokens, layernorm-family linears)."""
-    from archspec.families.attention.rules import AttentionShape, head_dims  # noqa: PLC0415 - avoids a cycle
 
     dims = head_dims(bot.dim, len(bot.heads), bot.qk_dim)
     return AttentionShape(bot.dim, bot.heads, bot.grid, 0, dims, bot.qkv_bias)
@@ -276,8 +278,6 @@ def bot_counts(bot: BotShape) -> tuple[int, int]:
     (:func:`archspec.families.attention.rel_logits.table_params`) and their MACs, ``Q K^T`` and ``A V``
     ``h N^2 (d + d_v)``; the average pool 0.  Other layers: the attention family's
     :func:`~archspec.families.attention.rules.counts` on the ``N = H W`` pixels."""
-    from archspec.families.attention import rel_logits  # noqa: PLC0415
-    from archspec.families.attention.rules import counts as attention_counts  # noqa: PLC0415
 
     if not bot.timm:
         return attention_counts(attention_shape(bot))
@@ -379,7 +379,6 @@ def _attention_problems(stage: ConvStageSpec, index: int, grid: tuple[int, int])
     strided attention block on odd sides or at a stride other than 2 (BoTNet pools 2x2 after attention), BoTNet's
     relative logits mixed with other kinds in one layer, and each head kind's own checks on the block's map."""
     from archspec.families.attention import rel_logits  # noqa: PLC0415
-    from archspec.families.attention.heads import KINDS  # noqa: PLC0415
 
     mixer, at = stage.mixer, ("stages", index, "mixer")
     out: list[tuple[tuple, str, str]] = []
@@ -518,7 +517,6 @@ def executed_macs(shape: ConvBlockShape) -> int:
     masks: :func:`archspec.families.attention.rules.attention_macs_change`)."""
     macs = counts(shape)[1]
     if shape.bot is not None and not shape.bot.timm:
-        from archspec.families.attention.rules import attention_macs_change  # noqa: PLC0415
 
         bot = shape.bot
         macs += attention_macs_change(bot.heads, bot.qk_dim, bot.v_dim, bot.grid, 0)
@@ -551,10 +549,11 @@ def memory(shape: ConvBlockShape) -> NodeMemory:
 
 
 def batchnorm_channels(shape: ConvBlockShape) -> int:
-    """BatchNorm channels ``model.fuse()`` folds into the conv before them (:func:`archspec.fuse.fold_conv_batchnorms`;
-    each saves ``C`` parameters: ``2C`` affine become a ``C`` bias): basic ``bn1`` (width) and ``bn2`` (channels);
-    bottleneck ``bn1`` and ``bn2`` (the inner width; not ``bn2`` after T-CNN's GPSA or BoTNet's attention, which
-    are no conv) and ``bn3`` (channels); the ``downsample`` shortcut's BatchNorm (channels)."""
+    """BatchNorm channels ``model.fuse()`` folds into the conv before them
+    (:func:`archspec.nn.fuse.fold_conv_batchnorms`; each saves ``C`` parameters: ``2C`` affine become a ``C``
+    bias): basic ``bn1`` (width) and ``bn2`` (channels); bottleneck ``bn1`` and ``bn2`` (the inner width; not
+    ``bn2`` after T-CNN's GPSA or BoTNet's attention, which are no conv) and ``bn3`` (channels); the
+    ``downsample`` shortcut's BatchNorm (channels)."""
     shortcut = shape.channels if shape.downsample is not None else 0
     if shape.block == "basic":
         return shape.width + shape.channels + shortcut

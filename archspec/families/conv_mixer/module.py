@@ -18,7 +18,7 @@ def tokens_to_pixels(x: Tensor, grid: tuple[int, int], patch: int) -> Tensor:
     """Pixel view of patch tokens: ``(B, N, c P P) -> (B, c, H P, W P)``.
 
     A token holds its ``P x P x c`` pixels channel-major ``(c, i, j)``, the order of
-    :class:`archspec.families.stems.module.IdentityStem` (``nn.Unfold``); tokens are row-major on the ``(H, W)`` grid.
+    :class:`archspec.families.stem.module.IdentityStem` (``nn.Unfold``); tokens are row-major on the ``(H, W)`` grid.
     """
     B, N, D = x.shape
     rows, cols = grid

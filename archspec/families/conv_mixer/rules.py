@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from archspec.memory import F32, NodeMemory
+from archspec._util.memory import F32, NodeMemory
 
 __all__ = ["ConvMixerShape", "counts", "memory", "label", "problems", "NO_WEIGHT_DECAY"]
 
@@ -36,7 +36,7 @@ def counts(shape: ConvMixerShape) -> tuple[int, int]:
 
 
 def memory(shape: ConvMixerShape) -> NodeMemory:
-    """Bytes (batch 1, float32; rule in :mod:`archspec.graph`) of the conv half of a block: its input, the norm
+    """Bytes (batch 1, float32; rule in :mod:`archspec.ir.graph`) of the conv half of a block: its input, the norm
     output, the ``(B, c, H P, W P)`` copy, the conv output and the residual sum."""
     x = shape.grid[0] * shape.grid[1] * shape.dim
     return NodeMemory(act=F32 * 5 * x, saved=F32 * 4 * x)

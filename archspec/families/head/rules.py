@@ -4,7 +4,7 @@ ViT family: one LayerNorm (before class-token pooling, or after mean pooling as 
 ``Linear`` classifiers; LeViT: timm ``NormLinear`` (BatchNorm1d + Linear) per classifier; a distillation
 head doubles the classifier (DeiT, LeViT).  The classifier is built by
 :func:`archspec.families.head.module.build_classifier`; pooling and norms belong to
-:class:`archspec.model.ArchModel`.
+:class:`archspec.nn.model.ArchModel`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from archspec.memory import F32, NodeMemory
-from archspec.strict_model import StrictModel
+from archspec._util.memory import F32, NodeMemory
+from archspec._util.pydantic_base import StrictModel
 
 __all__ = ["HeadOutSpec", "HeadShape", "counts", "memory", "batchnorm_channels_before_linear", "classifier_names",
            "NO_WEIGHT_DECAY"]

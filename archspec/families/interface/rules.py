@@ -25,8 +25,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from archspec.memory import F32, NodeMemory
-from archspec.strict_model import StrictModel
+from archspec._util.memory import F32, NodeMemory
+from archspec._util.pydantic_base import StrictModel
 
 __all__ = ["MapToTokensSpec", "InterfaceShape", "TokensToMapShape", "plan", "token_grid", "out_grid", "counts",
            "memory", "label", "NO_WEIGHT_DECAY"]

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ..attention.heads import HeadSpec, coerce_heads
 from ..attention.mask import alpha_to_logit
-from ..attention.masking import apply_mask_terms, mask_terms, window_mask
+from ..attention.mask_terms import apply_mask_terms, mask_terms, window_mask
 from .rules import TalkingHeadsShape
 
 __all__ = ["TalkingHeadAttn", "build"]
@@ -110,7 +110,7 @@ class TalkingHeadAttn(nn.Module):
 
     def _mask(self, logits: Tensor) -> Tensor:
         """MaiT masks on the mixed logits ``(B, H, N, N)``: hard ``M (.) S``, soft ``alpha`` off-window, strict -inf
-        -- the attention family's one mask rule (:func:`~archspec.families.attention.masking.mask_terms`)."""
+        -- the attention family's one mask rule (:func:`~archspec.families.attention.mask_terms.mask_terms`)."""
         if not self.mask_heads:
             return logits
         alpha = torch.sigmoid(self.mask_alpha_logit) if self.soft_heads else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from archspec.memory import BOOL, F32, NodeMemory
+from archspec._util.memory import BOOL, F32, NodeMemory
 
 from ..attention.heads import HeadSpec
 from ..attention.mask import NO_WEIGHT_DECAY as _MASK_NO_WEIGHT_DECAY

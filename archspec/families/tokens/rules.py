@@ -3,7 +3,7 @@
 Where the class token enters (at the input as ViT/DeiT, before a later block as ConViT and CaiT, or never),
 the checks between ``tokens:`` and ``head:``, the parameters the tokens and the position embedding hold and
 the memory of prepending them.  They are parameters of the model itself
-(:class:`archspec.model.ArchModel`: ``cls_token``, ``dist_token``, ``pos_embed``), not a module of their own.
+(:class:`archspec.nn.model.ArchModel`: ``cls_token``, ``dist_token``, ``pos_embed``), not a module of their own.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from archspec.memory import F32, NodeMemory
-from archspec.strict_model import StrictModel
+from archspec._util.memory import F32, NodeMemory
+from archspec._util.pydantic_base import StrictModel
 
 __all__ = ["TokensSpec", "TokensPlan", "plan", "embed_params", "concat_memory", "NO_WEIGHT_DECAY"]
 

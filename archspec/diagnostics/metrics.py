@@ -1,0 +1,296 @@
+"""Attention diagnostics of compiled models: attention maps, MaiT's locality score, ConViT's nonlocality.
+
+* :func:`attention_maps` -- the final attention probabilities ``(B, H, N, N)`` of every
+  :class:`archspec.nn.blocks.Attention` in a model, from one forward pass (hooks on the layers' inputs).
+* :func:`attention_locality_score` -- MaiT eq. 3: ``ALS_n = sum_i (M (.) A)_{n,i}``, the attention
+  mass a patch query puts inside its window; per head, the mean over patch queries (and the batch).
+* :func:`layer_als` -- ALS of every layer and head with a window mask on that layer's token grid.
+* :func:`nonlocality` -- ConViT eq. 8: ``D_loc = sum_j A_ij ||delta_ij||`` in patch units, averaged
+  over patch queries (and the batch), per head.
+* :func:`cross_layer_similarity` -- MaiT App. A.3 eq. 5 (after DeepViT): the cosine similarity
+  ``M^{i,j}_{h,t}`` of the attention rows ``A^i_{h,t,:}`` and ``A^j_{h,t,:}`` of layers ``i`` and ``j``,
+  per head and token; :func:`layer_cross_similarity` runs it on a model's layers.
+* :func:`layer_gating` -- ConViT's gating ``sigmoid(lambda_h)`` of every GPSA layer (T-CNN's too).
+* :func:`attention_layers` -- the maps with what the diagnostics need of each layer (grid, prefix tokens,
+  head letters), attention inside bottlenecks included.
+
+These work on any archspec model (whatever its heads: masked, biased, GPSA or plain), and the
+functions on tensors work on any attention map.
+
+Attention inside conv stages' bottlenecks (BoTNet, T-CNN) is read on the map's pixels, row-major, no prefix:
+
+* ``mixer: {kind: attention}`` with mixed heads: an :class:`Attention` on the pixels (as any token layer);
+* all heads ``botnet_rel``: timm's ``BottleneckAttn``, ``softmax(q k^T / sqrt(d) + rel_logits)`` ``(B, H, HW, HW)``
+  recomputed from its input as its forward does (attention runs at stride 1; the pool comes after);
+* T-CNN's :class:`~archspec.families.conv_block.module.ConvGPSA` (9 heads, eq. 7 with its gating): queries
+  every pixel of the map -- at stride 2 the layer itself queries every other one, we take all of them (our choice,
+  so the map stays square) -- and keys the map's pixels; the conv padding's zero pixels, also keys of the layer,
+  are left out, so a row sums to 1 minus the share on the padding (ALS and nonlocality count real pixels only).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from timm.layers.bottleneck_attn import BottleneckAttn
+from torch import Tensor, nn
+
+from archspec.families.attention.mask_terms import window_mask
+from archspec.families.attention.module import Attention
+from archspec.families.attention.tables import grid_positions
+from archspec.families.conv_block.module import ConvGPSA
+from archspec.families.talking_heads.module import TalkingHeadAttn
+
+__all__ = ["attention_maps", "attention_layers", "AttentionLayer", "attention_locality_score", "layer_als",
+           "nonlocality", "patch_window_mask", "cross_layer_similarity", "layer_cross_similarity", "layer_gating",
+           "bottleneck_attention", "conv_gpsa_attention", "SELF_ATTENTION_LAYERS", "MAP_ATTENTION_LAYERS"]
+
+# Token-to-token attention layers (square (B, H, N, N) maps on a patch grid): what the diagnostics read.
+SELF_ATTENTION_LAYERS = (Attention, TalkingHeadAttn)
+# Attention on a feature map's pixels inside a bottleneck (input (B, C, H, W)): BoTNet's and T-CNN's
+MAP_ATTENTION_LAYERS = (BottleneckAttn, ConvGPSA)
+
+
+class AttentionLayer(NamedTuple):
+    """One layer's attention ``attn`` ``(B, H, N, N)`` with its token ``grid`` (rows, cols), its
+    ``num_prefix_tokens`` (class/distillation tokens first) and its head ``letters`` (``"A A P"``)."""
+
+    attn: Tensor
+    grid: tuple[int, int]
+    num_prefix_tokens: int
+    letters: str
+
+
+def bottleneck_attention(layer: BottleneckAttn, x: Tensor) -> Tensor:
+    """timm ``BottleneckAttn``'s probabilities on its input map ``x`` ``(B, C, H, W)``: ``(B, heads, HW, HW)``,
+    ``softmax(q k^T * scale + rel_logits)`` (BoTNet / AA-Net relative logits) as its forward computes them."""
+    B = x.shape[0]
+    q, k, _ = torch.split(layer.qkv(x), [layer.dim_out_qk, layer.dim_out_qk, layer.dim_out_v], dim=1)
+    q = q.reshape(B * layer.num_heads, layer.dim_head_qk, -1).transpose(-1, -2)
+    k = k.reshape(B * layer.num_heads, layer.dim_head_qk, -1)
+    if layer.scale_pos_embed:
+        logits = (q @ k + layer.pos_embed(q)) * layer.scale
+    else:
+        logits = (q @ k) * layer.scale + layer.pos_embed(q)
+    return logits.softmax(dim=-1).reshape(B, layer.num_heads, q.shape[1], q.shape[1])
+
+
+def conv_gpsa_attention(layer: ConvGPSA, x: Tensor) -> Tensor:
+    """T-CNN's GPSA probabilities (eq. 7, gated content + positional) on its input map ``x`` ``(B, C, H, W)``:
+    ``(B, 9, HW, HW)``, every pixel a query (at stride 2 the layer queries every other one), the map's pixels as
+    keys (the zero padding's keys, which the layer also attends to, left out: rows sum to at most 1)."""
+    B, _, H, W = x.shape
+    padded = F.pad(x, (1, 1, 1, 1)).flatten(2).transpose(1, 2)  # (B, (H+2)(W+2), C)
+    rows, cols = H + 2, W + 2
+    inner = (torch.arange(1, H + 1, device=x.device)[:, None] * cols
+             + torch.arange(1, W + 1, device=x.device)[None, :]).reshape(-1)
+    heads, d = layer.num_heads, layer.head_dim
+    q, k = layer.qk(padded).reshape(B, -1, 2, heads, d).permute(2, 0, 3, 1, 4)
+    content = torch.softmax((q[:, :, inner] @ k.transpose(-2, -1)) * d ** -0.5, dim=-1)
+    keys = layer._positions(rows, cols, x.device, x.dtype)
+    delta = keys[None, :, :] - keys[inner][:, None, :]
+    dist = ((delta[None] - layer.centers[:, None, None, :].to(x.dtype)) ** 2).sum(-1)
+    position = torch.softmax(-layer.alpha[:, None, None].to(x.dtype) * dist, dim=-1)
+    gate = torch.sigmoid(layer.gating)[None, :, None, None].to(x.dtype)
+    return ((1 - gate) * content + gate * position[None])[..., inner]
+
+
+def _letters(module: nn.Module) -> str:
+    if isinstance(module, BottleneckAttn):
+        return " ".join(["B"] * module.num_heads)  # botnet_rel's letter
+    if isinstance(module, ConvGPSA):
+        return " ".join(["P"] * module.num_heads)
+    return " ".join(h.letter for h in module.head_specs)
+
+
+@torch.no_grad()
+def attention_layers(model: nn.Module, x: Tensor) -> dict[str, AttentionLayer]:
+    """``{module path: AttentionLayer}`` for every self-attention layer of ``model``: the token layers
+    (:data:`SELF_ATTENTION_LAYERS`) and the attention inside bottlenecks (:data:`MAP_ATTENTION_LAYERS`, on the
+    map's pixels, no prefix tokens; an :class:`Attention` inside a bottleneck is a token layer on the pixels).
+
+    One forward pass in ``eval`` mode without gradients; a forward pre-hook on each layer computes its
+    probabilities from its input (after masks, biases and GPSA gating, without dropout; for CaiT's talking heads
+    each head's softmax, before ``proj_w``).  CaiT's class-attention layers (one query) are not included.  The
+    model's train/eval mode is restored afterwards.
+    """
+    out: dict[str, AttentionLayer] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if isinstance(module, SELF_ATTENTION_LAYERS):
+            def hook(mod: nn.Module, args: tuple, _name: str = name) -> None:
+                out[_name] = AttentionLayer(mod.get_attention(args[0]).detach(), tuple(mod.grid),
+                                            mod.num_prefix_tokens, _letters(mod))
+        elif isinstance(module, MAP_ATTENTION_LAYERS):
+            def hook(mod: nn.Module, args: tuple, _name: str = name) -> None:
+                probs = bottleneck_attention if isinstance(mod, BottleneckAttn) else conv_gpsa_attention
+                out[_name] = AttentionLayer(probs(mod, args[0]).detach(), tuple(args[0].shape[-2:]), 0, _letters(mod))
+        else:
+            continue
+        handles.append(module.register_forward_pre_hook(hook))
+    was_training = model.training
+    model.eval()
+    try:
+        model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def attention_maps(model: nn.Module, x: Tensor) -> dict[str, Tensor]:
+    """``{module path: (B, H, N, N)}`` for every self-attention layer of ``model`` (:func:`attention_layers`: the
+    token layers and the attention inside bottlenecks), from one forward pass in eval mode."""
+    return {name: layer.attn for name, layer in attention_layers(model, x).items()}
+
+
+def attention_locality_score(attn: Tensor, mask: Tensor, num_prefix_tokens: int = 0) -> Tensor:
+    """MaiT Attention Locality Score (eq. 3) per head.
+
+    ``ALS_n = sum_i (M (.) A)_{n,i}`` for each patch query ``n`` (rows ``num_prefix_tokens..N-1``); a
+    head's ALS is the mean over those rows and over the batch.  The mask is used as given: pass
+    :func:`patch_window_mask` to count only the spatial neighbours (what :func:`layer_als` does), or a
+    layer's own ``attn_masks`` (which treat the class token as a neighbour) to count that too.
+
+    Args:
+        attn: attention probabilities ``(B, H, N, N)`` (rows sum to 1).
+        mask: BoolTensor ``(N, N)``, ``True`` = neighbour of the query row.
+        num_prefix_tokens: class/distillation tokens first; their rows are not averaged.
+
+    Returns:
+        ``(H,)``: 1 when every patch attends only inside its window; ``|window| / N`` for uniform attention.
+    """
+    if attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
+        raise ValueError(f"attn must be (B, H, N, N), got {tuple(attn.shape)}")
+    n = attn.shape[-1]
+    if mask.shape != (n, n):
+        raise ValueError(f"mask must be ({n}, {n}) for {n} tokens, got {tuple(mask.shape)}")
+    if not 0 <= num_prefix_tokens < n:
+        raise ValueError(f"num_prefix_tokens must be in [0, {n}), got {num_prefix_tokens}")
+    als_n = (attn * mask.to(attn.dtype)).sum(dim=-1)  # (B, H, N)
+    return als_n[:, :, num_prefix_tokens:].mean(dim=(0, 2))
+
+
+def patch_window_mask(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int = 0) -> Tensor:
+    """Window mask ``(N, N)`` of spatial neighbours only: prefix rows and columns are ``False``.
+
+    Windows may exceed the grid (they are clipped at the border, as in MaiT's masks).
+    """
+    mask = window_mask(grid, window, num_prefix_tokens).clone()
+    p = num_prefix_tokens
+    mask[:p, :] = False
+    mask[:, :p] = False
+    return mask
+
+
+def layer_als(model: nn.Module, x: Tensor, window: tuple[int, int] = (3, 3)) -> dict[str, Tensor]:
+    """ALS ``(H,)`` of every attention layer of ``model`` on images ``x``, with a ``window`` mask on its grid.
+
+    Whatever each head is (masked or not), the score counts the attention a patch query puts on the
+    patches of its ``window`` (class/distillation columns are not neighbours here), averaged over
+    patch queries and the batch -- MaiT's per-head, per-layer ALS (Fig. 3).
+    """
+    out: dict[str, Tensor] = {}
+    for name, layer in attention_layers(model, x).items():
+        mask = patch_window_mask(layer.grid, window, layer.num_prefix_tokens).to(layer.attn.device)
+        out[name] = attention_locality_score(layer.attn, mask, layer.num_prefix_tokens)
+    return out
+
+
+def nonlocality(attn: Tensor, grid: tuple[int, int], num_prefix_tokens: int = 0) -> Tensor:
+    """ConViT nonlocality (eq. 8) per head: ``sum_j A_ij ||delta_ij||``, averaged over patch queries and batch.
+
+    ``delta_ij`` is the offset between patches ``i`` and ``j`` on the ``grid`` in patch units (Euclidean).
+    Only patch-to-patch attention counts: the weight a patch puts on class/distillation tokens has no
+    distance and is left out (ConViT's GPSA layers have no class token).
+
+    Args:
+        attn: ``(B, H, N, N)`` with ``N = num_prefix_tokens + rows * cols``.
+
+    Returns:
+        ``(H,)`` mean attention distance in patches (0 for attention on the query itself only).
+    """
+    rows, cols = grid
+    n = num_prefix_tokens + rows * cols
+    if attn.dim() != 4 or attn.shape[-2:] != (n, n):
+        raise ValueError(f"attn must be (B, H, {n}, {n}) for grid {rows}x{cols} and {num_prefix_tokens} prefix "
+                         f"tokens, got {tuple(attn.shape)}")
+    pos = grid_positions((rows, cols)).to(attn.device, attn.dtype)  # (2, P)
+    dist = (pos[:, :, None] - pos[:, None, :]).pow(2).sum(0).sqrt()  # (P, P)
+    p = num_prefix_tokens
+    patch = attn[:, :, p:, p:]
+    return (patch * dist).sum(dim=-1).mean(dim=(0, 2))
+
+
+def cross_layer_similarity(maps: list[Tensor], eps: float = 1e-12) -> Tensor:
+    """MaiT App. A.3 eq. 5: ``M^{i,j}_{h,t} = A^i_{h,t,:} . A^j_{h,t,:} / (||A^i_{h,t,:}|| ||A^j_{h,t,:}||)``.
+
+    The cosine similarity, for head ``h`` and output token ``t``, between the attention row of layer ``i``
+    and that of layer ``j`` (the weights token ``t`` gives every input token), for every pair of layers.
+
+    Args:
+        maps: ``L`` attention maps ``(B, H, N, N)`` of the same shape, one per layer, in layer order.
+        eps: guards a zero row (its similarity is then 0).
+
+    Returns:
+        ``(B, H, L, L, N)``: ``out[b, h, i, j, t] = M^{i,j}_{h,t}`` for image ``b``; symmetric in ``i, j``,
+        1 on the diagonal for non-zero rows.  MaiT's Fig. 7-9 heat maps are per head, ``L x L``: we
+        average over tokens and images, ``out.mean(dim=(0, 4))`` (what :func:`layer_cross_similarity` returns).
+
+    Raises:
+        ValueError: fewer than one map, or maps of different shapes or not ``(B, H, N, N)``.
+    """
+    if not maps:
+        raise ValueError("cross_layer_similarity needs at least one attention map")
+    shape = maps[0].shape
+    if len(shape) != 4 or shape[-1] != shape[-2] or any(m.shape != shape for m in maps):
+        raise ValueError(f"maps must all be (B, H, N, N) of one shape, got {[tuple(m.shape) for m in maps]}")
+    stacked = torch.stack(maps, dim=2)  # (B, H, L, N, N): [b, h, layer, t, :]
+    unit = stacked / stacked.norm(dim=-1, keepdim=True).clamp_min(eps)
+    return torch.einsum("bhitk,bhjtk->bhijt", unit, unit)
+
+
+def layer_cross_similarity(model: nn.Module, x: Tensor,
+                           maps: dict[str, Tensor] | None = None) -> tuple[list[str], Tensor]:
+    """Cross-layer similarity (eq. 5) of every self-attention layer of ``model`` on images ``x``.
+
+    Returns ``(layer names, (H, L, L))``: ``M^{i,j}_h`` averaged over tokens ``t`` and images.  When all
+    layers see the same tokens (DeiT, MaiT, CaiT's self-attention stage), the rows cover all ``N``
+    tokens as in the paper; when they differ (ConViT inserts the class token later) every map is cut
+    to its patch-to-patch block so the layers compare on the same tokens (our choice).
+
+    ``maps`` (from :func:`attention_maps` of the same ``model`` and ``x``) saves the forward pass.
+
+    Raises:
+        ValueError: no self-attention layer, or layers with different head counts or patch grids.
+    """
+    maps = attention_maps(model, x) if maps is None else maps
+    if not maps:
+        raise ValueError("the model has no self-attention layer")
+    names, tensors = list(maps), list(maps.values())
+    if len({t.shape for t in tensors}) > 1:
+        modules = dict(model.named_modules())  # a bottleneck's attention has no prefix tokens
+        prefix = {n: getattr(modules[n], "num_prefix_tokens", 0) for n in names}
+        tensors = [t[..., prefix[n]:, prefix[n]:] for n, t in zip(names, tensors)]
+    return names, cross_layer_similarity(tensors).mean(dim=(0, 4))
+
+
+def layer_gating(model: nn.Module) -> dict[str, Tensor]:
+    """``{layer: sigmoid(lambda_h) (n_gpsa,)}`` of every attention layer with GPSA heads (ConViT eq. 7), T-CNN's
+    9-head GPSA in bottlenecks included.
+
+    The weight of positional attention per GPSA head; empty for models without GPSA.
+    """
+    out: dict[str, Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, SELF_ATTENTION_LAYERS):
+            gate = module.gating()
+            if gate is not None:
+                out[name] = gate.detach()
+        elif isinstance(module, ConvGPSA):
+            out[name] = torch.sigmoid(module.gating).detach()
+    return out

@@ -1,0 +1,279 @@
+"""Stems turning images ``(B, C_in, H, W)`` into tokens: torch-free rules -- spec models, shape, the one
+grid rule, checks, parameters, MACs, memory and the name of the first convolution.
+
+Four kinds: ViT's patch embedding (timm ``PatchEmbed``), LeViT's convolutional stem (sec. 4.2: 3x3
+stride-2 convs with BatchNorm, timm ``levit.Stem16``), CMHSA's identity patch stem (App. B: a token is its
+raw ``P x P x C`` pixels) and ResNet's stem (He et al. 2016, Tab. 1: 7x7 stride-2 conv, BatchNorm, ReLU, 3x3
+stride-2 max-pool; or the deep stem of ResNet-C/D, He et al. 2019 "Bag of Tricks" fig. 2, and ResNet-RS's
+strided-conv pool, Bello et al. 2021 -- timm ``resnet.ResNet``'s stem).  The first three make tokens; the
+ResNet stem makes a feature map ``(B, C, H, W)`` for conv stages.  The modules are in
+:mod:`archspec.families.stem.module`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from archspec._util.memory import F32, NodeMemory
+from archspec._util.pydantic_base import StrictModel
+
+__all__ = ["PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec", "StemSpec", "StemShape", "plan",
+           "grid", "reduction", "counts", "memory", "batchnorm_channels", "first_conv_name", "NO_WEIGHT_DECAY",
+           "MAX_DIM"]
+
+MAX_DIM = 4096
+NO_WEIGHT_DECAY: frozenset[str] = frozenset()
+DEFAULT_CONV_LAYERS = 4  # LeViT's stem: C/8, C/4, C/2, C
+
+
+class PatchStemSpec(StrictModel):
+    """ViT patchify stem: a ``patch_size`` x ``patch_size`` stride-``patch_size`` convolution (timm ``PatchEmbed``)."""
+
+    kind: Literal["patch"] = "patch"
+    patch_size: int = Field(16, ge=1, le=64, description="Patch side P in pixels; tokens = (H/P) (W/P).")
+
+
+class ConvStemSpec(StrictModel):
+    """LeViT conv stem: 3x3 stride-2 conv + BatchNorm layers with an activation between (LeViT sec. 4.2)."""
+
+    kind: Literal["conv"] = "conv"
+    channels: list[int] | None = Field(
+        None, min_length=1, max_length=6,
+        description="Output channels of each 3x3 stride-2 conv; default [C/8, C/4, C/2, C] for the first stage's C. "
+        "The last must equal the first stage's dim.",
+    )
+    activation: Literal["hardswish", "gelu", "relu"] = Field("hardswish", description="Activation between conv layers.")
+
+    @field_validator("channels")
+    @classmethod
+    def _positive(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(not 1 <= c <= MAX_DIM for c in value):
+            raise ValueError(f"stem channels must be between 1 and {MAX_DIM}")
+        return value
+
+
+class IdentityStemSpec(StrictModel):
+    """Identity patch projection (CMHSA phase 1): a token is the raw flattened P x P patch, dim = P^2 C_in."""
+
+    kind: Literal["identity"] = "identity"
+    patch_size: int = Field(16, ge=1, le=64, description="Patch side P in pixels.")
+
+
+class ResNetStemSpec(StrictModel):
+    """ResNet stem (timm ``resnet.ResNet``): a 7x7 stride-2 conv + BatchNorm + ReLU, then a 3x3 stride-2 max-pool
+    (ResNet-18/50); ``deep: true`` replaces the 7x7 conv by three 3x3 convs ``stem_width -> stem_width -> channels``
+    (ResNet-C/D, ResNet-RS: timm ``stem_type='deep'``); ``pool: conv`` replaces the max-pool by a 3x3 stride-2
+    conv + BatchNorm + ReLU (ResNet-RS: timm ``replace_stem_pool=True``).  Output: a map of ``channels`` channels
+    at 1/4 of the input resolution, for conv stages."""
+
+    kind: Literal["resnet"] = "resnet"
+    channels: int = Field(64, ge=1, le=MAX_DIM, description="Output channels (timm's inplanes: 64; 2 x stem_width "
+                          "for the deep stem).")
+    deep: bool = Field(False, description="Three 3x3 convs instead of the 7x7 one (timm stem_type='deep').")
+    stem_width: int | None = Field(None, ge=1, le=MAX_DIM, description="Deep stem: width of its first two convs; "
+                                   "default channels / 2 (timm's stem_width, 32 for ResNet-D/RS).")
+    widths: list[int] | None = Field(
+        None, min_length=2, max_length=2, description="Deep stem: the widths of its first two convs when they "
+        "differ, [first, second] (timm stem_type='deep_tiered', resnet10t/26t: [24, 32], i.e. "
+        "[3 * (stem_width // 4), stem_width]); replaces stem_width.")
+    pool: Literal["max", "conv"] = Field("max", description="'max': 3x3 stride-2 max-pool; 'conv': 3x3 stride-2 conv "
+                                         "+ BatchNorm + ReLU (ResNet-RS, timm replace_stem_pool).")
+
+    @field_validator("stem_width")
+    @classmethod
+    def _deep_only(cls, value: int | None, info) -> int | None:
+        if value is not None and not info.data.get("deep", False):
+            raise ValueError("stem_width applies to the deep stem only (deep: true)")
+        return value
+
+    @field_validator("widths")
+    @classmethod
+    def _tiered(cls, value: list[int] | None, info) -> list[int] | None:
+        if value is None:
+            return value
+        if not info.data.get("deep", False):
+            raise ValueError("widths applies to the deep stem only (deep: true)")
+        if info.data.get("stem_width") is not None:
+            raise ValueError("give either stem_width (two equal widths) or widths (a list of two), not both")
+        if any(not 1 <= c <= MAX_DIM for c in value):
+            raise ValueError(f"stem widths must be between 1 and {MAX_DIM}")
+        return value
+
+
+StemSpec = Annotated[PatchStemSpec | ConvStemSpec | IdentityStemSpec | ResNetStemSpec, Field(discriminator="kind")]
+
+
+@dataclass(frozen=True)
+class StemShape:
+    """A stem of ``kind`` from ``in_chans`` channels at ``img_size`` to tokens of width ``dim``: a patch side
+    ``patch_size`` (patch, identity) or the conv layers' ``channels`` and ``act`` (conv); for the ResNet stem a
+    map of ``dim`` channels, ``stem_width`` the deep stem's first conv width (0: the 7x7 stem), ``stem_mid`` its
+    second conv's (0: ``stem_width``; timm's tiered stem: 32 after 24) and ``pool``."""
+
+    kind: str
+    in_chans: int
+    img_size: tuple[int, int]
+    dim: int
+    patch_size: int | None = None
+    channels: tuple[int, ...] = ()
+    act: str = "hardswish"
+    stem_width: int = 0
+    pool: str = "max"
+    stem_mid: int = 0
+
+
+def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv_layers: int = DEFAULT_CONV_LAYERS
+         ) -> tuple[int, int]:
+    """Token grid ``(H, W)`` a stem makes of an image of ``img_size`` pixels: ``(H / P, W / P)`` for patch and
+    identity stems (floor), ``conv_layers`` times ``s -> (s - 1) // 2 + 1`` for the conv stem (3x3, stride 2,
+    padding 1).  Raises nothing."""
+    h, w = int(img_size[0]), int(img_size[1])
+    if kind == "resnet":  # stride-2 conv (7x7 pad 3 or 3x3 pad 1), then the stride-2 pool (3x3 pad 1)
+        return (h - 1) // 4 + 1, (w - 1) // 4 + 1
+    if kind == "conv":
+        for _ in range(conv_layers):
+            h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+        return h, w
+    return h // patch_size, w // patch_size
+
+
+def reduction(kind: str, patch_size: int | None = None, conv_layers: int = DEFAULT_CONV_LAYERS) -> int:
+    """Pixels per token side after the stem: the patch size, or ``2 ** layers`` for the conv stem, 4 for ResNet's."""
+    return 4 if kind == "resnet" else 2 ** conv_layers if kind == "conv" else patch_size
+
+
+def first_conv_name(kind: str, deep: bool = False) -> str | None:
+    """The stem's first convolution, as timm's cfgs name it: ``stem.proj`` for the patch stem (timm ViT's
+    ``patch_embed.proj``), ``stem.conv1.linear`` for LeViT's conv stem (timm LeViT's); None for the identity
+    stem, which has no weights (its token width is ``channels x patch^2``: another ``in_chans`` is another
+    architecture); ``stem.conv1`` for ResNet's (timm's ``conv1``), ``stem.conv1.0`` for its deep stem."""
+    if kind == "resnet":
+        return "stem.conv1.0" if deep else "stem.conv1"
+    return {"patch": "stem.proj", "conv": "stem.conv1.linear"}.get(kind)
+
+
+def plan(stem: PatchStemSpec | ConvStemSpec | IdentityStemSpec | ResNetStemSpec, in_chans: int,
+         img_size: tuple[int, int], first_dim: int) -> tuple[StemShape, list[tuple[tuple, str, str]]]:
+    """The stem's shape and its problems ``(path, message, hint)``: a patch that does not divide the input, an
+    identity stem whose token width is not the first stage's, conv channels that do not end at it."""
+    if stem.kind == "conv":
+        return _plan_conv(stem, in_chans, img_size, first_dim)
+    if stem.kind == "resnet":
+        width = (stem.stem_width or max(stem.channels // 2, 1)) if stem.deep else 0
+        mid = 0
+        if stem.deep and stem.widths is not None:
+            width, mid = stem.widths
+        return StemShape("resnet", in_chans, tuple(img_size), stem.channels, stem_width=width, pool=stem.pool,
+                         stem_mid=mid), []
+    p, (height, width) = stem.patch_size, img_size
+    out = []
+    if height % p or width % p:
+        out.append((("stem", "patch_size"), f"patch size {p} does not divide the input resolution {height}x{width}",
+                    f"use a resolution that is a multiple of {p}, e.g. {max(p, height // p * p)}"))
+    dim = first_dim if stem.kind == "patch" else in_chans * p * p
+    if stem.kind == "identity" and first_dim != dim:
+        out.append((("stages", 0, "dim"), f"an identity stem makes tokens of P^2 C = {p}*{p}*{in_chans} = {dim} "
+                    f"values, but stages[0].dim is {first_dim}", f"set stages[0].dim: {dim}"))
+    return StemShape(stem.kind, in_chans, tuple(img_size), dim, patch_size=p), out
+
+
+def _plan_conv(stem: ConvStemSpec, in_chans: int, img_size: tuple[int, int], first_dim: int
+               ) -> tuple[StemShape, list[tuple[tuple, str, str]]]:
+    channels, out = stem.channels, []
+    if channels is None:
+        if first_dim % 8:
+            out.append((("stem", "channels"), "default conv stem channels [C/8, C/4, C/2, C] need stages[0].dim "
+                        f"divisible by 8, got {first_dim}", "give stem.channels explicitly"))
+        channels = [max(first_dim // 8, 1), max(first_dim // 4, 1), max(first_dim // 2, 1), first_dim]
+    elif channels[-1] != first_dim:
+        out.append((("stem", "channels"), f"the conv stem ends with {channels[-1]} channels but stages[0].dim is "
+                    f"{first_dim}", f"make the last entry {first_dim}"))
+    shape = StemShape("conv", in_chans, tuple(img_size), channels[-1], channels=tuple(channels), act=stem.activation)
+    return shape, out
+
+
+def out_grid(shape: StemShape) -> tuple[int, int]:
+    """The token grid after the stem (:func:`grid`)."""
+    return grid(shape.kind, shape.img_size, shape.patch_size, len(shape.channels))
+
+
+def _conv_layers(shape: StemShape) -> list[tuple[int, int, int, int]]:
+    """Per conv layer ``(c_in, c_out, h_out, w_out)``."""
+    layers, (h, w), c = [], shape.img_size, shape.in_chans
+    for c_out in shape.channels:
+        h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+        layers.append((c, c_out, h, w))
+        c = c_out
+    return layers
+
+
+def _resnet_convs(shape: StemShape) -> list[tuple[int, int, int, int, int]]:
+    """The ResNet stem's convs ``(k, c_in, c_out, h_out, w_out)``, each followed by a BatchNorm of ``c_out``."""
+    (h, w), c, out = shape.img_size, shape.in_chans, shape.dim
+    h1, w1 = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+    h2, w2 = (h1 - 1) // 2 + 1, (w1 - 1) // 2 + 1
+    if shape.stem_width:
+        sw, mid = shape.stem_width, shape.stem_mid or shape.stem_width
+        convs = [(3, c, sw, h1, w1), (3, sw, mid, h1, w1), (3, mid, out, h1, w1)]
+    else:
+        convs = [(7, c, out, h1, w1)]
+    if shape.pool == "conv":
+        convs.append((3, out, out, h2, w2))
+    return convs
+
+
+def counts(shape: StemShape) -> tuple[int, int]:
+    """(params, MACs per image): patch ``C_in P^2 C + C`` and ``N C_in P^2 C``; conv, per layer, ``9 c_in c_out``
+    weights + 2 BatchNorm parameters per channel and ``H_out W_out 9 c_in c_out`` MACs; identity 0 and 0;
+    ResNet, per conv ``k^2 c_in c_out`` weights (no bias) + 2 BatchNorm parameters per channel and
+    ``H_out W_out k^2 c_in c_out`` MACs (the max-pool counts none)."""
+    if shape.kind == "resnet":
+        convs = _resnet_convs(shape)
+        return (sum(k * k * c * o + 2 * o for k, c, o, _, _ in convs),
+                sum(h * w * k * k * c * o for k, c, o, h, w in convs))
+    if shape.kind == "conv":
+        layers = _conv_layers(shape)
+        return (sum(9 * c * c_out + 2 * c_out for c, c_out, _, _ in layers),
+                sum(h * w * 9 * c * c_out for c, c_out, h, w in layers))
+    if shape.kind == "identity":
+        return 0, 0
+    rows, cols = out_grid(shape)
+    k = shape.in_chans * shape.patch_size ** 2
+    return k * shape.dim + shape.dim, rows * cols * k * shape.dim
+
+
+def memory(shape: StemShape) -> NodeMemory:
+    """Bytes (batch 1, float32): a conv + BatchNorm layer holds its input, the conv output and the BN output at
+    once; the activation between layers makes a third copy (``saved``).  The image itself is counted by the
+    graph (it stays alive for the whole forward)."""
+    if shape.kind == "conv":
+        outputs, copies = [h * w * c_out for _, c_out, h, w in _conv_layers(shape)], 2
+    else:
+        rows, cols = out_grid(shape)
+        outputs, copies = [rows * cols * shape.dim], 1
+    inputs = [0] + outputs[:-1]
+    act = max(i + copies * o for i, o in zip(inputs, outputs))
+    saved = sum((copies + (1 if shape.kind == "conv" else 0)) * o for o in outputs)
+    return NodeMemory(act=F32 * act, saved=F32 * saved)
+
+
+def batchnorm_channels(shape: StemShape) -> int:
+    """BatchNorm channels ``model.fuse()`` folds away: every conv layer's (conv stem); ResNet's stem: ``bn1``, the deep
+    stem's two inner BatchNorms and the conv pool's (:func:`archspec.nn.fuse.fold_conv_batchnorms`)."""
+    if shape.kind != "resnet":
+        return sum(shape.channels)
+    deep = shape.stem_width + (shape.stem_mid or shape.stem_width) if shape.stem_width else 0
+    return shape.dim + deep + (shape.dim if shape.pool == "conv" else 0)
+
+
+def label(shape: StemShape) -> str:
+    """The analysis table's kind: ``patch16``, ``identity16``, ``conv4``, ``resnet``, ``resnet-deep`` or
+    ``resnet-tiered`` (``+convpool``)."""
+    if shape.kind == "resnet":
+        deep = "-tiered" if shape.stem_mid and shape.stem_mid != shape.stem_width else "-deep"
+        return "resnet" + (deep if shape.stem_width else "") + ("+convpool" if shape.pool == "conv" else "")
+    return f"conv{len(shape.channels)}" if shape.kind == "conv" else f"{shape.kind}{shape.patch_size}"

@@ -1,0 +1,93 @@
+"""Step 3 of 3 (spec -> graph -> **compile**), the compiler: turn the IR into an :class:`~archspec.nn.model.ArchModel`.
+
+Each graph node carries its family and typed shape (:mod:`archspec.families`); the compiler hands the shape
+to the family's ``build`` and never reads the spec again.  The walk is in execution order and runs under
+``torch.manual_seed(spec.seed)`` inside a forked RNG, so the same spec gives bitwise identical initial weights
+and the caller's random state is left untouched.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from archspec.errors import SpecError
+from archspec.families import build
+from archspec.ir.graph import build_graph, check_memory, nodes_in_order
+from archspec.ir.loader import load_spec
+from archspec.nn.model import ArchModel, Stage, with_resolution
+from archspec.spec import ArchSpec
+
+
+def _stages(nodes: list[dict], n_stages: int) -> list[Stage]:
+    """The model's stages in execution order: each one's shrinking attention and blocks, then CaiT's
+    class-attention stage when the IR has one (it runs after the class token is inserted)."""
+    stages = []
+    for i in range(n_stages):
+        downsample = [build("shrink", n["shape"]) for n in nodes if n["kind"] == "shrink" and n["stage"] == i]
+        blocks = [build(n["family"], n["shape"]) for n in nodes if n["kind"] == "block" and n["stage"] == i]
+        stages.append(Stage(downsample[0] if downsample else None, blocks))
+    class_blocks: list[nn.Module] = [build("class_attention", n["shape"]) for n in nodes if n["kind"] == "class_attn"]
+    if class_blocks:
+        stages.append(Stage(None, class_blocks))
+    return stages
+
+
+def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None = None,  # noqa: A001
+            img_size: int | tuple[int, int] | None = None, drop_rate: float = 0.0) -> ArchModel:
+    """Compile a spec (or a path / shipped spec name / YAML text / dict) into an :class:`ArchModel`.
+
+    The model maps images ``(B, C_in, H, W)`` to logits ``(B, num_classes)`` and keeps its spec as
+    ``model.spec``.  Initial weights depend only on the spec (``spec.seed``): compiling twice gives
+    bitwise identical state dicts.
+
+    Args:
+        max_memory: limit in bytes on the estimated memory of a batch-1 float32 forward (weights,
+            buffers, peak activations; :func:`archspec.ir.graph.check_memory`); ``None`` takes
+            :data:`archspec.ir.graph.DEFAULT_MAX_MEMORY` (8 GiB), ``math.inf`` disables it.
+        img_size: input resolution in pixels (an int or ``(H, W)``, timm's name) replacing the spec's
+            ``input.resolution``; the spec is re-checked at that size.
+        drop_rate: dropout before the classifier (timm's ``drop_rate``); not stored in the spec.
+
+    Raises:
+        SpecError: the spec is invalid or over the memory limit (every problem, located in its file).
+    """
+    spec = load_spec(spec, check=False) if not isinstance(spec, ArchSpec) else spec
+    if img_size is not None:
+        spec = with_resolution(spec, img_size)
+    graph = build_graph(spec)
+    problems = check_memory(graph, max_memory)
+    if problems:
+        raise SpecError(problems)
+    nodes = nodes_in_order(graph)
+    if spec.is_convnet:
+        from archspec.nn.convnet import ConvNet
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            stem_module = build("stem", next(n for n in nodes if n["kind"] == "stem")["shape"])
+            model = ConvNet(spec, stem_module, _stages(nodes, len(spec.stages)), dim_out=spec.stages[-1].channels,
+                            drop_rate=drop_rate)
+        model.analysis = graph
+        return model
+    stem, embed = (next(n for n in nodes if n["kind"] == kind) for kind in ("stem", "embed"))
+    # a hybrid's map -> tokens node (LeViT sec. 3.2 grafting), between its conv and attention stages
+    interface = next((n for n in nodes if n["kind"] == "interface"), None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        stem_module = build("stem", stem["shape"])
+        stages = _stages(nodes, len(spec.stages))
+        interface_module = build("interface", interface["shape"]) if interface is not None else None
+        # a conv tail's tokens -> map node (conv stages after the attention stages)
+        to_map = next((build("interface", n["shape"]) for n in nodes if n["kind"] == "to_map"), None)
+        tokens = embed["tokens_plan"]
+        last = spec.stages[-1]
+        model = ArchModel(spec, stem_module, stages, dim_in=spec.stages[spec.n_conv_stages].dim,
+                          dim_out=last.channels if spec.has_conv_tail else last.dim, cls_at=tokens.cls_at,
+                          n_extra=tokens.n_extra, pos_embed_len=embed["pos_embed_len"], token_dim=tokens.width,
+                          drop_rate=drop_rate, n_conv_stages=spec.n_conv_stages, interface=interface_module,
+                          to_map=to_map)
+    model.analysis = graph
+    return model

@@ -1,0 +1,622 @@
+"""The compiled model: a timm-style ``nn.Module`` that keeps its spec.
+
+:class:`ArchModel` behaves like a timm classification model in training code: ``forward_features``
+/ ``forward_head``, ``num_classes``, ``reset_classifier``, ``get_classifier``, ``no_weight_decay``,
+``set_distilled_training`` (timm ``VisionTransformerDistilled`` / ``LevitDistilled``),
+``pretrained_cfg`` -- so ``timm.optim.create_optimizer_v2`` and a timm-style loop take it unchanged.
+As a backbone it has timm's ``forward_intermediates``, ``prune_intermediate_layers``, ``feature_info``
+and ``group_matcher`` (layer-wise LR decay), and it changes input size with ``set_input_size`` or
+``set_dynamic_img_size`` (timm ``VisionTransformer``'s API).
+It is built by :func:`archspec.compile`; the constructor takes already-built parts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import PatchEmbed, register_notrace_module, resample_abs_pos_embed, to_2tuple, trunc_normal_
+from timm.models._features import feature_take_indices
+from torch import Tensor, nn
+
+from archspec.errors import Problem, SpecError
+from archspec.families import no_weight_decay_leaves
+from archspec.families.attention.module import Attention, ZeroPadTokens
+from archspec.families.attention.rules import RESAMPLED_TABLES
+from archspec.families.conv_block import rules as conv_blocks
+from archspec.families.conv_mixer.module import ConvMixer
+from archspec.families.head.module import build_classifier
+from archspec.families.head.rules import classifier_names
+from archspec.families.interface import rules as interface
+from archspec.families.shrink.module import ShrinkBlock
+from archspec.families.stem import rules as stems
+from archspec.families.stem.module import IdentityStem
+from archspec.spec import ArchSpec
+
+# Token mixers and the identity stem check their input shape in Python (data-dependent control flow for
+# torch.fx), so FX treats them as leaves: timm's feature extractors use this registry; torchvision's take
+# FX_LEAF_MODULES as tracer_kwargs, and symbolic_trace below uses them.
+FX_LEAF_MODULES = (Attention, ConvMixer, IdentityStem, ShrinkBlock, ZeroPadTokens)
+for _leaf in FX_LEAF_MODULES:
+    register_notrace_module(_leaf)
+
+# Parameter leaf names that timm-style optimizers must not decay (position embedding, tokens,
+# attention biases, GPSA gating, soft-mask alphas): every family's NO_WEIGHT_DECAY.
+NO_WEIGHT_DECAY_LEAVES = no_weight_decay_leaves()
+
+
+class Stage(nn.Module):
+    """One stage: optional LeViT shrinking attention (``downsample``) then ``blocks``. ``(B, N, C) -> (B, N', C')``."""
+
+    def __init__(self, downsample: nn.Module | None, blocks: Sequence[nn.Module]):
+        super().__init__()
+        self.downsample = downsample if downsample is not None else nn.Identity()
+        self.blocks = nn.ModuleList(blocks)
+
+
+class ArchModel(nn.Module):
+    """A compiled archspec model.
+
+    Shapes: images ``(B, C_in, H, W)`` -> ``forward_features`` tokens ``(B, N, C)`` -> logits
+    ``(B, num_classes)`` (pooled features ``(B, C)`` when ``num_classes == 0``).  With a distillation
+    head the output is the average of the two heads, or the tuple ``(cls_logits, dist_logits)`` in
+    train mode after ``set_distilled_training(True)``, exactly as timm's distilled DeiT / LeViT.
+
+    Args (besides the built parts): ``dim_in``/``dim_out`` widths of the first/last stage; ``cls_at`` the
+    global block index before which the class (and distillation) token is prepended (0: after the stem,
+    None: no class token); ``n_extra`` the number of such tokens; ``pos_embed_len`` tokens covered by
+    the position embedding (0: none); ``token_dim`` their width (default ``dim_in``; the width of the
+    stage they enter when inserted later); ``drop_rate`` dropout on the pooled features before the
+    classifier (timm ViT's ``head_drop``; not part of the spec, like timm's ``drop_rate`` kwarg);
+    ``n_conv_stages`` and ``interface`` for a hybrid (LeViT sec. 3.2 grafting): the first ``n_conv_stages`` of
+    ``stages`` are conv stages run on the stem's feature map, ``interface`` turns their map into the tokens
+    ``(B, N, C)`` the class token and position embedding join (family ``interface``); ``to_map`` for a conv tail
+    (conv stages after the attention stages, from ``spec.tail_start``): it drops the class/distillation tokens and
+    lays the rest out as a map ``(B, C, gh, gw)`` on the last token grid; the tail's conv stages run on it and the
+    head is timm ResNet's (average pool + classifier, no norm), so ``forward_features`` returns a map.
+
+    Attributes:
+        spec: the :class:`~archspec.spec.ArchSpec` it was compiled from (``model.spec.to_yaml()``).
+        num_classes, num_features, num_prefix_tokens, global_pool: as in timm.
+    """
+
+    def __init__(self, spec: ArchSpec, stem: nn.Module, stages: Sequence[Stage], dim_in: int, dim_out: int,
+                 cls_at: int | None, n_extra: int, pos_embed_len: int, token_dim: int | None = None,
+                 drop_rate: float = 0.0, n_conv_stages: int = 0, interface: nn.Module | None = None,
+                 to_map: nn.Module | None = None):
+        super().__init__()
+        self.spec = spec
+        self.stem = stem
+        self.n_conv_stages = n_conv_stages
+        self.interface = interface
+        self.to_map = to_map
+        # the first stage of a conv tail (conv stages after the attention stages); len(stages) when none
+        self.tail_start = spec.tail_start
+        self.stages = nn.ModuleList(stages)
+        # The spec's stages; a compiled CaiT has one more, its class-attention stage, after them.
+        self.n_patch_stages = len(spec.stages)
+        self.cls_at = cls_at
+        self.has_dist = spec.tokens.dist_token
+        self.num_prefix_tokens = n_extra
+        self.global_pool = "token" if spec.head.pool == "cls" else "avg"
+        self.num_features = self.head_hidden_size = self.embed_dim = dim_out
+        last_tokens = spec.stages[spec.tail_start - 1]  # the last attention stage
+        self.batchnorm_head = last_tokens.norm == "batchnorm" and to_map is None
+        self.distilled = spec.head.distillation
+        self.distilled_training = False
+        self.grad_checkpointing = False
+        self.dynamic_img_size = False
+        self.patch_grid = stem_grid(spec, spec.input.resolution)
+
+        # A class token inserted before a later block has that block's width (after a shrink, not dim_in).
+        token_dim = dim_in if token_dim is None else token_dim
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, token_dim)) if cls_at is not None else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, token_dim)) if self.has_dist else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, pos_embed_len, dim_in)) if pos_embed_len else None
+        # layernorm family as timm ViT: final norm before token pooling, fc_norm after mean pooling
+        layernorm = not self.batchnorm_head and to_map is None  # a conv tail's head has no norm (timm ResNet)
+        eps = last_tokens.norm_eps
+        self.norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "token" else nn.Identity()
+        self.fc_norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "avg" else nn.Identity()
+        self._init_tokens()
+        self.drop_rate = drop_rate
+        # timm ViT's head_drop; timm LeViT's NormLinear head has its own dropout (head.drop) instead.
+        self.head_drop = None if self.batchnorm_head else nn.Dropout(drop_rate)
+        self.reset_classifier(spec.head.num_classes)
+        self.feature_info = self._feature_info()
+        self.pretrained_cfg = self.default_cfg = default_pretrained_cfg(spec)
+
+    # ----------------------------------------------------------------------------- init / timm API
+    def _init_tokens(self) -> None:
+        """Position embedding and distillation token ``trunc_normal_(std=.02)`` (timm ViT, DeiT, ConViT, CaiT).
+        The class token as the timm model with that placement: entering at the input (``cls_at == 0``),
+        timm ``VisionTransformer.init_weights``'s ``normal_(std=1e-6)`` (DeiT, MaiT); inserted before a
+        later block, ``trunc_normal_(std=.02)`` as timm's ``ConVit`` and ``Cait``."""
+        for p in (self.pos_embed, self.dist_token):
+            if p is not None:
+                trunc_normal_(p, std=0.02)
+        if self.cls_token is not None:
+            if self.cls_at == 0:
+                nn.init.normal_(self.cls_token, std=1e-6)
+            else:
+                trunc_normal_(self.cls_token, std=0.02)
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes of the classifier (0 when features only)."""
+        return self._num_classes
+
+    def get_classifier(self) -> nn.Module:
+        """The classifier module (``head``), as timm."""
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the classifier (and distillation) head with fresh ones for ``num_classes``.
+
+        ``global_pool=''`` (timm's "no pooling") makes ``forward_head`` return the tokens unpooled.
+
+        Raises:
+            ValueError: ``global_pool`` other than None, 'token', 'avg' or '', or 'token' without a class token.
+        """
+        if global_pool is not None:
+            if global_pool not in ("token", "avg", ""):
+                raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+            if global_pool == "token" and (self.cls_token is None or getattr(self, "to_map", None) is not None):
+                raise ValueError("token pooling needs a class token" + (
+                    " (a conv tail drops it where the tokens become a map)" if self.cls_token is not None else ""))
+            self.global_pool = global_pool
+        self._num_classes = num_classes
+        if num_classes != self.spec.head.num_classes:  # keep model.spec true to the model
+            self.spec = self.spec.model_copy(
+                update={"head": self.spec.head.model_copy(update={"num_classes": num_classes})})
+        self.head = self._make_head(num_classes)
+        self.head_dist = self._make_head(num_classes) if self.distilled else None
+
+    def _make_head(self, num_classes: int) -> nn.Module:
+        return build_classifier(self.num_features, num_classes, self.batchnorm_head, self.drop_rate)
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """Return ``(cls_logits, dist_logits)`` in train mode (timm's distilled models' switch)."""
+        self.distilled_training = enable
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute blocks in the backward pass to save memory (timm API)."""
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names timm's optimizer factory must not decay.
+
+        Position embedding, class/distillation tokens, LeViT/CMHSA attention biases, GPSA gating
+        parameters and soft-mask alphas (names ending in one of :data:`NO_WEIGHT_DECAY_LEAVES`).
+        """
+        return {name for name, _ in self.named_parameters() if name.rsplit(".", 1)[-1] in NO_WEIGHT_DECAY_LEAVES}
+
+    # ----------------------------------------------------------------------------- forward
+    def _prefix(self, x: Tensor) -> Tensor:
+        tokens = [self.cls_token.expand(x.shape[0], -1, -1)]
+        if self.dist_token is not None:
+            tokens.append(self.dist_token.expand(x.shape[0], -1, -1))
+        return torch.cat(tokens + [x], dim=1)
+
+    def _embed(self, x: Tensor, take: Sequence[int] = (), taken: list | None = None) -> tuple[Tensor, tuple[int, int]]:
+        """Images ``(B, C_in, H, W)`` -> (stem tokens with class token and position embedding, patch grid).
+        A hybrid runs its conv stages on the stem's map first (appending to ``taken`` the maps of the levels in
+        ``take``, as tokens) and turns the last map into tokens through its interface."""
+        grid = stem_grid(self.spec, x.shape[-2:]) if self.dynamic_img_size else self.patch_grid
+        x = self.stem(x)
+        if self.interface is not None:
+            for s, stage in enumerate(self.stages[:self.n_conv_stages]):
+                for block in stage.blocks:
+                    x = self._run_block(block, x)
+                if s in take and taken is not None:
+                    taken.append((x.flatten(2).transpose(1, 2), tuple(x.shape[-2:]), 0))
+            x = self.interface(x)
+        if self.cls_at == 0:
+            x = self._prefix(x)
+        if self.pos_embed is not None:
+            pos = self.pos_embed
+            if self.dynamic_img_size:  # timm ViT's _pos_embed: resample on the fly, learned grid unchanged
+                pos = resample_abs_pos_embed(pos, new_size=list(grid), old_size=list(self.patch_grid),
+                                             num_prefix_tokens=self.num_prefix_tokens if self.cls_at == 0 else 0)
+            x = x + pos
+        if self.dynamic_img_size:
+            self._set_block_grids(grid)
+        return x, grid
+
+    def _run_block(self, block: nn.Module, x: Tensor) -> Tensor:
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return block(x)
+
+    def _forward_levels(self, x: Tensor, take: Sequence[int] = ()) -> tuple[Tensor, list[tuple[Tensor, tuple, int]]]:
+        """Images -> (last tokens ``(B, N, C)`` before the final norm, ``[(tokens, grid, n_prefix)]`` of the
+        feature levels in ``take``).  A level is a block for one-stage models, a stage otherwise."""
+        taken: list[tuple[Tensor, tuple, int]] = []
+        x, grid = self._embed(x, take, taken)
+        per_block = self.n_patch_stages == 1
+        prefix = self.num_prefix_tokens if self.cls_at == 0 else 0
+        index = 0  # token blocks: the index space of cls_at
+        for s, stage in enumerate(self.stages):  # the patch stages, then CaiT's class-attention stage if any
+            if s < self.n_conv_stages:  # a hybrid's conv stages ran in _embed
+                continue
+            if self.to_map is not None and s >= self.tail_start:  # a conv tail: tokens -> map once (no prefix)
+                if s == self.tail_start:
+                    x = self.to_map(x, grid)  # the grid at this input size
+                    prefix = 0
+                for block in stage.blocks:
+                    x = self._run_block(block, x)
+                grid = tuple(x.shape[-2:])
+                if s in take:
+                    taken.append((x.flatten(2).transpose(1, 2), grid, 0))
+                continue
+            if not isinstance(stage.downsample, nn.Identity):
+                x = stage.downsample(x)
+                grid = ((grid[0] - 1) // 2 + 1, (grid[1] - 1) // 2 + 1)
+            for block in stage.blocks:
+                if self.cls_at == index and index > 0:
+                    x = self._prefix(x)
+                    prefix = self.num_prefix_tokens
+                x = self._run_block(block, x)
+                if per_block and index in take and s < self.n_patch_stages:
+                    taken.append((x, grid, prefix))
+                index += 1
+            if not per_block and s in take and s < self.n_patch_stages:
+                taken.append((x, grid, prefix))
+        if self.cls_at is not None and self.cls_at == index and index > 0 and x.dim() == 3:
+            x = self._prefix(x)
+        return x, taken
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``(B, C_in, H, W)`` -> tokens ``(B, N, C)`` after the last block (and final norm); with a conv tail
+        the last map ``(B, C, H', W')``."""
+        return self.norm(self._forward_levels(x)[0])
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Tokens ``(B, N, C)`` -> logits ``(B, num_classes)`` (pooled ``(B, C)`` with ``pre_logits``;
+        the tokens unchanged after ``reset_classifier(0, '')``); a conv tail's map ``(B, C, H', W')`` is averaged
+        (timm ResNet's head)."""
+        if self.global_pool == "":
+            return x if pre_logits else self.head(x)
+        if self.to_map is not None:  # a conv tail's map (static: FX traces no branch on a tensor)
+            x = self.head_drop(x.mean(dim=(2, 3)))
+            return x if pre_logits else self.head(x)
+        if self.global_pool == "token":
+            pooled = x[:, 0]
+            pooled_dist = x[:, 1] if self.dist_token is not None else pooled
+        else:
+            pooled = self.fc_norm(x[:, self.num_prefix_tokens if self.cls_at is not None else 0:].mean(dim=1))
+            pooled_dist = pooled
+        if self.head_drop is not None and self.dist_token is not None:  # one call keeps FX node names unique
+            pooled, pooled_dist = self.head_drop(torch.stack((pooled, pooled_dist))).unbind(0)
+        elif self.head_drop is not None:
+            pooled = pooled_dist = self.head_drop(pooled)
+        if pre_logits:
+            return (pooled + pooled_dist) / 2 if self.dist_token is not None else pooled
+        logits = self.head(pooled)
+        if self.head_dist is None:
+            return logits
+        logits_dist = self.head_dist(pooled_dist)
+        if self.distilled_training and self.training and not torch.jit.is_scripting():
+            return logits, logits_dist
+        return (logits + logits_dist) / 2
+
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """Images ``(B, C_in, H, W)`` -> logits ``(B, num_classes)``."""
+        return self.forward_head(self.forward_features(x))
+
+    def fuse(self, inplace: bool = False) -> ArchModel:
+        """Inference copy with every BatchNorm folded into its linear / conv (LeViT sec. 5.3); see
+        :func:`archspec.nn.fuse.fuse_model`.  Equal to ``self.eval()`` to float rounding; returned in eval mode."""
+        from archspec.nn.fuse import fuse_model
+
+        return fuse_model(self, inplace=inplace)
+
+    # ----------------------------------------------------------------------------- timm backbone API
+    def _feature_info(self) -> list[dict[str, Any]]:
+        """timm ``feature_info``: one entry per block (one-stage models, as timm ViT) or per stage (LeViT)."""
+        reduction, info = stem_reduction(self.spec), []
+        for s, stage_spec in enumerate(self.spec.stages[:self.n_conv_stages]):  # a hybrid's conv stages
+            reduction *= stage_spec.stride
+            info.append(dict(num_chs=stage_spec.channels, reduction=reduction, module=f"stages.{s}"))
+        if self.n_conv_stages:  # the interface's pooling
+            reduction = self.spec.input.resolution[0] // self.patch_grid[0]
+        for s, stage in enumerate(self.stages[:self.n_patch_stages]):  # CaiT's class attention is no level
+            if s < self.n_conv_stages:
+                continue
+            if self.to_map is not None and s >= self.tail_start:  # a conv tail's stage
+                reduction *= self.spec.stages[s].stride
+                info.append(dict(num_chs=self.spec.stages[s].channels, reduction=reduction, module=f"stages.{s}"))
+                continue
+            if not isinstance(stage.downsample, nn.Identity):
+                reduction *= 2
+            dim = self.spec.stages[s].dim
+            if self.n_patch_stages == 1:
+                info += [dict(num_chs=dim, reduction=reduction, module=f"stages.0.blocks.{b}")
+                         for b in range(len(stage.blocks))]
+            else:
+                info.append(dict(num_chs=dim, reduction=reduction, module=f"stages.{s}"))
+        return info
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter groups for timm's layer-wise LR decay (``create_optimizer_v2(..., layer_decay=...)``).
+
+        As timm ``VisionTransformer`` / ``Levit.group_matcher``: stem, tokens and position embedding form
+        group 0; then one group per block in global order (``stages.S.blocks.B`` sorts by ``(S, B)``; a
+        shrinking attention joins the first block of its stage, as in timm LeViT); the final norm joins the
+        last block (timm's ``(99999,)`` suffix); the head, unmatched, is the last group.  ``coarse``: one
+        group per stage.
+        """
+        if self.n_patch_stages < len(self.stages):
+            return self._class_attention_matcher
+        blocks = r"^stages\.(\d+)" if coarse else [
+            (r"^stages\.(\d+)\.downsample", (0,)), (r"^stages\.(\d+)\.blocks\.(\d+)", None)]
+        if not coarse:
+            blocks.append((r"^norm|^fc_norm", (99999,)))
+        return dict(stem=r"^cls_token|^dist_token|^pos_embed|^stem|^interface", blocks=blocks)
+
+    def _class_attention_matcher(self, name: str) -> float:
+        """Layer-decay group of a parameter of a model with CaiT's class-attention stage, as timm
+        ``Cait.group_matcher``: stem and tokens 0, self-attention block ``i`` (global) ``i + 1``, class-attention
+        block ``j`` overlapping the last blocks (``j + depth - n_class + 1``), the final norm ``depth``, the
+        head last."""
+        depth = sum(len(stage.blocks) for stage in self.stages[:self.n_patch_stages])
+        n_class = len(self.stages[-1].blocks)
+        if re.match(r"^(cls_token|dist_token|pos_embed|stem)", name):
+            return 0
+        match = re.match(r"^stages\.(\d+)\.(blocks\.(\d+)|downsample)", name)
+        if match:
+            stage, block = int(match.group(1)), int(match.group(3) or 0)
+            if stage == self.n_patch_stages:
+                return block + depth - n_class + 1
+            return sum(len(s.blocks) for s in self.stages[:stage]) + block + 1
+        if re.match(r"^(norm|fc_norm)", name):
+            return depth
+        return float("inf")
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None,
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False) -> Any:
+        """timm's backbone API: features of the levels in ``indices`` (see ``feature_info``).
+
+        A level is a block for one-stage models (as timm ViT) and a stage for multi-stage ones (as timm
+        LeViT).  ``indices``: None = all, an int n = the last n, a list = those (negative from the end).
+        Each feature is ``(B, C, H, W)`` (``output_fmt='NCHW'``: patch tokens on their grid, class and
+        distillation tokens dropped) or ``(B, H*W, C)`` (``'NLC'``); with ``return_prefix_tokens`` a pair
+        ``(feature, prefix (B, n_prefix, C))`` (n_prefix 0 before ConViT's class token enters).  ``norm``
+        applies the final norm to features as wide as the last stage.  ``stop_early`` is accepted for
+        timm compatibility (use ``prune_intermediate_layers`` to drop unused blocks).
+
+        Returns:
+            the list of features, or ``(final tokens (B, N, C) after the norm, list)`` unless ``intermediates_only``.
+
+        Raises:
+            ValueError: an ``output_fmt`` other than 'NCHW' / 'NLC'; an index out of range (timm's assertion).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take, _ = feature_take_indices(len(self.feature_info), indices)
+        final, taken = self._forward_levels(x, set(take))
+        features, prefixes = [], []
+        for (tokens, grid, prefix), level in zip(taken, sorted(take)):
+            if norm and self.feature_info[level]["num_chs"] == self.num_features:
+                tokens = self.norm(tokens)
+            prefixes.append(tokens[:, :prefix])
+            tokens = tokens[:, prefix:]
+            if output_fmt == "NCHW":
+                tokens = tokens.reshape(x.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
+            features.append(tokens)
+        if return_prefix_tokens:
+            features = list(zip(features, prefixes))
+        return features if intermediates_only else (self.norm(final), features)
+
+    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """Drop the blocks (or stages) after the last level in ``indices`` (timm API); returns the kept indices.
+
+        ``prune_norm`` replaces the final norms by identities, ``prune_head`` the classifier
+        (``reset_classifier(0, '')``).  ``model.spec`` still describes the unpruned model.
+        """
+        take, max_index = feature_take_indices(len(self.feature_info), indices)
+        if self.n_patch_stages == 1:
+            self.stages[0].blocks = self.stages[0].blocks[:max_index + 1]
+        self.stages = self.stages[:1 if self.n_patch_stages == 1 else max_index + 1]  # class attention goes too
+        self.n_patch_stages = len(self.stages)
+        self.feature_info = self.feature_info[:max_index + 1]
+        self.num_features = self.head_hidden_size = self.feature_info[-1]["num_chs"]
+        if prune_norm:
+            self.norm, self.fc_norm = nn.Identity(), nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, "")
+        return take
+
+    # ----------------------------------------------------------------------------- input size
+    def _set_block_grids(self, grid: tuple[int, int]) -> None:
+        """Move every token mixer and shrinking attention to the patch grid ``grid`` of a new input size
+        (CaiT's class attention has no grid: it attends from the class token to whatever tokens come)."""
+        for stage in self.stages[self.n_conv_stages:self.tail_start]:  # conv stages (a hybrid's, a tail's) take any map
+            if not isinstance(stage.downsample, nn.Identity):
+                if stage.downsample.grid != tuple(grid):
+                    stage.downsample.set_grid(grid)
+                grid = stage.downsample.out_grid
+            for block in stage.blocks:
+                mixer = block.attn
+                if tuple(mixer.grid) == tuple(grid):
+                    continue
+                if hasattr(mixer, "set_grid"):
+                    mixer.set_grid(grid)
+                else:  # ConvMixer: a convolution runs on any grid
+                    mixer.grid = tuple(grid)
+
+    @torch.no_grad()
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None) -> None:
+        """Run at another input resolution from now on, keeping the weights (timm ``set_input_size``).
+
+        The spec is re-checked at the new size (grids, mask windows against them); then the position
+        embedding is resampled (timm ``resample_abs_pos_embed``, bicubic), the relative bias tables are
+        resampled and GPSA's ``r_ij``, the index tables and the MaiT masks rebuilt for the new grid
+        (``Attention.set_grid``, ``ShrinkBlock.set_grid``).  ``model.spec`` gets the new resolution, so
+        ``archspec.save`` writes a spec that rebuilds this model.
+
+        Raises:
+            SpecError: the spec is invalid at ``img_size`` (say, a grid smaller than a mask window).
+            ValueError: a ``patch_size`` other than the stem's (a patch resize is not supported).
+        """
+        if patch_size is not None and to_2tuple(patch_size) != to_2tuple(getattr(self.spec.stem, "patch_size", None)):
+            raise ValueError(f"changing the patch size is not supported (the stem's is {self.spec.stem})")
+        if img_size is None:
+            return
+        spec = with_resolution(self.spec, img_size)
+        grid = stem_grid(spec, spec.input.resolution)
+        if isinstance(self.stem, PatchEmbed):
+            self.stem.set_input_size(img_size=spec.input.resolution)
+            self.stem.grid = tuple(self.stem.grid_size)
+        if self.pos_embed is not None and grid != self.patch_grid:
+            prefix = self.num_prefix_tokens if self.cls_at == 0 else 0
+            resized = resample_abs_pos_embed(self.pos_embed.data, new_size=list(grid), old_size=list(self.patch_grid),
+                                             num_prefix_tokens=prefix)
+            self.pos_embed = nn.Parameter(resized, requires_grad=self.pos_embed.requires_grad)
+        self._set_block_grids(grid)
+        self.patch_grid = grid
+        self.spec = spec
+        self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (spec.input.channels, *spec.input.resolution)}
+        self.default_cfg = self.pretrained_cfg
+
+    def set_dynamic_img_size(self, enable: bool = True) -> None:
+        """Accept any input size at forward time, as timm ViT's ``dynamic_img_size=True``.
+
+        The position embedding is resampled on the fly from its learned grid; masks and GPSA's ``r_ij``
+        are rebuilt when the grid changes (buffers only, no parameter changes).  Specs with learned
+        relative tables (LeViT attention bias, CMHSA signed bias, shrinking attention) need a fixed grid:
+        use :meth:`set_input_size` for them.  Sizes must still be multiples of the patch size.
+
+        Raises:
+            ValueError: the model has learned relative-position tables.
+        """
+        if enable:
+            tables = [name for name, _ in self.named_parameters()
+                      if name.rsplit(".", 1)[-1] in RESAMPLED_TABLES]
+            if tables:
+                raise ValueError(f"dynamic_img_size needs a model without learned relative-position tables; "
+                                 f"this one has {tables[0]} (and {len(tables) - 1} more): call "
+                                 "set_input_size(img_size=...) to move it to one fixed size instead")
+        self.dynamic_img_size = enable
+        if isinstance(self.stem, PatchEmbed):
+            self.stem.strict_img_size = not enable
+
+
+def default_pretrained_cfg(spec: ArchSpec) -> dict[str, Any]:
+    """timm pretrained cfg (data config) of a spec: its input size and classes, ImageNet mean/std, bicubic 0.875
+    crop as timm's DeiT (a conv net: bilinear, as timm's ResNet); no weight source (archspec publishes no weights).
+
+    ``classifier`` and ``first_conv`` name the real modules (the head's and the stem's rules), so timm's
+    ``load_pretrained`` drops the classifier for another ``num_classes`` and adapts the first convolution for
+    another ``in_chans`` (``timm.models.adapt_input_conv``) as it does for its own models."""
+    if spec.is_convnet:  # timm ResNet's cfg: its classifier is archspec's head, its conv1 the stem's
+        return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
+                "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875,
+                "interpolation": "bilinear", "classifier": "head",
+                "first_conv": stems.first_conv_name("resnet", spec.stem.deep)}
+    return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
+            "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875, "interpolation": "bicubic",
+            "classifier": classifier_names(spec.stages[spec.tail_start - 1].norm == "batchnorm"
+                                           and not spec.has_conv_tail, spec.head.distillation),
+            "first_conv": stems.first_conv_name(spec.stem.kind, getattr(spec.stem, "deep", False))}
+
+
+def _conv_layers(spec: ArchSpec) -> int:
+    return len(spec.stem.channels or [0] * stems.DEFAULT_CONV_LAYERS) if spec.stem.kind == "conv" else 0
+
+
+def stem_reduction(spec: ArchSpec) -> int:
+    """Pixels per token side after the stem: the patch size, or ``2 ** layers`` for LeViT's conv stem."""
+    return stems.reduction(spec.stem.kind, getattr(spec.stem, "patch_size", None), _conv_layers(spec))
+
+
+def stem_grid(spec: ArchSpec, img_size: Sequence[int]) -> tuple[int, int]:
+    """Token grid ``(H, W)`` the stem makes of an image of ``img_size`` pixels
+    (:func:`archspec.families.stem.rules.grid`); for a hybrid the grid its interface makes of the last conv
+    stage's map (:func:`archspec.families.interface.rules.token_grid`), where the token stages start."""
+    grid = stems.grid(spec.stem.kind, img_size, getattr(spec.stem, "patch_size", None), _conv_layers(spec))
+    if not spec.is_hybrid:
+        return grid
+    for stage in spec.stages[:spec.n_conv_stages]:
+        grid = conv_blocks.strided_grid(grid, stage.stride)
+    return interface.token_grid(spec.stages[spec.n_conv_stages].from_map, grid)
+
+
+def with_resolution(spec: ArchSpec, img_size: int | Sequence[int]) -> ArchSpec:
+    """``spec`` at input resolution ``img_size`` (an int or ``(H, W)`` in pixels), fully re-checked.
+
+    Raises:
+        SpecError: the spec is invalid at that size; every problem names the size.
+    """
+    from archspec.ir.loader import load_spec
+
+    size = tuple(int(v) for v in to_2tuple(img_size))
+    data = spec.model_dump()
+    data["input"] = {**data["input"], "resolution": size}
+    try:
+        return load_spec(data)
+    except SpecError as exc:
+        raise SpecError([Problem(p.path, f"{p.message} (at img_size {size[0]}x{size[1]})", p.hint, p.file, p.line,
+                                 p.column) for p in exc.problems]) from None
+
+
+def _square_side(length: int, what: str) -> int:
+    side = math.isqrt(length)
+    if side * side != length:
+        raise ValueError(f"cannot resample {what}: its saved grid ({length} entries) is not square; load it at its "
+                         "own size and call set_input_size instead")
+    return side
+
+
+def resample_state_dict(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tensor]:
+    """Adapt a state dict saved at another input size to ``model``'s (timm ``checkpoint_filter_fn`` style).
+
+    Tensors whose shape differs from the model's are resampled as :meth:`ArchModel.set_input_size` does:
+    ``pos_embed`` (timm ``resample_abs_pos_embed``), LeViT ``attention_biases`` ``(h, H*W)`` and CMHSA
+    ``signed_biases`` ``(h, (2H-1)(2W-1))`` (:func:`~archspec.families.attention.tables.resample_bias_table`).  The
+    saved grids are assumed square, as timm does (a bare state dict does not record them); everything else
+    is returned unchanged, so ``load_state_dict`` still reports real mismatches.
+
+    Raises:
+        ValueError: a saved grid that is not square.
+    """
+    from archspec.families.attention.tables import resample_bias_table
+
+    target = model.state_dict()
+    out = dict(state_dict)
+    for key, value in state_dict.items():
+        want = target.get(key)
+        if want is None or want.shape == value.shape:
+            continue
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf == "pos_embed":
+            prefix = model.num_prefix_tokens if model.cls_at == 0 else 0
+            side = _square_side(value.shape[1] - prefix, key)
+            out[key] = resample_abs_pos_embed(value, new_size=list(model.patch_grid), old_size=[side, side],
+                                              num_prefix_tokens=prefix)
+        elif leaf in RESAMPLED_TABLES:  # LeViT's (H*W) or CMHSA's ((2H-1)(2W-1)) table, on its offset grid
+            side, new = _square_side(value.shape[1], key), _square_side(want.shape[1], key)
+            out[key] = resample_bias_table(value, (side, side), (new, new))
+    return out
+
+
+class _LeafTracer(torch.fx.Tracer):
+    """``torch.fx`` tracer that keeps :data:`FX_LEAF_MODULES` as leaves."""
+
+    def is_leaf_module(self, module: nn.Module, qualname: str) -> bool:
+        return isinstance(module, FX_LEAF_MODULES) or super().is_leaf_module(module, qualname)
+
+
+def symbolic_trace(model: nn.Module) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace`` for archspec models: token mixers, shrinking attention and the identity stem
+    stay leaf modules (their Python shape checks are not traceable).  Returns the ``GraphModule``."""
+    return torch.fx.GraphModule(model, _LeafTracer().trace(model))

@@ -1,0 +1,643 @@
+"""The spec language: pydantic models of an architecture, and loading from YAML.
+
+Step 1 of 3 on the way from YAML to ``nn.Module`` (spec -> :mod:`archspec.ir.graph` ->
+:mod:`archspec.nn.compiler`).  This module checks everything a single field or model can check
+(types, ranges, unknown keys, per-head list lengths, layer ranges); checks that need shapes
+(token grids, mask windows against the grid, head-count arithmetic) happen while the graph is
+built, and :func:`archspec.ir.loader.load_spec` runs both so that a loaded spec is known to compile
+(:func:`parse_spec` here is the schema step only; this module imports nothing of the later steps).
+
+A minimal spec (DeiT-Ti)::
+
+    input: {channels: 3, resolution: 224}
+    stem: {kind: patch, patch_size: 16}
+    stages:
+      - {depth: 12, dim: 192, heads: 3}
+    head: {num_classes: 1000}
+
+Layer indices in ``stages[i].layers[*].range`` are local to the stage; ``tokens.cls_token`` as an
+integer is a *global* block index (blocks counted across stages from 0).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path as FsPath
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from archspec._util.pydantic_base import HINT as _HINT
+from archspec._util.pydantic_base import DropPathRate, StrictModel
+from archspec.errors import Locator, Problem, SpecError
+from archspec.families.attention.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
+from archspec.families.attention.rules import check_value_dim
+from archspec.families.class_attention.rules import ClassAttentionSpec
+from archspec.families.conv_block.rules import AttentionMixerSpec, ConvStageSpec, GPSAMixerSpec, SESpec
+from archspec.families.head.rules import HeadOutSpec
+from archspec.families.interface.rules import MapToTokensSpec
+from archspec.families.shrink.rules import ShrinkSpec
+from archspec.families.stem.rules import ConvStemSpec, IdentityStemSpec, PatchStemSpec, ResNetStemSpec, StemSpec
+from archspec.families.tokens.rules import TokensSpec
+from archspec.spec.yaml_source import is_yaml_text, load_yaml, read_text_file
+
+__all__ = [
+    "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec", "TokensSpec",
+    "StageSpec", "ConvStageSpec", "SESpec", "GPSAMixerSpec", "AttentionMixerSpec", "MapToTokensSpec", "AnyStage",
+    "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
+    "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "parse_spec", "spec_to_yaml", "shipped_specs", "SPEC_DIR",
+]
+
+# Sane caps: a spec must never be able to exhaust memory before a check can stop it.
+MAX_RESOLUTION = 1024
+MAX_DIM = 4096
+MAX_HEADS = 64
+MAX_DEPTH = 64
+# A spec name is a plain file name: it names the build directory, so no '/', and no leading '.'
+# (which excludes '.' and '..' and hidden names).
+NAME_PATTERN = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*"
+NAME_MAX = 100
+
+
+class InputSpec(StrictModel):
+    """Input images, ``(B, channels, H, W)``."""
+
+    channels: int = Field(3, ge=1, le=64, description="Image channels (3 for RGB).")
+    resolution: tuple[int, int] = Field(
+        (224, 224), strict=False, description="Input resolution in pixels, an int or [H, W]."
+    )
+
+    @field_validator("resolution", mode="before")
+    @classmethod
+    def _square(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (value, value)
+        return value
+
+    @field_validator("resolution")
+    @classmethod
+    def _range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        for side in value:
+            if not 8 <= side <= MAX_RESOLUTION:
+                raise ValueError(f"resolution sides must be between 8 and {MAX_RESOLUTION} pixels, got {side}")
+        return value
+
+
+class MixerSpec(StrictModel):
+    """Token mixer of a layer: attention (default) or a K x K convolution (CMHSA phase 1).
+
+    ``kind: conv`` is the CMHSA convolution phase (Thm. 1, App. A.2): a K x K convolution over the *pixel view*
+    of the tokens -- a token of width ``d = P^2 c`` is a ``P x P x c`` block of pixels -- so the conv runs on
+    the ``(H P) x (W P)`` pixel grid with ``c = d / P^2`` channels.  ``patch`` = ``P``; by default the stem's
+    ``patch_size``.  ``patch: 1`` (shorthand ``token_conv3``) is a conv on the token grid with ``d`` channels.
+    ``pad_tokens`` (attention only) surrounds the token grid with that many rings of zero tokens that the
+    queries may attend to (App. A.2: the transferred conv stays exact on border patches).
+    """
+
+    kind: Literal["attention", "conv"] = Field("attention", description="'attention' or 'conv'.")
+    kernel: int = Field(3, ge=1, le=15, description="Conv kernel K (odd), for kind 'conv'.")
+    patch: int | None = Field(None, ge=1, le=64, description=(
+        "Conv: pixel-view patch side P (token = P x P x d/P^2 pixels); default: the stem's patch_size; "
+        "1 = conv on the token grid."))
+    pad_tokens: int = Field(0, ge=0, le=4, description=(
+        "Attention: rings of zero-padding tokens around the grid, attended to but not output (CMHSA App. A.2)."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            match = re.fullmatch(r"\s*(token_)?conv(\d+)?\s*", value)
+            if value.strip() == "attention":
+                return {"kind": "attention"}
+            if match:
+                kernel = int(match.group(2) or 3)
+                return ({"kind": "conv", "kernel": kernel, "patch": 1} if match.group(1)
+                        else {"kind": "conv", "kernel": kernel})
+            raise ValueError(f"mixer must be 'attention', 'conv', 'conv5', 'token_conv3' or a mapping, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _odd(self) -> MixerSpec:
+        if self.kind == "conv" and self.kernel % 2 == 0:
+            raise ValueError(f"conv mixer kernel must be odd (centred, 'same' padding), got {self.kernel}")
+        if self.kind == "conv" and self.pad_tokens:
+            raise ValueError("pad_tokens applies to attention mixers only (a conv pads its pixels itself)")
+        if self.kind == "attention" and self.patch is not None:
+            raise ValueError("patch applies to conv mixers only")
+        return self
+
+
+_RANGE_RE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+class LayerOverride(StrictModel):
+    """Per-layer override inside a stage: a layer range and what its heads (or mixer) are."""
+
+    range: tuple[int, int] = Field(
+        ..., strict=False, description="Stage-local layers, inclusive: '0-7', '8' or [0, 7]."
+    )
+    heads: list[HeadSpec] | None = Field(
+        None,
+        description="One entry per head, e.g. [mask, mask, mhsa] (MaiT Sch.2). Length must equal the stage's heads."
+    )
+    attention: HeadSpec | None = Field(None, description="The same head kind for every head of these layers.")
+    mixer: MixerSpec | None = Field(None, description="Token mixer for these layers (default: the stage's).")
+
+    @field_validator("range", mode="before")
+    @classmethod
+    def _parse_range(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (value, value)
+        if isinstance(value, str):
+            match = _RANGE_RE.match(value)
+            if not match:
+                raise ValueError(f"layer range must look like '0-7' or '8', got {value!r}")
+            start = int(match.group(1))
+            return (start, int(match.group(2)) if match.group(2) is not None else start)
+        return value
+
+    @field_validator("range")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if value[0] < 0 or value[1] < value[0]:
+            raise ValueError(f"layer range {value[0]}-{value[1]} is empty or negative")
+        return value
+
+    @field_validator("heads")
+    @classmethod
+    def _one_gating(cls, value: list[HeadSpec] | None) -> list[HeadSpec] | None:
+        # An attention layer has one gating_param tensor for its GPSA heads: trainable or frozen as a whole.
+        gpsa = [(k, h.gpsa.gating_trainable) for k, h in enumerate(value or []) if h.gpsa is not None]
+        if len({flag for _, flag in gpsa}) > 1:
+            frozen = [k for k, flag in gpsa if not flag]
+            raise ValueError(f"GPSA heads of one layer disagree on gating_trainable (frozen: head "
+                             f"{', '.join(map(str, frozen))}; trainable: the other GPSA heads)"
+                             f"{_HINT}the layer's gating parameters are frozen or trained together: set the same "
+                             "gating_trainable on every GPSA head of the layer")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of(self) -> LayerOverride:
+        if self.heads is not None and self.attention is not None:
+            raise ValueError("give either 'heads' (one per head) or 'attention' (all heads), not both")
+        if self.heads is None and self.attention is None and self.mixer is None:
+            raise ValueError("a layer override needs 'heads', 'attention' or 'mixer'")
+        return self
+
+
+class StageSpec(StrictModel):
+    """A stage: ``depth`` blocks at one width and one token grid (``kind: attention``, the default)."""
+
+    depth: int = Field(..., ge=1, le=MAX_DEPTH, description="Number of blocks.")
+    dim: int = Field(..., ge=8, le=MAX_DIM, description="Token width C.")
+    heads: int = Field(..., ge=1, le=MAX_HEADS, description="Attention heads H per block.")
+    head_dim: int | None = Field(
+        None, ge=1, le=MAX_DIM,
+        description="Per-head q/k/v dim; default dim / heads (must divide). Decoupled as CMHSA needs (d_H = d).",
+    )
+    key_dim: int | None = Field(
+        None, ge=1, le=512, description="LeViT key dim: per-head q/k dim (overrides head_dim for q/k)."
+    )
+    attn_ratio: float | None = Field(
+        None, gt=0, le=8, description="LeViT attn ratio: per-head value dim = attn_ratio * key_dim."
+    )
+    mlp_ratio: float = Field(4.0, gt=0, le=16, description="MLP hidden = mlp_ratio * dim (ViT 4, LeViT 2).")
+    norm: Literal["layernorm", "batchnorm"] = Field(
+        "layernorm",
+        description="'layernorm': pre-norm ViT blocks; 'batchnorm': LeViT blocks (BatchNorm after every linear, "
+        "no pre-norm, "
+        "activation on A V before the projection).",
+    )
+    norm_eps: float = Field(1e-6, gt=0, le=1e-2, description="LayerNorm epsilon (timm ViT/ConViT: 1e-6).")
+    act: Literal["gelu", "hardswish", "relu"] = Field("gelu", description="MLP (and LeViT attention) activation.")
+    qkv_bias: bool = Field(True, description="Bias on q/k/v projections (DeiT True, ConViT False); LeViT has none.")
+    drop_path: DropPathRate = Field(
+        0.0, description="Stochastic depth: one rate for every block, or [first, last] linearly spaced over the stage."
+    )
+    layer_scale: float | None = Field(None, gt=0, le=1, description="LayerScale init (CaiT / MaiT*); None = off.")
+    talking_heads: bool = Field(
+        False, description="CaiT talking-heads attention: logits mixed across heads before the softmax (proj_l) "
+        "and probabilities after it (proj_w); heads may be mhsa or masks (the mask acts after proj_l).",
+    )
+    attention: HeadSpec | None = Field(
+        None,
+        description="Head kind of every head not set by 'layers'. When omitted and 'layers' is given, the ranges "
+        "must cover every layer; when both are omitted, every head is MHSA.",
+    )
+    mixer: MixerSpec = Field(default_factory=MixerSpec, description="Token mixer of the stage's blocks.")
+    layers: list[LayerOverride] = Field(
+        default_factory=list, description="Per-layer overrides (non-overlapping ranges)."
+    )
+    shrink: ShrinkSpec | None = Field(None, description="LeViT shrinking attention at the stage's entry (not stage 0).")
+    from_map: MapToTokensSpec | None = Field(
+        None, description="The first attention stage after conv stages: how their feature map becomes its tokens "
+        "(pooling to a grid, 1x1 projection; LeViT sec. 3.2 grafting).  Default: every pixel a token, projected "
+        "when the widths differ.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> Any:
+        # 'kind: attention' names the default stage kind; it is not stored (the resolved YAML stays as before).
+        if isinstance(value, dict) and value.get("kind") == "attention":
+            value = {k: v for k, v in value.items() if k != "kind"}
+        return value
+
+    @field_validator("attn_ratio")
+    @classmethod
+    def _value_dim(cls, value: float | None, info: ValidationInfo) -> float | None:
+        data = info.data
+        if value is None or not {"dim", "heads"} <= data.keys():
+            return value
+        qk = next((d for d in (data.get("key_dim"), data.get("head_dim")) if d is not None),
+                  data["dim"] // data["heads"])
+        return value if qk < 1 else check_value_dim(value, qk, "per-head value dim")
+
+    @field_validator("mlp_ratio")
+    @classmethod
+    def _hidden(cls, value: float, info: ValidationInfo) -> float:
+        # timm's Mlp would silently use a hidden width of dim for 0, and the counts would be wrong.
+        dim = info.data.get("dim")
+        if dim is not None and int(dim * value) < 1:
+            raise ValueError(f"MLP hidden width int(dim * mlp_ratio) = int({dim} * {value:g}) is 0"
+                             f"{_HINT}use mlp_ratio >= {1 / dim:g} (timm would silently widen it to dim)")
+        return value
+
+
+def _stage_kind(value: Any) -> str | None:
+    """Which stage model a ``stages[]`` entry is: ``kind: conv`` a :class:`ConvStageSpec`, no kind or
+    ``kind: attention`` a :class:`StageSpec`; anything else names no stage kind."""
+    kind = value.get("kind", "attention") if isinstance(value, dict) else getattr(value, "kind", "attention")
+    return {"attention": "attention_stage", "conv": "conv_stage"}.get(kind) if isinstance(kind, str) else None
+
+
+#: a ``stages[]`` entry: an attention stage (the default) or a conv stage (``kind: conv``)
+AnyStage = Annotated[Annotated[StageSpec, Tag("attention_stage")] | Annotated[ConvStageSpec, Tag("conv_stage")],
+                     Discriminator(_stage_kind, custom_error_type="stage_kind",
+                                   custom_error_message="a stage's kind must be 'attention' (the default) or 'conv'")]
+
+
+class ArchSpec(StrictModel):
+    """A whole architecture.  Build it with :func:`archspec.compile`."""
+
+    name: str = Field("model", min_length=1, max_length=NAME_MAX, json_schema_extra={"pattern": f"^{NAME_PATTERN}$"},
+                      description="Plain name: letters, digits, '_', '-', '.', not starting with '.'; "
+                      "the build directory is build/<name>/.")
+    description: str | None = Field(None, max_length=2000, description="Free text.")
+    source: str | None = Field(None, max_length=2000, description="Paper and table the spec follows.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the deterministic initialisation.")
+    input: InputSpec = Field(default_factory=InputSpec, description="Input images.")
+    stem: StemSpec = Field(default_factory=PatchStemSpec, description="Stem: patch, conv, identity or resnet.")
+    tokens: TokensSpec = Field(
+        default_factory=TokensSpec, description="Class/distillation tokens and position embedding."
+    )
+    stages: list[AnyStage] = Field(..., min_length=1, max_length=8, description="Stages, in order: attention "
+                                   "stages (the default kind) or conv stages (kind: conv).  Conv stages before the "
+                                   "attention stages need a resnet stem; conv stages after them (a conv tail: conv, "
+                                   "attention, conv) take the tokens as a map on the last token grid, class and "
+                                   "distillation tokens dropped, and end the model on ResNet's head (pool: mean).")
+    class_attention: ClassAttentionSpec | None = Field(
+        None, description="CaiT class-attention stage after the last stage (needs tokens.cls_token: <total depth>).")
+    head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head.")
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        # The name becomes a directory name (build/<name>/): '/', '.' or '..' would write outside it.
+        if not re.fullmatch(NAME_PATTERN, value):
+            raise PydanticCustomError(
+                "string_pattern_mismatch",  # reuses that kind's hint: the characters allowed
+                "must be a plain name, not starting with '.' (it names the build directory build/<name>/)")
+        return value
+
+    @property
+    def depth(self) -> int:
+        """Number of token blocks across the attention stages (the index space of ``tokens.cls_token``); every
+        block for a conv net."""
+        if self.is_convnet:
+            return sum(s.depth for s in self.stages)
+        return sum(s.depth for s in self.stages[self.n_conv_stages:self.tail_start])
+
+    @property
+    def is_convnet(self) -> bool:
+        """Whether every stage is a conv stage (a ResNet-like model: feature maps, average pool, classifier)."""
+        return all(isinstance(s, ConvStageSpec) for s in self.stages)
+
+    @property
+    def n_conv_stages(self) -> int:
+        """Conv stages before the first attention stage: > 0 for a hybrid (LeViT's grafting), 0 for a token
+        model, ``len(stages)`` for a conv net."""
+        n = 0
+        while n < len(self.stages) and isinstance(self.stages[n], ConvStageSpec):
+            n += 1
+        return n
+
+    @property
+    def tail_start(self) -> int:
+        """Index of the first conv stage after the attention stages (a conv-attention-conv sandwich: the tokens
+        become a map again there, class and distillation tokens dropped); ``len(stages)`` when there is none."""
+        n = self.n_conv_stages
+        while n < len(self.stages) and not isinstance(self.stages[n], ConvStageSpec):
+            n += 1
+        return n if n > self.n_conv_stages else len(self.stages)
+
+    @property
+    def has_conv_tail(self) -> bool:
+        """Whether conv stages follow the attention stages (the model ends on a feature map, ResNet's head)."""
+        return self.tail_start < len(self.stages)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether conv stages come first and attention stages after them (the map becomes tokens in between)."""
+        return 0 < self.n_conv_stages < len(self.stages)
+
+    def pixel_patch(self, mixer: MixerSpec) -> int | None:
+        """Patch side ``P`` of a conv mixer's pixel view: ``mixer.patch``, else the patch/identity stem's
+        ``patch_size``; ``None`` for a conv stem without ``mixer.patch`` (its tokens have no pixel layout)."""
+        if mixer.patch is not None:
+            return mixer.patch
+        return getattr(self.stem, "patch_size", None) if self.stem.kind in ("patch", "identity") else None
+
+    def layer_plans(self, stage_index: int) -> list[LayerPlan]:
+        """Resolve the stage's defaults and overrides into one :class:`LayerPlan` per block."""
+        stage = self.stages[stage_index]
+        default = stage.attention if stage.attention is not None else HeadSpec()
+        plans = []
+        for layer in range(stage.depth):
+            heads = [default] * stage.heads
+            mixer = stage.mixer
+            origin: tuple = ("stages", stage_index, "attention")
+            for j, override in enumerate(stage.layers):
+                if override.range[0] <= layer <= override.range[1]:
+                    if override.heads is not None:
+                        heads = list(override.heads)
+                        origin = ("stages", stage_index, "layers", j, "heads")
+                    elif override.attention is not None:
+                        heads = [override.attention] * stage.heads
+                        origin = ("stages", stage_index, "layers", j, "attention")
+                    if override.mixer is not None:
+                        mixer = override.mixer
+            if isinstance(stage.drop_path, tuple):
+                first, last = stage.drop_path
+                rate = first + (last - first) * (layer / max(stage.depth - 1, 1))
+            else:
+                rate = stage.drop_path
+            plans.append(LayerPlan(heads=heads, mixer=mixer, drop_path=rate, origin=origin))
+        return plans
+
+    def to_yaml(self) -> str:
+        """The resolved spec (every default explicit) as YAML; ``load_spec`` of it gives an equal spec."""
+        return spec_to_yaml(self)
+
+
+class LayerPlan(StrictModel):
+    """What one block is after defaults and overrides are resolved (not part of the YAML)."""
+
+    heads: list[HeadSpec]
+    mixer: MixerSpec
+    drop_path: float
+    origin: tuple = Field((), description="Spec path the heads came from, for error messages.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+# A non-editable install maps the repository's top-level specs/ into the package as archspec/specs
+# (see pyproject.toml); in a source checkout the package sits next to specs/.
+_PACKAGE_ROOT = FsPath(__file__).resolve().parent.parent  # archspec/ (this file is archspec/spec/models.py)
+_PACKAGE_SPECS = _PACKAGE_ROOT / "specs"
+SPEC_DIR = _PACKAGE_SPECS if _PACKAGE_SPECS.is_dir() else _PACKAGE_ROOT.parent / "specs"
+
+
+def _models_of(annotation: Any) -> list[type[StrictModel]]:
+    """The spec models an annotation can hold (``StageSpec | None`` -> [StageSpec]; the stem union -> its three)."""
+    if isinstance(annotation, type) and issubclass(annotation, StrictModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _models_of(arg)]
+
+
+def _fields_at(path: tuple) -> list[str]:
+    """The keys valid in the mapping at ``path`` (list indices skipped), for 'did you mean' hints."""
+    models: list[type[StrictModel]] = [ArchSpec]
+    for part in path:
+        if isinstance(part, int):
+            continue
+        models = [m for model in models if part in model.model_fields
+                  for m in _models_of(model.model_fields[part].annotation)]
+    return sorted({name for model in models for name in model.model_fields})
+
+
+_HINTS = {
+    "int_parsing": "use a whole number",
+    "int_from_float": "use a whole number",
+    "float_parsing": "use a number",
+    "bool_parsing": "use true or false",
+    "int_type": "use a whole number (no quotes, not true/false)",
+    "float_type": "use a number (no quotes)",
+    "bool_type": "use true or false",
+    "string_type": "use text",
+    "list_type": "use a list: [a, b] or '- a' lines",
+    "missing": "this field is required",
+    "literal_error": None,
+    "union_tag_invalid": "stem kinds: patch, conv, identity, resnet",
+    "union_tag_not_found": "stem kinds: patch, conv, identity, resnet",
+    "stage_kind": "stage kinds: attention (the default), conv",
+    "mixer_kind": "conv-stage mixer kinds: gpsa (T-CNN), attention (BoTNet)",
+    "model_type": "write it as indented 'key: value' lines, or {key: value}",
+    "model_attributes_type": "write it as indented 'key: value' lines, or {key: value}",
+    "string_pattern_mismatch": "use only letters, digits, '_', '.' and '-'",
+}
+
+_STAGE_TAGS = {"attention_stage": StageSpec, "conv_stage": ConvStageSpec}
+
+# Markers pydantic puts in an error location for validator wrappers and the branches of a union
+# (``tokens.cls_token.int``); they are not spec keys.
+_LOC_MARKERS = frozenset({
+    "function-after", "function-before", "function-wrap", "function-plain", "tagged-union", "nullable",
+    "default", "lax-or-strict", "json-or-python", "chain", "is-instance", "int", "float", "str", "bool",
+    "none", "list", "tuple", "dict", "attention_stage", "conv_stage", "gpsa_mixer", "attention_mixer",
+})
+
+
+def _clean_loc(loc: tuple, keep_last: bool = False) -> tuple:
+    """Drop pydantic's union/validator markers from an error location, keep field names and indices.
+
+    ``keep_last`` keeps the last part whatever it is (the user's own key of an unknown-key error).
+    """
+    out = []
+    for k, part in enumerate(loc):
+        if isinstance(part, int) or (keep_last and k == len(loc) - 1):
+            out.append(part)
+        elif isinstance(part, str) and ("[" in part or part in _LOC_MARKERS):
+            continue
+        elif isinstance(part, str) and part in ("patch", "conv", "identity", "resnet") and out and out[-1] == "stem":
+            continue  # discriminated-union branch name
+        else:
+            out.append(part)
+    return tuple(out)
+
+
+def _problems_from_validation(exc: ValidationError) -> list[Problem]:
+    errors = exc.errors(include_url=False)
+    missing: dict[tuple, list[str]] = {}  # mapping path -> its missing required keys
+    for err in errors:
+        if err["type"] == "missing":
+            loc = _clean_loc(err["loc"])
+            if loc and isinstance(loc[-1], str):
+                missing.setdefault(loc[:-1], []).append(loc[-1])
+    problems: list[tuple[str, Problem]] = []
+    explained: set[tuple] = set()  # missing keys explained by a misspelt key next to them
+    for err in errors:
+        kind = err["type"]
+        path = _clean_loc(err["loc"], keep_last=kind == "extra_forbidden")
+        message = err["msg"]
+        hint = _HINTS.get(kind)
+        ctx = err.get("ctx") or {}
+        if kind == "extra_forbidden":
+            key = str(path[-1]) if path else ""
+            siblings = missing.get(path[:-1], [])
+            close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.5)
+            if close:
+                explained.add(path[:-1] + (close[0],))
+                hint = f"did you mean {close[0]!r}? (a required key)"
+            else:  # suggest only keys valid at this place (a mask has no 'stride')
+                allowed = _fields_at(path[:-1])
+                tag = next((part for part in err["loc"] if part in _STAGE_TAGS), None)
+                if tag is not None and len(path) == 3 and path[0] == "stages":  # this kind of stage's own keys
+                    allowed = sorted(_STAGE_TAGS[tag].model_fields)
+                close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+                hint = (f"did you mean {close[0]!r}?" if close else
+                        f"keys allowed here: {', '.join(allowed)}" if allowed else "see `archspec schema`")
+                if not close and len(path) == 1:
+                    hint += "; top-level keys starting with 'x-' are ignored (for YAML anchors)"
+            message = f"unknown key {key!r}"
+        elif kind == "missing":
+            key = path[-1] if path else ""
+            if isinstance(key, int):
+                message, hint = f"too few values: item [{key}] is missing", None
+            else:
+                message, hint = f"missing required key {key!r}", f"add '{key}: ...' here"
+        elif kind in ("union_tag_invalid", "union_tag_not_found"):
+            disc = str(ctx.get("discriminator", "kind")).strip("'")
+            owner = str(path[-1]) if path else "value"
+            path = path + (disc,)
+            if kind == "union_tag_invalid":
+                message = f"unknown {owner} {disc} {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+            else:
+                message = f"{owner} needs a '{disc}' key"
+        elif kind in ("stage_kind", "mixer_kind"):
+            path = path + ("kind",)
+        elif kind in ("model_type", "model_attributes_type"):
+            got = err.get("input")
+            message = "expected a mapping of keys to values" + (f", got {got!r}" if not isinstance(got, list)
+                                                                else ", got a list")
+        elif kind.startswith("value_error"):
+            message, _, hint_text = message.removeprefix("Value error, ").partition(_HINT)
+            hint = hint_text or hint
+        elif "input" in err:
+            message = f"{message} (got {err['input']!r})" if not isinstance(err["input"], (dict, list)) else message
+        problems.append((kind, Problem(path, message, hint)))
+    return [p for kind, p in problems if not (kind == "missing" and p.path in explained)]
+
+
+def _read_source(source: Any) -> tuple[Any, Locator | None, str | None]:
+    """Return (data, locator, default name) for a path, YAML text, shipped spec name or dict.
+
+    Which a ``str`` is follows :func:`archspec.spec.yaml_source.is_yaml_text`; an ``os.PathLike`` is always a path.
+    """
+    if isinstance(source, dict):
+        return source, None, None
+    if isinstance(source, str) and is_yaml_text(source):
+        data, locator = load_yaml(source, "<string>")
+        return data, locator, None
+    if isinstance(source, (str, os.PathLike)):
+        path = resolve_spec_path(os.fspath(source))
+        text = read_text_file(path, os.fspath(source), "spec")
+        data, locator = load_yaml(text, os.fspath(source))
+        return data, locator, path.stem
+    raise TypeError(f"load_spec takes a path, YAML text, a shipped spec name or a dict, not {type(source).__name__}")
+
+
+def resolve_spec_path(name: str | os.PathLike) -> FsPath:
+    """A spec file path, or the name of a shipped spec (``mait_tiny_sch2``) -> an existing path.
+
+    An existing entry is returned whatever it is (:func:`archspec.spec.yaml_source.read_text_file` then
+    refuses directories, FIFOs and devices); a missing one is looked up among the shipped specs.
+
+    Raises:
+        SpecError: no such file and no shipped spec of that name (lists the close names).
+    """
+    path = FsPath(name).expanduser()
+    try:
+        os.stat(path)
+        return path
+    except (OSError, ValueError):  # ValueError: a NUL byte in the name
+        pass
+    shipped = SPEC_DIR / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+    if shipped.is_file() and (path.parent == FsPath(".") or path.parent.name == "specs"):
+        return shipped
+    names = shipped_specs()
+    close = difflib.get_close_matches(path.stem, names, n=3)
+    hint = f"did you mean {', '.join(close)}?" if close else "`archspec list` shows the shipped specs"
+    raise SpecError.single((), "no such file, and no shipped spec of that name", hint, os.fspath(name))
+
+
+def shipped_specs() -> list[str]:
+    """Names of the specs shipped in the package (``archspec list``)."""
+    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+
+
+def default_spec_name(stem: str) -> str:
+    """The name of a spec file without a ``name:`` key, from its file stem (``my model.yaml`` -> ``my_model``).
+
+    Other characters become ``_``, leading dots go (``...yaml`` has the stem ``..``) and an empty
+    result falls back to ``model``, so the name always matches ``NAME_PATTERN``.  Raises nothing.
+    """
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", stem).lstrip(".")[:NAME_MAX]
+    return name or "model"
+
+
+def parse_spec(source: str | os.PathLike | dict | ArchSpec) -> tuple[ArchSpec, Locator | None]:
+    """Read and schema-validate a spec (types, ranges, unknown keys); no shape checks.
+
+    The shape checks need the graph (step 2), so they run in :func:`archspec.ir.loader.load_spec`, which
+    calls this first; that keeps the import order spec -> graph -> loader free of circles.
+
+    Args:
+        source: a path to a YAML file, the name of a shipped spec (``"mait_tiny_sch2"``), YAML text,
+            a dict, or an :class:`ArchSpec` (returned as is).  An ``os.PathLike`` is always a path.  A
+            ``str`` is YAML text when it contains a newline, is blank, or -- unless it names an existing
+            file or ends in ``.yaml`` / ``.yml`` -- starts with ``{``, ``[`` or ``---`` or holds
+            ``key: value`` (:func:`archspec.spec.yaml_source.is_yaml_text`); otherwise a path or a shipped name.
+
+    Returns:
+        ``(spec, locator)``: the spec and the YAML locator of its file or text (None for a dict or spec).
+
+    Raises:
+        SpecError: every schema problem, each with file, line, column and field path; for a file also
+            a missing file, a directory, FIFO or device, a file over 1 MB, bytes that are not UTF-8.
+        TypeError: ``source`` is none of the types above.
+    """
+    if isinstance(source, ArchSpec):
+        return source, None
+    data, locator, default_name = _read_source(source)
+    if not isinstance(data, dict):
+        raise SpecError.single((), f"a spec must be a mapping of keys to values, got a {type(data).__name__}",
+                               "start from one of `archspec list`").located(locator)
+    # Top-level x-... keys hold the user's YAML anchors (x-common: &common ...), as in Compose files.
+    data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}
+    if default_name is not None and "name" not in data:
+        data = {"name": default_spec_name(default_name), **data}
+    try:
+        return ArchSpec.model_validate(data), locator
+    except ValidationError as exc:
+        raise SpecError(_problems_from_validation(exc)).located(locator) from None
+
+
+def spec_to_yaml(spec: ArchSpec) -> str:
+    """Dump a spec with every default made explicit (``mode='json'`` so tuples become lists)."""
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, default_flow_style=None, width=100)

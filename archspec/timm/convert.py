@@ -1,0 +1,368 @@
+"""State-dict conversion between timm models and their compiled archspec equivalents.
+
+Supported timm families (the blocks archspec mirrors):
+
+* ``VisionTransformer`` / ``VisionTransformerDistilled`` (DeiT): ``specs/deit_tiny.yaml``
+* ``ConVit`` (GPSA + MHSA blocks): ``specs/convit_tiny.yaml``, ``convit_small.yaml``
+* ``Levit`` / ``LevitDistilled``: ``specs/levit_128s.yaml``, ``levit_256.yaml``
+* ``Cait`` (talking heads, LayerScale, class attention): ``specs/cait_xxs24.yaml``
+* ``ResNet`` (conv nets: a ResNet stem and conv stages): ``specs/resnet18.yaml``, ``resnet50.yaml``,
+  ``resnet50d.yaml``, ``resnetrs50.yaml``; the blocks are timm's own, so only the prefixes differ:
+  ``conv1`` / ``bn1`` / ``maxpool`` <-> ``stem.conv1`` / ``stem.bn1`` / ``stem.maxpool``, ``layer{i}.{j}`` <->
+  ``stages.{i-1}.blocks.{j}``, ``fc`` <-> ``head``.  :func:`resnet_spec_from_timm` writes the spec of a timm
+  ResNet.
+* ``ByobNet`` BoTNets (``specs/botnet26t.yaml``, timm ``botnet26t_256``): conv stages whose attention mixer is
+  timm's ``BottleneckAttn``; :func:`byobnet_key_from_timm` renames the ConvNormAct pairs to ResNet's names.
+* T-CNNs (``specs/t_resnet50d.yaml``, ``t_resnet50rs.yaml``: conv stages with ``mixer: {kind: gpsa}``) load a
+  timm ResNet's weights one way (:func:`from_timm`): a transformed block's ``conv2.weight`` becomes its GPSA's
+  ``W_out`` (T-CNN eq. 6), and the GPSA's own tensors (W_qry, W_key, W_val = I, centres, locality, gating),
+  which the CNN does not have, keep the T-CNN's initialisation.
+
+Names differ in these places only; everything else (LayerNorms, MLPs, GPSA ``qk``/``v``/``pos_proj``/
+``gating_param``, LeViT ``LinearNorm`` / ``attention_biases`` / downsampling) is identical:
+
+====================================  ==========================================
+timm                                  archspec
+====================================  ==========================================
+``patch_embed.*``                     ``stem.*``
+``blocks.{i}.*`` (ViT, ConViT)         ``stages.{s}.blocks.{j}.*`` (global i -> stage s, layer j)
+``...attn.qkv.{weight,bias}`` (MHSA)  ``...attn.qk`` (rows [q; k]) and ``...attn.v`` (rows v)
+``stages.{s}.blocks.{j}.attn.proj.1`` ``stages.{s}.blocks.{j}.attn.proj.ln`` (LeViT)
+``blocks.{i}.gamma_{1,2}`` (CaiT)     ``stages.0.blocks.{i}.ls{1,2}.gamma``
+``blocks_token_only.{j}.*`` (CaiT)    ``stages.{S}.blocks.{j}.*`` (S: the class-attention stage, last)
+====================================  ==========================================
+
+CaiT's talking-heads ``attn.qkv`` is kept whole (archspec's ``TalkingHeadAttn`` has the same ``qkv``).
+
+Pretrained timm weights convert with the same code (``timm.create_model(name, pretrained=True)``
+where the hub can be reached); the tests use random initialisations.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor, nn
+
+from archspec.families.conv_block.module import conv_to_out_weight
+from archspec.families.conv_block.rules import EXPANSION, se_channels
+from archspec.nn.model import ArchModel
+
+# archspec spec name -> timm model name with the same architecture
+TIMM_EQUIVALENTS = {
+    "deit_tiny": "deit_tiny_patch16_224",
+    "convit_tiny": "convit_tiny",
+    "convit_small": "convit_small",
+    "levit_128s": "levit_128s",
+    "levit_256": "levit_256",
+    "cait_xxs24": "cait_xxs24_224",
+    "resnet18": "resnet18",
+    "resnet50": "resnet50",
+    "resnet50d": "resnet50d",
+    "resnetrs50": "resnetrs50",
+    "resnext50_32x4d": "resnext50_32x4d",
+    "resnet26t": "resnet26t",
+    "seresnext26d_32x4d": "seresnext26d_32x4d",
+}
+
+_QKV = re.compile(r"^(?P<prefix>.*\.attn)\.qkv\.(?P<kind>weight|bias)$")
+_VIT_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+_OUR_BLOCK = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.")
+_LEVIT_PROJ = (".attn.proj.1.", ".attn.proj.ln.")
+_CAIT_TOKEN_BLOCK = re.compile(r"^blocks_token_only\.(\d+)\.")
+_CAIT_GAMMA = re.compile(r"^(?P<block>stages\.\d+\.blocks\.\d+)\.gamma_(?P<n>[12])$")
+
+
+def _cait_from_timm(key: str, model: ArchModel, ours: set[str]) -> str:
+    """CaiT names: ``blocks_token_only.{j}`` -> the class-attention stage (the model's last); a
+    self-attention block's ``gamma_{1,2}`` -> ``ls{1,2}.gamma`` (archspec's blocks use timm ``LayerScale``)."""
+    match = _CAIT_TOKEN_BLOCK.match(key)
+    if match:
+        return f"stages.{len(model.stages) - 1}.blocks.{match.group(1)}." + key[match.end():]
+    gamma = _CAIT_GAMMA.match(key)
+    if gamma and key not in ours:
+        return f"{gamma['block']}.ls{gamma['n']}.gamma"
+    return key
+
+
+_RESNET_STEM = re.compile(r"^(conv1|bn1|maxpool)\.")
+_RESNET_LAYER = re.compile(r"^layer(\d+)\.(\d+)\.")
+_OUR_CONV_STEM = re.compile(r"^stem\.(conv1|bn1|maxpool)\.")
+
+
+def resnet_key_from_timm(key: str) -> str:
+    """A timm ResNet state-dict key -> archspec's (:class:`~archspec.nn.convnet.ConvNet`): ``conv1.weight`` ->
+    ``stem.conv1.weight``, ``layer2.0.downsample.1.weight`` -> ``stages.1.blocks.0.downsample.1.weight``,
+    ``fc.bias`` -> ``head.bias``; other keys unchanged."""
+    if _RESNET_STEM.match(key):
+        return "stem." + key
+    match = _RESNET_LAYER.match(key)
+    if match:
+        return f"stages.{int(match.group(1)) - 1}.blocks.{match.group(2)}." + key[match.end():]
+    return re.sub(r"^fc\.", "head.", key)
+
+
+def resnet_key_to_timm(key: str) -> str:
+    """The inverse of :func:`resnet_key_from_timm`."""
+    if _OUR_CONV_STEM.match(key):
+        return key[len("stem."):]
+    match = _OUR_BLOCK.match(key)
+    if match:
+        return f"layer{int(match.group(1)) + 1}.{match.group(2)}." + key[match.end():]
+    return re.sub(r"^head\.", "fc.", key)
+
+
+# timm ByobNet (byobnet.py / byoanet.py: botnet26t_256, resnet26t-like 'bottle' stages) -> archspec's ResNet names.
+# Its ConvNormAct pairs (``.conv`` + ``.bn``) are timm ResNet's ``convN`` + ``bnN``; a SelfAttnBlock's ``self_attn``
+# sits where archspec's attention mixer does (``conv2``) and its ``post_attn`` BatchNorm is ``bn2``.
+_BYOB_STEM = {"stem.conv1.conv.": "stem.conv1.0.", "stem.conv1.bn.": "stem.conv1.1.",
+              "stem.conv2.conv.": "stem.conv1.3.", "stem.conv2.bn.": "stem.conv1.4.",
+              "stem.conv3.conv.": "stem.conv1.6.", "stem.conv3.bn.": "stem.bn1.", "head.fc.": "head."}
+_BYOB_BLOCK = {"conv1_1x1.conv.": "conv1.", "conv1_1x1.bn.": "bn1.", "conv2_kxk.conv.": "conv2.",
+               "conv2_kxk.bn.": "bn2.", "self_attn.": "conv2.", "post_attn.": "bn2.", "conv3_1x1.conv.": "conv3.",
+               "conv3_1x1.bn.": "bn3.", "shortcut.conv.conv.": "downsample.1.", "shortcut.conv.bn.": "downsample.2.",
+               "shortcut.conv.": "downsample.0.", "shortcut.bn.": "downsample.1."}
+_BYOB_LAYER = re.compile(r"^stages\.(\d+)\.(\d+)\.")
+
+
+def byobnet_key_from_timm(key: str) -> str:
+    """A timm ByobNet key (BoTNet's ``botnet26t_256``) -> archspec's: ``stem.conv3.bn.weight`` -> ``stem.bn1.weight``,
+    ``stages.3.0.self_attn.qkv.weight`` -> ``stages.3.blocks.0.conv2.qkv.weight``, ``stages.2.0.shortcut.conv.weight``
+    -> ``stages.2.blocks.0.downsample.0.weight``, ``head.fc.bias`` -> ``head.bias``; other keys unchanged."""
+    for theirs, ours in _BYOB_STEM.items():
+        if key.startswith(theirs):
+            return ours + key[len(theirs):]
+    match = _BYOB_LAYER.match(key)
+    if not match:
+        return key
+    rest = key[match.end():]
+    for theirs, ours in _BYOB_BLOCK.items():
+        if rest.startswith(theirs):
+            rest = ours + rest[len(theirs):]
+            break
+    return f"stages.{match.group(1)}.blocks.{match.group(2)}." + rest
+
+
+def _is_byobnet(keys) -> bool:
+    return any(".conv1_1x1." in k for k in keys)
+
+
+def _is_convnet(model: nn.Module) -> bool:
+    return getattr(getattr(model, "spec", None), "is_convnet", False)
+
+
+_GPSA_OWN = (".qk.weight", ".v.weight", ".centers", ".locality", ".gating")  # ConvGPSA's tensors a CNN lacks
+
+
+def _resnet_from_timm(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """A timm ResNet state dict -> ``model``'s names; T-CNN blocks: ``conv2.weight`` -> ``conv2.out_weight``
+    (the conv's taps, eq. 6), the GPSA's own tensors from ``model`` itself."""
+
+    ours = model.state_dict()
+    out = {}
+    for key, value in state_dict.items():
+        key = resnet_key_from_timm(key)
+        gpsa = key[:-len(".weight")] + ".out_weight" if key.endswith(".conv2.weight") else None
+        if gpsa is not None and key not in ours and gpsa in ours and value.dim() == 4:
+            out[gpsa] = conv_to_out_weight(value)
+            prefix = gpsa[:-len(".out_weight")]
+            out.update({prefix + leaf: ours[prefix + leaf].clone() for leaf in _GPSA_OWN})
+            continue
+        out[key] = value
+    return out
+
+
+def _stage_of(model: ArchModel) -> list[tuple[int, int]]:
+    """Global block index -> (stage, layer)."""
+    return [(s, j) for s, stage in enumerate(model.stages) for j in range(len(stage.blocks))]
+
+
+def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tensor]:
+    """Convert a timm state dict into one that ``model.load_state_dict(..., strict=True)`` accepts.
+
+    Args:
+        state_dict: a timm ViT/DeiT, ConViT, LeViT, CaiT or ResNet state dict.
+        model: the compiled archspec equivalent (same spec; see :data:`TIMM_EQUIVALENTS`), or a T-CNN of the
+            ResNet (its GPSA blocks take the 3x3 convs' weights as ``W_out``, T-CNN eq. 6, and keep their own
+            W_qry, W_key, W_val = I, centres, locality and gating: see the module docstring).
+
+    Raises:
+        ValueError: a timm block index beyond the archspec model's depth.
+    """
+    if _is_convnet(model) and _is_byobnet(state_dict):
+        return {byobnet_key_from_timm(k): v for k, v in state_dict.items()}
+    if _is_convnet(model):
+        return _resnet_from_timm(state_dict, model)
+    stage_of = _stage_of(model)
+    ours = set(model.state_dict())
+    out: dict[str, Tensor] = {}
+    for key, value in state_dict.items():
+        key = re.sub(r"^patch_embed\.", "stem.", key)
+        match = _VIT_BLOCK.match(key)
+        if match:
+            index = int(match.group(1))
+            if index >= len(stage_of):
+                raise ValueError(f"timm block {index} has no counterpart: "
+                                 f"the archspec model has {len(stage_of)} blocks")
+            stage, layer = stage_of[index]
+            key = f"stages.{stage}.blocks.{layer}." + key[match.end():]
+        key = _cait_from_timm(key, model, ours)
+        key = key.replace(*_LEVIT_PROJ) if _OUR_BLOCK.match(key) else key
+        qkv = _QKV.match(key)
+        if qkv and key not in ours:  # timm MHSA: rows [q; k; v] -> archspec qk = [q; k], v (CaiT keeps qkv)
+            qk_rows = 2 * value.shape[0] // 3
+            out[f"{qkv['prefix']}.qk.{qkv['kind']}"] = value[:qk_rows].clone()
+            out[f"{qkv['prefix']}.v.{qkv['kind']}"] = value[qk_rows:].clone()
+            continue
+        out[key] = value
+    return out
+
+
+def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
+    """Convert ``model``'s weights into a state dict for ``timm_model`` (the reverse of :func:`from_timm`).
+
+    MHSA ``qk`` and ``v`` are concatenated back into ``qkv`` when ``timm_model`` has a ``qkv`` Linear
+    there (ViT, ConViT MHSA); ConViT GPSA keeps ``qk`` / ``v``.  A T-CNN (conv stages with ``mixer: {kind: gpsa}``)
+    into its timm ResNet: each GPSA's ``W_out`` becomes the 3x3 conv's weight again (the inverse of eq. 6's
+    loading, so ``from_timm`` then ``to_timm`` gives the ResNet's weights back); the GPSA's own tensors (W_qry,
+    W_key, W_val, centres, locality, gating), which a ResNet has no place for, are left out.
+
+    Raises:
+        KeyError: a tensor of ``timm_model`` has no archspec counterpart.
+    """
+    ours = model.state_dict()
+    if _is_convnet(model):
+        out = {}
+        rename = byobnet_key_from_timm if _is_byobnet(timm_model.state_dict()) else resnet_key_from_timm
+        for key in timm_model.state_dict():
+            src = rename(key)
+            gpsa = src[:-len(".weight")] + ".out_weight" if src.endswith(".conv2.weight") else None
+            if src not in ours and gpsa in ours:  # a T-CNN block: W_out back to the 3x3 conv's taps (eq. 6)
+                weight = ours[gpsa]  # (9, D_in, D_out) -> (D_out, D_in, 3, 3), inverse of conv_to_out_weight
+                out[key] = weight.reshape(3, 3, weight.shape[1], weight.shape[2]).permute(3, 2, 0, 1).contiguous()
+                continue
+            if src not in ours:
+                raise KeyError(f"timm tensor {key!r} has no archspec counterpart (looked for {src!r})")
+            out[key] = ours[src]
+        return out
+    our_keys = set(ours)
+    flat_blocks = any(k.startswith("blocks.") for k in timm_model.state_dict())
+    out: dict[str, Tensor] = {}
+    for key in timm_model.state_dict():
+        src = re.sub(r"^patch_embed\.", "stem.", key)
+        if flat_blocks:
+            match = _VIT_BLOCK.match(src)
+            if match:
+                stage, layer = _stage_of(model)[int(match.group(1))]
+                src = f"stages.{stage}.blocks.{layer}." + src[match.end():]
+        elif _OUR_BLOCK.match(src):
+            src = src.replace(_LEVIT_PROJ[0], _LEVIT_PROJ[1])
+        src = _cait_from_timm(src, model, our_keys)
+        qkv = _QKV.match(src)
+        if qkv and f"{qkv['prefix']}.qk.{qkv['kind']}" in ours:
+            out[key] = torch.cat([ours[f"{qkv['prefix']}.qk.{qkv['kind']}"], ours[f"{qkv['prefix']}.v.{qkv['kind']}"]])
+            continue
+        if src not in ours:
+            raise KeyError(f"timm tensor {key!r} has no archspec counterpart (looked for {src!r})")
+        out[key] = ours[src]
+    return out
+
+
+def load_timm_weights(model: ArchModel, timm_model_or_state: nn.Module | dict[str, Tensor]) -> ArchModel:
+    """Load a timm model's (or state dict's) weights into ``model`` in place, strictly; returns ``model``.
+
+    Raises:
+        RuntimeError: missing or unexpected keys, or shape mismatches (the architectures differ).
+    """
+    state = timm_model_or_state.state_dict() if isinstance(timm_model_or_state, nn.Module) else timm_model_or_state
+    model.load_state_dict(from_timm(state, model), strict=True)
+    return model
+
+
+def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 224, name: str = "resnet") -> dict:
+    """The spec (a dict for :func:`archspec.load_spec`) of a timm ``resnet.ResNet``: its stem (7x7, or the deep
+    stem with equal first widths; max-pool or ResNet-RS's conv pool), each ``layer{i}`` as a conv stage (block,
+    depth, channels, stride, shortcut, SE), the average-pool classifier, at ``resolution`` pixels.
+
+    Only the architecture's reading is done here; :func:`load_timm_weights` then checks every tensor's name and
+    shape strictly, which catches what the reading cannot see.  ResNeXt's grouped 3x3 (``groups``, ``base_width``)
+    and timm's tiered deep stem (``widths``) are read.
+
+    Raises:
+        ValueError: not a timm ResNet, or a part the spec language has no word for (anti-aliasing, dilation,
+            attention other than SE, pooling other than 'avg'), naming it.
+    """
+    from timm.layers.squeeze_excite import SEModule  # noqa: PLC0415 - timm on demand, as the converters above
+    from timm.models.resnet import BasicBlock, Bottleneck, ResNet  # noqa: PLC0415
+
+
+    if not isinstance(model, ResNet):
+        raise ValueError(f"not a timm ResNet (timm.models.resnet.ResNet): {type(model).__name__}")
+    if isinstance(model.conv1, nn.Sequential):  # timm stem_type 'deep' / 'deep_tiered'
+        widths = [m.out_channels for m in model.conv1 if isinstance(m, nn.Conv2d)]
+        if len(widths) != 3:
+            raise ValueError(f"its deep stem has {len(widths)} convs {widths}; archspec's deep stem has three")
+        stem = {"kind": "resnet", "deep": True, "channels": widths[2]}
+        if widths[0] == widths[1]:  # timm stem_type='deep'
+            stem["stem_width"] = widths[0]
+        else:  # 'deep_tiered'
+            stem["widths"] = widths[:2]
+        in_chans = model.conv1[0].in_channels
+    else:
+        if model.conv1.kernel_size != (7, 7):
+            raise ValueError(f"its stem conv is {model.conv1.kernel_size[0]}x{model.conv1.kernel_size[1]}; "
+                             "archspec's ResNet stem is 7x7 or deep")
+        stem = {"kind": "resnet", "channels": model.conv1.out_channels}
+        in_chans = model.conv1.in_channels
+    if isinstance(model.maxpool, nn.Sequential):  # timm replace_stem_pool: conv + BatchNorm + ReLU
+        stem["pool"] = "conv"
+    elif not isinstance(model.maxpool, nn.MaxPool2d):
+        raise ValueError(f"its stem pool is {type(model.maxpool).__name__}; archspec's is a max-pool or a conv")
+    if getattr(model, "global_pool", None) is not None and getattr(model.global_pool, "pool_type", "avg") != "avg":
+        raise ValueError(f"its global pool is {model.global_pool.pool_type!r}; archspec's conv-net head averages")
+    stages = []
+    for i in range(1, 5):
+        blocks = list(getattr(model, f"layer{i}"))
+        first = blocks[0]
+        kind = "bottleneck" if isinstance(first, Bottleneck) else "basic" if isinstance(first, BasicBlock) else None
+        if kind is None:
+            raise ValueError(f"layer{i} holds {type(first).__name__} blocks; archspec has timm's BasicBlock and "
+                             "Bottleneck")
+        for j, block in enumerate(blocks):
+            convs = [m for m in block.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
+            plain = [isinstance(getattr(block, n, None), (nn.Identity, type(None))) for n in ("aa", "drop_block")]
+            if any(c.dilation != (1, 1) for c in convs) or not all(plain):
+                raise ValueError(f"layer{i}.{j} has dilated or anti-aliased convs or DropBlock, which "
+                                 "archspec's conv stages do not have")
+        channels = (first.conv3 if kind == "bottleneck" else first.conv2).out_channels
+        strided = first.conv2 if kind == "bottleneck" else first.conv1
+        entry = {"kind": "conv", "block": kind, "depth": len(blocks), "channels": channels,
+                 "stride": strided.stride[0]}
+        groups = first.conv2.groups if kind == "bottleneck" else 1
+        planes = channels // EXPANSION[kind]
+        if groups != 1 or (kind == "bottleneck" and first.conv1.out_channels != planes):  # ResNeXt
+            width = first.conv1.out_channels // groups  # timm: floor(planes * base_width / 64) per group
+            base_width = -(-width * 64 // planes)
+            entry.update(groups=groups, base_width=base_width)
+        elif channels // first.conv1.out_channels != EXPANSION[kind]:
+            entry["expansion"] = channels // first.conv1.out_channels
+        down = first.downsample
+        if down is not None and isinstance(down[0], (nn.AvgPool2d, nn.Identity)):  # timm downsample_avg
+            entry["downsample"] = "avg"
+        se = getattr(first, "se", None)
+        if isinstance(se, SEModule):
+            rd = se.fc1.out_channels
+            ratio = rd / channels
+            if se_channels(channels, ratio, 8) != rd:
+                raise ValueError(f"layer{i}'s squeeze-excitation width {rd} is not timm's make_divisible of "
+                                 f"{channels} x a ratio")
+            entry["se"] = {"rd_ratio": ratio}
+        elif se is not None:
+            raise ValueError(f"layer{i}'s attention is {type(se).__name__}; archspec's conv stages have SE only")
+        stages.append(entry)
+    size = [resolution, resolution] if isinstance(resolution, int) else list(resolution)
+    return {"name": name, "source": f"timm {type(model).__name__} (archspec.timm.convert.resnet_spec_from_timm)",
+            "input": {"channels": in_chans, "resolution": size}, "stem": stem,
+            "tokens": {"cls_token": "none", "pos_embed": "none"}, "stages": stages,
+            "head": {"pool": "mean", "num_classes": model.num_classes}}
