@@ -14,6 +14,7 @@ from macs_reference import reference_macs
 
 import archspec
 from archspec.errors import SpecError, format_path
+from archspec.nn.model import ArchModel, symbolic_trace
 from archspec.timm.convert import TIMM_EQUIVALENTS, from_timm, load_timm_weights, to_timm
 
 RESNETS = ["resnet18", "resnet50", "resnet50d", "resnetrs50", "resnext50_32x4d", "resnet26t", "seresnext26d_32x4d"]
@@ -277,3 +278,40 @@ def test_unknown_key_hint_lists_the_conv_stage_keys() -> None:
                                                                     "channels": 8, "heads": 2}]})
     hint = info.value.problems[0].hint
     assert "channels" in hint and "mlp_ratio" not in hint
+
+
+# ------------------------------------------------------------------------------------------- one model class
+def test_a_conv_net_is_the_one_model_class_without_token_parts(one_thread) -> None:
+    """A conv net compiles to :class:`ArchModel` itself, a hybrid with no token stages: no interface, tokens,
+    position embedding or norm; timm ResNet's head; FX traces it; the timm API answers as for the other models."""
+    model = archspec.compile("resnet18", img_size=32).eval()
+    assert type(model) is ArchModel and model.ends_on_map and model.n_conv_stages == 4
+    assert model.interface is None and model.to_map is None and model.cls_token is None and model.pos_embed is None
+    assert not any(k.startswith(("norm", "fc_norm", "interface")) for k in model.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(symbolic_trace(model)(x), model(x))
+        feats = model.forward_intermediates(x, indices=[1, 3], output_fmt="NLC", return_prefix_tokens=True,
+                                            intermediates_only=True)
+    # (B, H*W, C) features; the prefix (B, 0, C) as for token models' levels before the class token enters
+    assert [(tuple(f.shape), tuple(p.shape)) for f, p in feats] == [((2, 16, 128), (2, 0, 128)),
+                                                                   ((2, 1, 512), (2, 0, 512))]
+    with pytest.raises(ValueError, match="token pooling needs a class token"):
+        model.reset_classifier(3, "token")
+    with pytest.raises(ValueError, match="a resnet stem has no patch size"):
+        model.set_input_size(64, patch_size=16)
+
+
+def test_a_one_stage_conv_net_prunes_by_stage(one_thread) -> None:
+    """A one-stage conv net's feature level is its stage (timm ResNet), not each block (a one-stage ViT's)."""
+    doc = {"name": "c1", "input": {"resolution": 32}, "stem": {"kind": "resnet"},
+           "tokens": {"cls_token": "none", "pos_embed": "none"}, "head": {"pool": "mean", "num_classes": 10},
+           "stages": [{"kind": "conv", "block": "basic", "depth": 2, "channels": 32}]}
+    model = archspec.compile(doc).eval()
+    assert [i["module"] for i in model.feature_info] == ["stages.0"]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        full = model.forward_features(x)
+        assert model.prune_intermediate_layers([0]) == [0]
+        assert len(model.stages[0].blocks) == 2
+        torch.testing.assert_close(model.forward_intermediates(x, intermediates_only=True)[0], full)

@@ -39,9 +39,11 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
             img_size: int | tuple[int, int] | None = None, drop_rate: float = 0.0) -> ArchModel:
     """Compile a spec (or a path / shipped spec name / YAML text / dict) into an :class:`ArchModel`.
 
-    The model maps images ``(B, C_in, H, W)`` to logits ``(B, num_classes)`` and keeps its spec as
-    ``model.spec``.  Initial weights depend only on the spec (``spec.seed``): compiling twice gives
-    bitwise identical state dicts.
+    Every spec compiles to the one class, as timm's ``create_model`` builds a ``VisionTransformer``, ``Levit``
+    or ``ResNet``: a token model, a hybrid (conv stages, then attention stages, maybe a conv tail) or a conv net
+    (conv stages only: a hybrid without token stages, with timm ResNet's forward and head).  The model maps
+    images ``(B, C_in, H, W)`` to logits ``(B, num_classes)`` and keeps its spec as ``model.spec``.  Initial
+    weights depend only on the spec (``spec.seed``): compiling twice gives bitwise identical state dicts.
 
     Args:
         max_memory: limit in bytes on the estimated memory of a batch-1 float32 forward (weights,
@@ -62,17 +64,9 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
     if problems:
         raise SpecError(problems)
     nodes = nodes_in_order(graph)
-    if spec.is_convnet:
-        from archspec.nn.convnet import ConvNet
-
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(spec.seed)
-            stem_module = build("stem", next(n for n in nodes if n["kind"] == "stem")["shape"])
-            model = ConvNet(spec, stem_module, _stages(nodes, len(spec.stages)), dim_out=spec.stages[-1].channels,
-                            drop_rate=drop_rate)
-        model.analysis = graph
-        return model
-    stem, embed = (next(n for n in nodes if n["kind"] == kind) for kind in ("stem", "embed"))
+    stem = next(n for n in nodes if n["kind"] == "stem")
+    # the tokens (class/distillation tokens, position embedding): a conv net has none
+    embed = next((n for n in nodes if n["kind"] == "embed"), None)
     # a hybrid's map -> tokens node (LeViT sec. 3.2 grafting), between its conv and attention stages
     interface = next((n for n in nodes if n["kind"] == "interface"), None)
     with torch.random.fork_rng(devices=[]):
@@ -82,12 +76,14 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
         interface_module = build("interface", interface["shape"]) if interface is not None else None
         # a conv tail's tokens -> map node (conv stages after the attention stages)
         to_map = next((build("interface", n["shape"]) for n in nodes if n["kind"] == "to_map"), None)
-        tokens = embed["tokens_plan"]
+        tokens = {} if embed is None else dict(
+            cls_at=embed["tokens_plan"].cls_at, n_extra=embed["tokens_plan"].n_extra,
+            pos_embed_len=embed["pos_embed_len"], token_dim=embed["tokens_plan"].width)
         last = spec.stages[-1]
-        model = ArchModel(spec, stem_module, stages, dim_in=spec.stages[spec.n_conv_stages].dim,
-                          dim_out=last.channels if spec.has_conv_tail else last.dim, cls_at=tokens.cls_at,
-                          n_extra=tokens.n_extra, pos_embed_len=embed["pos_embed_len"], token_dim=tokens.width,
-                          drop_rate=drop_rate, n_conv_stages=spec.n_conv_stages, interface=interface_module,
-                          to_map=to_map)
+        ends_on_map = spec.is_convnet or spec.has_conv_tail
+        model = ArchModel(spec, stem_module, stages,
+                          dim_in=spec.stages[spec.n_conv_stages].dim if embed is not None else None,
+                          dim_out=last.channels if ends_on_map else last.dim, drop_rate=drop_rate,
+                          n_conv_stages=spec.n_conv_stages, interface=interface_module, to_map=to_map, **tokens)
     model.analysis = graph
     return model

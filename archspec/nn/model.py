@@ -1,7 +1,9 @@
 """The compiled model: a timm-style ``nn.Module`` that keeps its spec.
 
-:class:`ArchModel` behaves like a timm classification model in training code: ``forward_features``
-/ ``forward_head``, ``num_classes``, ``reset_classifier``, ``get_classifier``, ``no_weight_decay``,
+One class for every spec: token models (timm ``VisionTransformer`` / ``Levit`` / ``Cait`` / ``ConVit``), hybrids
+(conv stages, then attention stages, optionally conv stages after them) and conv nets (timm ``ResNet``: a hybrid
+without token stages).  :class:`ArchModel` behaves like a timm classification model in training code:
+``forward_features`` / ``forward_head``, ``num_classes``, ``reset_classifier``, ``get_classifier``, ``no_weight_decay``,
 ``set_distilled_training`` (timm ``VisionTransformerDistilled`` / ``LevitDistilled``),
 ``pretrained_cfg`` -- so ``timm.optim.create_optimizer_v2`` and a timm-style loop take it unchanged.
 As a backbone it has timm's ``forward_intermediates``, ``prune_intermediate_layers``, ``feature_info``
@@ -59,14 +61,24 @@ class Stage(nn.Module):
 
 
 class ArchModel(nn.Module):
-    """A compiled archspec model.
+    """A compiled archspec model: a token model, a hybrid or a conv net.
 
     Shapes: images ``(B, C_in, H, W)`` -> ``forward_features`` tokens ``(B, N, C)`` -> logits
     ``(B, num_classes)`` (pooled features ``(B, C)`` when ``num_classes == 0``).  With a distillation
     head the output is the average of the two heads, or the tuple ``(cls_logits, dist_logits)`` in
     train mode after ``set_distilled_training(True)``, exactly as timm's distilled DeiT / LeViT.
+    A model that ends on conv stages (a conv net, or a hybrid's conv tail) returns the last map
+    ``(B, C, H', W')`` from ``forward_features`` and ends on timm ResNet's head (average pool + classifier).
 
-    Args (besides the built parts): ``dim_in``/``dim_out`` widths of the first/last stage; ``cls_at`` the
+    A conv net (every stage ``kind: conv``, timm ``resnet.ResNet``) is the hybrid with no token stages: its
+    ``n_conv_stages`` is every stage, and it has no interface, tokens, position embedding or norm.  Its module
+    names follow timm ResNet's with archspec's layout: ``stem.{conv1,bn1,act1,maxpool}`` = timm ``conv1, bn1,
+    act1, maxpool``; ``stages.{i}.blocks.{j}`` = timm ``layer{i+1}.{j}``; ``head`` = timm ``fc`` (an
+    ``nn.Linear`` with torch's default init, as timm ResNet leaves it); see
+    :func:`archspec.timm.convert.resnet_key_from_timm` for the key mapping.
+
+    Args (besides the built parts): ``dim_in`` the width of the first token stage (None: a conv net, no token
+    stages); ``dim_out`` the width of the last stage (channels when it is a conv stage); ``cls_at`` the
     global block index before which the class (and distillation) token is prepended (0: after the stem,
     None: no class token); ``n_extra`` the number of such tokens; ``pos_embed_len`` tokens covered by
     the position embedding (0: none); ``token_dim`` their width (default ``dim_in``; the width of the
@@ -74,18 +86,23 @@ class ArchModel(nn.Module):
     classifier (timm ViT's ``head_drop``; not part of the spec, like timm's ``drop_rate`` kwarg);
     ``n_conv_stages`` and ``interface`` for a hybrid (LeViT sec. 3.2 grafting): the first ``n_conv_stages`` of
     ``stages`` are conv stages run on the stem's feature map, ``interface`` turns their map into the tokens
-    ``(B, N, C)`` the class token and position embedding join (family ``interface``); ``to_map`` for a conv tail
+    ``(B, N, C)`` the class token and position embedding join (family ``interface``; None for a conv net, whose
+    ``n_conv_stages`` is ``len(stages)``: its last map goes to the head); ``to_map`` for a conv tail
     (conv stages after the attention stages, from ``spec.tail_start``): it drops the class/distillation tokens and
     lays the rest out as a map ``(B, C, gh, gw)`` on the last token grid; the tail's conv stages run on it and the
     head is timm ResNet's (average pool + classifier, no norm), so ``forward_features`` returns a map.
 
+    The constructor raises nothing of its own: :func:`archspec.compile` checks the spec and builds the parts.
+
     Attributes:
         spec: the :class:`~archspec.spec.ArchSpec` it was compiled from (``model.spec.to_yaml()``).
         num_classes, num_features, num_prefix_tokens, global_pool: as in timm.
+        ends_on_map: whether the last stage is a conv stage (a conv net or a conv tail): ``forward_features``
+            returns a map and the head is timm ResNet's.
     """
 
-    def __init__(self, spec: ArchSpec, stem: nn.Module, stages: Sequence[Stage], dim_in: int, dim_out: int,
-                 cls_at: int | None, n_extra: int, pos_embed_len: int, token_dim: int | None = None,
+    def __init__(self, spec: ArchSpec, stem: nn.Module, stages: Sequence[Stage], dim_in: int | None, dim_out: int,
+                 cls_at: int | None = None, n_extra: int = 0, pos_embed_len: int = 0, token_dim: int | None = None,
                  drop_rate: float = 0.0, n_conv_stages: int = 0, interface: nn.Module | None = None,
                  to_map: nn.Module | None = None):
         super().__init__()
@@ -104,8 +121,13 @@ class ArchModel(nn.Module):
         self.num_prefix_tokens = n_extra
         self.global_pool = "token" if spec.head.pool == "cls" else "avg"
         self.num_features = self.head_hidden_size = self.embed_dim = dim_out
-        last_tokens = spec.stages[spec.tail_start - 1]  # the last attention stage
-        self.batchnorm_head = last_tokens.norm == "batchnorm" and to_map is None
+        # a conv net or a conv tail ends on a map: timm ResNet's head (average pool + classifier, no norm)
+        self.ends_on_map = spec.is_convnet or spec.has_conv_tail
+        # a conv net's classifier is timm ResNet's fc (torch's default init); the others' timm ViT's / LeViT's
+        self._resnet_fc = spec.is_convnet
+        token_stages = spec.stages[spec.n_conv_stages:spec.tail_start]  # none in a conv net
+        last_tokens = token_stages[-1] if token_stages else None  # the last attention stage
+        self.batchnorm_head = not self.ends_on_map and last_tokens.norm == "batchnorm"
         self.distilled = spec.head.distillation
         self.distilled_training = False
         self.grad_checkpointing = False
@@ -118,8 +140,8 @@ class ArchModel(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, token_dim)) if self.has_dist else None
         self.pos_embed = nn.Parameter(torch.zeros(1, pos_embed_len, dim_in)) if pos_embed_len else None
         # layernorm family as timm ViT: final norm before token pooling, fc_norm after mean pooling
-        layernorm = not self.batchnorm_head and to_map is None  # a conv tail's head has no norm (timm ResNet)
-        eps = last_tokens.norm_eps
+        layernorm = not self.batchnorm_head and not self.ends_on_map  # timm ResNet's head has no norm
+        eps = last_tokens.norm_eps if layernorm else None
         self.norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "token" else nn.Identity()
         self.fc_norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "avg" else nn.Identity()
         self._init_tokens()
@@ -157,17 +179,21 @@ class ArchModel(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier (and distillation) head with fresh ones for ``num_classes``.
 
-        ``global_pool=''`` (timm's "no pooling") makes ``forward_head`` return the tokens unpooled.
+        ``global_pool=''`` (timm's "no pooling") makes ``forward_head`` return the tokens (or the map) unpooled.
+        The classifier is ``(B, num_features) -> (B, num_classes)`` (``nn.Identity`` for 0): timm ViT's ``head``,
+        timm LeViT's ``NormLinear``, or for a conv net timm ResNet's ``fc``.
 
         Raises:
-            ValueError: ``global_pool`` other than None, 'token', 'avg' or '', or 'token' without a class token.
+            ValueError: ``global_pool`` other than None, 'token', 'avg' or '', or 'token' without a class token
+                (a conv net has none; a conv tail drops it).
         """
         if global_pool is not None:
-            if global_pool not in ("token", "avg", ""):
-                raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
-            if global_pool == "token" and (self.cls_token is None or getattr(self, "to_map", None) is not None):
-                raise ValueError("token pooling needs a class token" + (
-                    " (a conv tail drops it where the tokens become a map)" if self.cls_token is not None else ""))
+            token_pool = self.cls_token is not None and self.to_map is None
+            if global_pool not in (("token", "avg", "") if token_pool else ("avg", "")):
+                allowed = "'token', 'avg' or ''" if token_pool else "'avg' or ''"
+                why = "" if global_pool != "token" else ": token pooling needs a class token" + (
+                    " (a conv tail drops it where the tokens become a map)" if self.cls_token is not None else "")
+                raise ValueError(f"global_pool must be {allowed}, got {global_pool!r}{why}")
             self.global_pool = global_pool
         self._num_classes = num_classes
         if num_classes != self.spec.head.num_classes:  # keep model.spec true to the model
@@ -177,6 +203,8 @@ class ArchModel(nn.Module):
         self.head_dist = self._make_head(num_classes) if self.distilled else None
 
     def _make_head(self, num_classes: int) -> nn.Module:
+        if self._resnet_fc:  # timm ResNet's fc: torch's default init (timm's init_weights leaves it)
+            return nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         return build_classifier(self.num_features, num_classes, self.batchnorm_head, self.drop_rate)
 
     def set_distilled_training(self, enable: bool = True) -> None:
@@ -206,15 +234,16 @@ class ArchModel(nn.Module):
     def _embed(self, x: Tensor, take: Sequence[int] = (), taken: list | None = None) -> tuple[Tensor, tuple[int, int]]:
         """Images ``(B, C_in, H, W)`` -> (stem tokens with class token and position embedding, patch grid).
         A hybrid runs its conv stages on the stem's map first (appending to ``taken`` the maps of the levels in
-        ``take``, as tokens) and turns the last map into tokens through its interface."""
+        ``take``, as tokens) and turns the last map into tokens through its interface; a conv net (conv stages
+        only, no interface) returns its last map ``(B, C, H', W')``."""
         grid = stem_grid(self.spec, x.shape[-2:]) if self.dynamic_img_size else self.patch_grid
         x = self.stem(x)
+        for s, stage in enumerate(self.stages[:self.n_conv_stages]):
+            for block in stage.blocks:
+                x = self._run_block(block, x)
+            if s in take and taken is not None:
+                taken.append((x.flatten(2).transpose(1, 2), tuple(x.shape[-2:]), 0))
         if self.interface is not None:
-            for s, stage in enumerate(self.stages[:self.n_conv_stages]):
-                for block in stage.blocks:
-                    x = self._run_block(block, x)
-                if s in take and taken is not None:
-                    taken.append((x.flatten(2).transpose(1, 2), tuple(x.shape[-2:]), 0))
             x = self.interface(x)
         if self.cls_at == 0:
             x = self._prefix(x)
@@ -234,11 +263,12 @@ class ArchModel(nn.Module):
         return block(x)
 
     def _forward_levels(self, x: Tensor, take: Sequence[int] = ()) -> tuple[Tensor, list[tuple[Tensor, tuple, int]]]:
-        """Images -> (last tokens ``(B, N, C)`` before the final norm, ``[(tokens, grid, n_prefix)]`` of the
-        feature levels in ``take``).  A level is a block for one-stage models, a stage otherwise."""
+        """Images -> (last tokens ``(B, N, C)`` before the final norm, or a conv net's / conv tail's last map
+        ``(B, C, H', W')``; ``[(tokens, grid, n_prefix)]`` of the feature levels in ``take``, a map as its
+        ``(B, H*W, C)`` tokens).  A level is a block for one-stage token models, a stage otherwise."""
         taken: list[tuple[Tensor, tuple, int]] = []
         x, grid = self._embed(x, take, taken)
-        per_block = self.n_patch_stages == 1
+        per_block = self._per_block_levels()
         prefix = self.num_prefix_tokens if self.cls_at == 0 else 0
         index = 0  # token blocks: the index space of cls_at
         for s, stage in enumerate(self.stages):  # the patch stages, then CaiT's class-attention stage if any
@@ -272,17 +302,18 @@ class ArchModel(nn.Module):
         return x, taken
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``(B, C_in, H, W)`` -> tokens ``(B, N, C)`` after the last block (and final norm); with a conv tail
-        the last map ``(B, C, H', W')``."""
+        """Images ``(B, C_in, H, W)`` -> tokens ``(B, N, C)`` after the last block (and final norm); a conv net's or
+        a conv tail's last map ``(B, C, H', W')`` (timm ResNet's ``forward_features``)."""
         return self.norm(self._forward_levels(x)[0])
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Tokens ``(B, N, C)`` -> logits ``(B, num_classes)`` (pooled ``(B, C)`` with ``pre_logits``;
-        the tokens unchanged after ``reset_classifier(0, '')``); a conv tail's map ``(B, C, H', W')`` is averaged
-        (timm ResNet's head)."""
+        the tokens unchanged after ``reset_classifier(0, '')``); a conv net's or conv tail's map ``(B, C, H', W')``
+        is averaged (timm ResNet's head).  With a distillation head: the average of both heads' logits, or the
+        pair ``(cls_logits, dist_logits)`` in distilled training (timm ``VisionTransformerDistilled``)."""
         if self.global_pool == "":
             return x if pre_logits else self.head(x)
-        if self.to_map is not None:  # a conv tail's map (static: FX traces no branch on a tensor)
+        if self.ends_on_map:  # a map (static: FX traces no branch on a tensor)
             x = self.head_drop(x.mean(dim=(2, 3)))
             return x if pre_logits else self.head(x)
         if self.global_pool == "token":
@@ -317,13 +348,18 @@ class ArchModel(nn.Module):
         return fuse_model(self, inplace=inplace)
 
     # ----------------------------------------------------------------------------- timm backbone API
+    def _per_block_levels(self) -> bool:
+        """Whether the feature levels are blocks (a one-stage token model, as timm ViT), not stages."""
+        return self.n_patch_stages == 1 and self.n_conv_stages == 0
+
     def _feature_info(self) -> list[dict[str, Any]]:
-        """timm ``feature_info``: one entry per block (one-stage models, as timm ViT) or per stage (LeViT)."""
+        """timm ``feature_info``: one entry per block (one-stage token models, as timm ViT) or per stage (LeViT,
+        ResNet: a conv stage's channels and its reduction of the input)."""
         reduction, info = stem_reduction(self.spec), []
         for s, stage_spec in enumerate(self.spec.stages[:self.n_conv_stages]):  # a hybrid's conv stages
             reduction *= stage_spec.stride
             info.append(dict(num_chs=stage_spec.channels, reduction=reduction, module=f"stages.{s}"))
-        if self.n_conv_stages:  # the interface's pooling
+        if self.interface is not None:  # the interface's pooling
             reduction = self.spec.input.resolution[0] // self.patch_grid[0]
         for s, stage in enumerate(self.stages[:self.n_patch_stages]):  # CaiT's class attention is no level
             if s < self.n_conv_stages:
@@ -335,7 +371,7 @@ class ArchModel(nn.Module):
             if not isinstance(stage.downsample, nn.Identity):
                 reduction *= 2
             dim = self.spec.stages[s].dim
-            if self.n_patch_stages == 1:
+            if self._per_block_levels():
                 info += [dict(num_chs=dim, reduction=reduction, module=f"stages.0.blocks.{b}")
                          for b in range(len(stage.blocks))]
             else:
@@ -350,7 +386,9 @@ class ArchModel(nn.Module):
         group 0; then one group per block in global order (``stages.S.blocks.B`` sorts by ``(S, B)``; a
         shrinking attention joins the first block of its stage, as in timm LeViT); the final norm joins the
         last block (timm's ``(99999,)`` suffix); the head, unmatched, is the last group.  ``coarse``: one
-        group per stage.
+        group per stage.  A conv stage's blocks are grouped the same way (timm ``ResNet.group_matcher``: the
+        stem, then one group per ``layerN`` block); CaiT's class attention takes :meth:`_class_attention_matcher`.
+        Raises nothing; needs no tensors.
         """
         if self.n_patch_stages < len(self.stages):
             return self._class_attention_matcher
@@ -384,16 +422,18 @@ class ArchModel(nn.Module):
                               output_fmt: str = "NCHW", intermediates_only: bool = False) -> Any:
         """timm's backbone API: features of the levels in ``indices`` (see ``feature_info``).
 
-        A level is a block for one-stage models (as timm ViT) and a stage for multi-stage ones (as timm
-        LeViT).  ``indices``: None = all, an int n = the last n, a list = those (negative from the end).
+        A level is a block for one-stage token models (as timm ViT) and a stage for multi-stage ones (as timm
+        LeViT, and timm ResNet for conv stages).  ``indices``: None = all, an int n = the last n, a list = those
+        (negative from the end).
         Each feature is ``(B, C, H, W)`` (``output_fmt='NCHW'``: patch tokens on their grid, class and
         distillation tokens dropped) or ``(B, H*W, C)`` (``'NLC'``); with ``return_prefix_tokens`` a pair
-        ``(feature, prefix (B, n_prefix, C))`` (n_prefix 0 before ConViT's class token enters).  ``norm``
+        ``(feature, prefix (B, n_prefix, C))`` (n_prefix 0 for maps and before ConViT's class token enters).  ``norm``
         applies the final norm to features as wide as the last stage.  ``stop_early`` is accepted for
         timm compatibility (use ``prune_intermediate_layers`` to drop unused blocks).
 
         Returns:
-            the list of features, or ``(final tokens (B, N, C) after the norm, list)`` unless ``intermediates_only``.
+            the list of features, or ``(final tokens (B, N, C) after the norm, list)`` unless ``intermediates_only``
+            (a conv net's or conv tail's final map ``(B, C, H', W')``).
 
         Raises:
             ValueError: an ``output_fmt`` other than 'NCHW' / 'NLC'; an index out of range (timm's assertion).
@@ -420,12 +460,17 @@ class ArchModel(nn.Module):
         """Drop the blocks (or stages) after the last level in ``indices`` (timm API); returns the kept indices.
 
         ``prune_norm`` replaces the final norms by identities, ``prune_head`` the classifier
-        (``reset_classifier(0, '')``).  ``model.spec`` still describes the unpruned model.
+        (``reset_classifier(0, '')``).  ``model.spec`` still describes the unpruned model.  As timm
+        ``VisionTransformer`` / ``Levit`` / ``ResNet.prune_intermediate_layers``; no tensors in or out.
+
+        Raises:
+            AssertionError: an index out of range (timm's ``feature_take_indices``).
         """
         take, max_index = feature_take_indices(len(self.feature_info), indices)
-        if self.n_patch_stages == 1:
+        per_block = self._per_block_levels()
+        if per_block:
             self.stages[0].blocks = self.stages[0].blocks[:max_index + 1]
-        self.stages = self.stages[:1 if self.n_patch_stages == 1 else max_index + 1]  # class attention goes too
+        self.stages = self.stages[:1 if per_block else max_index + 1]  # class attention goes too
         self.n_patch_stages = len(self.stages)
         self.feature_info = self.feature_info[:max_index + 1]
         self.num_features = self.head_hidden_size = self.feature_info[-1]["num_chs"]
@@ -461,15 +506,18 @@ class ArchModel(nn.Module):
         The spec is re-checked at the new size (grids, mask windows against them); then the position
         embedding is resampled (timm ``resample_abs_pos_embed``, bicubic), the relative bias tables are
         resampled and GPSA's ``r_ij``, the index tables and the MaiT masks rebuilt for the new grid
-        (``Attention.set_grid``, ``ShrinkBlock.set_grid``).  ``model.spec`` gets the new resolution, so
-        ``archspec.save`` writes a spec that rebuilds this model.
+        (``Attention.set_grid``, ``ShrinkBlock.set_grid``); conv stages run on any map (a conv net changes no
+        module, as timm ResNet needs no call).  ``model.spec`` gets the new resolution, so ``archspec.save``
+        writes a spec that rebuilds this model.  Images ``(B, C_in, H, W)`` at the new size from now on.
 
         Raises:
             SpecError: the spec is invalid at ``img_size`` (say, a grid smaller than a mask window).
             ValueError: a ``patch_size`` other than the stem's (a patch resize is not supported).
         """
-        if patch_size is not None and to_2tuple(patch_size) != to_2tuple(getattr(self.spec.stem, "patch_size", None)):
-            raise ValueError(f"changing the patch size is not supported (the stem's is {self.spec.stem})")
+        stem_patch = getattr(self.spec.stem, "patch_size", None)
+        if patch_size is not None and to_2tuple(patch_size) != to_2tuple(stem_patch):
+            raise ValueError(f"changing the patch size is not supported (the stem's is {self.spec.stem})"
+                             if stem_patch is not None else f"a {self.spec.stem.kind} stem has no patch size")
         if img_size is None:
             return
         spec = with_resolution(self.spec, img_size)
@@ -517,16 +565,14 @@ def default_pretrained_cfg(spec: ArchSpec) -> dict[str, Any]:
 
     ``classifier`` and ``first_conv`` name the real modules (the head's and the stem's rules), so timm's
     ``load_pretrained`` drops the classifier for another ``num_classes`` and adapts the first convolution for
-    another ``in_chans`` (``timm.models.adapt_input_conv``) as it does for its own models."""
-    if spec.is_convnet:  # timm ResNet's cfg: its classifier is archspec's head, its conv1 the stem's
-        return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
-                "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875,
-                "interpolation": "bilinear", "classifier": "head",
-                "first_conv": stems.first_conv_name("resnet", spec.stem.deep)}
+    another ``in_chans`` (``timm.models.adapt_input_conv``) as it does for its own models.  A conv net's is timm
+    ResNet's: its ``fc`` is archspec's ``head``, its ``conv1`` the stem's.  Raises nothing."""
+    ends_on_map = spec.is_convnet or spec.has_conv_tail  # timm ResNet's head: a plain Linear
     return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
-            "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875, "interpolation": "bicubic",
-            "classifier": classifier_names(spec.stages[spec.tail_start - 1].norm == "batchnorm"
-                                           and not spec.has_conv_tail, spec.head.distillation),
+            "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875,
+            "interpolation": "bilinear" if spec.is_convnet else "bicubic",
+            "classifier": classifier_names(not ends_on_map and spec.stages[spec.tail_start - 1].norm == "batchnorm",
+                                           spec.head.distillation),
             "first_conv": stems.first_conv_name(spec.stem.kind, getattr(spec.stem, "deep", False))}
 
 

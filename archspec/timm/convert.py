@@ -45,8 +45,6 @@ import re
 import torch
 from torch import Tensor, nn
 
-from archspec.families.conv_block.module import conv_to_out_weight
-from archspec.families.conv_block.rules import EXPANSION, se_channels
 from archspec.nn.model import ArchModel
 
 # archspec spec name -> timm model name with the same architecture
@@ -92,8 +90,8 @@ _OUR_CONV_STEM = re.compile(r"^stem\.(conv1|bn1|maxpool)\.")
 
 
 def resnet_key_from_timm(key: str) -> str:
-    """A timm ResNet state-dict key -> archspec's (:class:`~archspec.nn.convnet.ConvNet`): ``conv1.weight`` ->
-    ``stem.conv1.weight``, ``layer2.0.downsample.1.weight`` -> ``stages.1.blocks.0.downsample.1.weight``,
+    """A timm ResNet state-dict key -> a compiled conv net's (:class:`~archspec.nn.model.ArchModel`):
+    ``conv1.weight`` -> ``stem.conv1.weight``, ``layer2.0.downsample.1.weight`` -> ``stages.1.blocks.0.downsample.1.weight``,
     ``fc.bias`` -> ``head.bias``; other keys unchanged."""
     if _RESNET_STEM.match(key):
         return "stem." + key
@@ -158,6 +156,7 @@ _GPSA_OWN = (".qk.weight", ".v.weight", ".centers", ".locality", ".gating")  # C
 def _resnet_from_timm(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
     """A timm ResNet state dict -> ``model``'s names; T-CNN blocks: ``conv2.weight`` -> ``conv2.out_weight``
     (the conv's taps, eq. 6), the GPSA's own tensors from ``model`` itself."""
+    from archspec.families.conv_block.module import conv_to_out_weight  # noqa: PLC0415 - torch side, on demand
 
     ours = model.state_dict()
     out = {}
@@ -296,6 +295,7 @@ def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 
     from timm.layers.squeeze_excite import SEModule  # noqa: PLC0415 - timm on demand, as the converters above
     from timm.models.resnet import BasicBlock, Bottleneck, ResNet  # noqa: PLC0415
 
+    from archspec.families.conv_block.rules import EXPANSION, se_channels  # noqa: PLC0415
 
     if not isinstance(model, ResNet):
         raise ValueError(f"not a timm ResNet (timm.models.resnet.ResNet): {type(model).__name__}")
