@@ -28,7 +28,16 @@ from pathlib import Path as FsPath
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Discriminator, Field, PrivateAttr, Tag, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from archspec.errors import Locator, Problem, SpecError
