@@ -70,7 +70,7 @@ from archspec.families.conv_mixer.rules import ConvMixerShape
 from archspec.families.head.rules import HeadShape
 from archspec.families.talking_heads.rules import TalkingHeadsShape
 from archspec.families.tokens.rules import TokensPlan
-from archspec.spec import ArchSpec, LayerPlan
+from archspec.spec import ArchSpec, GraphCache, LayerPlan
 
 MAX_TOKENS = 4096  # attention memory grows with N^2; 4096 tokens is a 64x64 grid
 MAX_PARAMS = 1_000_000_000  # 4 GB of float32 weights
@@ -194,7 +194,16 @@ class _Builder:
 
 
 def build_graph(spec: ArchSpec) -> nx.DiGraph:
-    """Build the IR of ``spec``: shapes, parameter and MAC counts and memory estimates of every node.
+    """The IR of ``spec``: shapes, parameter and MAC counts and memory estimates of every node.
+
+    Built at most once per spec: ``spec`` carries the graph it built (:class:`archspec.spec.GraphCache`), and
+    a later call returns it while the spec's content is unchanged, so the steps after
+    :func:`archspec.load_spec` (which builds it to check the spec) -- analysis, compile, the search's static
+    check and proxy -- reuse it.  The carried graph is keyed on the spec's content (``model_dump_json``) and on
+    the spec object itself (``graph["spec"] is spec``): a spec changed in place (``spec.seed = 1``,
+    ``spec.stages[0].depth = 3``) or copied (``model_copy``, with or without ``update``; a pickle or deep copy
+    carries nothing) gets a graph of its own, never a stale one.  The graph is shared by every caller: read it,
+    do not modify it.
 
     Returns:
         A ``networkx.DiGraph`` whose nodes, in execution order, carry the attributes listed in the
@@ -208,6 +217,17 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
         SpecError: every shape problem found (empty grids, non-dividing resolutions, windows larger
             than the grid, GPSA with a class token, head arithmetic, caps), with field paths.
     """
+    cache = getattr(spec, "_graph_cache", None)
+    key = spec.model_dump_json()
+    if cache is not None and cache.graph is not None and cache.graph.graph["spec"] is spec and cache.key == key:
+        return cache.graph
+    graph = _build_graph(spec)
+    spec._graph_cache = GraphCache(key, graph)
+    return graph
+
+
+def _build_graph(spec: ArchSpec) -> nx.DiGraph:
+    """:func:`build_graph` without the cache: one walk over the spec."""
     b = _Builder(spec)
     height, width = spec.input.resolution
     b.add("input", kind="input", label="image", tokens=0, grid=(height, width), dim=spec.input.channels)
@@ -611,9 +631,10 @@ def _suggest(total: float) -> str:
 
 
 def check_spec(spec: ArchSpec, max_memory: float | None = None) -> list[Problem]:
-    """Every shape problem of ``spec``, then the memory limit (:func:`check_memory`); empty when it compiles."""
+    """Every shape problem of ``spec``, then the memory limit (:func:`check_memory`); empty when it compiles.
+    A valid spec keeps its graph (:func:`build_graph`)."""
     try:
-        graph = build_graph(spec)
+        graph = build_graph(spec)  # carried by the spec for the later steps
     except SpecError as exc:
         return exc.problems
     return check_memory(graph, max_memory)

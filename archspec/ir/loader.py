@@ -28,7 +28,9 @@ def load_spec(source: str | os.PathLike | dict | ArchSpec, check: bool = True,
             holds ``key: value`` (``"{name: t, stages: ...}"``); otherwise it is a path or a shipped name
             (:func:`archspec.spec.yaml_source.is_yaml_text`).
         check: also run the shape checks of :func:`archspec.ir.graph.build_graph` (token grids,
-            windows, head arithmetic) and the memory limit.  ``False`` gives schema validation only.
+            windows, head arithmetic) and the memory limit.  ``False`` gives schema validation only.  The
+            checked spec carries the graph it was checked with: a later ``build_graph`` (analysis, compile,
+            the search's static check and proxy) reuses it while the spec is unchanged.
         max_memory: with ``check``, the limit in bytes on the estimated memory of a batch-1 float32
             forward (:func:`archspec.ir.graph.check_memory`); ``None``: ``archspec.ir.graph.DEFAULT_MAX_MEMORY``
             (8 GiB); ``math.inf``: no limit.

@@ -6,6 +6,7 @@ architecture; :func:`train_proxy` trains it for a fixed number of steps and retu
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -137,7 +138,7 @@ def stage_grids(spec: ArchSpec | dict) -> tuple[tuple[int, int], ...]:
     """
     from archspec.ir.graph import build_graph  # noqa: PLC0415
 
-    graph = build_graph(spec if isinstance(spec, ArchSpec) else load_spec(spec))
+    graph = build_graph(spec if isinstance(spec, ArchSpec) else load_spec(spec))  # the graph the spec carries
     grids: dict[int, tuple[int, int]] = {}
     for node in graph.graph["order"]:
         data = graph.nodes[node]
@@ -224,23 +225,31 @@ def _geometry_doc(spec: ArchSpec, data: Dataset, cap: int, target: tuple[int, in
     return doc
 
 
-def _fits(doc: dict, windows: list[tuple[int, int]]) -> tuple[tuple[int, int], ...] | None:
-    """The stage grids of ``doc`` when it is valid and no stage's grid is smaller than its largest window."""
+def _fits(doc: dict, windows: list[tuple[int, int]]) -> tuple[tuple[tuple[int, int], ...], ArchSpec] | None:
+    """The stage grids of ``doc`` and the validated spec (carrying its graph) when ``doc`` is valid and no stage's
+    grid is smaller than its largest window."""
     try:
-        grids = stage_grids(doc)
+        pspec = load_spec(doc)
     except SpecError:
         return None
+    grids = stage_grids(pspec)
     ok = all(g[0] >= w[0] and g[1] >= w[1] for g, w in zip(grids, windows))
-    return grids if ok else None
+    return (grids, pspec) if ok else None
 
 
-def proxy_geometry(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> tuple[ProxyGeometry, dict]:
-    """The proxy's geometry, and the proxy spec as JSON (see :func:`proxy_spec` for the rule).
+def _adapt(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> tuple[ProxyGeometry, dict, ArchSpec]:
+    """:func:`proxy_geometry` and the validated proxy spec, which carries its graph.
 
-    Raises:
-        SpecError: the candidate itself is invalid.
+    Computed once per candidate and proxy setting: kept with the candidate's graph
+    (:class:`archspec.spec.GraphCache`, so it goes when the candidate changes or is copied), and checked
+    unchanged (``model_dump_json``) before reuse.  The returned dict is the kept one: callers copy it.
     """
-    real = stage_grids(spec)
+    real = stage_grids(spec)  # the candidate's own graph, which it now carries with this memo
+    memo = spec._graph_cache.derived
+    key = ("proxy", data.channels, data.num_classes, protocol.image_size, protocol.min_grid)
+    kept = memo.get(key)
+    if kept is not None and kept[2].model_dump_json() == kept[3]:
+        return kept[:3]
     first = real[0 if spec.is_convnet else spec.n_conv_stages]  # the first token stage's grid (conv stages: maps)
     targets = [first]
     if protocol.min_grid is not None:  # smallest first grid >= min_grid whose stages all hold their windows
@@ -249,14 +258,45 @@ def proxy_geometry(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> tu
     windows = _stage_windows(spec.model_dump(mode="json"))
     for target in targets:
         doc = _geometry_doc(spec, data, protocol.image_size, target)
-        grids = _fits(doc, windows)
-        if grids is not None:
+        fit = _fits(doc, windows)
+        if fit is not None:
+            grids, pspec = fit
             break
     else:  # nothing smaller works: the candidate's own grids (its own spec is valid)
         doc = _geometry_doc(spec, data, protocol.image_size, first)
-        grids = stage_grids(doc)
+        pspec = load_spec(doc)
+        grids = stage_grids(pspec)
     size = tuple(doc["input"]["resolution"])
-    return ProxyGeometry(size, doc["stem"], grids, real), doc
+    geometry = ProxyGeometry(size, doc["stem"], grids, real)
+    memo[key] = (geometry, doc, pspec, pspec.model_dump_json())
+    return geometry, doc, pspec
+
+
+def _seeded_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: int) -> tuple[ProxyGeometry, ArchSpec]:
+    """The geometry and the proxy spec with ``seed`` as its initialisation seed (carrying its graph when the seed
+    is a valid spec seed: then the proxy is validated with it, not copied, and kept like :func:`_adapt`'s)."""
+    geometry, doc, pspec = _adapt(spec, data, protocol)
+    if pspec.seed == seed and type(pspec.seed) is type(seed):
+        return copy.deepcopy(geometry), pspec
+    if type(seed) is not int or not 0 <= seed <= 2**31 - 1:  # not a spec seed: copied as it always was
+        return copy.deepcopy(geometry), pspec.model_copy(update={"seed": seed})
+    memo = spec._graph_cache.derived
+    key = ("proxy", data.channels, data.num_classes, protocol.image_size, protocol.min_grid, "seed", seed)
+    kept = memo.get(key)
+    if kept is None or kept[0].model_dump_json() != kept[1]:
+        seeded = load_spec({**doc, "seed": seed})
+        kept = memo[key] = (seeded, seeded.model_dump_json())
+    return copy.deepcopy(geometry), kept[0]
+
+
+def proxy_geometry(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> tuple[ProxyGeometry, dict]:
+    """The proxy's geometry, and the proxy spec as JSON (see :func:`proxy_spec` for the rule).
+
+    Raises:
+        SpecError: the candidate itself is invalid.
+    """
+    geometry, doc, _ = _adapt(spec, data, protocol)
+    return copy.deepcopy((geometry, doc))
 
 
 def proxy_spec(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> ArchSpec:
@@ -290,8 +330,7 @@ def proxy_spec(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> ArchSp
     Raises:
         SpecError: the adapted spec is invalid.
     """
-    _, doc = proxy_geometry(spec, data, protocol)
-    return load_spec(doc)
+    return _adapt(spec, data, protocol)[2]
 
 
 @contextmanager
@@ -335,8 +374,7 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
     """
     from archspec.nn.compiler import compile as compile_spec  # noqa: PLC0415
 
-    geometry, doc = proxy_geometry(spec, data, protocol)
-    pspec = load_spec(doc).model_copy(update={"seed": seed})
+    geometry, pspec = _seeded_proxy(spec, data, protocol, seed)
     data = data.at_size(geometry.image_size)
     if len(data.train) == 0:
         raise TrialFailure("the training set is empty")
@@ -372,8 +410,7 @@ def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: t
     from archspec.nn.compiler import compile as compile_spec  # noqa: PLC0415
     from archspec.search.zero_cost import zero_cost_scores  # noqa: PLC0415
 
-    geometry, doc = proxy_geometry(spec, data, protocol)
-    pspec = load_spec(doc).model_copy(update={"seed": seed})
+    geometry, pspec = _seeded_proxy(spec, data, protocol, seed)
     images, labels = data.at_size(geometry.image_size).train.tensors
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))[:protocol.batch_size]
     with _threads(protocol.threads), torch.random.fork_rng(devices=[]):

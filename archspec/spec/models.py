@@ -28,7 +28,16 @@ from pathlib import Path as FsPath
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from archspec._util.pydantic_base import HINT as _HINT
@@ -280,6 +289,38 @@ AnyStage = Annotated[Annotated[StageSpec, Tag("attention_stage")] | Annotated[Co
                                    custom_error_message="a stage's kind must be 'attention' (the default) or 'conv'")]
 
 
+class GraphCache:
+    """What a validated :class:`ArchSpec` carries: its IR and the content it was built from
+    (:func:`archspec.ir.graph.build_graph` fills it; :mod:`archspec.search.proxy` keeps the candidate's proxy in
+    ``derived``).
+
+    Never part of the spec's value: every cache equals every other (two specs compare by their fields), a
+    pickle or deep copy of a spec carries an empty one (a graph never crosses processes), and pydantic leaves
+    private attributes out of ``model_dump``, the JSON schema and the YAML.  A shallow copy
+    (``model_copy``, with or without ``update``) shares the instance, which is why a reader checks that the
+    graph was built from *this* spec object with *this* content before trusting it (``build_graph``); a new
+    graph replaces the cache instead of writing into it.
+    """
+
+    __slots__ = ("key", "graph", "derived")
+
+    def __init__(self, key: str | None = None, graph: Any = None):
+        self.key = key          # spec.model_dump_json() when the graph was built
+        self.graph = graph      # networkx.DiGraph, whose graph["spec"] is the spec that built it
+        self.derived: dict = {}  # values computed from this graph's spec (e.g. its proxy), same lifetime
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GraphCache) or NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return GraphCache, ()
+
+    def __deepcopy__(self, memo: dict) -> GraphCache:
+        return GraphCache()
+
+
 class ArchSpec(StrictModel):
     """A whole architecture.  Build it with :func:`archspec.compile`."""
 
@@ -302,6 +343,8 @@ class ArchSpec(StrictModel):
     class_attention: ClassAttentionSpec | None = Field(
         None, description="CaiT class-attention stage after the last stage (needs tokens.cls_token: <total depth>).")
     head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head.")
+    # the IR, carried from validation to every later step (archspec.ir.graph.build_graph); not part of the spec
+    _graph_cache: GraphCache = PrivateAttr(default_factory=GraphCache)
 
     @field_validator("name")
     @classmethod

@@ -91,8 +91,8 @@ _OUR_CONV_STEM = re.compile(r"^stem\.(conv1|bn1|maxpool)\.")
 
 def resnet_key_from_timm(key: str) -> str:
     """A timm ResNet state-dict key -> a compiled conv net's (:class:`~archspec.nn.model.ArchModel`):
-    ``conv1.weight`` -> ``stem.conv1.weight``, ``layer2.0.downsample.1.weight`` -> ``stages.1.blocks.0.downsample.1.weight``,
-    ``fc.bias`` -> ``head.bias``; other keys unchanged."""
+    ``conv1.weight`` -> ``stem.conv1.weight``, ``layer2.0.downsample.1.weight`` ->
+    ``stages.1.blocks.0.downsample.1.weight``, ``fc.bias`` -> ``head.bias``; other keys unchanged."""
     if _RESNET_STEM.match(key):
         return "stem." + key
     match = _RESNET_LAYER.match(key)
