@@ -17,11 +17,18 @@ The Python API (what ``archspec search`` calls; each name is imported on first u
 
 Modules (import them directly; this package imports nothing heavy on its own):
 
-* :mod:`archspec.search.engine`  -- the shared Optuna engine: ``run_optuna_search``, the run directory
-  (``open_run``, ``run_lock``), the trial objective, failures, deadlines and stop rules;
+* :mod:`archspec.search.mode`    -- the contract of a search mode: ``SampledMode`` (a space Optuna samples),
+  ``RoundsMode`` (candidates proposed from earlier results), ``Candidate``, ``RoundResult``, ``RunContext``;
+* :mod:`archspec.search.engine`  -- the shared Optuna engine: ``run_sampled``, ``run_rounds`` (and
+  ``run_optuna_search``); its parts :mod:`~archspec.search.rundir` (run directory, lock, resume),
+  :mod:`~archspec.search.preflight` (input checks), :mod:`~archspec.search.objective` (one candidate),
+  :mod:`~archspec.search.rungs` (rungs and stop rules), :mod:`~archspec.search.failures`,
+  :mod:`~archspec.search.rounds` (one proposed round);
 * :mod:`archspec.search.config`  -- ``SearchConfig``, ``SearchOutcome`` and the defaults (no Optuna, no torch);
 * :mod:`archspec.search.design`  -- mode 1, design under budgets: ``run_design``;
-* :mod:`archspec.search.masks`   -- mode 2, MaiT mask placement: ``run_masks``;
+* :mod:`archspec.search.masks`   -- mode 2, MaiT mask placement: ``run_masks``; its strategies
+  :mod:`~archspec.search.mask_modes`, spec surgery :mod:`~archspec.search.mask_specs`, scores
+  :mod:`~archspec.search.mask_scores`; the placement rule is :mod:`archspec.families.attention.placement`;
 * :mod:`archspec.search.report`  -- progress, trials.csv, the Pareto / best specs, plots, the printed summary;
 * :mod:`archspec.search.runs`    -- run-directory files: marker, atomic writes, specs with provenance;
 * :mod:`archspec.cli.search`     -- ``archspec search`` (the command-line client of the two modes);

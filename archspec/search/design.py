@@ -1,9 +1,11 @@
 """Mode 1 of ``archspec search``: design an architecture under MAC / parameter / latency budgets.
 
-A thin client of :mod:`archspec.search.engine`: it loads the design space (``--space``, default the
-embedded LeViT-family space), names the study after the space, objective and budgets, and hands both
-to :func:`~archspec.search.engine.run_optuna_search`, which samples candidates, rejects over-budget ones
-statically (never trained), measures latency, proxy-trains the rest and writes the run directory.
+A thin client of :mod:`archspec.search.engine`: :class:`DesignMode` is the
+:class:`~archspec.search.mode.SampledMode` of a design space (``--space``, default the embedded LeViT-family
+space) with the engine's defaults for training and results; :func:`run_design` names the study after the
+space, objective and budgets and hands the mode to :func:`~archspec.search.engine.run_sampled`, which samples
+candidates, rejects over-budget ones statically (never trained), measures latency, proxy-trains the rest and
+writes the run directory.
 
 Objectives: ``pareto`` (default) maximises proxy accuracy and minimises latency (a Pareto front under
 ``pareto/``); ``accuracy`` maximises accuracy alone, the budgets acting as constraints.
@@ -15,10 +17,21 @@ from typing import Any
 
 from archspec.ir.analysis import human
 from archspec.search.config import SearchConfig, SearchOutcome, complete_config
-from archspec.search.engine import run_optuna_search
-from archspec.search.space import load_space
+from archspec.search.engine import run_sampled
+from archspec.search.mode import SampledMode
+from archspec.search.space import SearchSpace, load_space
 
-__all__ = ["run_design", "default_study_name"]
+__all__ = ["run_design", "default_study_name", "DesignMode"]
+
+
+class DesignMode(SampledMode):
+    """Mode 1: candidates sampled from ``space``, trained by :func:`~archspec.search.proxy.train_proxy`; the engine
+    writes the Pareto front / best spec, nothing more."""
+
+    label = "design"
+
+    def __init__(self, space: SearchSpace):
+        self.space = space
 
 
 def _tag(value: float) -> str:
@@ -52,11 +65,10 @@ def run_design(cfg: SearchConfig | None = None, /, **options: Any) -> SearchOutc
 
     Raises:
         TypeError: an unknown option.
-        SpecError: a bad space file, or any input :func:`~archspec.search.engine.run_optuna_search` refuses;
+        SpecError: a bad space file, or any input :func:`~archspec.search.engine.run_sampled` refuses;
             nothing is written then.
     """
-
     cfg = complete_config(cfg, **options)
     space = load_space(cfg.space)
     name = cfg.study_name or default_study_name(space.name, cfg.objective, cfg.budgets)
-    return run_optuna_search(space, cfg, mode="design", name=name)
+    return run_sampled(DesignMode(space), cfg, name)

@@ -1,0 +1,188 @@
+"""Preflight: every input of a search checked, cheapest first, before anything is written.
+
+:func:`preflight` runs the checks in order -- ``--trials`` / ``--timeout``, :func:`check_fidelity`,
+:func:`check_budgets_feasible`, :func:`check_space_valid`, :func:`check_oracle` (``--oracle``) or
+:func:`check_data_path`, :func:`~archspec.search.rundir.check_outputs` -- and decodes the data last (the
+slowest check).  Each raises :class:`~archspec.errors.SpecError` naming the option (exit 2 from the CLI); the
+run directory, the study and every file are created only after all of them passed.
+
+The torch side (:mod:`archspec.io.datasets`, :mod:`archspec.search.latency`) is imported inside the checks that need
+it, so a bad option is refused without importing torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import optuna
+
+from archspec.errors import SpecError
+from archspec.ir.analysis import human
+from archspec.search.budget import static_check
+from archspec.search.config import SearchConfig
+from archspec.search.fidelity import FIDELITIES, ZERO_COST_RANKINGS
+from archspec.search.oracle import load_table
+from archspec.search.rundir import check_outputs
+from archspec.search.study import make_sampler
+
+__all__ = ["preflight", "first_problem", "check_budgets_feasible", "check_space_valid", "check_data_path",
+           "check_fidelity", "check_oracle", "MAX_ORACLE_POINTS"]
+
+def first_problem(exc: SpecError) -> str:
+    """The first problem of ``exc``, formatted (its message when it has none)."""
+    return exc.problems[0].format() if exc.problems else str(exc)
+
+
+def check_budgets_feasible(space, budgets, options: dict) -> Any:
+    """Raise :class:`SpecError` when even ``space.smallest()`` breaks a static budget; else its static check.
+
+    ``options`` maps a budget (``macs``, ``params``) to the command-line option the error names
+    (:data:`~archspec.search.config.BUDGET_OPTIONS`).
+
+    Raises:
+        SpecError: the smallest point is invalid, over the memory limit (``--max-memory``), or over the MAC or
+            parameter budget (the error gives the smallest achievable value).
+    """
+    check = static_check(space.smallest(), budgets)
+    if check.feasible:
+        return check
+    if check.macs == 0 and check.params == 0 and check.reason:
+        raise SpecError.single(("--space",),
+                               f"search space {space.name!r}: its smallest point is invalid: {check.reason}")
+    over_macs = budgets.macs is not None and check.macs > budgets.macs
+    if not over_macs and not (budgets.params is not None and check.params > budgets.params):  # the memory limit
+        raise SpecError.single(("--max-memory",), f"search space {space.name!r}: its smallest point: {check.reason}",
+                               "raise --max-memory, or search a smaller space (--space)")
+    if over_macs:
+        option, what = options["macs"], "MACs"
+        message = (f"no point of search space {space.name!r} fits {human(budgets.macs)} MACs: the smallest achievable "
+                   f"is {human(check.macs)} MACs ({check.macs:,}) and {human(check.params)} params")
+    else:
+        option, what = options["params"], "params"
+        message = (f"no point of search space {space.name!r} fits {human(budgets.params)} params: the smallest "
+                   f"achievable is {human(check.params)} params ({check.params:,}) at {human(check.macs)} MACs")
+    raise SpecError.single((option,), message, f"raise {option} to at least the smallest achievable {what}, "
+                                               "or search a smaller space (--space)")
+
+
+def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
+    """Sample ``n`` random points (seeded by ``seed``).
+
+    Raises:
+        SpecError: a point is not a valid spec; each problem keeps its field path and names the sampled params.
+    """
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    for _ in range(n):
+        trial = study.ask()
+        try:
+            space.sample(trial)
+        except SpecError as exc:
+            raise SpecError([dataclasses.replace(p, message=f"search space {space.name!r} produced an invalid spec "
+                                                             f"(params {trial.params}): {p.message}")
+                             for p in exc.problems]) from None
+        study.tell(trial, 0.0)
+
+
+def check_data_path(data: str | None) -> None:
+    """Fail fast, before a study is opened, when ``--data`` names nothing
+    (see :func:`archspec.io.datasets.check_source`).
+
+    Raises:
+        SpecError: a missing path, or Fashion-MNIST asked for where it is not installed (exit 2 from the CLI).
+    """
+    from archspec.io.datasets import check_source  # torch-side: imported once the options passed
+
+    check_source(data)
+
+
+def check_fidelity(cfg: SearchConfig) -> None:
+    """``cfg.fidelity`` is known and ``cfg.zc_score`` a zero-cost ranking.
+
+    Raises:
+        SpecError: at ``--fidelity`` or ``--zc-score``, naming the choices.
+    """
+    if cfg.fidelity not in FIDELITIES:
+        raise SpecError.single(("--fidelity",), f"unknown fidelity {cfg.fidelity!r}", f"one of {', '.join(FIDELITIES)}")
+    if cfg.zc_score not in ZERO_COST_RANKINGS:
+        raise SpecError.single(("--zc-score",), f"unknown zero-cost score {cfg.zc_score!r}",
+                               f"one of {', '.join(ZERO_COST_RANKINGS)}")
+
+
+def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
+    """Check every input of a search of ``space`` (``n_objectives``: 1 or 2), cheapest first, writing nothing.
+
+    Returns ``(data, sampler, oracle)``: the decoded :class:`~archspec.io.datasets.Dataset` (the oracle's stand-in with
+    ``--oracle``), the study's sampler and the :class:`~archspec.search.oracle.OracleTable` (or ``None``).
+
+    Raises:
+        SpecError: the first bad input (trials, timeout, fidelity, budgets, space, oracle, data, ``--out``,
+            ``--storage``).
+    """
+    if cfg.trials < 1:
+        raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")
+    if cfg.timeout is not None and cfg.timeout <= 0:
+        raise SpecError.single(("--timeout",), f"must be positive seconds, got {cfg.timeout}")
+    check_fidelity(cfg)
+    check_budgets_feasible(space, cfg.budgets, cfg.budget_options)
+    check_space_valid(space, seed=cfg.seed)
+    oracle = check_oracle(cfg, space, n_objectives)
+    if oracle is None:
+        check_data_path(cfg.data)
+    check_outputs(cfg, name)
+    sampler = make_sampler(cfg.sampler, cfg.seed, n_objectives)
+    if oracle is not None:  # nothing is trained: the table answers; no images are read
+        return oracle.dataset(), sampler, oracle
+    # Decoding every image is the last input check (the slowest): still nothing written.
+    from archspec.io.datasets import load_data  # torch-side: after the torch-free checks
+
+    data = load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)
+    return data, sampler, None
+
+
+MAX_ORACLE_POINTS = 10_000  # an oracle search checks every point of its space against the table
+
+
+def check_oracle(cfg: SearchConfig, space, n_objectives: int):
+    """The :class:`~archspec.search.oracle.OracleTable` of ``cfg.oracle`` (``None`` without one), checked against
+    the search: the table tabulates ``space``, covers ``--proxy-steps``, and has latency where the search needs it.
+
+    Raises:
+        SpecError: at ``--oracle`` / ``--proxy-steps``.
+    """
+    if cfg.oracle is None:
+        return None
+    from archspec.search.latency import architecture_key  # torch-side
+
+    table = load_table(cfg.oracle)
+    if table.space != space.name:
+        raise SpecError.single(("--oracle",), f"the table tabulates space {table.space!r}, not {space.name!r}",
+                               f"add --space {table.space}", str(cfg.oracle))
+    table.check_steps(cfg.protocol.steps)
+    missing = [params for params, spec in space.points(limit=MAX_ORACLE_POINTS)
+               if architecture_key(spec) not in table.rows]
+    if missing:
+        raise SpecError.single(("--oracle",), f"the table lacks {len(missing)} design(s) of space {space.name!r}, "
+                               f"e.g. {missing[0]}", "finish it: nice -n 19 python bench/space_table.py --resume",
+                               str(cfg.oracle))
+    if (n_objectives == 2 or cfg.budgets.latency_ms is not None) and not table.latency_ms:
+        raise SpecError.single(("--oracle",), "the table has no latency yet (its latency pass has not run)",
+                               "search with --objective accuracy, or run bench/space_table.py --latency",
+                               str(cfg.oracle))
+    return table
+
+
+def preflight_rounds(cfg: SearchConfig, name: str):
+    """The inputs a rounds mode (:class:`~archspec.search.mode.RoundsMode`) shares with every search: ``--data``,
+    then ``--out`` / ``--storage``, then every image decoded (the slowest check, still nothing written).
+
+    Returns the :class:`~archspec.io.datasets.Dataset`.
+
+    Raises:
+        SpecError: a missing or unreadable data source, an unusable run directory or storage.
+    """
+    check_data_path(cfg.data)
+    check_outputs(cfg, name)
+    from archspec.io.datasets import load_data  # torch-side: after the torch-free checks
+
+    return load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)
