@@ -70,7 +70,8 @@ from archspec.families.conv_mixer.rules import ConvMixerShape
 from archspec.families.head.rules import HeadShape
 from archspec.families.talking_heads.rules import TalkingHeadsShape
 from archspec.families.tokens.rules import TokensPlan
-from archspec.spec import ArchSpec, GraphCache, LayerPlan
+from archspec.spec import ArchSpec, LayerPlan
+from archspec.spec.models import GraphCache
 
 MAX_TOKENS = 4096  # attention memory grows with N^2; 4096 tokens is a 64x64 grid
 MAX_PARAMS = 1_000_000_000  # 4 GB of float32 weights
