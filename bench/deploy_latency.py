@@ -127,7 +127,7 @@ def shares(model, x, runs: int = 20) -> dict[str, float]:
     generated kernels``; ``compiled-graph wrapper``: the Python code Inductor generates to call its kernels, and
     Dynamo's guard checks (self time of those frames); ``rest``: the remainder (dispatcher, views, allocation,
     softmax and other element-wise ATen ops).  Self times, except for the quantize/dequantize ops."""
-    from torch.profiler import profile  # noqa: PLC0415
+    from torch.profiler import profile
 
     with torch.inference_mode():
         for _ in range(3):
@@ -245,7 +245,7 @@ def table_rows(name: str, batch: int, ms: dict[str, list[float]]) -> str:
 
 def bench_onnx(model, folded, quantized, args) -> dict:
     """ONNX Runtime vs PyTorch eager, batch 1, one thread, for the unfolded, folded and int8 model."""
-    from archspec.deploy.onnx_export import export_onnx, ort_session, run_onnx  # noqa: PLC0415
+    from archspec.deploy.onnx_export import export_onnx, ort_session, run_onnx
 
     size = args.size
     photos = sample_batch((size, size))
@@ -328,10 +328,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)  # compile, calibrate and time on one thread (Inductor bakes the count into its kernels)
     started, commit = time.time(), _commit()  # the code that runs, before anyone edits the tree meanwhile
     results = [bench_model(name, args.batches, args) for name in args.models]
-    import torchao  # noqa: PLC0415
+    import torchao
 
     try:
-        import onnxruntime  # noqa: PLC0415
+        import onnxruntime
 
         ort_version = onnxruntime.__version__
     except ImportError:

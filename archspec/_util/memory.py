@@ -21,6 +21,8 @@ compare against the bytes of the tensors a ``TorchDispatchMode`` sees alive at o
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from archspec.errors import SpecError
@@ -57,8 +59,6 @@ def parse_memory(text: str | int | float, option: str = "--max-memory") -> int:
     Raises:
         SpecError: unreadable, non-finite, zero or negative (located at ``option``).
     """
-    import math
-    import re
 
 
     hint = "write a size such as 8G, 32G, 512M or 1.5T (binary units: 1G = 2^30 bytes)"

@@ -46,7 +46,7 @@ def idle_cores() -> int:
 
 def _running_others(looks: int = 5) -> int:
     """Other processes runnable now (Linux ``/proc/loadavg``); a large number where it cannot be read."""
-    import time  # noqa: PLC0415
+    import time
 
     most = 0
     for i in range(looks):

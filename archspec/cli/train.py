@@ -106,7 +106,7 @@ _OVERRIDES = ("epochs", "lr", "weight_decay", "optimizer", "warmup_epochs", "lay
 
 def config_from_args(args: argparse.Namespace):
     """The :class:`~archspec.train.config.TrainConfig` of the recipe with the given options."""
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
 
 
     overrides = {name: getattr(args, name) for name in _OVERRIDES}
@@ -133,7 +133,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         SpecError: what :func:`~archspec.train.run.fit` raises; ``--recipe levit`` without ``--teacher``
             (exit 2 in :func:`archspec.cli.main`).
     """
-    from archspec.train.run import is_build_dir  # noqa: PLC0415
+    from archspec.train.run import is_build_dir
 
     config = config_from_args(args)
     if args.recipe == "levit" and args.teacher is None:
@@ -144,11 +144,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     spec = load_spec(Path(args.spec) / "spec.yaml" if build else args.spec)
     out = Path(args.out) if args.out else Path("runs") / "train" / spec.name
     if args.threads is not None:
-        import torch  # noqa: PLC0415
+        import torch
 
         torch.set_num_threads(args.threads)
-    from archspec.train.loop import TrialFailure  # noqa: PLC0415
-    from archspec.train.run import fit  # noqa: PLC0415
+    from archspec.train.loop import TrialFailure
+    from archspec.train.run import fit
 
     try:
         with sigterm_stops():
@@ -175,6 +175,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _is_main() -> bool:
-    import os  # noqa: PLC0415
+    import os
 
     return os.environ.get("RANK", "0") == "0"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import warnings
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from archspec._version import __version__
@@ -341,7 +343,6 @@ def load_calibration(source: str | os.PathLike | None, channels: int, resolution
     Raises:
         SpecError: at ``--calibrate``: what :func:`archspec.io.datasets.load_data` raises.
     """
-    import math  # noqa: PLC0415
 
 
     pool = max(2, math.ceil(batches * batch_size / 0.75))  # every source keeps >= 75% of its images for training
@@ -392,7 +393,6 @@ def load_quantized(directory: str | os.PathLike, compile: bool = True,
             of another model or another torch / torchao version whose graph differs, and everything
             :func:`archspec.load` raises; what :func:`quantize` refuses.
     """
-    from safetensors import SafetensorError, safe_open  # noqa: PLC0415
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e  # noqa: PLC0415
 
     from archspec.io.artifact import load, spec_digest  # noqa: PLC0415

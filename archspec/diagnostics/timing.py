@@ -22,6 +22,8 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
+from torch._inductor import config
+from torch.utils.benchmark import Timer
 
 from archspec.errors import SpecError
 
@@ -90,7 +92,6 @@ class Latency:
 def _timed_runs(model: torch.nn.Module, x: torch.Tensor, threads: int, warmup: int, repeats: int, amp) -> list[float]:
     """Seconds of each of ``repeats`` forward passes after ``warmup`` untimed ones.  ``Timer.timeit(1)``
     itself runs the statement twice untimed before its timed run, so a median never includes a cold run."""
-    from torch.utils.benchmark import Timer  # noqa: PLC0415
 
     autocast = torch.autocast(x.device.type, dtype=amp) if amp is not None else nullcontext()
     timer = Timer(stmt="model(x)", globals={"model": model, "x": x}, num_threads=threads)
@@ -155,7 +156,6 @@ COMPILE_OPTIONS = {"freezing": True}
 def inductor_options():
     """Context manager setting :data:`COMPILE_OPTIONS` in Inductor's config (``torch._inductor.config.patch``);
     every call of a model compiled for inference runs inside it, since a new batch size recompiles."""
-    from torch._inductor import config  # noqa: PLC0415
 
     return config.patch(COMPILE_OPTIONS)
 

@@ -91,7 +91,6 @@ def save_weights_dict(tensors: dict, path: str | os.PathLike, metadata: dict[str
     Raises:
         OSError: the file cannot be written.
     """
-    from archspec.io.builddir import normal_mode
 
     save_file(tensors, str(path), metadata=metadata)
     os.chmod(path, normal_mode(directory=False))

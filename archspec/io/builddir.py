@@ -43,6 +43,8 @@ try:  # POSIX only: the lock that tells a running build's staging directory from
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
+import hashlib
+
 from archspec._version import __version__
 from archspec.errors import SpecError
 
@@ -85,7 +87,6 @@ def staging_prefix(name: str, tag: str = "", suffix: str = "", extra: int = _RAN
     room = NAME_MAX - extra - len(suffix.encode("utf-8", "surrogateescape"))
     if len(full.encode("utf-8", "surrogateescape")) <= room:
         return full
-    import hashlib  # noqa: PLC0415
 
     raw = name.encode("utf-8", "surrogateescape")
     digest = hashlib.sha1(raw).hexdigest()[:8]

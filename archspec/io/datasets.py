@@ -23,15 +23,22 @@ Pixels are scaled to [0, 1] and normalised per channel with the *train* split's 
 
 from __future__ import annotations
 
+import gzip
 import os
 import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
+from torchvision.datasets import CIFAR10, CIFAR100, FashionMNIST, ImageFolder
+from torchvision.datasets.utils import check_integrity
 
 from archspec.errors import SpecError
 from archspec.io.images import read_image
@@ -91,7 +98,6 @@ def stratified_subset(labels: np.ndarray, keep: int, seed: int) -> np.ndarray:
     """Indices of a stratified subset of ``keep`` samples (at least one per class when possible)."""
     if keep >= len(labels):
         return np.arange(len(labels))
-    from sklearn.model_selection import train_test_split  # noqa: PLC0415
 
     classes = np.unique(labels)
     if keep < 2 * len(classes):  # too few for stratification: take a seeded spread
@@ -145,7 +151,6 @@ def _finish(name: str, x_train: torch.Tensor, y_train: np.ndarray, x_val: torch.
 
 
 def _digits(image_size: int, seed: int, max_images: int | None) -> Dataset:
-    from sklearn.datasets import load_digits  # noqa: PLC0415
 
     digits = load_digits()
     images = digits.images.astype(np.float32) / 16.0  # (1797, 8, 8), values 0..16
@@ -179,7 +184,6 @@ def _regular_file(path: Path, limit: int | None = None, what: str = "file") -> o
 
 def cifar_class(path: Path):
     """The torchvision CIFAR class whose standard directory ``path`` (or ``path/<base_folder>``) is, else None."""
-    from torchvision.datasets import CIFAR10, CIFAR100  # noqa: PLC0415
 
     for cls in (CIFAR10, CIFAR100):
         for folder in (path, path / cls.base_folder):
@@ -191,7 +195,6 @@ def cifar_class(path: Path):
 def check_cifar_files(cls, folder: Path) -> None:
     """Name the first missing, irregular, oversized or non-genuine file (torchvision checks each file's
     published MD5 before it unpickles anything, so only the genuine batches are ever unpickled)."""
-    from torchvision.datasets.utils import check_integrity  # noqa: PLC0415
 
     for name, md5 in [*cls.train_list, *cls.test_list, [cls.meta["filename"], cls.meta["md5"]]]:
         path = folder / name
@@ -241,7 +244,6 @@ def is_idx_dir(path: Path) -> bool:
 def _stage_idx_files(source: Path, raw: Path) -> None:
     """Put the four IDX files where torchvision's ``FashionMNIST`` reads them (``raw``): a link to an
     uncompressed file, or the decompressed ``.gz`` (Debian ships them gzipped), capped in size."""
-    import gzip  # noqa: PLC0415
 
     for name in _IDX_FILES:
         plain, packed = source / name, source / f"{name}.gz"
@@ -272,9 +274,7 @@ def fashion_mnist_arrays(source: Path) -> tuple[np.ndarray, np.ndarray, np.ndarr
         SpecError: at ``--data``: missing, oversized or malformed IDX files, image and label files of
             different lengths.
     """
-    import tempfile  # noqa: PLC0415
 
-    from torchvision.datasets import FashionMNIST  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="archspec-fmnist-") as tmp:
         raw = Path(tmp) / "FashionMNIST" / "raw"
@@ -317,7 +317,6 @@ def fashion_mnist_dir() -> Path:
 def _folder_images(root: Path) -> tuple[list[Path], list[str]]:
     """Image files and class names of an ImageFolder directory, as torchvision's ``ImageFolder`` finds them
     (``root/<class>/**/<image>``, classes sorted; empty class folders count as classes)."""
-    from torchvision.datasets import ImageFolder  # noqa: PLC0415
 
     def is_image(name: str) -> bool:
         path = Path(name)
@@ -340,7 +339,6 @@ def _load_image(path: Path, image_size: int) -> np.ndarray:
         SpecError: on ``--data``: the file cannot be decoded, is not a regular file, or is a
             decompression bomb (more pixels than Pillow's ``Image.MAX_IMAGE_PIXELS``).
     """
-    from PIL import Image  # noqa: PLC0415
 
 
     img = read_image(path, _OPTION[0]).resize((image_size, image_size), Image.BILINEAR)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+from sklearn.datasets import load_sample_images
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 
 from archspec.errors import SpecError
@@ -23,7 +24,7 @@ from archspec.errors import SpecError
 
 def default_image_path() -> Path:
     """Path of the embedded photograph (matplotlib's ``grace_hopper.jpg``)."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - loaded when an image is read
 
     return Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
 
@@ -126,7 +127,6 @@ def load_image(path: str | os.PathLike | None, resolution: tuple[int, int], chan
 
 def sample_batch(resolution: tuple[int, int] = (224, 224), channels: int = 3) -> torch.Tensor:
     """Three real photographs as ``(3, channels, H, W)``: grace_hopper (matplotlib), china and flower (scikit-learn)."""
-    from sklearn.datasets import load_sample_images
 
     images = [Image.open(default_image_path())]
     images += [Image.fromarray(np.asarray(a)) for a in load_sample_images().images]

@@ -14,6 +14,8 @@ from timm.utils.model import reparameterize_model
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from archspec.families.stem.module import ResNetStem
+
 __all__ = ["fuse_model", "count_batchnorms", "fold_conv_batchnorms"]
 
 # (conv, BatchNorm) attribute pairs a module applies one right after the other: timm ResNet's BasicBlock /
@@ -23,7 +25,6 @@ _PAIRS = (("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3"))
 
 
 def _resnet_parts() -> tuple[type, ...]:
-    from archspec.families.stem.module import ResNetStem  # noqa: PLC0415
 
     return BasicBlock, Bottleneck, ResNetStem
 

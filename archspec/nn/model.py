@@ -29,6 +29,7 @@ from archspec.errors import Problem, SpecError
 from archspec.families import no_weight_decay_leaves
 from archspec.families.attention.module import Attention, ZeroPadTokens
 from archspec.families.attention.rules import RESAMPLED_TABLES
+from archspec.families.attention.tables import resample_bias_table
 from archspec.families.conv_block import rules as conv_blocks
 from archspec.families.conv_mixer.module import ConvMixer
 from archspec.families.head.module import build_classifier
@@ -37,6 +38,8 @@ from archspec.families.interface import rules as interface
 from archspec.families.shrink.module import ShrinkBlock
 from archspec.families.stem import rules as stems
 from archspec.families.stem.module import IdentityStem
+from archspec.ir.loader import load_spec
+from archspec.nn.fuse import fuse_model
 from archspec.spec import ArchSpec
 
 # Token mixers and the identity stem check their input shape in Python (data-dependent control flow for
@@ -343,7 +346,6 @@ class ArchModel(nn.Module):
     def fuse(self, inplace: bool = False) -> ArchModel:
         """Inference copy with every BatchNorm folded into its linear / conv (LeViT sec. 5.3); see
         :func:`archspec.nn.fuse.fuse_model`.  Equal to ``self.eval()`` to float rounding; returned in eval mode."""
-        from archspec.nn.fuse import fuse_model
 
         return fuse_model(self, inplace=inplace)
 
@@ -603,7 +605,6 @@ def with_resolution(spec: ArchSpec, img_size: int | Sequence[int]) -> ArchSpec:
     Raises:
         SpecError: the spec is invalid at that size; every problem names the size.
     """
-    from archspec.ir.loader import load_spec
 
     size = tuple(int(v) for v in to_2tuple(img_size))
     data = spec.model_dump()
@@ -635,7 +636,6 @@ def resample_state_dict(state_dict: dict[str, Tensor], model: ArchModel) -> dict
     Raises:
         ValueError: a saved grid that is not square.
     """
-    from archspec.families.attention.tables import resample_bias_table
 
     target = model.state_dict()
     out = dict(state_dict)

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from archspec.ir.loader import load_spec
+from archspec.search.budget import Budgets, parse_quantity
+
 __all__ = [
     "SearchConfig", "SearchOutcome", "complete_config", "FIDELITIES", "ZERO_COST_RANKINGS", "DEFAULT_FIDELITY",
     "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S", "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS", "GEOMETRY_ATTR",
@@ -98,7 +101,6 @@ def complete_config(cfg: SearchConfig | None = None, **options: Any) -> SearchCo
         TypeError: an unknown option or field name.
         SpecError: a budget that is not a quantity (located at its ``--budget-*`` option).
     """
-    from archspec.search.budget import Budgets, parse_quantity  # noqa: PLC0415
     from archspec.search.latency import LatencyProtocol  # noqa: PLC0415
     from archspec.search.proxy import ProxyProtocol  # noqa: PLC0415
 
@@ -147,7 +149,6 @@ class SearchOutcome:
     @property
     def best_spec(self) -> Any:
         """The spec of ``best.yaml``, loaded and checked (``None`` when none was written)."""
-        from archspec.ir.loader import load_spec  # noqa: PLC0415
 
         return None if self.best_file is None else load_spec(str(self.best_file))
 

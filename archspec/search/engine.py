@@ -172,7 +172,7 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     Raises:
         SpecError: bad input (budgets, space, data, run directory, storage); nothing is written then.
     """
-    from archspec.search.latency import LatencyCache  # torch-side: once every input passed
+    from archspec.search.latency import LatencyCache  # noqa: PLC0415 - torch-side: once every input passed
 
     quiet_optuna()
     cfg = complete_config(cfg)  # a SearchConfig left with budgets / protocols None or dicts: the defaults
@@ -274,7 +274,7 @@ def run_rounds(mode: RoundsMode, cfg: SearchConfig, name: str) -> SearchOutcome:
     Raises:
         SpecError: bad input (data, run directory, storage); nothing is written then.
     """
-    from archspec.search.latency import LatencyCache  # torch-side: once every input passed
+    from archspec.search.latency import LatencyCache  # noqa: PLC0415 - torch-side: once every input passed
 
     data = preflight_rounds(cfg, name)
     wall_start = time.perf_counter()

@@ -46,7 +46,7 @@ class deadline_hook:  # noqa: N801 - used like a function
 
 def fail_reason(exc: BaseException) -> str:
     """The ``fail_reason`` a trial records for ``exc`` (at most 1,000 characters); frees memory after an OOM."""
-    from archspec.search.proxy import TrialFailure  # torch-side: only once a candidate failed
+    from archspec.search.proxy import TrialFailure  # noqa: PLC0415 - torch-side: only once a candidate failed
 
     if isinstance(exc, CandidateFailure):
         return exc.reason

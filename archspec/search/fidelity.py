@@ -31,6 +31,7 @@ rung.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 import optuna
@@ -150,7 +151,6 @@ def zero_cost_summary(scored: list[dict], score: str, eta: int) -> dict:
         seconds), "kendall_tau": {name: {"tau", "p_value", "n"}}}``: Kendall's tau between each score and the
         trained accuracy over the trained candidates (``None`` with fewer than 3).
     """
-    import statistics  # noqa: PLC0415
 
     trained = [c for c in scored if c.get("accuracy") is not None]
     taus = {}

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from archspec.search import proxy
+
 if TYPE_CHECKING:  # annotations only: the study, the space and the data import Optuna / torch-side modules
     import optuna
 
@@ -70,7 +72,6 @@ class SearchMode:
         Raises:
             archspec.search.proxy.TrialFailure: the candidate could not be trained (the engine records a FAIL).
         """
-        from archspec.search import proxy  # torch-side; looked up per call (tests replace train_proxy)
 
         kwargs = {} if progress is None else {"progress": progress}
         if on_model is not None:

@@ -166,7 +166,7 @@ class CandidateObjective:
             CandidateFailure: the space produced an invalid spec.
             optuna.TrialPruned: over the MAC, parameter or memory budget (status ``infeasible``).
         """
-        from archspec.search.latency import architecture_key  # torch-side: the engine's modules import torch-free
+        from archspec.search.latency import architecture_key  # noqa: PLC0415 - torch-side: the engine's modules import torch-free
 
         budgets = self.cfg.budgets
         try:
@@ -191,7 +191,7 @@ class CandidateObjective:
 
     def _measure_latency(self, trial: optuna.trial.Trial, spec: ArchSpec) -> float:
         """Latency in ms (cached per architecture) on the trial; prunes a candidate over ``--budget-latency``."""
-        from archspec.search.latency import measure_latency  # torch-side
+        from archspec.search.latency import measure_latency  # noqa: PLC0415 - torch-side
 
         budgets = self.cfg.budgets
         self.on_status(f"trial {trial.number}: latency")

@@ -91,7 +91,7 @@ def check_data_path(data: str | None) -> None:
     Raises:
         SpecError: a missing path, or Fashion-MNIST asked for where it is not installed (exit 2 from the CLI).
     """
-    from archspec.io.datasets import check_source  # torch-side: imported once the options passed
+    from archspec.io.datasets import check_source  # noqa: PLC0415 - torch-side: imported once the options passed
 
     check_source(data)
 
@@ -134,7 +134,7 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     if oracle is not None:  # nothing is trained: the table answers; no images are read
         return oracle.dataset(), sampler, oracle
     # Decoding every image is the last input check (the slowest): still nothing written.
-    from archspec.io.datasets import load_data  # torch-side: after the torch-free checks
+    from archspec.io.datasets import load_data  # noqa: PLC0415 - torch-side: after the torch-free checks
 
     data = load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)
     return data, sampler, None
@@ -152,7 +152,7 @@ def check_oracle(cfg: SearchConfig, space, n_objectives: int):
     """
     if cfg.oracle is None:
         return None
-    from archspec.search.latency import architecture_key  # torch-side
+    from archspec.search.latency import architecture_key  # noqa: PLC0415 - torch-side
 
     table = load_table(cfg.oracle)
     if table.space != space.name:
@@ -183,6 +183,6 @@ def preflight_rounds(cfg: SearchConfig, name: str):
     """
     check_data_path(cfg.data)
     check_outputs(cfg, name)
-    from archspec.io.datasets import load_data  # torch-side: after the torch-free checks
+    from archspec.io.datasets import load_data  # noqa: PLC0415 - torch-side: after the torch-free checks
 
     return load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)

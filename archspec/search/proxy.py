@@ -17,7 +17,10 @@ import torch
 
 from archspec.errors import SpecError
 from archspec.io.datasets import Dataset
+from archspec.ir.graph import build_graph
 from archspec.ir.loader import load_spec
+from archspec.nn.compiler import compile as compile_spec
+from archspec.search.zero_cost import zero_cost_scores
 from archspec.spec import ArchSpec
 from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
 from archspec.train import TrainConfig, TrialFailure, failure, train
@@ -136,7 +139,6 @@ def stage_grids(spec: ArchSpec | dict) -> tuple[tuple[int, int], ...]:
     Raises:
         SpecError: the spec is invalid.
     """
-    from archspec.ir.graph import build_graph  # noqa: PLC0415
 
     graph = build_graph(spec if isinstance(spec, ArchSpec) else load_spec(spec))  # the graph the spec carries
     grids: dict[int, tuple[int, int]] = {}
@@ -372,7 +374,6 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
         TrialFailure: NaN/inf loss, an exception inside the model (with its message), out of memory.
         SpecError: the spec cannot be adapted to the proxy.
     """
-    from archspec.nn.compiler import compile as compile_spec  # noqa: PLC0415
 
     geometry, pspec = _seeded_proxy(spec, data, protocol, seed)
     data = data.at_size(geometry.image_size)
@@ -408,7 +409,6 @@ def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: t
         SpecError: the spec cannot be adapted to the proxy.
     """
     from archspec.nn.compiler import compile as compile_spec  # noqa: PLC0415
-    from archspec.search.zero_cost import zero_cost_scores  # noqa: PLC0415
 
     geometry, pspec = _seeded_proxy(spec, data, protocol, seed)
     images, labels = data.at_size(geometry.image_size).train.tensors

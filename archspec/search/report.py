@@ -29,6 +29,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from archspec.ir.analysis import human
+from archspec.ir.loader import load_spec
 from archspec.search import runs
 from archspec.search.config import GEOMETRY_ATTR
 
@@ -74,8 +75,8 @@ def progress_line(trial, elapsed: float, attempted: int, total: int, timeout: fl
 
 def _rich_bar(total: int, info: str, console=None):
     """A started-later ``rich`` progress bar on stderr and its task id: ``(progress, task)``."""
-    from rich.console import Console
-    from rich.progress import (
+    from rich.console import Console  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
+    from rich.progress import (  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
         BarColumn,
         MofNCompleteColumn,
         Progress,
@@ -83,7 +84,7 @@ def _rich_bar(total: int, info: str, console=None):
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
-    from rich.table import Column
+    from rich.table import Column  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
     # Fits an 80-column terminal: a short bar, and the status text cut with an ellipsis, never wrapped.
     progress = Progress(
@@ -247,9 +248,8 @@ def spec_of_trial(trial, space=None):
     Raises:
         ValueError: the trial stored no spec and no ``space`` was given to re-sample it.
     """
-    import optuna
+    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
-    from archspec.ir.loader import load_spec
 
     data = trial.user_attrs.get("spec")
     if data is not None:
@@ -410,21 +410,21 @@ def _plot(summary: dict, files: list[str], plot, *args) -> None:
 
 # ----------------------------------------------------------------------------------- plots
 def _pyplot():
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
     if matplotlib.get_backend().lower() != "agg":
         try:
             matplotlib.use("Agg", force=True)
         except Exception:  # noqa: BLE001 - an interactive backend already in use: plotting still works
             pass
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
     return plt
 
 
 def _subset_study(trials: Sequence, directions: Sequence[str], metric_names: Sequence[str] | None):
     """An in-memory study holding only ``trials`` (the plots show the trained, feasible ones)."""
-    import optuna
+    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
     study = optuna.create_study(directions=list(directions))
     if metric_names:
@@ -439,7 +439,7 @@ def plot_pareto(trials: Sequence, path: Path, directions: Sequence[str], names: 
     ``None`` (nothing written) without trials."""
     if not trials:
         return None
-    import optuna
+    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
     plt = _pyplot()
     study = _subset_study(trials, directions, names)
@@ -464,7 +464,7 @@ def plot_history(trials: Sequence, path: Path, direction: str, name: str, title:
     (nothing written) without trials."""
     if not trials:
         return None
-    import optuna
+    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
     plt = _pyplot()
     study = _subset_study(trials, [direction], [name])
@@ -482,7 +482,7 @@ def plot_als_heatmap(als: dict[str, Sequence[float]], path: Path, title: str,
     ``als`` maps a layer label to one score per head (layers may differ in head count: blanks);
     ``thresholds`` = (high, low) of the ALS strategy, explained under the title.  Returns ``path``.
     """
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
     plt = _pyplot()
     labels = list(als)
@@ -606,7 +606,7 @@ def _geometry_line(g: dict) -> str:
 
 def _points_table(summary: dict):
     """The Pareto front / best trial as a ``rich`` table."""
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
     table = Table(title=summary.get("table_title", "Pareto front (trained, feasible)"), title_justify="left")
     for col in ("rank", "trial", "accuracy", "latency ms", "MACs", "params", "spec"):
@@ -620,7 +620,7 @@ def _points_table(summary: dict):
 
 def print_summary(summary: dict, console=None) -> None:
     """Print the human summary of a search (``rich``; ``console`` defaults to stdout's)."""
-    from rich.console import Console
+    from rich.console import Console  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
     console = console or Console(highlight=False)
     console.print(f"[bold]archspec search[/bold] {summary.get('mode', '')}: study [bold]{summary['study']}[/bold] "

@@ -46,7 +46,7 @@ def _train(run: RunContext, mode: RoundsMode, candidate: Candidate, trial, cache
     Raises:
         RuntimeError: training diverged (a non-finite loss or accuracy); any failure of the training itself.
     """
-    from archspec.search.latency import measure_latency  # torch-side
+    from archspec.search.latency import measure_latency  # noqa: PLC0415 - torch-side
 
     cfg = run.cfg
     trial.set_user_attr("latency_ms", float(measure_latency(candidate.spec, cfg.latency, cache)))

@@ -113,7 +113,7 @@ def run_lock(run_dir: Path):
     """Serialise the final writes of concurrent workers sharing a run directory (``fcntl.flock`` on
     ``.finalize.lock``; no lock where ``fcntl`` does not exist)."""
     try:
-        import fcntl
+        import fcntl  # noqa: PLC0415 - POSIX only
     except ImportError:  # pragma: no cover - not POSIX
         yield
         return

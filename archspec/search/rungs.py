@@ -102,8 +102,8 @@ def zero_cost_stops(trial, spec: ArchSpec, latency: float, macs: int | None, par
     if oracle is not None:
         result, geometry = oracle.zero_cost(spec, seed=cfg.seed)
     else:
-        from archspec.search.proxy import score_proxy  # torch-side
-        from archspec.search.zero_cost import ZERO_COST_SCORES
+        from archspec.search.proxy import score_proxy  # noqa: PLC0415 - torch-side
+        from archspec.search.zero_cost import ZERO_COST_SCORES  # noqa: PLC0415 - torch-side
 
         result, geometry = score_proxy(spec, data, cfg.protocol, ZERO_COST_SCORES, seed=cfg.seed)
     scores = {**result.scores, "params": params, "macs": macs}

@@ -92,7 +92,9 @@ from pydantic import BaseModel, ValidationError
 
 from archspec.errors import Locator, Problem, SpecError
 from archspec.families.attention.heads import HeadSpec, MaskSpec
+from archspec.ir.graph import build_graph
 from archspec.ir.loader import load_spec
+from archspec.search import DEFAULT_SPACE, SPACES_DIR
 from archspec.spec import ArchSpec, ConvStageSpec, StageSpec
 from archspec.spec.yaml_source import is_yaml_text, load_yaml, read_text_file
 
@@ -814,7 +816,6 @@ def load_space(source: str | os.PathLike | dict | None = None) -> SearchSpace:
             missing, a directory, FIFO or device, over 1 MB or not UTF-8; YAML nested too deeply, with
             recursive aliases or non-scalar keys.
     """
-    from archspec.search import DEFAULT_SPACE, SPACES_DIR  # noqa: PLC0415
 
     if source is None:
         source = DEFAULT_SPACE
@@ -838,7 +839,6 @@ def load_space(source: str | os.PathLike | dict | None = None) -> SearchSpace:
 
 
 def _stage_grids(spec: ArchSpec) -> dict[int, tuple[int, int]]:
-    from archspec.ir.graph import build_graph  # noqa: PLC0415
 
     graph = build_graph(spec)
     grids: dict[int, tuple[int, int]] = {}

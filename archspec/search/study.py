@@ -220,7 +220,7 @@ def _sqlalchemy_target(url: str) -> _Target:
                              "use sqlite:///PATH, postgresql://USER@HOST/DB, mysql+pymysql://..., "
                              "journal:PATH or memory")
     try:
-        from sqlalchemy.engine import make_url
+        from sqlalchemy.engine import make_url  # noqa: PLC0415 - optional storage back ends load when named
 
         parsed = make_url(url)
     except Exception as exc:  # noqa: BLE001
@@ -286,7 +286,7 @@ def resolve_storage(url: str | None, run_dir: Path | None = None,
     if target.kind == "memory":
         return StorageInfo(optuna.storages.InMemoryStorage(), "memory", "memory")
     if target.kind == "journal":
-        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock  # noqa: PLC0415 - optional storage back ends load when named
 
         path = str(target.path)
         try:
@@ -300,7 +300,7 @@ def resolve_storage(url: str | None, run_dir: Path | None = None,
         engine_kwargs["connect_args"] = {"timeout": 120}
     else:
         engine_kwargs["pool_pre_ping"] = True
-        from sqlalchemy.engine import make_url
+        from sqlalchemy.engine import make_url  # noqa: PLC0415 - optional storage back ends load when named
 
         if make_url(url).get_backend_name() in ("postgresql", "mysql", "mariadb"):
             engine_kwargs["connect_args"] = {"connect_timeout": 10}
@@ -313,7 +313,7 @@ def resolve_storage(url: str | None, run_dir: Path | None = None,
         raise _storage_error(url, f"a database driver is missing ({_first_line(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - OperationalError, ArgumentError...: all user-facing
         raise _storage_error(url, _first_line(exc), "is the server running and the URL right?") from None
-    from sqlalchemy.engine import make_url
+    from sqlalchemy.engine import make_url  # noqa: PLC0415 - optional storage back ends load when named
 
     return StorageInfo(storage, make_url(url).render_as_string(hide_password=True), target.kind, target.path)
 

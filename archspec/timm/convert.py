@@ -43,8 +43,12 @@ from __future__ import annotations
 import re
 
 import torch
+from timm.layers.squeeze_excite import SEModule
+from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 from torch import Tensor, nn
 
+from archspec.families.conv_block.module import conv_to_out_weight
+from archspec.families.conv_block.rules import EXPANSION, se_channels
 from archspec.nn.model import ArchModel
 
 # archspec spec name -> timm model name with the same architecture
@@ -156,7 +160,6 @@ _GPSA_OWN = (".qk.weight", ".v.weight", ".centers", ".locality", ".gating")  # C
 def _resnet_from_timm(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
     """A timm ResNet state dict -> ``model``'s names; T-CNN blocks: ``conv2.weight`` -> ``conv2.out_weight``
     (the conv's taps, eq. 6), the GPSA's own tensors from ``model`` itself."""
-    from archspec.families.conv_block.module import conv_to_out_weight  # noqa: PLC0415 - torch side, on demand
 
     ours = model.state_dict()
     out = {}
@@ -292,10 +295,7 @@ def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 
         ValueError: not a timm ResNet, or a part the spec language has no word for (anti-aliasing, dilation,
             attention other than SE, pooling other than 'avg'), naming it.
     """
-    from timm.layers.squeeze_excite import SEModule  # noqa: PLC0415 - timm on demand, as the converters above
-    from timm.models.resnet import BasicBlock, Bottleneck, ResNet  # noqa: PLC0415
 
-    from archspec.families.conv_block.rules import EXPANSION, se_channels  # noqa: PLC0415
 
     if not isinstance(model, ResNet):
         raise ValueError(f"not a timm ResNet (timm.models.resnet.ResNet): {type(model).__name__}")

@@ -23,8 +23,10 @@ it is (a one-shot post-import hook on ``sys.meta_path``), so ``archspec validate
 from __future__ import annotations
 
 import importlib.abc
+import importlib.util
 import os
 import sys
+import warnings
 from typing import Any
 
 from archspec.errors import SpecError
@@ -72,7 +74,7 @@ def _model_factory(spec: Any):
     def build(num_classes: int | None = None, in_chans: int | None = None, img_size: Any = None,
               drop_rate: float = 0.0, drop_path_rate: float | None = None, global_pool: str | None = None,
               dynamic_img_size: bool = False, **unknown: Any):
-        from archspec.nn.compiler import compile
+        from archspec.nn.compiler import compile  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
 
         if unknown:
             raise TypeError(f"{spec.name}: archspec models take no argument(s) {', '.join(sorted(unknown))}; "
@@ -89,7 +91,7 @@ def _model_factory(spec: Any):
 
 def _default_cfg(spec: Any) -> dict[str, Any]:
     """timm pretrained cfg of a spec (the model's data config, plus a note naming the spec)."""
-    from archspec.nn.model import default_pretrained_cfg
+    from archspec.nn.model import default_pretrained_cfg  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
 
     note = f"archspec spec {spec.name}" + (f": {spec.source}" if spec.source else "")
     return {**default_pretrained_cfg(spec), "license": "", "notes": (note,)}
@@ -112,7 +114,7 @@ def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrai
         ValueError: ``pretrained=True`` without a weight source in ``pretrained_cfg_overlay``.
         TypeError: an unknown keyword argument.
     """
-    from timm.models import build_model_with_cfg
+    from timm.models import build_model_with_cfg  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
 
     overlay = dict(pretrained_cfg_overlay or {})
     if pretrained and not any(overlay.get(key) for key in _WEIGHT_SOURCES):
@@ -125,7 +127,7 @@ def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrai
     feature_cfg = {"feature_cls": "getter", "out_indices": 3 if n_stages == 1 else tuple(range(n_stages))}
     if isinstance(pretrained_cfg, str):  # a tag: archspec models have only the default one
         pretrained_cfg = None
-    from archspec.nn.model import resample_state_dict
+    from archspec.nn.model import resample_state_dict  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
 
     model = build_model_with_cfg(
         _model_factory(spec), variant, pretrained, pretrained_cfg=pretrained_cfg or _default_cfg(spec),
@@ -142,7 +144,6 @@ def _entrypoint(name: str, source: Any):
     """A timm entrypoint named ``name`` building ``source`` (an ArchSpec, or a spec file read on each call)."""
 
     def entrypoint(pretrained: bool = False, **kwargs: Any):
-        from archspec.ir.loader import load_spec
 
         return create_timm_model(load_spec(source, check=False), name, pretrained=pretrained, **kwargs)
 
@@ -164,14 +165,13 @@ def register(spec: Any, name: str | None = None, check: bool = True) -> str:
         SpecError: the spec is invalid.
         ValueError: ``name`` contains a '.' (timm reads what follows as a pretrained tag).
     """
-    from archspec.ir.loader import load_spec
 
     spec = load_spec(spec, check=check)
     return _register(name or PREFIX + spec.name, spec)
 
 
 def _register(name: str, source: Any) -> str:
-    from timm.models import register_model
+    from timm.models import register_model  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
 
     if "." in name:
         raise ValueError(f"timm model names cannot contain '.', got {name!r}")
@@ -193,7 +193,6 @@ class _RegisterAfterTimm(importlib.abc.MetaPathFinder):
         if fullname != "timm":
             return None
         sys.meta_path.remove(self)
-        import importlib.util
 
         found = importlib.util.find_spec("timm")
         if found is None or found.loader is None:
@@ -205,7 +204,6 @@ class _RegisterAfterTimm(importlib.abc.MetaPathFinder):
             try:
                 register_shipped()
             except Exception as exc:  # never let archspec break `import timm`
-                import warnings
 
                 warnings.warn(f"archspec could not register its specs with timm: {exc}", RuntimeWarning, stacklevel=2)
 

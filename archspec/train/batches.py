@@ -17,6 +17,7 @@ with a ``state_dict`` for checkpoints, so a resumed run draws exactly the batche
 from __future__ import annotations
 
 import random
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,7 +34,6 @@ __all__ = ["SeededSamples", "EpochSampler", "StreamBatches", "TensorBatches", "a
 def quiet_worker(worker_id: int) -> None:
     """A DataLoader worker's start: SIGTERM ends it silently (the default action) instead of running the handler
     it inherited from ``archspec train`` (which stops the main process and then shuts its workers down)."""
-    import signal  # noqa: PLC0415
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

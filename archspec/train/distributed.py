@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 __all__ = ["Processes", "init_processes", "shutdown"]
 
@@ -46,7 +47,6 @@ class Processes:
         """``model`` in ``DistributedDataParallel`` (itself with one process)."""
         if self.world == 1:
             return model
-        from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
 
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)

@@ -19,6 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from timm.data import Mixup
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import dispatch_clip_grad
 
 from archspec.diagnostics.timing import parse_device
 from archspec.errors import SpecError
@@ -128,8 +132,6 @@ class Trainer:
                  param_groups: list[dict] | None = None, num_classes: int | None = None,
                  teacher: torch.nn.Module | None = None,
                  wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None):
-        from timm.optim import create_optimizer_v2  # noqa: PLC0415
-        from timm.scheduler import create_scheduler_v2  # noqa: PLC0415
 
         self.config, self.device, self.module = config, device, model.to(device).train()
         self.optimizer = create_optimizer_v2(param_groups if param_groups is not None else model,
@@ -194,7 +196,6 @@ class Trainer:
         return loss.detach()
 
     def _backward(self, loss: torch.Tensor) -> None:
-        from timm.utils import dispatch_clip_grad  # noqa: PLC0415
 
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         if self.scaler is not None:
@@ -251,7 +252,6 @@ def _base_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> 
 def _mixup(config: TrainConfig, num_classes: int | None):
     if not (config.mixup > 0 or config.cutmix > 0):
         return None
-    from timm.data import Mixup  # noqa: PLC0415
 
     return Mixup(mixup_alpha=config.mixup, cutmix_alpha=config.cutmix, label_smoothing=config.smoothing,
                  num_classes=num_classes or 1000)

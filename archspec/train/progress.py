@@ -59,7 +59,7 @@ class Progress:
     def _start_bar(self) -> None:
         from rich.console import Console  # noqa: PLC0415
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn  # noqa: PLC0415
-        from rich.progress import Progress as Bar
+        from rich.progress import Progress as Bar  # noqa: PLC0415 - rich loads when a bar is shown
 
         self._rich = Bar(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                          TimeRemainingColumn(), console=Console(file=self.stream), transient=False)

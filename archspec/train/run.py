@@ -28,6 +28,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from timm.optim import list_optimizers
+from torch.utils.data import DataLoader
 
 from archspec._version import __version__
 from archspec.errors import SpecError
@@ -45,7 +48,7 @@ from archspec.ir.loader import load_spec
 from archspec.nn.compiler import compile as compile_spec
 from archspec.spec import ArchSpec
 from archspec.train.batches import StreamBatches, quiet_worker
-from archspec.train.checkpoint import CHECKPOINT, load_checkpoint
+from archspec.train.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from archspec.train.config import TrainConfig, check_config, recipe
 from archspec.train.distributed import init_processes, shutdown
 from archspec.train.loop import Hooks, Trainer, evaluate, resolve_device, run_steps
@@ -175,7 +178,6 @@ def _clear_run(out: Path) -> None:
     Raises:
         SpecError: at ``--out``: an entry is not what a run writes (then nothing is removed).
     """
-    import shutil  # noqa: PLC0415
 
 
     removals = []
@@ -269,7 +271,6 @@ def _check(config: TrainConfig, seed: int) -> None:
     Raises:
         SpecError: at the option (``--opt``, ``--aa``, ``--seed``, ``--warmup-epochs``, ...).
     """
-    from timm.optim import list_optimizers  # noqa: PLC0415
 
 
     check_config(config)
@@ -395,7 +396,6 @@ def _damaged_data(exc: BaseException, data: Any, out: Path | None) -> SpecError:
 
 def _check_resumed_spec(out: Path, spec) -> None:
     """Refuse to continue the run in ``out`` with another spec than the one it trained (its ``spec.yaml``)."""
-    from archspec.ir.loader import load_spec  # noqa: PLC0415
 
     earlier = load_spec(out / "spec.yaml")
     if earlier.model_dump(mode="json") != spec.model_dump(mode="json"):
@@ -440,7 +440,6 @@ def _fit(source, spec, stream, config, processes, out, run_mode, seed, teacher, 
 
 def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, progress, bar, tensorboard,
          per_epoch) -> FitResult:
-    from archspec.train.checkpoint import CHECKPOINT, save_checkpoint  # noqa: PLC0415
 
     main = processes.main
     shown = Progress(config.steps, start, config.batch_size, steps_per_epoch=per_epoch, log_every=config.log_every,
@@ -488,7 +487,6 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
 
 
 def _evaluator(trainer, val_set, val_tf, config, processes):
-    from torch.utils.data import DataLoader  # noqa: PLC0415
 
 
     shard = _Transformed(val_set, val_tf, range(processes.rank, len(val_set), processes.world))

@@ -19,15 +19,23 @@ they are (mean/std 0.5).
 from __future__ import annotations
 
 import os
+import re
+import stat
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 from PIL import Image as PILImage
+from sklearn.datasets import load_digits
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
+from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
 from torch.utils.data import Dataset, Subset
 from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from archspec.errors import SpecError
 from archspec.io import datasets as mem
@@ -68,7 +76,6 @@ class ArrayImages(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int):
-        from PIL import Image  # noqa: PLC0415
 
         return Image.fromarray(self.images[index]), int(self.labels[index])
 
@@ -89,7 +96,6 @@ def make_transforms(channels: int, size: tuple[int, int], config: Any) -> tuple[
     Training: random-resized crop, horizontal flip, ``config.auto_augment`` and ``config.reprob``
     (DeiT's recipe); evaluation: resize (crop_pct 0.875) and centre crop.  Output ``(C, H, W)`` float.
     """
-    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform  # noqa: PLC0415
 
     mean, std = (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD) if channels == 3 else ((0.5,), (0.5,))
     common = {"input_size": (channels, *size), "mean": mean, "std": std, "interpolation": "bicubic"}
@@ -114,13 +120,7 @@ def check_auto_augment(policy: str) -> None:
     Raises:
         SpecError: at ``--aa``, naming the section timm would not read.
     """
-    import re  # noqa: PLC0415
 
-    from timm.data.auto_augment import (  # noqa: PLC0415
-        augment_and_mix_transform,
-        auto_augment_transform,
-        rand_augment_transform,
-    )
 
     hint = "timm policies: rand-m9-mstd0.5-inc1 (RandAugment), augmix-m5-w4-d2, original-mstd0.5, v0, 3a"
     name, *sections = policy.split("-")
@@ -183,7 +183,6 @@ def _split_sizes(n_train: int, n_val: int, max_images: int | None) -> tuple[int 
 
 
 def _digits(seed: int, max_images: int | None) -> StreamData:
-    from sklearn.datasets import load_digits  # noqa: PLC0415
 
     from archspec.io.datasets import split_indices, stratified_subset  # noqa: PLC0415
 
@@ -230,7 +229,6 @@ class _Candidates:
         self.suffixes, self.left_out = suffixes, []
 
     def __call__(self, path: str) -> bool:
-        import stat  # noqa: PLC0415
 
         if not path.lower().endswith(self.suffixes):
             return False
@@ -293,7 +291,6 @@ _WARNED: set[str] = set()
 
 
 def _warn_damaged(path: str, exc: BaseException) -> None:
-    import sys  # noqa: PLC0415
 
     if path not in _WARNED:
         _WARNED.add(path)
@@ -312,7 +309,6 @@ def _image_folder(root: Path, seed: int, max_images: int | None) -> StreamData:
         SpecError: at ``--data``: not an ImageFolder, train/ and val/ with different classes, fewer than 2
             classes or 2 images.
     """
-    from torchvision.datasets.folder import IMG_EXTENSIONS  # noqa: PLC0415
 
 
     folder = CheckedImageFolder

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import timm
 import torch
 
 from archspec.errors import SpecError
@@ -51,7 +52,6 @@ def _from_build(path: Path, num_classes: int) -> torch.nn.Module:
 
 
 def _from_timm(name: str, checkpoint, num_classes: int) -> torch.nn.Module:
-    import timm  # noqa: PLC0415
 
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('.')[0][:8]}*")[:5]

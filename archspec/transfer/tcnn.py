@@ -26,8 +26,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import timm
 import torch
+import yaml
+from safetensors.torch import load_model
 from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from archspec.errors import TransferError
 from archspec.families.conv_block.module import BETA, ConvGPSA
@@ -185,7 +189,6 @@ def tcnn_from_recipe(recipe: dict, pretrained: bool = False) -> nn.Module:
     Raises:
         TransferError: an unknown key or timm model, or a model T-CNN cannot transform.
     """
-    import timm  # noqa: PLC0415
 
     unknown = set(recipe) - set(RECIPE_KEYS)
     if unknown or "base" not in recipe:
@@ -208,8 +211,6 @@ def load_tcnn(directory: str | Path) -> nn.Module:
         TransferError: a missing or malformed ``spec.yaml``; SpecError: as :func:`archspec.load`; OSError /
             safetensors errors for unreadable weights of a recipe directory.
     """
-    import yaml  # noqa: PLC0415
-    from safetensors.torch import load_model  # noqa: PLC0415
 
     import archspec  # noqa: PLC0415
 
@@ -229,7 +230,6 @@ def load_tcnn(directory: str | Path) -> nn.Module:
 
 def count_macs(model: nn.Module, x: Tensor) -> int:
     """Multiply-accumulates of ``model(x)``: torch's ``FlopCounterMode`` total / 2 (matmuls, convs, einsums)."""
-    from torch.utils.flop_counter import FlopCounterMode  # noqa: PLC0415
 
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(x)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.data import TensorDataset
 
 from archspec.io.datasets import Dataset
 from archspec.nn.compiler import compile as compile_spec
@@ -45,7 +46,6 @@ def fit_to_data(spec: ArchSpec, data: Any) -> ArchSpec:
 def match_channels(data: Any, channels: int) -> Any:
     """``data`` with ``channels`` image channels: grey images repeated to 3 (as the built-in digits are), so a
     3-channel spec runs on Fashion-MNIST; any other mismatch is returned unchanged (the spec's check names it)."""
-    from torch.utils.data import TensorDataset  # noqa: PLC0415
 
 
     if data.channels != 1 or channels != 3:

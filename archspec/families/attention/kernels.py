@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.flex_attention import flex_attention
 
 from .rules import window_attention_macs, window_path_pays
 
@@ -38,7 +39,7 @@ __all__ = ["window_tables", "hard_window_attention", "hard_masked_attention", "g
 
 
 def _dynamo_is_compiling() -> bool:  # torch 2.1 / 2.2, before torch.compiler.is_compiling existed
-    from torch._dynamo import is_compiling
+    from torch._dynamo import is_compiling  # noqa: PLC0415 - torch-version-specific API
 
     return is_compiling()
 
@@ -322,7 +323,6 @@ def flex_masked_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, neighbo
     Returns:
         ``(B, h, N, v_dim)``.
     """
-    from torch.nn.attention.flex_attention import flex_attention
 
     scale_h = nonneighbour_scale.to(q.dtype)
 

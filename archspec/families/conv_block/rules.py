@@ -378,7 +378,6 @@ def _attention_problems(stage: ConvStageSpec, index: int, grid: tuple[int, int])
     """An attention mixer's problems: block indices past the depth, an inner width the heads do not divide, a
     strided attention block on odd sides or at a stride other than 2 (BoTNet pools 2x2 after attention), BoTNet's
     relative logits mixed with other kinds in one layer, and each head kind's own checks on the block's map."""
-    from archspec.families.attention import rel_logits  # noqa: PLC0415
 
     mixer, at = stage.mixer, ("stages", index, "mixer")
     out: list[tuple[tuple, str, str]] = []

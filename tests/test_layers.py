@@ -1,0 +1,68 @@
+"""The package's layers hold (issue 34): the import-linter contract in pyproject.toml passes, no module imports
+another in a circle, no private name crosses a module boundary, and the contract does catch an upward import.
+
+The layers, top to bottom (docs/architecture.md draws them): cli > search | transfer > train | deploy >
+diagnostics > io | timm > nn > ir > spec > families > _util > errors | _version.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+grimp = pytest.importorskip("grimp", reason="import-linter (with grimp) comes with the test extra")
+
+
+def _lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
+    assert exe, "lint-imports is not installed (it comes with the test extra: pip install '.[test]')"
+    return subprocess.run([exe, "--no-cache"], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(pythonpath), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_layers_contract_is_kept():
+    proc = _lint_imports(ROOT, ROOT)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert "1 kept, 0 broken" in proc.stdout
+
+
+def test_an_upward_import_breaks_the_contract(tmp_path):
+    """The contract can fail: a copy of the package whose spec language imports the compiler is refused."""
+    shutil.copytree(ROOT / "archspec", tmp_path / "archspec", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    schema = tmp_path / "archspec" / "spec" / "schema.py"
+    schema.write_text(schema.read_text(encoding="utf-8") + "\nfrom archspec.nn import compiler  # upward\n")
+    proc = _lint_imports(tmp_path, tmp_path)
+    assert proc.returncode != 0
+    assert "archspec.spec is not allowed to import archspec.nn" in proc.stdout
+
+
+def test_no_import_circle():
+    """No module of archspec imports itself back through others (function-local imports included; imports under
+    ``if TYPE_CHECKING:`` are annotations only and never run, so they do not count)."""
+    nx = pytest.importorskip("networkx")
+    graph = grimp.build_graph("archspec", cache_dir=None, exclude_type_checking_imports=True)
+    edges = nx.DiGraph((m, i) for m in graph.modules for i in graph.find_modules_directly_imported_by(m))
+    cycles = list(nx.simple_cycles(edges, length_bound=8))
+    assert not cycles, cycles[:5]
+
+
+def test_no_private_name_is_imported_across_modules():
+    found = []
+    for path in (ROOT / "archspec").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("archspec")):
+                found += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__") and a.name != "_version"]
+    assert not found, found
+
+
+def test_version_lives_in_a_leaf_module():
+    tree = ast.parse((ROOT / "archspec" / "_version.py").read_text(encoding="utf-8"))
+    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
