@@ -207,8 +207,8 @@ def main(argv=None) -> int:
 
     from scipy.stats import kendalltau
 
+    from archspec._util.units import human
     from archspec.io.datasets import load_data
-    from archspec.ir.analysis import human
     from archspec.search.budget import Budgets, parse_quantity
     from archspec.search.proxy import ProxyProtocol
     from archspec.search.space import load_space

@@ -83,3 +83,16 @@ def test_two_random_rows_retrain_within_the_tables_seed_spread(table):
             assert low - spread <= got <= high + spread, (rows[0]["label"], got, low, high)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_seed_report_compares_two_seed_means_by_hand():
+    """Three designs, four seeds each.  Seeds 0/1 disagree on the order of designs b and c, the two-seed means
+    agree on every pair: single-seed tau (3 pairs, 1 discordant) = 1/3, two-seed-mean tau = 1."""
+    finals = {"a": [0.70, 0.71, 0.70, 0.72], "b": [0.80, 0.76, 0.77, 0.78], "c": [0.78, 0.79, 0.80, 0.80]}
+    rows = [{"key": k, "seed": s, "final_accuracy": v} for k, accs in finals.items() for s, v in enumerate(accs)]
+    report = _bench().seed_report(rows)
+    assert report["designs"] == 3 and report["tau"] == pytest.approx(1 / 3, abs=1e-4)
+    two = report["two_seed_means"]
+    assert two["designs"] == 3 and two["tau"] == pytest.approx(1.0)
+    # |mean01 - mean23| per design: a 0.005, b 0.005, c 0.015 -> mean 0.00833
+    assert two["mean_abs_diff"] == pytest.approx(0.0083, abs=1e-4)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from archspec._util.memory import format_bytes
+from archspec._util.units import human
 from archspec._version import __version__
 from archspec.cli.common import (
     MAX_MEMORY_HELP,
@@ -32,7 +33,6 @@ from archspec.deploy import build as deploy_build
 from archspec.errors import SpecError
 from archspec.families.attention.heads import head_letters_legend
 from archspec.io import builddir
-from archspec.ir.analysis import human
 from archspec.ir.loader import load_spec
 from archspec.spec import SPEC_DIR, shipped_specs
 from archspec.spec.reference import markdown
@@ -203,8 +203,7 @@ def _table(analysis, title: str):
 
 def _executed_note(analysis) -> str:
     """`` (N executed: why)`` when the model runs other MACs than the papers count (attn_impl='auto'), else ''."""
-    from archspec.ir.analysis import human
-
+    from archspec._util.units import human
     if analysis.macs_executed == analysis.macs:
         return ""
     rows = [row for row in analysis.rows if row.macs_executed != row.macs]
@@ -223,8 +222,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     Raises:
         SpecError: anything invalid (exit 2 in :func:`main`); options that do not apply to the argument.
     """
-    from archspec.ir.analysis import analyze, human
-
+    from archspec._util.units import human
+    from archspec.ir.analysis import analyze
     is_dir = Path(args.spec).is_dir()
     if not is_dir and args.allow_spec_change:
         raise SpecError.single(("--allow-spec-change",), "applies only to a build directory (DIR), not to a spec")
@@ -247,8 +246,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _split_note(spec, analysis) -> str:
     """A hybrid's conv / transformer MACs, as LeViT Tab. 1 reports its grafted models."""
-    from archspec.ir.analysis import human
-
+    from archspec._util.units import human
     if not spec.is_hybrid:
         return ""
     return f"; conv {human(analysis.conv_macs)}, transformer {human(analysis.token_macs)}"
@@ -289,10 +287,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     """
     import torch
 
+    from archspec._util.units import human
     from archspec.diagnostics.timing import measure_forward, parse_device
     from archspec.io import artifact, builddir
     from archspec.io.images import default_image_path, load_image
-    from archspec.ir.analysis import analyze, human
+    from archspec.ir.analysis import analyze
     from archspec.nn.compiler import compile
 
     if args.repeats < 1:
@@ -418,8 +417,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     """`archspec list`: the shipped specs with params and MACs. Returns the exit status."""
     from rich.table import Table
 
-    from archspec.ir.analysis import analyze, human
-
+    from archspec._util.units import human
+    from archspec.ir.analysis import analyze
     table = Table(title=f"shipped specs ({SPEC_DIR})", title_justify="left")
     for column in ("name", "params", "MACs", "source"):
         table.add_column(column, justify="right" if column in ("params", "MACs") else "left")

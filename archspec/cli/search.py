@@ -440,7 +440,8 @@ def list_points(space_source: str | None, as_json: bool) -> int:
     Raises:
         SpecError: the space cannot be read, has a continuous float range, or more than 10,000 points.
     """
-    from archspec.ir.analysis import analyze, human
+    from archspec._util.units import human
+    from archspec.ir.analysis import analyze
     from archspec.search.space import load_space
 
     space = load_space(space_source)

@@ -101,11 +101,3 @@ def _folded_away(graph) -> int:
     the linear / conv before it, so C per BatchNorm; the head's BatchNorm before its linear (timm ``NormLinear``)
     folds into that linear's existing bias, so 2C.  Counted from the graph's batchnorm-family nodes."""
     return sum(n.get("bn_channels", 0) + 2 * n.get("bn_channels_before_linear", 0) for n in nodes_in_order(graph))
-
-
-def human(n: float, unit: str = "") -> str:
-    """``2_512_000_000 -> '2.51G'``."""
-    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= factor:
-            return f"{n / factor:.2f}{suffix}{unit}"
-    return f"{n:g}{unit}"

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from archspec._util.memory import format_bytes
+from archspec._util.units import human
 from archspec.errors import SpecError
-from archspec.ir.analysis import human
 from archspec.ir.graph import DEFAULT_MAX_MEMORY, build_graph, check_memory
 from archspec.spec import ArchSpec
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from archspec.ir.analysis import human
+from archspec._util.units import human
 from archspec.search.config import SearchConfig, SearchOutcome, complete_config
 from archspec.search.engine import run_sampled
 from archspec.search.mode import SampledMode

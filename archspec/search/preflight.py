@@ -17,8 +17,8 @@ from typing import Any
 
 import optuna
 
+from archspec._util.units import human
 from archspec.errors import SpecError
-from archspec.ir.analysis import human
 from archspec.search.budget import static_check
 from archspec.search.config import SearchConfig
 from archspec.search.fidelity import FIDELITIES, ZERO_COST_RANKINGS

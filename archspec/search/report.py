@@ -28,7 +28,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from archspec.ir.analysis import human
+from archspec._util.units import human
 from archspec.ir.loader import load_spec
 from archspec.search import runs
 from archspec.search.config import GEOMETRY_ATTR
