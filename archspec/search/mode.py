@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from archspec.search import proxy
-
 if TYPE_CHECKING:  # annotations only: the study, the space and the data import Optuna / torch-side modules
     import optuna
 
@@ -76,6 +74,8 @@ class SearchMode:
         kwargs = {} if progress is None else {"progress": progress}
         if on_model is not None:
             kwargs["on_model"] = on_model
+        from archspec.search import proxy  # noqa: PLC0415 - torch-side; looked up per call (tests replace train_proxy)
+
         return proxy.train_proxy(spec, data, protocol, seed=seed, report=report, **kwargs)
 
     def after_train(self, trial: optuna.trial.Trial, spec: ArchSpec, result) -> Any:
