@@ -37,3 +37,16 @@ def test_pareto_keeps_the_undominated(works):
 def test_value_at_is_the_last_entry_by_then(works):
     run = [{"seconds": 1.0, "hv_macs": 0.1}, {"seconds": 3.0, "hv_macs": 0.4}]
     assert [works.value_at(run, "hv_macs", t) for t in (0.5, 1.0, 2.9, 10.0)] == [0.0, 0.1, 0.1, 0.4]
+
+
+def test_cross_seed_compares_with_the_mean_of_the_other_seeds(works):
+    """Four designs, three seeds: seeds 1 and 2 rank 0.1 < 0.2 < 0.3 < 0.4; seed 0 swaps the first two.  Seed 0's
+    value against mean(seeds 1, 2): 5 concordant pairs, 1 discordant -> 4/6.  Seed 1's value against mean(seeds 0,
+    2) = [0.15, 0.15, 0.3, 0.4]: 5 concordant, one tie in y -> tau-b 5 / sqrt(6 * 5); seed 2 the same."""
+    finals = {0: [0.2, 0.1, 0.3, 0.4], 1: [0.1, 0.2, 0.3, 0.4], 2: [0.1, 0.2, 0.3, 0.4]}
+    rows = [{"key": f"d{i}", "seed": s, "final_accuracy": acc} for s, accs in finals.items()
+            for i, acc in enumerate(accs)]
+    assert works.common_seeds(rows) == (0, 1, 2)
+    designs = works.paired_designs(rows, (0, 1, 2))
+    got = works.cross_seed(designs, lambda r: r["final_accuracy"], (0, 1, 2))
+    assert got["tau"] == pytest.approx((4 / 6 + 2 * 5 / 30 ** 0.5) / 3, abs=1e-9)
