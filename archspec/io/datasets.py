@@ -151,7 +151,6 @@ def _finish(name: str, x_train: torch.Tensor, y_train: np.ndarray, x_val: torch.
 
 
 def _digits(image_size: int, seed: int, max_images: int | None) -> Dataset:
-
     digits = load_digits()
     images = digits.images.astype(np.float32) / 16.0  # (1797, 8, 8), values 0..16
     labels = digits.target.astype(np.int64)

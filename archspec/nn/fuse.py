@@ -25,7 +25,6 @@ _PAIRS = (("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3"))
 
 
 def _resnet_parts() -> tuple[type, ...]:
-
     return BasicBlock, Bottleneck, ResNetStem
 
 

@@ -839,7 +839,6 @@ def load_space(source: str | os.PathLike | dict | None = None) -> SearchSpace:
 
 
 def _stage_grids(spec: ArchSpec) -> dict[int, tuple[int, int]]:
-
     graph = build_graph(spec)
     grids: dict[int, tuple[int, int]] = {}
     for node in graph.graph["order"]:

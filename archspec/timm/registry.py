@@ -144,7 +144,6 @@ def _entrypoint(name: str, source: Any):
     """A timm entrypoint named ``name`` building ``source`` (an ArchSpec, or a spec file read on each call)."""
 
     def entrypoint(pretrained: bool = False, **kwargs: Any):
-
         return create_timm_model(load_spec(source, check=False), name, pretrained=pretrained, **kwargs)
 
     entrypoint.__name__ = entrypoint.__qualname__ = name

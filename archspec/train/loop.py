@@ -132,7 +132,6 @@ class Trainer:
                  param_groups: list[dict] | None = None, num_classes: int | None = None,
                  teacher: torch.nn.Module | None = None,
                  wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None):
-
         self.config, self.device, self.module = config, device, model.to(device).train()
         self.optimizer = create_optimizer_v2(param_groups if param_groups is not None else model,
                                              opt=config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
@@ -196,7 +195,6 @@ class Trainer:
         return loss.detach()
 
     def _backward(self, loss: torch.Tensor) -> None:
-
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         if self.scaler is not None:
             self.scaler.scale(loss).backward()

@@ -407,7 +407,6 @@ def _check_resumed_spec(out: Path, spec) -> None:
 
 def _fit(source, spec, stream, config, processes, out, run_mode, seed, teacher, teacher_checkpoint, progress, bar,
          tensorboard, sync_bn) -> FitResult:
-
     device = processes.device
     train_tf, val_tf = make_transforms(spec.input.channels, tuple(spec.input.resolution), config)
     try:
@@ -440,7 +439,6 @@ def _fit(source, spec, stream, config, processes, out, run_mode, seed, teacher, 
 
 def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, progress, bar, tensorboard,
          per_epoch) -> FitResult:
-
     main = processes.main
     shown = Progress(config.steps, start, config.batch_size, steps_per_epoch=per_epoch, log_every=config.log_every,
                      run_dir=out if main else None, enabled=progress and main, bar=bar,
@@ -487,8 +485,6 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
 
 
 def _evaluator(trainer, val_set, val_tf, config, processes):
-
-
     shard = _Transformed(val_set, val_tf, range(processes.rank, len(val_set), processes.world))
     loader = DataLoader(shard, batch_size=max(config.batch_size // processes.world, 1) * 2,
                         num_workers=config.workers, pin_memory=processes.device.type == "cuda",

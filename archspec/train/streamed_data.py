@@ -76,7 +76,6 @@ class ArrayImages(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int):
-
         return Image.fromarray(self.images[index]), int(self.labels[index])
 
 
@@ -183,7 +182,6 @@ def _split_sizes(n_train: int, n_val: int, max_images: int | None) -> tuple[int 
 
 
 def _digits(seed: int, max_images: int | None) -> StreamData:
-
     from archspec.io.datasets import split_indices, stratified_subset  # noqa: PLC0415
 
     digits = load_digits()
@@ -229,7 +227,6 @@ class _Candidates:
         self.suffixes, self.left_out = suffixes, []
 
     def __call__(self, path: str) -> bool:
-
         if not path.lower().endswith(self.suffixes):
             return False
         try:
@@ -291,7 +288,6 @@ _WARNED: set[str] = set()
 
 
 def _warn_damaged(path: str, exc: BaseException) -> None:
-
     if path not in _WARNED:
         _WARNED.add(path)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -52,7 +52,6 @@ def _from_build(path: Path, num_classes: int) -> torch.nn.Module:
 
 
 def _from_timm(name: str, checkpoint, num_classes: int) -> torch.nn.Module:
-
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('.')[0][:8]}*")[:5]
         raise SpecError.single(("--teacher",), f"{name!r} is neither a directory nor a timm model",
