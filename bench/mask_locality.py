@@ -90,8 +90,8 @@ def profile(model, images, strategy: str, window=(3, 3)) -> dict:
 def run_candidate(name: str, spec_name: str, quick: bool, datasets: dict, max_images: int | None) -> dict:
     import torch
 
-    from archspec.ir.loader import load_spec
     from archspec.io.datasets import load_data
+    from archspec.ir.loader import load_spec
     from archspec.search.config import MASKS_PROXY_DEFAULTS
     from archspec.search.mask_scores import ALS_IMAGES
     from archspec.search.mask_specs import apply_placement, head0_placement, placement_heads, soft_heads
