@@ -50,3 +50,14 @@ def test_masks_keeps_its_public_names():
 def test_a_rounds_mode_must_propose_observe_and_write():
     with pytest.raises(TypeError):
         RoundsMode()
+
+
+def test_mask_proxy_defaults_warm_up_within_their_training():
+    """The default mask proxy peaks at its lr (issue 37: 1e-3, the rate at which round 1's heads became local): its
+    warm-up ends before its last step, so the run prints no warm-up warning and trains at that rate."""
+    from archspec.search.config import MASKS_PROXY_DEFAULTS, warmup_warning
+    from archspec.search.proxy import ProxyProtocol
+
+    protocol = ProxyProtocol(**MASKS_PROXY_DEFAULTS)
+    assert warmup_warning(protocol) is None and protocol.warmup_steps < protocol.steps
+    assert warmup_warning(ProxyProtocol(**{**MASKS_PROXY_DEFAULTS, "steps": 3})) is not None  # the check can fail

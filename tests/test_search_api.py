@@ -69,7 +69,7 @@ def test_run_masks_from_python(tmp_path, one_thread):
                                        "max_images": 60, "progress": False})
     best = outcome.best_spec
     assert isinstance(best, ArchSpec) and outcome.pareto_specs == [best]
-    assert outcome.summary["proxy"]["lr"] == 3e-4 and outcome.summary["proxy"]["min_grid"] == 8  # mode 2's
+    assert outcome.summary["proxy"]["lr"] == 1e-3 and outcome.summary["proxy"]["min_grid"] == 8  # mode 2's
 
 
 def test_space_inside_a_users_own_objective():
