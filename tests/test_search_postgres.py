@@ -78,7 +78,7 @@ def test_four_workers_share_a_postgres_study(postgres, space_file, tmp_path):
     # kill -9 a worker while it trains, then resume the study with a new worker
     # still training when killed:
     victim = _worker(space_file, tmp_path / "victim", postgres, 6, "--proxy-steps", "100000")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a loaded 1-core CI run took over 120 s to reach its first trial
     while time.monotonic() < deadline and not any(
             t.state == RUNNING for t in study.get_trials()):
         time.sleep(0.2)
