@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 taskset -c 0 python bench/mask_compare.py --found runs/masks-mait_tiny_sch1-als/best.yaml
     python bench/mask_compare.py --quick                       # smoke run (numbers meaningless)
+    python bench/mask_compare.py --found best.yaml --device cuda --seeds 0 1 2 3   # on a GPU (bf16 autocast)
 
 Every placement of the same model (MaiT-T: 24 layers, 192 wide, 3 heads) is trained with the mask-placement
 proxy -- ``MASKS_PROXY_DEFAULTS`` and the search's default data, i.e. exactly the training the search's rounds
@@ -22,9 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,6 +50,10 @@ def placements(found: Path | None) -> dict:
     return out
 
 
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine()
+
+
 def main(argv: list[str] | None = None) -> int:
     from archspec import analyze
     from archspec.io.datasets import load_data
@@ -61,10 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-images", type=int, default=None)
     ap.add_argument("--out", type=Path, default=HERE / "mask_compare.json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cpu", help="where the proxies train (cuda: bf16 autocast, as the search)")
     args = ap.parse_args(argv)
     protocol = ProxyProtocol(**MASKS_PROXY_DEFAULTS)
     steps = 4 if args.quick else (args.steps or protocol.steps)
-    protocol = ProxyProtocol(**{**MASKS_PROXY_DEFAULTS, "steps": steps, "eval_every": steps})
+    protocol = ProxyProtocol(**{**MASKS_PROXY_DEFAULTS, "steps": steps, "eval_every": steps, "device": args.device})
     data_name, max_images = args.data, args.max_images
     data = load_data(data_name, image_size=protocol.image_size, seed=0, max_images=200 if args.quick else max_images)
     specs = placements(args.found)
@@ -88,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps({"data": data_name, "max_images": max_images, "steps": steps,
                                         "protocol": protocol.describe(), "seeds": args.seeds,
                                         "affinity": sorted(os.sched_getaffinity(0)),
+                                        "device": _device_name(args.device), "torch": torch.__version__,
                                         "rows": list(rows.values())}, indent=1) + "\n", encoding="utf-8")
     print(f"{'placement':10} {'mean':>6} {'spread':>6} {'MACs exec':>10}")
     for r in rows.values():

@@ -8,9 +8,15 @@ timm's own parts: ``create_dataset`` + ``create_loader`` (timm's transforms and 
 (same initial weights) on a generated ImageFolder of PNG files (``train/``, ``val/``) at the spec's input size,
 ``--steps`` AdamW steps of ``--batch`` images with ``--workers`` loader processes, and evaluate the same
 validation images once at the end; a run is timed end to end (loader start-up and that evaluation included),
-after one untimed 3-step run of each loop.
+after one untimed 3-step run of each loop.  ``--epochs N`` makes the images cover the run in N epochs (default 1:
+one epoch covers it), so that what each loop does at an epoch's end shows.
+
+``--device cuda``: both loops in bf16 autocast, as timm's ``train.py --amp --amp-dtype bfloat16`` runs on a GPU:
+timm's loader with its CUDA prefetcher (normalisation on the device; ``train.py``'s default), archspec's with
+pinned memory and non-blocking copies.
 
     python bench/train_throughput.py [--spec levit_128s] [--steps 30] [--batch 16] [--workers 2] [--threads 2]
+    python bench/train_throughput.py --device cuda --batch 256 --workers 8
 
 Writes ``bench/train_throughput.json`` and ``.md`` (images/s per run, and the ratio archspec / timm).
 """
@@ -24,6 +30,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -45,18 +52,24 @@ def make_folder(root: Path, size: int, n_train: int, n_val: int, classes: int = 
     return root
 
 
-def archspec_run(spec, root: Path, steps: int, batch: int, workers: int) -> float:
+def archspec_run(spec, root: Path, steps: int, batch: int, workers: int, device: str = "cpu") -> float:
     """Images/s of ``archspec.train.fit`` (recipe ``short`` for ``steps`` steps, one evaluation at the end)."""
     from archspec.train import fit, recipe
 
     config = replace(recipe("short", batch), epochs=None, warmup_epochs=None, steps=steps, warmup_steps=2,
-                     eval_every=steps, workers=workers, device="cpu")
+                     eval_every=steps, workers=workers, device=device, amp="auto")
     start = time.perf_counter()
     fit(spec, root, config, progress=False)
+    _sync(device)
     return steps * batch / (time.perf_counter() - start)
 
 
-def timm_run(spec, root: Path, steps: int, batch: int, workers: int) -> float:
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timm_run(spec, root: Path, steps: int, batch: int, workers: int, device: str = "cpu") -> float:
     """Images/s of timm's ``train_one_epoch`` written out with timm's parts, on the archspec model of ``spec``."""
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_dataset, create_loader
     from timm.loss import LabelSmoothingCrossEntropy
@@ -66,14 +79,17 @@ def timm_run(spec, root: Path, steps: int, batch: int, workers: int) -> float:
     import archspec
 
     start = time.perf_counter()
-    model = archspec.compile(spec)
+    cuda = device == "cuda"
+    model = archspec.compile(spec).to(device)
     size = tuple(spec.input.resolution)
     loaders = {}
     for split, training in (("train", True), ("val", False)):
         dataset = create_dataset("", root=str(root), split=split, is_training=training)
         loaders[split] = create_loader(dataset, input_size=(3, *size), batch_size=batch, is_training=training,
-                                       use_prefetcher=False, num_workers=workers, interpolation="bicubic",
-                                       mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=0.875)
+                                       use_prefetcher=cuda, num_workers=workers, interpolation="bicubic",
+                                       mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=0.875,
+                                       device=torch.device(device))
+    autocast = partial(torch.autocast, device_type=device, dtype=torch.bfloat16, enabled=cuda)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05)
     scheduler, _ = create_scheduler_v2(optimizer, sched="cosine", num_epochs=steps - 2, warmup_epochs=2,
                                        warmup_prefix=True, warmup_lr=1e-6, min_lr=1e-5, updates_per_epoch=1,
@@ -82,7 +98,9 @@ def timm_run(spec, root: Path, steps: int, batch: int, workers: int) -> float:
     model.train()
     while updates < steps:
         for x, y in loaders["train"]:
-            loss = loss_fn(model(x), y)
+            x, y = x.to(device), y.to(device)  # a no-op under the prefetcher
+            with autocast():
+                loss = loss_fn(model(x), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -91,10 +109,21 @@ def timm_run(spec, root: Path, steps: int, batch: int, workers: int) -> float:
             if updates == steps:
                 break
     model.eval()
-    with torch.no_grad():
-        correct = sum((model(x).argmax(1) == y).sum().item() for x, y in loaders["val"])
+    with torch.no_grad(), autocast():
+        correct = sum((model(x.to(device)).argmax(1) == y.to(device)).sum().item() for x, y in loaders["val"])
     assert correct >= 0
+    _sync(device)
     return steps * batch / (time.perf_counter() - start)
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
+
+
+def _timm_version() -> str:
+    import timm
+
+    return timm.__version__
 
 
 def main() -> None:
@@ -105,23 +134,28 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1, help="the images cover the run in this many epochs")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--out", default=str(HERE / "train_throughput"))
     args = parser.parse_args()
     import archspec
 
     torch.set_num_threads(args.threads)
     spec = archspec.load_spec(args.spec)
-    n_train = args.batch * args.steps + args.batch  # one epoch covers the run
+    # --epochs 1: one epoch covers the run; N: N epochs of steps // N batches each (the last partial one dropped)
+    n_train = args.batch * (args.steps // args.epochs) + (args.batch if args.epochs == 1 else args.batch // 2)
     rows = []
     with tempfile.TemporaryDirectory(prefix="archspec-bench-") as tmp:
         root = make_folder(Path(tmp), spec.input.resolution[0], n_train, n_val=2 * args.batch)
         spec = archspec.load_spec({**spec.model_dump(mode="json"), "head": {**spec.model_dump(mode="json")["head"],
                                                                              "num_classes": 4}})
-        for run in (archspec_run, timm_run):  # untimed warm-up: the first run in a process pays one-off costs
-            run(spec, root, 3, args.batch, args.workers)  # (library loading, allocator growth): 8 vs 38 img/s
+        # untimed warm-up: the first run in a process pays one-off costs (library loading, allocator growth): 8 vs
+        # 38 img/s
+        for run in (archspec_run, timm_run):
+            run(spec, root, 3, args.batch, args.workers, args.device)
         for repeat in range(args.repeats):
             for name, run in (("archspec train", archspec_run), ("timm train_one_epoch", timm_run)):
-                rate = run(spec, root, args.steps, args.batch, args.workers)
+                rate = run(spec, root, args.steps, args.batch, args.workers, args.device)
                 rows.append({"loop": name, "repeat": repeat + 1, "images_per_s": round(rate, 2)})
                 print(rows[-1], flush=True)
     mean = {name: np.mean([r["images_per_s"] for r in rows if r["loop"] == name]) for name in
@@ -130,7 +164,8 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     result = {"spec": args.spec, "steps": args.steps, "batch": args.batch, "workers": args.workers,
-              "threads": args.threads, "rows": rows, "ratio_archspec_over_timm": round(float(ratio), 3),
+              "threads": args.threads, "epochs": args.epochs, "device": _device_name(args.device),
+              "timm": _timm_version(), "rows": rows, "ratio_archspec_over_timm": round(float(ratio), 3),
               "torch": torch.__version__, "commit": commit, "machine": platform.processor() or platform.machine()}
     Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["| loop | run | images/s |", "|---|---|---|"]

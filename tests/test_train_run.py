@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -165,13 +166,56 @@ def test_torchrun_two_cpu_processes_equal_one_with_the_same_global_batch(folder,
 
 
 def test_ranks_split_each_global_batch_and_their_union_is_the_single_process_batch():
-    one = list(EpochSampler(50, 12, seed=5, epoch=3))
-    ranks = [list(EpochSampler(50, 12, seed=5, epoch=3, rank=r, world=3)) for r in range(3)]
+    one = list(islice(EpochSampler(50, 12, seed=5, epoch=3), 48))
+    ranks = [list(islice(EpochSampler(50, 12, seed=5, epoch=3, rank=r, world=3), 16)) for r in range(3)]
     for k in range(50 // 12):
         union = sorted(i for r in ranks for _, i in r[k * 4:(k + 1) * 4])
         assert union == sorted(i for _, i in one[k * 12:(k + 1) * 12])
-    resumed = list(EpochSampler(50, 12, seed=5, epoch=3, start=2))
+    resumed = list(islice(EpochSampler(50, 12, seed=5, epoch=3, start=2), 24))
     assert resumed == one[24:48]
+
+
+def test_the_sampler_runs_on_into_the_next_epochs_orders():
+    """Endless: after epoch 3's 4 full batches (2 of 50 images dropped) come epoch 4's, then 5's, each epoch's
+    order the permutation seeded ``seed * 1_000_003 + epoch`` (hand-computed here with torch.randperm)."""
+    keys = list(islice(EpochSampler(50, 12, seed=5, epoch=3, start=3), 12 + 48 + 48))
+    def order(epoch):
+        return torch.randperm(50, generator=torch.Generator().manual_seed(5 * 1_000_003 + epoch)).tolist()
+    assert keys[:12] == [(3, i) for i in order(3)[36:48]]
+    assert keys[12:60] == [(4, i) for i in order(4)[:48]]
+    assert keys[60:] == [(5, i) for i in order(5)[:48]]
+
+
+def test_one_loader_serves_every_epoch_and_a_resume_lands_on_the_same_batches(folder, monkeypatch):
+    """The workers start once per run (not once per epoch), and a StreamBatches restored from the position
+    after any step -- an epoch's last batch included -- draws exactly the batches of the uninterrupted one."""
+    from archspec.train.batches import StreamBatches
+    from archspec.train.streamed_data import make_transforms, open_stream_data
+
+    data = open_stream_data(folder)
+    train_tf, _ = make_transforms(3, (16, 16), _config())
+    make = lambda: StreamBatches(data.train, train_tf, 8, seed=3, device=torch.device("cpu"), workers=2)  # noqa: E731
+    whole = make()
+    starts = []
+    monkeypatch.setattr(StreamBatches, "_loader", lambda self, f=StreamBatches._loader: starts.append(1) or f(self))
+    per_epoch = whole.batches_per_epoch()
+    batches, states = [], []
+    for _ in range(3 * per_epoch + 1):
+        batches.append(next(whole))
+        states.append(whole.state_dict())
+    whole.close()
+    assert len(starts) == 1
+    assert states[per_epoch - 1] == {"epoch": 1, "batch_in_epoch": 0}
+    for k in (per_epoch - 2, per_epoch - 1, 2 * per_epoch):
+        resumed = make()
+        resumed.load_state_dict(states[k])
+        x, y = next(resumed)
+        resumed.close()
+        assert torch.equal(x, batches[k + 1][0]) and torch.equal(y, batches[k + 1][1])
+    old = make()  # a checkpoint written at an epoch's last batch by an earlier version
+    old.load_state_dict({"epoch": 0, "batch_in_epoch": per_epoch})
+    assert torch.equal(next(old)[0], batches[per_epoch][0])
+    old.close()
 
 
 def test_deit_recipe_follows_the_paper():

@@ -11,7 +11,9 @@ with a ``state_dict`` for checkpoints, so a resumed run draws exactly the batche
   ``B`` is split into ``world`` consecutive slices of ``B / world`` (rank ``r`` takes slice ``r``), so the union
   over ranks of step ``k``'s batches is the single-process batch ``k``.  Each sample's augmentation is
   seeded by ``(seed, epoch, index)`` (:class:`SeededSamples`): it does not depend on the worker count, the
-  rank, or where a run was resumed.
+  rank, or where a run was resumed.  One ``DataLoader`` iterator serves the whole run: its sampler runs on from
+  epoch to epoch, so the workers neither restart nor drain their prefetch queue at an epoch's end (timm's
+  loader keeps its workers, ``persistent_workers``, but still drains and refills at every epoch).
 """
 
 from __future__ import annotations
@@ -122,17 +124,21 @@ class SeededSamples(torch.utils.data.Dataset):
         epoch, index = key
         image, label = self.dataset[index]
         s = sample_seed(self.seed, epoch, index)
-        torch.manual_seed(s)
+        # The CPU generator alone: torch.manual_seed also seeds every accelerator's generators (118 us a call,
+        # most of the seeding's cost), and a loader worker's transforms draw only from the CPU one.
+        torch.default_generator.manual_seed(s)
         random.seed(s)
         np.random.seed(s & 0xFFFFFFFF)
         return self.transform(image), int(label)
 
 
 class EpochSampler(Sampler):
-    """``(epoch, index)`` keys of this rank's share of epoch ``epoch``, from global batch ``start`` on.
+    """``(epoch, index)`` keys of this rank's share of every epoch from ``epoch`` on (endless), starting at
+    global batch ``start`` of the first.
 
-    The epoch's order is ``torch.randperm(n)`` from a generator seeded ``seed * 1_000_003 + epoch``; the last
-    partial global batch is dropped; batch ``k`` of rank ``r`` is slice ``r`` of global batch ``k``.
+    Epoch ``e``'s order is ``torch.randperm(n)`` from a generator seeded ``seed * 1_000_003 + e``; the last
+    partial global batch of each epoch is dropped; batch ``k`` of rank ``r`` is slice ``r`` of global batch
+    ``k``.  Endless, so one ``DataLoader`` iterator runs on across epochs (:class:`StreamBatches`).
     """
 
     def __init__(self, n: int, global_batch: int, seed: int, epoch: int, rank: int = 0, world: int = 1,
@@ -145,15 +151,20 @@ class EpochSampler(Sampler):
         """Full global batches in one epoch."""
         return self.n // self.global_batch
 
-    def __len__(self) -> int:
-        return (self.batches_per_epoch() - self.start) * self.local
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch))
-        for k in range(self.start, self.batches_per_epoch()):
+    def epoch_keys(self, epoch: int, start: int = 0) -> Iterator[tuple[int, int]]:
+        """This rank's keys of ``epoch`` from global batch ``start`` on."""
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+        for k in range(start, self.batches_per_epoch()):
             first = k * self.global_batch + self.rank * self.local
             for index in order[first:first + self.local].tolist():
-                yield self.epoch, index
+                yield epoch, index
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        yield from self.epoch_keys(self.epoch, self.start)
+        epoch = self.epoch + 1
+        while True:
+            yield from self.epoch_keys(epoch)
+            epoch += 1
 
 
 class StreamBatches:
@@ -200,19 +211,18 @@ class StreamBatches:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.batch_in_epoch >= self.batches_per_epoch():
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-            self.close()
         if self._it is None:
             self._it = self._loader()
         x, y = next(self._it)
         self.batch_in_epoch += 1
+        if self.batch_in_epoch == self.batches_per_epoch():  # the sampler runs on into the next epoch
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def close(self) -> None:
-        """Shut the current epoch's workers down now, in this frame, rather than in the iterator's ``__del__``:
-        an exception raised meanwhile (``archspec train``'s SIGTERM) then propagates instead of being printed
-        and ignored, as Python does with one raised in ``__del__``; the workers are terminated either way
+        """Shut the loader's workers down now (a run's end, a resume), in this frame, not in the iterator's
+        ``__del__``: an exception raised meanwhile (``archspec train``'s SIGTERM) then propagates instead of being
+        printed and ignored, as Python does with one raised in ``__del__``; the workers are terminated either way
         (torch's ``_shutdown_workers`` ends in a ``finally``).  Raises nothing of its own."""
         it, self._it = self._it, None
         shutdown = getattr(it, "_shutdown_workers", None)  # torch's multi-process iterator; None: no workers
@@ -225,4 +235,7 @@ class StreamBatches:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict`'s position."""
-        self.epoch, self.batch_in_epoch, self._it = int(state["epoch"]), int(state["batch_in_epoch"]), None
+        self.close()
+        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+        if self.batch_in_epoch >= self.batches_per_epoch():  # an epoch's last batch, as earlier versions wrote it
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0

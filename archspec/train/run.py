@@ -474,6 +474,7 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
                              ema_accuracy=record.get("ema_accuracy"))
     finally:
         shown.close()
+        batches.close()  # the run's one loader iterator: its workers end here, not in a __del__
     seconds = time.perf_counter() - t0
     rate = (config.steps - start) * config.batch_size / seconds if seconds > 0 else math.nan
     fitted = FitResult(result.accuracy, result.val_loss, result.ema_accuracy, config.steps, seconds, rate, out,
@@ -486,7 +487,9 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
 
 def _evaluator(trainer, val_set, val_tf, config, processes):
     shard = _Transformed(val_set, val_tf, range(processes.rank, len(val_set), processes.world))
-    loader = DataLoader(shard, batch_size=max(config.batch_size // processes.world, 1) * 2,
+    # timm's train.py evaluates at the training batch size (--validation-batch-size unset): with a small
+    # validation set a double batch leaves one loader worker decoding it all while the others wait
+    loader = DataLoader(shard, batch_size=max(config.batch_size // processes.world, 1),
                         num_workers=config.workers, pin_memory=processes.device.type == "cuda",
                         worker_init_fn=quiet_worker if config.workers else None)
 
