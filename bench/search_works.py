@@ -8,11 +8,12 @@ The reference is each design's final accuracy (all 10,000 test images) after the
 table's seeds.  A fidelity measured on one seed's run is compared with the mean final accuracy of the *other*
 seeds (every seed in turn, then averaged), so that no seed noise is shared between the two sides; a static count
 (MACs, params) is compared with the mean over all seeds.  The ceiling any fidelity can reach is the reference's
-own reproducibility: seed 0 against seed 1, and with four seeds the mean of seeds 0-1 against that of 2-3.
+own reproducibility: seed 0 against seed 1, and with 2k seeds the mean of seeds 0..k-1 against that of k..2k-1.
 
 For each fidelity: Kendall tau (``scipy.stats.kendalltau``), its p-value, a 95 % bootstrap interval (designs
-resampled with replacement, 1,000 times, seeded) and its cost per design in CPU seconds (the table's training
-seconds up to that step, the zero-cost score's seconds, 0 for counts).
+resampled with replacement, 1,000 times, seeded; for a mean over seeds, the mean tau of each resample) and its
+cost per design in CPU seconds (the table's training seconds up to that step, the zero-cost score's seconds, 0 for
+counts).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def paired_designs(rows: list[dict], seeds: tuple[int, ...] = (0, 1)) -> list[di
 
 def common_seeds(rows: list[dict]) -> tuple[int, ...]:
     """The largest seed set ``(0, .., k-1)`` (k >= 2) that at least 4 designs have all of; (0, 1) otherwise."""
-    for k in (4, 3):
+    for k in (6, 5, 4, 3):
         if len(paired_designs(rows, tuple(range(k)))) >= 4:
             return tuple(range(k))
     return (0, 1)
@@ -52,12 +53,20 @@ def _tau(xs, ys) -> float:
 
 def bootstrap(xs, ys, n: int = 1000, seed: int = 0) -> tuple[float, float]:
     """95 % percentile interval of Kendall tau over designs resampled with replacement."""
+    return bootstrap_mean([xs], [ys], n, seed)
+
+
+def bootstrap_mean(xs_by_seed, ys_by_seed, n: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile interval of the mean over seeds of Kendall tau(xs[a], ys[a]): the designs are resampled with
+    replacement, the same resample for every seed a (so the interval is about designs, as the mean tau is; pooling
+    the seeds' pairs into one sample would count each design once per seed)."""
     rng = np.random.default_rng(seed)
-    xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+    xs = np.asarray(xs_by_seed, float)  # (seeds, designs)
+    ys = np.asarray(ys_by_seed, float)
     taus = []
     for _ in range(n):
-        idx = rng.integers(0, len(xs), len(xs))
-        t = _tau(xs[idx], ys[idx])
+        idx = rng.integers(0, xs.shape[1], xs.shape[1])
+        t = np.mean([_tau(x[idx], y[idx]) for x, y in zip(xs, ys)])
         if np.isfinite(t):
             taus.append(t)
     return float(np.percentile(taus, 2.5)), float(np.percentile(taus, 97.5))
@@ -66,7 +75,7 @@ def bootstrap(xs, ys, n: int = 1000, seed: int = 0) -> tuple[float, float]:
 def cross_seed(designs, value, seeds: tuple[int, ...] = (0, 1)) -> dict:
     """Tau of ``value(row)`` from seed a against the mean final accuracy of the other seeds, for every a in
     ``seeds``: the mean tau, the mean of the p-values' logs back-transformed (a geometric mean), and the bootstrap
-    interval of the pooled pairs."""
+    interval of the mean tau (:func:`bootstrap_mean`)."""
     xs, ys = [], []
     taus, ps = [], []
     for a in seeds:
@@ -77,7 +86,7 @@ def cross_seed(designs, value, seeds: tuple[int, ...] = (0, 1)) -> dict:
         ps.append(p)
         xs.append(x)
         ys.append(y)
-    low, high = bootstrap(np.concatenate(xs), np.concatenate(ys))
+    low, high = bootstrap_mean(xs, ys)
     return {"tau": float(np.mean(taus)), "p": float(np.exp(np.mean(np.log(ps)))), "ci": [low, high]}
 
 
@@ -94,11 +103,13 @@ def fidelity_table(rows: list[dict]) -> dict:
     out = {"designs": len(designs), "seeds": list(seeds),
            "reference_seed_to_seed": {"tau": float(t), "p": float(p), "ci": list(bootstrap(seed0, seed1))},
            "fidelities": []}
-    if len(seeds) == 4:
-        half_a = [(d[0]["final_accuracy"] + d[1]["final_accuracy"]) / 2 for d in designs]
-        half_b = [(d[2]["final_accuracy"] + d[3]["final_accuracy"]) / 2 for d in designs]
+    k = len(seeds) // 2
+    if k >= 2:  # two disjoint k-seed references of the same designs: how well the reference reproduces itself
+        half_a = [float(np.mean([d[s]["final_accuracy"] for s in seeds[:k]])) for d in designs]
+        half_b = [float(np.mean([d[s]["final_accuracy"] for s in seeds[k:2 * k]])) for d in designs]
         t, p = kendalltau(half_a, half_b)
-        out["reference_two_seed_means"] = {"tau": float(t), "p": float(p), "ci": list(bootstrap(half_a, half_b))}
+        out["reference_split_means"] = {"seeds_per_half": k, "tau": float(t), "p": float(p),
+                                        "ci": list(bootstrap(half_a, half_b))}
     steps = [s for s, *_ in designs[0][0]["curve"]]
     for i, step in enumerate(steps):
         cost = float(np.mean([d[s]["tse"][i][2] for d in designs for s in seeds]))
@@ -305,9 +316,11 @@ def markdown(result: dict) -> str:
     ref = result["reference_seed_to_seed"]
     head = (f"{result['designs']} designs x seeds {result.get('seeds', [0, 1])}; the reference's own seed-to-seed "
             f"tau {ref['tau']:.3f} (p {ref['p']:.1e}, 95 % CI {ref['ci'][0]:.2f}..{ref['ci'][1]:.2f})")
-    two = result.get("reference_two_seed_means")
+    two = result.get("reference_split_means")
     if two:
-        head += (f"; mean of seeds 0-1 against mean of seeds 2-3: tau {two['tau']:.3f} (p {two['p']:.1e}, "
+        k = two["seeds_per_half"]
+        head += (f"; mean of seeds 0-{k - 1} against mean of seeds {k}-{2 * k - 1}: tau {two['tau']:.3f} "
+                 f"(p {two['p']:.1e}, "
                  f"95 % CI {two['ci'][0]:.2f}..{two['ci'][1]:.2f}); fidelities below are measured against the mean "
                  "of the seeds other than their own")
     lines = [head, "",

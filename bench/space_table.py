@@ -332,9 +332,10 @@ def latency_pass(args) -> int:
 
 def seed_report(rows: list[dict]) -> dict:
     """Does the reference reproduce itself?  Kendall tau between seed 0's and seed 1's final accuracies over the
-    designs that have both, and -- the reference as a mean of two seeds (issue 32: "average seeds until it
-    holds") -- between the mean of seeds 0 and 1 and the mean of seeds 2 and 3 over the designs that have all
-    four (``two_seed_means``): two independent two-seed references of the same designs."""
+    designs that have both, and -- the reference as a mean of seeds (issue 32: "average seeds until it holds") --
+    between two disjoint k-seed means of the same designs: ``two_seed_means`` (seeds 0-1 against 2-3, designs with
+    seeds 0-3) and ``three_seed_means`` (seeds 0-2 against 3-5, designs with seeds 0-5), each with a 95 %
+    bootstrap interval (designs resampled) and the mean tau over every way of splitting the 2k seeds in two."""
     from scipy.stats import kendalltau
 
     by = {}
@@ -349,12 +350,40 @@ def seed_report(rows: list[dict]) -> dict:
     out = {"designs": len(pairs), "tau": round(tau, 4), "p": p,
            "mean_abs_seed_diff": round(sum(diffs) / len(diffs), 4),
            "accuracy_range": [round(min(means), 4), round(max(means), 4)]}
-    halves = [((v[0] + v[1]) / 2, (v[2] + v[3]) / 2) for v in by.values() if all(s in v for s in range(4))]
-    if len(halves) >= 3:
-        tau2, p2 = kendalltau(*zip(*halves))
-        out["two_seed_means"] = {"designs": len(halves), "tau": round(tau2, 4), "p": p2,
-                                 "mean_abs_diff": round(sum(abs(a - b) for a, b in halves) / len(halves), 4)}
+    for k, name in ((2, "two_seed_means"), (3, "three_seed_means")):
+        report = split_means(by, k)
+        if report is not None:
+            out[name] = report
     return out
+
+
+def split_means(by: dict, k: int) -> dict | None:
+    """Tau between the mean of seeds ``0..k-1`` and that of ``k..2k-1`` over the designs that have all 2k seeds
+    (``None`` below 3 such designs), with its p-value, a 95 % bootstrap interval (designs resampled with
+    replacement, 1,000 times, seeded), the mean absolute difference of the two means, and ``all_splits``: the
+    mean, min and max tau over every split of the 2k seeds into two halves of k."""
+    from itertools import combinations
+
+    import numpy as np
+    from scipy.stats import kendalltau
+
+    seeds = tuple(range(2 * k))
+    designs = [v for v in by.values() if all(s in v for s in seeds)]
+    if len(designs) < 3:
+        return None
+    acc = np.array([[d[s] for s in seeds] for d in designs])  # (designs, 2k)
+    a, b = acc[:, :k].mean(1), acc[:, k:].mean(1)
+    tau, p = kendalltau(a, b)
+    rng = np.random.default_rng(0)
+    boot = [kendalltau(a[i], b[i])[0] for i in (rng.integers(0, len(a), len(a)) for _ in range(1000))]
+    boot = [t for t in boot if np.isfinite(t)]
+    splits = [kendalltau(acc[:, list(h)].mean(1), acc[:, [s for s in seeds if s not in h]].mean(1))[0]
+              for h in combinations(seeds, k) if 0 in h]  # each split once (the half holding seed 0)
+    return {"designs": len(designs), "tau": round(float(tau), 4), "p": float(p),
+            "ci": [round(float(np.percentile(boot, 2.5)), 4), round(float(np.percentile(boot, 97.5)), 4)],
+            "mean_abs_diff": round(float(np.abs(a - b).mean()), 4),
+            "all_splits": {"n": len(splits), "mean": round(float(np.mean(splits)), 4),
+                           "min": round(float(min(splits)), 4), "max": round(float(max(splits)), 4)}}
 
 
 def main(argv=None) -> int:

@@ -99,3 +99,18 @@ def test_seed_report_compares_two_seed_means_by_hand():
     assert two["designs"] == 3 and two["tau"] == pytest.approx(1.0)
     # |mean01 - mean23| per design: a 0.005, b 0.005, c 0.015 -> mean 0.00833
     assert two["mean_abs_diff"] == pytest.approx(0.0083, abs=1e-4)
+
+
+def test_three_seed_means_and_every_split_by_hand():
+    """Three designs, six seeds.  a and b are constant (0.70, 0.76); c is 0.74 on seeds 0-1 and 0.78 on 2-5.
+    Seeds 0-2 against 3-5: c's means are 0.7533 and 0.78, on either side of b -> 1 discordant pair of 3, tau 1/3.
+    Of the 10 splits (the half with seed 0), the 4 that put seed 1 beside seed 0 give 1/3 as well, the 6 that
+    part seeds 0 and 1 give c 0.7667 in both halves -> tau 1: mean (4/3 + 6) / 10 = 0.7333."""
+    finals = {"a": [0.70] * 6, "b": [0.76] * 6, "c": [0.74, 0.74, 0.78, 0.78, 0.78, 0.78]}
+    rows = [{"key": k, "seed": s, "final_accuracy": v} for k, accs in finals.items() for s, v in enumerate(accs)]
+    three = _bench().seed_report(rows)["three_seed_means"]
+    assert three["designs"] == 3 and three["tau"] == pytest.approx(1 / 3, abs=1e-4)
+    assert three["mean_abs_diff"] == pytest.approx(0.0267 / 3, abs=1e-4)
+    assert three["all_splits"] == {"n": 10, "mean": pytest.approx(0.7333, abs=1e-4),
+                                   "min": pytest.approx(1 / 3, abs=1e-4), "max": pytest.approx(1.0)}
+    assert -1 <= three["ci"][0] <= three["ci"][1] <= 1

@@ -50,3 +50,14 @@ def test_cross_seed_compares_with_the_mean_of_the_other_seeds(works):
     designs = works.paired_designs(rows, (0, 1, 2))
     got = works.cross_seed(designs, lambda r: r["final_accuracy"], (0, 1, 2))
     assert got["tau"] == pytest.approx((4 / 6 + 2 * 5 / 30 ** 0.5) / 3, abs=1e-9)
+
+
+def test_the_interval_of_a_mean_over_seeds_resamples_designs_not_pooled_pairs(works):
+    """Two seeds that measured exactly the same: the mean tau is one seed's tau, so its interval must be that
+    seed's own design bootstrap.  Pooling both seeds' pairs into one sample of 2n would narrow it (each design
+    counted twice) -- the flaw this replaced."""
+    x = [0.1, 0.4, 0.2, 0.5, 0.3, 0.7, 0.6, 0.8]
+    y = [0.2, 0.1, 0.4, 0.3, 0.6, 0.5, 0.8, 0.7]
+    assert works.bootstrap_mean([x, x], [y, y]) == works.bootstrap(x, y)
+    low, high = works.bootstrap(x, y)
+    assert low < 0.4286 < high  # tau of x and y: 20 concordant, 8 discordant of 28 pairs -> 12/28
