@@ -1,5 +1,6 @@
 """Training throughput: ``archspec.train.fit`` (what ``archspec train`` runs) against timm's own training loop on
-the same model, the same images and the same optimisation, side by side in one process, each run twice.
+the same model, the same images and the same optimisation, side by side in one process, each run ``--repeats``
+times (default 2, in ABBA order).
 
 timm's ``train.py`` is not in the timm wheel, so "timm's loop" here is its ``train_one_epoch`` written out with
 timm's own parts: ``create_dataset`` + ``create_loader`` (timm's transforms and DataLoader),
@@ -153,8 +154,9 @@ def main() -> None:
         # 38 img/s
         for run in (archspec_run, timm_run):
             run(spec, root, 3, args.batch, args.workers, args.device)
-        for repeat in range(args.repeats):
-            for name, run in (("archspec train", archspec_run), ("timm train_one_epoch", timm_run)):
+        loops = [("archspec train", archspec_run), ("timm train_one_epoch", timm_run)]
+        for repeat in range(args.repeats):  # ABBA order: a drift of the machine's speed falls on both loops
+            for name, run in (loops if repeat % 2 == 0 else loops[::-1]):
                 rate = run(spec, root, args.steps, args.batch, args.workers, args.device)
                 rows.append({"loop": name, "repeat": repeat + 1, "images_per_s": round(rate, 2)})
                 print(rows[-1], flush=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -177,13 +177,16 @@ class StreamBatches:
         seed: seeds the epoch orders and each sample's augmentation.
         rank: this process's rank.
         world: the number of processes.
+        on_device: applied to each batch of images once on ``device`` (e.g.
+            :class:`archspec.train.streamed_data.DeviceTransform`: uint8 -> normalised float, random erasing).
 
     Raises:
         ValueError: ``global_batch`` not divisible by ``world`` or larger than the dataset.
     """
 
     def __init__(self, dataset: Any, transform: Any, global_batch: int, seed: int, device: torch.device,
-                 workers: int = 2, rank: int = 0, world: int = 1):
+                 workers: int = 2, rank: int = 0, world: int = 1,
+                 on_device: Callable[[torch.Tensor], torch.Tensor] | None = None):
         if global_batch % world:
             raise ValueError(f"the batch size {global_batch} is not divisible by the {world} processes")
         if global_batch > len(dataset):
@@ -191,6 +194,7 @@ class StreamBatches:
         self.samples = SeededSamples(dataset, transform, seed)
         self.global_batch, self.seed, self.device = global_batch, seed, device
         self.workers, self.rank, self.world = workers, rank, world
+        self.on_device = on_device
         self.epoch, self.batch_in_epoch = 0, 0
         self._it: Iterator | None = None
 
@@ -217,7 +221,8 @@ class StreamBatches:
         self.batch_in_epoch += 1
         if self.batch_in_epoch == self.batches_per_epoch():  # the sampler runs on into the next epoch
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        return (self.on_device(x) if self.on_device is not None else x), y
 
     def close(self) -> None:
         """Shut the loader's workers down now (a run's end, a resume), in this frame, not in the iterator's

@@ -57,6 +57,7 @@ from archspec.train.progress import Progress
 from archspec.train.stop import check, deferred
 from archspec.train.streamed_data import (
     DamagedImages,
+    DeviceTransform,
     check_auto_augment,
     damaged_message,
     make_transforms,
@@ -411,7 +412,8 @@ def _fit(source, spec, stream, config, processes, out, run_mode, seed, teacher, 
     train_tf, val_tf = make_transforms(spec.input.channels, tuple(spec.input.resolution), config)
     try:
         batches = StreamBatches(stream.train, train_tf, config.batch_size, seed, device, config.workers,
-                                processes.rank, processes.world)
+                                processes.rank, processes.world,
+                                on_device=DeviceTransform(spec.input.channels, device, config.reprob))
     except ValueError as exc:
         raise SpecError.single(("--batch-size",), str(exc)) from None
     per_epoch = batches.batches_per_epoch()
@@ -443,7 +445,8 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
     shown = Progress(config.steps, start, config.batch_size, steps_per_epoch=per_epoch, log_every=config.log_every,
                      run_dir=out if main else None, enabled=progress and main, bar=bar,
                      tensorboard=tensorboard)
-    evaluate_fn = _evaluator(trainer, stream.val, val_tf, config, processes)
+    evaluate_fn = _evaluator(trainer, stream.val, val_tf, config, processes,
+                             DeviceTransform(trainer.module.spec.input.channels, processes.device))
 
     def checkpoint(step: int) -> None:
         if out is not None and main:
@@ -485,7 +488,7 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
     return fitted
 
 
-def _evaluator(trainer, val_set, val_tf, config, processes):
+def _evaluator(trainer, val_set, val_tf, config, processes, on_device):
     shard = _Transformed(val_set, val_tf, range(processes.rank, len(val_set), processes.world))
     # timm's train.py evaluates at the training batch size (--validation-batch-size unset): with a small
     # validation set a double batch leaves one loader worker decoding it all while the others wait
@@ -493,12 +496,16 @@ def _evaluator(trainer, val_set, val_tf, config, processes):
                         num_workers=config.workers, pin_memory=processes.device.type == "cuda",
                         worker_init_fn=quiet_worker if config.workers else None)
 
+    def batches():
+        for x, y in loader:
+            yield on_device(x.to(processes.device, non_blocking=True)), y
+
     def evaluate_fn() -> dict:
-        accuracy, val_loss = evaluate(trainer.module, loader, device=processes.device, amp=config.amp,
+        accuracy, val_loss = evaluate(trainer.module, batches(), device=processes.device, amp=config.amp,
                                       reduce=processes.sum)
         record = {"accuracy": accuracy, "val_loss": val_loss}
         if trainer.ema is not None:
-            record["ema_accuracy"], _ = evaluate(trainer.ema.module, loader, device=processes.device,
+            record["ema_accuracy"], _ = evaluate(trainer.ema.module, batches(), device=processes.device,
                                                  amp=config.amp, reduce=processes.sum)
         return record
 

@@ -10,10 +10,11 @@ directory, or an ImageFolder -- but nothing is decoded or resized up front: imag
   :func:`archspec.io.datasets.load_data` splits it.
 * Fashion-MNIST and CIFAR keep their published train/test splits; digits is split 80/20 (seeded).
 
-Transforms are timm's ``create_transform`` at the model's input size: training crops
-(``RandomResizedCrop``, flip, the recipe's RandAugment and random erasing), evaluation resize + centre crop;
-grey images are repeated to RGB for a 3-channel model (ImageNet mean/std), a 1-channel model reads them as
-they are (mean/std 0.5).
+Transforms are timm's ``create_transform`` at the model's input size, split as timm splits them for its
+prefetcher: per image in the loader workers, training crops (``RandomResizedCrop``, flip, the recipe's
+RandAugment) or evaluation resize + centre crop, ending in ``uint8``; per batch on the device, normalisation and
+the recipe's random erasing (:class:`DeviceTransform`).  Grey images are repeated to RGB for a 3-channel model
+(ImageNet mean/std), a 1-channel model reads them as they are (mean/std 0.5).
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 from PIL import Image as PILImage
 from sklearn.datasets import load_digits
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
+from timm.data.random_erasing import RandomErasing
 from torch.utils.data import Dataset, Subset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
@@ -49,7 +52,7 @@ from archspec.io.datasets import (
     stratified_subset,
 )
 
-__all__ = ["StreamData", "open_stream_data", "make_transforms", "check_auto_augment"]
+__all__ = ["StreamData", "open_stream_data", "make_transforms", "DeviceTransform", "check_auto_augment"]
 
 
 @dataclass
@@ -86,23 +89,50 @@ class ToMode:
         self.mode, self.transform = mode, transform
 
     def __call__(self, image):
-        return self.transform(image.convert(self.mode))
+        # ImageFolder's loader has converted to RGB already: a second convert would copy the image (same pixels)
+        return self.transform(image if image.mode == self.mode else image.convert(self.mode))
 
 
 def make_transforms(channels: int, size: tuple[int, int], config: Any) -> tuple[Any, Any]:
-    """``(train, eval)`` transforms of timm ``create_transform`` for ``channels`` x ``size`` inputs.
+    """``(train, eval)`` per-image transforms of timm ``create_transform`` for ``channels`` x ``size`` inputs, as
+    timm builds them for its CUDA prefetcher (``use_prefetcher=True``): they end in a ``uint8`` ``(C, H, W)``
+    tensor, and normalisation and random erasing run on whole batches on the device (:class:`DeviceTransform`).
 
-    Training: random-resized crop, horizontal flip, ``config.auto_augment`` and ``config.reprob``
-    (DeiT's recipe); evaluation: resize (crop_pct 0.875) and centre crop.  Output ``(C, H, W)`` float.
+    Training: random-resized crop, horizontal flip, ``config.auto_augment``; evaluation: resize (crop_pct
+    0.875) and centre crop.  Why uint8: a loader worker then neither converts nor normalises 3 floats per pixel,
+    and its batches cross to the main process (and the GPU) at a quarter of the bytes -- on a GPU the workers
+    are what starves the device (``bench/train_throughput.py --device cuda``: docs/benchmarks.md).
     """
 
-    mean, std = (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD) if channels == 3 else ((0.5,), (0.5,))
-    common = {"input_size": (channels, *size), "mean": mean, "std": std, "interpolation": "bicubic"}
-    train = create_transform(**common, is_training=True, auto_augment=config.auto_augment, re_prob=config.reprob,
-                             re_mode="pixel", re_count=1)
+    common = {"input_size": (channels, *size), "interpolation": "bicubic", "use_prefetcher": True}
+    train = create_transform(**common, is_training=True, auto_augment=config.auto_augment)
     val = create_transform(**common, is_training=False, crop_pct=0.875)
     mode = "RGB" if channels == 3 else "L"
     return ToMode(mode, train), ToMode(mode, val)
+
+
+class DeviceTransform:
+    """The batch half of timm's transform, on the training device (timm ``PrefetchLoader``'s work): ``uint8``
+    ``(B, C, H, W)`` -> float ``(B, C, H, W)`` normalised with ImageNet's mean/std (3 channels) or 0.5/0.5
+    (1 channel), then, for training, timm ``RandomErasing(reprob, mode="pixel", max_count=1)`` (DeiT's
+    erasing) per image.  Erasing draws from the global ``random`` and torch RNGs of this process, which
+    ``archspec train`` reseeds at every step, so a resumed run erases exactly as an uninterrupted one does.
+
+    Raises:
+        ValueError: a channel count other than 1 or 3.
+    """
+
+    def __init__(self, channels: int, device: Any, reprob: float = 0.0):
+        if channels not in (1, 3):
+            raise ValueError(f"{channels} input channels: archspec reads grey (1) or RGB (3) images")
+        mean, std = (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD) if channels == 3 else ((0.5,), (0.5,))
+        self.mean = torch.tensor([255 * m for m in mean], device=device).view(1, channels, 1, 1)
+        self.std = torch.tensor([255 * v for v in std], device=device).view(1, channels, 1, 1)
+        self.erase = (RandomErasing(reprob, mode="pixel", max_count=1, device=device) if reprob > 0 else None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float().sub_(self.mean).div_(self.std)
+        return self.erase(x) if self.erase is not None else x
 
 
 _AA_SECTIONS = {"rand": ("mstd", "mmax", "inc", "m", "n", "p"), "augmix": ("mstd", "m", "w", "d", "a", "b")}

@@ -1,0 +1,38 @@
+#!/bin/bash
+# The GPU figures of docs/benchmarks.md ("Training throughput") and docs/search.md ("Is the placement worth it?")
+# in one call of a lent GPU machine (16 cores, one H100), results under $OUT:
+#
+#   bash bench/gpu_session.sh                         # OUT defaults to /tmp/archspec-gpu
+#   PARTS=throughput bash bench/gpu_session.sh        # only part 1 (PARTS: throughput, masks)
+#
+# The machine has torch, timm and scikit-learn but no pydantic or Optuna: where a folder .whl holds wheels
+# (pip download ... pydantic pydantic-core annotated-types typing-inspection typing-extensions timm), they are
+# installed into /tmp/site first.  The mask comparison needs a best.yaml of the default `archspec search masks
+# mait_tiny_sch1` run (CPU) in masks/ (FOUND=path to override).
+set -u
+OUT=${OUT:-/tmp/archspec-gpu}
+FOUND=${FOUND:-masks/best.yaml}
+PARTS=${PARTS:-throughput masks}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
+  python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__)"
+  git rev-parse --short HEAD 2>/dev/null; } | tee "$OUT/machine.txt"
+
+# 1. archspec train vs timm's train_one_epoch on CUDA (bf16), batch 256 and 64, 12 loader workers
+[[ " $PARTS " == *" throughput "* ]] && for batch in 256 64; do
+    timeout 150 python3 bench/train_throughput.py --device cuda --batch "$batch" --workers 12 --threads 4 \
+        --steps 30 --repeats 2 --out "$OUT/train_throughput_cuda_b$batch" 2>&1 | grep -v Warning | tail -9
+done
+
+# 2. MaiT-T mask placements (found by the CPU default run, Sch.1, Sch.2, none, all) at the search's proxy
+#    protocol (400 steps, digits), 4 seeds each
+[[ " $PARTS " == *" masks "* ]] && timeout 240 python3 bench/mask_compare.py --device cuda --found "$FOUND" --seeds 0 1 2 3 \
+    --out "$OUT/mask_compare_cuda.json" 2>&1 | grep -v Warning | tail -30
