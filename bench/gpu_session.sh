@@ -27,12 +27,16 @@ export PYTHONUNBUFFERED=1
   git rev-parse --short HEAD 2>/dev/null; } | tee "$OUT/machine.txt"
 
 # 1. archspec train vs timm's train_one_epoch on CUDA (bf16), batch 256 and 64, 12 loader workers
-[[ " $PARTS " == *" throughput "* ]] && for batch in 256 64; do
-    timeout 150 python3 bench/train_throughput.py --device cuda --batch "$batch" --workers 12 --threads 4 \
-        --steps 30 --repeats 2 --out "$OUT/train_throughput_cuda_b$batch" 2>&1 | grep -v Warning | tail -9
-done
+if [[ " $PARTS " == *" throughput "* ]]; then
+    for batch in 256 64; do
+        timeout 150 python3 bench/train_throughput.py --device cuda --batch "$batch" --workers 12 --threads 4 \
+            --steps 30 --repeats 2 --out "$OUT/train_throughput_cuda_b$batch" 2>&1 | grep -v Warning | tail -9
+    done
+fi
 
 # 2. MaiT-T mask placements (found by the CPU default run, Sch.1, Sch.2, none, all) at the search's proxy
 #    protocol (400 steps, digits), 4 seeds each
-[[ " $PARTS " == *" masks "* ]] && timeout 240 python3 bench/mask_compare.py --device cuda --found "$FOUND" --seeds 0 1 2 3 \
-    --out "$OUT/mask_compare_cuda.json" 2>&1 | grep -v Warning | tail -30
+if [[ " $PARTS " == *" masks "* ]]; then
+    timeout 240 python3 bench/mask_compare.py --device cuda --found "$FOUND" --seeds 0 1 2 3 \
+        --out "$OUT/mask_compare_cuda.json" 2>&1 | grep -v Warning | tail -30
+fi
