@@ -4,6 +4,8 @@
     nice -n 19 python bench/space_table.py --designs 24 --resume    # the first 24 designs only (the seed check)
     python bench/space_table.py --report                            # seed-to-seed Kendall tau of what is written
     python bench/space_table.py --latency --resume                  # CPU latency pass (nothing else running!)
+    cp T.jsonl /tmp/b.jsonl; nice -n 19 python bench/space_table.py --out /tmp/b.jsonl --reverse --resume
+    python bench/space_table.py --merge /tmp/b.jsonl                # a second core from the other end, merged
 
 A NAS-benchmark table in the manner of NAS-Bench-201 / JAHS-Bench-201: each point of the space is trained once
 per seed with one fixed protocol (the *reference*), and everything a search could ask of it is written down, so
@@ -282,6 +284,8 @@ def tabulate(args) -> int:
     write_meta(out, PROTOCOL, commit)
     hand = {json.dumps(hand_params(h), sort_keys=True): name for name, h in HAND_DESIGNS.items()}
     todo = [(pt, s) for pt in order for s in args.seeds if (architecture_key(pt[2]), s) not in done]
+    if args.reverse:  # a second process on the other core, from the other end (its own --out; then --merge)
+        todo.reverse()
     print(f"{len(order)} designs x {len(args.seeds)} seeds: {len(todo)} trainings to run", flush=True)
     for n, ((index, params, spec), seed) in enumerate(todo, 1):
         counts = analyze(spec)
@@ -328,6 +332,30 @@ def latency_pass(args) -> int:
     ratios = [max(v) / min(v) for v in ms.values()]
     print(f"{len(ms)} designs; pass-to-pass ratio median {sorted(ratios)[len(ratios) // 2]:.3f}, max {max(ratios):.3f}")
     return 0
+
+
+def merge(table: Path, other: Path) -> int:
+    """Append to ``table`` the rows of ``other`` (same protocol) whose (design, seed) it lacks; returns how many.
+    For a second tabulation process that ran ``--reverse`` into a copy of the table: the two meet in the middle,
+    and a pair both trained is kept once (the same seed gives the same row).
+
+    Raises:
+        SystemExit: ``other`` holds rows of another protocol."""
+    pid = protocol_id(PROTOCOL)
+    have = {(r["key"], r["seed"]) for r in load_rows(table)}
+    new = []
+    for r in load_rows(other):
+        if r.get("protocol_id") != pid:
+            raise SystemExit(f"{other}: a row of another protocol ({r.get('protocol_id')}); nothing merged")
+        if (r["key"], r["seed"]) not in have:
+            have.add((r["key"], r["seed"]))
+            new.append(r)
+    with table.open("a", encoding="utf-8") as f:
+        for r in new:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return len(new)
 
 
 def seed_report(rows: list[dict]) -> dict:
@@ -393,9 +421,16 @@ def main(argv=None) -> int:
     parser.add_argument("--designs", type=int, default=None, help="only the first N designs of the fixed order")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds per design (default 0 1)")
     parser.add_argument("--report", action="store_true", help="print the seed-to-seed Kendall tau of the table")
+    parser.add_argument("--reverse", action="store_true",
+                        help="train the pairs in reverse order (a second process, into a copy of the table)")
+    parser.add_argument("--merge", default=None, metavar="FILE",
+                        help="append FILE's rows whose (design, seed) the table lacks, then stop")
     parser.add_argument("--latency", action="store_true",
                         help="the latency pass (two passes, LeViT's CPU protocol) into <out>.latency.json")
     args = parser.parse_args(argv)
+    if args.merge:
+        print(f"merged {merge(Path(args.out), Path(args.merge))} rows of {args.merge}")
+        return 0
     if args.report:
         print(json.dumps(seed_report(load_rows(Path(args.out))), indent=1))
         return 0

@@ -114,3 +114,24 @@ def test_three_seed_means_and_every_split_by_hand():
     assert three["all_splits"] == {"n": 10, "mean": pytest.approx(0.7333, abs=1e-4),
                                    "min": pytest.approx(1 / 3, abs=1e-4), "max": pytest.approx(1.0)}
     assert -1 <= three["ci"][0] <= three["ci"][1] <= 1
+
+
+def test_merge_appends_only_the_pairs_the_table_lacks(tmp_path):
+    """A second process ran --reverse into a copy: its copied rows and the pair both trained are not added twice;
+    a row of another protocol stops the merge before anything is written."""
+    import json
+
+    bench = _bench()
+    pid = bench.protocol_id(bench.PROTOCOL)
+    row = lambda key, seed, acc: {"protocol_id": pid, "key": key, "seed": seed, "final_accuracy": acc}  # noqa: E731
+    table, other = tmp_path / "t.jsonl", tmp_path / "o.jsonl"
+    table.write_text("".join(json.dumps(r) + "\n" for r in [row("a", 0, 0.7), row("a", 1, 0.71)]))
+    other.write_text("".join(json.dumps(r) + "\n" for r in [row("a", 0, 0.7), row("b", 1, 0.8), row("b", 0, 0.79),
+                                                             row("b", 1, 0.8)]))
+    assert bench.merge(table, other) == 2
+    assert [(r["key"], r["seed"]) for r in bench.load_rows(table)] == [("a", 0), ("a", 1), ("b", 1), ("b", 0)]
+    other.write_text(json.dumps({**row("c", 0, 0.5), "protocol_id": "elsewhere"}) + "\n")
+    before = table.read_text()
+    with pytest.raises(SystemExit, match="another protocol"):
+        bench.merge(table, other)
+    assert table.read_text() == before
