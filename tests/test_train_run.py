@@ -365,3 +365,23 @@ def test_clip_grad_bounds_the_update(one_thread):
     trainer.step(torch.randn(16, 8) * 100, torch.randint(0, 3, (16,)), 1)
     change = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
     assert 0.0099 < change.norm().item() <= 0.0100001
+
+
+def test_device_transform_normalises_as_timm_and_erases_only_in_training():
+    """uint8 255 / 0 become (1 - mean) / std and -mean / std per channel (ImageNet's for RGB, 0.5 for grey: timm's
+    ToTensor + Normalize by hand); reprob 1.0 erases part of every image, reprob 0 nothing."""
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    from archspec.train.streamed_data import DeviceTransform
+
+    x = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
+    x[0] = 255
+    out = DeviceTransform(3, "cpu")(x)
+    for c, (m, s) in enumerate(zip(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)):
+        assert torch.allclose(out[0, c], torch.full((8, 8), (1 - m) / s))
+        assert torch.allclose(out[1, c], torch.full((8, 8), -m / s))
+    grey = DeviceTransform(1, "cpu")(torch.full((1, 1, 4, 4), 255, dtype=torch.uint8))
+    assert torch.allclose(grey, torch.ones_like(grey))
+    torch.manual_seed(0)
+    erased = DeviceTransform(3, "cpu", reprob=1.0)(x)
+    assert (erased != out).any(dim=(1, 2, 3)).all()

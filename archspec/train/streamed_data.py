@@ -117,17 +117,13 @@ class DeviceTransform:
     (1 channel), then, for training, timm ``RandomErasing(reprob, mode="pixel", max_count=1)`` (DeiT's
     erasing) per image.  Erasing draws from the global ``random`` and torch RNGs of this process, which
     ``archspec train`` reseeds at every step, so a resumed run erases exactly as an uninterrupted one does.
-
-    Raises:
-        ValueError: a channel count other than 1 or 3.
+    Raises nothing of its own.
     """
 
     def __init__(self, channels: int, device: Any, reprob: float = 0.0):
-        if channels not in (1, 3):
-            raise ValueError(f"{channels} input channels: archspec reads grey (1) or RGB (3) images")
         mean, std = (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD) if channels == 3 else ((0.5,), (0.5,))
-        self.mean = torch.tensor([255 * m for m in mean], device=device).view(1, channels, 1, 1)
-        self.std = torch.tensor([255 * v for v in std], device=device).view(1, channels, 1, 1)
+        self.mean = torch.tensor([255 * m for m in mean], device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor([255 * v for v in std], device=device).view(1, -1, 1, 1)
         self.erase = (RandomErasing(reprob, mode="pixel", max_count=1, device=device) if reprob > 0 else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
