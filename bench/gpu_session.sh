@@ -14,8 +14,9 @@ OUT=${OUT:-/tmp/archspec-gpu}
 FOUND=${FOUND:-masks/best.yaml}
 PARTS=${PARTS:-throughput masks}
 mkdir -p "$OUT"
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+WHEELS=${WHEELS:-.whl}
+if [ -d "$WHEELS" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
         || exit 1
     export PYTHONPATH=/tmp/site:$PWD
 else
@@ -30,13 +31,26 @@ export PYTHONUNBUFFERED=1
 if [[ " $PARTS " == *" throughput "* ]]; then
     for batch in 256 64; do
         timeout 150 python3 bench/train_throughput.py --device cuda --batch "$batch" --workers 12 --threads 4 \
-            --steps 30 --repeats 2 --out "$OUT/train_throughput_cuda_b$batch" 2>&1 | grep -v Warning | tail -9
+            --steps 30 --repeats "${TP_REPEATS:-3}" --out "$OUT/train_throughput_cuda_b$batch" 2>&1 | grep -v Warning | tail -9
     done
 fi
 
-# 2. MaiT-T mask placements (found by the CPU default run, Sch.1, Sch.2, none, all) at the search's proxy
-#    protocol (400 steps, digits), 4 seeds each
+# 2. MaiT-T mask placements (found by the CPU default run, Sch.1, Sch.2, none, all), MASK_SEEDS seeds each, at
+#    MASK_STEPS proxy steps (the search's proxy otherwise: digits, lr 1e-3, batch 32).  One MaiT-T proxy is
+#    launch-bound on a large GPU, so every placement x seed trains in its own process, side by side (one CPU
+#    thread each), and the parts are merged.  MASK_TIMEOUT caps each process (default: what is left of 570 s).
 if [[ " $PARTS " == *" masks "* ]]; then
-    timeout 240 python3 bench/mask_compare.py --device cuda --found "$FOUND" --seeds 0 1 2 3 \
-        --out "$OUT/mask_compare_cuda.json" 2>&1 | grep -v Warning | tail -30
+    MASK_STEPS=${MASK_STEPS:-1500}
+    MASK_SEEDS=${MASK_SEEDS:-0 1 2}
+    mkdir -p "$OUT/masks"
+    for p in found sch1 sch2 none all; do
+        for s in $MASK_SEEDS; do
+            OMP_NUM_THREADS=1 timeout "${MASK_TIMEOUT:-$((570 - SECONDS))}" python3 bench/mask_compare.py --device "${MASK_DEVICE:-cuda}" \
+                --found "$FOUND" --only "$p" --seeds "$s" --steps "$MASK_STEPS" ${MASK_ARGS:-} \
+                --out "$OUT/masks/part_${p}_$s.json" > "$OUT/masks/log_${p}_$s.txt" 2>&1 &
+        done
+    done
+    wait
+    grep -h ": acc" "$OUT"/masks/log_*.txt
+    python3 bench/mask_compare.py --merge "$OUT"/masks/part_*.json --out "$OUT/mask_compare_cuda.json"
 fi

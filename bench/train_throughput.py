@@ -20,6 +20,13 @@ pinned memory and non-blocking copies.
     python bench/train_throughput.py --device cuda --batch 256 --workers 8
 
 Writes ``bench/train_throughput.json`` and ``.md`` (images/s per run, and the ratio archspec / timm).
+
+``--worker-cost N`` times instead what one loader worker does per image, in this process and on one thread: N
+training images through archspec's ``SeededSamples`` (per-sample seeding + timm's transform to ``uint8``) and
+``default_collate``, against timm's dataset with the same transform (as ``create_loader(use_prefetcher=True)``
+builds it) and ``fast_collate``, in batches of ``--batch``, ABAB for ``--repeats``; ms per image.
+
+    python bench/train_throughput.py --worker-cost 512 --batch 256 --repeats 4
 """
 
 from __future__ import annotations
@@ -117,6 +124,42 @@ def timm_run(spec, root: Path, steps: int, batch: int, workers: int, device: str
     return steps * batch / (time.perf_counter() - start)
 
 
+def worker_cost(root: Path, size: tuple[int, int], n: int, batch: int, repeats: int) -> list[dict]:
+    """ms per image of a loader worker's work: archspec's seeded samples + default_collate vs timm's dataset +
+    fast_collate, same timm transform (``uint8`` output), ABAB order."""
+    from timm.data import create_dataset
+    from timm.data.loader import fast_collate
+    from torch.utils.data import default_collate
+    from torchvision.datasets import ImageFolder
+
+    from archspec.train.batches import SeededSamples
+    from archspec.train.config import recipe
+    from archspec.train.streamed_data import make_transforms
+
+    train_tf, _ = make_transforms(3, size, recipe("short", batch))
+    ours = SeededSamples(ImageFolder(str(root / "train")), train_tf, seed=0)
+    theirs = create_dataset("", root=str(root), split="train", is_training=True)
+    theirs.transform = train_tf.transform  # timm's own transform, without archspec's mode wrapper
+    n = min(n, len(ours))
+
+    def run_ours() -> None:
+        for start in range(0, n, batch):
+            default_collate([ours[(0, i)] for i in range(start, min(start + batch, n))])
+
+    def run_theirs() -> None:
+        for start in range(0, n, batch):
+            fast_collate([theirs[i] for i in range(start, min(start + batch, n))])
+
+    rows = []
+    for repeat in range(repeats):
+        for name, fn in (("archspec worker", run_ours), ("timm worker", run_theirs)):
+            t = time.perf_counter()
+            fn()
+            rows.append({"loop": name, "repeat": repeat + 1, "ms_per_image": round(1e3 * (time.perf_counter() - t) / n, 4)})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
 
@@ -138,9 +181,21 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="the images cover the run in this many epochs")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--out", default=str(HERE / "train_throughput"))
+    parser.add_argument("--worker-cost", type=int, default=None, metavar="N",
+                        help="time a loader worker's per-image work on N images instead (one thread)")
     args = parser.parse_args()
     import archspec
 
+    if args.worker_cost:
+        torch.set_num_threads(1)
+        spec = archspec.load_spec(args.spec)
+        with tempfile.TemporaryDirectory(prefix="archspec-bench-") as tmp:
+            root = make_folder(Path(tmp), spec.input.resolution[0], args.worker_cost, n_val=4)
+            rows = worker_cost(root, tuple(spec.input.resolution), args.worker_cost, args.batch, args.repeats)
+        mean = {k: np.mean([r["ms_per_image"] for r in rows if r["loop"] == k]) for k in ("archspec worker",
+                                                                                          "timm worker")}
+        print(f"ratio archspec / timm ms per image: {mean['archspec worker'] / mean['timm worker']:.3f}")
+        return
     torch.set_num_threads(args.threads)
     spec = archspec.load_spec(args.spec)
     # --epochs 1: one epoch covers the run; N: N epochs of steps // N batches each (the last partial one dropped)
