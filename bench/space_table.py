@@ -1,6 +1,6 @@
 """Tabulate a finite design space: learning curves, TSE, zero-cost scores and counts for every point (issue 32).
 
-    nice -n 19 python bench/space_table.py --resume                 # every point of levit_small, seeds 0 and 1
+    nice -n 19 python bench/space_table.py --resume                 # every point of levit_small, seeds 0, 1, 2
     nice -n 19 python bench/space_table.py --designs 24 --resume    # the first 24 designs only (the seed check)
     python bench/space_table.py --report                            # seed-to-seed Kendall tau of what is written
     python bench/space_table.py --latency --resume                  # CPU latency pass (nothing else running!)
@@ -35,7 +35,7 @@ designs, as in ConViT.
 Rows are appended one per (design, seed) to ``--out`` (JSON lines, flushed and fsynced per row); ``--resume``
 skips the pairs already written, and refuses a file written under another protocol.  The order is fixed: the
 designs of a seeded permutation of the space (seed 0), so the first ``--designs N`` are N designs spread at
-random over the space, then the hand designs (``HAND_DESIGNS``), then the rest; both seeds of a design run back
+random over the space, then the hand designs (``HAND_DESIGNS``), then the rest; the seeds of a design run back
 to back.  The sidecar ``<out>.meta.json`` holds the protocol, the machine, the versions and the commits that
 wrote rows.
 """
@@ -419,7 +419,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the table (JSON lines; default: the shipped table)")
     parser.add_argument("--resume", action="store_true", help="continue a table: skip the (design, seed) pairs written")
     parser.add_argument("--designs", type=int, default=None, help="only the first N designs of the fixed order")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds per design (default 0 1)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                        help="seeds per design (default 0 1 2: the 3-seed mean is the reference that reproduces "
+                             "itself, docs/search-works.md)")
     parser.add_argument("--report", action="store_true", help="print the seed-to-seed Kendall tau of the table")
     parser.add_argument("--reverse", action="store_true",
                         help="train the pairs in reverse order (a second process, into a copy of the table)")
