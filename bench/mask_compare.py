@@ -27,12 +27,12 @@ protocol only).  ``--latency`` trains nothing: it measures each placement's late
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 import json
 import os
 import platform
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch

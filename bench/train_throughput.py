@@ -155,7 +155,8 @@ def worker_cost(root: Path, size: tuple[int, int], n: int, batch: int, repeats: 
         for name, fn in (("archspec worker", run_ours), ("timm worker", run_theirs)):
             t = time.perf_counter()
             fn()
-            rows.append({"loop": name, "repeat": repeat + 1, "ms_per_image": round(1e3 * (time.perf_counter() - t) / n, 4)})
+            ms = 1e3 * (time.perf_counter() - t) / n
+            rows.append({"loop": name, "repeat": repeat + 1, "ms_per_image": round(ms, 4)})
             print(rows[-1], flush=True)
     return rows
 
