@@ -3,7 +3,7 @@
 # in one call of a lent GPU machine (16 cores, one H100), results under $OUT:
 #
 #   bash bench/gpu_session.sh                         # OUT defaults to /tmp/archspec-gpu
-#   PARTS=throughput bash bench/gpu_session.sh        # only part 1 (PARTS: throughput, masks)
+#   PARTS=throughput bash bench/gpu_session.sh        # only part 1 (PARTS: throughput, masks, profile)
 #
 # The machine has torch, timm and scikit-learn but no pydantic or Optuna: where a folder .whl holds wheels
 # (pip download ... pydantic pydantic-core annotated-types typing-inspection typing-extensions timm), they are
@@ -33,6 +33,12 @@ if [[ " $PARTS " == *" throughput "* ]]; then
         timeout 150 python3 bench/train_throughput.py --device cuda --batch "$batch" --workers 12 --threads 4 \
             --steps 30 --repeats "${TP_REPEATS:-3}" --out "$OUT/train_throughput_cuda_b$batch" 2>&1 | grep -v Warning | tail -9
     done
+fi
+
+# 1b. (PARTS=profile) where batch 256's gap sits: both loops under torch.profiler, 2 repeats (issue 38)
+if [[ " $PARTS " == *" profile "* ]]; then
+    timeout 240 python3 bench/train_throughput.py --device cuda --batch 256 --workers 12 --threads 4 --steps 30 \
+        --repeats 2 --profile --out "$OUT/train_throughput_cuda_b256_profile" 2>&1 | grep -v Warning | tail -9
 fi
 
 # 2. MaiT-T mask placements (found by the CPU default run, Sch.1, Sch.2, none, all), MASK_SEEDS seeds each, at

@@ -27,6 +27,11 @@ training images through archspec's ``SeededSamples`` (per-sample seeding + timm'
 builds it) and ``fast_collate``, in batches of ``--batch``, ABAB for ``--repeats``; ms per image.
 
     python bench/train_throughput.py --worker-cost 512 --batch 256 --repeats 4
+
+``--profile``: each timed run under ``torch.profiler`` (CPU activity; CUDA too on a GPU), and the ops that take
+the most self time on the main process written per loop to ``OUT.profile.md`` -- where a gap between the loops
+sits (the DataLoader's ``__next__`` is the wait for the workers; ``cudaStreamSynchronize``/``copy_`` are the
+device's).  The profiler costs time itself: read the rates of a profiled run only against each other.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import platform
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -161,6 +167,27 @@ def worker_cost(root: Path, size: tuple[int, int], n: int, batch: int, repeats: 
     return rows
 
 
+@contextmanager
+def _profiled(enabled: bool, device: str):
+    """``torch.profiler.profile`` over the block when ``enabled`` (CPU activity, plus CUDA on a GPU), else ``None``."""
+    if not enabled:
+        yield None
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        yield prof
+
+
+def _top_ops(prof, device: str, rows: int = 15) -> str:
+    """The profile's ops by main-process self CPU time (and self CUDA time on a GPU), as a text table."""
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    if device == "cuda":
+        table += "\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows)
+    return table
+
+
 def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
 
@@ -182,6 +209,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="the images cover the run in this many epochs")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--out", default=str(HERE / "train_throughput"))
+    parser.add_argument("--profile", action="store_true", help="profile each timed run (torch.profiler)")
     parser.add_argument("--worker-cost", type=int, default=None, metavar="N",
                         help="time a loader worker's per-image work on N images instead (one thread)")
     args = parser.parse_args()
@@ -211,9 +239,13 @@ def main() -> None:
         for run in (archspec_run, timm_run):
             run(spec, root, 3, args.batch, args.workers, args.device)
         loops = [("archspec train", archspec_run), ("timm train_one_epoch", timm_run)]
+        profiles: dict[str, list[str]] = {}
         for repeat in range(args.repeats):  # ABBA order: a drift of the machine's speed falls on both loops
             for name, run in (loops if repeat % 2 == 0 else loops[::-1]):
-                rate = run(spec, root, args.steps, args.batch, args.workers, args.device)
+                with _profiled(args.profile, args.device) as prof:
+                    rate = run(spec, root, args.steps, args.batch, args.workers, args.device)
+                if prof is not None:
+                    profiles.setdefault(name, []).append(_top_ops(prof, args.device))
                 rows.append({"loop": name, "repeat": repeat + 1, "images_per_s": round(rate, 2)})
                 print(rows[-1], flush=True)
     mean = {name: np.mean([r["images_per_s"] for r in rows if r["loop"] == name]) for name in
@@ -230,6 +262,9 @@ def main() -> None:
     lines += [f"| {r['loop']} | {r['repeat']} | {r['images_per_s']} |" for r in rows]
     lines.append(f"\nratio archspec / timm (mean of runs): {ratio:.3f}")
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    if profiles:
+        text = [f"## {name}, run {i + 1}\n\n```\n{t}\n```\n" for name, ts in profiles.items() for i, t in enumerate(ts)]
+        Path(args.out + ".profile.md").write_text("\n".join(text))
     print("\n".join(lines))
 
 
