@@ -41,9 +41,9 @@ def test_table_rows_match_the_space_and_the_protocol(table):
     seen = set()
     for key, by_seed in table.rows.items():
         assert key in points, f"row {key[:12]} is no point of levit_small"
-        # seeds 0 and 1 for every design written so far; the seed check's designs also 2 to 5 (the reference as a
-        # mean of seeds, docs/search-works.md; a --reverse process may have written 5 before 4)
-        assert 0 in by_seed and set(by_seed) <= set(range(6)), sorted(by_seed)
+        # seeds 0-2 per design (the reference is a 3-seed mean, docs/search-works.md), 0-5 for the seed check's
+        # designs; a design being written may hold any of them (a --reverse process writes its seeds from the top)
+        assert by_seed and set(by_seed) <= set(range(6)), sorted(by_seed)
         for seed, row in by_seed.items():
             assert (key, seed) not in seen
             seen.add((key, seed))
