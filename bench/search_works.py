@@ -90,15 +90,16 @@ def cross_seed(designs, value, seeds: tuple[int, ...] = (0, 1)) -> dict:
     return {"tau": float(np.mean(taus)), "p": float(np.exp(np.mean(np.log(ps)))), "ci": [low, high]}
 
 
-def fidelity_table(rows: list[dict]) -> dict:
-    """Every fidelity's tau against the reference, with its cost (see the module docstring)."""
-    seeds = common_seeds(rows)
+def fidelity_table(rows: list[dict], seeds: tuple[int, ...] | None = None) -> dict:
+    """Every fidelity's tau against the reference, with its cost (see the module docstring), on the designs that
+    hold every seed of ``seeds`` (default: :func:`common_seeds`)."""
+    seeds = tuple(seeds) if seeds else common_seeds(rows)
     designs = paired_designs(rows, seeds)
     if len(designs) < 4:
         raise SystemExit(f"only {len(designs)} designs have both seeds: nothing to rank yet")
     mean_final = [float(np.mean([d[s]["final_accuracy"] for s in seeds])) for d in designs]
-    seed0 = [d[0]["final_accuracy"] for d in designs]
-    seed1 = [d[1]["final_accuracy"] for d in designs]
+    seed0 = [d[seeds[0]]["final_accuracy"] for d in designs]
+    seed1 = [d[seeds[1]]["final_accuracy"] for d in designs]
     t, p = kendalltau(seed0, seed1)
     out = {"designs": len(designs), "seeds": list(seeds),
            "reference_seed_to_seed": {"tau": float(t), "p": float(p), "ci": list(bootstrap(seed0, seed1))},
@@ -110,20 +111,20 @@ def fidelity_table(rows: list[dict]) -> dict:
         t, p = kendalltau(half_a, half_b)
         out["reference_split_means"] = {"seeds_per_half": k, "tau": float(t), "p": float(p),
                                         "ci": list(bootstrap(half_a, half_b))}
-    steps = [s for s, *_ in designs[0][0]["curve"]]
+    steps = [s for s, *_ in designs[0][seeds[0]]["curve"]]
     for i, step in enumerate(steps):
         cost = float(np.mean([d[s]["tse"][i][2] for d in designs for s in seeds]))
         out["fidelities"].append({"fidelity": f"val top-1 at step {step}", "cost_s": cost,
                                   **cross_seed(designs, lambda r, i=i: r["curve"][i][1], seeds)})
         out["fidelities"].append({"fidelity": f"TSE (sum of train losses) to step {step}", "cost_s": cost,
                                   **cross_seed(designs, lambda r, i=i: -r["tse"][i][1], seeds)})
-    for name in sorted(designs[0][0]["zc"]):
+    for name in sorted(designs[0][seeds[0]]["zc"]):
         cost = float(np.mean([d[s].get("zc_seconds", {}).get(name, 0.0) for d in designs for s in seeds]))
         out["fidelities"].append({"fidelity": f"zero-cost {name}", "cost_s": cost,
                                   **cross_seed(designs, lambda r, n=name: r["zc"][n] if r["zc"][n] is not None
                                                else -np.inf, seeds)})
     for name, field in (("#MACs", "macs"), ("#params", "n_params")):
-        x = [d[0][field] for d in designs]
+        x = [d[seeds[0]][field] for d in designs]
         t, p = kendalltau(x, mean_final)
         out["fidelities"].append({"fidelity": name, "cost_s": 0.0, "tau": float(t), "p": float(p),
                                   "ci": list(bootstrap(x, mean_final))})
@@ -164,9 +165,10 @@ class Truth:
 
     def __init__(self, table):
         self.table = table
-        self.accuracy = {k: float(np.mean([r["final_accuracy"] for r in by.values()])) for k, by in table.rows.items()}
-        self.macs = {k: next(iter(by.values()))["macs"] for k, by in table.rows.items()}
-        self.latency = dict(table.latency_ms)
+        seeds, keys = table.seeds, table.tabulated  # the designs the oracle answers, each the mean of these seeds
+        self.accuracy = {k: float(np.mean([table.rows[k][s]["final_accuracy"] for s in seeds])) for k in keys}
+        self.macs = {k: table.rows[k][seeds[0]]["macs"] for k in keys}
+        self.latency = {k: ms for k, ms in table.latency_ms.items() if k in keys}
         accs, macs = list(self.accuracy.values()), list(self.macs.values())
         lats = list(self.latency.values()) or [1.0]
         self.bounds = {"accuracy": (min(accs), max(accs)), "macs": (min(macs), max(macs)),
@@ -222,9 +224,11 @@ def trace(study, truth: Truth, seed: int, steps: int, macs_budget: float) -> lis
 
 
 def simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget: float,
-             methods: dict | None = None) -> dict:
-    """Every method, ``repeats`` times (seeds 0..repeats-1), each a real ``archspec search --oracle`` of
-    ``trials`` trained candidates with ``steps``-step proxies, on an in-memory storage: their traces."""
+             methods: dict | None = None, objective: str = "pareto") -> dict:
+    """Every method, ``repeats`` times (seeds 0..repeats-1), each a real ``archspec search --oracle
+    --oracle-subset`` of ``trials`` trained candidates with ``steps``-step proxies, on an in-memory storage: their
+    traces.  ``--oracle-subset`` keeps every method to the designs the table holds (all of the space once the table
+    is complete; a point it lacks is infeasible for every method alike)."""
     import tempfile
 
     from archspec.search import run_design
@@ -237,12 +241,14 @@ def simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget
         runs = []
         for seed in range(repeats):
             with tempfile.TemporaryDirectory() as tmp:
-                outcome = run_design(space=table.space, oracle=table_path, trials=trials, timeout=None,
+                outcome = run_design(space=table.space, oracle=table_path, oracle_subset=True, objective=objective,
+                                     trials=trials, timeout=None,
                                      trial_timeout=None, protocol={"steps": steps}, seed=seed, storage="memory",
                                      out=Path(tmp) / "run", progress=False, **options)
             runs.append(trace(outcome.study, truth, seed, steps, macs_budget))
         results[name] = runs
-    return {"table": table_path, "repeats": repeats, "trials": trials, "steps": steps, "macs_budget": macs_budget,
+    return {"table": table_path, "designs": len(truth.accuracy), "seeds": table.seeds, "objective": objective,
+            "repeats": repeats, "trials": trials, "steps": steps, "macs_budget": macs_budget,
             "bounds": truth.bounds, "methods": results}
 
 
@@ -337,12 +343,16 @@ def main(argv=None) -> int:
     fid = sub.add_parser("fidelity", help="Kendall tau of every fidelity against the reference")
     fid.add_argument("--table", default=str(DEFAULT_TABLE))
     fid.add_argument("--json", default=None, help="also write the result here")
+    fid.add_argument("--seeds", type=int, nargs="+", default=None,
+                     help="rank the designs that hold these seeds (default: the most seeds that 4 designs share)")
     sim = sub.add_parser("simulate", help="search methods against random sampling on the oracle")
     sim.add_argument("--table", default=str(DEFAULT_TABLE))
     sim.add_argument("--repeats", type=int, default=20)
     sim.add_argument("--trials", type=int, default=20, help="trained candidates per search (default 20)")
     sim.add_argument("--steps", type=int, default=None, help="proxy steps (default: the search's default)")
     sim.add_argument("--macs-budget", type=float, default=20e6, help="for best accuracy under a MAC budget")
+    sim.add_argument("--objective", choices=("pareto", "accuracy"), default="pareto",
+                     help="pareto (default; needs the table's latency pass) or accuracy")
     sim.add_argument("--json", default="search_works_simulate.json")
     sim.add_argument("--plot", default=None, help="PNG of the anytime hypervolume (accuracy, latency)")
     args = parser.parse_args(argv)
@@ -350,20 +360,25 @@ def main(argv=None) -> int:
         from archspec.search.proxy import ProxyProtocol
 
         steps = args.steps or ProxyProtocol().steps
-        result = simulate(args.table, args.repeats, args.trials, steps, args.macs_budget)
+        result = simulate(args.table, args.repeats, args.trials, steps, args.macs_budget, objective=args.objective)
         result["comparison"] = compare(result)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         if args.plot:
             plot(result, args.plot)
+        print(f"{result['designs']} designs, reference seeds {result['seeds']}; each method {args.repeats} x "
+              f"{args.trials} trained; at the common budget {result['comparison']['budget_seconds']:.0f} simulated s:")
         for name, entry in result["comparison"]["methods"].items():
-            hv = entry["hv_latency_at_budget"]
-            print(f"{name}: HV(acc, latency) at {result['comparison']['budget_seconds']:.0f} s median "
-                  f"{hv['median']:.3f} IQR {hv['iqr'][0]:.3f}..{hv['iqr'][1]:.3f}"
-                  + (f", Wilcoxon p {hv['wilcoxon_p_vs_baseline']:.3g} ({hv['wins']} wins)"
-                     if "wilcoxon_p_vs_baseline" in hv else ""))
+            print(f"  {name}:")
+            for field in ("hv_latency", "hv_macs", "best_under_budget"):
+                v = entry[f"{field}_at_budget"]
+                if v["median"] is None:
+                    continue
+                print(f"    {field}: median {v['median']:.4f} IQR {v['iqr'][0]:.4f}..{v['iqr'][1]:.4f}"
+                      + (f", Wilcoxon p {v['wilcoxon_p_vs_baseline']:.3g} ({v['wins']} wins)"
+                         if "wilcoxon_p_vs_baseline" in v else ""))
         return 0
     rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()]
-    result = fidelity_table(rows)
+    result = fidelity_table(rows, args.seeds)
     print(markdown(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -190,6 +190,53 @@ def test_oracle_cli_exit_2_on_a_broken_table(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_oracle_subset_searches_only_the_tabulated_designs(tmp_path, monkeypatch):
+    """--oracle-subset: a design the table lacks is infeasible (never answered, costs nothing); the best of the
+    rest wins.  Point 1 (the best) is missing, so point 3 must win."""
+    path, points = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7], drop=1)
+    monkeypatch.setattr("archspec.search.proxy.train_proxy", None)  # would fail if anything trained
+    outcome = run_design(space=TINY_SPACE, oracle=str(path), oracle_subset=True, objective="accuracy",
+                         fidelity="none", trials=3, protocol={"steps": 80}, out=tmp_path / "run", progress=False,
+                         sampler="random", seed=0)
+    assert architecture_key(outcome.best_spec) == architecture_key(points[3][1])
+    missing = architecture_key(points[1][1])
+    by_status = {}
+    for t in outcome.study.trials:
+        by_status.setdefault(t.user_attrs.get("status"), set()).add(t.user_attrs["arch_key"])
+    assert missing not in by_status.get("trained", set())
+    skipped = [t for t in outcome.study.trials if t.user_attrs["arch_key"] == missing]
+    assert all(t.user_attrs["infeasible_reason"] == "not in the oracle's table (--oracle-subset)" for t in skipped)
+    assert outcome.summary["oracle"]["subset"] is True and outcome.summary["oracle"]["designs"] == 3
+
+
+def test_reference_seeds_decide_which_designs_a_partial_table_holds(tmp_path):
+    """A design being written (seed 0 of the sidecar's reference seeds 0 and 1) is not yet in the table; extra
+    seeds of another design do not change the reference."""
+    path, points = _table(tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    partial = architecture_key(points[0][1])
+    rows = [r for r in rows if not (r["key"] == partial and r["seed"] == 1)]
+    rows.append({**rows[-1], "seed": 2, "final_accuracy": 0.1})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    meta = json.loads((tmp_path / "tiny.meta.json").read_text())
+    (tmp_path / "tiny.meta.json").write_text(json.dumps({**meta, "reference_seeds": [0, 1]}))
+    table = load_table(path)
+    assert table.seeds == [0, 1] and table.tabulated == {architecture_key(s) for _, s in points[1:]}
+    with pytest.raises(SpecError, match="not in the table"):
+        table.row(points[0][1], 0)
+    assert table.row(points[3][1], 2)["seed"] == 0  # search seed 2 -> reference seed 0, never the extra seed 2
+    with pytest.raises(SpecError, match="lacks 1 design"):
+        run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="none", trials=2,
+                   protocol={"steps": 80}, out=tmp_path / "run", progress=False)
+
+
+def test_oracle_subset_without_oracle_is_exit_2(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "archspec", "search", "--oracle-subset", "--out",
+                          str(tmp_path / "run")], capture_output=True, text=True)
+    assert out.returncode == 2 and "--oracle-subset needs --oracle" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("field, value, words", [
     ("curve", [[10, "high", 1.0]], "curve and tse"),
     ("curve", [[20, 0.5, 1.0], [10, 0.6, 1.0]], "increasing steps"),
@@ -207,7 +254,7 @@ def test_a_malformed_row_is_a_located_error(tmp_path, field, value, words):
     assert err.value.problems[0].path == ("--oracle",) and "line 2" in str(err.value) and words in str(err.value)
 
 
-@pytest.mark.parametrize("option", [["--oracle", "levit_small"], ["--list"]])
+@pytest.mark.parametrize("option", [["--oracle", "levit_small"], ["--oracle-subset"], ["--list"]])
 def test_mask_placement_refuses_design_only_options(tmp_path, capsys, option):
     from archspec.cli import main
 

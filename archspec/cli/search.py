@@ -283,6 +283,10 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
                           "bench/space_table.py, or a shipped table's name: levit_small): the proxy at step k is the "
                           "table's learning curve at step k, zero-cost scores and latency are the table's; the "
                           "engine, sampler, budgets and rungs are the real ones (docs: Does the search work?)")
+    obj.add_argument("--oracle-subset", action="store_true",
+                     help="with --oracle: search only the designs the table holds (every reference seed); the "
+                          "space's other points are infeasible, as if over a budget (for a table still being "
+                          "written, or one of a sample of the space)")
     obj.add_argument("--prune", action="store_true",
                      help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
     obj.add_argument("--fidelity", choices=FIDELITIES, default=DEFAULT_FIDELITY,
@@ -400,6 +404,7 @@ def _config(args, **overrides):
         fidelity=getattr(args, "fidelity", "none"), eta=getattr(args, "eta", 3),
         zc_score=getattr(args, "zc_score", "synflow"),
         min_steps=getattr(args, "min_steps", None), oracle=getattr(args, "oracle", None),
+        oracle_subset=getattr(args, "oracle_subset", False),
     )
     if args.study_name is not None:
         from archspec.search.study import validate_study_name
@@ -464,10 +469,11 @@ def cmd_search_masks(args: argparse.Namespace) -> int:
     from archspec.search.config import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S
     from archspec.search.masks import MaskConfig, run_masks
 
-    for option in ("oracle", "list"):  # design-search options: mask placement trains the given spec itself
+    for option in ("oracle", "oracle_subset", "list"):  # design-search only: masks train the given spec
         if getattr(args, option, None):
-            raise SpecError.single((f"--{option}",), f"--{option} applies to mode 1 (design search), not to masks",
-                                   "drop it, or run `archspec search --space ... --" + option + " ...`")
+            flag = "--" + option.replace("_", "-")
+            raise SpecError.single((flag,), f"{flag} applies to mode 1 (design search), not to masks",
+                                   f"drop it, or run `archspec search --space ... {flag} ...`")
     if (getattr(args, "budget_flops", None) or getattr(args, "budget_params", None)
             or getattr(args, "budget_latency", None)):
         raise SpecError.single(("--budget-flops",), "budgets apply to mode 1 (design); mask placement keeps the "

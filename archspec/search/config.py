@@ -98,6 +98,7 @@ class SearchConfig:
     min_steps: int | None = None                    # its first rung (default: proxy steps / eta**2)
     trial_timeout: float | None = DEFAULT_TRIAL_TIMEOUT_S  # per-candidate training limit (FAIL beyond it)
     oracle: Any = None                              # a table (path or shipped name): answers instead of training
+    oracle_subset: bool = False                     # search only the table's designs (others: infeasible)
     budget_options: dict = field(default_factory=lambda: dict(BUDGET_OPTIONS))
 
 

@@ -198,7 +198,7 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
                            interrupted)
     summary["fidelity"] = fidelity_summary(study, cfg, rungs, objective)
     if oracle is not None:
-        summary["oracle"] = oracle.describe()
+        summary["oracle"] = {**oracle.describe(), "subset": cfg.oracle_subset}
     if cfg.fidelity == "zc":
         summary["zero_cost"] = study_zero_cost_summary(study, cfg, objective)
     with run_lock(run_dir):

@@ -183,10 +183,14 @@ class CandidateObjective:
             raise CandidateFailure(check.reason or "invalid spec")
         self._constraint(trial, "macs", check.macs, budgets.macs)
         self._constraint(trial, "params", check.params, budgets.params)
-        if not check.feasible:
+        untabulated = self.oracle is not None and key not in self.oracle.tabulated  # --oracle-subset (else exit 2)
+        if not check.feasible or untabulated:
             if budgets.latency_ms is not None:  # not measured (never built): every trial carries every key
                 trial.set_constraint("latency", 0.0)
-            self._infeasible(trial, check.reason or "over budget")
+            # A design the table lacks is outside the searched space, as one over a budget is: it costs nothing
+            # and the sampler learns to avoid it (Optuna ranks a pruned trial below every completed one).
+            self._infeasible(trial, (check.reason or "over budget") if not check.feasible
+                             else "not in the oracle's table (--oracle-subset)")
         return spec, key
 
     def _measure_latency(self, trial: optuna.trial.Trial, spec: ArchSpec) -> float:

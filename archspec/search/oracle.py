@@ -88,11 +88,22 @@ class OracleTable:
 
     @property
     def seeds(self) -> list[int]:
-        """The seeds every row of the table has (sorted)."""
+        """The seeds of the table's reference (sorted): the sidecar's ``reference_seeds`` where it names them (a
+        table being written holds extra seeds for some designs and only some seeds for the one in progress),
+        else the seeds every design has."""
+        named = self.meta.get("reference_seeds")
+        if isinstance(named, list) and named and all(isinstance(s, int) and not isinstance(s, bool) for s in named):
+            return sorted(set(named))
         common = None
         for by_seed in self.rows.values():
             common = set(by_seed) if common is None else common & set(by_seed)
         return sorted(common or ())
+
+    @property
+    def tabulated(self) -> set[str]:
+        """The architecture keys whose rows hold every seed of :attr:`seeds`: the designs the oracle answers."""
+        seeds = set(self.seeds)
+        return {key for key, by_seed in self.rows.items() if seeds <= set(by_seed)} if seeds else set()
 
     @property
     def curve_steps(self) -> list[int]:
@@ -109,13 +120,13 @@ class OracleTable:
         from archspec.search.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
 
         key = architecture_key(spec)
-        by_seed = self.rows.get(key)
-        if not by_seed:
-            raise _fail(f"design {key[:12]} is not in the table (space {self.space!r}, {len(self.rows)} designs)",
-                        self.file, "search the space the table tabulates (--space), or finish the table "
-                                   "(bench/space_table.py --resume)")
-        seeds = self.seeds or sorted(by_seed)
-        return by_seed.get(seeds[seed % len(seeds)]) or by_seed[sorted(by_seed)[0]]
+        if key not in self.tabulated:
+            raise _fail(f"design {key[:12]} is not in the table (space {self.space!r}, {len(self.tabulated)} designs "
+                        f"with seeds {self.seeds})", self.file,
+                        "search the space the table tabulates (--space), search only its designs (--oracle-subset), "
+                        "or finish the table (bench/space_table.py --resume)")
+        seeds = self.seeds
+        return self.rows[key][seeds[seed % len(seeds)]]
 
     def check_steps(self, steps: int) -> None:
         """Raises :class:`SpecError` at ``--proxy-steps`` when ``steps`` lies past the tabulated curve."""
@@ -194,7 +205,7 @@ class OracleTable:
 
     def describe(self) -> dict:
         """JSON-ready summary (recorded in the search's summary)."""
-        return {"file": self.file, "space": self.space, "designs": len(self.rows), "seeds": self.seeds,
+        return {"file": self.file, "space": self.space, "designs": len(self.tabulated), "seeds": self.seeds,
                 "curve_steps": self.curve_steps, "latency": bool(self.latency_ms),
                 "protocol_id": self.meta.get("protocol_id")}
 

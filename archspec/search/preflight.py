@@ -151,6 +151,9 @@ def check_oracle(cfg: SearchConfig, space, n_objectives: int):
         SpecError: at ``--oracle`` / ``--proxy-steps``.
     """
     if cfg.oracle is None:
+        if cfg.oracle_subset:
+            raise SpecError.single(("--oracle-subset",), "--oracle-subset needs --oracle TABLE",
+                                   "add --oracle levit_small (or a table file), or drop --oracle-subset")
         return None
     from archspec.search.latency import architecture_key  # noqa: PLC0415 - torch-side
 
@@ -159,11 +162,17 @@ def check_oracle(cfg: SearchConfig, space, n_objectives: int):
         raise SpecError.single(("--oracle",), f"the table tabulates space {table.space!r}, not {space.name!r}",
                                f"add --space {table.space}", str(cfg.oracle))
     table.check_steps(cfg.protocol.steps)
-    missing = [params for params, spec in space.points(limit=MAX_ORACLE_POINTS)
-               if architecture_key(spec) not in table.rows]
-    if missing:
+    tabulated = table.tabulated
+    points = [(params, architecture_key(spec)) for params, spec in space.points(limit=MAX_ORACLE_POINTS)]
+    missing = [params for params, key in points if key not in tabulated]
+    if cfg.oracle_subset and len(missing) == len(points):
+        raise SpecError.single(("--oracle",), f"the table holds no design of space {space.name!r} with every "
+                                              f"reference seed {table.seeds}",
+                               "tabulate some first: nice -n 19 python bench/space_table.py --resume", str(cfg.oracle))
+    if missing and not cfg.oracle_subset:
         raise SpecError.single(("--oracle",), f"the table lacks {len(missing)} design(s) of space {space.name!r}, "
-                               f"e.g. {missing[0]}", "finish it: nice -n 19 python bench/space_table.py --resume",
+                               f"e.g. {missing[0]}", "finish it (nice -n 19 python bench/space_table.py --resume), or "
+                               "search only the designs it holds (--oracle-subset)",
                                str(cfg.oracle))
     if (n_objectives == 2 or cfg.budgets.latency_ms is not None) and not table.latency_ms:
         raise SpecError.single(("--oracle",), "the table has no latency yet (its latency pass has not run)",
