@@ -139,6 +139,9 @@ METHODS = {
     "TPE, no rung": {"sampler": "tpe", "fidelity": "none"},
     "NSGA-II": {"sampler": "nsga2", "fidelity": "none"},
     "TPE + successive halving": {"sampler": "tpe", "fidelity": "sha"},
+    # ranked by the proxy's sum of training losses instead of its val top-1 (--proxy-score tse)
+    "TPE, TSE proxy": {"sampler": "tpe", "fidelity": "none", "protocol": {"score": "tse"}},
+    "random sampling, TSE proxy": {"sampler": "random", "fidelity": "none", "protocol": {"score": "tse"}},
 }
 
 
@@ -238,12 +241,14 @@ def simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget
     truth = Truth(table)
     results = {}
     for name, options in (methods or METHODS).items():
+        options = dict(options)
+        protocol = {"steps": steps, **options.pop("protocol", {})}
         runs = []
         for seed in range(repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 outcome = run_design(space=table.space, oracle=table_path, oracle_subset=True, objective=objective,
                                      trials=trials, timeout=None,
-                                     trial_timeout=None, protocol={"steps": steps}, seed=seed, storage="memory",
+                                     trial_timeout=None, protocol=protocol, seed=seed, storage="memory",
                                      out=Path(tmp) / "run", progress=False, **options)
             runs.append(trace(outcome.study, truth, seed, steps, macs_budget))
         results[name] = runs
@@ -351,6 +356,8 @@ def main(argv=None) -> int:
     sim.add_argument("--trials", type=int, default=20, help="trained candidates per search (default 20)")
     sim.add_argument("--steps", type=int, default=None, help="proxy steps (default: the search's default)")
     sim.add_argument("--macs-budget", type=float, default=20e6, help="for best accuracy under a MAC budget")
+    sim.add_argument("--methods", nargs="+", default=None, choices=list(METHODS), metavar="NAME",
+                     help=f"only these methods (default: all; random sampling is the baseline): {', '.join(METHODS)}")
     sim.add_argument("--objective", choices=("pareto", "accuracy"), default="pareto",
                      help="pareto (default; needs the table's latency pass) or accuracy")
     sim.add_argument("--json", default="search_works_simulate.json")
@@ -360,7 +367,10 @@ def main(argv=None) -> int:
         from archspec.search.proxy import ProxyProtocol
 
         steps = args.steps or ProxyProtocol().steps
-        result = simulate(args.table, args.repeats, args.trials, steps, args.macs_budget, objective=args.objective)
+        chosen = {name: METHODS[name] for name in (args.methods or METHODS)}
+        chosen.setdefault("random sampling", METHODS["random sampling"])  # the baseline of every comparison
+        result = simulate(args.table, args.repeats, args.trials, steps, args.macs_budget, methods=chosen,
+                          objective=args.objective)
         result["comparison"] = compare(result)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         if args.plot:

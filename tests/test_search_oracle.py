@@ -141,6 +141,32 @@ def test_oracle_search_finds_the_tables_best_design(tmp_path, monkeypatch):
     assert outcome.summary["oracle"]["designs"] == 4
 
 
+def test_oracle_tse_score_ranks_by_the_tabulated_loss_sums(tmp_path):
+    """--proxy-score tse on the oracle: each trial's value is -TSE(k)/k from the table (interpolated linearly
+    between tabulated steps: 60 lies between 40 and 80), and the search picks the design with the lowest training
+    loss, not the most accurate one."""
+    path, points = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    keys = [architecture_key(spec) for _, spec in points]
+    per_step = {keys[0]: 1.0, keys[1]: 2.0, keys[2]: 0.5, keys[3]: 1.5}  # point 2: lowest loss, not most accurate
+    for r in rows:
+        r["tse"] = [[s, per_step[r["key"]] * s * (1 + 0.1 * r["seed"]), float(s)] for s in CURVE_STEPS]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outcome = run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="none", trials=4,
+                         protocol={"steps": 60, "score": "tse"}, out=tmp_path / "run", progress=False,
+                         sampler="random", seed=0)
+    assert architecture_key(outcome.best_spec) == keys[2]
+    done = [t for t in outcome.study.trials if t.user_attrs.get("status") == "trained"]
+    assert len(done) == 4
+    for t in done:  # search seed 0 -> table seed 0: the loss sum at 60 = per_step * 60
+        assert t.value == pytest.approx(-per_step[t.user_attrs["arch_key"]])
+        assert t.user_attrs["loss_sum"] == pytest.approx(per_step[t.user_attrs["arch_key"]] * 60)
+    assert outcome.summary["pareto"][0]["score"] == pytest.approx(-0.5)
+    # its accuracy is still reported: point 2's curve, 0.6 * (0.5 + 0.5 log(s/10) / log 8), at s = 60
+    assert outcome.summary["pareto"][0]["accuracy"] == pytest.approx(0.6 * (0.5 + 0.5 * math.log(6) / math.log(8)),
+                                                                     abs=1e-5)
+
+
 def test_oracle_zero_cost_rung_reads_the_tables_scores(tmp_path):
     path, points = _table(tmp_path)
     outcome = run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="zc", trials=4,

@@ -153,10 +153,38 @@ def test_trial_failures(digits, kind):
     assert ("nan" in info.value.reason) if kind == "nan" else ("kaboom" in info.value.reason)
 
 
+def test_tse_score_is_minus_the_mean_of_every_steps_loss(digits, monkeypatch):
+    """--proxy-score tse: the score is -(sum of every step's training loss) / steps, reported at each eval point
+    with the losses so far; checked against the losses Trainer.step returned, recorded here."""
+    from dataclasses import replace
+
+    from archspec.train import loop
+
+    losses, step = [], loop.Trainer.step
+
+    def recorded(self, *args):
+        loss = step(self, *args)
+        losses.append(float(loss))
+        return loss
+
+    monkeypatch.setattr(loop.Trainer, "step", recorded)
+    calls = []
+    result = train_proxy(TINY, digits, replace(FAST, score="tse"), seed=0, report=lambda s, v: calls.append((s, v)))
+    assert len(losses) == 12 and result.loss_sum == pytest.approx(sum(losses), rel=1e-6)
+    assert result.score == pytest.approx(-sum(losses) / 12, rel=1e-6)
+    assert [s for s, _ in calls] == [6, 12] and calls == result.history
+    assert calls[0][1] == pytest.approx(-sum(losses[:6]) / 6, rel=1e-6)
+    assert calls[1][1] == pytest.approx(result.score) and 0 <= result.accuracy <= 1
+
+
 def test_protocol_validation():
     assert ProxyProtocol().describe()["image_size"] == 64
+    assert "score" not in ProxyProtocol().describe()  # studies from before the score resume unchanged
+    assert ProxyProtocol(score="tse").describe()["score"] == "tse"
     with pytest.raises(SpecError):
         ProxyProtocol(augmentation="mixup")
+    with pytest.raises(SpecError, match="invalid score"):
+        ProxyProtocol(score="val_loss")
 
 
 # --------------------------------------------------------------------------------------- latency

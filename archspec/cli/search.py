@@ -16,7 +16,12 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from archspec.errors import SpecError
-from archspec.search.config import DEFAULT_FIDELITY, FIDELITIES, ZERO_COST_RANKINGS  # torch- and Optuna-free
+from archspec.search.config import (  # torch- and Optuna-free
+    DEFAULT_FIDELITY,
+    FIDELITIES,
+    PROXY_SCORES,
+    ZERO_COST_RANKINGS,
+)
 
 __all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "idle_cores", "usable_cores"]
 
@@ -287,6 +292,11 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
                      help="with --oracle: search only the designs the table holds (every reference seed); the "
                           "space's other points are infeasible, as if over a budget (for a table still being "
                           "written, or one of a sample of the space)")
+    obj.add_argument("--proxy-score", choices=PROXY_SCORES, default=None,
+                     help="what ranks a trained proxy: accuracy (default; its val top-1 at the last step) or tse "
+                          "(minus its mean training loss over the run: the sum of training losses, TSE, which ranks "
+                          "levit_small's designs far better than val top-1 at equal steps; docs: Does the search "
+                          "work?)")
     obj.add_argument("--prune", action="store_true",
                      help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
     obj.add_argument("--fidelity", choices=FIDELITIES, default=DEFAULT_FIDELITY,
@@ -359,7 +369,7 @@ def _protocol(args, defaults: dict | None = None):
     if getattr(args, "proxy_threads", None) is None and protocol.threads is None:
         update["threads"] = idle_cores()
     for option, fieldname in (("proxy_steps", "steps"), ("proxy_size", "image_size"), ("proxy_batch", "batch_size"),
-                              ("proxy_lr", "lr"), ("proxy_threads", "threads")):
+                              ("proxy_lr", "lr"), ("proxy_threads", "threads"), ("proxy_score", "score")):
         value = getattr(args, option, None)
         if value is not None:
             update[fieldname] = value

@@ -95,6 +95,8 @@ class CandidateObjective:
         self.rungs = None              # archspec.search.fidelity.Rungs when multi-fidelity is on
         self.stopped = 0               # candidates stopped at a rung below the last (or the zero-cost rung)
         self.zc_scored = 0             # candidates the zero-cost rung scored
+        # how a report names the value that ranks a candidate (ProxyProtocol.score)
+        self.score_name = "val acc" if getattr(cfg.protocol, "score", "accuracy") == "accuracy" else "-TSE/step"
 
     def __call__(self, trial: optuna.trial.Trial):
         """The Optuna objective: sample a candidate, check it statically, measure its latency, train its proxy.
@@ -133,8 +135,9 @@ class CandidateObjective:
         self.mode.after_train(trial, spec, result)
         self.trained_numbers.append(trial.number)
         trial.set_user_attr("status", "trained")
-        accuracy = float(result.accuracy)
-        return accuracy if self.n_objectives == 1 else (accuracy, latency)
+        score = getattr(result, "score", None)  # what ranks it: the val top-1, or -TSE per step (--proxy-score)
+        value = float(result.accuracy if score is None else score)
+        return value if self.n_objectives == 1 else (value, latency)
 
     def _seed_sampler(self, trial) -> None:
         """On this worker's first trial, reseed the study's sampler by :func:`worker_seed` (trial numbers
@@ -252,13 +255,13 @@ class CandidateObjective:
         deadline (whichever comes first) by a forward hook raising :class:`~archspec.search.failures.TrialTimeout`."""
 
         def report_step(step: int, value: float) -> None:
-            self.on_status(f"trial {trial.number}: step {step}, val acc {value:.3f}")
+            self.on_status(f"trial {trial.number}: step {step}, {self.score_name} {value:.3f}")
             if self.rungs is not None:
                 self._rung(trial, step, value, latency)
             elif self.n_objectives == 1 and self.cfg.prune:
                 trial.report(float(value), int(step))
                 if trial.should_prune():
-                    raise optuna.TrialPruned(f"pruned at step {step} (val acc {value:.3f})")
+                    raise optuna.TrialPruned(f"pruned at step {step} ({self.score_name} {value:.3f})")
 
         train = self.train_fn
         deadline, why = self._deadline(start)
@@ -278,7 +281,7 @@ class CandidateObjective:
             optuna.TrialPruned: stopped at the rung (status ``stopped``).
         """
         if rung_stops(trial, step, value, latency, self.rungs, self.n_objectives):
-            self._stop(trial, f"stopped at rung {step} steps (val acc {value:.3f}): not promotable")
+            self._stop(trial, f"stopped at rung {step} steps ({self.score_name} {value:.3f}): not promotable")
 
     def _zero_cost_rung(self, trial, spec: ArchSpec, latency: float, macs: int | None, params: int | None) -> None:
         """The zero-cost rung (``fidelity="zc"``, :func:`~archspec.search.rungs.zero_cost_stops`): score the
@@ -306,7 +309,7 @@ class CandidateObjective:
             CandidateFailure: a non-finite accuracy or loss (training diverged).
         """
         trial.set_user_attr("train_seconds", round(time.perf_counter() - start, 3))
-        for key in ("accuracy", "val_loss", "train_loss"):
+        for key in ("accuracy", "val_loss", "train_loss", "loss_sum", "score"):
             value = getattr(result, key, None)
             if value is not None:
                 trial.set_user_attr(key, float(value) if math.isfinite(float(value)) else None)

@@ -56,7 +56,8 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
 @dataclass
 class OracleResult:
     """What :meth:`OracleTable.train` answers, shaped like :class:`archspec.search.proxy.ProxyResult`:
-    val top-1 (0..1), val loss, mean train loss, steps, simulated CPU seconds (the table's), history."""
+    val top-1 (0..1), val loss, mean train loss, steps, simulated CPU seconds (the table's), history of reported
+    scores, the sum of training losses (TSE) and the score that ranks the candidate."""
 
     accuracy: float
     val_loss: float
@@ -66,6 +67,8 @@ class OracleResult:
     history: list[tuple[int, float]] = field(default_factory=list)
     geometry: Any = None
     model: Any = None
+    loss_sum: float = math.nan
+    score: float | None = None
 
 
 @dataclass
@@ -137,7 +140,9 @@ class OracleTable:
 
     def train(self, spec, data, protocol, seed: int = 0, report=None, on_model=None) -> OracleResult:
         """The proxy training :func:`archspec.search.proxy.train_proxy` would run, answered from the table:
-        ``report(step, accuracy)`` at every ``protocol.eval_every`` steps and the last, as the real loop does.
+        ``report(step, score)`` at every ``protocol.eval_every`` steps and the last, as the real loop does (the
+        score: the curve's val top-1, or with ``protocol.score == "tse"`` minus the tabulated sum of training
+        losses to that step over the step).
 
         Raises:
             SpecError: the design is not in the table, or ``protocol.steps`` is past its curve.
@@ -151,15 +156,16 @@ class OracleTable:
         steps = list(range(protocol.eval_every, protocol.steps, protocol.eval_every)) + [protocol.steps]
         history = []
         for step in steps:
-            value = _interpolate(accuracy, step)
+            value = protocol.score_of(_interpolate(accuracy, step), _linear(loss_sums, step), step)
             history.append((step, value))
             if report is not None:
                 report(step, value)
         k = protocol.steps
-        mean_loss = _linear(loss_sums, k) / k
+        loss_sum = _linear(loss_sums, k)
         cost = _linear([(0.0, 0.0)] + seconds, k)  # training seconds up to step k (evaluation excluded)
-        return OracleResult(accuracy=history[-1][1], val_loss=_interpolate(val_loss, k), train_loss=mean_loss,
-                            steps=k, seconds=cost, history=history)
+        return OracleResult(accuracy=_interpolate(accuracy, k), val_loss=_interpolate(val_loss, k),
+                            train_loss=loss_sum / k, steps=k, seconds=cost, history=history, loss_sum=loss_sum,
+                            score=history[-1][1])
 
     def zero_cost(self, spec, seed: int = 0):
         """The tabulated zero-cost scores: ``(ZeroCostResult, None)`` like :func:`~archspec.search.proxy.score_proxy`.

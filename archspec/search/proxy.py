@@ -20,6 +20,7 @@ from archspec.io.datasets import Dataset
 from archspec.ir.graph import build_graph
 from archspec.ir.loader import load_spec
 from archspec.nn.compiler import compile as compile_spec
+from archspec.search.config import PROXY_SCORES
 from archspec.search.zero_cost import zero_cost_scores
 from archspec.spec import ArchSpec
 from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
@@ -70,6 +71,11 @@ class ProxyProtocol(TrainConfig):
     image_size: int = 64
     threads: int | None = None
     min_grid: int | None = None
+    # What ranks the candidates: "accuracy" (val top-1 at the last step) or "tse" (minus the mean training loss
+    # over the whole proxy run, i.e. the sum of training losses (TSE, Ru et al. 2021) per step: at one step count
+    # the same ranking).  On levit_small's table TSE ranks designs far better than the same run's val top-1
+    # (docs/search-works.md, "Fidelities").
+    score: str = "accuracy"
 
     def __post_init__(self) -> None:
         checks = [("image_size", self.image_size >= 8), ("steps", self.steps >= 1),
@@ -77,16 +83,25 @@ class ProxyProtocol(TrainConfig):
                   ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
                   ("warmup_steps", self.warmup_steps >= 0),
                   ("eval_every", self.eval_every >= 1), ("min_grid", self.min_grid is None or self.min_grid >= 1),
-                  ("augmentation", self.augmentation in _AUGMENTATIONS),
+                  ("augmentation", self.augmentation in _AUGMENTATIONS), ("score", self.score in PROXY_SCORES),
                   ("threads", self.threads is None or self.threads >= 1)]
         for name, ok in checks:
             if not ok:
-                hint = f"one of {', '.join(_AUGMENTATIONS)}" if name == "augmentation" else None
+                hint = {"augmentation": f"one of {', '.join(_AUGMENTATIONS)}",
+                        "score": f"one of {', '.join(PROXY_SCORES)}"}.get(name)
                 raise SpecError.single(("proxy", name), f"invalid {name}: {getattr(self, name)!r}", hint)
 
     def describe(self) -> dict:
-        """JSON-ready dict of every setting."""
-        return asdict(self)
+        """JSON-ready dict of every setting (``score`` only when it is not the default "accuracy": a study written
+        before the score existed records the same protocol and resumes)."""
+        out = asdict(self)
+        if out["score"] == "accuracy":
+            del out["score"]
+        return out
+
+    def score_of(self, accuracy: float, loss_sum: float, steps: int) -> float:
+        """The value that ranks a candidate (higher is better): ``accuracy``, or ``-loss_sum / steps``."""
+        return float(accuracy) if self.score == "accuracy" else -float(loss_sum) / max(int(steps), 1)
 
     def train_config(self) -> TrainConfig:
         """The optimisation settings for :func:`archspec.train.train` (the one training loop) on ``device``."""
@@ -95,16 +110,20 @@ class ProxyProtocol(TrainConfig):
 
 @dataclass
 class ProxyResult:
-    """Outcome of :func:`train_proxy`: final val top-1 (0..1), val loss, mean train loss of the last steps."""
+    """Outcome of :func:`train_proxy`: final val top-1 (0..1), val loss, mean train loss of the last steps,
+    ``loss_sum`` (the sum of every step's training loss: TSE) and ``score`` (what ranks the candidate:
+    :meth:`ProxyProtocol.score_of`)."""
 
     accuracy: float
     val_loss: float
     train_loss: float
     steps: int
     seconds: float
-    history: list[tuple[int, float]] = field(default_factory=list)  # (step, val accuracy) at every eval point
+    history: list[tuple[int, float]] = field(default_factory=list)  # (step, reported score) at every eval point
     geometry: ProxyGeometry | None = None  # input size, stem and stage grids the proxy trained at
     model: Any = field(default=None, repr=False, compare=False)  # the trained ArchModel (eval mode), for ALS / alphas
+    loss_sum: float = math.nan
+    score: float | None = None  # None: the accuracy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,8 +379,9 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
     and thread count are left as they were.
 
     Args:
-        report: called as ``report(step, val_accuracy)`` at every eval point (every ``eval_every`` steps
-            and the last); it may raise ``optuna.TrialPruned``, which propagates.
+        report: called as ``report(step, score)`` at every eval point (every ``eval_every`` steps and the
+            last): the val top-1, or with ``protocol.score == "tse"`` minus the mean training loss so far; it may
+            raise ``optuna.TrialPruned``, which propagates.
         on_model: called with the freshly built model before training (e.g. to install a deadline
             forward hook); an exception it raises from a hook propagates like ``report``'s.
         progress: a label for the training loop's progress lines on stderr (step, loss, lr, images/s, ETA:
@@ -387,10 +407,21 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
             raise failure(exc, "while building the model") from None
         if on_model is not None:
             on_model(model)
-        result = train(model, data, protocol.train_config(), seed=seed, report=report, progress=progress)
+        scored, tse = [], {"sum": 0.0, "step": 0}  # (step, score) at every eval point; the loss sum so far
+
+        def on_eval(step: int, record: dict) -> None:
+            # record["train_loss"] is the mean over the steps since the previous eval point: times their count
+            tse["sum"] += record["train_loss"] * (step - tse["step"])
+            tse["step"] = step
+            scored.append((step, protocol.score_of(record["accuracy"], tse["sum"], step)))
+            if report is not None:
+                report(*scored[-1])
+
+        result = train(model, data, protocol.train_config(), seed=seed, progress=progress, on_eval=on_eval)
+    score = protocol.score_of(result.accuracy, result.loss_sum, result.steps)
     return ProxyResult(accuracy=result.accuracy, val_loss=result.val_loss, train_loss=result.train_loss,
-                       steps=result.steps, seconds=result.seconds, history=[(s, a) for s, a, _ in result.history],
-                       geometry=geometry, model=model)
+                       steps=result.steps, seconds=result.seconds, history=scored, geometry=geometry, model=model,
+                       loss_sum=result.loss_sum, score=score)
 
 
 def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: tuple[str, ...],

@@ -356,6 +356,19 @@ def _emit_trial(trial, space, cfg, info, summary: dict, **extra) -> str:
     return text
 
 
+def _score_label(cfg) -> str:
+    """What the search ranked by (``--proxy-score``), for plot axes and table titles."""
+    return "proxy accuracy" if getattr(cfg.protocol, "score", "accuracy") == "accuracy" else "proxy -TSE/step"
+
+
+def _ranked_by(trial, cfg) -> dict:
+    """A front point's proxy accuracy, and with ``--proxy-score tse`` the score it was ranked by."""
+    value = trial.values[0]
+    if getattr(cfg.protocol, "score", "accuracy") == "accuracy":
+        return {"accuracy": value}
+    return {"accuracy": trial.user_attrs.get("accuracy"), "score": value}
+
+
 def _write_pareto(study, space, cfg, run_dir: Path, info, summary: dict, feasible: list,
                   files: list[str]) -> Path | None:
     """Pareto mode: one spec per front point under ``pareto/`` (rank 0 = most accurate, also ``best.yaml``), the
@@ -366,7 +379,7 @@ def _write_pareto(study, space, cfg, run_dir: Path, info, summary: dict, feasibl
     for rank, t in enumerate(front):
         fname = f"{rank}_trial{t.number}.yaml"
         pareto_files[fname] = _emit_trial(t, space, cfg, info, summary, pareto_rank=rank)
-        points.append({"rank": rank, "trial": t.number, "accuracy": t.values[0], "latency_ms": t.values[1],
+        points.append({"rank": rank, "trial": t.number, **_ranked_by(t, cfg), "latency_ms": t.values[1],
                        "macs": t.user_attrs.get("macs"), "params": t.user_attrs.get("params"),
                        **_grids(t), "file": f"pareto/{fname}"})
     if pareto_files:
@@ -374,8 +387,8 @@ def _write_pareto(study, space, cfg, run_dir: Path, info, summary: dict, feasibl
         files.append(f"pareto/ ({len(pareto_files)} specs)")
         best_file = runs.atomic_write_text(run_dir / "best.yaml", pareto_files[f"0_trial{front[0].number}.yaml"])
     _plot(summary, files, plot_pareto, feasible, run_dir / "pareto.png", ["maximize", "minimize"],
-          ["proxy accuracy", "latency (ms)"], f"{summary['study']}: {len(feasible)} trained feasible trials")
-    summary["table_title"] = "Pareto front: proxy accuracy vs latency (trained, feasible)"
+          [_score_label(cfg), "latency (ms)"], f"{summary['study']}: {len(feasible)} trained feasible trials")
+    summary["table_title"] = f"Pareto front: {_score_label(cfg)} vs latency (trained, feasible)"
     summary["pareto"] = points
     return best_file
 
@@ -387,13 +400,13 @@ def _write_best_trial(study, space, cfg, run_dir: Path, info, summary: dict, fea
     points, best_file = [], None
     if best_trial is not None:
         best_file = runs.atomic_write_text(run_dir / "best.yaml", _emit_trial(best_trial, space, cfg, info, summary))
-        points.append({"rank": 0, "trial": best_trial.number, "accuracy": best_trial.value,
+        points.append({"rank": 0, "trial": best_trial.number, **_ranked_by(best_trial, cfg),
                        "latency_ms": best_trial.user_attrs.get("latency_ms"),
                        "macs": best_trial.user_attrs.get("macs"), "params": best_trial.user_attrs.get("params"),
                        "file": "best.yaml"})
-    _plot(summary, files, plot_history, feasible, run_dir / "pareto.png", "maximize", "proxy accuracy",
+    _plot(summary, files, plot_history, feasible, run_dir / "pareto.png", "maximize", _score_label(cfg),
           f"{summary['study']}: optimisation history ({len(feasible)} trained feasible)")
-    summary["table_title"] = "best trial (single objective: proxy accuracy, budgets as constraints)"
+    summary["table_title"] = f"best trial (single objective: {_score_label(cfg)}, budgets as constraints)"
     summary["best_trial"] = best_trial.number if best_trial is not None else None
     summary["pareto"] = points
     return best_file

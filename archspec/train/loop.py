@@ -41,7 +41,9 @@ __all__ = ["TrainResult", "Trainer", "TrialFailure", "evaluate", "failure", "res
 @dataclass
 class TrainResult:
     """Outcome of a run: final val top-1 (0..1), val loss, mean train loss of the last 20 steps, and
-    ``history`` = ``(step, val top-1, mean train loss since the previous eval point)`` per eval point."""
+    ``history`` = ``(step, val top-1, mean train loss since the previous eval point)`` per eval point;
+    ``loss_sum``: the sum of every step's training loss this run trained (TSE, Ru et al. 2021, "Speedy
+    Performance Estimation for Neural Architecture Search"; from the resumed step on, for a resumed run)."""
 
     accuracy: float
     val_loss: float
@@ -50,6 +52,7 @@ class TrainResult:
     seconds: float
     history: list[tuple[int, float, float]] = field(default_factory=list)
     ema_accuracy: float | None = None
+    loss_sum: float = math.nan
 
 
 def resolve_device(name: str) -> torch.device:
@@ -280,6 +283,7 @@ def run_steps(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tens
     config, start_time = trainer.config, time.perf_counter()
     losses: list[torch.Tensor] = []  # detached per-step losses since the last eval point (read back there)
     recent: list[float] = []
+    loss_sum = 0.0  # TSE: every step's training loss, summed at the eval points (no extra host sync)
     history: list[tuple[int, float, float]] = []
     record: dict = {}
     for step in range(start + 1, config.steps + 1):
@@ -296,6 +300,7 @@ def run_steps(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tens
         if not torch.isfinite(since).all():
             raise TrialFailure(f"loss became {since[~torch.isfinite(since)][0].item()} by step {step}")
         recent = (recent + since.tolist())[-20:]
+        loss_sum += float(since.double().sum())
         try:
             record = {"step": step, "train_loss": since.mean().item(), "lr": trainer.lr(), **evaluate_fn()}
         except (RuntimeError, ValueError, MemoryError) as exc:
@@ -313,12 +318,13 @@ def run_steps(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tens
     return TrainResult(accuracy=record["accuracy"], val_loss=record["val_loss"],
                        train_loss=sum(recent) / len(recent) if recent else math.nan, steps=config.steps,
                        seconds=time.perf_counter() - start_time, history=history,
-                       ema_accuracy=record.get("ema_accuracy"))
+                       ema_accuracy=record.get("ema_accuracy"), loss_sum=loss_sum if record.get("step") else math.nan)
 
 
 def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int = 0,
           report: Callable[[int, float], None] | None = None,
-          param_groups: list[dict] | None = None, progress: str | None = None) -> TrainResult:
+          param_groups: list[dict] | None = None, progress: str | None = None,
+          on_eval: Callable[[int, dict], None] | None = None) -> TrainResult:
     """The in-memory fast path: train ``model`` in place on ``data.train`` for ``config.steps`` steps; ``model``
     ends in eval mode on ``config.device``.  Batches: ``(B, C, H, W)`` images, integer labels, cross-entropy
     on ``(B, classes)``.
@@ -334,6 +340,9 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
             schedule scales every group's lr by the same factor.  Default: timm's weight-decay groups.
         progress: a label to print progress lines under (every ``config.log_every`` steps and each
             evaluation, on stderr: :class:`archspec.train.progress.Progress`); ``None``: silent.
+        on_eval: called as ``on_eval(step, record)`` after ``report`` at every eval point; ``record`` holds
+            ``accuracy``, ``val_loss``, ``train_loss`` (the mean over the steps since the previous eval point) and
+            ``lr``.  It may raise, like ``report``.
 
     Raises:
         TrialFailure: empty training set, NaN/inf loss, an exception inside the model, out of memory.
@@ -350,7 +359,7 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
         accuracy, val_loss = evaluate(model, data, device=device, amp=config.amp)
         return {"accuracy": accuracy, "val_loss": val_loss}
 
-    hooks = Hooks(report=report)
+    hooks = Hooks(report=report, on_eval=on_eval)
     if progress is not None:
         import sys  # noqa: PLC0415
 
@@ -358,5 +367,11 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
         shown = Progress(config.steps, 0, batches.batch, log_every=config.log_every, bar=False, stream=sys.stderr,
                          label=progress)
         hooks.on_step = lambda step, loss: shown.on_step(step, loss, trainer.lr())
-        hooks.on_eval = lambda step, record: shown.on_eval(record)
+
+        def show_and_call(step: int, record: dict) -> None:
+            shown.on_eval(record)
+            if on_eval is not None:
+                on_eval(step, record)
+
+        hooks.on_eval = show_and_call
     return run_steps(trainer, iter(batches), evaluate_fn, hooks=hooks)
