@@ -173,7 +173,7 @@ class ProgressDisplay:
 
 # ----------------------------------------------------------------------------------- trials table
 TRIAL_COLUMNS = ["number", "state", "status", "accuracy", "latency_ms", "macs", "params", "train_seconds",
-                 "duration_s", "val_loss", "train_loss", "feasible", "fail_reason", "worker_pid",
+                 "duration_s", "val_loss", "train_loss", "loss_sum", "score", "feasible", "fail_reason", "worker_pid",
                  "datetime_start", "datetime_complete", "reused_from", "duplicate_of", "arch_key", "proxy_grids"]
 
 
@@ -200,6 +200,7 @@ def _trial_row(t) -> dict:
         "params": ua.get("params"), "train_seconds": ua.get("train_seconds"),
         "duration_s": round(duration, 3) if duration is not None else None,
         "val_loss": ua.get("val_loss"), "train_loss": ua.get("train_loss"),
+        "loss_sum": ua.get("loss_sum"), "score": ua.get("score"),  # TSE, and the value it was ranked by
         "feasible": (all(v <= 0 for v in constraints.values()) if constraints else None),
         "fail_reason": ua.get("fail_reason") or ua.get("infeasible_reason"),
         "worker_pid": (ua.get("worker") or {}).get("pid") if isinstance(ua.get("worker"), dict) else None,
@@ -622,11 +623,14 @@ def _points_table(summary: dict):
     from rich.table import Table  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
 
     table = Table(title=summary.get("table_title", "Pareto front (trained, feasible)"), title_justify="left")
-    for col in ("rank", "trial", "accuracy", "latency ms", "MACs", "params", "spec"):
+    scored = any("score" in p for p in summary["pareto"])  # --proxy-score tse: the value it was ranked by
+    columns = ("rank", "trial", *(("score",) if scored else ()), "accuracy", "latency ms", "MACs", "params", "spec")
+    for col in columns:
         table.add_column(col, justify="left" if col == "spec" else "right")
     for p in summary["pareto"]:
-        table.add_row(str(p.get("rank", "")), str(p["trial"]), _fmt(p.get("accuracy")), _fmt(p.get("latency_ms"), 2),
-                      human(p["macs"]) if p.get("macs") is not None else "-",
+        score = (_fmt(p.get("score")),) if scored else ()
+        table.add_row(str(p.get("rank", "")), str(p["trial"]), *score, _fmt(p.get("accuracy")),
+                      _fmt(p.get("latency_ms"), 2), human(p["macs"]) if p.get("macs") is not None else "-",
                       human(p["params"]) if p.get("params") is not None else "-", str(p.get("file", "")))
     return table
 
