@@ -177,6 +177,11 @@ class Truth:
         self.bounds = {"accuracy": (min(accs), max(accs)), "macs": (min(macs), max(macs)),
                        "latency": (min(lats), max(lats))}
 
+    def hand_designs(self) -> dict[str, str]:
+        """``{hand design name: architecture key}`` of the seed papers' designs the table holds (rows' ``hand``)."""
+        return {by[s]["hand"]: key for key, by in self.table.rows.items() if key in self.accuracy
+                for s in self.table.seeds[:1] if by[s].get("hand")}
+
     def normalised(self, key: str, cost: str) -> tuple[float, float]:
         """``(1 - accuracy, cost)`` scaled so the table spans [0, 1] on both: both minimised."""
         lo, hi = self.bounds["accuracy"]
@@ -254,7 +259,21 @@ def simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget
         results[name] = runs
     return {"table": table_path, "designs": len(truth.accuracy), "seeds": table.seeds, "objective": objective,
             "repeats": repeats, "trials": trials, "steps": steps, "macs_budget": macs_budget,
-            "bounds": truth.bounds, "methods": results}
+            "bounds": truth.bounds, "hand": hand_summary(truth, macs_budget), "methods": results}
+
+
+def hand_summary(truth: Truth, macs_budget: float) -> dict:
+    """The hand designs as a method that made no search: each one's reference accuracy, MACs and latency, the
+    hypervolume of their own front in both planes, and the best of them under ``macs_budget``."""
+    hand = truth.hand_designs()
+    out = {"designs": {name: {"accuracy": truth.accuracy[k], "macs": truth.macs[k],
+                              "latency_ms": truth.latency.get(k)} for name, k in sorted(hand.items())}}
+    for cost in ("latency", "macs"):
+        pts = [truth.normalised(k, cost) for k in hand.values()] if (cost == "macs" or truth.latency) else []
+        out[f"hv_{cost}"] = hypervolume_2d(pts, (1.0, 1.0)) if pts else 0.0
+    under = [truth.accuracy[k] for k in hand.values() if truth.macs[k] <= macs_budget]
+    out["best_under_budget"] = max(under) if under else None
+    return out
 
 
 def value_at(run: list[dict], field: str, seconds: float):
@@ -286,6 +305,11 @@ def compare(result: dict, baseline: str = "random sampling") -> dict:
                 entry[f"{field}_{label}"] = {"median": float(np.median(vals)) if vals else None,
                                              "iqr": [float(np.percentile(vals, 25)), float(np.percentile(vals, 75))]
                                              if vals else None, "values": values}
+        hand = result.get("hand") or {}
+        for field in ("hv_latency", "hv_macs", "best_under_budget"):  # repeats that match or beat the hand designs
+            if hand.get(field) is not None:
+                finals = [run[-1][field] for run in runs]
+                entry[f"{field}_final"]["at_least_hand"] = sum(v is not None and v >= hand[field] for v in finals)
         if name != baseline:
             for field in ("hv_latency", "hv_macs"):
                 for label in ("at_budget", "final"):
@@ -315,6 +339,9 @@ def plot(result: dict, path: str, field: str = "hv_latency") -> None:
         median, q1, q3 = (np.percentile(values, q, axis=0) for q in (50, 25, 75))
         ax.plot(grid / 60, median, label=name)
         ax.fill_between(grid / 60, q1, q3, alpha=0.2)
+    hand = (result.get("hand") or {}).get(field)
+    if hand:
+        ax.axhline(hand, color="black", linestyle="--", linewidth=1, label="the hand designs' own front")
     ax.set_xlabel("simulated CPU minutes (the table's training seconds)")
     ax.set_ylabel("hypervolume, (accuracy, latency)" if field == "hv_latency" else "hypervolume, (accuracy, MACs)")
     ax.set_title(f"{len(next(iter(result['methods'].values())))} repeats per method: median and IQR")
@@ -377,8 +404,13 @@ def main(argv=None) -> int:
             plot(result, args.plot)
         print(f"{result['designs']} designs, reference seeds {result['seeds']}; each method {args.repeats} x "
               f"{args.trials} trained; at the common budget {result['comparison']['budget_seconds']:.0f} simulated s:")
+        hand = result["hand"]
+        print(f"  hand designs ({', '.join(hand['designs'])}): hv_latency {hand['hv_latency']:.4f}, hv_macs "
+              f"{hand['hv_macs']:.4f}, best under {args.macs_budget:g} MACs {hand['best_under_budget']}")
         for name, entry in result["comparison"]["methods"].items():
-            print(f"  {name}:")
+            print(f"  {name}: final, repeats at least the hand designs' value: "
+                  + ", ".join(f"{f} {entry[f + '_final'].get('at_least_hand', '-')}/{args.repeats}"
+                              for f in ("hv_latency", "hv_macs", "best_under_budget")))
             for field in ("hv_latency", "hv_macs", "best_under_budget"):
                 v = entry[f"{field}_at_budget"]
                 if v["median"] is None:

@@ -61,3 +61,21 @@ def test_the_interval_of_a_mean_over_seeds_resamples_designs_not_pooled_pairs(wo
     assert works.bootstrap_mean([x, x], [y, y]) == works.bootstrap(x, y)
     low, high = works.bootstrap(x, y)
     assert low < 0.4286 < high  # tau of x and y: 20 concordant, 8 discordant of 28 pairs -> 12/28
+
+
+def test_hand_designs_front_by_hand(works):
+    """Four designs, two of them hand designs (A: acc 0.7, 10 MACs; B: acc 0.8, 30 MACs).  Scaled to the table's
+    bounds (acc 0.6..0.9, MACs 10..40), A is (1 - 0.1/0.3, 0) and B (1 - 0.2/0.3, 2/3): their front covers
+    (1 - 2/3) * (1 - 1/3) ... = 1/3 * 1/3 (B's strip) + 1/3 * 1 (A's strip) = 4/9; under 25 MACs only A (0.7)."""
+    from archspec.search.oracle import OracleTable
+
+    designs = {"A": (0.7, 10, 1.0, "LeViT-like"), "B": (0.8, 30, 3.0, "DeiT-like"), "C": (0.9, 20, 2.0, None),
+               "D": (0.6, 40, 4.0, None)}
+    rows = {k: {0: {"final_accuracy": acc, "macs": macs, "hand": hand}} for k, (acc, macs, _, hand) in designs.items()}
+    table = OracleTable(file="t", space="s", rows=rows, latency_ms={k: v[2] for k, v in designs.items()},
+                        meta={"reference_seeds": [0]})
+    truth = works.Truth(table)
+    assert truth.hand_designs() == {"LeViT-like": "A", "DeiT-like": "B"}
+    got = works.hand_summary(truth, macs_budget=25)
+    assert got["hv_macs"] == pytest.approx(4 / 9) and got["hv_latency"] == pytest.approx(4 / 9)
+    assert got["best_under_budget"] == 0.7 and got["designs"]["DeiT-like"]["macs"] == 30
