@@ -79,3 +79,31 @@ def test_hand_designs_front_by_hand(works):
     got = works.hand_summary(truth, macs_budget=25)
     assert got["hv_macs"] == pytest.approx(4 / 9) and got["hv_latency"] == pytest.approx(4 / 9)
     assert got["best_under_budget"] == 0.7 and got["designs"]["DeiT-like"]["macs"] == 30
+
+
+def test_a_live_runs_front_is_its_own_then_scored_on_the_table(tmp_path):
+    """bench/search_live.py: the front is chosen by the run's proxy (score, latency) -- here A (0.9, 1 ms) and
+    C (0.95, 3 ms); B (0.8, 2 ms) is dominated, a reused copy of C adds nothing -- and then scored by the table's
+    reference: A and C are the hand test's A (acc 0.7, 10 MACs) and B (acc 0.8, 30 MACs), so 4/9 as there; under
+    25 MACs the best by proxy score is A (reference 0.7)."""
+    import optuna
+
+    from archspec.search.oracle import OracleTable
+
+    spec = importlib.util.spec_from_file_location("search_live", ROOT / "bench" / "search_live.py")
+    live = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(live)
+    works = live._works()
+    designs = {"A": (0.7, 10, 1.0), "C": (0.8, 30, 3.0), "B": (0.9, 20, 2.0), "D": (0.6, 40, 4.0)}
+    rows = {k: {0: {"final_accuracy": acc, "macs": macs}} for k, (acc, macs, _) in designs.items()}
+    truth = works.Truth(OracleTable(file="t", space="s", rows=rows, latency_ms={k: v[2] for k, v in designs.items()},
+                                    meta={"reference_seeds": [0]}))
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", directions=["maximize", "minimize"])
+    for key, score, ms, extra in (("A", 0.9, 1.0, {}), ("B", 0.8, 2.0, {}), ("C", 0.95, 3.0, {}),
+                                  ("C", 0.95, 3.0, {"reused_from": 2})):
+        study.add_trial(optuna.trial.create_trial(values=[score, ms],
+                                                  user_attrs={"arch_key": key, "latency_ms": ms, **extra}))
+    got = live.score_run(tmp_path, truth, macs_budget=25)
+    assert (got["trained"], got["front"], got["front_in_table"]) == (3, 2, 2)
+    assert got["hv_macs"] == pytest.approx(4 / 9) and got["hv_latency"] == pytest.approx(4 / 9)
+    assert got["best_under_budget"] == 0.7

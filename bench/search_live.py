@@ -1,0 +1,119 @@
+"""The search against random sampling live: real ``archspec search`` runs, no oracle, scored on the table.
+
+    python bench/search_live.py --repeats 3 --budget 900            # 3 x (archspec default, random), 15 min each
+    python bench/search_live.py --repeats 3 --budget 900 --method "TPE, TSE proxy" --method "random sampling"
+
+Issue 32's live check: each method is the real command, ``archspec search --space levit_small --data
+fashion-mnist --timeout BUDGET --seed R`` with the method's options, on the whole machine (nothing else may run:
+the budget is wall time), repeats in ABBA order so that a drift of the machine falls on every method.  Each run's
+front -- the designs no other of its trained designs beats on proxy score and latency, as the run itself reports
+them -- is looked up in ``levit_small``'s table (a design a partial table does not hold yet is left out, and
+``front_in_table`` says how many were scored) and scored on the table's reference: hypervolume in (accuracy,
+latency) and (accuracy, MACs) against the same fixed reference point as ``bench/search_works.py simulate``, and
+the reference accuracy of the best design under a MAC budget.  Writes ``--json`` with every run's numbers and
+prints how many repeats each method's front is the larger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Each method is `archspec search` with these extra options (the CLI's own); the budget and seed are added per run.
+METHODS = {
+    "archspec default": [],
+    "random sampling": ["--sampler", "random", "--fidelity", "none"],
+    "TPE, TSE proxy": ["--fidelity", "none", "--proxy-score", "tse"],
+    "random sampling, TSE proxy": ["--sampler", "random", "--fidelity", "none", "--proxy-score", "tse"],
+}
+
+
+def _works():
+    """``bench/search_works.py`` as a module (the table's truth, the Pareto filter and the hypervolume)."""
+    spec = importlib.util.spec_from_file_location("search_works", ROOT / "bench" / "search_works.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def command(method: str, out: Path, seed: int, budget: float, extra: list[str]) -> list[str]:
+    """The ``archspec search`` command line of one run."""
+    return [sys.executable, "-m", "archspec", "search", "--space", "levit_small", "--data", "fashion-mnist",
+            "--timeout", f"{budget:g}", "--trials", "100000", "--seed", str(seed), "--out", str(out),
+            "--no-progress", *METHODS[method], *extra]
+
+
+def score_run(run_dir: Path, truth, macs_budget: float) -> dict:
+    """A finished run's front scored on the table: the trained, feasible, non-reused trials of its study, filtered
+    to (proxy score, latency) Pareto, each design looked up by its architecture key."""
+    import optuna
+
+    works = _works()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{run_dir / 'study.db'}")
+    trained = [(t.values[0], t.user_attrs.get("latency_ms", 0.0), t.user_attrs["arch_key"]) for t in study.trials
+               if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs]
+    front = works.pareto(trained)
+    known = [k for k in front if k in truth.accuracy]
+    out = {"trained": len(trained), "front": len(front), "front_in_table": len(known)}
+    for cost in ("latency", "macs"):
+        out[f"hv_{cost}"] = works.hypervolume_2d([truth.normalised(k, cost) for k in known], (1.0, 1.0))
+    under = [(score, k) for score, _, k in trained if k in truth.accuracy and truth.macs[k] <= macs_budget]
+    out["best_under_budget"] = truth.accuracy[max(under)[1]] if under else None
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=900.0, help="wall seconds per search (--timeout)")
+    parser.add_argument("--method", action="append", choices=list(METHODS), default=None,
+                        help="a method to run (repeatable; default: archspec default and random sampling)")
+    parser.add_argument("--macs-budget", type=float, default=20e6)
+    parser.add_argument("--out", default="runs/search_live", help="run directories go under here")
+    parser.add_argument("--json", default="search_live.json")
+    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
+                        help="further archspec search options for every run (e.g. --max-images 2000)")
+    args = parser.parse_args(argv)
+    from archspec.search.oracle import load_table
+
+    truth = _works().Truth(load_table("levit_small"))
+    methods = args.method or ["archspec default", "random sampling"]
+    results: dict[str, list[dict]] = {m: [] for m in methods}
+    for seed in range(args.repeats):
+        order = methods if seed % 2 == 0 else list(reversed(methods))  # ABBA: drift falls on both
+        for method in order:
+            out = Path(args.out) / f"{method.replace(' ', '_').replace(',', '')}-{seed}"
+            if out.exists():
+                print(f"{out} exists: remove it or choose another --out", file=sys.stderr)
+                return 2
+            start = time.perf_counter()
+            done = subprocess.run(command(method, out, seed, args.budget, args.extra), capture_output=True,
+                                  text=True, env={**os.environ})
+            if done.returncode not in (0, 1):
+                print(done.stderr[-2000:], file=sys.stderr)
+                return 1
+            row = {"seed": seed, "wall_s": round(time.perf_counter() - start, 1), "run_dir": str(out),
+                   **score_run(out, truth, args.macs_budget)}
+            results[method].append(row)
+            print(f"{method} seed {seed}: {json.dumps(row)}", flush=True)
+            Path(args.json).write_text(json.dumps({"budget_s": args.budget, "macs_budget": args.macs_budget,
+                                                   "results": results}, indent=1) + "\n")
+    if len(methods) >= 2:
+        a, b = methods[0], methods[1]
+        for field in ("hv_latency", "hv_macs"):
+            wins = sum(x[field] > y[field] for x, y in zip(results[a], results[b]))
+            print(f"{field}: {a} beats {b} in {wins} of {args.repeats} repeats")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
