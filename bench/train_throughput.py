@@ -83,8 +83,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timm_run(spec, root: Path, steps: int, batch: int, workers: int, device: str = "cpu") -> float:
-    """Images/s of timm's ``train_one_epoch`` written out with timm's parts, on the archspec model of ``spec``."""
+def timm_run(spec, root: Path, steps: int, batch: int, workers: int, device: str = "cpu",
+             prefetcher: bool | None = None) -> float:
+    """Images/s of timm's ``train_one_epoch`` written out with timm's parts, on the archspec model of ``spec``;
+    ``prefetcher``: timm's ``PrefetchLoader`` (``uint8`` batches normalised in the main process / on the device;
+    ``train.py``'s default on every device unless ``--no-prefetcher``); ``None``: on CUDA only."""
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_dataset, create_loader
     from timm.loss import LabelSmoothingCrossEntropy
     from timm.optim import create_optimizer_v2
@@ -100,7 +103,8 @@ def timm_run(spec, root: Path, steps: int, batch: int, workers: int, device: str
     for split, training in (("train", True), ("val", False)):
         dataset = create_dataset("", root=str(root), split=split, is_training=training)
         loaders[split] = create_loader(dataset, input_size=(3, *size), batch_size=batch, is_training=training,
-                                       use_prefetcher=cuda, num_workers=workers, interpolation="bicubic",
+                                       use_prefetcher=cuda if prefetcher is None else prefetcher,
+                                       num_workers=workers, interpolation="bicubic",
                                        mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=0.875,
                                        device=torch.device(device))
     autocast = partial(torch.autocast, device_type=device, dtype=torch.bfloat16, enabled=cuda)
@@ -210,6 +214,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--out", default=str(HERE / "train_throughput"))
     parser.add_argument("--profile", action="store_true", help="profile each timed run (torch.profiler)")
+    parser.add_argument("--timm-prefetcher", action="store_true",
+                        help="timm's loop with its PrefetchLoader on CPU too (train.py's default on every device; "
+                             "without this flag: on CUDA only, as the earlier CPU figures were measured)")
     parser.add_argument("--worker-cost", type=int, default=None, metavar="N",
                         help="time a loader worker's per-image work on N images instead (one thread)")
     args = parser.parse_args()
@@ -236,9 +243,10 @@ def main() -> None:
                                                                              "num_classes": 4}})
         # untimed warm-up: the first run in a process pays one-off costs (library loading, allocator growth): 8 vs
         # 38 img/s
-        for run in (archspec_run, timm_run):
+        timm_loop = partial(timm_run, prefetcher=True if args.timm_prefetcher else None)
+        for run in (archspec_run, timm_loop):
             run(spec, root, 3, args.batch, args.workers, args.device)
-        loops = [("archspec train", archspec_run), ("timm train_one_epoch", timm_run)]
+        loops = [("archspec train", archspec_run), ("timm train_one_epoch", timm_loop)]
         profiles: dict[str, list[str]] = {}
         for repeat in range(args.repeats):  # ABBA order: a drift of the machine's speed falls on both loops
             for name, run in (loops if repeat % 2 == 0 else loops[::-1]):
@@ -255,6 +263,7 @@ def main() -> None:
                             cwd=HERE).stdout.strip()
     result = {"spec": args.spec, "steps": args.steps, "batch": args.batch, "workers": args.workers,
               "threads": args.threads, "epochs": args.epochs, "device": _device_name(args.device),
+              "timm_prefetcher": bool(args.timm_prefetcher or args.device == "cuda"),
               "timm": _timm_version(), "rows": rows, "ratio_archspec_over_timm": round(float(ratio), 3),
               "torch": torch.__version__, "commit": commit, "machine": platform.processor() or platform.machine()}
     Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
