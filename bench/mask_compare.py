@@ -71,12 +71,37 @@ def _print_table(rows: list[dict]) -> None:
               f"{r['macs_executed'] / 1e9:9.3f}G  {accs}")
 
 
+def _read_part(path: Path) -> dict:
+    """One result file, checked for what :func:`merge` reads.
+
+    Raises:
+        ValueError: unreadable, not JSON, or not shaped like a ``mask_compare`` result.
+    """
+    try:
+        part = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(part, dict) or not all(k in part for k in ("protocol", "data", "steps", "rows")):
+        raise ValueError("not a mask_compare result (protocol, data, steps and rows)")
+    for row in part["rows"] if isinstance(part["rows"], list) else [None]:
+        if not (isinstance(row, dict) and isinstance(row.get("placement"), str)
+                and isinstance(row.get("accuracy"), dict) and isinstance(row.get("wall_s"), dict)):
+            raise ValueError("a row lacks placement, accuracy or wall_s")
+    return part
+
+
 def merge(files: list[Path], out: Path) -> int:
     """Join result files of the same protocol (one placement x seed each, say) into ``out``; exit 2 on a
     protocol mismatch."""
     merged, rows = None, {}
     for f in files:
-        part = json.loads(f.read_text())
+        try:
+            part = _read_part(f)
+        except ValueError as exc:
+            print(f"error: --merge: {f}: {exc}; nothing written", file=sys.stderr)
+            return 2
         if merged is None:
             merged = {k: v for k, v in part.items() if k not in ("rows", "seeds")}
         elif (part["protocol"], part["data"], part["steps"]) != (merged["protocol"], merged["data"], merged["steps"]):

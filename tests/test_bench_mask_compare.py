@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = {"steps": 1200, "lr": 0.001, "batch_size": 32}
 
@@ -48,3 +50,18 @@ def test_merge_refuses_another_protocol(tmp_path, capsys):
     assert _bench().merge(parts, out) == 2
     assert "another protocol" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"protocol": ', "not JSON"),
+    ('[1, 2]', "not a mask_compare result"),
+    ('{"protocol": {}, "data": "d", "steps": 1, "rows": [{"placement": "sch1"}]}', "lacks placement"),
+])
+def test_merge_refuses_a_damaged_file_without_a_traceback(tmp_path, capsys, text, words):
+    good = _part(tmp_path, "sch1", 0, 0.75)
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    out = tmp_path / "all.json"
+    assert _bench().merge([good, bad], out) == 2
+    err = capsys.readouterr().err
+    assert words in err and "bad.json" in err and not out.exists()
