@@ -19,27 +19,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from train_fixtures import TINY, folder, spec_file  # noqa: F401 - pytest fixtures, used by name
+from train_fixtures import image_folder as _image_folder
+from train_fixtures import quick_config as _config
 
 import archspec
 from archspec.cli import main
 from archspec.io.artifact import save
 from archspec.io.builddir import write_build
 from archspec.train import fit
-from tests.test_train_run import TINY, _config, _image_folder
 
 QUICK = ["--steps", "2", "--max-images", "40", "--batch-size", "8", "--workers", "0", "--quiet"]
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return _image_folder(tmp_path_factory.mktemp("data") / "stripes")
-
-
-@pytest.fixture
-def spec_file(tmp_path):
-    path = tmp_path / "tiny_train.yaml"
-    path.write_text(TINY)
-    return path
 
 
 def _train(spec, folder, out, *extra) -> list[str]:
