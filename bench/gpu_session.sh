@@ -3,7 +3,7 @@
 # in one call of a lent GPU machine (16 cores, one H100), results under $OUT:
 #
 #   bash bench/gpu_session.sh                         # OUT defaults to /tmp/archspec-gpu
-#   PARTS=throughput bash bench/gpu_session.sh        # only part 1 (PARTS: throughput, masks, profile)
+#   PARTS=throughput bash bench/gpu_session.sh        # only part 1 (PARTS: throughput, masks, profile, pin)
 #
 # The machine has torch, timm and scikit-learn but no pydantic or Optuna: where a folder .whl holds wheels
 # (pip download ... pydantic pydantic-core annotated-types typing-inspection typing-extensions timm), they are
@@ -39,6 +39,15 @@ fi
 if [[ " $PARTS " == *" profile "* ]]; then
     timeout 240 python3 bench/train_throughput.py --device cuda --batch 256 --workers 12 --threads 4 --steps 30 \
         --repeats 2 --profile --out "$OUT/train_throughput_cuda_b256_profile" 2>&1 | grep -v Warning | tail -9
+fi
+
+# 1c. (PARTS=pin) issue 38's first suspect at batch 256: archspec without its pin-memory thread (timm's train.py
+#     does not pin by default), 2 repeats each way, in one call
+if [[ " $PARTS " == *" pin "* ]]; then
+    for pin in "" "--archspec-no-pin"; do
+        timeout 150 python3 bench/train_throughput.py --device cuda --batch 256 --workers 12 --threads 4 --steps 30 \
+            --repeats 2 $pin --out "$OUT/train_throughput_cuda_b256${pin:+_nopin}" 2>&1 | grep -v Warning | tail -7
+    done
 fi
 
 # 2. MaiT-T mask placements (found by the CPU default run, Sch.1, Sch.2, none, all), MASK_SEEDS seeds each, at

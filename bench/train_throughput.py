@@ -192,6 +192,19 @@ def _top_ops(prof, device: str, rows: int = 15) -> str:
     return table
 
 
+def _unpinned_loader() -> None:
+    """archspec's streamed batches from a ``DataLoader`` that never pins (``pin_memory=False`` whatever the device):
+    the loop's copy to the GPU then reads pageable memory, with no pin-memory thread beside the training loop."""
+    import archspec.train.batches as batches
+
+    pinned = batches.DataLoader
+    batches.DataLoader = partial(_without_pin, pinned)
+
+
+def _without_pin(loader_class, *args, **kwargs):
+    return loader_class(*args, **{**kwargs, "pin_memory": False})
+
+
 def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
 
@@ -214,6 +227,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--out", default=str(HERE / "train_throughput"))
     parser.add_argument("--profile", action="store_true", help="profile each timed run (torch.profiler)")
+    parser.add_argument("--archspec-no-pin", action="store_true",
+                        help="a hypothesis test for issue 38 (bench only): archspec's training DataLoader without "
+                             "pinned memory on CUDA -- no pin-memory thread in the main process, as timm's loader "
+                             "runs by default (train.py's --pin-mem is off)")
     parser.add_argument("--timm-prefetcher", action="store_true",
                         help="timm's loop with its PrefetchLoader on CPU too (train.py's default on every device; "
                              "without this flag: on CUDA only, as the earlier CPU figures were measured)")
@@ -233,6 +250,8 @@ def main() -> None:
         print(f"ratio archspec / timm ms per image: {mean['archspec worker'] / mean['timm worker']:.3f}")
         return
     torch.set_num_threads(args.threads)
+    if args.archspec_no_pin:
+        _unpinned_loader()
     spec = archspec.load_spec(args.spec)
     # --epochs 1: one epoch covers the run; N: N epochs of steps // N batches each (the last partial one dropped)
     n_train = args.batch * (args.steps // args.epochs) + (args.batch if args.epochs == 1 else args.batch // 2)
@@ -264,6 +283,7 @@ def main() -> None:
     result = {"spec": args.spec, "steps": args.steps, "batch": args.batch, "workers": args.workers,
               "threads": args.threads, "epochs": args.epochs, "device": _device_name(args.device),
               "timm_prefetcher": bool(args.timm_prefetcher or args.device == "cuda"),
+              "archspec_pinned": args.device == "cuda" and not args.archspec_no_pin,
               "timm": _timm_version(), "rows": rows, "ratio_archspec_over_timm": round(float(ratio), 3),
               "torch": torch.__version__, "commit": commit, "machine": platform.processor() or platform.machine()}
     Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
