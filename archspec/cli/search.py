@@ -16,12 +16,8 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from archspec.errors import SpecError
-from archspec.search.config import (  # torch- and Optuna-free
-    DEFAULT_FIDELITY,
-    FIDELITIES,
-    PROXY_SCORES,
-    ZERO_COST_RANKINGS,
-)
+from archspec.search.config import DEFAULT_FIDELITY, FIDELITIES, ZERO_COST_RANKINGS  # torch- and Optuna-free
+from archspec.search.scoring import PROXY_SCORES  # torch-free
 
 __all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "idle_cores", "usable_cores"]
 

@@ -23,7 +23,6 @@ __all__ = [
 DEFAULT_TRIALS = 16          # trained candidates of the bare `archspec search --budget-flops 1G`
 DEFAULT_TIMEOUT_S = 540.0    # ... or this many seconds of search, whichever comes first (2 CPU cores: < 10 min)
 DEFAULT_TRIAL_TIMEOUT_S = 150.0  # one candidate's proxy training may take at most this long
-PROXY_SCORES = ("accuracy", "tse")  # what ranks a trained proxy (archspec.search.proxy.ProxyProtocol.score)
 
 # Mask placement trains the given spec, typically a deep DeiT-style model (class token, LayerNorm,
 # 12-24 blocks).  Those do not learn at the design proxy's lr 2e-3 in 150 steps: MaiT-T Sch.1 stayed

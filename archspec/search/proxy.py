@@ -20,7 +20,7 @@ from archspec.io.datasets import Dataset
 from archspec.ir.graph import build_graph
 from archspec.ir.loader import load_spec
 from archspec.nn.compiler import compile as compile_spec
-from archspec.search.config import PROXY_SCORES
+from archspec.search.scoring import PROXY_SCORES, proxy_score
 from archspec.search.zero_cost import zero_cost_scores
 from archspec.spec import ArchSpec
 from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
@@ -71,11 +71,7 @@ class ProxyProtocol(TrainConfig):
     image_size: int = 64
     threads: int | None = None
     min_grid: int | None = None
-    # What ranks the candidates: "accuracy" (val top-1 at the last step) or "tse" (minus the mean training loss
-    # over the whole proxy run, i.e. the sum of training losses (TSE, Ru et al. 2021) per step: at one step count
-    # the same ranking).  On levit_small's table TSE ranks designs far better than the same run's val top-1
-    # (docs/search-works.md, "Fidelities").
-    score: str = "accuracy"
+    score: str = "accuracy"  # what ranks the candidates: archspec.search.scoring (accuracy | tse)
 
     def __post_init__(self) -> None:
         checks = [("image_size", self.image_size >= 8), ("steps", self.steps >= 1),
@@ -100,8 +96,9 @@ class ProxyProtocol(TrainConfig):
         return out
 
     def score_of(self, accuracy: float, loss_sum: float, steps: int) -> float:
-        """The value that ranks a candidate (higher is better): ``accuracy``, or ``-loss_sum / steps``."""
-        return float(accuracy) if self.score == "accuracy" else -float(loss_sum) / max(int(steps), 1)
+        """The value that ranks a candidate (higher is better): ``accuracy``, or ``-loss_sum / steps``
+        (:func:`archspec.search.scoring.proxy_score`)."""
+        return proxy_score(self.score, accuracy, loss_sum, steps)
 
     def train_config(self) -> TrainConfig:
         """The optimisation settings for :func:`archspec.train.train` (the one training loop) on ``device``."""

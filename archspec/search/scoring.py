@@ -1,0 +1,28 @@
+"""What ranks a trained proxy (torch-free: the command line's choices come from here).
+
+* ``accuracy``: its val top-1 at the last step (0..1).
+* ``tse``: minus its mean training loss over the run -- the sum of training losses (TSE; Ru et al. 2021, "Speedy
+  Performance Estimation for Neural Architecture Search") divided by the steps, so that at one step count the
+  ranking is TSE's.  On levit_small's table TSE ranks designs far better than the same run's val top-1
+  (docs/search-works.md, "Fidelities").
+"""
+
+from __future__ import annotations
+
+__all__ = ["PROXY_SCORES", "proxy_score"]
+
+PROXY_SCORES = ("accuracy", "tse")
+
+
+def proxy_score(kind: str, accuracy: float, loss_sum: float, steps: int) -> float:
+    """The value that ranks a candidate (higher is better): ``accuracy`` for ``kind == "accuracy"``, else
+    ``-loss_sum / steps``.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`PROXY_SCORES`.
+    """
+    if kind == "accuracy":
+        return float(accuracy)
+    if kind == "tse":
+        return -float(loss_sum) / max(int(steps), 1)
+    raise ValueError(f"unknown proxy score {kind!r}: one of {', '.join(PROXY_SCORES)}")
