@@ -280,6 +280,23 @@ def test_a_malformed_row_is_a_located_error(tmp_path, field, value, words):
     assert err.value.problems[0].path == ("--oracle",) and "line 2" in str(err.value) and words in str(err.value)
 
 
+@pytest.mark.parametrize("value", [[], [0, "1"], "0,1", [True], {"0": 1}])
+def test_malformed_reference_seeds_are_a_located_error(tmp_path, capsys, value):
+    """The sidecar's reference seeds decide which designs the oracle answers: anything but a non-empty list of
+    integers is refused naming the sidecar and the field (exit 2, no run directory), never silently ignored."""
+    from archspec.cli import main
+
+    path, _ = _table(tmp_path)
+    meta = json.loads((tmp_path / "tiny.meta.json").read_text())
+    (tmp_path / "tiny.meta.json").write_text(json.dumps({**meta, "reference_seeds": value}))
+    with pytest.raises(SpecError, match="tiny.meta.json: field reference_seeds must be a non-empty list"):
+        load_table(path)
+    assert main(["search", "--space", str(TINY_SPACE), "--oracle", str(path), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "reference_seeds" in err and str(path) in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("option", [["--oracle", "levit_small"], ["--oracle-subset"], ["--list"]])
 def test_mask_placement_refuses_design_only_options(tmp_path, capsys, option):
     from archspec.cli import main

