@@ -205,6 +205,28 @@ def _without_pin(loader_class, *args, **kwargs):
     return loader_class(*args, **{**kwargs, "pin_memory": False})
 
 
+def _cpu_seconds(after: tuple[float, float] | None = None) -> tuple[float, float]:
+    """User + system CPU seconds of this process and of its reaped children (the loader workers, joined when a
+    run's DataLoader iterator is collected), or their increase since ``after``.  Unlike images/s, CPU time does not
+    count the time a VM's other tenants take (steal), so it compares the two loops' work where wall time is noisy;
+    the main process's count includes its threads' spinning, which both loops share."""
+    import gc
+    import resource
+
+    gc.collect()  # collect a finished run's loader iterator so that its workers are joined (and counted)
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    now = (own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime)
+    return now if after is None else (now[0] - after[0], now[1] - after[1])
+
+
+def _pair_ratios(rows: list[dict], field: str) -> list[float]:
+    """archspec / timm of ``field`` within each repeat (ABBA pairs: the two runs next to each other in time)."""
+    by_repeat: dict[int, dict[str, float]] = {}
+    for r in rows:
+        by_repeat.setdefault(r["repeat"], {})[r["loop"]] = r[field]
+    return [v["archspec train"] / v["timm train_one_epoch"] for _, v in sorted(by_repeat.items())]
+
+
 def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
 
@@ -269,15 +291,21 @@ def main() -> None:
         profiles: dict[str, list[str]] = {}
         for repeat in range(args.repeats):  # ABBA order: a drift of the machine's speed falls on both loops
             for name, run in (loops if repeat % 2 == 0 else loops[::-1]):
+                before = _cpu_seconds()
                 with _profiled(args.profile, args.device) as prof:
                     rate = run(spec, root, args.steps, args.batch, args.workers, args.device)
+                cpu = _cpu_seconds(after=before)
                 if prof is not None:
                     profiles.setdefault(name, []).append(_top_ops(prof, args.device))
-                rows.append({"loop": name, "repeat": repeat + 1, "images_per_s": round(rate, 2)})
+                rows.append({"loop": name, "repeat": repeat + 1, "images_per_s": round(rate, 2),
+                             "cpu_s_main": round(cpu[0], 2), "cpu_s_workers": round(cpu[1], 2)})
                 print(rows[-1], flush=True)
     mean = {name: np.mean([r["images_per_s"] for r in rows if r["loop"] == name]) for name in
             ("archspec train", "timm train_one_epoch")}
     ratio = mean["archspec train"] / mean["timm train_one_epoch"]
+    pairs = _pair_ratios(rows, "images_per_s")
+    cpu_ratio = float(np.mean([r["cpu_s_main"] + r["cpu_s_workers"] for r in rows if r["loop"] != "archspec train"])
+                      / np.mean([r["cpu_s_main"] + r["cpu_s_workers"] for r in rows if r["loop"] == "archspec train"]))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     result = {"spec": args.spec, "steps": args.steps, "batch": args.batch, "workers": args.workers,
@@ -285,11 +313,15 @@ def main() -> None:
               "timm_prefetcher": bool(args.timm_prefetcher or args.device == "cuda"),
               "archspec_pinned": args.device == "cuda" and not args.archspec_no_pin,
               "timm": _timm_version(), "rows": rows, "ratio_archspec_over_timm": round(float(ratio), 3),
+              "pair_ratios": [round(r, 3) for r in pairs], "cpu_ratio_timm_over_archspec": round(cpu_ratio, 3),
               "torch": torch.__version__, "commit": commit, "machine": platform.processor() or platform.machine()}
     Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = ["| loop | run | images/s |", "|---|---|---|"]
-    lines += [f"| {r['loop']} | {r['repeat']} | {r['images_per_s']} |" for r in rows]
-    lines.append(f"\nratio archspec / timm (mean of runs): {ratio:.3f}")
+    lines = ["| loop | run | images/s | CPU s (main) | CPU s (workers) |", "|---|---|---|---|---|"]
+    lines += [f"| {r['loop']} | {r['repeat']} | {r['images_per_s']} | {r['cpu_s_main']} | {r['cpu_s_workers']} |"
+              for r in rows]
+    lines.append(f"\nratio archspec / timm (mean of runs): {ratio:.3f}; pair ratios "
+                 f"{', '.join(f'{r:.3f}' for r in pairs)} (median {np.median(pairs):.3f}); "
+                 f"CPU seconds timm / archspec: {cpu_ratio:.3f}")
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     if profiles:
         text = [f"## {name}, run {i + 1}\n\n```\n{t}\n```\n" for name, ts in profiles.items() for i, t in enumerate(ts)]
