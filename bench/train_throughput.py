@@ -28,6 +28,11 @@ builds it) and ``fast_collate``, in batches of ``--batch``, ABAB for ``--repeats
 
     python bench/train_throughput.py --worker-cost 512 --batch 256 --repeats 4
 
+``--optimizer-cost N`` times N AdamW steps on the spec's parameters: timm's default (torch's ``foreach`` kernel)
+against the ``fused=True`` kernel ``archspec train`` uses, ABAB for ``--repeats``; ms per step.
+
+    python bench/train_throughput.py --optimizer-cost 20 --repeats 4 --threads 2
+
 ``--profile``: each timed run under ``torch.profiler`` (CPU activity; CUDA too on a GPU), and the ops that take
 the most self time on the main process written per loop to ``OUT.profile.md`` -- where a gap between the loops
 sits (the DataLoader's ``__next__`` is the wait for the workers; ``cudaStreamSynchronize``/``copy_`` are the
@@ -171,6 +176,31 @@ def worker_cost(root: Path, size: tuple[int, int], n: int, batch: int, repeats: 
     return rows
 
 
+def optimizer_cost(model: torch.nn.Module, steps: int, repeats: int) -> list[dict]:
+    """ms per AdamW step on ``model``'s parameters (random gradients): timm ``create_optimizer_v2("adamw")`` as
+    timm's ``train.py`` builds it (torch's ``foreach`` kernel) against the same with ``fused=True`` (what
+    ``archspec train`` builds), ABAB order, after 3 untimed steps of each."""
+    from timm.optim import create_optimizer_v2
+
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizers = {kind: create_optimizer_v2(model, opt="adamw", lr=1e-3, weight_decay=0.05, **kwargs)
+                  for kind, kwargs in (("timm (foreach)", {}), ("archspec (fused)", {"fused": True}))}
+    for optimizer in optimizers.values():
+        for _ in range(3):
+            optimizer.step()
+    rows = []
+    for repeat in range(repeats):
+        for kind, optimizer in (optimizers.items() if repeat % 2 == 0 else list(optimizers.items())[::-1]):
+            t = time.perf_counter()
+            for _ in range(steps):
+                optimizer.step()
+            rows.append({"optimizer": kind, "repeat": repeat + 1,
+                         "ms_per_step": round(1e3 * (time.perf_counter() - t) / steps, 3)})
+            print(rows[-1], flush=True)
+    return rows
+
+
 @contextmanager
 def _profiled(enabled: bool, device: str):
     """``torch.profiler.profile`` over the block when ``enabled`` (CPU activity, plus CUDA on a GPU), else ``None``."""
@@ -258,9 +288,19 @@ def main() -> None:
                              "without this flag: on CUDA only, as the earlier CPU figures were measured)")
     parser.add_argument("--worker-cost", type=int, default=None, metavar="N",
                         help="time a loader worker's per-image work on N images instead (one thread)")
+    parser.add_argument("--optimizer-cost", type=int, default=None, metavar="N",
+                        help="time N AdamW steps on the spec's parameters instead, foreach against fused "
+                             "(--threads threads)")
     args = parser.parse_args()
     import archspec
 
+    if args.optimizer_cost:
+        torch.set_num_threads(args.threads)
+        rows = optimizer_cost(archspec.compile(args.spec), args.optimizer_cost, args.repeats)
+        mean = {k: np.mean([r["ms_per_step"] for r in rows if r["optimizer"] == k]) for k in
+                ("archspec (fused)", "timm (foreach)")}
+        print(f"ratio fused / foreach ms per step: {mean['archspec (fused)'] / mean['timm (foreach)']:.3f}")
+        return
     if args.worker_cost:
         torch.set_num_threads(1)
         spec = archspec.load_spec(args.spec)
