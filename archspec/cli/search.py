@@ -296,10 +296,11 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
     obj.add_argument("--prune", action="store_true",
                      help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
     obj.add_argument("--fidelity", choices=FIDELITIES, default=DEFAULT_FIDELITY,
-                     help="zc (default): score each untrained candidate with zero-cost proxies and train only the "
-                          "top 1/eta by --zc-score (or those no other beats on both score and latency); sha: read "
-                          "accuracy at rungs of min-steps * eta^k proxy steps and train on only the promising "
-                          "candidates (also for pareto); hyperband: --objective accuracy only; none: train every one")
+                     help="none (default: no zero-cost score ranked better than chance on the default space): "
+                          "train every candidate; zc: score each untrained candidate with zero-cost proxies and "
+                          "train only the top 1/eta by --zc-score (or those no other beats on both score and "
+                          "latency); sha: read accuracy at rungs of min-steps * eta^k proxy steps and train on only "
+                          "the promising candidates (also for pareto); hyperband: --objective accuracy only")
     obj.add_argument("--zc-score", choices=ZERO_COST_RANKINGS, default="synflow",
                      help="what the zero-cost rung ranks by (default synflow: Abdelfattah et al. 2021's best on "
                           "NAS-Bench-201); every score is recorded on each trial")

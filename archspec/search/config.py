@@ -51,7 +51,12 @@ MASKS_TRIAL_TIMEOUT_S = 1800.0  # a 400-step round of MaiT-T took 650 s on one t
 # published studies find hard to beat on transformers.  Here, not in fidelity.py, so the parser needs no Optuna.
 FIDELITIES = ("none", "zc", "sha", "hyperband")
 ZERO_COST_RANKINGS = ("synflow", "naswot", "grad_norm", "params", "macs")
-DEFAULT_FIDELITY = "zc"
+# The default is no rung: a rung whose score ranks at chance is no default.  On the default space (12 designs,
+# all of Fashion-MNIST, real token geometry) SynFlow ranks at tau -0.03, NASWOT -0.12, grad-norm 0.00, #MACs 0.09;
+# on levit_small's table (51 designs) every zero-cost score ranks below a short run's TSE and SynFlow (0.40)
+# below #MACs (0.45), and searches with the SynFlow rung ended with smaller fronts than without it at the same
+# simulated CPU budget (docs/search-works.md).  --fidelity zc keeps the rung for those who want the time it saves.
+DEFAULT_FIDELITY = "none"
 
 # Trial user attributes: the proxy's input size, stem and stage grids next to the real grids
 # (archspec.search.proxy.ProxyGeometry.describe), and the zero-cost scores of the candidate.
