@@ -90,13 +90,16 @@ class OracleTable:
     latency_ms: dict[str, float]
     meta: dict
 
+    def __post_init__(self) -> None:
+        _check_reference_seeds(self.meta, f"{Path(self.file).stem}.meta.json", self.file)
+
     @cached_property
     def seeds(self) -> list[int]:
         """The seeds of the table's reference (sorted): the sidecar's ``reference_seeds`` where it names them (a
         table being written holds extra seeds for some designs and only some seeds for the one in progress),
         else the seeds every design has."""
         named = self.meta.get("reference_seeds")
-        if named is not None:  # load_table checked it: a non-empty list of integers
+        if named is not None:  # __post_init__ checked it: a non-empty list of integers
             return sorted(set(named))
         common = None
         for by_seed in self.rows.values():
@@ -298,7 +301,6 @@ def load_table(source: str | os.PathLike) -> OracleTable:
     for row in rows:
         by_key.setdefault(row["key"], {})[int(row["seed"])] = row
     meta = _sidecar(path.with_suffix(".meta.json"), name)
-    _check_reference_seeds(meta, path.with_suffix(".meta.json").name, name)
     latency = _latency(_sidecar(path.with_suffix(".latency.json"), name), name)
     space = meta.get("protocol", {}).get("space", path.stem)
     return OracleTable(file=name, space=space, rows=by_key, latency_ms=latency, meta=meta)

@@ -115,7 +115,8 @@ def _val_batches(data: Any, batch: int) -> Iterator[tuple[torch.Tensor, torch.Te
 
 
 # torch's Adam/AdamW with ``fused=True``: one kernel over all parameters instead of ``foreach``'s per-op passes
-# (on CPU 4x faster per step on levit_128s's 7.8 M parameters, 11 against 45 ms on one thread: the same update
+# (on CPU 5x faster per step on levit_128s's 7.8 M parameters, 5.6-6.2 against 27.5-29.1 ms on two threads,
+# `python bench/train_throughput.py --optimizer-cost 20 --repeats 4 --threads 2`: the same update
 # rule, summed in another order, so weights differ from ``foreach`` in the last bits).  Deterministic, so
 # ``--resume`` stays bit-exact; timm passes the keyword through to torch's class.
 _FUSED_OPTIMIZERS = ("adam", "adamw")
