@@ -3,6 +3,7 @@
     python bench/search_works.py fidelity                  # Kendall tau of every fidelity, on the shipped table
     python bench/search_works.py fidelity --table T.jsonl --json out.json
     python bench/search_works.py simulate --repeats 20     # archspec search vs random etc. on the oracle
+    python bench/search_works.py headroom --score tse --steps 200   # what any sampler could add to random draws
 
 The reference is each design's final accuracy (all 10,000 test images) after the full protocol, averaged over the
 table's seeds.  A fidelity measured on one seed's run is compared with the mean final accuracy of the *other*
@@ -142,6 +143,7 @@ METHODS = {
     # ranked by the proxy's sum of training losses instead of its val top-1 (--proxy-score tse)
     "TPE, TSE proxy": {"sampler": "tpe", "fidelity": "none", "protocol": {"score": "tse"}},
     "random sampling, TSE proxy": {"sampler": "random", "fidelity": "none", "protocol": {"score": "tse"}},
+    "GP, TSE proxy": {"sampler": "gp", "fidelity": "none", "protocol": {"score": "tse"}},
 }
 
 
@@ -369,6 +371,95 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def proxy_value(row: dict, score: str, steps: int) -> float:
+    """What a search's proxy of ``steps`` steps answers for one tabulated row (as the oracle does): the curve's
+    val top-1, or with ``score == "tse"`` minus the mean training loss up to that step."""
+    from archspec.search.oracle import _interpolate, _linear
+    from archspec.search.scoring import proxy_score
+
+    accuracy = _interpolate([(float(s), float(a)) for s, a, _ in row["curve"]], steps)
+    loss_sum = _linear([(0.0, 0.0)] + [(float(s), float(total)) for s, total, _ in row["tse"]], steps)
+    return proxy_score(score, accuracy, loss_sum, steps)
+
+
+def reported_hv(truth: Truth, keys, proxy: dict[str, float], cost: str) -> float:
+    """Hypervolume (on the table's reference) of the front a search reports after evaluating ``keys``: Pareto by
+    the proxy's value and ``cost`` (latency or MACs), each design then scored by its reference accuracy."""
+    values = truth.latency if cost == "latency" else truth.macs
+    front = pareto([(proxy[k], values[k], k) for k in keys])
+    return hypervolume_2d([truth.normalised(k, cost) for k in front], (1.0, 1.0))
+
+
+def headroom(table_path: str, trials: tuple[int, ...], steps: int, score: str, draws: int = 2000,
+             macs_budget: float = 20e6, seed: int = 0) -> dict:
+    """How much any sampler could gain over random sampling on the table: :func:`headroom_of` with each reference
+    seed's proxy (``score`` at ``steps`` steps, as the oracle answers it).  No Optuna: numbers from the table."""
+    from archspec.search.oracle import load_table
+
+    table = load_table(table_path)
+    truth = Truth(table)
+    proxies = [{k: proxy_value(table.rows[k][s], score, steps) for k in truth.accuracy} for s in table.seeds]
+    out = headroom_of(truth, proxies, trials, draws, macs_budget, np.random.default_rng(seed))
+    return {"table": table_path, "designs": len(truth.accuracy), "seeds": table.seeds, "steps": steps,
+            "score": score, "draws": draws, "macs_budget": macs_budget, **out}
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": float(np.median(values)),
+            "iqr": [float(np.percentile(values, 25)), float(np.percentile(values, 75))]}
+
+
+def headroom_of(truth: Truth, proxies: list[dict[str, float]], trials: tuple[int, ...], draws: int,
+                macs_budget: float, rng) -> dict:
+    """Per plane (accuracy against latency or MACs) and per number of evaluated designs ``k``, four fronts scored
+    by hypervolume on the reference, and the same four for the best design under ``macs_budget``:
+
+    * ``best``: the table's own front by reference accuracy -- what a perfect proxy evaluating every design finds;
+    * ``all_designs_proxy``: every design evaluated, the front (or the best) chosen by one seed's proxy (median
+      over ``proxies``) -- the ceiling the proxy's noise leaves any search;
+    * ``random``: ``k`` distinct designs drawn at random, a random seed's proxy (``draws`` draws: median, IQR);
+    * ``perfect_sampler``: a sampler that knows the reference and evaluates the best designs first (the table's
+      front, or the most accurate under the budget), then random ones up to ``k``, its choice still made by the
+      proxy -- the most any sampler can add to random sampling's ``k`` evaluations with this proxy."""
+    keys = sorted(truth.accuracy)
+    under = [k for k in keys if truth.macs[k] <= macs_budget]
+    out = {"planes": {}}
+    for cost in ("latency", "macs") if truth.latency else ("macs",):
+        values = truth.latency if cost == "latency" else truth.macs
+        best_front = pareto([(truth.accuracy[k], values[k], k) for k in keys])
+        out["planes"][cost] = _headroom_plane(
+            lambda chosen, proxy, cost=cost: reported_hv(truth, chosen, proxy, cost), keys, best_front, proxies,
+            trials, draws, rng, best=reported_hv(truth, keys, truth.accuracy, cost))
+    if under:
+        ranked = sorted(under, key=lambda k: -truth.accuracy[k])
+
+        def best_under(chosen, proxy):
+            inside = [k for k in chosen if k in under]
+            return truth.accuracy[max(inside, key=lambda k: proxy[k])] if inside else None
+
+        out["best_under_budget"] = _headroom_plane(best_under, keys, ranked[:1], proxies, trials, draws, rng,
+                                                   best=truth.accuracy[ranked[0]])
+    return out
+
+
+def _headroom_plane(value, keys, first, proxies, trials, draws, rng, best) -> dict:
+    """:func:`headroom_of` for one measure ``value(chosen designs, proxy)`` (None: nothing to report)."""
+    rest = [k for k in keys if k not in first]
+    plane = {"best": best, "first": len(first),
+             "all_designs_proxy": float(np.median([value(keys, p) for p in proxies])), "by_trials": {}}
+    for k in trials:
+        k = min(k, len(keys))
+        rand, perfect = [], []
+        for _ in range(draws):
+            proxy = proxies[rng.integers(len(proxies))]
+            rand.append(value(list(rng.choice(keys, size=k, replace=False)), proxy))
+            fill = list(rng.choice(rest, size=max(0, k - len(first)), replace=False))
+            perfect.append(value(list(first[:k]) + fill, proxy))
+        plane["by_trials"][k] = {name: _summary([v for v in got if v is not None])
+                                 for name, got in (("random", rand), ("perfect_sampler", perfect))}
+    return plane
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -389,7 +480,34 @@ def main(argv=None) -> int:
                      help="pareto (default; needs the table's latency pass) or accuracy")
     sim.add_argument("--json", default="search_works_simulate.json")
     sim.add_argument("--plot", default=None, help="PNG of the anytime hypervolume (accuracy, latency)")
+    head = sub.add_parser("headroom", help="what any sampler could gain over random sampling, from the table alone")
+    head.add_argument("--table", default=str(DEFAULT_TABLE))
+    head.add_argument("--trials", type=int, nargs="+", default=[10, 20, 40],
+                      help="designs evaluated (default 10 20 40)")
+    head.add_argument("--steps", type=int, default=None, help="proxy steps (default: the search's default)")
+    head.add_argument("--score", choices=("accuracy", "tse"), default="accuracy", help="the proxy's score")
+    head.add_argument("--draws", type=int, default=2000)
+    head.add_argument("--macs-budget", type=float, default=20e6, help="for best accuracy under a MAC budget")
+    head.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
+    if args.cmd == "headroom":
+        from archspec.search.proxy import ProxyProtocol
+
+        result = headroom(args.table, tuple(args.trials), args.steps or ProxyProtocol().steps, args.score, args.draws,
+                          args.macs_budget)
+        print(f"{result['designs']} designs, seeds {result['seeds']}; proxy: {args.score} at {result['steps']} steps")
+        planes = {f"HV (accuracy, {cost})": plane for cost, plane in result["planes"].items()}
+        if "best_under_budget" in result:
+            planes[f"best under {args.macs_budget:g} MACs"] = result["best_under_budget"]
+        for name, plane in planes.items():
+            print(f"  {name}: the table's best {plane['best']:.4f}; every design evaluated, chosen by the proxy "
+                  f"{plane['all_designs_proxy']:.4f}")
+            for k, entry in plane["by_trials"].items():
+                print(f"    {k} designs: " + "; ".join(
+                    f"{name} {v['median']:.4f} ({v['iqr'][0]:.4f}-{v['iqr'][1]:.4f})" for name, v in entry.items()))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        return 0
     if args.cmd == "simulate":
         from archspec.search.proxy import ProxyProtocol
 

@@ -81,6 +81,35 @@ def test_hand_designs_front_by_hand(works):
     assert got["best_under_budget"] == 0.7 and got["designs"]["DeiT-like"]["macs"] == 30
 
 
+def test_headroom_by_hand(works):
+    """Five designs (accuracy, MACs): A (0.7, 10), B (0.8, 20), C (0.9, 30), D (0.85, 25), E (0.75, 28).  Scaled to
+    the table (accuracy 0.7..0.9, MACs 10..30) the front A, B, C, D dominates B's (0.5, 0.5) box, 1/4, and D's
+    (0.25, 0.75) box adds 1/4 * 1/4: 5/16.  A proxy that puts B below A and E above C reports A, D, E: D's box
+    alone, 3/16.  Evaluating every design, random draws of all five, and a perfect sampler given four designs all
+    report that; a perfect sampler given two (A and B, the first of the front) reports A alone: 0.  Under 26 MACs
+    the best is D (0.85), and the misranking proxy still picks D."""
+    import numpy as np
+
+    from archspec.search.oracle import OracleTable
+
+    designs = {"A": (0.7, 10), "B": (0.8, 20), "C": (0.9, 30), "D": (0.85, 25), "E": (0.75, 28)}
+    rows = {k: {0: {"final_accuracy": acc, "macs": macs, "hand": None}} for k, (acc, macs) in designs.items()}
+    truth = works.Truth(OracleTable(file="t", space="s", rows=rows, latency_ms={}, meta={"reference_seeds": [0]}))
+    perfect = works.headroom_of(truth, [dict(truth.accuracy)], (5,), 20, 26, np.random.default_rng(0))
+    assert set(perfect["planes"]) == {"macs"}  # no latency pass: no latency plane
+    assert perfect["planes"]["macs"]["best"] == pytest.approx(5 / 16)
+    assert perfect["planes"]["macs"]["all_designs_proxy"] == pytest.approx(5 / 16)
+    proxy = {"A": 0.5, "B": 0.4, "C": 0.9, "D": 0.8, "E": 0.95}
+    got = works.headroom_of(truth, [proxy], (2, 4, 5), 20, 26, np.random.default_rng(0))
+    macs = got["planes"]["macs"]
+    assert macs["best"] == pytest.approx(5 / 16) and macs["first"] == 4
+    assert macs["all_designs_proxy"] == pytest.approx(3 / 16)
+    assert macs["by_trials"][5]["random"]["median"] == pytest.approx(3 / 16)
+    assert macs["by_trials"][4]["perfect_sampler"]["iqr"] == pytest.approx([3 / 16, 3 / 16])
+    assert macs["by_trials"][2]["perfect_sampler"]["median"] == 0.0
+    assert got["best_under_budget"]["best"] == 0.85 and got["best_under_budget"]["all_designs_proxy"] == 0.85
+
+
 def test_a_live_runs_front_is_its_own_then_scored_on_the_table(tmp_path):
     """bench/search_live.py: the front is chosen by the run's proxy (score, latency) -- here A (0.9, 1 ms) and
     C (0.95, 3 ms); B (0.8, 2 ms) is dominated, a reused copy of C adds nothing -- and then scored by the table's
