@@ -210,6 +210,66 @@ def test_malformed_space_is_located(old, new, path, words):
     assert match[0].line is not None and match[0].file == "<string>"
 
 
+SHARED = """\
+name: widths
+kind: design
+spec:
+  stem: {kind: conv}
+  tokens: {cls_token: none, pos_embed: none}
+  stages:
+    share: true
+    choice:
+      narrow:
+        - {depth: {int: [1, 2]}, dim: 64, heads: 4, key_dim: 16, norm: batchnorm,
+           heads_mix: {choice: {bias: levit_bias, mait: {base: levit_bias, masked: {int: [1, 2]}, window: "3x3"}}}}
+      wide:
+        - {depth: {int: [1, 3]}, dim: 128, heads: 4, key_dim: 16, norm: batchnorm,
+           heads_mix: {choice: {bias: levit_bias, mait: {base: levit_bias, masked: {int: [1, 2]}, window: "3x3"}}}}
+  head: {pool: mean, num_classes: 10}
+"""
+
+
+def test_shared_choice_names_its_alternatives_parameters_alike():
+    """``share: true``: both widths ask ``stages.0.depth`` and ``stages.0.heads_mix`` (the label is not in the
+    name), the drawn width still decides the spec; a depth range per width (1-2, 1-3) times the heads (bias, or
+    mait with 1 or 2 masked heads): 2 x 3 + 3 x 3 = 15 points; an Optuna study samples it."""
+    space = load_space(SHARED)
+    points = list(space.points())
+    assert len(points) == 2 * 3 + 3 * 3 and {frozenset(p) for p, _ in points} == {
+        frozenset({"stages", "stages.0.depth", "stages.0.heads_mix"}),
+        frozenset({"stages", "stages.0.depth", "stages.0.heads_mix", "stages.0.heads_mix.mait.masked"})}
+    spec = space.sample(FixedTrial({"stages": "wide", "stages.0.depth": 3, "stages.0.heads_mix": "bias"}))
+    assert spec.stages[0].dim == 128 and spec.stages[0].depth == 3
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(12):
+        trial = study.ask()
+        space.sample(trial)
+        assert "stages.wide.0.depth" not in trial.params and "stages.0.depth" in trial.params
+        study.tell(trial, 0.0)
+
+
+@pytest.mark.parametrize("old, new, path, words", [
+    ("wide:\n        - {depth: {int: [1, 3]}", "wide:\n        - {depth: {choice: [1, 3]}",
+     ("spec", "stages", "choice", "wide", 0, "depth"), "differs between alternatives 'narrow' and 'wide'"),
+    ("    share: true", "    share: yes please", ("spec", "stages", "share"), "true or false"),
+])
+def test_shared_choice_errors_are_located(old, new, path, words):
+    assert old in SHARED
+    problems = _error(SHARED.replace(old, new, 1))
+    match = [p for p in problems if p.path == path]
+    assert match, [(p.path, p.message) for p in problems]
+    assert words in match[0].message and match[0].line is not None
+
+
+def test_shared_choice_needs_labelled_structured_alternatives():
+    problems = _error(BASE.replace("dim: {choice: [64, 128]}", "dim: {choice: [64, 128], share: true}", 1))
+    assert any("labelled alternatives" in p.message for p in problems)
+    bare = BASE.replace("heads_mix: {choice: {", "heads_mix: {share: true, choice: {", 1)
+    assert bare != BASE
+    problems = _error(bare)
+    assert any("mappings or lists" in p.message for p in problems), [p.message for p in problems]
+
+
 def test_invalid_point_names_the_space_field():
     space = load_space(BASE.replace("count: {choice: [1, 2]}", "count: 2"))
     params = {"stages.count": 2, "stages.0.depth": 1, "stages.0.dim": 64, "stages.0.heads_mix": "bias"}

@@ -15,6 +15,15 @@ Markers -- a mapping with exactly one of these keys replaces any value of the sp
     Categorical over *named alternatives*; Optuna sees the label, the value (a scalar, a mapping or a
     list) may itself contain markers.  Parameters inside an alternative exist only when it is drawn
     (conditional parameters) and carry its label in their name.
+``{choice: {label_a: ..., label_b: ...}, share: true}``
+    The same, but the parameters inside the alternatives are named *without* the label, so alternatives
+    that ask the same question share one Optuna parameter and a model-based sampler (TPE, GP) pools what it
+    learns across them: ``stages.0.depth`` for both widths of a stage list, instead of
+    ``stages.narrow.0.depth`` and ``stages.wide.0.depth``.  Optuna allows one distribution per name, so
+    alternatives that place a marker at the same path must give it the same kind and, for a choice, the same
+    options (checked when the space is loaded); the alternatives must be mappings or lists.  Why: on the
+    tabulated ``levit_small`` space, multivariate TPE split by the width label fitted each half on half the
+    trials and did not beat random sampling; see ``docs/search-works.md``.
 ``{int: [low, high], step: 1, log: false}``
     Integer range, both ends inclusive.  ``low``/``high`` may be ``{ref: ...}``.
 ``{float: [low, high], step: null, log: false}``
@@ -101,7 +110,7 @@ from archspec.spec.yaml_source import is_yaml_text, load_yaml, read_text_file
 __all__ = ["SearchSpace", "load_space", "mask_placement_space", "MARKERS"]
 
 MARKERS = ("choice", "int", "float", "ref")
-_MARKER_OPTIONS = {"choice": set(), "ref": set(), "int": {"step", "log"}, "float": {"step", "log"}}
+_MARKER_OPTIONS = {"choice": {"share"}, "ref": set(), "int": {"step", "log"}, "float": {"step", "log"}}
 _SPACE_KEYS = ("name", "kind", "description", "spec")
 _HEADS_MIX_KEYS = ("base", "masked", "window", "group", "per_layer")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -114,6 +123,44 @@ def _is_marker(node: Any) -> bool:
 
 def _marker_kind(node: dict) -> str:
     return next(k for k in MARKERS if k in node)
+
+
+def _alternative_name(node: dict, pname: str, label: str) -> str:
+    """The Optuna name prefix inside alternative ``label`` of the labelled choice ``node`` named ``pname``: the
+    label appended, or with ``share: true`` the choice's own name (shared across alternatives)."""
+    return pname if node.get("share") is True else f"{pname}.{label}"
+
+
+def _marker_paths(node: Any, path: tuple = ()) -> Iterator[tuple[tuple, tuple, dict]]:
+    """``(name path, document path, marker)`` of every marker below ``node`` (not inside ranges): the name path is
+    the document path without ``choice`` / ``items`` steps -- the part of an Optuna name the document decides."""
+    if _is_marker(node):
+        yield path, path, node
+        kind = _marker_kind(node)
+        if kind == "choice" and isinstance(node["choice"], dict):
+            for label, option in node["choice"].items():
+                shared = node.get("share") is True
+                for name, where, inner in _marker_paths(option, ()):
+                    yield (path + name if shared else path + (label,) + name), path + ("choice", label) + where, inner
+    elif isinstance(node, dict):
+        for key, item in node.items():
+            step = () if key == "items" else (key,)
+            for name, where, inner in _marker_paths(item, ()):
+                yield path + step + name, path + (key,) + where, inner
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            for name, where, inner in _marker_paths(item, ()):
+                yield path + (i,) + name, path + (i,) + where, inner
+
+
+def _distribution_of(marker: dict) -> tuple:
+    """What Optuna requires to be equal for one parameter name across trials: the kind, a choice's options, and a
+    range's ``log``."""
+    kind = _marker_kind(marker)
+    if kind == "choice":
+        options = marker["choice"]
+        return ("choice", tuple(options) if isinstance(options, dict) else tuple(map(repr, options)))
+    return (kind, bool(marker.get("log", False))) if kind in ("int", "float") else (kind,)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,6 +216,8 @@ class _Checker:
                          f"{kind} takes {', '.join(sorted(opts))}" if opts else f"a {kind!r} marker takes no options")
         value = node[kind]
         where = path + (kind,)
+        if kind == "choice" and "share" in node:
+            self.shared_choice(node, path)
         if kind == "choice":
             if isinstance(value, list):
                 if not value:
@@ -227,6 +276,33 @@ class _Checker:
         else:  # ref
             if not isinstance(value, str) or not value.strip():
                 self.add(where, f"ref takes a dotted path such as stages.0.dim or stage.key_dim, got {value!r}")
+
+    def shared_choice(self, node: dict, path: tuple) -> None:
+        """``share: true`` on a labelled choice: alternatives that are mappings or lists, and one distribution per
+        shared parameter name (Optuna's rule), checked across the alternatives."""
+        share, options = node["share"], node["choice"]
+        if not isinstance(share, bool):
+            self.add(path + ("share",), f"share must be true or false, got {share!r}")
+            return
+        if not share:
+            return
+        if not isinstance(options, dict):
+            self.add(path + ("share",), "share needs labelled alternatives: {choice: {label: value, ...}, share: true}")
+            return
+        seen: dict[tuple, tuple[str, tuple]] = {}
+        for label, option in options.items():
+            if not isinstance(option, (dict, list)) or _is_marker(option):
+                self.add(path + ("choice", label), "the alternatives of a shared choice must be mappings or lists",
+                         "their markers are the shared parameters; drop 'share' to choose between bare values")
+                continue
+            for name, where, marker in _marker_paths(option):
+                got = _distribution_of(marker)
+                first = seen.setdefault(name, (label, got))
+                if first[1] != got:
+                    self.add(path + ("choice", label) + where,
+                             f"shared parameter {'.'.join(map(str, name))!r} differs between alternatives "
+                             f"{first[0]!r} and {label!r}: {first[1]} vs {got}",
+                             "give it the same kind and options in every alternative, or drop 'share'")
 
     # spec values ---------------------------------------------------------------------------
     def value(self, node: Any, path: tuple, model: type[BaseModel] | None) -> None:
@@ -417,7 +493,8 @@ class _Sampler:
             if isinstance(options, list):
                 return self.suggest("categorical", pname, list(options))
             label = self.suggest("categorical", pname, list(options))
-            return self.resolve(options[label], ypath + ("choice", label), cpath, f"{pname}.{label}", stage)
+            return self.resolve(options[label], ypath + ("choice", label), cpath,
+                                _alternative_name(node, pname, label), stage)
         ends = []
         for i, end in enumerate(node[kind]):
             ends.append(self.lookup(end["ref"], ypath + (kind, i, "ref"), stage) if _is_marker(end) else end)
@@ -448,7 +525,7 @@ class _Sampler:
         if _is_marker(node):  # a labelled choice of stage lists (the checker allows no other marker here)
             self._ypath_for_name = base
             label = self.suggest("categorical", prefix, list(node["choice"]))
-            return self.stages(node["choice"][label], base + ("choice", label), f"{prefix}.{label}")
+            return self.stages(node["choice"][label], base + ("choice", label), _alternative_name(node, prefix, label))
         self.prefix = prefix
         if isinstance(node, dict):
             items = node["items"]
@@ -507,7 +584,7 @@ class _Sampler:
             self._ypath_for_name = ypath
             label = self.suggest("categorical", pname, list(options))
             if isinstance(options, dict):
-                return options[label], ypath + ("choice", label), f"{pname}.{label}"
+                return options[label], ypath + ("choice", label), _alternative_name(node, pname, label)
             return label, ypath, pname
         if _is_marker(node):
             raise self.fail(ypath, "heads_mix takes a head kind, a mapping or a {choice: ...} of those")

@@ -88,7 +88,9 @@ _MARKER_DEFS: dict[str, Any] = {
                      "description": "{choice: [a, b]} over scalars, or {choice: {label: value}} over alternatives",
                      "properties": {"choice": {"anyOf": [
                          {"type": "array", "minItems": 1, "items": {"type": ["string", "number", "boolean", "null"]}},
-                         {"type": "object", "minProperties": 1}]}}},
+                         {"type": "object", "minProperties": 1}]},
+                                    "share": {"type": "boolean", "description": "labelled alternatives only: name "
+                                              "the parameters inside them without the label, one parameter for all"}}},
     "IntMarker": {"type": "object", "required": ["int"], "additionalProperties": False,
                   "description": "{int: [low, high], step: 1, log: false}: an inclusive integer range",
                   "properties": {"int": {"type": "array", "minItems": 2, "maxItems": 2,
