@@ -88,9 +88,8 @@ HAND_DESIGNS = {
 
 def hand_params(short: dict) -> dict:
     """Optuna parameters of a hand design given in ``HAND_DESIGNS``' short form."""
-    w = short["stages"]
-    return {"stages": w, f"stages.{w}.0.depth": short["s0_depth"], f"stages.{w}.0.heads_mix": short["s0"],
-            f"stages.{w}.1.depth": short["s1_depth"], f"stages.{w}.1.heads_mix": short["s1"]}
+    return {"stages": short["stages"], "stages.0.depth": short["s0_depth"], "stages.0.heads_mix": short["s0"],
+            "stages.1.depth": short["s1_depth"], "stages.1.heads_mix": short["s1"]}
 
 
 def protocol_id(protocol: dict) -> str:
@@ -100,9 +99,8 @@ def protocol_id(protocol: dict) -> str:
 
 def design_label(params: dict) -> str:
     """``narrow 2x mask3_bias / 1x gpsa``: width, then depth and head kind per stage."""
-    w = params["stages"]
-    return (f"{w} {params[f'stages.{w}.0.depth']}x {params[f'stages.{w}.0.heads_mix']} / "
-            f"{params[f'stages.{w}.1.depth']}x {params[f'stages.{w}.1.heads_mix']}")
+    return (f"{params['stages']} {params['stages.0.depth']}x {params['stages.0.heads_mix']} / "
+            f"{params['stages.1.depth']}x {params['stages.1.heads_mix']}")
 
 
 def ordered_points(space) -> list[tuple[int, dict, object]]:
@@ -337,22 +335,53 @@ def latency_pass(args) -> int:
     return 0
 
 
+def space_params() -> dict[str, dict]:
+    """``{architecture key: Optuna parameters}`` of every point of the protocol's space, under the space's current
+    parameter names."""
+    from archspec.search.latency import architecture_key
+    from archspec.search.space import load_space
+
+    return {architecture_key(spec): params for params, spec in load_space(PROTOCOL["space"]).points()}
+
+
+def with_current_params(row: dict, current: dict[str, dict]) -> dict:
+    """``row`` with its ``params`` (and ``label``) under the space's current names, found by its architecture key:
+    a row keeps its design when a space renames its parameters (``levit_small``'s ``share: true``).  A key that is
+    no point of the space is left as it is (the table's own test refuses such a row)."""
+    params = current.get(row["key"])
+    return row if params is None else {**row, "params": params, "label": design_label(params)}
+
+
+def rename_params(table: Path) -> int:
+    """Rewrite ``table`` with every row's parameters under the space's current names (nothing else changes; the
+    file is replaced atomically); returns how many rows changed."""
+    current = space_params()
+    rows = load_rows(table)
+    renamed = [with_current_params(r, current) for r in rows]
+    tmp = table.with_suffix(".renaming")
+    tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in renamed), encoding="utf-8")
+    os.replace(tmp, table)
+    return sum(a != b for a, b in zip(rows, renamed))
+
+
 def merge(table: Path, other: Path) -> int:
     """Append to ``table`` the rows of ``other`` (same protocol) whose (design, seed) it lacks; returns how many.
     For a second tabulation process that ran ``--reverse`` into a copy of the table: the two meet in the middle,
-    and a pair both trained is kept once (the same seed gives the same row).
+    and a pair both trained is kept once (the same seed gives the same row).  Rows are appended with the space's
+    current parameter names (a process started before a rename writes the old ones).
 
     Raises:
         SystemExit: ``other`` holds rows of another protocol."""
     pid = protocol_id(PROTOCOL)
     have = {(r["key"], r["seed"]) for r in load_rows(table)}
+    current = space_params()
     new = []
     for r in load_rows(other):
         if r.get("protocol_id") != pid:
             raise SystemExit(f"{other}: a row of another protocol ({r.get('protocol_id')}); nothing merged")
         if (r["key"], r["seed"]) not in have:
             have.add((r["key"], r["seed"]))
-            new.append(r)
+            new.append(with_current_params(r, current))
     with table.open("a", encoding="utf-8") as f:
         for r in new:
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
@@ -430,11 +459,16 @@ def main(argv=None) -> int:
                         help="train the pairs in reverse order (a second process, into a copy of the table)")
     parser.add_argument("--merge", default=None, metavar="FILE",
                         help="append FILE's rows whose (design, seed) the table lacks, then stop")
+    parser.add_argument("--rename-params", action="store_true",
+                        help="rewrite the table's rows with the space's current parameter names, then stop")
     parser.add_argument("--latency", action="store_true",
                         help="the latency pass (two passes, LeViT's CPU protocol) into <out>.latency.json")
     args = parser.parse_args(argv)
     if args.merge:
         print(f"merged {merge(Path(args.out), Path(args.merge))} rows of {args.merge}")
+        return 0
+    if args.rename_params:
+        print(f"renamed the parameters of {rename_params(Path(args.out))} rows")
         return 0
     if args.report:
         print(json.dumps(seed_report(load_rows(Path(args.out))), indent=1))

@@ -70,7 +70,7 @@ def test_two_random_rows_retrain_within_the_tables_seed_spread(table):
     pairs = sorted(k for k, by in table.rows.items() if 0 in by and 1 in by)
     def cheap(params: dict) -> bool:  # narrow, one block a stage: about a minute each on one core (CI time)
         w = params["stages"]
-        return w == "narrow" and params[f"stages.{w}.0.depth"] == 1 and params[f"stages.{w}.1.depth"] == 1
+        return w == "narrow" and params["stages.0.depth"] == 1 and params["stages.1.depth"] == 1
 
     narrow = [k for k in pairs if cheap(table.rows[k][0]["params"])]
     points = {architecture_key(spec): spec for _, spec in load_space("levit_small").points()}
@@ -130,6 +130,14 @@ def test_merge_appends_only_the_pairs_the_table_lacks(tmp_path):
                                                              row("b", 1, 0.8)]))
     assert bench.merge(table, other) == 2
     assert [(r["key"], r["seed"]) for r in bench.load_rows(table)] == [("a", 0), ("a", 1), ("b", 1), ("b", 0)]
+    # a row written before levit_small's share: true carries the width in its names; merged, it has today's
+    key, params = next(iter(bench.space_params().items()))
+    w = params["stages"]
+    old = {k.replace("stages.", f"stages.{w}.", 1) if k != "stages" else k: v for k, v in params.items()}
+    other.write_text(json.dumps({**row(key, 0, 0.75), "params": old, "label": "old"}) + "\n")
+    assert bench.merge(table, other) == 1
+    merged = bench.load_rows(table)[-1]
+    assert merged["params"] == params and "stages.0.depth" in params and merged["label"].startswith(w)
     other.write_text(json.dumps({**row("c", 0, 0.5), "protocol_id": "elsewhere"}) + "\n")
     before = table.read_text()
     with pytest.raises(SystemExit, match="another protocol"):
