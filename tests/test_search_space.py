@@ -251,6 +251,8 @@ def test_shared_choice_names_its_alternatives_parameters_alike():
 @pytest.mark.parametrize("old, new, path, words", [
     ("wide:\n        - {depth: {int: [1, 3]}", "wide:\n        - {depth: {choice: [1, 3]}",
      ("spec", "stages", "choice", "wide", 0, "depth"), "differs between alternatives 'narrow' and 'wide'"),
+    ("wide:\n        - {depth: {int: [1, 3]}", "wide:\n        - {depth: {int: [1, 3], log: true}",
+     ("spec", "stages", "choice", "wide", 0, "depth"), "an int range against a log int range"),
     ("    share: true", "    share: yes please", ("spec", "stages", "share"), "true or false"),
 ])
 def test_shared_choice_errors_are_located(old, new, path, words):

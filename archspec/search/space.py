@@ -153,14 +153,16 @@ def _marker_paths(node: Any, path: tuple = ()) -> Iterator[tuple[tuple, tuple, d
                 yield path + (i,) + name, path + (i,) + where, inner
 
 
-def _distribution_of(marker: dict) -> tuple:
-    """What Optuna requires to be equal for one parameter name across trials: the kind, a choice's options, and a
-    range's ``log``."""
+def _distribution_of(marker: dict) -> str:
+    """What Optuna requires to be equal for one parameter name across trials, in words: the kind, a choice's
+    options, and a range's ``log``."""
     kind = _marker_kind(marker)
     if kind == "choice":
         options = marker["choice"]
-        return ("choice", tuple(options) if isinstance(options, dict) else tuple(map(repr, options)))
-    return (kind, bool(marker.get("log", False))) if kind in ("int", "float") else (kind,)
+        return f"a choice of {', '.join(map(str, options)) if isinstance(options, dict) else options!r}"
+    if kind in ("int", "float"):
+        return f"{'a log' if marker.get('log') else 'an' if kind == 'int' else 'a'} {kind} range"
+    return f"a {kind}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,7 +291,7 @@ class _Checker:
         if not isinstance(options, dict):
             self.add(path + ("share",), "share needs labelled alternatives: {choice: {label: value, ...}, share: true}")
             return
-        seen: dict[tuple, tuple[str, tuple]] = {}
+        seen: dict[tuple, tuple[str, str]] = {}
         for label, option in options.items():
             if not isinstance(option, (dict, list)) or _is_marker(option):
                 self.add(path + ("choice", label), "the alternatives of a shared choice must be mappings or lists",
@@ -301,7 +303,7 @@ class _Checker:
                 if first[1] != got:
                     self.add(path + ("choice", label) + where,
                              f"shared parameter {'.'.join(map(str, name))!r} differs between alternatives "
-                             f"{first[0]!r} and {label!r}: {first[1]} vs {got}",
+                             f"{first[0]!r} and {label!r}: {first[1]} against {got}",
                              "give it the same kind and options in every alternative, or drop 'share'")
 
     # spec values ---------------------------------------------------------------------------
