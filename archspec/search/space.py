@@ -65,7 +65,8 @@ Structure that a plain spec cannot say:
 Optuna parameter names are the paths of the markers in the resulting spec: ``stages.count``,
 ``stages.1.dim``, ``stages.0.heads_mix`` (the drawn label), ``stages.0.heads_mix.mait.masked``,
 ``stages.0.heads_mix.masked.4-7`` (group of layers 4-7), ``stages`` and ``stages.r50s2.2.depth`` (a
-labelled choice of stage lists and a range inside its ``r50s2`` alternative).  Every sampled point is validated with
+labelled choice of stage lists and a range inside its ``r50s2`` alternative; ``stages.2.depth`` with
+``share: true``).  Every sampled point is validated with
 :func:`archspec.load_spec`; a point that fails raises a :class:`~archspec.errors.SpecError` located
 at the offending field of the *space* file.
 
