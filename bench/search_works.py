@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
+from archspec.search.scoring import PROXY_SCORES
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TABLE = ROOT / "archspec" / "search" / "tables" / "levit_small.jsonl"
 
@@ -374,12 +376,10 @@ def markdown(result: dict) -> str:
 def proxy_value(row: dict, score: str, steps: int) -> float:
     """What a search's proxy of ``steps`` steps answers for one tabulated row (as the oracle does): the curve's
     val top-1, or with ``score == "tse"`` minus the mean training loss up to that step."""
-    from archspec.search.oracle import _interpolate, _linear
+    from archspec.search.oracle import curve_at
     from archspec.search.scoring import proxy_score
 
-    accuracy = _interpolate([(float(s), float(a)) for s, a, _ in row["curve"]], steps)
-    loss_sum = _linear([(0.0, 0.0)] + [(float(s), float(total)) for s, total, _ in row["tse"]], steps)
-    return proxy_score(score, accuracy, loss_sum, steps)
+    return proxy_score(score, *curve_at(row, steps), steps)
 
 
 def reported_hv(truth: Truth, keys, proxy: dict[str, float], cost: str) -> float:
@@ -485,7 +485,7 @@ def main(argv=None) -> int:
     head.add_argument("--trials", type=int, nargs="+", default=[10, 20, 40],
                       help="designs evaluated (default 10 20 40)")
     head.add_argument("--steps", type=int, default=None, help="proxy steps (default: the search's default)")
-    head.add_argument("--score", choices=("accuracy", "tse"), default="accuracy", help="the proxy's score")
+    head.add_argument("--score", choices=PROXY_SCORES, default="accuracy", help="the proxy's score")
     head.add_argument("--draws", type=int, default=2000)
     head.add_argument("--macs-budget", type=float, default=20e6, help="for best accuracy under a MAC budget")
     head.add_argument("--json", default=None, help="also write the result here")

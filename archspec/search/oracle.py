@@ -31,7 +31,7 @@ from typing import Any
 
 from archspec.errors import SpecError
 
-__all__ = ["TABLES_DIR", "OracleTable", "load_table"]
+__all__ = ["TABLES_DIR", "OracleTable", "load_table", "curve_at"]
 
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 _OPTION = ("--oracle",)
@@ -153,23 +153,20 @@ class OracleTable:
         """
         self.check_steps(protocol.steps)
         row = self.row(spec, seed)
-        accuracy = [(float(s), float(a)) for s, a, _ in row["curve"]]
-        val_loss = [(float(s), float(v)) for s, _, v in row["curve"]]
-        seconds = [(float(s), float(t)) for s, _, t in row["tse"]]
-        loss_sums = [(0.0, 0.0)] + [(float(s), float(total)) for s, total, _ in row["tse"]]
         steps = list(range(protocol.eval_every, protocol.steps, protocol.eval_every)) + [protocol.steps]
         history = []
         for step in steps:
-            value = protocol.score_of(_interpolate(accuracy, step), _linear(loss_sums, step), step)
+            value = protocol.score_of(*curve_at(row, step), step)
             history.append((step, value))
             if report is not None:
                 report(step, value)
         k = protocol.steps
-        loss_sum = _linear(loss_sums, k)
-        cost = _linear([(0.0, 0.0)] + seconds, k)  # training seconds up to step k (evaluation excluded)
-        return OracleResult(accuracy=_interpolate(accuracy, k), val_loss=_interpolate(val_loss, k),
-                            train_loss=loss_sum / k, steps=k, seconds=cost, history=history, loss_sum=loss_sum,
-                            score=history[-1][1])
+        accuracy, loss_sum = curve_at(row, k)
+        val_loss = _interpolate([(float(s), float(v)) for s, _, v in row["curve"]], k)
+        seconds = [(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]]
+        cost = _linear(seconds, k)  # training seconds up to step k (evaluation excluded)
+        return OracleResult(accuracy=accuracy, val_loss=val_loss, train_loss=loss_sum / k, steps=k, seconds=cost,
+                            history=history, loss_sum=loss_sum, score=history[-1][1])
 
     def zero_cost(self, spec, seed: int = 0):
         """The tabulated zero-cost scores: ``(ZeroCostResult, None)`` like :func:`~archspec.search.proxy.score_proxy`.
@@ -218,6 +215,15 @@ class OracleTable:
         return {"file": self.file, "space": self.space, "designs": len(self.tabulated), "seeds": self.seeds,
                 "curve_steps": self.curve_steps, "latency": bool(self.latency_ms),
                 "protocol_id": self.meta.get("protocol_id")}
+
+
+def curve_at(row: dict, step: float) -> tuple[float, float]:
+    """``(val top-1, sum of training losses)`` of one table row at ``step``: the curve linear in ``log step``
+    between tabulated steps, the loss sum linear in ``step`` (from 0 at step 0) -- what a proxy of ``step`` steps
+    answers under ``--oracle`` (the search's score: :meth:`archspec.search.proxy.ProxyProtocol.score_of`)."""
+    accuracy = _interpolate([(float(s), float(a)) for s, a, _ in row["curve"]], step)
+    loss_sum = _linear([(0.0, 0.0)] + [(float(s), float(total)) for s, total, _ in row["tse"]], step)
+    return accuracy, loss_sum
 
 
 def _linear(points: list[tuple[float, float]], x: float) -> float:
