@@ -121,8 +121,8 @@ def git_commit() -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout.strip()
         return commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    except (OSError, subprocess.CalledProcessError):  # a copy without .git (a lent GPU machine's working tree)
+        return os.environ.get("ARCHSPEC_COMMIT", "unknown")
 
 
 def machine() -> dict:
@@ -257,6 +257,21 @@ def write_meta(out: Path, protocol: dict, commit: str) -> None:
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
 
 
+def select_todo(todo: list, start: int = 0, shard: str | None = None) -> list:
+    """The pairs one process trains: ``todo[start:]``, then every N-th from the I-th where ``shard`` is ``"I/N"``.
+
+    Side by side with a forward and a ``--reverse`` process, ``--start`` puts N more processes (a lent machine's
+    cores) in the middle of what is left, each on its own pairs.  Raises ``ValueError`` for a malformed shard.
+    """
+    rest = todo[start:]
+    if shard is None:
+        return rest
+    i, n = (int(x) for x in shard.split("/"))
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {shard}: I must be in 0..N-1")
+    return rest[i::n]
+
+
 def tabulate(args) -> int:
     import torch
 
@@ -276,7 +291,7 @@ def tabulate(args) -> int:
     if rows and not args.resume:
         print(f"{out}: already holds {len(rows)} rows; --resume continues it", file=sys.stderr)
         return 2
-    done = {(r["key"], r["seed"]) for r in rows}
+    done = {(r["key"], r["seed"]) for r in rows + [r for f in args.done for r in load_rows(Path(f))]}
     space = load_space(PROTOCOL["space"])
     order = ordered_points(space)[: args.designs] if args.designs else ordered_points(space)
     data_curve, data_final = reference_data(PROTOCOL)
@@ -287,6 +302,8 @@ def tabulate(args) -> int:
     todo = [(pt, s) for pt in order for s in args.seeds if (architecture_key(pt[2]), s) not in done]
     if args.reverse:  # a second process on the other core, from the other end (its own --out; then --merge)
         todo.reverse()
+    todo = select_todo(todo, args.start, args.shard)
+    host = machine()
     print(f"{len(order)} designs x {len(args.seeds)} seeds: {len(todo)} trainings to run", flush=True)
     for n, ((index, params, spec), seed) in enumerate(todo, 1):
         counts = analyze(spec)
@@ -296,6 +313,7 @@ def tabulate(args) -> int:
         row.update(zero_cost_row(spec, data_curve, PROTOCOL, seed))
         row.update(train_row(spec, data_curve, data_final, PROTOCOL, seed))
         row["commit"] = commit
+        row["machine"] = f"{host['cpu']}, torch {host['torch']}"  # rows can come from several machines (--shard)
         with out.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row, separators=(",", ":")) + "\n")
             f.flush()
@@ -457,6 +475,10 @@ def main(argv=None) -> int:
     parser.add_argument("--report", action="store_true", help="print the seed-to-seed Kendall tau of the table")
     parser.add_argument("--reverse", action="store_true",
                         help="train the pairs in reverse order (a second process, into a copy of the table)")
+    parser.add_argument("--done", nargs="+", default=[], metavar="FILE",
+                        help="tables whose (design, seed) pairs count as written (other processes' tables)")
+    parser.add_argument("--start", type=int, default=0, help="skip the first K pairs left to train")
+    parser.add_argument("--shard", default=None, metavar="I/N", help="train every N-th pair left, from the I-th")
     parser.add_argument("--merge", default=None, metavar="FILE",
                         help="append FILE's rows whose (design, seed) the table lacks, then stop")
     parser.add_argument("--rename-params", action="store_true",

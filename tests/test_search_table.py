@@ -143,3 +143,15 @@ def test_merge_appends_only_the_pairs_the_table_lacks(tmp_path):
     with pytest.raises(SystemExit, match="another protocol"):
         bench.merge(table, other)
     assert table.read_text() == before
+
+
+def test_select_todo_splits_what_is_left_into_disjoint_shards():
+    table = _bench()
+    todo = list(range(20))
+    assert table.select_todo(todo) == todo
+    assert table.select_todo(todo, start=5) == list(range(5, 20))
+    shards = [table.select_todo(todo, start=5, shard=f"{i}/4") for i in range(4)]
+    assert shards[0] == [5, 9, 13, 17] and shards[3] == [8, 12, 16]
+    assert sorted(x for s in shards for x in s) == list(range(5, 20))
+    with pytest.raises(ValueError):
+        table.select_todo(todo, shard="4/4")
