@@ -313,7 +313,8 @@ def tabulate(args) -> int:
         row.update(zero_cost_row(spec, data_curve, PROTOCOL, seed))
         row.update(train_row(spec, data_curve, data_final, PROTOCOL, seed))
         row["commit"] = commit
-        row["machine"] = f"{host['cpu']}, torch {host['torch']}"  # rows can come from several machines (--shard)
+        # rows can come from several machines (--shard on a lent machine's cores)
+        row["machine"] = f"{host['cpu']}, {host['cores']} cores, torch {host['torch']}"
         with out.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row, separators=(",", ":")) + "\n")
             f.flush()
@@ -405,7 +406,20 @@ def merge(table: Path, other: Path) -> int:
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
         f.flush()
         os.fsync(f.fileno())
+    note_row_machines(table, {r["machine"] for r in new if r.get("machine")})
     return len(new)
+
+
+def note_row_machines(table: Path, machines: set) -> None:
+    """List in the sidecar the machines that rows name (rows without a ``machine`` field ran on its ``machine``).
+    Their ``train_seconds`` are that machine's: the oracle's simulated CPU cost mixes them (docs/search-works.md)."""
+    meta_path = table.with_suffix(".meta.json")
+    if not machines or not meta_path.exists():
+        return
+    meta = json.loads(meta_path.read_text())
+    listed = meta.setdefault("row_machines", [])
+    listed.extend(sorted(m for m in machines if m not in listed))
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
 
 
 def seed_report(rows: list[dict]) -> dict:
