@@ -146,6 +146,7 @@ METHODS = {
     "TPE, TSE proxy": {"sampler": "tpe", "fidelity": "none", "protocol": {"score": "tse"}},
     "random sampling, TSE proxy": {"sampler": "random", "fidelity": "none", "protocol": {"score": "tse"}},
     "GP, TSE proxy": {"sampler": "gp", "fidelity": "none", "protocol": {"score": "tse"}},
+    "NSGA-II, TSE proxy": {"sampler": "nsga2", "fidelity": "none", "protocol": {"score": "tse"}},
 }
 
 
