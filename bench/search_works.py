@@ -147,6 +147,8 @@ METHODS = {
     "random sampling, TSE proxy": {"sampler": "random", "fidelity": "none", "protocol": {"score": "tse"}},
     "GP, TSE proxy": {"sampler": "gp", "fidelity": "none", "protocol": {"score": "tse"}},
     "NSGA-II, TSE proxy": {"sampler": "nsga2", "fidelity": "none", "protocol": {"score": "tse"}},
+    "TPE, 10 start-up, TSE proxy": {"sampler": "tpe", "sampler_startup": 10, "fidelity": "none",
+                                    "protocol": {"score": "tse"}},
 }
 
 

@@ -274,3 +274,21 @@ def test_masks_als_says_when_no_layer_became_local_and_shows_progress(mait_file,
     assert summary["no_locality"] is True
     assert summary["notes"][0].startswith("no layer became local after 3 proxy steps")
     assert "no layer became local" in (out / "best.yaml").read_text().split("\nname:")[0]
+
+
+def test_sampler_startup_reaches_the_sampler_and_a_negative_one_exits_2(space_file, tmp_path, monkeypatch, capsys):
+    import archspec.search.preflight as preflight
+    from archspec.search.study import make_sampler
+
+    seen = []
+
+    def spy(name, seed, n_objectives, n_startup_trials=6):
+        seen.append((name, n_startup_trials))
+        return make_sampler(name, seed, n_objectives, n_startup_trials)
+
+    monkeypatch.setattr(preflight, "make_sampler", spy)
+    assert _search(space_file, tmp_path / "run", "--trials", "1", "--sampler-startup", "9") == 0
+    assert seen == [("tpe", 9)]
+    assert _search(space_file, tmp_path / "bad", "--sampler-startup", "-1") == 2
+    assert "--sampler-startup" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -196,6 +196,9 @@ def _add_run_options(p: argparse.ArgumentParser, d) -> None:
                           "same seed, same trials")
     run.add_argument("--sampler", choices=("tpe", "nsga2", "gp", "random"), default=d("tpe"),
                      help="Optuna sampler (default tpe: multi-objective, constraint aware)")
+    run.add_argument("--sampler-startup", type=_positive_int("--sampler-startup", 0), default=d(6), metavar="N",
+                     help="random trials before the sampler's model takes over (Optuna's n_startup_trials; NSGA-II: "
+                          "its population, at least 4; default 6)")
     run.add_argument("--json", action="store_true", default=d(False), help="print a JSON summary instead of tables")
     run.add_argument("--no-progress", action="store_true", default=d(False),
                      help="no progress bar (when stdout is not a terminal: no per-trial progress lines)")
@@ -405,7 +408,8 @@ def _config(args, **overrides):
         objective=getattr(args, "objective", "pareto"),
         trials=args.trials or DEFAULT_TRIALS,
         timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
-        seed=args.seed, sampler=args.sampler, space=getattr(args, "space", None), data=args.data,
+        seed=args.seed, sampler=args.sampler, sampler_startup=args.sampler_startup,
+        space=getattr(args, "space", None), data=args.data,
         max_images=args.max_images, progress=not (args.no_progress or args.json), prune=getattr(args, "prune", False),
         trial_timeout=args.trial_timeout if args.trial_timeout is not None else DEFAULT_TRIAL_TIMEOUT_S,
         fidelity=getattr(args, "fidelity", "none"), eta=getattr(args, "eta", 3),

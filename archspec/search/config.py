@@ -92,6 +92,7 @@ class SearchConfig:
     timeout: float | None = DEFAULT_TIMEOUT_S
     seed: int = 0
     sampler: str = "tpe"
+    sampler_startup: int = 6                        # random trials before the model (Optuna's n_startup_trials)
     space: Any = None                               # path, dict or None (embedded default)
     data: str | None = None
     max_images: int | None = None

@@ -149,7 +149,8 @@ class CandidateObjective:
         self.first_trial = trial.number
         seed = worker_seed(self.cfg.seed, trial.number)
         if seed != self.cfg.seed:
-            trial.study.sampler = make_sampler(self.cfg.sampler, seed, self.n_objectives)
+            trial.study.sampler = make_sampler(self.cfg.sampler, seed, self.n_objectives,
+                                               self.cfg.sampler_startup)
 
     def _constraint(self, trial, key: str, value: float, budget: float | None) -> None:
         if budget is not None:

@@ -116,13 +116,15 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     ``--oracle``), the study's sampler and the :class:`~archspec.search.oracle.OracleTable` (or ``None``).
 
     Raises:
-        SpecError: the first bad input (trials, timeout, fidelity, budgets, space, oracle, data, ``--out``,
-            ``--storage``).
+        SpecError: the first bad input (trials, timeout, sampler start-up, fidelity, budgets, space, oracle, data,
+            ``--out``, ``--storage``).
     """
     if cfg.trials < 1:
         raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")
     if cfg.timeout is not None and cfg.timeout <= 0:
         raise SpecError.single(("--timeout",), f"must be positive seconds, got {cfg.timeout}")
+    if cfg.sampler_startup < 0:
+        raise SpecError.single(("--sampler-startup",), f"needs 0 or more trials, got {cfg.sampler_startup}")
     check_fidelity(cfg)
     check_budgets_feasible(space, cfg.budgets, cfg.budget_options)
     check_space_valid(space, seed=cfg.seed)
@@ -130,7 +132,7 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     if oracle is None:
         check_data_path(cfg.data)
     check_outputs(cfg, name)
-    sampler = make_sampler(cfg.sampler, cfg.seed, n_objectives)
+    sampler = make_sampler(cfg.sampler, cfg.seed, n_objectives, cfg.sampler_startup)
     if oracle is not None:  # nothing is trained: the table answers; no images are read
         return oracle.dataset(), sampler, oracle
     # Decoding every image is the last input check (the slowest): still nothing written.

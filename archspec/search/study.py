@@ -346,6 +346,8 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
     constraints set with ``trial.set_constraint``; infeasible trials are ranked last), with
     ``constant_liar`` so that concurrent workers do not propose the same point.  ``nsga2``: NSGA-II
     (constrained domination).  ``gp``: Gaussian-process BO.  ``random``: random search.
+    ``n_startup_trials``: random trials before TPE's or the GP's model is used (Optuna's own default is 10; 6
+    here, for searches of 10-20 trained candidates); NSGA-II's population (at least 4).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ExperimentalWarning for multivariate/group/constant_liar
