@@ -63,7 +63,10 @@ def score_run(run_dir: Path, truth, macs_budget: float) -> dict:
                if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs]
     front = works.pareto(trained)
     known = [k for k in front if k in truth.accuracy]
-    out = {"trained": len(trained), "front": len(front), "front_in_table": len(known)}
+    # front designs a table of part of the space lacks: tabulate them with `bench/space_table.py --keys ...`
+    # (three seeds each), then score the run again
+    missing = sorted(k for k in front if k not in truth.accuracy)
+    out = {"trained": len(trained), "front": len(front), "front_in_table": len(known), "missing": missing}
     for cost in ("latency", "macs"):
         out[f"hv_{cost}"] = works.hypervolume_2d([truth.normalised(k, cost) for k in known], (1.0, 1.0))
     under = [(score, k) for score, _, k in trained if k in truth.accuracy and truth.macs[k] <= macs_budget]

@@ -294,6 +294,13 @@ def tabulate(args) -> int:
     done = {(r["key"], r["seed"]) for r in rows + [r for f in args.done for r in load_rows(Path(f))]}
     space = load_space(PROTOCOL["space"])
     order = ordered_points(space)[: args.designs] if args.designs else ordered_points(space)
+    if args.keys:  # designs outside the first N that a live search chose (bench/search_live.py's "missing")
+        by_key = {architecture_key(pt[2]): pt for pt in ordered_points(space)}
+        unknown = [k for k in args.keys if k not in by_key]
+        if unknown:
+            print(f"--keys: not points of {PROTOCOL['space']}: {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        order = [by_key[k] for k in dict.fromkeys(args.keys)]
     data_curve, data_final = reference_data(PROTOCOL)
     commit = git_commit()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -491,6 +498,8 @@ def main(argv=None) -> int:
                         help="train the pairs in reverse order (a second process, into a copy of the table)")
     parser.add_argument("--done", nargs="+", default=[], metavar="FILE",
                         help="tables whose (design, seed) pairs count as written (other processes' tables)")
+    parser.add_argument("--keys", nargs="+", default=[], metavar="KEY",
+                        help="train these designs (architecture keys) instead of the first N")
     parser.add_argument("--start", type=int, default=0, help="skip the first K pairs left to train")
     parser.add_argument("--shard", default=None, metavar="I/N", help="train every N-th pair left, from the I-th")
     parser.add_argument("--merge", default=None, metavar="FILE",

@@ -155,3 +155,10 @@ def test_select_todo_splits_what_is_left_into_disjoint_shards():
     assert sorted(x for s in shards for x in s) == list(range(5, 20))
     with pytest.raises(ValueError):
         table.select_todo(todo, shard="4/4")
+
+
+def test_keys_outside_the_space_exit_2_and_write_nothing(tmp_path, capsys):
+    out = tmp_path / "t.jsonl"
+    assert _bench().main(["--out", str(out), "--keys", "not-a-key"]) == 2
+    assert "not-a-key" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
