@@ -341,11 +341,13 @@ def plot(result: dict, path: str, field: str = "hv_latency") -> None:
     end = max(run[-1]["seconds"] for runs in result["methods"].values() for run in runs)
     grid = np.linspace(0, end, 200)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, runs in result["methods"].items():
+    colours = plt.get_cmap("tab10").colors  # 10 distinct colours; solid, then dashed past ten methods
+    for i, (name, runs) in enumerate(result["methods"].items()):
         values = np.array([[value_at(run, field, t) for t in grid] for run in runs], dtype=float)
         median, q1, q3 = (np.percentile(values, q, axis=0) for q in (50, 25, 75))
-        ax.plot(grid / 60, median, label=name)
-        ax.fill_between(grid / 60, q1, q3, alpha=0.2)
+        colour, style = colours[i % 10], ("-", "--", ":")[i // 10 % 3]
+        ax.plot(grid / 60, median, label=name, color=colour, linestyle=style)
+        ax.fill_between(grid / 60, q1, q3, alpha=0.15, color=colour)
     hand = (result.get("hand") or {}).get(field)
     if hand:
         ax.axhline(hand, color="black", linestyle="--", linewidth=1, label="the hand designs' own front")
