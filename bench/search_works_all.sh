@@ -8,7 +8,7 @@
 #   TABLE=/tmp/sim/levit_small.jsonl bash bench/search_works_all.sh   # a merged copy (its sidecars beside it)
 #
 # The tabulation may not write into TABLE while this runs: the simulations read it more than once.
-set -eu
+set -euo pipefail
 OUT=${OUT:-/tmp/search-works}
 TABLE=${TABLE:-archspec/search/tables/levit_small.jsonl}
 REPEATS=${REPEATS:-20}

@@ -257,6 +257,24 @@ def write_meta(out: Path, protocol: dict, commit: str) -> None:
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
 
 
+def shard_arg(text: str) -> str:
+    """argparse type of ``--shard``: ``I/N`` with ``0 <= I < N`` (else argparse's exit 2, before anything runs)."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N (e.g. 3/16), got {text!r}") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"I must be in 0..N-1, got {text!r}")
+    return text
+
+
+def existing_file(text: str) -> str:
+    """argparse type of ``--done``: a file that exists (a typo would silently train its pairs again)."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such table: {text}")
+    return text
+
+
 def select_todo(todo: list, start: int = 0, shard: str | None = None) -> list:
     """The pairs one process trains: ``todo[start:]``, then every N-th from the I-th where ``shard`` is ``"I/N"``.
 
@@ -496,12 +514,13 @@ def main(argv=None) -> int:
     parser.add_argument("--report", action="store_true", help="print the seed-to-seed Kendall tau of the table")
     parser.add_argument("--reverse", action="store_true",
                         help="train the pairs in reverse order (a second process, into a copy of the table)")
-    parser.add_argument("--done", nargs="+", default=[], metavar="FILE",
+    parser.add_argument("--done", nargs="+", type=existing_file, default=[], metavar="FILE",
                         help="tables whose (design, seed) pairs count as written (other processes' tables)")
     parser.add_argument("--keys", nargs="+", default=[], metavar="KEY",
                         help="train these designs (architecture keys) instead of the first N")
     parser.add_argument("--start", type=int, default=0, help="skip the first K pairs left to train")
-    parser.add_argument("--shard", default=None, metavar="I/N", help="train every N-th pair left, from the I-th")
+    parser.add_argument("--shard", type=shard_arg, default=None, metavar="I/N",
+                        help="train every N-th pair left, from the I-th")
     parser.add_argument("--merge", default=None, metavar="FILE",
                         help="append FILE's rows whose (design, seed) the table lacks, then stop")
     parser.add_argument("--rename-params", action="store_true",

@@ -162,3 +162,11 @@ def test_keys_outside_the_space_exit_2_and_write_nothing(tmp_path, capsys):
     assert _bench().main(["--out", str(out), "--keys", "not-a-key"]) == 2
     assert "not-a-key" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["--shard", "16/16"], ["--shard", "x"], ["--done", "no/such/table.jsonl"]])
+def test_bad_shard_or_missing_done_table_exit_2_and_write_nothing(tmp_path, argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        _bench().main(["--out", str(tmp_path / "t.jsonl"), *argv])
+    assert stop.value.code == 2 and argv[0] in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
