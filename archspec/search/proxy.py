@@ -404,13 +404,10 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
             raise failure(exc, "while building the model") from None
         if on_model is not None:
             on_model(model)
-        scored, tse = [], {"sum": 0.0, "step": 0}  # (step, score) at every eval point; the loss sum so far
+        scored = []  # (step, score) at every eval point
 
         def on_eval(step: int, record: dict) -> None:
-            # record["train_loss"] is the mean over the steps since the previous eval point: times their count
-            tse["sum"] += record["train_loss"] * (step - tse["step"])
-            tse["step"] = step
-            scored.append((step, protocol.score_of(record["accuracy"], tse["sum"], step)))
+            scored.append((step, protocol.score_of(record["accuracy"], record["loss_sum"], step)))
             if report is not None:
                 report(*scored[-1])
 

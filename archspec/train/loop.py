@@ -315,7 +315,8 @@ def run_steps(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tens
         recent = (recent + since.tolist())[-20:]
         loss_sum += float(since.double().sum())
         try:
-            record = {"step": step, "train_loss": since.mean().item(), "lr": trainer.lr(), **evaluate_fn()}
+            record = {"step": step, "train_loss": since.mean().item(), "lr": trainer.lr(), **evaluate_fn(),
+                      "loss_sum": loss_sum}
         except (RuntimeError, ValueError, MemoryError) as exc:
             raise failure(exc, f"while evaluating at step {step}") from None
         if not math.isfinite(record["val_loss"]):
@@ -354,8 +355,8 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
         progress: a label to print progress lines under (every ``config.log_every`` steps and each
             evaluation, on stderr: :class:`archspec.train.progress.Progress`); ``None``: silent.
         on_eval: called as ``on_eval(step, record)`` after ``report`` at every eval point; ``record`` holds
-            ``accuracy``, ``val_loss``, ``train_loss`` (the mean over the steps since the previous eval point) and
-            ``lr``.  It may raise, like ``report``.
+            ``accuracy``, ``val_loss``, ``train_loss`` (the mean over the steps since the previous eval point),
+            ``loss_sum`` (every step's training loss so far, summed: TSE) and ``lr``.  It may raise, like ``report``.
 
     Raises:
         TrialFailure: empty training set, NaN/inf loss, an exception inside the model, out of memory.
