@@ -246,6 +246,33 @@ def simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget
     is complete; a point it lacks is infeasible for every method alike)."""
     import tempfile
 
+    with tempfile.TemporaryDirectory() as frozen:
+        snapshot = snapshot_table(table_path, Path(frozen))
+        out = _simulate(snapshot, repeats, trials, steps, macs_budget, methods, objective)
+    return {**out, "table": table_path}
+
+
+def snapshot_table(table_path: str, into: Path) -> str:
+    """Copy a table (a path or a shipped name) and its sidecars into ``into``; returns the copy's path.  Every
+    search of a simulation then reads the same rows as its :class:`Truth`, even while a tabulation merges into the
+    original (reading it twice mid-merge gave a design the truth lacked: a KeyError)."""
+    import shutil
+
+    from archspec.search.oracle import TABLES_DIR
+
+    path = Path(table_path).expanduser()
+    if not path.exists() and path.parent == Path(".") and (TABLES_DIR / f"{path.name}.jsonl").is_file():
+        path = TABLES_DIR / f"{path.name}.jsonl"
+    for suffix in (".jsonl", ".meta.json", ".latency.json"):
+        if path.with_suffix(suffix).is_file():
+            shutil.copyfile(path.with_suffix(suffix), into / f"{path.stem}{suffix}")
+    return str(into / f"{path.stem}.jsonl")
+
+
+def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget: float, methods: dict | None,
+              objective: str) -> dict:
+    import tempfile
+
     from archspec.search import run_design
     from archspec.search.oracle import load_table
 

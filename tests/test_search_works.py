@@ -136,3 +136,24 @@ def test_a_live_runs_front_is_its_own_then_scored_on_the_table(tmp_path):
     assert (got["trained"], got["front"], got["front_in_table"]) == (3, 2, 2)
     assert got["hv_macs"] == pytest.approx(4 / 9) and got["hv_latency"] == pytest.approx(4 / 9)
     assert got["best_under_budget"] == 0.7
+
+
+def test_a_simulation_reads_a_snapshot_of_the_table_not_the_file_being_merged(works, tmp_path):
+    """simulate copies the table and its sidecars once: rows merged into the original afterwards are not seen."""
+    from archspec.search.oracle import TABLES_DIR
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "t.jsonl").write_text('{"row": 1}\n')
+    (src / "t.meta.json").write_text('{"meta": 1}')
+    into = tmp_path / "frozen"
+    into.mkdir()
+    copy = Path(works.snapshot_table(str(src / "t.jsonl"), into))
+    (src / "t.jsonl").write_text('{"row": 1}\n{"row": 2}\n')  # a merge after the snapshot
+    assert copy == into / "t.jsonl" and copy.read_text() == '{"row": 1}\n'
+    assert (into / "t.meta.json").read_text() == '{"meta": 1}' and not (into / "t.latency.json").exists()
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    copy = Path(works.snapshot_table("levit_small", shipped))  # a shipped table by name, with both sidecars
+    assert copy.read_bytes() == (TABLES_DIR / "levit_small.jsonl").read_bytes()
+    assert (shipped / "levit_small.latency.json").read_bytes() == (TABLES_DIR / "levit_small.latency.json").read_bytes()
