@@ -71,7 +71,9 @@ def _randomise_batchnorms(model: nn.Module) -> nn.Module:
 
 
 # A small hybrid: tiered deep stem with a conv pool, a ResNeXt stage with an avg shortcut, a T-CNN GPSA stage, an
-# attention stage, then a conv tail whose second block holds BoTNet attention (its bn2 stays: no conv before it).
+# attention stage, then a conv tail whose second block holds BoTNet attention (timm's BottleneckAttn: its bn2 stays,
+# no output projection before it) and a third block holding archspec's attention (LeViT bias and MaiT masks) at
+# stride 2 (its bn2 folds into the output projection, through the average pool).
 HYBRID = {
     "name": "fuse_hybrid", "input": {"channels": 3, "resolution": 64},
     "stem": {"kind": "resnet", "deep": True, "widths": [8, 12], "channels": 16, "pool": "conv"},
@@ -82,15 +84,18 @@ HYBRID = {
                {"depth": 1, "dim": 32, "heads": 2, "from_map": {"pool": "avg", "grid": 8}},
                {"kind": "conv", "block": "basic", "depth": 1, "channels": 32},
                {"kind": "conv", "block": "bottleneck", "depth": 2, "channels": 64, "stride": 2,
-                "mixer": {"kind": "attention", "heads": 2, "layers": [1]}}],
+                "mixer": {"kind": "attention", "heads": 2, "layers": [1]}},
+               {"kind": "conv", "block": "bottleneck", "depth": 1, "channels": 64, "stride": 2,
+                "mixer": {"kind": "attention", "heads": 2, "head_kinds": ["levit_bias", "mask:3x3"]}}],
     "head": {"pool": "mean", "num_classes": 10},
 }
 
 
 @pytest.mark.parametrize("doc", [HYBRID, "resnet26t"], ids=["hybrid", "resnet26t"])
 def test_fused_conv_stages_equal_unfolded_and_the_analysis_counts_them(doc, one_thread):
-    """Every conv -> BatchNorm pair of the stem and the conv stages folds (T-CNN's and BoTNet's bn2 stay); logits
-    within 1e-5 of the unfolded model; ``analyze``'s folded parameters equal the folded module's."""
+    """Every conv -> BatchNorm pair of the stem and the conv stages folds, and a bottleneck's bn2 into T-CNN's GPSA
+    and into archspec's attention (only timm BottleneckAttn's stays); logits within 1e-5 of the unfolded model;
+    ``analyze``'s folded parameters equal the folded module's."""
     from archspec.ir.analysis import analyze
 
     spec = load_spec(doc).model_dump(mode="json") if isinstance(doc, str) else doc
@@ -101,8 +106,8 @@ def test_fused_conv_stages_equal_unfolded_and_the_analysis_counts_them(doc, one_
     kept = [n for n, m in folded.named_modules() if isinstance(m, nn.BatchNorm2d)]
     if doc == "resnet26t":
         assert kept == []
-    else:  # the GPSA block's and the BoTNet block's bn2 only
-        assert kept == ["stages.1.blocks.0.bn2", "stages.4.blocks.1.bn2"]
+    else:  # timm BottleneckAttn's bn2 only
+        assert kept == ["stages.4.blocks.1.bn2"]
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(folded(x), model(x), atol=1e-5, rtol=1e-5)

@@ -98,6 +98,7 @@ def analyze(spec: ArchSpec | str | os.PathLike | dict) -> Analysis:
 
 def _folded_away(graph) -> int:
     """Parameters that ``model.fuse()`` removes: BatchNorm's ``weight`` and ``bias`` (2C) become the bias (C) of
-    the linear / conv before it, so C per BatchNorm; the head's BatchNorm before its linear (timm ``NormLinear``)
-    folds into that linear's existing bias, so 2C.  Counted from the graph's batchnorm-family nodes."""
-    return sum(n.get("bn_channels", 0) + 2 * n.get("bn_channels_before_linear", 0) for n in nodes_in_order(graph))
+    the bias-free linear / conv before it, so C per BatchNorm (``bn_channels``); one folded into a layer's existing
+    bias -- the head's BatchNorm before its linear (timm ``NormLinear``), a bottleneck's ``bn2`` after its
+    attention's output projection -- saves 2C (``bn_channels_into_bias``).  Counted from the graph's nodes."""
+    return sum(n.get("bn_channels", 0) + 2 * n.get("bn_channels_into_bias", 0) for n in nodes_in_order(graph))

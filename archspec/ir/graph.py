@@ -357,7 +357,8 @@ def _add_conv_stages(b: _Builder, grid: tuple[int, int], channels: int, stages: 
             grid = CONV_BLOCK.out_grid(block)
             b.add_family(f"stages.{i}.blocks.{layer}", "conv_block", block, kind="block", label=CONV_BLOCK.label(block),
                          stage=i, layer=index + layer, tokens=grid[0] * grid[1], grid=grid, dim=block.channels,
-                         heads=CONV_BLOCK.head_letters(block), bn_channels=CONV_BLOCK.batchnorm_channels(block))
+                         heads=CONV_BLOCK.head_letters(block), bn_channels=CONV_BLOCK.batchnorm_channels(block),
+                         bn_channels_into_bias=CONV_BLOCK.batchnorm_channels_into_bias(block))
         if not shapes:  # refused: carry on with the map the stage would have made, to find later problems
             grid = (max((grid[0] - 1) // stage.stride + 1, 1), max((grid[1] - 1) // stage.stride + 1, 1))
         channels, index = stage.channels, index + stage.depth
@@ -376,7 +377,7 @@ def _add_map_head(b: _Builder, grid: tuple[int, int], channels: int) -> None:
     head = b.spec.head
     shape = HeadShape(channels, grid[0] * grid[1], head.num_classes, False, False, head.pool, final_norm=False)
     b.add_family("head", "head", shape, kind="head", label="avg-pool", tokens=1, grid=(1, 1),
-                 dim=head.num_classes or channels, heads="", bn_channels_before_linear=0)
+                 dim=head.num_classes or channels, heads="", bn_channels_into_bias=0)
 
 
 def _add_interface(b: _Builder, grid: tuple[int, int], channels: int) -> tuple[tuple[int, int], int]:
@@ -568,7 +569,7 @@ def _add_head(b: _Builder, flow: _Flow) -> None:
                       b.spec.stages[-1].norm == "batchnorm", head.pool)
     b.add_family("head", "head", shape, kind="head", label=f"{head.pool}-pool", tokens=1, grid=(1, 1),
                  dim=head.num_classes or flow.dim, heads="",
-                 bn_channels_before_linear=HEAD.batchnorm_channels_before_linear(shape))
+                 bn_channels_into_bias=HEAD.batchnorm_channels_before_linear(shape))
 
 
 def _finish(b: _Builder) -> nx.DiGraph:

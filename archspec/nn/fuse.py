@@ -9,14 +9,16 @@ are timm's ``LinearNorm`` / ``ConvNorm`` / ``NormLinear`` (timm ``models/levit.p
 
 from __future__ import annotations
 
+import torch
 from timm.models.resnet import BasicBlock, Bottleneck
 from timm.utils.model import reparameterize_model
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from archspec.families.conv_block.module import ConvGPSA, MapAttention
 from archspec.families.stem.module import ResNetStem
 
-__all__ = ["fuse_model", "count_batchnorms", "fold_conv_batchnorms"]
+__all__ = ["fuse_model", "count_batchnorms", "fold_conv_batchnorms", "fold_mixer_batchnorm"]
 
 # (conv, BatchNorm) attribute pairs a module applies one right after the other: timm ResNet's BasicBlock /
 # Bottleneck (conv1 -> bn1, conv2 -> bn2, conv3 -> bn3) and archspec's ResNet stem (conv1, or the deep stem's
@@ -32,10 +34,11 @@ def fold_conv_batchnorms(model: nn.Module) -> int:
     """Fold, in place, every ``nn.Conv2d`` -> ``nn.BatchNorm2d`` pair of the conv stages and the ResNet stem into the
     conv (``torch.nn.utils.fusion.fuse_conv_bn_eval``: ``W' = W gamma / sqrt(var + eps)``, a bias
     ``beta - gamma mean / sqrt(var + eps)``), the BatchNorm becoming ``nn.Identity``: timm ResNet blocks'
-    ``convN`` / ``bnN`` (T-CNN's GPSA and BoTNet's attention in ``conv2``'s place keep their ``bn2``: no conv to fold
-    into), the stem's ``conv1`` (or its deep ``Sequential``'s last conv) / ``bn1``, and adjacent conv / BatchNorm
-    children of any ``nn.Sequential`` (deep stem, conv pool, ``downsample`` shortcuts).  Eval-mode semantics (the
-    running statistics).  Returns the number of BatchNorms folded."""
+    ``convN`` / ``bnN``, the stem's ``conv1`` (or its deep ``Sequential``'s last conv) / ``bn1``, and adjacent conv /
+    BatchNorm children of any ``nn.Sequential`` (deep stem, conv pool, ``downsample`` shortcuts).  A bottleneck's
+    ``bn2`` after a mixer in ``conv2``'s place folds into the mixer's output layer (:func:`fold_mixer_batchnorm`);
+    only timm's ``BottleneckAttn`` (no output projection) keeps it.  Eval-mode semantics (the running statistics).
+    Returns the number of BatchNorms folded."""
     folded = 0
     parts = _resnet_parts()
     for module in list(model.modules()):
@@ -58,7 +61,54 @@ def fold_conv_batchnorms(model: nn.Module) -> int:
                     owner._modules[key] = fuse_conv_bn_eval(conv, bn)
                     setattr(module, bn_name, nn.Identity())
                     folded += 1
+                elif fold_mixer_batchnorm(conv, bn):
+                    setattr(module, bn_name, nn.Identity())
+                    folded += 1
     return folded
+
+
+def _batchnorm_affine(bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Eval-mode BatchNorm as ``y = scale x + shift`` per channel, ``(C,)`` each; ``None`` without running
+    statistics (such a BatchNorm normalises by the batch even in eval mode: nothing to fold)."""
+    if bn.running_mean is None or bn.running_var is None:
+        return None
+    scale = torch.rsqrt(bn.running_var + bn.eps)
+    if bn.weight is not None:
+        scale = scale * bn.weight
+    shift = -bn.running_mean * scale
+    if bn.bias is not None:
+        shift = shift + bn.bias
+    return scale.detach(), shift.detach()
+
+
+@torch.no_grad()
+def fold_mixer_batchnorm(mixer: nn.Module, bn: nn.BatchNorm2d) -> bool:
+    """Fold a bottleneck's ``bn2`` into the mixer in ``conv2``'s place, in place; ``True`` if folded.
+
+    ``bn2(mixer(x))`` is a per-channel affine map of the mixer's output, so it folds exactly into the mixer's last
+    linear layer: T-CNN's :class:`~archspec.families.conv_block.module.ConvGPSA` (``W_out`` columns scaled, its
+    bias -- created if absent -- ``scale b + shift``), and :class:`~archspec.families.conv_block.module.MapAttention`'s
+    output projection (``proj``, or its last ``nn.Linear`` once LeViT's ``LinearNorm`` is folded): rows scaled,
+    bias ``scale b + shift``.  MapAttention's stride-2 pool is a 2x2 average without padding, so it commutes with
+    the affine map.  Anything else (timm's ``BottleneckAttn``, which has no output projection) is left alone.
+    """
+    affine = _batchnorm_affine(bn) if type(bn) is nn.BatchNorm2d else None
+    if affine is None:
+        return False
+    scale, shift = affine
+    if isinstance(mixer, ConvGPSA):
+        mixer.out_weight.mul_(scale.to(mixer.out_weight.dtype))  # (heads, D_in, D_out): D_out is the BN's channel
+        bias = mixer.out_bias if mixer.out_bias is not None else torch.zeros_like(shift)
+        mixer.out_bias = nn.Parameter((bias * scale + shift).to(mixer.out_weight.dtype))
+        return True
+    proj = getattr(getattr(mixer, "attn", None), "proj", None) if isinstance(mixer, MapAttention) else None
+    if isinstance(proj, nn.Sequential) and len(proj):
+        proj = proj[-1]
+    if not isinstance(proj, nn.Linear) or proj.bias is None:
+        return False
+    proj.weight.mul_(scale[:, None].to(proj.weight.dtype))
+    proj.bias.copy_(proj.bias * scale + shift)
+    return True
 
 
 def count_batchnorms(model: nn.Module) -> int:

@@ -44,7 +44,8 @@ from archspec.families.attention.rules import counts as attention_counts
 
 __all__ = ["SESpec", "GPSAMixerSpec", "AttentionMixerSpec", "ConvStageSpec", "BotShape", "bot_counts",
            "make_divisible", "GPSA_HEADS", "gpsa_head_dim", "gpsa_counts", "gpsa_memory",
-           "ConvBlockShape", "se_channels", "plan", "counts", "memory", "out_grid", "batchnorm_channels", "label",
+           "ConvBlockShape", "se_channels", "plan", "counts", "memory", "out_grid", "batchnorm_channels",
+           "batchnorm_channels_into_bias", "label",
            "head_letters", "strided_grid", "executed_macs", "NO_WEIGHT_DECAY", "EXPANSION", "inner_width"]
 
 # ConvGPSA's locality alpha~_h, gating lambda_h and centres Delta_h: positions and mixing weights, decayed by
@@ -548,16 +549,24 @@ def memory(shape: ConvBlockShape) -> NodeMemory:
 
 
 def batchnorm_channels(shape: ConvBlockShape) -> int:
-    """BatchNorm channels ``model.fuse()`` folds into the conv before them
+    """BatchNorm channels ``model.fuse()`` folds into a bias-free layer before them
     (:func:`archspec.nn.fuse.fold_conv_batchnorms`; each saves ``C`` parameters: ``2C`` affine become a ``C``
-    bias): basic ``bn1`` (width) and ``bn2`` (channels); bottleneck ``bn1`` and ``bn2`` (the inner width; not
-    ``bn2`` after T-CNN's GPSA or BoTNet's attention, which are no conv) and ``bn3`` (channels); the
-    ``downsample`` shortcut's BatchNorm (channels)."""
+    bias): basic ``bn1`` (width) and ``bn2`` (channels); bottleneck ``bn1``, ``bn2`` (the inner width; after
+    T-CNN's GPSA too, into its ``W_out``; not after attention: :func:`batchnorm_channels_into_bias`) and ``bn3``
+    (channels); the ``downsample`` shortcut's BatchNorm (channels)."""
     shortcut = shape.channels if shape.downsample is not None else 0
     if shape.block == "basic":
         return shape.width + shape.channels + shortcut
-    conv2 = shape.mid if shape.mixer is None and shape.bot is None else 0
+    conv2 = shape.mid if shape.bot is None else 0
     return shape.mid + conv2 + shape.channels + shortcut
+
+
+def batchnorm_channels_into_bias(shape: ConvBlockShape) -> int:
+    """BatchNorm channels ``model.fuse()`` folds into a layer that has a bias already (each saves ``2C``): a
+    bottleneck's ``bn2`` after archspec's attention (its output projection, through the average pool of stride 2,
+    which commutes with a per-channel affine map).  timm's ``BottleneckAttn`` has no output projection: its
+    ``bn2`` stays, 0 here."""
+    return shape.mid if shape.bot is not None and not shape.bot.timm else 0
 
 
 def label(shape: ConvBlockShape) -> str:
