@@ -7,15 +7,23 @@
 #   bash bench/search_works_all.sh                    # the shipped table
 #   TABLE=/tmp/sim/levit_small.jsonl bash bench/search_works_all.sh   # a merged copy (its sidecars beside it)
 #
-# The tabulation may not write into TABLE while this runs: the simulations read it more than once.
+# Each simulation reads a snapshot of TABLE (bench/search_works.py snapshot_table), so a tabulation may go on
+# merging into it; the figures are then those of the rows at each step's start.  JOBS=2 runs the two long
+# simulations side by side (one core each: about 50 minutes on 2 idle cores).
 set -euo pipefail
 OUT=${OUT:-/tmp/search-works}
 TABLE=${TABLE:-archspec/search/tables/levit_small.jsonl}
 REPEATS=${REPEATS:-20}
+JOBS=${JOBS:-1}
 export OMP_NUM_THREADS=1 PYTHONPATH=${PYTHONPATH:-$PWD}
 mkdir -p "$OUT"
 git rev-parse --short HEAD > "$OUT/commit.txt" 2>/dev/null || true
 works() { python bench/search_works.py "$@"; }
+simulate() {  # simulate NAME ARGS...: OUT/NAME.json and OUT/NAME.txt
+    local name=$1; shift
+    works simulate --table "$TABLE" --repeats "$REPEATS" --json "$OUT/$name.json" "$@" > "$OUT/$name.txt"
+    cat "$OUT/$name.txt"
+}
 
 python bench/space_table.py --out "$TABLE" --report | tee "$OUT/seed_report.json"
 works fidelity --table "$TABLE" --json "$OUT/fidelity.json" | tee "$OUT/fidelity.txt"
@@ -26,10 +34,13 @@ for score in accuracy tse; do
     done
 done
 # every method at 20 trained candidates, the proxy at 200 steps (the plot) and at 120
-works simulate --table "$TABLE" --repeats "$REPEATS" --trials 20 --steps 200 --json "$OUT/simulate_200.json" \
-    --plot "$OUT/search-works-hv.png" | tee "$OUT/simulate_200.txt"
-works simulate --table "$TABLE" --repeats "$REPEATS" --trials 20 --steps 120 --json "$OUT/simulate_120.json" \
-    | tee "$OUT/simulate_120.txt"
+if [ "$JOBS" -gt 1 ]; then
+    simulate simulate_200 --trials 20 --steps 200 --plot "$OUT/search-works-hv.png" & first=$!
+    simulate simulate_120 --trials 20 --steps 120
+    wait "$first"  # set -e: a failed background simulation fails the script here
+else
+    simulate simulate_200 --trials 20 --steps 200 --plot "$OUT/search-works-hv.png"
+    simulate simulate_120 --trials 20 --steps 120
+fi
 # equal simulated CPU: 12 candidates of 200 steps against the 20 of 120 above
-works simulate --table "$TABLE" --repeats "$REPEATS" --trials 12 --steps 200 --json "$OUT/simulate_200x12.json" \
-    --methods "random sampling, TSE proxy" "TPE, TSE proxy" | tee "$OUT/simulate_200x12.txt"
+simulate simulate_200x12 --trials 12 --steps 200 --methods "random sampling, TSE proxy" "TPE, TSE proxy"
