@@ -113,3 +113,21 @@ def test_fused_conv_stages_equal_unfolded_and_the_analysis_counts_them(doc, one_
         torch.testing.assert_close(folded(x), model(x), atol=1e-5, rtol=1e-5)
     params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert analyze(spec).params_folded == params(folded) < params(model)
+
+
+def test_the_hybrid_traces_with_fx_and_extracts_its_tail_features(one_thread):
+    """torch.fx traces a hybrid whose conv stages hold T-CNN's GPSA and attention, and a conv tail after the
+    attention stage (those mixers are FX leaves; the tail's map size is read only for a feature level): the traced
+    module's logits equal the model's, and torchvision's feature extractor returns the tail's last map."""
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    from archspec.nn.model import FX_LEAF_MODULES, symbolic_trace
+
+    torch.manual_seed(0)
+    model = _randomise_batchnorms(archspec.compile(HYBRID))
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(symbolic_trace(model)(x), model(x))
+        extractor = create_feature_extractor(model, {"stages.5.blocks.0": "tail"},
+                                             tracer_kwargs={"leaf_modules": list(FX_LEAF_MODULES)})
+        torch.testing.assert_close(extractor(x)["tail"], model.forward_features(x))

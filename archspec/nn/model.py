@@ -31,6 +31,7 @@ from archspec.families.attention.module import Attention, ZeroPadTokens
 from archspec.families.attention.rules import RESAMPLED_TABLES
 from archspec.families.attention.tables import resample_bias_table
 from archspec.families.conv_block import rules as conv_blocks
+from archspec.families.conv_block.module import ConvGPSA, MapAttention
 from archspec.families.conv_mixer.module import ConvMixer
 from archspec.families.head.module import build_classifier
 from archspec.families.head.rules import classifier_names
@@ -42,10 +43,11 @@ from archspec.ir.loader import load_spec
 from archspec.nn.fuse import fuse_model
 from archspec.spec import ArchSpec
 
-# Token mixers and the identity stem check their input shape in Python (data-dependent control flow for
+# Token mixers, the identity stem and the mixers in a bottleneck's conv2 (T-CNN's GPSA builds its pixel grid from
+# the map's size; MapAttention unpacks it) read their input shape in Python (data-dependent control flow for
 # torch.fx), so FX treats them as leaves: timm's feature extractors use this registry; torchvision's take
 # FX_LEAF_MODULES as tracer_kwargs, and symbolic_trace below uses them.
-FX_LEAF_MODULES = (Attention, ConvMixer, IdentityStem, ShrinkBlock, ZeroPadTokens)
+FX_LEAF_MODULES = (Attention, ConvMixer, IdentityStem, ShrinkBlock, ZeroPadTokens, ConvGPSA, MapAttention)
 for _leaf in FX_LEAF_MODULES:
     register_notrace_module(_leaf)
 
@@ -283,9 +285,8 @@ class ArchModel(nn.Module):
                     prefix = 0
                 for block in stage.blocks:
                     x = self._run_block(block, x)
-                grid = tuple(x.shape[-2:])
-                if s in take:
-                    taken.append((x.flatten(2).transpose(1, 2), grid, 0))
+                if s in take:  # the map's size read only here: torch.fx cannot make a tuple of a traced shape
+                    taken.append((x.flatten(2).transpose(1, 2), tuple(x.shape[-2:]), 0))
                 continue
             if not isinstance(stage.downsample, nn.Identity):
                 x = stage.downsample(x)
