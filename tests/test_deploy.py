@@ -26,7 +26,7 @@ photos, levit = deploy_fixtures.photos, deploy_fixtures.levit  # the shared fixt
 
 # int8 against float32 on the three real photos (stated tolerance): per image, cosine >= 0.98 and relative L2
 # error ||int8 - float|| / ||float|| <= 0.2.  Measured: 8-bit activations cosine 0.997-0.999, relative error
-# 0.04-0.08; 7-bit (reduce_range, CPUs without VNNI) cosine >= 0.987, relative error <= 0.16; a calibration on
+# 0.04-0.08; 7-bit (reduce_range, CPUs without VNNI) worst image cosine 0.987, relative error 0.163; a calibration on
 # images 20x too dark gives cosine 0.02-0.2, relative error ~1.7.
 MIN_COSINE, MAX_RELATIVE = 0.98, 0.2
 
