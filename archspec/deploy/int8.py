@@ -241,7 +241,7 @@ def clamp_to_quant_range(graph_module: torch.fx.GraphModule) -> torch.fx.GraphMo
     ``q_min..q_max``.  Who runs the graph then honours the 7-bit range: Inductor's oneDNN kernels and ONNX's
     ``QuantizeLinear`` saturate at the dtype's range instead (ONNX has no ``q_max``; the clamp exports as
     ``Clip``).  Measured on LeViT-128S, 64 px, AVX2 without VNNI: Inductor's logits against the reference graph,
-    relative L2 0.08 without the clamp, 0 with it, at the same latency; ONNX Runtime's 0.09 and 0.  8-bit
+    relative L2 0.08 without the clamp, 0 with it; ONNX Runtime's 0.09 and 0.  8-bit
     activations get no clamp.  Returns ``graph_module``."""
     graph = graph_module.graph
     target = torch.ops.quantized_decomposed.quantize_per_tensor.default
