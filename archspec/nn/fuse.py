@@ -13,7 +13,7 @@ import torch
 from timm.models.resnet import BasicBlock, Bottleneck
 from timm.utils.model import reparameterize_model
 from torch import nn
-from torch.nn.utils.fusion import fuse_conv_bn_eval
+from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_weights
 
 from archspec.families.conv_block.module import ConvGPSA, MapAttention
 from archspec.families.stem.module import ResNetStem
@@ -67,18 +67,14 @@ def fold_conv_batchnorms(model: nn.Module) -> int:
     return folded
 
 
-def _batchnorm_affine(bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Eval-mode BatchNorm as ``y = scale x + shift`` per channel, ``(C,)`` each; ``None`` without running
-    statistics (such a BatchNorm normalises by the batch even in eval mode: nothing to fold)."""
-    if bn.running_mean is None or bn.running_var is None:
-        return None
-    scale = torch.rsqrt(bn.running_var + bn.eps)
-    if bn.weight is not None:
-        scale = scale * bn.weight
-    shift = -bn.running_mean * scale
-    if bn.bias is not None:
-        shift = shift + bn.bias
-    return scale.detach(), shift.detach()
+def _fuse_into_rows(weight: torch.Tensor, bias: torch.Tensor | None, bn: nn.BatchNorm2d):
+    """``bn(W x + b)`` as one linear map, ``W`` ``(C, K)`` with the BatchNorm's channel ``C`` in rows:
+    ``torch.nn.utils.fusion.fuse_linear_bn_weights`` (``W' = W gamma / sqrt(var + eps)``,
+    ``b' = (b - mean) gamma / sqrt(var + eps) + beta``); a BatchNorm without affine parameters reads as
+    ``gamma = 1``, ``beta = 0``.  Returns ``(W', b')`` as parameters, ``(C, K)`` and ``(C,)``."""
+    gamma = bn.weight if bn.weight is not None else torch.ones_like(bn.running_var)
+    beta = bn.bias if bn.bias is not None else torch.zeros_like(bn.running_mean)
+    return fuse_linear_bn_weights(weight, bias, bn.running_mean, bn.running_var, bn.eps, gamma, beta)
 
 
 @torch.no_grad()
@@ -86,28 +82,30 @@ def fold_mixer_batchnorm(mixer: nn.Module, bn: nn.BatchNorm2d) -> bool:
     """Fold a bottleneck's ``bn2`` into the mixer in ``conv2``'s place, in place; ``True`` if folded.
 
     ``bn2(mixer(x))`` is a per-channel affine map of the mixer's output, so it folds exactly into the mixer's last
-    linear layer: T-CNN's :class:`~archspec.families.conv_block.module.ConvGPSA` (``W_out`` columns scaled, its
-    bias -- created if absent -- ``scale b + shift``), and :class:`~archspec.families.conv_block.module.MapAttention`'s
-    output projection (``proj``, or its last ``nn.Linear`` once LeViT's ``LinearNorm`` is folded): rows scaled,
-    bias ``scale b + shift``.  MapAttention's stride-2 pool is a 2x2 average without padding, so it commutes with
-    the affine map.  Anything else (timm's ``BottleneckAttn``, which has no output projection) is left alone.
+    linear layer (``torch.nn.utils.fusion.fuse_linear_bn_weights``): T-CNN's
+    :class:`~archspec.families.conv_block.module.ConvGPSA` (``W_out`` ``(heads, D_in, D_out)`` read as a
+    ``(D_out, heads D_in)`` linear; its bias created if absent), and
+    :class:`~archspec.families.conv_block.module.MapAttention`'s output projection (``proj``, or its last
+    ``nn.Linear`` once LeViT's ``LinearNorm`` is folded).  MapAttention's stride-2 pool is a 2x2 average without
+    padding, so it commutes with the affine map.  Anything else (timm's ``BottleneckAttn``, which has no output
+    projection) is left alone, as is a BatchNorm without running statistics (it normalises by the batch even in
+    eval mode).
     """
-    affine = _batchnorm_affine(bn) if type(bn) is nn.BatchNorm2d else None
-    if affine is None:
+    if type(bn) is not nn.BatchNorm2d or bn.running_mean is None or bn.running_var is None:
         return False
-    scale, shift = affine
     if isinstance(mixer, ConvGPSA):
-        mixer.out_weight.mul_(scale.to(mixer.out_weight.dtype))  # (heads, D_in, D_out): D_out is the BN's channel
-        bias = mixer.out_bias if mixer.out_bias is not None else torch.zeros_like(shift)
-        mixer.out_bias = nn.Parameter((bias * scale + shift).to(mixer.out_weight.dtype))
+        w = mixer.out_weight  # (heads, D_in, D_out): D_out is the BatchNorm's channel
+        rows = w.reshape(-1, w.shape[-1]).t()
+        fused_w, fused_b = _fuse_into_rows(rows, mixer.out_bias, bn)
+        mixer.out_weight = nn.Parameter(fused_w.t().reshape(w.shape).contiguous(), w.requires_grad)
+        mixer.out_bias = fused_b
         return True
     proj = getattr(getattr(mixer, "attn", None), "proj", None) if isinstance(mixer, MapAttention) else None
     if isinstance(proj, nn.Sequential) and len(proj):
         proj = proj[-1]
-    if not isinstance(proj, nn.Linear) or proj.bias is None:
+    if not isinstance(proj, nn.Linear):
         return False
-    proj.weight.mul_(scale[:, None].to(proj.weight.dtype))
-    proj.bias.copy_(proj.bias * scale + shift)
+    proj.weight, proj.bias = _fuse_into_rows(proj.weight, proj.bias, bn)
     return True
 
 
