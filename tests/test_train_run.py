@@ -129,6 +129,69 @@ def test_torchrun_two_cpu_processes_equal_one_with_the_same_global_batch(folder,
         assert r1["accuracy"] == r2["accuracy"] and abs(r1["val_loss"] - r2["val_loss"]) < 1e-5
 
 
+def _pid_of_rank(rank: int, port: int) -> int | None:
+    """The pid of torchrun's worker ``rank`` on rendezvous ``port`` (read from /proc's environments)."""
+    want = {f"RANK={rank}".encode(), f"MASTER_PORT={port}".encode()}
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and want <= environ:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds torchrun's ranks in /proc (Linux)")
+def test_a_sigterm_to_one_torchrun_rank_stops_both_at_the_same_step_and_the_run_resumes(folder, spec_file,
+                                                                                         tmp_path):
+    """torchrun ranks stop together: a SIGTERM that reaches rank 1 only stops both ranks before the same step (each
+    rank reduces its pending flag before every step), where rank 0 used to train on and wait in DDP's all-reduce for
+    a rank that had left.  Both exit 143 with the resume hint, no traceback; ``--resume`` under torchrun then ends
+    with the weights of an uninterrupted single-process run (1e-5, as the test above)."""
+    common = ["--steps", "40", "--eval-every", "20", "--checkpoint-every", "1", "--mixup", "0", "--quiet"]
+    subprocess.run(_train_cmd(spec_file, folder, tmp_path / "one", *common), check=True, timeout=300)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def torchrun(*extra) -> subprocess.Popen:
+        port = _free_port()
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(port), "-m", "archspec",
+               *_train_cmd(spec_file, folder, tmp_path / "two", *common, *extra)[3:]]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.port = port
+        return proc
+
+    proc = torchrun()
+    try:
+        deadline = time.monotonic() + 240
+        while _checkpoint_step(tmp_path / "two" / "checkpoint.pt") < 4 and proc.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint in 240 s"
+            time.sleep(0.05)
+        rank1 = _pid_of_rank(1, proc.port)
+        assert proc.poll() is None and rank1 is not None, "the run ended before it could be signalled"
+        os.kill(rank1, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = err.decode(errors="replace")
+    assert err.count("stopped by SIGTERM; continue with --resume") == 2, err
+    assert err.count("exitcode  : 143") == 2, err  # torchrun's failure report: both ranks exit 143
+    # the only traceback is torchrun's own ChildFailedError: no frame of a rank (a gloo error in rank 0's all-reduce)
+    frames = [line for line in err.splitlines() if line.lstrip().startswith('File "')]
+    assert all("torch/distributed" in line or "<frozen" in line for line in frames), err
+    stopped = _checkpoint_step(tmp_path / "two" / "checkpoint.pt")
+    assert 4 <= stopped < 40 and not (tmp_path / "two" / "model").exists()
+    resumed = torchrun("--resume")
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err.decode(errors="replace")
+    a, b = _weights(tmp_path / "one" / "model"), _weights(tmp_path / "two" / "model")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
 def test_ranks_split_each_global_batch_and_their_union_is_the_single_process_batch():
     one = list(islice(EpochSampler(50, 12, seed=5, epoch=3), 48))
     ranks = [list(islice(EpochSampler(50, 12, seed=5, epoch=3, rank=r, world=3), 16)) for r in range(3)]

@@ -407,6 +407,38 @@ def test_sigterm_with_dataloader_workers_exits_143_quietly(folder, tmp_path, spe
             assert word not in err, (delay, err)
 
 
+def test_ranks_stop_where_they_agree_and_evaluation_batches_do_not_stop_one_alone():
+    """With several processes (``deferred(together=...)``) a rank's own SIGTERM is only a flag it offers to the
+    agreement before each step: :func:`check` (an evaluation batch, whose count differs between ranks) does not
+    raise, ``check_together`` raises in every rank when any has one pending -- here the other rank's, simulated by
+    a reduction that answers True -- and the block's end is an agreement too.  One process: ``check`` raises."""
+    from archspec.train.stop import Terminated, check, check_together, deferred, sigterm_stops
+
+    offered: list[bool] = []
+
+    def others_pending(answer: bool):
+        def together(pending: bool) -> bool:
+            offered.append(pending)
+            return pending or answer
+        return together
+
+    with sigterm_stops():
+        with pytest.raises(Terminated), deferred(together=others_pending(False)):
+            os.kill(os.getpid(), signal.SIGTERM)
+            check()  # an evaluation batch: no stop of this rank alone
+            assert offered == []
+            check_together()  # before the next step: every rank stops here
+        assert offered == [True]
+        with pytest.raises(Terminated), deferred(together=others_pending(True)):
+            check_together()  # no SIGTERM here, but another rank has one
+        assert offered == [True, False]
+        with pytest.raises(Terminated), deferred(together=others_pending(True)):
+            pass  # the block's end agrees too
+        with pytest.raises(Terminated), deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            check()
+
+
 def test_a_forked_worker_does_not_keep_the_run_lock(tmp_path):
     """kill -9 of a run leaves its DataLoader workers alive for a moment; a forked child shares the flock's open
     file description, so it must close its copy, or the next `--resume` finds the directory locked."""

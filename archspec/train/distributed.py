@@ -24,11 +24,13 @@ __all__ = ["Processes", "init_processes", "shutdown"]
 
 @dataclass(frozen=True)
 class Processes:
-    """This process's ``rank`` among ``world`` and its ``device``."""
+    """This process's ``rank`` among ``world`` and its ``device``; ``control``: a gloo process group for host-side
+    agreements (:meth:`any`), so that NCCL runs do not synchronise the GPU for them (``None``: the default group)."""
 
     rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")
+    control: object = None
 
     @property
     def main(self) -> bool:
@@ -42,6 +44,14 @@ class Processes:
         out = t.to(self.device if self.device.type == "cuda" else "cpu").clone()
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out.cpu()
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds in any process (a collective: every process calls it at the same point)."""
+        if self.world == 1:
+            return flag
+        out = torch.tensor([int(flag)], dtype=torch.int32)
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.control)
+        return bool(out.item())
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` in ``DistributedDataParallel`` (itself with one process)."""
@@ -74,7 +84,9 @@ def init_processes(device: torch.device) -> Processes:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return Processes(rank, world, device)
+    # host-side agreements (a SIGTERM pending anywhere) over gloo: a CPU flag through NCCL would sync the GPU
+    control = dist.new_group(backend="gloo") if device.type == "cuda" else None
+    return Processes(rank, world, device, control)
 
 
 def shutdown(processes: Processes) -> None:

@@ -54,7 +54,7 @@ from archspec.train.distributed import init_processes, shutdown
 from archspec.train.loop import Hooks, Trainer, evaluate, resolve_device, run_steps
 from archspec.train.param_groups import gating_param_groups, transformed_layers
 from archspec.train.progress import Progress
-from archspec.train.stop import check, deferred
+from archspec.train.stop import check_together, deferred
 from archspec.train.streamed_data import (
     DamagedImages,
     DeviceTransform,
@@ -463,13 +463,13 @@ def _run(trainer, batches, stream, val_tf, config, processes, out, start, seed, 
             checkpoint(step)
 
     def before_step(step: int) -> None:
-        check()  # a SIGTERM since the last step stops the run here (archspec.train.stop)
+        check_together()  # a SIGTERM since the last step, in any process, stops them all here (archspec.train.stop)
         _reseed(seed, processes.rank, step)
 
     hooks = Hooks(before_step=before_step, on_step=on_step, on_eval=on_eval)
     t0 = time.perf_counter()
     try:
-        with deferred():
+        with deferred(together=processes.any if processes.world > 1 else None):
             result = run_steps(trainer, iter(batches), evaluate_fn, start=start, hooks=hooks)
         if start >= config.steps:  # resumed after the last step (killed while writing the model): evaluate it
             record = evaluate_fn()

@@ -7,15 +7,22 @@ goes on) and, worse, a lock can stay held.  So while the step loop runs (:func:`
 request and the loop raises :class:`Terminated` at its next :func:`check` (before each step and each evaluation
 batch); the normal unwinding then shuts the DataLoader workers down.  Outside the loop (setting up, writing the
 model) it raises at once.  A second SIGTERM while one is pending raises at once too.
+
+Under ``torchrun`` a SIGTERM may reach the ranks at different steps, or one rank only.  A rank that left alone
+would leave the others waiting in DDP's all-reduce, so with several processes the loop stops only where every rank
+agrees (:func:`deferred`'s ``together``): before each step (:func:`check_together`) each rank reduces its pending
+flag, and all stop before the same step.  Evaluation batches then do not stop a rank (their count differs between
+ranks, so no collective can sit there); the block's end is an agreement too.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 
-__all__ = ["Terminated", "sigterm_stops", "deferred", "check"]
+__all__ = ["Terminated", "sigterm_stops", "deferred", "check", "check_together"]
 
 
 class Terminated(BaseException):
@@ -26,6 +33,7 @@ class _State:
     active = False  # a handler of ours is installed
     deferring = 0  # depth of deferred() blocks
     pending = False  # a SIGTERM came while deferring
+    together: Callable[[bool], bool] | None = None  # several processes: whether any has a SIGTERM pending
 
 
 _state = _State()
@@ -56,18 +64,36 @@ def sigterm_stops():
 
 
 @contextmanager
-def deferred():
-    """Within the block a SIGTERM is raised at the next :func:`check` (or at the end of the block) only."""
+def deferred(together: Callable[[bool], bool] | None = None):
+    """Within the block a SIGTERM is raised at the next :func:`check` (or at the end of the block) only.
+
+    ``together`` (several processes, e.g. :meth:`archspec.train.distributed.Processes.any`): a collective telling
+    whether a flag holds in any process.  Then only :func:`check_together` stops (every process at the same call),
+    and :func:`check` does nothing."""
     _state.deferring += 1
+    outer, _state.together = _state.together, together
     try:
         yield
+        check_together()  # every process ends the block at the same point
     finally:
         _state.deferring -= 1
+        _state.together = outer
     check()
 
 
 def check() -> None:
-    """Raise :class:`Terminated` if a SIGTERM is pending; a no-op otherwise (and outside ``archspec train``)."""
-    if _state.pending:
+    """Raise :class:`Terminated` if a SIGTERM is pending; a no-op otherwise (and outside ``archspec train``, and
+    inside a ``together`` block: see :func:`check_together`)."""
+    if _state.pending and _state.together is None:
+        _state.pending = False
+        raise Terminated()
+
+
+def check_together() -> None:
+    """:func:`check` at a point every process reaches in the same order (before each step): inside a ``together``
+    block it raises :class:`Terminated` in every process if any has a SIGTERM pending."""
+    if _state.together is None:
+        check()
+    elif _state.together(_state.pending):
         _state.pending = False
         raise Terminated()
