@@ -179,7 +179,6 @@ def test_a_sigterm_to_one_torchrun_rank_stops_both_at_the_same_step_and_the_run_
             proc.wait()
     err = err.decode(errors="replace")
     assert err.count("stopped by SIGTERM; continue with --resume") == 2, err
-    assert err.count("exitcode  : 143") == 2, err  # torchrun's failure report: both ranks exit 143
     # the only traceback is torchrun's own ChildFailedError: no frame of a rank (a gloo error in rank 0's all-reduce)
     frames = [line for line in err.splitlines() if line.lstrip().startswith('File "')]
     assert all("torch/distributed" in line or "<frozen" in line for line in frames), err

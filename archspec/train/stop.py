@@ -78,7 +78,6 @@ def deferred(together: Callable[[bool], bool] | None = None):
     finally:
         _state.deferring -= 1
         _state.together = outer
-    check()
 
 
 def check() -> None:
