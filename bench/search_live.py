@@ -2,6 +2,7 @@
 
     python bench/search_live.py --repeats 3 --budget 900            # 3 x (archspec default, random), 15 min each
     python bench/search_live.py --repeats 3 --budget 900 --method "TPE, TSE proxy" --method "random sampling"
+    python bench/search_live.py --rescore                           # again, once `missing` designs are tabulated
 
 Issue 32's live check: each method is the real command, ``archspec search --space levit_small --data
 fashion-mnist --timeout BUDGET --seed R`` with the method's options, on the whole machine (nothing else may run:
@@ -28,10 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # Each method is `archspec search` with these extra options (the CLI's own); the budget and seed are added per run.
+# Every method but "archspec default" names each option it depends on (as bench/search_works.py's METHODS).
 METHODS = {
     "archspec default": [],
-    "random sampling": ["--sampler", "random", "--fidelity", "none"],
-    "TPE, TSE proxy": ["--fidelity", "none", "--proxy-score", "tse"],
+    "random sampling": ["--sampler", "random", "--fidelity", "none", "--proxy-score", "accuracy"],
+    "TPE, TSE proxy": ["--sampler", "tpe", "--sampler-startup", "6", "--fidelity", "none", "--proxy-score", "tse"],
     "random sampling, TSE proxy": ["--sampler", "random", "--fidelity", "none", "--proxy-score", "tse"],
 }
 
@@ -74,6 +76,31 @@ def score_run(run_dir: Path, truth, macs_budget: float) -> dict:
     return out
 
 
+def rescore(path: Path, truth) -> int:
+    """Score every run a ``--json`` file lists again on ``truth`` (its designs tabulated since), rewrite it, and
+    print the repeat-by-repeat wins of its first method over its second."""
+    doc = json.loads(path.read_text())
+    for rows in doc["results"].values():
+        for row in rows:
+            row.update(score_run(Path(row["run_dir"]), truth, doc["macs_budget"]))
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    report(doc["results"])
+    return 0
+
+
+def report(results: dict[str, list[dict]]) -> None:
+    """Per cost plane, in how many repeats the first method's front beats the second's."""
+    methods = list(results)
+    if len(methods) < 2:
+        return
+    a, b = methods[0], methods[1]
+    for field in ("hv_latency", "hv_macs"):
+        wins = sum(x[field] > y[field] for x, y in zip(results[a], results[b]))
+        missing = sorted({k for rows in results.values() for row in rows for k in row["missing"]})
+        print(f"{field}: {a} beats {b} in {wins} of {len(results[a])} repeats"
+              + (f" ({len(missing)} front designs not in the table yet)" if missing else ""))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
@@ -83,12 +110,17 @@ def main(argv=None) -> int:
     parser.add_argument("--macs-budget", type=float, default=20e6)
     parser.add_argument("--out", default="runs/search_live", help="run directories go under here")
     parser.add_argument("--json", default="search_live.json")
+    parser.add_argument("--rescore", action="store_true",
+                        help="run nothing: score the runs --json lists again on the table as it is now (after "
+                             "tabulating their missing designs)")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                         help="further archspec search options for every run (e.g. --max-images 2000)")
     args = parser.parse_args(argv)
     from archspec.search.oracle import load_table
 
     truth = _works().Truth(load_table("levit_small"))
+    if args.rescore:
+        return rescore(Path(args.json), truth)
     methods = args.method or ["archspec default", "random sampling"]
     results: dict[str, list[dict]] = {m: [] for m in methods}
     for seed in range(args.repeats):
@@ -110,11 +142,7 @@ def main(argv=None) -> int:
             print(f"{method} seed {seed}: {json.dumps(row)}", flush=True)
             Path(args.json).write_text(json.dumps({"budget_s": args.budget, "macs_budget": args.macs_budget,
                                                    "results": results}, indent=1) + "\n")
-    if len(methods) >= 2:
-        a, b = methods[0], methods[1]
-        for field in ("hv_latency", "hv_macs"):
-            wins = sum(x[field] > y[field] for x, y in zip(results[a], results[b]))
-            print(f"{field}: {a} beats {b} in {wins} of {args.repeats} repeats")
+    report(results)
     return 0
 
 

@@ -287,7 +287,7 @@ def test_sampler_startup_reaches_the_sampler_and_a_negative_one_exits_2(space_fi
         return make_sampler(name, seed, n_objectives, n_startup_trials)
 
     monkeypatch.setattr(preflight, "make_sampler", spy)
-    assert _search(space_file, tmp_path / "run", "--trials", "1", "--sampler-startup", "9") == 0
+    assert _search(space_file, tmp_path / "run", "--trials", "1", "--sampler", "tpe", "--sampler-startup", "9") == 0
     assert seen == [("tpe", 9)]
     assert _search(space_file, tmp_path / "bad", "--sampler-startup", "-1") == 2
     assert "--sampler-startup" in capsys.readouterr().err

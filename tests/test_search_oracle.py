@@ -115,13 +115,13 @@ def test_table_answers_are_the_tables_numbers(tmp_path):
     from archspec.search.proxy import ProxyProtocol
 
     reported = []
-    result = table.train(spec, None, ProxyProtocol(steps=40, eval_every=20), seed=0,
+    result = table.train(spec, None, ProxyProtocol(steps=40, eval_every=20, score="accuracy"), seed=0,
                          report=lambda s, a: reported.append((s, a)))
     row = table.rows[architecture_key(spec)][0]
     assert reported == [(20, row["curve"][1][1]), (40, row["curve"][2][1])]  # exactly the tabulated points
     assert result.accuracy == row["curve"][2][1] and result.seconds == 40.0
     # between tabulated steps: linear in log(step); 28 steps lie between 20 and 40
-    result = table.train(spec, None, ProxyProtocol(steps=28, eval_every=28), seed=1)
+    result = table.train(spec, None, ProxyProtocol(steps=28, eval_every=28, score="accuracy"), seed=1)
     a20, a40 = (table.rows[architecture_key(spec)][1]["curve"][i][1] for i in (1, 2))
     assert result.accuracy == pytest.approx(a20 + (a40 - a20) * math.log(28 / 20) / math.log(2))
     assert result.seconds == pytest.approx(28.0) and result.train_loss == pytest.approx(2.0)
@@ -134,7 +134,8 @@ def test_oracle_search_finds_the_tables_best_design(tmp_path, monkeypatch):
     path, points = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7])
     monkeypatch.setattr("archspec.search.proxy.train_proxy", None)  # would fail if anything trained
     outcome = run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="none", trials=4,
-                         protocol={"steps": 80}, out=tmp_path / "run", progress=False, sampler="random", seed=0)
+                         protocol={"steps": 80, "score": "accuracy"}, out=tmp_path / "run", progress=False,
+                         sampler="random", seed=0)
     assert architecture_key(outcome.best_spec) == architecture_key(points[1][1])
     trained = [t for t in outcome.study.trials if t.user_attrs.get("status") == "trained"]
     assert trained and all(t.user_attrs["proxy_seconds"] == 80.0 for t in trained)
@@ -222,8 +223,8 @@ def test_oracle_subset_searches_only_the_tabulated_designs(tmp_path, monkeypatch
     path, points = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7], drop=1)
     monkeypatch.setattr("archspec.search.proxy.train_proxy", None)  # would fail if anything trained
     outcome = run_design(space=TINY_SPACE, oracle=str(path), oracle_subset=True, objective="accuracy",
-                         fidelity="none", trials=3, protocol={"steps": 80}, out=tmp_path / "run", progress=False,
-                         sampler="random", seed=0)
+                         fidelity="none", trials=3, protocol={"steps": 80, "score": "accuracy"},
+                         out=tmp_path / "run", progress=False, sampler="random", seed=0)
     assert architecture_key(outcome.best_spec) == architecture_key(points[3][1])
     missing = architecture_key(points[1][1])
     by_status = {}

@@ -179,8 +179,8 @@ def test_tse_score_is_minus_the_mean_of_every_steps_loss(digits, monkeypatch):
 
 def test_protocol_validation():
     assert ProxyProtocol().describe()["image_size"] == 64
-    assert "score" not in ProxyProtocol().describe()  # studies from before the score resume unchanged
-    assert ProxyProtocol(score="tse").describe()["score"] == "tse"
+    assert ProxyProtocol().describe()["score"] == "tse"  # the default since the finished table
+    assert "score" not in ProxyProtocol(score="accuracy").describe()  # studies from before the score resume
     with pytest.raises(SpecError):
         ProxyProtocol(augmentation="mixup")
     with pytest.raises(SpecError, match="invalid score"):

@@ -140,6 +140,20 @@ def test_open_study_refuses_other_objectives(tmp_path):
     assert "objectives" in str(err.value)
 
 
+def test_open_study_refuses_another_proxy_score(tmp_path):
+    """A study whose candidates are ranked by val top-1 (no recorded score: the only one before TSE) is not
+    resumed by a run ranking by TSE -- the default since the finished table -- nor the other way round."""
+    info = resolve_storage(None, tmp_path)
+    open_study("old", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {"steps": 120}})
+    with pytest.raises(SpecError) as err:
+        open_study("old", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {"score": "tse"}})
+    assert "--proxy-score accuracy" in str(err.value) and "ranks its candidates by accuracy" in str(err.value)
+    assert open_study("old", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {}})  # accuracy
+    open_study("new", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {"score": "tse"}})
+    with pytest.raises(SpecError, match="--proxy-score tse"):
+        open_study("new", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {}})
+
+
 @pytest.mark.slow
 def test_fail_zombie_trials_only_dead_workers(tmp_path):
     info = resolve_storage(None, tmp_path, heartbeat=None)

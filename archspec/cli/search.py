@@ -16,7 +16,14 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from archspec.errors import SpecError
-from archspec.search.config import DEFAULT_FIDELITY, FIDELITIES, ZERO_COST_RANKINGS  # torch- and Optuna-free
+from archspec.search.config import (  # torch- and Optuna-free
+    DEFAULT_FIDELITY,
+    DEFAULT_SAMPLER,
+    DEFAULT_SAMPLER_STARTUP,
+    FIDELITIES,
+    SAMPLERS,
+    ZERO_COST_RANKINGS,
+)
 from archspec.search.scoring import PROXY_SCORES  # torch-free
 
 __all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "idle_cores", "usable_cores"]
@@ -194,11 +201,13 @@ def _add_run_options(p: argparse.ArgumentParser, d) -> None:
     run.add_argument("--seed", type=int, default=d(0), metavar="N",
                      help="seed of the sampler, the initialisation and the data split (default 0): "
                           "same seed, same trials")
-    run.add_argument("--sampler", choices=("tpe", "nsga2", "gp", "random"), default=d("tpe"),
-                     help="Optuna sampler (default tpe: multi-objective, constraint aware)")
-    run.add_argument("--sampler-startup", type=_positive_int("--sampler-startup", 0), default=d(6), metavar="N",
+    run.add_argument("--sampler", choices=SAMPLERS, default=d(DEFAULT_SAMPLER),
+                     help=f"Optuna sampler (default {DEFAULT_SAMPLER}; tpe: multivariate, constraint aware; "
+                          "why the default: docs, Does the search work?)")
+    run.add_argument("--sampler-startup", type=_positive_int("--sampler-startup", 0),
+                     default=d(DEFAULT_SAMPLER_STARTUP), metavar="N",
                      help="random trials before the sampler's model takes over (Optuna's n_startup_trials; NSGA-II: "
-                          "its population, at least 4; default 6)")
+                          f"its population, at least 4; default {DEFAULT_SAMPLER_STARTUP})")
     run.add_argument("--json", action="store_true", default=d(False), help="print a JSON summary instead of tables")
     run.add_argument("--no-progress", action="store_true", default=d(False),
                      help="no progress bar (when stdout is not a terminal: no per-trial progress lines)")
@@ -292,10 +301,10 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
                           "space's other points are infeasible, as if over a budget (for a table still being "
                           "written, or one of a sample of the space)")
     obj.add_argument("--proxy-score", choices=PROXY_SCORES, default=None,
-                     help="what ranks a trained proxy: accuracy (default; its val top-1 at the last step) or tse "
-                          "(minus its mean training loss over the run: the sum of training losses, TSE, which ranks "
-                          "levit_small's designs far better than val top-1 at equal steps; docs: Does the search "
-                          "work?)")
+                     help="what ranks a trained proxy: tse (default: minus its mean training loss over the run, "
+                          "the sum of training losses, TSE, which ranks levit_small's designs far better than val "
+                          "top-1 at equal steps; docs: Does the search work?) or accuracy (its val top-1 at the "
+                          "last step; a study written before TSE became the default ranked by it: resume it with this)")
     obj.add_argument("--prune", action="store_true",
                      help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
     obj.add_argument("--fidelity", choices=FIDELITIES, default=DEFAULT_FIDELITY,

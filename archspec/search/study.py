@@ -47,6 +47,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from archspec.errors import SpecError
+from archspec.search.config import SAMPLERS  # torch-free: the command line reads it too
 
 __all__ = [
     "StorageInfo", "check_storage", "resolve_storage", "open_study", "make_sampler", "SAMPLERS", "fail_zombie_trials",
@@ -55,7 +56,6 @@ __all__ = [
 ]
 
 STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,80}$")
-SAMPLERS = ("tpe", "nsga2", "gp", "random")
 HEARTBEAT_INTERVAL_S = 20  # Optuna heartbeat for RDB storages; a trial is stale after 2x this without one
 
 
@@ -342,10 +342,11 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
                  n_startup_trials: int = 6) -> optuna.samplers.BaseSampler:
     """An Optuna sampler by name, seeded for reproducible sampling.
 
-    ``tpe`` (default): multivariate TPE, multi-objective and constraint aware (Optuna reads the
+    ``tpe``: multivariate TPE, multi-objective and constraint aware (Optuna reads the
     constraints set with ``trial.set_constraint``; infeasible trials are ranked last), with
     ``constant_liar`` so that concurrent workers do not propose the same point.  ``nsga2``: NSGA-II
-    (constrained domination).  ``gp``: Gaussian-process BO.  ``random``: random search.
+    (constrained domination).  ``gp``: Gaussian-process BO.  ``random``: random search (the command line's
+    default: :data:`archspec.search.config.DEFAULT_SAMPLER`).
     ``n_startup_trials``: random trials before TPE's or the GP's model is used (Optuna's own default is 10; 6
     here, for searches of 10-20 trained candidates); NSGA-II's population (at least 4).
     """
@@ -391,7 +392,8 @@ def open_study(name: str, info: StorageInfo, directions: Sequence[str], sampler:
     ``attrs`` are set as study user attributes when the study is new (the run's settings).
 
     Raises:
-        SpecError: the storage fails, or an existing study of that name has other objectives.
+        SpecError: the storage fails, or an existing study of that name has other objectives or ranks by another
+            proxy score (``attrs["proxy"]["score"]``).
     """
     validate_study_name(name)
     try:
@@ -405,6 +407,7 @@ def open_study(name: str, info: StorageInfo, directions: Sequence[str], sampler:
                 ("--study-name",),
                 f"study {name!r} already exists in {info.url} with objectives {old}, not {list(directions)}",
                 "use another --study-name (or --out), or the same --objective as before")
+        _check_same_score(name, info.url, existing[name].user_attrs, attrs or {})
     try:
         study = optuna.create_study(study_name=name, storage=info.storage, sampler=sampler, pruner=pruner,
                                     directions=list(directions), load_if_exists=True)
@@ -419,6 +422,19 @@ def open_study(name: str, info: StorageInfo, directions: Sequence[str], sampler:
         except Exception:  # noqa: BLE001 - another worker created it at the same moment: fine
             pass
     return study
+
+
+def _check_same_score(name: str, url: str, old_attrs: dict, attrs: dict) -> None:
+    """Refuse to resume a study whose trials are ranked by another proxy score (val top-1 against TSE: their
+    values are not comparable).  A study that records no score ranked by val top-1, the only score then."""
+    if "proxy" not in old_attrs or "proxy" not in attrs:
+        return
+    old, new = (a["proxy"].get("score", "accuracy") for a in (old_attrs, attrs))
+    if old != new:
+        raise SpecError.single(("--proxy-score",),
+                               f"study {name!r} in {url} ranks its candidates by {old}, this run by {new}: their "
+                               "values are not comparable", f"resume it with --proxy-score {old}, or use another "
+                               "--study-name (or --out)")
 
 
 # ----------------------------------------------------------------------------------- workers / zombies
