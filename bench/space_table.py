@@ -247,7 +247,9 @@ def write_meta(out: Path, protocol: dict, commit: str) -> None:
     meta_path = out.with_suffix(".meta.json")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     meta.update({"protocol": protocol, "protocol_id": protocol_id(protocol),
-                 "command": "nice -n 19 python bench/space_table.py --resume", "machine": machine()})
+                 "command": "nice -n 19 python bench/space_table.py --resume"})
+    # the machine of the rows that do not name one: the first tabulation's (later rows carry their own `machine`)
+    meta.setdefault("machine", machine())
     # the seeds whose mean is the reference (docs/search-works.md: the 3-seed mean reproduces itself); the oracle
     # answers only designs that hold all of them (archspec.search.oracle.OracleTable.seeds)
     meta.setdefault("reference_seeds", [0, 1, 2])
