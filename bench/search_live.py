@@ -1,6 +1,6 @@
 """The search against random sampling live: real ``archspec search`` runs, no oracle, scored on the table.
 
-    python bench/search_live.py --repeats 3 --budget 900            # 3 x (archspec default, random), 15 min each
+    python bench/search_live.py --repeats 3 --budget 540            # 3 x (archspec default, random), 9 min each
     python bench/search_live.py --repeats 3 --budget 900 --method "TPE, TSE proxy" --method "random sampling"
     python bench/search_live.py --rescore                           # again, once `missing` designs are tabulated
 
@@ -48,9 +48,14 @@ def _works():
 
 def command(method: str, out: Path, seed: int, budget: float, extra: list[str]) -> list[str]:
     """The ``archspec search`` command line of one run."""
+    # --proxy-threads: every run on every core.  Left to the command, a run that starts while the load average
+    # still shows the previous job trains on one thread (archspec.cli.search.idle_cores): on 2026-11-27 the first
+    # run, started a minute after a simulation ended, trained 25 candidates with 1 thread where its pair trained
+    # 36 with 2.
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return [sys.executable, "-m", "archspec", "search", "--space", "levit_small", "--data", "fashion-mnist",
             "--timeout", f"{budget:g}", "--trials", "100000", "--seed", str(seed), "--out", str(out),
-            "--no-progress", *METHODS[method], *extra]
+            "--no-progress", "--proxy-threads", str(threads), *METHODS[method], *extra]
 
 
 def score_run(run_dir: Path, truth, macs_budget: float) -> dict:
