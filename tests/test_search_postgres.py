@@ -79,8 +79,11 @@ def test_four_workers_share_a_postgres_study(postgres, space_file, tmp_path):
     # still training when killed:
     victim = _worker(space_file, tmp_path / "victim", postgres, 6, "--proxy-steps", "100000")
     deadline = time.monotonic() + 300  # a loaded 1-core CI run took over 120 s to reach its first trial
+    # wait for a trial that is training, not merely RUNNING: Optuna creates the trial before archspec records its
+    # worker, and a worker killed in between leaves a trial only the heartbeat (40 s) can fail (a loaded CI run)
     while time.monotonic() < deadline and not any(
-            t.state == RUNNING for t in study.get_trials()):
+            t.state == RUNNING and t.user_attrs.get("status") == "training" and "worker" in t.user_attrs
+            for t in study.get_trials()):
         time.sleep(0.2)
     victim.send_signal(signal.SIGKILL)
     victim.communicate(timeout=60)
