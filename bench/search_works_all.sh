@@ -34,7 +34,7 @@ for score in accuracy tse; do
     done
 done
 # the defaults' comparison at 20 trained candidates (docs/search-works.md, "The defaults"): 200 steps (the plot)
-# and 120.  GP is left out: Optuna's GPSampler took over an hour of one core for its 20 repeats on 150 designs
+# and 120.  GP is left out: a run with every method spent its last 30+ minutes in Optuna's GPSampler, unfinished
 # (`--methods "GP, TSE proxy"` runs it).
 AT_200=("random sampling" "random sampling, TSE proxy" "TPE, TSE proxy" "TPE, 10 start-up, TSE proxy"
         "NSGA-II, TSE proxy" "TPE, SynFlow rung")

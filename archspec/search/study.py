@@ -47,7 +47,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from archspec.errors import SpecError
-from archspec.search.config import SAMPLERS  # torch-free: the command line reads it too
+from archspec.search.config import DEFAULT_SAMPLER_STARTUP, SAMPLERS  # torch-free: the command line reads them too
 
 __all__ = [
     "StorageInfo", "check_storage", "resolve_storage", "open_study", "make_sampler", "SAMPLERS", "fail_zombie_trials",
@@ -339,7 +339,7 @@ def _rdb_storage(url: str, engine_kwargs: dict, heartbeat: int | None, attempts:
 
 
 def make_sampler(name: str, seed: int | None, n_objectives: int,
-                 n_startup_trials: int = 6) -> optuna.samplers.BaseSampler:
+                 n_startup_trials: int = DEFAULT_SAMPLER_STARTUP) -> optuna.samplers.BaseSampler:
     """An Optuna sampler by name, seeded for reproducible sampling.
 
     ``tpe``: multivariate TPE, multi-objective and constraint aware (Optuna reads the
