@@ -3,6 +3,7 @@
     python bench/search_live.py --repeats 3 --budget 540            # 3 x (archspec default, random), 9 min each
     python bench/search_live.py --repeats 3 --budget 900 --method "TPE, TSE proxy" --method "random sampling"
     python bench/search_live.py --rescore                           # again, once `missing` designs are tabulated
+    python bench/search_live.py --proxies --json runs/search_live.json  # the live proxies' own ranking, resampled
 
 Issue 32's live check: each method is the real command, ``archspec search --space levit_small --data
 fashion-mnist --timeout BUDGET --seed R`` with the method's options, on the whole machine (nothing else may run:
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,6 +96,93 @@ def rescore(path: Path, truth) -> int:
     return 0
 
 
+def live_trainings(doc: dict, truth) -> list[dict]:
+    """Every trained, non-reused trial of the runs ``doc`` lists (each distinct training once: a pair of runs with
+    the same seed trains the same designs the same way) whose design the table holds: its architecture key, val
+    top-1, minus its mean training loss (the TSE score), latency and steps."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    seen, out = set(), []
+    for rows in doc["results"].values():
+        for row in rows:
+            study = optuna.load_study(study_name=None, storage=f"sqlite:///{Path(row['run_dir']) / 'study.db'}")
+            for t in study.trials:
+                a = t.user_attrs
+                if (t.state != optuna.trial.TrialState.COMPLETE or "reused_from" in a or "loss_sum" not in a
+                        or a["arch_key"] not in truth.accuracy):
+                    continue
+                ident = (a["arch_key"], round(a["accuracy"], 6), round(a["loss_sum"], 6))
+                if ident not in seen:
+                    seen.add(ident)
+                    out.append({"key": a["arch_key"], "accuracy": a["accuracy"], "tse": -a["loss_sum"] / a["steps"],
+                                "steps": a["steps"]})
+    return out
+
+
+def proxy_report(path: Path, truth, trials: tuple[int, ...] = (20, 38), draws: int = 2000, seed: int = 0) -> dict:
+    """What the live proxies rank like: Kendall tau against the table's reference of each live training's val top-1,
+    its TSE score, #MACs and #params (pooled over every distinct training of the runs ``path`` lists), then a paired
+    resampling -- ``k`` designs drawn from those trained live, one live training of each, the front chosen by TSE
+    and by val top-1 from the same trainings, each scored like a run's front (hypervolume on the reference) -- and
+    the same resampling with the table's own proxies at the live step count (seed 0's curve, as the oracle answers
+    it) on the same designs: whether the live proxy behaves like the one the simulations measured."""
+    from scipy.stats import kendalltau
+
+    works = _works()
+    doc = json.loads(path.read_text())
+    runs = live_trainings(doc, truth)
+    reference = [truth.accuracy[r["key"]] for r in runs]
+    table_rows = truth.table.rows
+    out = {"trainings": len(runs), "designs": len({r["key"] for r in runs}), "tau": {}}
+    for name, values in (("val top-1", [r["accuracy"] for r in runs]), ("TSE", [r["tse"] for r in runs]),
+                         ("#MACs", [truth.macs[r["key"]] for r in runs]),
+                         ("#params", [table_rows[r["key"]][truth.table.seeds[0]]["n_params"] for r in runs])):
+        tau, p = kendalltau(values, reference)
+        out["tau"][name] = {"tau": float(tau), "p": float(p)}
+    by_key: dict[str, list[dict]] = {}
+    for r in runs:
+        by_key.setdefault(r["key"], []).append(r)
+    keys = sorted(by_key)
+    steps = runs[0]["steps"]
+    table_proxy = {score: {k: works.proxy_value(table_rows[k][truth.table.seeds[0]], score, steps) for k in keys}
+                   for score in ("accuracy", "tse")}
+    rng = np.random.default_rng(seed)
+    out["resampled"] = {}
+    for k in trials:
+        k = min(k, len(keys))
+        got: dict[str, list[float]] = {}
+        for _ in range(draws):
+            chosen = list(rng.choice(keys, size=k, replace=False))
+            pick = {key: by_key[key][rng.integers(len(by_key[key]))] for key in chosen}
+            live = {score: {key: pick[key][score] for key in chosen} for score in ("accuracy", "tse")}
+            for cost in ("latency", "macs"):
+                for source, proxies in (("live", live), ("table", table_proxy)):
+                    for score in ("accuracy", "tse"):
+                        got.setdefault(f"{source} {score} {cost}", []).append(
+                            works.reported_hv(truth, chosen, proxies[score], cost))
+        out["resampled"][k] = {name: float(np.median(v)) for name, v in got.items()}
+        for cost in ("latency", "macs"):
+            for source in ("live", "table"):
+                tse, acc = got[f"{source} tse {cost}"], got[f"{source} accuracy {cost}"]
+                out["resampled"][k][f"{source} tse beats accuracy {cost}"] = float(
+                    np.mean([a > b for a, b in zip(tse, acc)]))
+    return out
+
+
+def print_proxy_report(out: dict) -> None:
+    print(f"{out['trainings']} distinct live trainings of {out['designs']} tabulated designs")
+    for name, v in out["tau"].items():
+        print(f"  Kendall tau against the reference: {name:10s} {v['tau']:.3f} (p {v['p']:.1g})")
+    for k, row in out["resampled"].items():
+        print(f"  {k} designs drawn from those trained live (median HV; share of draws where TSE's front is larger):")
+        for source in ("live", "table"):
+            for cost in ("latency", "macs"):
+                print(f"    {source:5s} proxies, {cost:7s}: TSE {row[f'{source} tse {cost}']:.3f}, val top-1 "
+                      f"{row[f'{source} accuracy {cost}']:.3f}; TSE larger in "
+                      f"{row[f'{source} tse beats accuracy {cost}']:.0%}")
+
+
 def report(results: dict[str, list[dict]]) -> None:
     """Per cost plane, in how many repeats the first method's front beats the second's."""
     methods = list(results)
@@ -118,6 +208,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rescore", action="store_true",
                         help="run nothing: score the runs --json lists again on the table as it is now (after "
                              "tabulating their missing designs)")
+    parser.add_argument("--proxies", action="store_true",
+                        help="run nothing: how the live proxies (val top-1, TSE) of the runs --json lists rank "
+                             "designs, against the table's proxies on the same designs")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                         help="further archspec search options for every run (e.g. --max-images 2000)")
     args = parser.parse_args(argv)
@@ -126,6 +219,9 @@ def main(argv=None) -> int:
     truth = _works().Truth(load_table("levit_small"))
     if args.rescore:
         return rescore(Path(args.json), truth)
+    if args.proxies:
+        print_proxy_report(proxy_report(Path(args.json), truth))
+        return 0
     methods = args.method or ["archspec default", "random sampling"]
     results: dict[str, list[dict]] = {m: [] for m in methods}
     for seed in range(args.repeats):

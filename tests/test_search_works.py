@@ -4,6 +4,7 @@ anytime look-up that the search-vs-random comparison rests on."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,47 @@ def test_a_simulation_reads_a_snapshot_of_the_table_not_the_file_being_merged(wo
     copy = Path(works.snapshot_table("levit_small", shipped))  # a shipped table by name, with both sidecars
     assert copy.read_bytes() == (TABLES_DIR / "levit_small.jsonl").read_bytes()
     assert (shipped / "levit_small.latency.json").read_bytes() == (TABLES_DIR / "levit_small.latency.json").read_bytes()
+
+
+def test_the_live_proxies_rank_and_resample_by_hand(tmp_path):
+    """bench/search_live.py --proxies: designs A, B, C (reference 0.7 / 0.8 / 0.9, MACs 10 / 20 / 30, 1 / 2 / 3 ms;
+    D, 0.6 at 40 MACs and 4 ms, widens the bounds and is not trained live).  Live val top-1 0.5 / 0.6 / 0.4 ranks
+    them at tau (1 - 2) / 3; TSE -1.0 / -0.9 / -0.8 at tau 1.  Scaled to the bounds (0.6..0.9, 1..4 ms) A is
+    (2/3, 0), B (1/3, 1/3), C (0, 2/3): TSE's front is all three, 1/9 + 2/9 + 3/9 = 2/3; val top-1 drops C (B is
+    faster and scores higher), 2/9 + 3/9 = 5/9 -- the same in MACs.  The second run's copy of A's training, a
+    reused trial and a design the table lacks are not counted; the table's proxies equal the live ones here."""
+    import optuna
+
+    from archspec.search.oracle import OracleTable
+
+    spec = importlib.util.spec_from_file_location("search_live", ROOT / "bench" / "search_live.py")
+    live = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(live)
+    works = live._works()
+    trained = {"A": (0.7, 10, 1.0, 0.5, 120.0), "B": (0.8, 20, 2.0, 0.6, 108.0), "C": (0.9, 30, 3.0, 0.4, 96.0)}
+    rows = {k: {0: {"final_accuracy": acc, "macs": macs, "n_params": macs, "curve": [[120, top1, 0.0]],
+                    "tse": [[120, loss_sum, 0.0]]}} for k, (acc, macs, _, top1, loss_sum) in trained.items()}
+    rows["D"] = {0: {"final_accuracy": 0.6, "macs": 40, "n_params": 40, "curve": [[120, 0.1, 0]], "tse": [[120, 1, 0]]}}
+    truth = works.Truth(OracleTable(file="t", space="s", rows=rows, meta={"reference_seeds": [0]},
+                                    latency_ms={"A": 1.0, "B": 2.0, "C": 3.0, "D": 4.0}))
+    runs = []
+    for run, keys in (("r0", ["A", "B", "C", "E"]), ("r1", ["A"])):
+        study = optuna.create_study(storage=f"sqlite:///{tmp_path / run}.db", directions=["maximize", "minimize"])
+        for key in keys:
+            _, macs, ms, top1, loss_sum = trained.get(key, (0, 5, 0.5, 0.99, 1.0))
+            attrs = {"arch_key": key, "accuracy": top1, "loss_sum": loss_sum, "steps": 120, "latency_ms": ms}
+            study.add_trial(optuna.trial.create_trial(values=[top1, ms], user_attrs=attrs))
+        study.add_trial(optuna.trial.create_trial(values=[0.4, 3.0], user_attrs={**attrs, "reused_from": 0}))
+        (tmp_path / run).mkdir()
+        (tmp_path / f"{run}.db").rename(tmp_path / run / "study.db")
+        runs.append({"run_dir": str(tmp_path / run)})
+    (tmp_path / "live.json").write_text(json.dumps({"results": {"m": runs}}))
+    got = live.proxy_report(tmp_path / "live.json", truth, trials=(3,), draws=5)
+    assert (got["trainings"], got["designs"]) == (3, 3)
+    assert got["tau"]["val top-1"]["tau"] == pytest.approx(-1 / 3) and got["tau"]["TSE"]["tau"] == pytest.approx(1)
+    row = got["resampled"][3]
+    for source in ("live", "table"):
+        for cost in ("latency", "macs"):
+            assert row[f"{source} tse {cost}"] == pytest.approx(2 / 3)
+            assert row[f"{source} accuracy {cost}"] == pytest.approx(5 / 9)
+            assert row[f"{source} tse beats accuracy {cost}"] == 1.0
