@@ -257,6 +257,23 @@ def test_proxy_threads_default_to_the_idle_cores(monkeypatch):
     assert search_cli.idle_cores() == 1  # never fewer than one
 
 
+def test_running_others_is_the_median_look_so_a_blip_is_not_a_busy_core():
+    """/proc/loadavg's 4th field is runnable/total tasks, this process among them.  One busy job (2 runnable) in
+    every look is one core busy; a process that runs in one look of five (3 runnable once) is not a second; an
+    unreadable file counts as every core busy."""
+    from archspec.cli import search as search_cli
+
+    def looks(*running):
+        lines = iter(f"0.5 0.4 0.3 {r}/300 4242" for r in running)
+        return lambda: next(lines)
+
+    assert search_cli._running_others(read=looks(2, 2, 2, 2, 2)) == 1
+    assert search_cli._running_others(read=looks(2, 3, 2, 2, 2)) == 1
+    assert search_cli._running_others(read=looks(1, 1, 2, 1, 1)) == 0
+    assert search_cli._running_others(read=looks(3, 3, 1, 3, 3)) == 2
+    assert search_cli._running_others(read=lambda: "garbage") == 1 << 30
+
+
 @pytest.mark.slow
 def test_masks_als_says_when_no_layer_became_local_and_shows_progress(mait_file, tmp_path, capsys):
     """MaiT's rule removes every mask when no head reaches the ALS threshold: the run must say so (summary note,

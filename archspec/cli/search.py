@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def idle_cores() -> int:
     """:func:`usable_cores` less the cores other processes keep busy, at least 1.
 
     Busy cores: the 1-minute load average, unless the count of runnable processes (``/proc/loadavg``, the
-    most of 5 looks 20 ms apart, this one left out) says fewer run now -- the average lags a job that has
+    median of 5 looks 20 ms apart, this one left out) says fewer run now -- the average lags a job that has
     just ended by minutes.  The proxy's default thread count: one training at a time on every idle core.
     On the idle 2-core machine a 60-step proxy took 40 s with 2 threads against 68 s with 1, but beside one
     busy process (even niced) 2 OpenMP threads busy-wait for the core they do not get, and the bare search
@@ -52,20 +53,30 @@ def idle_cores() -> int:
     return max(usable_cores() - min(busy, _running_others()), 1)
 
 
-def _running_others(looks: int = 5) -> int:
-    """Other processes runnable now (Linux ``/proc/loadavg``); a large number where it cannot be read."""
+def _read_loadavg() -> str:
+    return Path("/proc/loadavg").read_text()
+
+
+def _running_others(looks: int = 5, read: Callable[[], str] = _read_loadavg) -> int:
+    """Other processes runnable now (Linux ``/proc/loadavg``, this one left out): the median of ``looks`` looks
+    20 ms apart; a large number where it cannot be read.
+
+    The median, not the most: a CPU-bound job is runnable in every look, while a process that runs for a moment
+    (a kernel worker, a shell, ``git``) shows in one.  Counted as a busy core, such a blip right after a job ended
+    -- when the load average still reports that job -- made a live search train on one of two idle cores
+    (bench/search_live.py, 2026-11-27)."""
     import time
 
-    most = 0
+    seen = []
     for i in range(looks):
         try:
-            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+            running = int(read().split()[3].split("/")[0])
         except (OSError, ValueError, IndexError):
             return 1 << 30
-        most = max(most, running - 1)
+        seen.append(max(running - 1, 0))
         if i + 1 < looks:
             time.sleep(0.02)
-    return most
+    return sorted(seen)[len(seen) // 2]
 
 
 SEARCH_DESCRIPTION = """\
