@@ -81,6 +81,10 @@ def score_run(run_dir: Path, truth, macs_budget: float) -> dict:
         out[f"hv_{cost}"] = works.hypervolume_2d([truth.normalised(k, cost) for k in known], (1.0, 1.0))
     under = [(score, k) for score, _, k in trained if k in truth.accuracy and truth.macs[k] <= macs_budget]
     out["best_under_budget"] = truth.accuracy[max(under)[1]] if under else None
+    seeds = truth.finals[max(under)[1]] if under else None
+    hand = works.hand_summary(truth, macs_budget).get("best_under_budget_seeds")
+    # resolvably below the best hand design under the budget (Welch, one-sided, p < 0.05), or None
+    out["best_under_budget_below_hand"] = works.below(seeds, hand) if seeds and hand else None
     return out
 
 

@@ -80,6 +80,18 @@ def test_hand_designs_front_by_hand(works):
     got = works.hand_summary(truth, macs_budget=25)
     assert got["hv_macs"] == pytest.approx(4 / 9) and got["hv_latency"] == pytest.approx(4 / 9)
     assert got["best_under_budget"] == 0.7 and got["designs"]["DeiT-like"]["macs"] == 30
+    assert got["best_under_budget_seeds"] == [0.7]  # A's per-seed finals, for the Welch test against a search's best
+
+
+def test_below_the_hand_design_is_welchs_one_sided_test(works):
+    """Means 0.775 against 0.795, each of three seeds with SD 0.005: t = -0.02 / sqrt(2 * 0.005**2 / 3) = -4.9 on
+    4 degrees of freedom, p about 0.004 -- below.  The same design, or one 0.001 lower with the hand design's own
+    spread (t -0.16), is not; nor is a design above the hand design."""
+    hand = [0.790, 0.795, 0.800]
+    assert works.below([0.770, 0.775, 0.780], hand)
+    assert not works.below(hand, hand)
+    assert not works.below([0.789, 0.794, 0.799], hand)
+    assert not works.below([0.80, 0.81, 0.82], hand)
 
 
 def test_headroom_by_hand(works):
