@@ -51,10 +51,10 @@ def _works():
 
 def command(method: str, out: Path, seed: int, budget: float, extra: list[str]) -> list[str]:
     """The ``archspec search`` command line of one run."""
-    # --proxy-threads: every run on every core.  Left to the command, a run that starts while the load average
-    # still shows the previous job trains on one thread (archspec.cli.search.idle_cores): on 2026-11-27 the first
-    # run, started a minute after a simulation ended, trained 25 candidates with 1 thread where its pair trained
-    # 36 with 2.
+    # --proxy-threads: every run on every core, whatever the command would read off the machine.  Before 636c991
+    # a run that started while the load average still showed the previous job could train on one thread
+    # (archspec.cli.search.idle_cores counted a momentary process as a busy core): on 2026-11-27 the first run,
+    # started a minute after a simulation ended, trained 25 candidates with 1 thread where its pair trained 36.
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return [sys.executable, "-m", "archspec", "search", "--space", "levit_small", "--data", "fashion-mnist",
             "--timeout", f"{budget:g}", "--trials", "100000", "--seed", str(seed), "--out", str(out),
