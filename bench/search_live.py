@@ -136,6 +136,8 @@ def proxy_report(path: Path, truth, trials: tuple[int, ...] = (20, 38), draws: i
     works = _works()
     doc = json.loads(path.read_text())
     runs = live_trainings(doc, truth)
+    if not runs:
+        raise SystemExit(f"{path}: no trained design of its runs is in the table yet")
     reference = [truth.accuracy[r["key"]] for r in runs]
     table_rows = truth.table.rows
     out = {"trainings": len(runs), "designs": len({r["key"] for r in runs}), "tau": {}}
