@@ -27,6 +27,7 @@ from archspec.cli.common import (
 )
 from archspec.cli.deploy import add_build_options, add_export_parser
 from archspec.cli.search import add_search_parser
+from archspec.cli.table import add_table_parser
 from archspec.cli.train import add_train_parser
 from archspec.cli.transfer import add_transfer_parsers
 from archspec.deploy import build as deploy_build
@@ -74,6 +75,7 @@ def make_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="the shipped specs, with params and MACs")
     _add_schema_parser(sub)
     add_search_parser(sub)
+    add_table_parser(sub)
     add_train_parser(sub)
     add_transfer_parsers(sub)  # two-phase and tcnn (each sets its own handler)
     add_export_parser(sub)

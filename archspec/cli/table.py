@@ -1,0 +1,139 @@
+"""``archspec table SPACE``: tabulate a finite search space on an Optuna storage (:mod:`archspec.search.tabulate`).
+
+    archspec table mait_small --designs 24 --seeds 0 1 2 3 4 5    # the seed check's 24 points, six seeds each
+    archspec table mait_small --report                              # seed-to-seed Kendall tau of what is trained
+    archspec table mait_small                                       # every point, seeds 0 1 2 (resumes)
+    archspec table mait_small --export mait_small.jsonl             # the table --oracle reads
+
+Any number of ``archspec table`` processes on one ``--storage`` share the work (a journal file on one machine,
+PostgreSQL across machines).  Exit status: 0 ok (also when nothing was left to train), 2 bad input, 130
+interrupted (the pair in progress is trained again by the next worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from archspec.errors import Problem, SpecError
+
+__all__ = ["add_table_parser", "cmd_table"]
+
+# command-line flag -> protocol field (archspec.search.tabulate.REFERENCE_PROTOCOL); their defaults are the
+# reference protocol's, so they are None here and only what the user sets changes it
+_PROTOCOL_FLAGS = {"data": "data", "train_images": "train_images", "steps": "steps", "warmup_steps": "warmup_steps",
+                   "batch_size": "batch_size", "lr": "lr", "weight_decay": "weight_decay",
+                   "augmentation": "augmentation", "curve_steps": "curve_steps", "threads": "threads"}
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"a seed must be in 0..4294967295, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_table_parser(sub) -> None:
+    """Register ``archspec table`` (torch-free: the parser is built for every command)."""
+    p = sub.add_parser("table", help="tabulate a finite search space (every point, every seed) on an Optuna storage",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("space", metavar="SPACE", help="a shipped space (levit_small, mait_small) or a space YAML file")
+    p.add_argument("--seeds", type=_seed, nargs="+", default=[0, 1, 2],
+                   help="seeds of every point (default 0 1 2: the 3-seed mean is the reference)")
+    p.add_argument("--designs", type=_positive, default=None, metavar="N",
+                   help="only the first N points of the fixed order (a seeded random draw; the seed check: 24)")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage: journal:PATH (default journal:runs/tables/SPACE.journal), sqlite:///PATH, "
+                        "postgresql://... (workers on several machines)")
+    p.add_argument("--max-pairs", type=_positive, default=None, metavar="N", help="stop after training N pairs")
+    p.add_argument("--export", default=None, metavar="FILE",
+                   help="write the trained rows as FILE (.jsonl) and its .meta.json sidecar (what --oracle reads), "
+                        "then stop")
+    p.add_argument("--import", dest="import_table", default=None, metavar="FILE",
+                   help="put an existing table file's rows into the study (once), then stop")
+    p.add_argument("--report", action="store_true",
+                   help="print the seed check (Kendall tau between seeds and between 3-seed means), then stop")
+    proto = p.add_argument_group("protocol (default: the reference protocol, docs/search-works.md)")
+    proto.add_argument("--data", default=None, help="data set (default fashion-mnist)")
+    proto.add_argument("--train-images", type=_positive, default=None, help="class-stratified training subset")
+    proto.add_argument("--steps", type=_positive, default=None, help="training steps (default 938)")
+    proto.add_argument("--warmup-steps", type=_positive, default=None, help="linear warm-up steps (default 47)")
+    proto.add_argument("--batch-size", type=_positive, default=None, help="batch size (default 64)")
+    proto.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 2e-3)")
+    proto.add_argument("--weight-decay", type=float, default=None, help="weight decay (default 0.05)")
+    proto.add_argument("--augmentation", default=None, help="augmentation (default flip+crop)")
+    proto.add_argument("--curve-steps", type=_positive, nargs="+", default=None,
+                       help="steps of the learning curve, the last = --steps (default 25 50 100 200 400 800 938)")
+    proto.add_argument("--threads", type=_positive, default=None, help="torch threads per worker (default 1)")
+    p.set_defaults(handler=cmd_table)
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    """Run ``archspec table``; returns the exit status.  Raises SpecError for bad input (the CLI prints it, 2),
+    naming the flag where the library names a protocol field."""
+    try:
+        return _run(args)
+    except SpecError as exc:
+        raise SpecError([_as_flag(p) for p in exc.problems]) from None
+
+
+def _as_flag(problem: Problem) -> Problem:
+    """A problem at ``protocol.<field>`` named by its flag (``--curve-steps``)."""
+    path = tuple(problem.path)
+    if len(path) == 2 and path[0] == "protocol" and path[1] in _PROTOCOL_FLAGS.values():
+        return Problem((f"--{str(path[1]).replace('_', '-')}",), problem.message, problem.hint, problem.file,
+                       problem.line, problem.column)
+    return problem
+
+
+def _run(args: argparse.Namespace) -> int:
+    from archspec.search import tabulate as tab
+
+    space = tab.load_space(args.space)
+    overrides = {field: getattr(args, flag) for flag, field in _PROTOCOL_FLAGS.items()}
+    protocol = tab.table_protocol(space, **overrides)
+    if sum(bool(x) for x in (args.export, args.import_table, args.report)) > 1:
+        raise SpecError.single(("--export",), "--export, --import and --report are separate steps: give one")
+    if args.export:
+        path, n = tab.export_table(space, args.export, storage=args.storage, protocol=protocol,
+                                   command=_command(args))
+        print(f"wrote {n} rows to {path} (and {path.with_suffix('.meta.json').name})")
+        return 0
+    if args.import_table:
+        n = tab.import_table(space, args.import_table, storage=args.storage, protocol=protocol)
+        print(f"imported {n} rows of {args.import_table}")
+        return 0
+    if args.report:
+        print(json.dumps(tab.seed_check(tab.study_rows(space, args.storage, protocol)), indent=1))
+        return 0
+    progress = tab.tabulate(space, seeds=args.seeds, designs=args.designs, storage=args.storage, protocol=protocol,
+                            max_pairs=args.max_pairs, log=lambda line: print(line, flush=True))
+    print(f"trained {progress.trained} pairs here ({progress.failed} failed); {progress.left} of "
+          f"{progress.wanted} left" + (f"; gave up on {len(progress.given_up)} pairs that failed twice"
+                                       if progress.given_up else ""))
+    return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The tabulating command, for the sidecar (the options that change what is trained)."""
+    parts = ["archspec table", args.space]
+    if args.storage:
+        parts += ["--storage", args.storage]
+    for flag in _PROTOCOL_FLAGS:
+        value = getattr(args, flag)
+        if value is not None:
+            parts += [f"--{flag.replace('_', '-')}"] + [str(v) for v in (value if isinstance(value, list) else [value])]
+    return " ".join(parts)

@@ -1,0 +1,206 @@
+"""``archspec table`` (issue 52): workers on one Optuna storage share the pairs, a killed worker's pair is trained
+again, a protocol mismatch is refused before anything is written, export writes exactly the study's rows, and the
+shipped levit_small table goes through the study byte for byte.
+
+The workers are real processes on a journal file; their training is a stand-in that sleeps and returns a fixed
+row (what is tested is who trains which pair, not the training: that is tests/test_search_table.py's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from archspec.errors import SpecError
+from archspec.search.oracle import TABLES_DIR, load_table
+from archspec.search.space import load_space
+from archspec.search.tabulate import (
+    export_table,
+    import_table,
+    ordered_points,
+    protocol_id,
+    study_rows,
+    table_protocol,
+    tabulate,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS, DESIGNS = (0, 1), 3
+
+WORKER = textwrap.dedent("""
+    import sys, time
+    from archspec.search.space import load_space
+    from archspec.search.tabulate import table_protocol, tabulate
+
+    storage, delay, block_first = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
+    space = load_space("mait_small")
+    calls = []
+
+    def train(spec, seed):
+        calls.append(seed)
+        time.sleep(600 if block_first and len(calls) == 1 else delay)
+        return {"zc": {"naswot": 1.0}, "zc_seconds": {"naswot": 0.0}, "curve": [[10, 0.5, 1.0], [20, 0.6, 0.9]],
+                "tse": [[10, 5.0, 0.1], [20, 9.0, 0.2]], "final_accuracy": 0.6 + seed / 100, "final_val_loss": 0.9,
+                "train_seconds": 0.2, "eval_seconds": 0.0}
+
+    protocol = table_protocol(space, steps=20, curve_steps=[10, 20], warmup_steps=2)
+    tabulate(space, seeds=(0, 1), designs=3, storage=storage, protocol=protocol, train=train, log=lambda s: None)
+""")
+
+
+@pytest.fixture(scope="module")
+def space():
+    return load_space("mait_small")
+
+
+@pytest.fixture(scope="module")
+def protocol(space):
+    return table_protocol(space, steps=20, curve_steps=[10, 20], warmup_steps=2)
+
+
+def _worker(storage: str, delay: float = 0.05, block_first: bool = False) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WORKER, storage, str(delay), "1" if block_first else "0"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _trials(storage: str):
+    study = optuna.load_study(study_name="table.mait_small", storage=_storage(storage))
+    return study.get_trials(deepcopy=False)
+
+
+def _storage(url: str):
+    from archspec.search.study import resolve_storage
+
+    return resolve_storage(url).storage
+
+
+def _wanted(space) -> set:
+    from archspec.search.latency import architecture_key
+
+    return {(architecture_key(spec), s) for _, _, spec in ordered_points(space)[:DESIGNS] for s in SEEDS}
+
+
+def _trained(trials) -> list:
+    done = optuna.trial.TrialState.COMPLETE
+    return [(t.user_attrs["key"], t.user_attrs["seed"]) for t in trials if t.state == done]
+
+
+@pytest.mark.slow  # real worker processes (a few seconds of imports each)
+def test_two_workers_on_one_storage_never_train_the_same_pair(tmp_path, space):
+    url = f"journal:{tmp_path / 't.journal'}"
+    workers = [_worker(url, delay=0.3) for _ in range(2)]
+    for w in workers:
+        assert w.wait(timeout=180) == 0, w.stderr.read()
+    trials = _trials(url)
+    trained = _trained(trials)
+    assert sorted(trained) == sorted(_wanted(space))  # every pair once, none twice
+    pids = {t.user_attrs["worker"]["pid"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE}
+    assert len(pids) == 2  # both took pairs (6 pairs of 0.3 s against one process's start-up)
+
+
+@pytest.mark.slow  # real worker processes (a few seconds of imports each)
+def test_a_worker_killed_mid_pair_loses_only_that_pair_and_another_retrains_it(tmp_path, space):
+    url = f"journal:{tmp_path / 't.journal'}"
+    victim = _worker(url, block_first=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until it is training its first pair
+        running = [t for t in _trials(url) if t.state == optuna.trial.TrialState.RUNNING
+                   and t.user_attrs.get("status") == "training"] if (tmp_path / "t.journal").exists() else []
+        if running:
+            break
+        time.sleep(0.2)
+    assert running, "the worker never started training"
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    survivor = _worker(url)
+    assert survivor.wait(timeout=180) == 0, survivor.stderr.read()
+    trials = _trials(url)
+    assert sorted(_trained(trials)) == sorted(_wanted(space))
+    killed = [t for t in trials if t.number == running[0].number][0]
+    assert killed.state == optuna.trial.TrialState.FAIL and "died" in killed.user_attrs["fail_reason"]
+    rows = study_rows(space, url, table_protocol(space, steps=20, curve_steps=[10, 20], warmup_steps=2))
+    assert sorted((r["key"], r["seed"]) for r in rows) == sorted(_wanted(space))
+
+
+def _fake(spec, seed):
+    return {"zc": {"naswot": 1.0}, "zc_seconds": {}, "curve": [[10, 0.5, 1.0], [20, 0.6, 0.9]],
+            "tse": [[10, 5.0, 0.1], [20, 9.0, 0.2]], "final_accuracy": 0.6, "final_val_loss": 0.9,
+            "train_seconds": 0.2, "eval_seconds": 0.0}
+
+
+def test_a_protocol_mismatch_is_refused_before_anything_is_written(tmp_path, space, protocol):
+    url = f"journal:{tmp_path / 't.journal'}"
+    tabulate(space, seeds=(0,), designs=1, storage=url, protocol=protocol, train=_fake, log=lambda s: None)
+    before = (tmp_path / "t.journal").read_bytes()
+    other = table_protocol(space, steps=40, curve_steps=[10, 40], warmup_steps=2)
+    with pytest.raises(SpecError, match=r"another protocol \(fields curve_steps, steps differ"):
+        tabulate(space, seeds=(0, 1), designs=2, storage=url, protocol=other, train=_fake, log=lambda s: None)
+    assert (tmp_path / "t.journal").read_bytes() == before
+
+
+@pytest.mark.slow  # real worker processes (a few seconds of imports each)
+def test_the_cli_refuses_a_mismatch_with_exit_2_naming_the_fields(tmp_path, space, protocol):
+    url = f"journal:{tmp_path / 't.journal'}"
+    tabulate(space, seeds=(0,), designs=1, storage=url, protocol=protocol, train=_fake, log=lambda s: None)
+    before = (tmp_path / "t.journal").read_bytes()
+    out = subprocess.run([sys.executable, "-m", "archspec", "table", "mait_small", "--storage", url, "--designs", "1",
+                          "--steps", "30", "--curve-steps", "10", "30"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "steps 20 there, 30 here" in out.stderr and str(tmp_path) in out.stderr
+    assert (tmp_path / "t.journal").read_bytes() == before
+
+
+def test_export_writes_exactly_the_rows_of_the_study_and_the_oracle_reads_them(tmp_path, space, protocol):
+    url = f"journal:{tmp_path / 't.journal'}"
+    tabulate(space, seeds=SEEDS, designs=DESIGNS, storage=url, protocol=protocol, train=_fake, log=lambda s: None)
+    path, n = export_table(space, tmp_path / "m.jsonl", storage=url, protocol=protocol)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert n == len(rows) == DESIGNS * len(SEEDS) and rows == study_rows(space, url, protocol)
+    assert {r["protocol_id"] for r in rows} == {protocol_id(protocol)}
+    meta = json.loads(path.with_suffix(".meta.json").read_text())
+    assert meta["protocol"] == protocol and meta["reference_seeds"] == [0, 1, 2]
+    table = load_table(path)
+    assert len(table.rows) == DESIGNS and table.meta["protocol_id"] == protocol_id(protocol)
+
+
+def test_export_never_overwrites_a_file_archspec_did_not_write(tmp_path, space, protocol):
+    url = f"journal:{tmp_path / 't.journal'}"
+    tabulate(space, seeds=(0,), designs=1, storage=url, protocol=protocol, train=_fake, log=lambda s: None)
+    mine = tmp_path / "notes.jsonl"
+    mine.write_text("my own notes\n")
+    with pytest.raises(SpecError, match="not a table of this protocol"):
+        export_table(space, mine, storage=url, protocol=protocol)
+    assert mine.read_text() == "my own notes\n"
+
+
+def test_the_shipped_levit_small_table_goes_through_a_study_byte_for_byte(tmp_path):
+    shipped = TABLES_DIR / "levit_small.jsonl"
+    copy = tmp_path / "in" / "levit_small.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(shipped.read_bytes())
+    (copy.with_suffix(".meta.json")).write_bytes(shipped.with_suffix(".meta.json").read_bytes())
+    url = f"journal:{tmp_path / 'l.journal'}"
+    space = load_space("levit_small")
+    protocol = table_protocol(space)
+    assert protocol_id(protocol) == json.loads(shipped.with_suffix(".meta.json").read_text())["protocol_id"]
+    assert import_table(space, copy, storage=url) == len(copy.read_text().splitlines())
+    assert import_table(space, copy, storage=url) == 0  # once only
+    path, _ = export_table(space, tmp_path / "out" / "levit_small.jsonl", storage=url)
+    assert path.read_bytes() == copy.read_bytes()
+
+
+def test_the_seed_check_order_is_a_random_draw_then_the_named_points(space):
+    order = ordered_points(space)
+    assert len(order) == 64 == len({tuple(p.items()) for _, p, _ in order})
+    named = {(0, 0, 0), (3, 3, 3), (1, 1, 1), (2, 1, 0)}  # none, every head, Sch.1-like, Sch.2-like
+    head = {tuple(p.values()) for _, p, _ in order[:24]}
+    after = [tuple(p.values()) for _, p, _ in order[24:24 + len(named - head)]]
+    assert set(after) == named - head  # the named points the random draw missed come right after it
