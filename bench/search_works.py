@@ -199,12 +199,25 @@ class Truth:
         return {by[s]["hand"]: key for key, by in self.table.rows.items() if key in self.accuracy
                 for s in self.table.seeds[:1] if by[s].get("hand")}
 
-    def normalised(self, key: str, cost: str) -> tuple[float, float]:
-        """``(1 - accuracy, cost)`` scaled so the table spans [0, 1] on both: both minimised."""
+    def held_out_finals(self, key: str, answered: int | None) -> list[float]:
+        """The design's final accuracies on the reference seeds other than ``answered`` (the table seed whose row
+        answered the search's proxy, trial attribute ``oracle_seed``): the only seeds a leak-free score may read
+        (issue 54: scored on the seed that answered, the proxy's own noise counts as skill).  ``None``: all."""
+        seeds = self.table.seeds
+        return [v for s, v in zip(seeds, self.finals[key]) if s != answered] or self.finals[key]
+
+    def held_out(self, key: str, answered: int | None) -> float:
+        """Mean of :meth:`held_out_finals`: the design's reference accuracy as a leak-free score reads it."""
+        return float(np.mean(self.held_out_finals(key, answered)))
+
+    def normalised(self, key: str, cost: str, accuracy: float | None = None) -> tuple[float, float]:
+        """``(1 - accuracy, cost)`` scaled so the table spans [0, 1] on both: both minimised.  ``accuracy``: the
+        design's score (default: its reference accuracy over every seed)."""
         lo, hi = self.bounds["accuracy"]
         clo, chi = self.bounds[cost]
         value = self.macs[key] if cost == "macs" else self.latency[key]
-        return (1 - (self.accuracy[key] - lo) / (hi - lo), (value - clo) / (chi - clo))
+        acc = self.accuracy[key] if accuracy is None else accuracy
+        return (1 - (acc - lo) / (hi - lo), (value - clo) / (chi - clo))
 
     def trial_cost(self, trial, seed: int, steps: int) -> float:
         """Simulated CPU seconds a trial spent: the table's training seconds up to the step it reached (the
@@ -219,47 +232,53 @@ class Truth:
         reached = steps if ua.get("status") == "trained" else max(map(int, ua.get("rungs", {}) or {"0": 0}))
         if reached:
             by = self.table.rows[key]
-            row = by.get(self.table.seeds[seed % len(self.table.seeds)], next(iter(by.values())))
+            row = by.get(ua.get("oracle_seed"), next(iter(by.values())))  # the row that answered this trial
             cost += _linear([(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]], reached)
         return cost
 
 
 def trace(study, truth: Truth, seed: int, steps: int, macs_budget: float) -> list[dict]:
     """The search as it went, one entry per finished trial: cumulative simulated seconds, trained count, and
-    the front it would report then (Pareto by proxy accuracy and latency), scored on the table's reference:
-    hypervolume in (accuracy, latency) and (accuracy, MACs), and the reference accuracy of the best design
+    the front it would report then (Pareto by proxy accuracy and latency), scored leak-free on the table's
+    reference -- each design on the reference seeds that did not answer its proxy (:meth:`Truth.held_out`):
+    hypervolume in (accuracy, latency) and (accuracy, MACs), and the held-out accuracy of the best design
     (by proxy) under ``macs_budget``."""
     import optuna
 
-    out, seconds, trained = [], 0.0, []
+    out, seconds, trained, answered = [], 0.0, [], {}
     for t in sorted(study.trials, key=lambda t: t.number):
         seconds += truth.trial_cost(t, seed, steps)
         if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("status") in ("trained", "reused"):
             if "reused_from" not in t.user_attrs:
-                trained.append((t.values[0], t.user_attrs.get("latency_ms", 0.0), t.user_attrs["arch_key"]))
+                key = t.user_attrs["arch_key"]
+                trained.append((t.values[0], t.user_attrs.get("latency_ms", 0.0), key))
+                answered[key] = t.user_attrs.get("oracle_seed")
         front = pareto(trained)
         row = {"trial": t.number, "seconds": seconds, "trained": len(trained)}
         for cost in ("latency", "macs"):
-            pts = [truth.normalised(k, cost) for k in front] if (cost == "macs" or truth.latency) else []
+            pts = ([truth.normalised(k, cost, truth.held_out(k, answered[k])) for k in front]
+                   if (cost == "macs" or truth.latency) else [])
             row[f"hv_{cost}"] = hypervolume_2d(pts, (1.0, 1.0)) if pts else 0.0
         under = [(acc, k) for acc, _, k in trained if truth.macs[k] <= macs_budget]
-        row["best_under_budget"] = truth.accuracy[max(under)[1]] if under else None
-        row["best_under_budget_seeds"] = truth.finals[max(under)[1]] if under else None
+        best = max(under)[1] if under else None
+        row["best_under_budget"] = truth.held_out(best, answered[best]) if under else None
+        row["best_under_budget_seeds"] = truth.held_out_finals(best, answered[best]) if under else None
         out.append(row)
     return out
 
 
 def simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget: float,
-             methods: dict | None = None, objective: str = "pareto") -> dict:
-    """Every method, ``repeats`` times (seeds 0..repeats-1), each a real ``archspec search --oracle
-    --oracle-subset`` of ``trials`` trained candidates with ``steps``-step proxies, on an in-memory storage: their
-    traces.  ``--oracle-subset`` keeps every method to the designs the table holds (all of the space once the table
-    is complete; a point it lacks is infeasible for every method alike)."""
+             methods: dict | None = None, objective: str = "pareto", first_seed: int = 0) -> dict:
+    """Every method, ``repeats`` times (seeds ``first_seed`` .. ``first_seed + repeats - 1``: each replay draws
+    its own table seed per design, :meth:`archspec.search.oracle.OracleTable.seed_of`), each a real ``archspec
+    search --oracle --oracle-subset`` of ``trials`` trained candidates with ``steps``-step proxies, on an in-memory
+    storage: their traces.  ``--oracle-subset`` keeps every method to the designs the table holds (all of the space
+    once the table is complete; a point it lacks is infeasible for every method alike)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as frozen:
         snapshot = snapshot_table(table_path, Path(frozen))
-        out = _simulate(snapshot, repeats, trials, steps, macs_budget, methods, objective)
+        out = _simulate(snapshot, repeats, trials, steps, macs_budget, methods, objective, first_seed)
     return {**out, "table": table_path}
 
 
@@ -281,7 +300,7 @@ def snapshot_table(table_path: str, into: Path) -> str:
 
 
 def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget: float, methods: dict | None,
-              objective: str) -> dict:
+              objective: str, first_seed: int = 0) -> dict:
     import tempfile
 
     from archspec.search import run_design
@@ -294,7 +313,7 @@ def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budge
         options = dict(options)
         protocol = {"steps": steps, **options.pop("protocol", {})}
         runs = []
-        for seed in range(repeats):
+        for seed in range(first_seed, first_seed + repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 outcome = run_design(space=table.space, oracle=table_path, oracle_subset=True, objective=objective,
                                      trials=trials, timeout=None,
@@ -303,7 +322,8 @@ def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budge
             runs.append(trace(outcome.study, truth, seed, steps, macs_budget))
         results[name] = runs
     return {"table": table_path, "designs": len(truth.accuracy), "seeds": table.seeds, "objective": objective,
-            "repeats": repeats, "trials": trials, "steps": steps, "macs_budget": macs_budget,
+            "repeats": repeats, "first_seed": first_seed, "trials": trials, "steps": steps,
+            "macs_budget": macs_budget,
             "bounds": truth.bounds, "hand": hand_summary(truth, macs_budget), "methods": results}
 
 
@@ -382,6 +402,68 @@ def compare(result: dict, baseline: str = "random sampling") -> dict:
                     entry[f"{field}_{label}"]["wins"] = sum(d > 0 for d in diffs)
         out["methods"][name] = entry
     return out
+
+
+def paired_values(a_runs: list, b_runs: list, field: str, label: str, seconds: float) -> tuple[list, list]:
+    """The two methods' ``field`` per repeat, after the full budget (``label == "final"``) or at ``seconds`` of
+    simulated CPU (``"at_budget"``), paired by repeat."""
+    def value(run):
+        return run[-1][field] if label == "final" else value_at(run, field, seconds)
+
+    return [value(r) for r in a_runs], [value(r) for r in b_runs]
+
+
+def batch_rate(a: list[float], b: list[float], batches: int = 200, size: int = 20, seed: int = 0) -> float:
+    """How often a batch of ``size`` repeats (pairs drawn without replacement from the ``len(a)`` pairs, ``batches``
+    times, seeded) gives a paired one-sided Wilcoxon p < 0.05 for ``a > b``: a 20-repeat comparison's power, or --
+    a method against itself -- its false-positive rate.  Batches drawn from one pool of replays share replays
+    (8,000 replays per method would make them disjoint): each batch is still a valid draw, so the rate estimates
+    the per-batch probability, with more spread than disjoint batches would give."""
+    from scipy.stats import wilcoxon
+
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    hits = 0
+    for _ in range(batches):
+        idx = rng.choice(len(a), size=min(size, len(a)), replace=False)
+        diffs = a[idx] - b[idx]
+        if np.any(diffs):
+            hits += float(wilcoxon(a[idx], b[idx], alternative="greater").pvalue) < 0.05
+    return hits / batches
+
+
+def paired_test(a_runs: list, b_runs: list, seconds: float) -> dict:
+    """Method ``a`` against ``b`` (paired by repeat): per plane and budget (``final``: after every candidate;
+    ``at_budget``: at ``seconds`` of simulated CPU), both medians, the wins, the one-sided paired Wilcoxon p over
+    all repeats, and :func:`batch_rate` of 20-repeat batches."""
+    from scipy.stats import wilcoxon
+
+    out = {}
+    for field in ("hv_latency", "hv_macs"):
+        for label in ("final", "at_budget"):
+            a, b = paired_values(a_runs, b_runs, field, label, seconds)
+            diffs = [x - y for x, y in zip(a, b)]
+            p = float(wilcoxon(a, b, alternative="greater").pvalue) if any(diffs) else 1.0
+            out[f"{field}_{label}"] = {"median": float(np.median(a)), "baseline_median": float(np.median(b)),
+                                       "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs),
+                                       "n": len(a), "wilcoxon_p": p, "batch20_rate_p05": batch_rate(a, b)}
+    return out
+
+
+def null_check(table_path: str, method: str, repeats: int, trials: int, steps: int, macs_budget: float,
+               objective: str = "pareto", second_seed: int = 100_000) -> dict:
+    """The replay protocol's calibration: ``method`` against itself, ``repeats`` replays with seeds ``0..`` against
+    ``repeats`` with seeds ``second_seed..`` (each replay draws its own table seed per design), compared as any two
+    methods are (:func:`paired_test`).  A calibrated protocol gives p < 0.05 in about 5 % of 20-repeat batches."""
+    options = {method: METHODS[method]}
+    first = simulate(table_path, repeats, trials, steps, macs_budget, methods=options, objective=objective)
+    second = simulate(table_path, repeats, trials, steps, macs_budget, methods=options, objective=objective,
+                      first_seed=second_seed)
+    a, b = first["methods"][method], second["methods"][method]
+    seconds = float(np.median([run[-1]["seconds"] for run in b]))
+    return {"table": table_path, "method": method, "repeats": repeats, "trials": trials, "steps": steps,
+            "seeds": [[0, repeats - 1], [second_seed, second_seed + repeats - 1]], "budget_seconds": seconds,
+            "test": paired_test(a, b, seconds)}
 
 
 def plot(result: dict, path: str, field: str = "hv_latency") -> None:
@@ -518,6 +600,13 @@ def _headroom_plane(value, keys, first, proxies, trials, draws, rng, best) -> di
     return plane
 
 
+def _print_test(test: dict, indent: str = "  ") -> None:
+    for name, v in test.items():
+        print(f"{indent}{name}: median {v['median']:.4f} vs {v['baseline_median']:.4f}, {v['wins']} wins / "
+              f"{v['losses']} losses of {v['n']}, Wilcoxon one-sided p {v['wilcoxon_p']:.3g}; 20-repeat batches "
+              f"with p < 0.05: {100 * v['batch20_rate_p05']:.1f} %")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -547,7 +636,24 @@ def main(argv=None) -> int:
     head.add_argument("--draws", type=int, default=2000)
     head.add_argument("--macs-budget", type=float, default=20e6, help="for best accuracy under a MAC budget")
     head.add_argument("--json", default=None, help="also write the result here")
+    null = sub.add_parser("null", help="the replay protocol's false-positive rate: a method against itself")
+    null.add_argument("--table", default=str(DEFAULT_TABLE))
+    null.add_argument("--method", default="random sampling", choices=list(METHODS), metavar="NAME")
+    null.add_argument("--repeats", type=int, default=200)
+    null.add_argument("--trials", type=int, default=20)
+    null.add_argument("--steps", type=int, default=None, help="proxy steps (default: the search's default)")
+    null.add_argument("--macs-budget", type=float, default=20e6)
+    null.add_argument("--json", default="search_works_null.json")
     args = parser.parse_args(argv)
+    if args.cmd == "null":
+        from archspec.search.proxy import ProxyProtocol
+
+        result = null_check(args.table, args.method, args.repeats, args.trials, args.steps or ProxyProtocol().steps,
+                            args.macs_budget)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"{args.method} against itself, {args.repeats} paired replays x {args.trials} trained:")
+        _print_test(result["test"])
+        return 0
     if args.cmd == "headroom":
         from archspec.search.proxy import ProxyProtocol
 
@@ -575,6 +681,9 @@ def main(argv=None) -> int:
         result = simulate(args.table, args.repeats, args.trials, steps, args.macs_budget, methods=chosen,
                           objective=args.objective)
         result["comparison"] = compare(result)
+        base = result["methods"]["random sampling"]
+        result["paired_tests"] = {name: paired_test(runs, base, result["comparison"]["budget_seconds"])
+                                  for name, runs in result["methods"].items() if name != "random sampling"}
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         if args.plot:
             plot(result, args.plot)
@@ -596,6 +705,10 @@ def main(argv=None) -> int:
                 print(f"    {field}: median {v['median']:.4f} IQR {v['iqr'][0]:.4f}..{v['iqr'][1]:.4f}"
                       + (f", Wilcoxon p {v['wilcoxon_p_vs_baseline']:.3g} ({v['wins']} wins)"
                          if "wilcoxon_p_vs_baseline" in v else ""))
+            if name in result["paired_tests"]:
+                print("    against random sampling, paired:")
+                _print_test(result["paired_tests"][name], indent="      ")
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         return 0
     rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()]
     result = fidelity_table(rows, args.seeds)

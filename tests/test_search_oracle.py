@@ -117,12 +117,13 @@ def test_table_answers_are_the_tables_numbers(tmp_path):
     reported = []
     result = table.train(spec, None, ProxyProtocol(steps=40, eval_every=20, score="accuracy"), seed=0,
                          report=lambda s, a: reported.append((s, a)))
-    row = table.rows[architecture_key(spec)][0]
+    key = architecture_key(spec)
+    row = table.rows[key][table.seed_of(key, 0)]  # the row drawn for this design in replay 0
     assert reported == [(20, row["curve"][1][1]), (40, row["curve"][2][1])]  # exactly the tabulated points
     assert result.accuracy == row["curve"][2][1] and result.seconds == 40.0
     # between tabulated steps: linear in log(step); 28 steps lie between 20 and 40
     result = table.train(spec, None, ProxyProtocol(steps=28, eval_every=28, score="accuracy"), seed=1)
-    a20, a40 = (table.rows[architecture_key(spec)][1]["curve"][i][1] for i in (1, 2))
+    a20, a40 = (table.rows[key][table.seed_of(key, 1)]["curve"][i][1] for i in (1, 2))
     assert result.accuracy == pytest.approx(a20 + (a40 - a20) * math.log(28 / 20) / math.log(2))
     assert result.seconds == pytest.approx(28.0) and result.train_loss == pytest.approx(2.0)
     assert table.zero_cost(spec)[0].scores["synflow"] == 3.0
@@ -159,12 +160,18 @@ def test_oracle_tse_score_ranks_by_the_tabulated_loss_sums(tmp_path):
     assert architecture_key(outcome.best_spec) == keys[2]
     done = [t for t in outcome.study.trials if t.user_attrs.get("status") == "trained"]
     assert len(done) == 4
-    for t in done:  # search seed 0 -> table seed 0: the loss sum at 60 = per_step * 60
-        assert t.value == pytest.approx(-per_step[t.user_attrs["arch_key"]])
-        assert t.user_attrs["loss_sum"] == pytest.approx(per_step[t.user_attrs["arch_key"]] * 60)
-    assert outcome.summary["pareto"][0]["score"] == pytest.approx(-0.5)
-    # its accuracy is still reported: point 2's curve, 0.6 * (0.5 + 0.5 log(s/10) / log 8), at s = 60
-    assert outcome.summary["pareto"][0]["accuracy"] == pytest.approx(0.6 * (0.5 + 0.5 * math.log(6) / math.log(8)),
+    table = load_table(path)
+    for t in done:  # the loss sum at 60 = per_step * 60 * (1 + 0.1 * the table seed drawn for the design)
+        key, seed = t.user_attrs["arch_key"], t.user_attrs["oracle_seed"]
+        assert seed == table.seed_of(key, 0)
+        assert t.value == pytest.approx(-per_step[key] * (1 + 0.1 * seed))
+        assert t.user_attrs["loss_sum"] == pytest.approx(per_step[key] * 60 * (1 + 0.1 * seed))
+    best_seed = next(t.user_attrs["oracle_seed"] for t in done if t.user_attrs["arch_key"] == keys[2])
+    assert outcome.summary["pareto"][0]["score"] == pytest.approx(-0.5 * (1 + 0.1 * best_seed))
+    # its accuracy is still reported: point 2's curve, final * (0.5 + 0.5 log(s/10) / log 8) at s = 60, its final
+    # 0.6 less 0.01 per table seed
+    final = 0.6 - 0.01 * best_seed
+    assert outcome.summary["pareto"][0]["accuracy"] == pytest.approx(final * (0.5 + 0.5 * math.log(6) / math.log(8)),
                                                                      abs=1e-5)
 
 
@@ -251,7 +258,10 @@ def test_reference_seeds_decide_which_designs_a_partial_table_holds(tmp_path):
     assert table.seeds == [0, 1] and table.tabulated == {architecture_key(s) for _, s in points[1:]}
     with pytest.raises(SpecError, match="not in the table"):
         table.row(points[0][1], 0)
-    assert table.row(points[3][1], 2)["seed"] == 0  # search seed 2 -> reference seed 0, never the extra seed 2
+    key = architecture_key(points[3][1])
+    drawn = {table.row(points[3][1], s)["seed"] for s in range(40)}
+    assert drawn == {0, 1}  # replays draw among the reference seeds only, never the extra seed 2
+    assert table.row(points[3][1], 2)["seed"] == table.seed_of(key, 2)
     with pytest.raises(SpecError, match="lacks 1 design"):
         run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="none", trials=2,
                    protocol={"steps": 80}, out=tmp_path / "run", progress=False)
@@ -305,3 +315,30 @@ def test_mask_placement_refuses_design_only_options(tmp_path, capsys, option):
     assert main(["search", *option, "masks", "mait_tiny_sch1", "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
     assert f"{option[0]} applies to mode 1" in err and not (tmp_path / "m").exists()
+
+
+def test_each_replay_draws_each_designs_table_seed_on_its_own(tmp_path):
+    """Issue 54: the seed that answers is a hash of (replay seed, design), by hand; over replays it is uniform on
+    the reference seeds and independent between designs (not ``--seed mod 3`` for every design); the trial and
+    trials.csv record it."""
+    import csv
+    import hashlib
+
+    path, points = _table(tmp_path)
+    table = load_table(path)
+    keys = [architecture_key(spec) for _, spec in points]
+    by_hand = table.seeds[int.from_bytes(hashlib.sha256(f"oracle:7:{keys[0]}".encode()).digest()[:8], "big") % 2]
+    assert table.seed_of(keys[0], 7) == by_hand
+    draws = [[table.seed_of(k, r) for k in keys] for r in range(400)]
+    for j in range(len(keys)):  # uniform: each seed about half the time (400 draws: 200 +- 3 sd = 170..230)
+        assert 170 <= sum(d[j] == 0 for d in draws) <= 230
+    same = sum(d[0] == d[1] for d in draws)  # independent designs agree half the time, not always
+    assert 170 <= same <= 230
+    outcome = run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="none", trials=4,
+                         protocol={"steps": 80, "score": "accuracy"}, out=tmp_path / "run", progress=False,
+                         sampler="random", seed=5)
+    trained = [t for t in outcome.study.trials if t.user_attrs.get("status") == "trained"]
+    assert trained and all(t.user_attrs["oracle_seed"] == table.seed_of(t.user_attrs["arch_key"], 5) for t in trained)
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "trained"]
+    assert rows and all(r["oracle_seed"] == str(table.seed_of(r["arch_key"], 5)) for r in rows)

@@ -315,6 +315,8 @@ class CandidateObjective:
             if value is not None:
                 trial.set_user_attr(key, float(value) if math.isfinite(float(value)) else None)
         trial.set_user_attr("steps", int(getattr(result, "steps", 0)))
+        if getattr(result, "oracle_seed", None) is not None:  # the table seed that answered (--oracle)
+            trial.set_user_attr("oracle_seed", int(result.oracle_seed))
         if getattr(result, "seconds", None) is not None:  # the loop's own seconds (the oracle's: tabulated)
             trial.set_user_attr("proxy_seconds", round(float(result.seconds), 3))
         geometry = getattr(result, "geometry", None)

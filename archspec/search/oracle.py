@@ -15,12 +15,18 @@ sampler, budgets, rungs and reports stay the real ones:
 * the zero-cost rung: the tabulated scores;
 * latency: the tabulated milliseconds (or, where the table has none, an error at ``--oracle``).
 
-Which seed's curve answers is the search's ``--seed`` modulo the table's seeds, so repeats with different seeds
-see the seed-to-seed noise a real search would.  A design that is not in the table is an error (exit 2).
+Which seed's row answers is drawn for each design and each replay on its own (:meth:`OracleTable.seed_of`: a
+hash of the search's ``--seed`` and the design's architecture key, uniform over the table's reference seeds), so
+that repeats with different ``--seed`` draw independent seed-to-seed noise, design by design, as independent real
+searches would; the seed that answered is recorded on the trial (user attribute ``oracle_seed``, a column of
+trials.csv), so that a comparison scores each design on the reference seeds that did *not* answer it.  (Before
+issue 54 the seed was ``--seed`` modulo 3 for every design: twenty repeats replayed three noise draws.)  A design
+that is not in the table is an error (exit 2).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -70,6 +76,7 @@ class OracleResult:
     model: Any = None
     loss_sum: float = math.nan
     score: float | None = None
+    oracle_seed: int | None = None
 
 
 @dataclass
@@ -118,8 +125,15 @@ class OracleTable:
         first = next(iter(next(iter(self.rows.values())).values()))
         return [int(s) for s, *_ in first["curve"]]
 
+    def seed_of(self, key: str, seed: int) -> int:
+        """The table seed whose row answers design ``key`` in the replay with search seed ``seed``: one of
+        :attr:`seeds`, drawn uniformly by the first 8 bytes of ``sha256("oracle:<seed>:<key>")`` -- independent
+        across designs and across replays, and the same every time for one (replay, design).  Raises nothing."""
+        digest = hashlib.sha256(f"oracle:{seed}:{key}".encode()).digest()
+        return self.seeds[int.from_bytes(digest[:8], "big") % len(self.seeds)]
+
     def row(self, spec, seed: int) -> dict:
-        """The row of ``spec`` for the search seed ``seed`` (the table's seed ``seeds[seed % len(seeds)]``).
+        """The row of ``spec`` for the search seed ``seed``: the table seed :meth:`seed_of` draws for it.
 
         Raises:
             SpecError: at ``--oracle``: the design is not in the table.
@@ -132,8 +146,7 @@ class OracleTable:
                         f"with seeds {self.seeds})", self.file,
                         "search the space the table tabulates (--space), search only its designs (--oracle-subset), "
                         "or finish the table (bench/space_table.py --resume)")
-        seeds = self.seeds
-        return self.rows[key][seeds[seed % len(seeds)]]
+        return self.rows[key][self.seed_of(key, seed)]
 
     def check_steps(self, steps: int) -> None:
         """Raises :class:`SpecError` at ``--proxy-steps`` when ``steps`` lies past the tabulated curve."""
@@ -166,7 +179,7 @@ class OracleTable:
         seconds = [(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]]
         cost = _linear(seconds, k)  # training seconds up to step k (evaluation excluded)
         return OracleResult(accuracy=accuracy, val_loss=val_loss, train_loss=loss_sum / k, steps=k, seconds=cost,
-                            history=history, loss_sum=loss_sum, score=history[-1][1])
+                            history=history, loss_sum=loss_sum, score=history[-1][1], oracle_seed=int(row["seed"]))
 
     def zero_cost(self, spec, seed: int = 0):
         """The tabulated zero-cost scores: ``(ZeroCostResult, None)`` like :func:`~archspec.search.proxy.score_proxy`.

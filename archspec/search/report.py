@@ -174,7 +174,8 @@ class ProgressDisplay:
 # ----------------------------------------------------------------------------------- trials table
 TRIAL_COLUMNS = ["number", "state", "status", "accuracy", "latency_ms", "macs", "params", "train_seconds",
                  "duration_s", "val_loss", "train_loss", "loss_sum", "score", "feasible", "fail_reason", "worker_pid",
-                 "datetime_start", "datetime_complete", "reused_from", "duplicate_of", "arch_key", "proxy_grids"]
+                 "datetime_start", "datetime_complete", "reused_from", "duplicate_of", "arch_key", "proxy_grids",
+                 "oracle_seed"]
 
 
 def trial_status(trial) -> str:
@@ -208,6 +209,7 @@ def _trial_row(t) -> dict:
         "datetime_complete": t.datetime_complete.isoformat(timespec="seconds") if t.datetime_complete else None,
         "reused_from": ua.get("reused_from"), "duplicate_of": ua.get("duplicate_of"), "arch_key": ua.get("arch_key"),
         "proxy_grids": grids_text(t),
+        "oracle_seed": ua.get("oracle_seed"),  # --oracle: the table seed whose row answered
     }
 
 

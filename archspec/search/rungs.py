@@ -152,8 +152,10 @@ class StopRules:
 
     def __call__(self, study: optuna.Study, trial) -> None:
         # Free the candidate's model and optimiser now (Optuna's gc_after_trial, but a full collection
-        # costs ~0.3 s with torch loaded: skipped for samples that never built a model).
-        if trial.user_attrs.get("status") not in ("infeasible", "reused", "duplicate"):
+        # costs ~0.3 s with torch loaded: skipped for samples that never built a model, and under --oracle,
+        # where no candidate builds one -- it was a third of an oracle replay's CPU).
+        built = self.objective.oracle is None
+        if built and trial.user_attrs.get("status") not in ("infeasible", "reused", "duplicate"):
             gc.collect()
         self.on_done(trial)
         if self.objective.attempted >= self.n:
