@@ -214,3 +214,37 @@ def test_the_live_proxies_rank_and_resample_by_hand(tmp_path):
             assert row[f"{source} tse {cost}"] == pytest.approx(2 / 3)
             assert row[f"{source} accuracy {cost}"] == pytest.approx(5 / 9)
             assert row[f"{source} tse beats accuracy {cost}"] == 1.0
+
+
+def test_a_front_is_scored_on_the_seeds_that_did_not_answer_it(works):
+    """Issue 54's leak: design A's proxy was answered by table seed 0, its lucky seed (0.9; seeds 1 and 2: 0.6).
+    Scored on seeds 1-2 only, A is worth 0.6, not the 0.7 of all three seeds: in the (accuracy, MACs) plane scaled
+    to the table's bounds (accuracy 0.5..0.9, MACs 10..40) A sits at (1 - 0.1 / 0.4, 0) = (0.75, 0), so its front's
+    hypervolume is 0.25 (0.5 with the leak); the best under 15 M MACs is A at 0.6, on seeds [0.6, 0.6]."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from archspec.search.oracle import OracleTable
+
+    finals = {"A": [0.9, 0.6, 0.6], "C": [0.5, 0.5, 0.5], "D": [0.9, 0.9, 0.9]}
+    macs = {"A": 10, "C": 40, "D": 40}
+    rows = {k: {s: {"final_accuracy": f, "macs": macs[k], "tse": [[10, 1.0, 5.0]]} for s, f in enumerate(v)}
+            for k, v in finals.items()}
+    table = OracleTable(file="t", space="s", rows=rows, latency_ms={}, meta={"reference_seeds": [0, 1, 2]})
+    truth = works.Truth(table)
+    trial = SimpleNamespace(number=0, state=optuna.trial.TrialState.COMPLETE, values=[0.9],
+                            user_attrs={"status": "trained", "arch_key": "A", "oracle_seed": 0})
+    (row,) = works.trace(SimpleNamespace(trials=[trial]), truth, seed=0, steps=10, macs_budget=15e6)
+    assert row["hv_macs"] == pytest.approx(0.25)
+    assert row["best_under_budget"] == pytest.approx(0.6) and row["best_under_budget_seeds"] == [0.6, 0.6]
+    assert row["seconds"] == pytest.approx(5.0)  # the answering row's training seconds to step 10
+
+
+def test_batch_rate_counts_20_repeat_batches_below_005(works):
+    """a always above b: every batch of 20 gives Wilcoxon's smallest one-sided p, 2**-20: rate 1.  a equal to b: no
+    difference, p 1: rate 0.  a below b: rate 0 (one-sided)."""
+    b = [0.1 * i for i in range(40)]
+    assert works.batch_rate([x + 0.01 for x in b], b, batches=50) == 1.0
+    assert works.batch_rate(b, b, batches=50) == 0.0
+    assert works.batch_rate([x - 0.01 for x in b], b, batches=50) == 0.0
