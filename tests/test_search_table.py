@@ -3,8 +3,9 @@ two of its rows trained again, which must land within the table's own seed sprea
 
 from __future__ import annotations
 
-import importlib.util
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,16 +13,14 @@ import pytest
 from archspec.search.latency import architecture_key
 from archspec.search.oracle import TABLES_DIR, load_table
 from archspec.search.space import load_space
+from archspec.search.tabulate import protocol_id, seed_check, table_protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = TABLES_DIR / "levit_small.jsonl"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("space_table", ROOT / "bench" / "space_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _protocol() -> dict:
+    return table_protocol(load_space("levit_small"))
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +31,12 @@ def table():
 
 
 def test_table_rows_match_the_space_and_the_protocol(table):
-    bench = _bench()
+    protocol = _protocol()
     meta = table.meta
-    assert meta["protocol"] == bench.PROTOCOL and meta["protocol_id"] == bench.protocol_id(bench.PROTOCOL)
+    assert meta["protocol"] == protocol and meta["protocol_id"] == protocol_id(protocol) == "355be66f46fc"
     assert meta["commits"] and meta["machine"]["cores"] >= 1
     points = {architecture_key(spec): params for params, spec in load_space("levit_small").points()}
-    steps = bench.PROTOCOL["curve_steps"]
+    steps = protocol["curve_steps"]
     seen = set()
     for key, by_seed in table.rows.items():
         assert key in points, f"row {key[:12]} is no point of levit_small"
@@ -66,7 +65,9 @@ def test_two_random_rows_retrain_within_the_tables_seed_spread(table):
     (at least 1 point)."""
     import torch
 
-    bench = _bench()
+    from archspec.search.table_rows import reference_data, train_row
+
+    protocol = _protocol()
     pairs = sorted(k for k, by in table.rows.items() if 0 in by and 1 in by)
     def cheap(params: dict) -> bool:  # narrow, one block a stage: about a minute each on one core (CI time)
         w = params["stages"]
@@ -74,13 +75,13 @@ def test_two_random_rows_retrain_within_the_tables_seed_spread(table):
 
     narrow = [k for k in pairs if cheap(table.rows[k][0]["params"])]
     points = {architecture_key(spec): spec for _, spec in load_space("levit_small").points()}
-    data_curve, data_final = bench.reference_data(bench.PROTOCOL)
+    data_curve, data_final = reference_data(protocol)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for key in random.Random(0).sample(narrow, 2):
             rows = table.rows[key]
-            got = bench.train_row(points[key], data_curve, data_final, bench.PROTOCOL, seed=0)["final_accuracy"]
+            got = train_row(points[key], data_curve, data_final, protocol, seed=0)["final_accuracy"]
             low, high = sorted((rows[0]["final_accuracy"], rows[1]["final_accuracy"]))
             spread = max(high - low, 0.01)
             assert low - spread <= got <= high + spread, (rows[0]["label"], got, low, high)
@@ -93,7 +94,7 @@ def test_seed_report_compares_two_seed_means_by_hand():
     agree on every pair: single-seed tau (3 pairs, 1 discordant) = 1/3, two-seed-mean tau = 1."""
     finals = {"a": [0.70, 0.71, 0.70, 0.72], "b": [0.80, 0.76, 0.77, 0.78], "c": [0.78, 0.79, 0.80, 0.80]}
     rows = [{"key": k, "seed": s, "final_accuracy": v} for k, accs in finals.items() for s, v in enumerate(accs)]
-    report = _bench().seed_report(rows)
+    report = seed_check(rows)
     assert report["designs"] == 3 and report["tau"] == pytest.approx(1 / 3, abs=1e-4)
     two = report["two_seed_means"]
     assert two["designs"] == 3 and two["tau"] == pytest.approx(1.0)
@@ -108,7 +109,7 @@ def test_three_seed_means_and_every_split_by_hand():
     part seeds 0 and 1 give c 0.7667 in both halves -> tau 1: mean (4/3 + 6) / 10 = 0.7333."""
     finals = {"a": [0.70] * 6, "b": [0.76] * 6, "c": [0.74, 0.74, 0.78, 0.78, 0.78, 0.78]}
     rows = [{"key": k, "seed": s, "final_accuracy": v} for k, accs in finals.items() for s, v in enumerate(accs)]
-    three = _bench().seed_report(rows)["three_seed_means"]
+    three = seed_check(rows)["three_seed_means"]
     assert three["designs"] == 3 and three["tau"] == pytest.approx(1 / 3, abs=1e-4)
     assert three["mean_abs_diff"] == pytest.approx(0.0267 / 3, abs=1e-4)
     assert three["all_splits"] == {"n": 10, "mean": pytest.approx(0.7333, abs=1e-4),
@@ -116,57 +117,14 @@ def test_three_seed_means_and_every_split_by_hand():
     assert -1 <= three["ci"][0] <= three["ci"][1] <= 1
 
 
-def test_merge_appends_only_the_pairs_the_table_lacks(tmp_path):
-    """A second process ran --reverse into a copy: its copied rows and the pair both trained are not added twice;
-    a row of another protocol stops the merge before anything is written."""
-    import json
-
-    bench = _bench()
-    pid = bench.protocol_id(bench.PROTOCOL)
-    row = lambda key, seed, acc: {"protocol_id": pid, "key": key, "seed": seed, "final_accuracy": acc}  # noqa: E731
-    table, other = tmp_path / "t.jsonl", tmp_path / "o.jsonl"
-    table.write_text("".join(json.dumps(r) + "\n" for r in [row("a", 0, 0.7), row("a", 1, 0.71)]))
-    other.write_text("".join(json.dumps(r) + "\n" for r in [row("a", 0, 0.7), row("b", 1, 0.8), row("b", 0, 0.79),
-                                                             row("b", 1, 0.8)]))
-    assert bench.merge(table, other) == 2
-    assert [(r["key"], r["seed"]) for r in bench.load_rows(table)] == [("a", 0), ("a", 1), ("b", 1), ("b", 0)]
-    # a row written before levit_small's share: true carries the width in its names; merged, it has today's
-    key, params = next(iter(bench.space_params().items()))
-    w = params["stages"]
-    old = {k.replace("stages.", f"stages.{w}.", 1) if k != "stages" else k: v for k, v in params.items()}
-    other.write_text(json.dumps({**row(key, 0, 0.75), "params": old, "label": "old"}) + "\n")
-    assert bench.merge(table, other) == 1
-    merged = bench.load_rows(table)[-1]
-    assert merged["params"] == params and "stages.0.depth" in params and merged["label"].startswith(w)
-    other.write_text(json.dumps({**row("c", 0, 0.5), "protocol_id": "elsewhere"}) + "\n")
-    before = table.read_text()
-    with pytest.raises(SystemExit, match="another protocol"):
-        bench.merge(table, other)
-    assert table.read_text() == before
-
-
-def test_select_todo_splits_what_is_left_into_disjoint_shards():
-    table = _bench()
-    todo = list(range(20))
-    assert table.select_todo(todo) == todo
-    assert table.select_todo(todo, start=5) == list(range(5, 20))
-    shards = [table.select_todo(todo, start=5, shard=f"{i}/4") for i in range(4)]
-    assert shards[0] == [5, 9, 13, 17] and shards[3] == [8, 12, 16]
-    assert sorted(x for s in shards for x in s) == list(range(5, 20))
-    with pytest.raises(ValueError):
-        table.select_todo(todo, shard="4/4")
-
-
-def test_keys_outside_the_space_exit_2_and_write_nothing(tmp_path, capsys):
-    out = tmp_path / "t.jsonl"
-    assert _bench().main(["--out", str(out), "--keys", "not-a-key"]) == 2
-    assert "not-a-key" in capsys.readouterr().err
+@pytest.mark.parametrize("argv, field", [
+    (["--seeds", "-1"], "--seeds"), (["--designs", "0"], "--designs"), (["--steps", "x"], "--steps"),
+    (["--curve-steps", "10", "20"], "--curve-steps"), (["--storage", "journal:/no/such/dir/t.journal"], "--storage")])
+def test_archspec_table_bad_options_exit_2_naming_the_option_and_write_nothing(tmp_path, argv, field):
+    """What replaced bench/space_table.py's --shard / --done / --keys checks: every bad option of ``archspec table``
+    exits 2 with the option named, no traceback, and nothing written (the default storage's folder included)."""
+    out = subprocess.run([sys.executable, "-m", "archspec", "table", "mait_small", *argv], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and field in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert list(tmp_path.iterdir()) == []
 
-
-@pytest.mark.parametrize("argv", [["--shard", "16/16"], ["--shard", "x"], ["--done", "no/such/table.jsonl"]])
-def test_bad_shard_or_missing_done_table_exit_2_and_write_nothing(tmp_path, argv, capsys):
-    with pytest.raises(SystemExit) as stop:
-        _bench().main(["--out", str(tmp_path / "t.jsonl"), *argv])
-    assert stop.value.code == 2 and argv[0] in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []
