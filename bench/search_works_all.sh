@@ -25,7 +25,7 @@ simulate() {  # simulate NAME ARGS...: OUT/NAME.json and OUT/NAME.txt
     cat "$OUT/$name.txt"
 }
 
-python bench/space_table.py --out "$TABLE" --report | tee "$OUT/seed_report.json"
+python bench/space_table.py --table "$TABLE" --report | tee "$OUT/seed_report.json"
 works fidelity --table "$TABLE" --json "$OUT/fidelity.json" | tee "$OUT/fidelity.txt"
 for score in accuracy tse; do
     for steps in 120 200; do

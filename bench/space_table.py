@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from archspec.search.oracle import TABLES_DIR
 from archspec.search.space import load_space
@@ -86,11 +87,12 @@ def main(argv=None) -> int:
     parser.add_argument("--designs", type=int, default=None, help="only the first N points of the fixed order")
     parser.add_argument("--storage", default=None, help="Optuna storage (default journal:runs/tables/SPACE.journal)")
     parser.add_argument("--report", action="store_true", help="print the seed check of the shipped rows")
+    parser.add_argument("--table", default=None, help="with --report: this table file instead of the shipped one")
     parser.add_argument("--latency", action="store_true", help="the latency pass into <table>.latency.json")
     parser.add_argument("--resume", action="store_true", help="with --latency: keep designs measured twice")
     args = parser.parse_args(argv)
     if args.report:
-        table = TABLES_DIR / f"{args.space}.jsonl"
+        table = Path(args.table) if args.table else TABLES_DIR / f"{args.space}.jsonl"
         rows = [json.loads(line) for line in table.read_text().splitlines() if line.strip()]
         print(json.dumps(seed_check(rows), indent=1))
         return 0

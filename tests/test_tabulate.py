@@ -204,3 +204,23 @@ def test_the_seed_check_order_is_a_random_draw_then_the_named_points(space):
     head = {tuple(p.values()) for _, p, _ in order[:24]}
     after = [tuple(p.values()) for _, p, _ in order[24:24 + len(named - head)]]
     assert set(after) == named - head  # the named points the random draw missed come right after it
+
+
+def test_the_cli_exports_and_reports_what_the_study_holds(tmp_path, space, protocol, capsys):
+    """``archspec table --export`` writes the study's rows (exit 0, a line saying how many) and ``--report`` prints
+    the seed check of the same rows (two seeds of three points: single-seed tau over 3 designs)."""
+    from archspec.cli import main
+
+    url = f"journal:{tmp_path / 't.journal'}"
+
+    def train(spec, seed):  # points differ by accuracy, both seeds agree on the order
+        return {**_fake(spec, seed), "final_accuracy": 0.5 + len(str(spec.stages[0].layers)) / 1e4 + seed / 1e3}
+
+    tabulate(space, seeds=SEEDS, designs=DESIGNS, storage=url, protocol=protocol, train=train, log=lambda s: None)
+    flags = ["--storage", url, "--steps", "20", "--curve-steps", "10", "20", "--warmup-steps", "2"]
+    assert main(["table", "mait_small", *flags, "--export", str(tmp_path / "m.jsonl")]) == 0
+    assert f"wrote {DESIGNS * len(SEEDS)} rows" in capsys.readouterr().out
+    assert main(["table", "mait_small", *flags, "--report"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["designs"] == DESIGNS and -1 <= report["tau"] <= 1
+    assert main(["table", "mait_small", *flags, "--report", "--export", "x.jsonl"]) == 2  # one step at a time
