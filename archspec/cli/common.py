@@ -14,7 +14,7 @@ from archspec._util.memory import parse_memory
 from archspec.errors import Problem, SpecError
 from archspec.ir.loader import load_spec
 
-__all__ = ["MAX_MEMORY_HELP", "load_artifact_arg", "load_spec_arg", "make_console", "parse_max_memory",
+__all__ = ["whole_number", "MAX_MEMORY_HELP", "load_artifact_arg", "load_spec_arg", "make_console", "parse_max_memory",
            "parse_resolution"]
 
 
@@ -29,6 +29,23 @@ def parse_resolution(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected N or HxW, got {text!r}")
     h = int(match.group(1))
     return h, int(match.group(2) or h)
+
+
+def whole_number(option: str, minimum: int = 1, maximum: int | None = None):
+    """argparse type of ``option``: a whole number in ``minimum..maximum`` (argparse reports a bad one with exit 2,
+    before anything runs)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
+        return value
+
+    return parse
 
 
 def parse_max_memory(text: str) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 
+from archspec.cli.common import whole_number as _positive_int
 from archspec.errors import SpecError
 from archspec.search.config import (  # torch- and Optuna-free
     DEFAULT_FIDELITY,
@@ -134,20 +135,6 @@ MaiT-T takes about 11 minutes per round on one CPU core.
 Writes to runs/<study-name>/ (--out): best.yaml (the placement at SPEC's real input size, with
 provenance), rounds/ (per-round specs, als), als_round<k>.png / als.png (ALS heatmap, layer x head),
 als.json, trials.csv, study.db, summary.json."""
-
-
-def _positive_int(option: str, minimum: int = 1):
-    """argparse type: a whole number >= ``minimum`` (argparse reports a bad one with exit 2, before anything runs)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def _float(text: str) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from archspec.cli.common import whole_number
 from archspec.errors import Problem, SpecError
 
 __all__ = ["add_table_parser", "cmd_table"]
@@ -26,39 +27,20 @@ _PROTOCOL_FLAGS = {"data": "data", "train_images": "train_images", "steps": "ste
                    "augmentation": "augmentation", "curve_steps": "curve_steps", "threads": "threads"}
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"a seed must be in 0..4294967295, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def add_table_parser(sub) -> None:
     """Register ``archspec table`` (torch-free: the parser is built for every command)."""
     p = sub.add_parser("table", help="tabulate a finite search space (every point, every seed) on an Optuna storage",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("space", metavar="SPACE", help="a shipped space (levit_small, mait_small) or a space YAML file")
-    p.add_argument("--seeds", type=_seed, nargs="+", default=[0, 1, 2],
+    p.add_argument("--seeds", type=whole_number("--seeds", 0, 2**32 - 1), nargs="+", default=[0, 1, 2],
                    help="seeds of every point (default 0 1 2: the 3-seed mean is the reference)")
-    p.add_argument("--designs", type=_positive, default=None, metavar="N",
+    p.add_argument("--designs", type=whole_number("--designs"), default=None, metavar="N",
                    help="only the first N points of the fixed order (a seeded random draw; the seed check: 24)")
     p.add_argument("--storage", default=None, metavar="URL",
                    help="Optuna storage: journal:PATH (default journal:runs/tables/SPACE.journal), sqlite:///PATH, "
                         "postgresql://... (workers on several machines)")
-    p.add_argument("--max-pairs", type=_positive, default=None, metavar="N", help="stop after training N pairs")
+    p.add_argument("--max-pairs", type=whole_number("--max-pairs"), default=None, metavar="N",
+                   help="stop after training N pairs")
     p.add_argument("--export", default=None, metavar="FILE",
                    help="write the trained rows as FILE (.jsonl) and its .meta.json sidecar (what --oracle reads), "
                         "then stop")
@@ -68,16 +50,18 @@ def add_table_parser(sub) -> None:
                    help="print the seed check (Kendall tau between seeds and between 3-seed means), then stop")
     proto = p.add_argument_group("protocol (default: the reference protocol, docs/search-works.md)")
     proto.add_argument("--data", default=None, help="data set (default fashion-mnist)")
-    proto.add_argument("--train-images", type=_positive, default=None, help="class-stratified training subset")
-    proto.add_argument("--steps", type=_positive, default=None, help="training steps (default 938)")
-    proto.add_argument("--warmup-steps", type=_positive, default=None, help="linear warm-up steps (default 47)")
-    proto.add_argument("--batch-size", type=_positive, default=None, help="batch size (default 64)")
+    for flag, what in (("--train-images", "class-stratified training subset (default 2000)"),
+                       ("--steps", "training steps (default 938)"),
+                       ("--warmup-steps", "linear warm-up steps (default 47)"),
+                       ("--batch-size", "batch size (default 64)")):
+        proto.add_argument(flag, type=whole_number(flag), default=None, help=what)
     proto.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 2e-3)")
     proto.add_argument("--weight-decay", type=float, default=None, help="weight decay (default 0.05)")
     proto.add_argument("--augmentation", default=None, help="augmentation (default flip+crop)")
-    proto.add_argument("--curve-steps", type=_positive, nargs="+", default=None,
+    proto.add_argument("--curve-steps", type=whole_number("--curve-steps"), nargs="+", default=None,
                        help="steps of the learning curve, the last = --steps (default 25 50 100 200 400 800 938)")
-    proto.add_argument("--threads", type=_positive, default=None, help="torch threads per worker (default 1)")
+    proto.add_argument("--threads", type=whole_number("--threads"), default=None,
+                       help="torch threads per worker (default 1)")
     p.set_defaults(handler=cmd_table)
 
 
