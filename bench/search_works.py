@@ -310,7 +310,8 @@ def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budge
     truth = Truth(table)
     results = {}
     for name, options in (methods or METHODS).items():
-        options = dict(options)
+        # the search's own `trials` candidates, no --verify re-training (it scores nothing a front is judged by)
+        options = {"verify": 0, **options}
         protocol = {"steps": steps, **options.pop("protocol", {})}
         runs = []
         for seed in range(first_seed, first_seed + repeats):

@@ -178,7 +178,7 @@ def test_failing_candidates_are_recorded_and_study_goes_on(space_file, tmp_path,
 
     monkeypatch.setattr(proxy, "train_proxy", flaky)
     out = tmp_path / "run"
-    assert _search(space_file, out, "--trials", "4", "--json") == 0
+    assert _search(space_file, out, "--trials", "4", "--verify", "0", "--json") == 0
     trials = _study(out).get_trials()
     failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
     reasons = " | ".join(t.user_attrs["fail_reason"] for t in failed)

@@ -155,7 +155,7 @@ def test_oracle_tse_score_ranks_by_the_tabulated_loss_sums(tmp_path):
         r["tse"] = [[s, per_step[r["key"]] * s * (1 + 0.1 * r["seed"]), float(s)] for s in CURVE_STEPS]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     outcome = run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="none", trials=4,
-                         protocol={"steps": 60, "score": "tse"}, out=tmp_path / "run", progress=False,
+                         verify=0, protocol={"steps": 60, "score": "tse"}, out=tmp_path / "run", progress=False,
                          sampler="random", seed=0)
     assert architecture_key(outcome.best_spec) == keys[2]
     done = [t for t in outcome.study.trials if t.user_attrs.get("status") == "trained"]
@@ -342,3 +342,67 @@ def test_each_replay_draws_each_designs_table_seed_on_its_own(tmp_path):
     with (tmp_path / "run" / "trials.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "trained"]
     assert rows and all(r["oracle_seed"] == str(table.seed_of(r["arch_key"], 5)) for r in rows)
+
+
+def test_verify_retrains_the_fronts_best_with_another_table_seed_inside_the_trials(tmp_path):
+    """--verify 2 with --trials 8: six candidates are searched (the table has four designs: the search trains each
+    once), then the best two trained designs are answered
+    again by the other table seed (seed 0 rows hold finals - 0, seed 1 rows finals - 0.01: the two seeds agree on
+    the order, tau 1, and differ by the table's curve at 80 steps); both scores and the spread are reported."""
+    from archspec.search.verify import verify_count
+
+    path, points = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7])
+    table = load_table(path)
+    outcome = run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="none", trials=8,
+                         verify=2, protocol={"steps": 80, "score": "accuracy"}, out=tmp_path / "run",
+                         progress=False, sampler="random", seed=0)
+    trained = [t for t in outcome.study.trials if t.user_attrs.get("status") == "trained"]
+    assert verify_count(2, 8) == 2 and len(trained) == 4  # all four designs (duplicates are not trained twice)
+    v = outcome.summary["verify"]
+    best_two = sorted(trained, key=lambda t: -t.values[0])[:2]
+    assert v["k"] == 2 and [d["trial"] for d in v["designs"]] == [t.number for t in best_two]
+    for d in v["designs"]:
+        first = next(t for t in trained if t.number == d["trial"]).user_attrs["oracle_seed"]
+        second = table.seed_of(d["arch_key"], d["seeds"][1])
+        assert second != first  # another row of the table, never the same one again
+        rows = table.rows[d["arch_key"]]
+        assert d["score"] == [pytest.approx(rows[first]["curve"][-1][1]), pytest.approx(rows[second]["curve"][-1][1])]
+    scores = [d["score"] for d in v["designs"]]
+    assert v["seed_spread"] == pytest.approx(max(abs(a - b) for a, b in scores))
+    assert v["rank_agreement"] in (-1.0, 1.0)
+    again = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert again["verify"]["designs"] == v["designs"]
+
+
+def test_verify_zero_trains_every_candidate_and_reports_nothing(tmp_path):
+    path, _ = _table(tmp_path)
+    outcome = run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="none", trials=3,
+                         verify=0, protocol={"steps": 80, "score": "accuracy"}, out=tmp_path / "run",
+                         progress=False, sampler="random", seed=0)
+    assert sum(t.user_attrs.get("status") == "trained" for t in outcome.study.trials) == 3
+    assert "verify" not in outcome.summary
+
+
+def test_ties_within_the_seed_spread_and_the_time_reserve_by_hand():
+    """Scores 0.80, 0.79, 0.70 with a seed spread of 0.02: the second point is within it of the first, the third
+    is not.  The time reserve stops sampling once elapsed + k x mean training time reaches the timeout."""
+    from types import SimpleNamespace
+
+    from archspec.search.verify import TimeReserve, mark_ties, verify_count
+
+    points = [{"trial": 1, "accuracy": 0.80}, {"trial": 2, "accuracy": 0.79}, {"trial": 3, "accuracy": 0.70}]
+    mark_ties(points, {"seed_spread": 0.02, "designs": [{"trial": 1, "score": [0.80, 0.78]}]})
+    assert [p["within_seed_spread"] for p in points] == [False, True, False] and points[0]["second_seed_score"] == 0.78
+    assert verify_count(3, 16) == 3 and verify_count(3, 8) == 2 and verify_count(3, 3) == 0
+    assert verify_count(3, None) == 3
+
+    stopped = []
+    study = SimpleNamespace(stop=lambda: stopped.append(True))
+    reserve = TimeReserve(k=2, timeout=100.0, start=0.0)
+    import time as _time
+
+    reserve.start = _time.perf_counter() - 50.0  # 50 s elapsed
+    reserve(study, SimpleNamespace(user_attrs={"status": "trained", "train_seconds": 20.0}))
+    assert stopped == []  # 50 + 2 x 20 = 90 < 100
+    reserve(study, SimpleNamespace(user_attrs={"status": "trained", "train_seconds": 40.0}))
+    assert stopped == [True]  # 50 + 2 x 30 = 110 >= 100

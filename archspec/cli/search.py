@@ -22,6 +22,7 @@ from archspec.search.config import (  # torch- and Optuna-free
     DEFAULT_FIDELITY,
     DEFAULT_SAMPLER,
     DEFAULT_SAMPLER_STARTUP,
+    DEFAULT_VERIFY,
     FIDELITIES,
     SAMPLERS,
     ZERO_COST_RANKINGS,
@@ -318,6 +319,10 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
                      help="multi-fidelity reduction factor (default 3)")
     obj.add_argument("--min-steps", type=_positive_int("--min-steps"), metavar="N",
                      help="multi-fidelity first rung in proxy steps (default: --proxy-steps / eta^2)")
+    obj.add_argument("--verify", type=_positive_int("--verify", 0), default=DEFAULT_VERIFY, metavar="K",
+                     help=f"train the front's best K designs again with a second seed, inside --trials / --timeout, "
+                          f"and report both seeds' scores, their rank agreement and which front points lie within "
+                          f"the seed spread (default {DEFAULT_VERIFY}; 0: no re-training)")
     _add_common(search, defaults=True)
     search.set_defaults(handler=cmd_search, search_mode=None)
     _add_masks_parser(search.add_subparsers(dest="search_mode", title="mode 2 (sub-command)", metavar="masks"))
@@ -422,7 +427,7 @@ def _config(args, **overrides):
         fidelity=getattr(args, "fidelity", "none"), eta=getattr(args, "eta", 3),
         zc_score=getattr(args, "zc_score", "synflow"),
         min_steps=getattr(args, "min_steps", None), oracle=getattr(args, "oracle", None),
-        oracle_subset=getattr(args, "oracle_subset", False),
+        oracle_subset=getattr(args, "oracle_subset", False), verify=getattr(args, "verify", 0),
     )
     if args.study_name is not None:
         from archspec.search.study import validate_study_name

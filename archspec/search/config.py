@@ -18,12 +18,16 @@ __all__ = [
     "SearchConfig", "SearchOutcome", "complete_config", "FIDELITIES", "ZERO_COST_RANKINGS", "DEFAULT_FIDELITY",
     "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S", "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS", "GEOMETRY_ATTR",
     "ZERO_COST_ATTR", "MASKS_PROXY_DEFAULTS", "MASKS_TRIAL_TIMEOUT_S", "warmup_warning", "SAMPLERS",
-    "DEFAULT_SAMPLER", "DEFAULT_SAMPLER_STARTUP",
+    "DEFAULT_SAMPLER", "DEFAULT_SAMPLER_STARTUP", "DEFAULT_VERIFY",
 ]
 
 DEFAULT_TRIALS = 16          # trained candidates of the bare `archspec search --budget-flops 1G`
 DEFAULT_TIMEOUT_S = 540.0    # ... or this many seconds of search, whichever comes first (2 CPU cores: < 10 min)
 DEFAULT_TRIAL_TIMEOUT_S = 150.0  # one candidate's proxy training may take at most this long
+# --verify: the front's best designs trained again with a second seed, inside the budget (archspec.search.verify).
+# Three is the fewest whose rank agreement is more than a coin flip (tau over 3 pairs); on levit_small two seeds of
+# one design differ by as much as a front's designs do (docs/search-works.md), so the front says how sure it is.
+DEFAULT_VERIFY = 3
 
 # Mask placement trains the given spec, typically a deep DeiT-style model (class token, LayerNorm,
 # 12-24 blocks).  Those do not learn at the design proxy's lr 2e-3 in 150 steps: MaiT-T Sch.1 stayed
@@ -115,6 +119,7 @@ class SearchConfig:
     trial_timeout: float | None = DEFAULT_TRIAL_TIMEOUT_S  # per-candidate training limit (FAIL beyond it)
     oracle: Any = None                              # a table (path or shipped name): answers instead of training
     oracle_subset: bool = False                     # search only the table's designs (others: infeasible)
+    verify: int = DEFAULT_VERIFY                    # front designs re-trained with a second seed (0: none)
     budget_options: dict = field(default_factory=lambda: dict(BUDGET_OPTIONS))
 
 

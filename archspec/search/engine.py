@@ -81,6 +81,7 @@ from archspec.search.rungs import (
     study_zero_cost_summary,
 )
 from archspec.search.study import worker_seed
+from archspec.search.verify import TimeReserve, mark_ties, verify_count, verify_front
 
 if TYPE_CHECKING:  # annotations only: the space imports torch-side modules
     from archspec.search.space import SearchSpace
@@ -125,19 +126,22 @@ def _with_eval_points(cfg: SearchConfig, attrs: dict, rungs, multi: bool) -> Sea
 
 
 def _optimize(study: optuna.Study, objective: CandidateObjective, progress, cfg: SearchConfig,
-              notes: list[str]) -> tuple[bool, float]:
-    """Run Optuna's loop until :class:`StopRules` or ``--timeout`` stop it: ``(interrupted, seconds)``.
+              notes: list[str], verify: int = 0) -> tuple[bool, float]:
+    """Run Optuna's loop until :class:`StopRules` or ``--timeout`` stop it: ``(interrupted, seconds)``; ``verify``
+    re-trainings come after it inside the same budget (``--trials`` less ``verify`` candidates, and the time of
+    ``verify`` mean trainings kept back from ``--timeout``: :mod:`archspec.search.verify`).
 
     Ctrl-C ends the loop, not the run: every finished trial is in the study and the results still get written."""
-    stopper = StopRules(objective, cfg.trials, lambda t: progress.done(t, objective.attempted))
+    stopper = StopRules(objective, cfg.trials - verify, lambda t: progress.done(t, objective.attempted))
     interrupted = False
     start = time.perf_counter()
+    reserve = TimeReserve(verify, cfg.timeout, start)
     if cfg.timeout is not None:
         objective.search_deadline = start + cfg.timeout
     try:
         with progress:
-            study.optimize(objective, n_trials=None, timeout=cfg.timeout, callbacks=[stopper], catch=(Exception,),
-                           gc_after_trial=False)  # StopRules collects after a trained candidate
+            study.optimize(objective, n_trials=None, timeout=cfg.timeout, callbacks=[stopper, reserve],
+                           catch=(Exception,), gc_after_trial=False)  # StopRules collects after a trained candidate
     except KeyboardInterrupt:
         interrupted = True
         notes.append("interrupted: the study keeps every finished trial; re-run the same command to resume")
@@ -194,8 +198,10 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     objective = CandidateObjective(mode, data, cfg, LatencyCache(run_dir / "latency.json"), len(directions),
                                    on_status=progress.status, oracle=oracle)
     objective.rungs = rungs
-    interrupted, search_seconds = _optimize(study, objective, progress, cfg, notes)
+    k = verify_count(cfg.verify, cfg.trials)
+    interrupted, search_seconds = _optimize(study, objective, progress, cfg, notes, k)
     notes += stop_notes(objective, cfg, interrupted, search_seconds)
+    verification = None if interrupted else verify_front(study, objective, cfg, multi, k)
     summary = _run_summary(mode.label, name, info, run_dir, cfg, data, rate, objective, search_seconds, notes,
                            interrupted)
     summary["fidelity"] = fidelity_summary(study, cfg, rungs, objective)
@@ -205,6 +211,9 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
         summary["zero_cost"] = study_zero_cost_summary(study, cfg, objective)
     with run_lock(run_dir):
         best_file = report.write_results(study, mode.space, cfg, run_dir, info, summary, multi, mode.finish)
+    if verification is not None:
+        summary["verify"] = verification
+        mark_ties(summary.get("pareto") or [], verification)
     summary["wall_seconds"] = round(time.perf_counter() - wall_start, 2)
     runs.atomic_write_text(run_dir / "summary.json", report.summary_json(summary))
     return SearchOutcome(study, summary, run_dir, interrupted, best_file)

@@ -127,7 +127,8 @@ def _masks_search_config(search: Any) -> SearchConfig:
     protocol = options.pop("protocol", None)
     if isinstance(protocol, dict | None):
         protocol = {**MASKS_PROXY_DEFAULTS, **(protocol or {})}
-    defaults = {"objective": "accuracy", "trial_timeout": MASKS_TRIAL_TIMEOUT_S, "fidelity": "none"}
+    # a placement search returns one placement, not a front: no --verify re-training (design search only)
+    defaults = {"objective": "accuracy", "trial_timeout": MASKS_TRIAL_TIMEOUT_S, "fidelity": "none", "verify": 0}
     return complete_config(None, **{**defaults, **options, "protocol": protocol})
 
 

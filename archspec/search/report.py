@@ -631,10 +631,30 @@ def _points_table(summary: dict):
         table.add_column(col, justify="left" if col == "spec" else "right")
     for p in summary["pareto"]:
         score = (_fmt(p.get("score")),) if scored else ()
-        table.add_row(str(p.get("rank", "")), str(p["trial"]), *score, _fmt(p.get("accuracy")),
+        rank = str(p.get("rank", "")) + (" ~" if p.get("within_seed_spread") else "")  # --verify: a tie in noise
+        table.add_row(rank, str(p["trial"]), *score, _fmt(p.get("accuracy")),
                       _fmt(p.get("latency_ms"), 2), human(p["macs"]) if p.get("macs") is not None else "-",
                       human(p["params"]) if p.get("params") is not None else "-", str(p.get("file", "")))
     return table
+
+
+def verify_lines(verification: dict | None) -> list[str]:
+    """What ``--verify`` found, for the printed summary: each re-trained design's two scores, the rank agreement of
+    the two seeds and the seed spread (:mod:`archspec.search.verify`).  Nothing without a verification."""
+    if not verification:
+        return []
+
+    designs = "; ".join(f"#{d['trial']} {_fmt(d['score'][0])} -> {_fmt(d['score'][1])}"
+                        for d in verification["designs"])
+    lines = [f"verified: the front's best {verification['k']} trained again with seed "
+             f"{verification['designs'][0]['seeds'][1]}: {designs}"]
+    tau, spread = verification.get("rank_agreement"), verification.get("seed_spread")
+    if spread is not None:
+        lines.append(f"seed spread {spread:.4f}" + (f", rank agreement of the two seeds tau {tau:.2f}"
+                                                    if tau is not None else "")
+                     + ": front points within the spread of the next better one are marked ~ (the proxy cannot "
+                       "order them)")
+    return lines
 
 
 def print_summary(summary: dict, console=None) -> None:
@@ -648,6 +668,8 @@ def print_summary(summary: dict, console=None) -> None:
         console.print("  " + line)
     if summary.get("pareto"):
         console.print(_points_table(summary))
+    for line in verify_lines(summary.get("verify")):
+        console.print("  " + line)
     failures = summary.get("failures") or []
     if failures:
         console.print(f"  failed trials ({len(failures)}): "
