@@ -176,11 +176,28 @@ def check_oracle(cfg: SearchConfig, space, n_objectives: int):
                                f"e.g. {missing[0]}", "finish it (nice -n 19 python bench/space_table.py --resume), or "
                                "search only the designs it holds (--oracle-subset)",
                                str(cfg.oracle))
-    if (n_objectives == 2 or cfg.budgets.latency_ms is not None) and not table.latency_ms:
-        raise SpecError.single(("--oracle",), "the table has no latency yet (its latency pass has not run)",
-                               "search with --objective accuracy, or run bench/space_table.py --latency",
-                               str(cfg.oracle))
+    if n_objectives == 2 or cfg.budgets.latency_ms is not None:
+        _check_oracle_latency(table, [(params, key) for params, key in points if key in tabulated], space.name,
+                              str(cfg.oracle))
     return table
+
+
+def _check_oracle_latency(table, searched: list[tuple[dict, str]], space: str, file: str) -> None:
+    """Every design the search can meet (``searched``: ``(params, key)``) has a tabulated latency: one without
+    would fail as a trial each time it is sampled while the search samples on.
+
+    Raises:
+        SpecError: at ``--oracle``: no latency at all, or none for some of the searched designs.
+    """
+    if not table.latency_ms:
+        raise SpecError.single(("--oracle",), "the table has no latency yet (its latency pass has not run)",
+                               "search with --objective accuracy, or run bench/space_table.py --latency", file)
+    lacking = [params for params, key in searched if key not in table.latency_ms]
+    if lacking:
+        raise SpecError.single(("--oracle",), f"its latency sidecar lacks {len(lacking)} of the {len(searched)} "
+                                              f"tabulated designs of space {space!r}, e.g. {lacking[0]}",
+                               "finish its latency pass (bench/space_table.py --latency --resume), or search with "
+                               "--objective accuracy and no --budget-latency", file)
 
 
 def preflight_rounds(cfg: SearchConfig, name: str):
