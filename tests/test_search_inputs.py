@@ -111,6 +111,8 @@ MASKS = ["search", "masks", "mait.yaml", *FAST]
     (["--timeout", "nan"], ["--timeout", "finite"]),
     (["--trial-timeout", "inf"], ["--trial-timeout", "finite"]),
     (["--proxy-lr", "inf"], ["--proxy-lr", "finite"]),
+    (["--seed", "-1"], ["--seed", "seed must be in [0, 2^31), got -1"]),  # issue 57: numpy's ValueError before
+    (["--seed", "4294967296"], ["--seed", "got 4294967296"]),
 ])
 def test_design_bad_input_writes_nothing(work, capsys, extra, needles):
     _refused([*DESIGN, *extra], needles, capsys, work)
@@ -134,6 +136,8 @@ def test_design_bad_space_writes_nothing(work, capsys):
     (["--strategy", "optuna", "--windows", "4x4"], ["--windows"]),
     (["--strategy", "optuna", "--max-masked", "0"], ["--max-masked", ">= 1"]),
     (["--storage", "sqlite:///notes.txt"], ["--storage", "not an SQLite database"]),
+    (["--seed", "-1"], ["--seed", "seed must be in [0, 2^31)"]),
+    (["--strategy", "optuna", "--seed", "4294967296"], ["--seed", "got 4294967296"]),
 ])
 def test_masks_bad_input_writes_nothing(work, capsys, extra, needles):
     _refused([*MASKS, *extra], needles, capsys, work)
