@@ -445,3 +445,21 @@ def test_the_shipped_table_loads_as_before():
     assert len(table.tabulated) == 169 and table.seeds == [0, 1, 2] and len(table.latency_ms) == 224
     assert table.curve_steps == [25, 50, 100, 200, 400, 800, 938]
     table.check_steps(938)
+
+
+def test_the_studys_objective_names_say_what_is_optimised(tmp_path):
+    """Issue 57: a TSE-ranked search named its first objective "accuracy" while its values were -mean train loss;
+    now it is named for the score, the val top-1 stays a trial attribute, and a study created under the old name
+    still resumes (its names are left as they were)."""
+    path, _ = _table(tmp_path, latency=True)
+    common = {"space": TINY_SPACE, "oracle": str(path), "fidelity": "none", "progress": False, "sampler": "random"}
+    outcome = run_design(**common, trials=2, protocol={"steps": 80}, out=tmp_path / "run")
+    assert outcome.study.metric_names == ["score (-mean train loss)", "latency_ms"]
+    trained = [t for t in outcome.study.trials if t.user_attrs.get("status") == "trained"]
+    assert trained and all(t.values[0] == pytest.approx(-2.0) and 0 < t.user_attrs["accuracy"] <= 1 for t in trained)
+    outcome.study.set_metric_names(["accuracy", "latency_ms"])  # as a study written before issue 57 names them
+    resumed = run_design(**common, trials=4, protocol={"steps": 80}, out=tmp_path / "run")
+    assert resumed.study.metric_names == ["accuracy", "latency_ms"] and len(resumed.study.trials) > len(trained)
+    by_accuracy = run_design(**common, trials=1, objective="accuracy", protocol={"steps": 80, "score": "accuracy"},
+                             out=tmp_path / "acc")
+    assert by_accuracy.study.metric_names == ["accuracy"]
