@@ -463,3 +463,23 @@ def test_the_studys_objective_names_say_what_is_optimised(tmp_path):
     by_accuracy = run_design(**common, trials=1, objective="accuracy", protocol={"steps": 80, "score": "accuracy"},
                              out=tmp_path / "acc")
     assert by_accuracy.study.metric_names == ["accuracy"]
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # PartialFixedSampler
+def test_a_sampler_stuck_on_an_untabulated_design_stops_the_search(tmp_path, monkeypatch):
+    """Issue 57: --sampler gp under --oracle-subset proposed the same design the table lacks over and over (it fits
+    completed trials only; 152 infeasible trials for 2 trained, until the timeout).  A sampler that keeps proposing
+    one missing design (here, fixed on it) is stopped after MAX_UNTABULATED_REPEATS proposals, with a note that says
+    why and what to do."""
+    from archspec.search.rungs import MAX_UNTABULATED_REPEATS
+
+    path, points = _table(tmp_path, drop=1)
+    stuck = optuna.samplers.PartialFixedSampler(points[1][0], optuna.samplers.RandomSampler(seed=0))
+    monkeypatch.setattr("archspec.search.preflight.make_sampler", lambda *args, **kwargs: stuck)
+    outcome = run_design(space=TINY_SPACE, oracle=str(path), oracle_subset=True, objective="accuracy",
+                         fidelity="none", trials=3, protocol={"steps": 80}, out=tmp_path / "run", progress=False,
+                         sampler="gp", seed=0)
+    statuses = [t.user_attrs.get("status") for t in outcome.study.trials]
+    assert statuses == ["infeasible"] * MAX_UNTABULATED_REPEATS
+    note = next(n for n in outcome.summary["notes"] if n.startswith("stopped: the gp sampler"))
+    assert architecture_key(points[1][1])[:12] in note and "--sampler tpe or random" in note
