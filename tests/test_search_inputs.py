@@ -143,9 +143,23 @@ def test_masks_bad_input_writes_nothing(work, capsys, extra, needles):
     _refused([*MASKS, *extra], needles, capsys, work)
 
 
+CONV_ONLY = """\
+name: conv_only
+input: {channels: 3, resolution: 32}
+stem: {kind: resnet}
+stages:
+  - {kind: conv, block: basic, depth: 1, channels: 8}
+head: {num_classes: 10}
+"""
+
+
 def test_masks_bad_spec_writes_nothing(work, capsys):
     _refused(["search", "masks", "none.yaml", *FAST], ["none.yaml"], capsys, work)
-    _refused(["search", "masks", "conv.yaml", *FAST], ["no attention layer"], capsys, work)
+    _refused(["search", "masks", "conv.yaml", *FAST], ["conv.yaml: SPEC:", "no attention layer"], capsys, work)
+    # issue 57: a spec without token stages named "<spec>", not its file (a conv net without tokens: is valid now)
+    Path("resnet_like.yaml").write_text(CONV_ONLY)
+    _refused(["search", "masks", "resnet_like.yaml", *FAST],
+             ["resnet_like.yaml: SPEC: spec 'conv_only' has no attention stage"], capsys, work)
 
 
 # ----------------------------------------------------------------------------------- --data images
