@@ -483,3 +483,12 @@ def test_a_sampler_stuck_on_an_untabulated_design_stops_the_search(tmp_path, mon
     assert statuses == ["infeasible"] * MAX_UNTABULATED_REPEATS
     note = next(n for n in outcome.summary["notes"] if n.startswith("stopped: the gp sampler"))
     assert architecture_key(points[1][1])[:12] in note and "--sampler tpe or random" in note
+
+
+def test_the_table_rules_are_torch_free():
+    """A table writer (and `archspec validate`-like commands) can apply the rules without importing torch."""
+    code = ("import sys, archspec.search.table_checks as t; "
+            "assert t.row_problem({'key': 'k'}).startswith('not a table row'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
