@@ -206,9 +206,9 @@ NO_TOKENS = "tokens: {cls_token: none, pos_embed: none}\n"
      "stem.kind", 3, "conv stages need the feature map of a resnet stem"),
     (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {ATTN}\nhead: {{pool: mean}}\n",
      "stem.kind", 3, "an attention stage takes only after a conv stage"),
-    (f"stem: {{kind: resnet}}\nstages:\n  - {CONV}\nhead: {{pool: mean}}\n",
+    (f"stem: {{kind: resnet}}\ntokens: {{cls_token: input}}\nstages:\n  - {CONV}\nhead: {{pool: mean}}\n",
      "tokens.cls_token", None, "no tokens to prepend a class token"),
-    (f"stem: {{kind: resnet}}\ntokens: {{cls_token: none}}\nstages:\n  - {CONV}\nhead: {{pool: mean}}\n",
+    (f"stem: {{kind: resnet}}\ntokens: {{pos_embed: learned}}\nstages:\n  - {CONV}\nhead: {{pool: mean}}\n",
      "tokens.pos_embed", None, "no tokens to add a position embedding"),
     (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {CONV}\nhead: {{pool: cls}}\n",
      "head.pool", 7, "averages the final map"),
@@ -252,6 +252,26 @@ def test_located_errors(body: str, path: str, line: int | None, text: str, tmp_p
     assert format_path(problem.path) == path
     if line is not None:
         assert problem.line == line
+
+
+@pytest.mark.parametrize("tokens, head", [("", "head: {num_classes: 10}\n"), ("", ""),
+                                          ("tokens: {cls_token: none}\n", "head: {pool: mean}\n")])
+def test_a_conv_net_without_tokens_defaults_to_none(tokens: str, head: str, tmp_path, capsys) -> None:
+    """Issue 57: a spec of conv stages only that leaves out ``tokens:`` (or ``head.pool``) was refused ("a conv net
+    has no tokens to prepend a class token to"); the only sensible default is no tokens and an average pool, and the
+    spec is then the same model as one that states them."""
+    from archspec.cli import main
+
+    body = f"input: {{resolution: 64}}\nstem: {{kind: resnet}}\n{tokens}stages:\n  - {CONV}\n{head}"
+    (tmp_path / "implicit.yaml").write_text(HEAD + body, encoding="utf-8")
+    classes = ", num_classes: 10" if "num_classes" in head else ""
+    stated = (f"input: {{resolution: 64}}\nstem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {CONV}\n"
+              f"head: {{pool: mean{classes}}}\n")
+    (tmp_path / "stated.yaml").write_text(HEAD + stated, encoding="utf-8")
+    implicit, explicit = (archspec.load_spec(tmp_path / f"{n}.yaml") for n in ("implicit", "stated"))
+    assert implicit.tokens.cls_token == "none" and implicit.tokens.pos_embed == "none" and implicit.head.pool == "mean"
+    assert implicit == explicit
+    assert main(["validate", str(tmp_path / "implicit.yaml")]) == 0
 
 
 @pytest.mark.parametrize("stride", [3, 4])

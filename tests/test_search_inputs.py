@@ -111,6 +111,8 @@ MASKS = ["search", "masks", "mait.yaml", *FAST]
     (["--timeout", "nan"], ["--timeout", "finite"]),
     (["--trial-timeout", "inf"], ["--trial-timeout", "finite"]),
     (["--proxy-lr", "inf"], ["--proxy-lr", "finite"]),
+    (["--seed", "-1"], ["--seed", "seed must be in [0, 2^31), got -1"]),  # issue 57: numpy's ValueError before
+    (["--seed", "4294967296"], ["--seed", "got 4294967296"]),
 ])
 def test_design_bad_input_writes_nothing(work, capsys, extra, needles):
     _refused([*DESIGN, *extra], needles, capsys, work)
@@ -134,14 +136,30 @@ def test_design_bad_space_writes_nothing(work, capsys):
     (["--strategy", "optuna", "--windows", "4x4"], ["--windows"]),
     (["--strategy", "optuna", "--max-masked", "0"], ["--max-masked", ">= 1"]),
     (["--storage", "sqlite:///notes.txt"], ["--storage", "not an SQLite database"]),
+    (["--seed", "-1"], ["--seed", "seed must be in [0, 2^31)"]),
+    (["--strategy", "optuna", "--seed", "4294967296"], ["--seed", "got 4294967296"]),
 ])
 def test_masks_bad_input_writes_nothing(work, capsys, extra, needles):
     _refused([*MASKS, *extra], needles, capsys, work)
 
 
+CONV_ONLY = """\
+name: conv_only
+input: {channels: 3, resolution: 32}
+stem: {kind: resnet}
+stages:
+  - {kind: conv, block: basic, depth: 1, channels: 8}
+head: {num_classes: 10}
+"""
+
+
 def test_masks_bad_spec_writes_nothing(work, capsys):
     _refused(["search", "masks", "none.yaml", *FAST], ["none.yaml"], capsys, work)
-    _refused(["search", "masks", "conv.yaml", *FAST], ["no attention layer"], capsys, work)
+    _refused(["search", "masks", "conv.yaml", *FAST], ["conv.yaml: SPEC:", "no attention layer"], capsys, work)
+    # issue 57: a spec without token stages named "<spec>", not its file (a conv net without tokens: is valid now)
+    Path("resnet_like.yaml").write_text(CONV_ONLY)
+    _refused(["search", "masks", "resnet_like.yaml", *FAST],
+             ["resnet_like.yaml: SPEC: spec 'conv_only' has no attention stage"], capsys, work)
 
 
 # ----------------------------------------------------------------------------------- --data images

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import optuna
 import pytest
@@ -300,7 +302,7 @@ def test_malformed_reference_seeds_are_a_located_error(tmp_path, capsys, value):
     path, _ = _table(tmp_path)
     meta = json.loads((tmp_path / "tiny.meta.json").read_text())
     (tmp_path / "tiny.meta.json").write_text(json.dumps({**meta, "reference_seeds": value}))
-    with pytest.raises(SpecError, match="tiny.meta.json: field reference_seeds must be a non-empty list"):
+    with pytest.raises(SpecError, match="tiny.meta.json, line 1: field reference_seeds must be a non-empty list"):
         load_table(path)
     assert main(["search", "--space", str(TINY_SPACE), "--oracle", str(path), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
@@ -406,3 +408,206 @@ def test_ties_within_the_seed_spread_and_the_time_reserve_by_hand():
     assert stopped == []  # 50 + 2 x 20 = 90 < 100
     reserve(study, SimpleNamespace(user_attrs={"status": "trained", "train_seconds": 40.0}))
     assert stopped == [True]  # 50 + 2 x 30 = 110 >= 100
+
+
+# ----------------------------------------------------------------------------------- issue 57: values, not shapes
+SHIPPED = Path(__file__).resolve().parent.parent / "archspec" / "search" / "tables"
+
+
+def _shipped_copy(tmp_path) -> Path:
+    """A copy of the shipped levit_small table and its sidecars in ``tmp_path`` (the shipped files stay untouched)."""
+    for p in SHIPPED.glob("levit_small.*"):
+        shutil.copy(p, tmp_path / p.name)
+    return tmp_path / "levit_small.jsonl"
+
+
+def _edit_rows(path: Path, edit) -> None:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    edit(rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def _set_point(row: dict, field: str, i: int, j: int, value) -> None:
+    row[field][i][j] = value
+
+
+def _cut_curve(row: dict, n: int) -> None:
+    row["curve"], row["tse"] = row["curve"][:n], row["tse"][:n]
+
+
+def _shipped_rows() -> list[dict]:
+    """The shipped table's rows, read as plain JSON (it grows while the whole space is tabulated)."""
+    return [json.loads(line) for line in (SHIPPED / "levit_small.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _complete(rows: list[dict], seeds=(0, 1, 2)) -> set[str]:
+    """The designs holding every reference seed, counted by hand."""
+    by: dict[str, set] = {}
+    for r in rows:
+        by.setdefault(r["key"], set()).add(r["seed"])
+    return {k for k, v in by.items() if set(seeds) <= v}
+
+
+_SHIPPED_LINES = len(_shipped_rows())
+_BAD_ROWS = [  # (what the issue saw, edit of the rows, where, the words of the refusal)
+    ("accuracy -5", lambda r: _set_point(r[3], "curve", 2, 1, -5.0), "line 4: field curve[2][1]",
+     "in [0, 1], not -5.0"),
+    ("accuracy 1e300", lambda r: _set_point(r[3], "curve", 2, 1, 1e300), "line 4: field curve[2][1]", "not 1e+300"),
+    ("accuracy NaN", lambda r: _set_point(r[3], "curve", 2, 1, math.nan), "line 4: field curve[2][1]", "not NaN"),
+    ("negated TSE", lambda r: [x.update(tse=[[s, -t, c] for s, t, c in x["tse"]]) for x in r],
+     "line 1: field tse[0][1]", "sum of training losses must be a finite number >= 0"),
+    ("TSE inf", lambda r: _set_point(r[3], "tse", 2, 1, math.inf), "line 4: field tse[2][1]", "not Infinity"),
+    ("TSE falls", lambda r: _set_point(r[3], "tse", 2, 1, 1.0), "line 4: field tse[2][1]", "falls from"),
+    ("final accuracy 2", lambda r: r[0].update(final_accuracy=2.0), "line 1: field final_accuracy", "in [0, 1]"),
+    ("zc NaN", lambda r: r[0]["zc"].update(synflow=math.nan), "line 1: field zc.synflow", "finite numbers or null"),
+    ("conflicting duplicate", lambda r: r.append({**r[0], "final_accuracy": 0.1}),
+     f"line {_SHIPPED_LINES + 1}: design 0300dba68545 seed 0", "second, different row (first: line 1)"),
+    ("foreign protocol_id", lambda r: r[5].update(protocol_id="other"), "line 6: field protocol_id",
+     "is not the sidecar's \"355be66f46fc\""),
+]
+
+
+@pytest.mark.parametrize("case, edit, where, words", _BAD_ROWS, ids=[c[0] for c in _BAD_ROWS])
+def test_a_table_is_checked_by_value(tmp_path, capsys, case, edit, where, words):
+    """Issue 57: each damaged number of a copy of the shipped table, once silently used, is exit 2 naming the file,
+    the line and the field, before the run directory exists."""
+    from archspec.cli import main
+
+    path = _shipped_copy(tmp_path)
+    _edit_rows(path, edit)
+    with pytest.raises(SpecError) as err:
+        load_table(path)
+    assert where in str(err.value) and words in str(err.value) and err.value.problems[0].file == str(path)
+    assert main(["search", "--space", "levit_small", "--oracle", str(path), "--oracle-subset", "--objective",
+                 "accuracy", "--trials", "3", "--out", str(tmp_path / "run")]) == 2
+    stderr = capsys.readouterr().err
+    assert where in stderr and "Traceback" not in stderr and not (tmp_path / "run").exists()
+
+
+def test_an_identical_duplicate_row_is_accepted(tmp_path):
+    path = _shipped_copy(tmp_path)
+    _edit_rows(path, lambda r: r.append(dict(r[0])))
+    first = json.loads(path.read_text().splitlines()[0])
+    table = load_table(path)
+    assert table.lines[(first["key"], first["seed"])] == 1 and table.rows[first["key"]][first["seed"]] == first
+    assert table.tabulated == _complete(_shipped_rows())
+
+
+def test_every_rows_curve_must_reach_the_proxy_steps(tmp_path):
+    """Only the first row's steps were checked: a later row that ends early answered with its last point."""
+    path = _shipped_copy(tmp_path)
+    _edit_rows(path, lambda r: _cut_curve(r[7], 3))  # line 8 ends at 100 steps
+    table = load_table(path)
+    table.check_steps(100)
+    with pytest.raises(SpecError) as err:
+        table.check_steps(120)
+    assert err.value.problems[0].path == ("--proxy-steps",) and "line 8" in str(err.value)
+    assert "ends at 100 steps" in str(err.value)
+
+
+_BAD_SIDECARS = [
+    ("levit_small.meta.json", lambda m: m.update(protocol=[1, 2]), "levit_small.meta.json, line 2: field protocol",
+     "must be a JSON object"),
+    ("levit_small.meta.json", lambda m: m["protocol"].update(image_size="big"),
+     "levit_small.meta.json, line 5: field protocol.image_size", "positive integer, not \"big\""),
+    ("levit_small.latency.json", lambda m: m.update(ms=[1.0, 2.0]), "levit_small.latency.json, line 18: field ms",
+     "must map design keys to ms"),
+    ("levit_small.latency.json", lambda m: m["ms"].update({next(iter(m["ms"])): [math.inf]}),
+     "levit_small.latency.json, line 19: field ms.8783e6b76a68", "positive finite ms"),
+    ("levit_small.latency.json", lambda m: m["ms"].update({next(iter(m["ms"])): -1.0}),
+     "levit_small.latency.json, line 19: field ms.8783e6b76a68", "positive finite ms"),
+]
+
+
+@pytest.mark.parametrize("sidecar, edit, where, words", _BAD_SIDECARS)
+def test_a_sidecars_types_are_checked(tmp_path, capsys, sidecar, edit, where, words):
+    """Issue 57: wrong types in a sidecar were tracebacks (AttributeError, ValueError); now exit 2 naming the table,
+    the sidecar, its line and the field, before anything is written."""
+    from archspec.cli import main
+
+    path = _shipped_copy(tmp_path)
+    _edit_json(tmp_path / sidecar, edit)
+    with pytest.raises(SpecError) as err:
+        load_table(path)
+    assert where in str(err.value) and words in str(err.value)
+    assert main(["search", "--space", "levit_small", "--oracle", str(path), "--out", str(tmp_path / "run")]) == 2
+    stderr = capsys.readouterr().err
+    assert where in stderr and "Traceback" not in stderr and not (tmp_path / "run").exists()
+
+
+def test_a_latency_sidecar_of_some_designs_is_refused_up_front(tmp_path, capsys):
+    """A latency sidecar holding only some designs made each missing one a failed trial while the search sampled on
+    (296 failed trials); a Pareto search (or a latency budget) now refuses it before writing anything."""
+    from archspec.cli import main
+
+    path = _shipped_copy(tmp_path)
+    kept = list(json.loads((tmp_path / "levit_small.latency.json").read_text())["ms"])[:100]
+    _edit_json(tmp_path / "levit_small.latency.json", lambda m: m.update(ms=dict(list(m["ms"].items())[:100])))
+    tabulated = _complete([json.loads(line) for line in path.read_text().splitlines()])
+    assert main(["search", "--space", "levit_small", "--oracle", str(path), "--oracle-subset", "--trials", "3",
+                 "--out", str(tmp_path / "run")]) == 2
+    stderr = capsys.readouterr().err
+    lacks = f"its latency sidecar lacks {len(tabulated - set(kept))} of the {len(tabulated)} tabulated designs"
+    assert lacks in stderr and str(path) in stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_shipped_table_loads_as_before():
+    table = load_table("levit_small")
+    assert table.tabulated == _complete(_shipped_rows()) and len(table.tabulated) >= 169
+    assert table.seeds == [0, 1, 2] and len(table.latency_ms) == 224
+    assert table.curve_steps == [25, 50, 100, 200, 400, 800, 938]
+    table.check_steps(938)
+
+
+def test_the_studys_objective_names_say_what_is_optimised(tmp_path):
+    """Issue 57: a TSE-ranked search named its first objective "accuracy" while its values were -mean train loss;
+    now it is named for the score, the val top-1 stays a trial attribute, and a study created under the old name
+    still resumes (its names are left as they were)."""
+    path, _ = _table(tmp_path, latency=True)
+    common = {"space": TINY_SPACE, "oracle": str(path), "fidelity": "none", "progress": False, "sampler": "random"}
+    outcome = run_design(**common, trials=2, protocol={"steps": 80}, out=tmp_path / "run")
+    assert outcome.study.metric_names == ["score (-mean train loss)", "latency_ms"]
+    trained = [t for t in outcome.study.trials if t.user_attrs.get("status") == "trained"]
+    assert trained and all(t.values[0] == pytest.approx(-2.0) and 0 < t.user_attrs["accuracy"] <= 1 for t in trained)
+    outcome.study.set_metric_names(["accuracy", "latency_ms"])  # as a study written before issue 57 names them
+    resumed = run_design(**common, trials=4, protocol={"steps": 80}, out=tmp_path / "run")
+    assert resumed.study.metric_names == ["accuracy", "latency_ms"] and len(resumed.study.trials) > len(trained)
+    by_accuracy = run_design(**common, trials=1, objective="accuracy", protocol={"steps": 80, "score": "accuracy"},
+                             out=tmp_path / "acc")
+    assert by_accuracy.study.metric_names == ["accuracy"]
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # PartialFixedSampler
+def test_a_sampler_stuck_on_an_untabulated_design_stops_the_search(tmp_path, monkeypatch):
+    """Issue 57: --sampler gp under --oracle-subset proposed the same design the table lacks over and over (it fits
+    completed trials only; 152 infeasible trials for 2 trained, until the timeout).  A sampler that keeps proposing
+    one missing design (here, fixed on it) is stopped after MAX_UNTABULATED_REPEATS proposals, with a note that says
+    why and what to do."""
+    from archspec.search.rungs import MAX_UNTABULATED_REPEATS
+
+    path, points = _table(tmp_path, drop=1)
+    stuck = optuna.samplers.PartialFixedSampler(points[1][0], optuna.samplers.RandomSampler(seed=0))
+    monkeypatch.setattr("archspec.search.preflight.make_sampler", lambda *args, **kwargs: stuck)
+    outcome = run_design(space=TINY_SPACE, oracle=str(path), oracle_subset=True, objective="accuracy",
+                         fidelity="none", trials=3, protocol={"steps": 80}, out=tmp_path / "run", progress=False,
+                         sampler="gp", seed=0)
+    statuses = [t.user_attrs.get("status") for t in outcome.study.trials]
+    assert statuses == ["infeasible"] * MAX_UNTABULATED_REPEATS
+    note = next(n for n in outcome.summary["notes"] if n.startswith("stopped: the gp sampler"))
+    assert architecture_key(points[1][1])[:12] in note and "--sampler tpe or random" in note
+
+
+def test_the_table_rules_are_torch_free():
+    """A table writer (and `archspec validate`-like commands) can apply the rules without importing torch."""
+    code = ("import sys, archspec.search.table_checks as t; "
+            "assert t.row_problem({'key': 'k'}).startswith('not a table row'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -304,6 +304,43 @@ def test_out_that_cannot_be_created_is_refused(tmp_path, spec_file, folder, monk
     assert "--out" in err and "cannot create the run directory: Operation not permitted" in err
 
 
+def _unwritable(directory: Path) -> str | None:
+    """Make ``directory`` unwritable to this process: ``chattr +i`` (root ignores modes), else mode 0o555; how, or
+    ``None`` where neither works here."""
+    if subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode == 0:
+        return "chattr"
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return "chmod"
+    return None
+
+
+def _writable_again(directory: Path, how: str | None) -> None:
+    if how == "chattr":
+        subprocess.run(["chattr", "-i", str(directory)], check=True)
+    elif how == "chmod":
+        directory.chmod(0o755)
+
+
+@pytest.mark.parametrize("where", ["out", "parent"])
+def test_an_unwritable_out_is_refused_naming_it(tmp_path, spec_file, folder, capsys, where):
+    """Issue 57: `archspec train SPEC --out DIR` on an existing immutable (or read-only) DIR was a PermissionError
+    traceback; now exit 2 naming DIR before anything is read or written.  A new --out under such a directory too."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    how = _unwritable(locked)
+    if how is None:
+        pytest.skip("no way to make a directory unwritable here (root without chattr)")
+    try:
+        out = locked if where == "out" else locked / "run"
+        assert main(_train(spec_file, folder, out)) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and f"{out}: --out:" in err and "not writable" in err
+        assert list(locked.iterdir()) == []
+    finally:
+        _writable_again(locked, how)
+
+
 class _NotACheckpoint:
     pass
 

@@ -80,6 +80,7 @@ from archspec.search.rungs import (
     stop_notes,
     study_zero_cost_summary,
 )
+from archspec.search.scoring import objective_name
 from archspec.search.study import worker_seed
 from archspec.search.verify import TimeReserve, mark_ties, verify_count, verify_front
 
@@ -183,7 +184,9 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     wall_start = time.perf_counter()
     multi = cfg.objective == "pareto"
     directions = ["maximize", "minimize"] if multi else ["maximize"]
-    metric_names = ["accuracy", "latency_ms"] if multi else ["accuracy"]
+    # Named for what the value is (a TSE-ranked search's values are -mean train loss, not accuracy); a resumed study
+    # keeps the names it was created with (open_study sets them on a new study only).
+    metric_names = [objective_name(getattr(cfg.protocol, "score", "accuracy"))] + (["latency_ms"] if multi else [])
     data, sampler, oracle = preflight(mode.space, cfg, name, len(directions))
     # how fast the space samples and checks (the summary's figure); an oracle replay measures nothing real, and this
     # was a third of its CPU (issue 54: 200-replay comparisons in minutes)

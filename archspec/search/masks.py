@@ -151,12 +151,14 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
     spec = mcfg.spec if isinstance(mcfg.spec, ArchSpec) else load_spec(mcfg.spec)
+    source = None if isinstance(mcfg.spec, ArchSpec) else str(mcfg.spec)  # the SPEC argument: a file or a name
     if spec.n_conv_stages and not attention_layers(spec):
         raise SpecError.single(("SPEC",), f"spec {spec.name!r} has no attention stage: mask placement puts MaiT "
                                "masks on the heads of token stages (attention inside bottlenecks takes none)",
-                               "a hybrid needs attention stages after its conv stages (e.g. levit_graft_r50s1_deit9)")
+                               "a hybrid needs attention stages after its conv stages (e.g. levit_graft_r50s1_deit9)",
+                               source)
     if not attention_layers(spec):
-        raise SpecError.single(("SPEC",), f"spec {spec.name!r} has no attention layer to place masks in")
+        raise SpecError.single(("SPEC",), f"spec {spec.name!r} has no attention layer to place masks in", None, source)
     if mcfg.strategy not in ("als", "optuna", "soft"):
         raise SpecError.single(("--strategy",), f"unknown strategy {mcfg.strategy!r}", "als, optuna or soft")
     cfg = mcfg.search

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -71,9 +72,9 @@ class CandidateObjective:
             latency from a tabulated space instead of measuring them (``--oracle``).
 
     Counts what it did (``attempted``, ``infeasible``, ``reused``, ``duplicates``, ``stopped``, the
-    ``consecutive_*`` runs :class:`~archspec.search.rungs.StopRules` reads); ``search_deadline``
-    (``perf_counter`` seconds) is when ``--timeout`` runs out and ``rungs`` the multi-fidelity schedule, both
-    set by the engine.
+    ``consecutive_*`` runs and ``untabulated_repeats`` :class:`~archspec.search.rungs.StopRules` reads);
+    ``search_deadline`` (``perf_counter`` seconds) is when ``--timeout`` runs out and ``rungs`` the multi-fidelity
+    schedule, both set by the engine.
     """
 
     def __init__(self, mode: SampledMode, data: Dataset, cfg: SearchConfig, cache: LatencyCache, n_objectives: int,
@@ -90,6 +91,9 @@ class CandidateObjective:
         self.reused = 0                # candidates whose finished result was copied (not retrained)
         self.duplicates = 0            # candidates another worker was training: stepped back
         self.consecutive_duplicates = 0
+        # --oracle-subset: how often each design the table lacks was proposed since the last candidate reached
+        # training; a sampler that learns only from completed trials (gp) proposes the same one again and again
+        self.untabulated_repeats: Counter[str] = Counter()
         self.first_trial: int | None = None  # this worker's first trial number (its sampler seed)
         self.search_deadline: float | None = None  # perf_counter() time at which --timeout runs out
         self.rungs = None              # archspec.search.fidelity.Rungs when multi-fidelity is on
@@ -128,6 +132,7 @@ class CandidateObjective:
         if self.cfg.fidelity == "zc":
             self._zero_cost_rung(trial, spec, latency, trial.user_attrs.get("macs"), trial.user_attrs.get("params"))
         self.attempted += 1
+        self.untabulated_repeats.clear()
         self.on_status(f"trial {trial.number}: training")
         start = time.perf_counter()
         result = self._train(trial, spec, latency, start)
@@ -188,6 +193,8 @@ class CandidateObjective:
         self._constraint(trial, "macs", check.macs, budgets.macs)
         self._constraint(trial, "params", check.params, budgets.params)
         untabulated = self.oracle is not None and key not in self.oracle.tabulated  # --oracle-subset (else exit 2)
+        if untabulated and check.feasible:
+            self.untabulated_repeats[key] += 1
         if not check.feasible or untabulated:
             if budgets.latency_ms is not None:  # not measured (never built): every trial carries every key
                 trial.set_constraint("latency", 0.0)

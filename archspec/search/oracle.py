@@ -22,6 +22,10 @@ searches would; the seed that answered is recorded on the trial (user attribute 
 trials.csv), so that a comparison scores each design on the reference seeds that did *not* answer it.  (Before
 issue 54 the seed was ``--seed`` modulo 3 for every design: twenty repeats replayed three noise draws.)  A design
 that is not in the table is an error (exit 2).
+
+A table is user input: every row and sidecar is checked by shape and by value as it is read
+(:mod:`archspec.search.table_checks`: finite numbers, accuracies in [0, 1], cumulative TSE, one row per design and
+seed, one protocol), each violation a :class:`~archspec.errors.SpecError` naming the file, line and field.
 """
 
 from __future__ import annotations
@@ -36,13 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from archspec.errors import SpecError
+from archspec.search.table_checks import check_meta, check_row, index_rows, latency_ms, short_curve
 
 __all__ = ["TABLES_DIR", "OracleTable", "load_table", "curve_at"]
 
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 _OPTION = ("--oracle",)
 _MAX_BYTES = 64 * 2**20
-_REQUIRED = ("key", "seed", "params", "macs", "n_params", "curve", "tse", "final_accuracy", "zc")
 
 
 def _fail(message: str, file: str | None, hint: str | None = None) -> SpecError:
@@ -89,6 +93,7 @@ class OracleTable:
         rows: ``{architecture key: {seed: row}}``.
         latency_ms: ``{architecture key: ms}`` (empty before the latency pass).
         meta: the sidecar's protocol, machine and commits (``{}`` if there is none).
+        lines: ``{(architecture key, seed): line of its row in the file}`` (empty for a table built in memory).
     """
 
     file: str
@@ -96,9 +101,10 @@ class OracleTable:
     rows: dict[str, dict[int, dict]]
     latency_ms: dict[str, float]
     meta: dict
+    lines: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_reference_seeds(self.meta, f"{Path(self.file).stem}.meta.json", self.file)
+        check_meta(self.meta, "", f"{Path(self.file).stem}.meta.json", self.file)
 
     @cached_property
     def seeds(self) -> list[int]:
@@ -149,11 +155,19 @@ class OracleTable:
         return self.rows[key][self.seed_of(key, seed)]
 
     def check_steps(self, steps: int) -> None:
-        """Raises :class:`SpecError` at ``--proxy-steps`` when ``steps`` lies past the tabulated curve."""
-        last = self.curve_steps[-1]
-        if steps > last:
-            raise SpecError.single(("--proxy-steps",), f"{steps} steps is past the table's curve ({last} steps)",
-                                   f"tabulated steps: {', '.join(map(str, self.curve_steps))}")
+        """Raises :class:`SpecError` at ``--proxy-steps`` when ``steps`` lies past the curve of any row (each row is
+        checked: a row whose curve ends early would otherwise answer with its last point)."""
+        short = short_curve(self.rows, steps)
+        if short is not None:
+            key, seed = short
+            row = self.rows[key][seed]
+            line = self.lines.get(short)
+            where = f"line {line}: " if line is not None else ""
+            raise SpecError.single(("--proxy-steps",), f"{steps} steps is past the table's curve ({where}design "
+                                   f"{key[:12]} seed {seed} ends at {row['curve'][-1][0]} steps)",
+                                   f"search with --proxy-steps {row['curve'][-1][0]} or fewer, or tabulate that row's "
+                                   f"curve further (its steps: {', '.join(str(s) for s, *_ in row['curve'])})",
+                                   self.file)
 
     def train(self, spec, data, protocol, seed: int = 0, report=None, on_model=None) -> OracleResult:
         """The proxy training :func:`archspec.search.proxy.train_proxy` would run, answered from the table:
@@ -247,29 +261,8 @@ def _linear(points: list[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
-def _triples(value) -> bool:
-    """A non-empty list of ``[step, number, number]`` with positive, increasing steps."""
-    if not isinstance(value, list) or not value:
-        return False
-    numbers = all(isinstance(t, list) and len(t) == 3 and all(isinstance(v, int | float) and not isinstance(v, bool)
-                                                              for v in t) for t in value)
-    return numbers and all(t[0] > 0 for t in value) and [t[0] for t in value] == sorted({t[0] for t in value})
-
-
-def _row_problem(row: dict) -> str | None:
-    """What is wrong with a row's fields (``None`` when nothing): the shapes the oracle reads."""
-    if not isinstance(row["key"], str) or isinstance(row["seed"], bool) or not isinstance(row["seed"], int):
-        return "key must be text and seed an integer"
-    if not _triples(row["curve"]) or not _triples(row["tse"]):
-        return "curve and tse must be lists of [step, value, value] with increasing steps"
-    if [t[0] for t in row["curve"]] != [t[0] for t in row["tse"]]:
-        return "curve and tse must have the same steps"
-    if not isinstance(row["zc"], dict) or not all(v is None or isinstance(v, int | float) for v in row["zc"].values()):
-        return "zc must map score names to numbers"
-    return None
-
-
-def _read_rows(path: Path, name: str) -> list[dict]:
+def _read_rows(path: Path, name: str) -> list[tuple[int, dict]]:
+    """``(line, row)`` of every non-blank line, each checked by shape and value (:func:`check_row`)."""
     rows = []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -279,14 +272,8 @@ def _read_rows(path: Path, name: str) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise _fail(f"line {n}: not JSON ({exc.msg})", name) from None
-            missing = [k for k in _REQUIRED if not isinstance(row, dict) or k not in row]
-            if missing:
-                raise _fail(f"line {n}: not a table row (missing {', '.join(missing)})", name,
-                            "a table is what bench/space_table.py writes") from None
-            problem = _row_problem(row)
-            if problem:
-                raise _fail(f"line {n}: {problem}", name, "a table is what bench/space_table.py writes")
-            rows.append(row)
+            check_row(row, n, name)
+            rows.append((n, row))
     return rows
 
 
@@ -297,7 +284,8 @@ def load_table(source: str | os.PathLike) -> OracleTable:
 
     Raises:
         SpecError: at ``--oracle``: no such file or shipped table, a directory, over 64 MB, unreadable, a line
-            that is not JSON or not a table row, no rows.
+            that is not JSON or breaks a rule of :mod:`archspec.search.table_checks` (shape, value, a conflicting
+            duplicate, another protocol), no rows, a sidecar of the wrong types.
     """
     path = Path(source).expanduser()
     name = str(source)
@@ -316,44 +304,28 @@ def load_table(source: str | os.PathLike) -> OracleTable:
         raise _fail(f"cannot read: {getattr(exc, 'strerror', None) or exc}", name) from None
     if not rows:
         raise _fail("the table has no rows", name)
-    by_key: dict[str, dict[int, dict]] = {}
-    for row in rows:
-        by_key.setdefault(row["key"], {})[int(row["seed"])] = row
-    meta = _sidecar(path.with_suffix(".meta.json"), name)
-    latency = _latency(_sidecar(path.with_suffix(".latency.json"), name), name)
+    meta, meta_text = _sidecar(path.with_suffix(".meta.json"), name)
+    check_meta(meta, meta_text, path.with_suffix(".meta.json").name, name)
+    by_key, lines = index_rows(rows, meta.get("protocol_id"), name)
+    latency_path = path.with_suffix(".latency.json")
+    latency = latency_ms(*_sidecar(latency_path, name), latency_path.name, name)
     space = meta.get("protocol", {}).get("space", path.stem)
-    return OracleTable(file=name, space=space, rows=by_key, latency_ms=latency, meta=meta)
+    return OracleTable(file=name, space=space, rows=by_key, latency_ms=latency, meta=meta, lines=lines)
 
 
-def _latency(sidecar: dict, name: str) -> dict[str, float]:
-    """``{key: ms}`` from a latency sidecar ``{"ms": {key: ms or [ms of each pass]}}``: the mean of the passes."""
-    out = {}
-    for key, value in (sidecar.get("ms") or {}).items():
-        values = value if isinstance(value, list) else [value]
-        if not values or not all(isinstance(v, int | float) and v > 0 for v in values):
-            raise _fail(f"its latency sidecar has no positive ms for design {str(key)[:12]}", name)
-        out[key] = sum(values) / len(values)
-    return out
+def _sidecar(path: Path, name: str) -> tuple[dict, str]:
+    """``(object, text)`` of a JSON sidecar (``({}, "")`` when there is none).
 
-
-def _check_reference_seeds(meta: dict, sidecar: str, name: str) -> None:
-    """The sidecar's ``reference_seeds``, when present, must be a non-empty list of integers: it decides which
-    designs the oracle answers, so a malformed one is refused rather than silently replaced."""
-    named = meta.get("reference_seeds")
-    if named is None:
-        return
-    if not (isinstance(named, list) and named and all(isinstance(s, int) and not isinstance(s, bool) for s in named)):
-        raise _fail(f"its sidecar {sidecar}: field reference_seeds must be a non-empty list of integer seeds, "
-                    f"not {json.dumps(named)[:60]}", name, "e.g. \"reference_seeds\": [0, 1, 2]")
-
-
-def _sidecar(path: Path, name: str) -> dict:
+    Raises:
+        SpecError: at ``--oracle``: unreadable, not JSON, not a JSON object.
+    """
     if not path.is_file():
-        return {}
+        return {}, ""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _fail(f"its sidecar {path.name} is unreadable: {exc}", name) from None
     if not isinstance(data, dict):
         raise _fail(f"its sidecar {path.name} is not a JSON object", name)
-    return data
+    return data, text

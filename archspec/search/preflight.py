@@ -28,7 +28,7 @@ from archspec.search.rundir import check_outputs
 from archspec.search.study import make_sampler
 
 __all__ = ["preflight", "first_problem", "check_budgets_feasible", "check_space_valid", "check_data_path",
-           "check_fidelity", "check_oracle", "MAX_ORACLE_POINTS"]
+           "check_fidelity", "check_oracle", "check_seed", "MAX_ORACLE_POINTS"]
 
 def first_problem(exc: SpecError) -> str:
     """The first problem of ``exc``, formatted (its message when it has none)."""
@@ -97,6 +97,20 @@ def check_data_path(data: str | None) -> None:
     check_source(data)
 
 
+MAX_SEED = 2**31  # what `archspec train --seed` accepts; numpy's samplers take seeds below 2**32
+
+
+def check_seed(seed) -> None:
+    """``--seed`` is an integer in [0, 2^31), as for ``archspec train`` (numpy's samplers refuse others with a
+    traceback).
+
+    Raises:
+        SpecError: at ``--seed``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+        raise SpecError.single(("--seed",), f"seed must be in [0, 2^31), got {seed}")
+
+
 def check_fidelity(cfg: SearchConfig) -> None:
     """``cfg.fidelity`` is known and ``cfg.zc_score`` a zero-cost ranking.
 
@@ -117,8 +131,8 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     ``--oracle``), the study's sampler and the :class:`~archspec.search.oracle.OracleTable` (or ``None``).
 
     Raises:
-        SpecError: the first bad input (trials, timeout, sampler start-up, fidelity, budgets, space, oracle, data,
-            ``--out``, ``--storage``).
+        SpecError: the first bad input (trials, timeout, sampler start-up, seed, fidelity, budgets, space, oracle,
+            data, ``--out``, ``--storage``).
     """
     if cfg.trials < 1:
         raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")
@@ -126,6 +140,7 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
         raise SpecError.single(("--timeout",), f"must be positive seconds, got {cfg.timeout}")
     if cfg.sampler_startup < 0:
         raise SpecError.single(("--sampler-startup",), f"needs 0 or more trials, got {cfg.sampler_startup}")
+    check_seed(cfg.seed)
     check_fidelity(cfg)
     check_budgets_feasible(space, cfg.budgets, cfg.budget_options)
     check_space_valid(space, seed=cfg.seed)
@@ -191,11 +206,28 @@ def check_oracle(cfg: SearchConfig, space, n_objectives: int):
                                f"e.g. {missing[0]}", "finish it (nice -n 19 python bench/space_table.py --resume), or "
                                "search only the designs it holds (--oracle-subset)",
                                str(cfg.oracle))
-    if (n_objectives == 2 or cfg.budgets.latency_ms is not None) and not table.latency_ms:
-        raise SpecError.single(("--oracle",), "the table has no latency yet (its latency pass has not run)",
-                               "search with --objective accuracy, or run bench/space_table.py --latency",
-                               str(cfg.oracle))
+    if n_objectives == 2 or cfg.budgets.latency_ms is not None:
+        _check_oracle_latency(table, [(params, key) for params, key in points if key in tabulated], space.name,
+                              str(cfg.oracle))
     return table
+
+
+def _check_oracle_latency(table, searched: list[tuple[dict, str]], space: str, file: str) -> None:
+    """Every design the search can meet (``searched``: ``(params, key)``) has a tabulated latency: one without
+    would fail as a trial each time it is sampled while the search samples on.
+
+    Raises:
+        SpecError: at ``--oracle``: no latency at all, or none for some of the searched designs.
+    """
+    if not table.latency_ms:
+        raise SpecError.single(("--oracle",), "the table has no latency yet (its latency pass has not run)",
+                               "search with --objective accuracy, or run bench/space_table.py --latency", file)
+    lacking = [params for params, key in searched if key not in table.latency_ms]
+    if lacking:
+        raise SpecError.single(("--oracle",), f"its latency sidecar lacks {len(lacking)} of the {len(searched)} "
+                                              f"tabulated designs of space {space!r}, e.g. {lacking[0]}",
+                               "finish its latency pass (bench/space_table.py --latency --resume), or search with "
+                               "--objective accuracy and no --budget-latency", file)
 
 
 def preflight_rounds(cfg: SearchConfig, name: str):
@@ -205,8 +237,10 @@ def preflight_rounds(cfg: SearchConfig, name: str):
     Returns the :class:`~archspec.io.datasets.Dataset`.
 
     Raises:
-        SpecError: a missing or unreadable data source, an unusable run directory or storage.
+        SpecError: ``--seed`` out of range, a missing or unreadable data source, an unusable run directory or
+            storage.
     """
+    check_seed(cfg.seed)
     check_data_path(cfg.data)
     check_outputs(cfg, name)
     from archspec.io.datasets import load_data  # noqa: PLC0415 - torch-side: after the torch-free checks

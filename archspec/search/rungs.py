@@ -7,9 +7,10 @@ only promising candidates train (:func:`zero_cost_stops`).  A stopped candidate 
 attr ``status = stopped``).
 
 Stop rules (:class:`StopRules`, an Optuna callback) end the whole search: ``--trials`` candidates trained,
-:data:`MAX_CONSECUTIVE_INFEASIBLE` infeasible samples in a row (the budgets leave nothing), or
+:data:`MAX_CONSECUTIVE_INFEASIBLE` infeasible samples in a row (the budgets leave nothing),
 :data:`MAX_CONSECUTIVE_DUPLICATES` samples in a row of architectures the study already has (the space is
-exhausted); :func:`stop_notes` says which.
+exhausted), or under ``--oracle-subset`` one design the table lacks proposed :data:`MAX_UNTABULATED_REPEATS` times
+since the last trained candidate (the sampler does not learn from it); :func:`stop_notes` says which.
 """
 
 from __future__ import annotations
@@ -37,13 +38,18 @@ if TYPE_CHECKING:  # annotations only
     from archspec.search.objective import CandidateObjective
     from archspec.spec import ArchSpec
 
-__all__ = ["MAX_CONSECUTIVE_INFEASIBLE", "MAX_CONSECUTIVE_DUPLICATES", "fidelity_plan", "rung_stops",
-           "zero_cost_stops", "fidelity_summary", "study_zero_cost_summary", "StopRules", "stop_notes"]
+__all__ = ["MAX_CONSECUTIVE_INFEASIBLE", "MAX_CONSECUTIVE_DUPLICATES", "MAX_UNTABULATED_REPEATS", "fidelity_plan",
+           "rung_stops", "zero_cost_stops", "fidelity_summary", "study_zero_cost_summary", "StopRules", "stop_notes"]
 
 MAX_CONSECUTIVE_INFEASIBLE = 2000
 # Samples in a row, since the last trained candidate, of architectures the study already trained or is
 # training: the space (within the budgets) has nothing new left for this sampler.
 MAX_CONSECUTIVE_DUPLICATES = 20
+# --oracle-subset: proposals of one design the table lacks since the last trained candidate.  Such a design is a
+# pruned trial; TPE ranks it last and random sampling moves on, but a sampler that fits completed trials only (gp)
+# keeps proposing it (issue 57: 152 infeasible trials for 2 trained, until the timeout).  Random sampling repeats a
+# given design 10 times before training anything else only when the space is all but exhausted.
+MAX_UNTABULATED_REPEATS = 10
 
 
 # ----------------------------------------------------------------------------------- rungs
@@ -164,6 +170,18 @@ class StopRules:
             study.stop()
         elif self.objective.consecutive_duplicates >= MAX_CONSECUTIVE_DUPLICATES:
             study.stop()
+        elif _stuck_on_untabulated(self.objective) is not None:
+            study.stop()
+
+
+def _stuck_on_untabulated(objective: CandidateObjective) -> str | None:
+    """The design the table lacks that the sampler proposed :data:`MAX_UNTABULATED_REPEATS` times since the last
+    trained candidate (its architecture key), or ``None``."""
+    repeats = getattr(objective, "untabulated_repeats", None)
+    if not repeats:
+        return None
+    key, count = repeats.most_common(1)[0]
+    return key if count >= MAX_UNTABULATED_REPEATS else None
 
 
 def stop_notes(objective: CandidateObjective, cfg: SearchConfig, interrupted: bool, search_seconds: float) -> list[str]:
@@ -176,6 +194,12 @@ def stop_notes(objective: CandidateObjective, cfg: SearchConfig, interrupted: bo
     if objective.consecutive_duplicates >= MAX_CONSECUTIVE_DUPLICATES:
         notes.append(f"stopped: the space has no untried architectures left ({MAX_CONSECUTIVE_DUPLICATES} samples in "
                      "a row were architectures this study already trained or is training)")
+    stuck = _stuck_on_untabulated(objective)
+    if stuck is not None:
+        notes.append(f"stopped: the {cfg.sampler} sampler proposed design {stuck[:12]}, which the table lacks, "
+                     f"{MAX_UNTABULATED_REPEATS} times since the last trained candidate -- it does not learn from a "
+                     "design --oracle-subset cannot evaluate (gp fits completed trials only); search this table with "
+                     "--sampler tpe or random, or finish the table (then --oracle-subset is not needed)")
     if (cfg.timeout is not None and objective.attempted < cfg.trials and not interrupted
             and search_seconds >= cfg.timeout):
         notes.append(f"--timeout {cfg.timeout:g}s reached after {objective.attempted} of {cfg.trials} trials")

@@ -9,9 +9,12 @@
 
 from __future__ import annotations
 
-__all__ = ["PROXY_SCORES", "proxy_score"]
+__all__ = ["PROXY_SCORES", "proxy_score", "objective_name"]
 
 PROXY_SCORES = ("accuracy", "tse")
+# The study's name for its first objective (optuna-dashboard's axes and tables): what the value is.  The proxy's
+# val top-1 stays a trial user attribute ("accuracy") either way.
+_OBJECTIVE_NAMES = {"accuracy": "accuracy", "tse": "score (-mean train loss)"}
 
 
 def proxy_score(kind: str, accuracy: float, loss_sum: float, steps: int) -> float:
@@ -26,3 +29,15 @@ def proxy_score(kind: str, accuracy: float, loss_sum: float, steps: int) -> floa
     if kind == "tse":
         return -float(loss_sum) / max(int(steps), 1)
     raise ValueError(f"unknown proxy score {kind!r}: one of {', '.join(PROXY_SCORES)}")
+
+
+def objective_name(kind: str) -> str:
+    """The study's name for the objective a proxy score ``kind`` gives: ``"accuracy"`` (val top-1, 0..1) or
+    ``"score (-mean train loss)"`` (``tse``: ``-TSE / steps``, nats per step, higher is better).
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`PROXY_SCORES`.
+    """
+    if kind not in _OBJECTIVE_NAMES:
+        raise ValueError(f"unknown proxy score {kind!r}: one of {', '.join(PROXY_SCORES)}")
+    return _OBJECTIVE_NAMES[kind]

@@ -333,7 +333,8 @@ class ArchSpec(StrictModel):
     input: InputSpec = Field(default_factory=InputSpec, description="Input images.")
     stem: StemSpec = Field(default_factory=PatchStemSpec, description="Stem: patch, conv, identity or resnet.")
     tokens: TokensSpec = Field(
-        default_factory=TokensSpec, description="Class/distillation tokens and position embedding."
+        default_factory=TokensSpec, description="Class/distillation tokens and position embedding (left out: a class "
+        "token and a learned position embedding; none of either for a conv net, whose stages are all kind: conv)."
     )
     stages: list[AnyStage] = Field(..., min_length=1, max_length=8, description="Stages, in order: attention "
                                    "stages (the default kind) or conv stages (kind: conv).  Conv stages before the "
@@ -342,9 +343,27 @@ class ArchSpec(StrictModel):
                                    "distillation tokens dropped, and end the model on ResNet's head (pool: mean).")
     class_attention: ClassAttentionSpec | None = Field(
         None, description="CaiT class-attention stage after the last stage (needs tokens.cls_token: <total depth>).")
-    head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head.")
+    head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head (head.pool left out: cls; "
+                              "mean for a conv net).")
     # the IR, carried from validation to every later step (archspec.ir.graph.build_graph); not part of the spec
     _graph_cache: GraphCache = PrivateAttr(default_factory=GraphCache)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _convnet_defaults(cls, data: Any) -> Any:
+        """A conv net (every stage ``kind: conv``) that leaves out ``tokens`` (or some of its keys) or ``head.pool``
+        gets the only values it can have -- no class token, no position embedding, an average pool -- not the token
+        models' defaults (which its checks would then refuse)."""
+        if not (isinstance(data, dict) and _all_conv_stages(data.get("stages"))):
+            return data
+        data = dict(data)
+        tokens = data.get("tokens", {})
+        if isinstance(tokens, dict):  # what it leaves out; what it states is checked as stated
+            data["tokens"] = {"cls_token": "none", "pos_embed": "none", **tokens}
+        head = data.get("head", {})
+        if isinstance(head, dict) and "pool" not in head:
+            data["head"] = {**head, "pool": "mean"}
+        return data
 
     @field_validator("name")
     @classmethod
@@ -434,6 +453,12 @@ class ArchSpec(StrictModel):
     def to_yaml(self) -> str:
         """The resolved spec (every default explicit) as YAML; ``load_spec`` of it gives an equal spec."""
         return spec_to_yaml(self)
+
+
+def _all_conv_stages(stages: Any) -> bool:
+    """Whether raw ``stages`` (before validation) is a non-empty list whose every stage says ``kind: conv``."""
+    return isinstance(stages, list) and bool(stages) and all(
+        isinstance(s, ConvStageSpec) or (isinstance(s, dict) and s.get("kind") == "conv") for s in stages)
 
 
 class LayerPlan(StrictModel):

@@ -110,7 +110,8 @@ def _out_error(out: Path, message: str, hint: str | None = None, option: str = "
 
 
 def _writable_parent(out: Path) -> None:
-    """Refuse an ``out`` that cannot be created: its nearest existing ancestor is not a directory."""
+    """Refuse an ``out`` that cannot be created: its nearest existing ancestor is not a directory, or (``out``
+    missing) is not writable."""
     parent = out
     while True:
         parent = parent.parent
@@ -118,6 +119,15 @@ def _writable_parent(out: Path) -> None:
             break
     if parent.exists() and not parent.is_dir():
         raise _out_error(out, f"cannot be created: {parent} is not a directory", "give another --out")
+    if not os.path.lexists(out) and parent.is_dir() and not _writable(parent):
+        raise _out_error(out, f"cannot be created: {parent} is not writable (permissions, a read-only or immutable "
+                              "directory)", "give a writable --out")
+
+
+def _writable(directory: Path) -> bool:
+    """Whether this process may create entries in ``directory``: ``access(2)`` with W_OK and X_OK, which also
+    answers no for an immutable (``chattr +i``) directory or a read-only file system, even to root."""
+    return os.access(directory, os.W_OK | os.X_OK)
 
 
 def prepare_run_dir(out: Path, resume: bool, restart: bool = False) -> str:
@@ -127,9 +137,9 @@ def prepare_run_dir(out: Path, resume: bool, restart: bool = False) -> str:
     archspec run to remove before the new one starts).
 
     Raises:
-        SpecError: at ``--out``: not a directory, a directory archspec did not write, an earlier run without
-            ``--resume`` or ``--restart``; at ``--resume``: no run, a run without a checkpoint or a finished
-            run; at ``--restart``: given with ``--resume``.
+        SpecError: at ``--out``: not a directory, a directory archspec did not write, not writable (or its
+            parent, for a new one), an earlier run without ``--resume`` or ``--restart``; at ``--resume``: no run,
+            a run without a checkpoint or a finished run; at ``--restart``: given with ``--resume``.
     """
     if resume and restart:
         raise SpecError.single(("--restart",), "cannot be combined with --resume",
@@ -146,6 +156,9 @@ def prepare_run_dir(out: Path, resume: bool, restart: bool = False) -> str:
         raise _out_error(out, "is a directory archspec did not write; it is left untouched",
                          "give a missing or empty directory" + (" (--resume continues only a run archspec wrote)"
                                                                 if resume else ""))
+    if out.is_dir() and not _writable(out):  # found before the data are read, not as a PermissionError mid-run
+        raise _out_error(out, "is not writable (permissions, a read-only or immutable directory); nothing was "
+                              "written", "give a writable --out")
     finished = ours and (out / "summary.json").exists()
     checkpointed = ours and (out / "checkpoint.pt").is_file()
     if resume:
