@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from archspec.io.images import sample_batch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist runs one worker per core (pyproject.toml's addopts: -n logical): each worker computes with one
+    # torch thread, and so do the processes its tests start (OMP_NUM_THREADS is inherited).  Two workers of two
+    # threads each on 2 cores spin-wait on each other's OpenMP barriers (see _one_thread).
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
