@@ -41,3 +41,19 @@ def one_thread():
 def one_thread_module():
     """One torch thread for a whole module of tiny-model tests."""
     yield from _one_thread()
+
+
+# The files that take longest, longest first (their summed test times in a full run, docs/contributing.md).
+# pytest-xdist hands out whole files (--dist loadfile) in collection order (--no-loadscope-reorder), so starting
+# with these lets the many short files fill the other workers' time: one long file started last would leave
+# every other worker idle at the end.  The other files keep pytest's order.
+LONGEST_FIRST = ("test_search_table.py", "test_deploy.py", "test_cli.py", "test_onnx_export.py", "test_docs.py",
+                 "test_train_run.py", "test_search_cli.py", "test_search_study.py", "test_search_storage.py",
+                 "test_search_postgres.py", "test_compile.py", "test_train_safety.py", "test_search_oracle.py",
+                 "test_search_fidelity.py", "test_resnet.py", "test_timm_api.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run :data:`LONGEST_FIRST` first, in that order (a stable sort: each file's tests keep their order)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
