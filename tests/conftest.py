@@ -1,4 +1,5 @@
-"""Shared fixtures: keep torch to the machine's 2 cores and give tests real images."""
+"""Shared fixtures and the parallel run: one torch thread per pytest-xdist worker, the longest files first, and
+real images for the tests."""
 
 from __future__ import annotations
 
