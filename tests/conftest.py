@@ -1,11 +1,21 @@
-"""Shared fixtures: keep torch to the machine's 2 cores and give tests real images."""
+"""Shared fixtures and the parallel run: one torch thread per pytest-xdist worker, the longest files first, and
+real images for the tests."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 from archspec.io.images import sample_batch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist runs one worker per core (pyproject.toml's addopts: -n logical): each worker computes with one
+    # torch thread, and so do the processes its tests start (OMP_NUM_THREADS is inherited).  Two workers of two
+    # threads each on 2 cores spin-wait on each other's OpenMP barriers (see _one_thread).
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +42,19 @@ def one_thread():
 def one_thread_module():
     """One torch thread for a whole module of tiny-model tests."""
     yield from _one_thread()
+
+
+# The files that take longest, longest first (their summed test times in a full run, docs/contributing.md).
+# pytest-xdist hands out whole files (--dist loadfile) in collection order (--no-loadscope-reorder), so starting
+# with these lets the many short files fill the other workers' time: one long file started last would leave
+# every other worker idle at the end.  The other files keep pytest's order.
+LONGEST_FIRST = ("test_search_table.py", "test_deploy.py", "test_cli.py", "test_onnx_export.py", "test_docs.py",
+                 "test_train_run.py", "test_search_cli.py", "test_search_study.py", "test_search_storage.py",
+                 "test_search_postgres.py", "test_compile.py", "test_train_safety.py", "test_search_oracle.py",
+                 "test_search_fidelity.py", "test_resnet.py", "test_timm_api.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run :data:`LONGEST_FIRST` first, in that order (a stable sort: each file's tests keep their order)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

@@ -1,5 +1,6 @@
 """A throw-away PostgreSQL server for tests: Debian's ``postgresql`` binaries, a temporary data directory,
-TCP on 127.0.0.1 with a free port, trust authentication, stopped and removed at the end.
+TCP on 127.0.0.1 with a free port (a new one if another process takes it first), trust authentication,
+stopped and removed at the end.
 
 PostgreSQL refuses to run as root, so under root the server runs as the ``postgres`` system user that
 Debian's package creates.  :func:`start` returns None with a reason wherever it cannot start.
@@ -66,13 +67,30 @@ def start() -> Server | str:
     base = tempfile.mkdtemp(prefix="archspec-pg-")
     if user is not None:
         os.chown(base, pw.pw_uid, pw.pw_gid)
-    port = _free_port()
     try:
         _run([f"{bin_dir}/initdb", "-D", f"{base}/data", "-U", "archspec", "--auth=trust", "-E", "UTF8"], user)
-        _run([f"{bin_dir}/pg_ctl", "-D", f"{base}/data", "-w", "-t", "60", "-l", f"{base}/log", "-o",
-              f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c max_connections=200", "start"], user)
+        for attempt in range(3):
+            # the port was free when the kernel named it, but tests run in parallel (pytest-xdist) beside other
+            # programs: another process may take it before the server binds it; then try a new one
+            port = _free_port()
+            try:
+                _run([f"{bin_dir}/pg_ctl", "-D", f"{base}/data", "-w", "-t", "60", "-l", f"{base}/log", "-o",
+                      f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c max_connections=200", "start"], user)
+                break
+            except subprocess.CalledProcessError:
+                if attempt == 2 or "already in use" not in _log(base):
+                    raise
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        log = getattr(exc, "stderr", "") or ""
+        log = (getattr(exc, "stderr", "") or "") + _log(base)
         shutil.rmtree(base, ignore_errors=True)
         return f"PostgreSQL did not start: {exc} {log[-300:]}"
     return Server(f"postgresql://archspec@127.0.0.1:{port}/postgres", base, f"{bin_dir}/pg_ctl", user)
+
+
+def _log(base: str) -> str:
+    """The server's log so far ('' before it exists)."""
+    try:
+        with open(f"{base}/log", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""

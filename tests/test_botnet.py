@@ -116,6 +116,7 @@ def test_botnet_rel_in_a_token_stage_is_refused() -> None:
                             "stages": [{"depth": 1, "dim": 16, "heads": 2, "attention": "botnet_rel"}]})
 
 
+@pytest.mark.slow  # two ResNet-50-sized models converted both ways: seconds
 def test_tcnn_to_timm_round_trips_the_resnet_weights(one_thread) -> None:
     """to_timm of a T-CNN (GPSA in bottlenecks) gives its timm ResNet back: W_out -> the 3x3 conv (T-CNN eq. 6
     inverted); before, a KeyError."""

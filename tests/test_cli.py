@@ -104,7 +104,8 @@ head: {num_classes: 10}
 """
 
 
-@pytest.mark.parametrize("extra", [[], pytest.param(["--int8"], marks=pytest.mark.slow)], ids=["float", "int8"])
+@pytest.mark.parametrize("extra", [[], ["--int8"]], ids=["float", "int8"])
+@pytest.mark.slow  # a fresh interpreter imports torch and builds (float: seconds; int8: Inductor compiles, a minute)
 def test_a_first_build_shows_archspec_output_only(tmp_path, extra) -> None:
     """torch.utils.benchmark (the latency Timer) imports torch.utils.cpp_extension, which logs "No CUDA runtime is
     found, using CUDA_HOME=..." on a machine without CUDA; the int8 compile warns from Inductor's own code.

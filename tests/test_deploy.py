@@ -46,11 +46,13 @@ def _close(int8_logits: torch.Tensor, float_logits: torch.Tensor) -> None:
 # ------------------------------------------------------------------------------------------------ int8
 
 
+@pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 def test_int8_logits_close_to_float32_on_real_photos(levit, int8_reference, photos):
     with torch.no_grad():
         _close(int8_reference(photos), levit(photos))
 
 
+@pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 def test_a_bad_calibration_is_caught_by_the_tolerance(levit, photos):
     """The tolerance can fail: activations calibrated on images 20x too dark clip the real ones."""
     bad = quantize(levit, [augmented(photos) * 0.05], compile=False)
@@ -58,6 +60,7 @@ def test_a_bad_calibration_is_caught_by_the_tolerance(levit, photos):
         _close(bad(photos), levit(photos))
 
 
+@pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 def test_int8_quantises_linears_and_convs_and_keeps_attention_in_float32(levit, int8_reference):
     """Every linear and conv of the folded model runs in int8; the float graph's attention products and softmaxes
     (counted in torch.export's graph of the float model, before any quantiser) all stay float32."""
@@ -78,6 +81,7 @@ def test_int8_quantises_linears_and_convs_and_keeps_attention_in_float32(levit, 
             assert all("quantize_per" not in str(getattr(arg, "target", "")) for arg in node.all_input_nodes)
 
 
+@pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 def test_int8_leaves_the_float_model_alone_and_is_inference_only(levit, int8_reference, photos):
     assert count_batchnorms(levit) > 0 and not levit.training  # quantize() folded a copy
     assert int8_reference.calibration["images"] == 12 and int8_reference.calibration["input_shape"] == [3, 64, 64]
@@ -89,6 +93,7 @@ def test_int8_leaves_the_float_model_alone_and_is_inference_only(levit, int8_ref
     torch.testing.assert_close(one, int8_reference(photos)[:1])  # dynamic batch
 
 
+@pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 def test_int8_save_and_load_rebuild_the_same_model(levit, int8_reference, photos, tmp_path):
     archspec.save(int8_reference, tmp_path / "q")
     assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["int8.safetensors", "model.safetensors",
@@ -117,6 +122,7 @@ def _tampered(directory, metadata=None, tensors=None):
     save_file((tensors or (lambda t: t))(saved), str(path), metadata=(metadata or (lambda m: m))(meta))
 
 
+@pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 @pytest.mark.parametrize("damage, message", [
     ("no calibration", "no calibration input shape"),
     ("huge input shape", "is not the model's input"),
@@ -192,6 +198,7 @@ def test_reduce_range_follows_the_cpu(monkeypatch):
         assert needs_reduce_range() is expected
 
 
+@pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 def test_reduce_range_clamps_every_activation_and_survives_save_and_load(levit, photos, tmp_path, one_thread):
     """With reduce_range every activation is quantised to 0..127 and reads its input clamped to that range (the
     clamp changes no value of the reference graph); the choice is saved, so a load rebuilds the same model."""
@@ -213,6 +220,7 @@ def test_reduce_range_clamps_every_activation_and_survives_save_and_load(levit, 
     assert not torch.equal(seven(photos), eight(photos))
 
 
+@pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 def test_int8_refuses_other_cpus(monkeypatch, levit, photos):
     monkeypatch.setattr("platform.machine", lambda: "aarch64")
     with pytest.raises(SpecError, match="x86-64"):
@@ -271,6 +279,7 @@ def test_build_int8_and_compile_end_to_end(tmp_path, capsys, one_thread):
     assert archspec.load(out).eval()(photo).shape == (1, 1000)
 
 
+@pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 def test_build_compile_failure_is_a_located_message(monkeypatch, tmp_path, capsys, one_thread):
     """A compilation that fails (here: torch.compile's compiled function raising, as Inductor does without a
     C++ compiler) ends in a message at --compile, exit 2, nothing written -- not a traceback."""

@@ -92,6 +92,7 @@ def test_export_cli_int8_and_the_file_rules(levit, tmp_path, capsys, one_thread)
     assert main(["export", "levit_128s", "--onnx", str(tmp_path)]) == 2  # FILE is a directory
 
 
+@pytest.mark.slow  # torch.onnx.export (dynamo) of even a tiny model: seconds
 def test_export_to_a_240_character_file_name_leaves_no_staging_file(tmp_path, one_thread):
     spec = tmp_path / "spec" / "tiny.yaml"
     spec.parent.mkdir()

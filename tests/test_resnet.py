@@ -100,7 +100,8 @@ def _small_parity(ours: torch.nn.Module, reference: torch.nn.Module, size: int) 
     return forward, backward
 
 
-@pytest.mark.parametrize("name", ["resnext50_32x4d", "resnet26t", "seresnext26d_32x4d"])
+@pytest.mark.parametrize("name", [pytest.param("resnext50_32x4d", marks=pytest.mark.slow), "resnet26t",
+                                  "seresnext26d_32x4d"])
 def test_grouped_and_tiered_logits_equal_timm_at_64px(name: str, one_thread) -> None:
     """ResNeXt's grouped 3x3 (groups 32, base_width 4) and timm's tiered stem (3 -> 24 -> 32 -> 64): the shipped
     specs, written from the papers / timm's constructor arguments, against timm's own modules."""
@@ -111,7 +112,7 @@ def test_grouped_and_tiered_logits_equal_timm_at_64px(name: str, one_thread) -> 
     assert forward <= 1e-5 and backward <= 1e-5, (forward, backward)
 
 
-@pytest.mark.parametrize("name", ["resnet10t", "resnext50d_32x4d"])
+@pytest.mark.parametrize("name", ["resnet10t", pytest.param("resnext50d_32x4d", marks=pytest.mark.slow)])
 def test_held_out_timm_resnets_read_and_match(name: str, one_thread) -> None:
     """Held out: timm ResNets no shipped spec names (resnet10t's tiered stem with basic blocks, a ResNeXt-D) read by
     :func:`resnet_spec_from_timm` into a spec; equal parameter count and logits with randomised weights."""
@@ -125,6 +126,7 @@ def test_held_out_timm_resnets_read_and_match(name: str, one_thread) -> None:
     assert forward <= 1e-5 and backward <= 1e-5, (forward, backward)
 
 
+@pytest.mark.slow  # ResNet-50 at 224 px through the reference counter: seconds
 def test_conversion_keys_round_trip() -> None:
     """Every timm key has one archspec key and back (deep stem, conv pool, avg shortcut and SE included)."""
     ours = archspec.compile("resnetrs50", img_size=32)
@@ -150,6 +152,7 @@ def test_resnet50_macs_at_224_equal_the_reference_counter() -> None:
     assert model.analysis.graph["macs"] == reference_macs(model, torch.randn(1, 3, 224, 224))  # 4.09 GMACs
 
 
+@pytest.mark.slow  # timm ResNets built and run: seconds
 def test_timm_model_api(one_thread) -> None:
     model = archspec.compile("resnet50d", img_size=64).eval()
     reference = timm.create_model("resnet50d", pretrained=False).eval()

@@ -293,6 +293,7 @@ def test_masks_als_says_when_no_layer_became_local_and_shows_progress(mait_file,
     assert "no layer became local" in (out / "best.yaml").read_text().split("\nname:")[0]
 
 
+@pytest.mark.slow  # a 1-trial search trains its proxy: seconds
 def test_sampler_startup_reaches_the_sampler_and_a_negative_one_exits_2(space_file, tmp_path, monkeypatch, capsys):
     import archspec.search.preflight as preflight
     from archspec.search.study import make_sampler

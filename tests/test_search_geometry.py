@@ -52,6 +52,7 @@ def test_default_space_proxies_keep_every_stage_grid(digits):
         assert proxy.stages == spec.stages
 
 
+@pytest.mark.slow  # every point of the default space: seconds
 def test_default_space_min_grid_is_at_least_the_minimum_and_the_windows(digits):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     protocol = ProxyProtocol(min_grid=7)

@@ -217,12 +217,14 @@ def test_oracle_refusals_are_located_and_write_nothing(tmp_path, case, option, m
     assert not (tmp_path / "run").exists()
 
 
-def test_oracle_cli_exit_2_on_a_broken_table(tmp_path):
+def test_oracle_cli_exit_2_on_a_broken_table(tmp_path, capsys):
+    from archspec.cli import main  # in this process, as the other exit-2 tests here (a fresh one took seconds)
+
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"key": "x"}\n')
-    out = subprocess.run([sys.executable, "-m", "archspec", "search", "--oracle", str(bad), "--out",
-                          str(tmp_path / "run")], capture_output=True, text=True)
-    assert out.returncode == 2 and "not a table row" in out.stderr and "Traceback" not in out.stderr
+    assert main(["search", "--oracle", str(bad), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "not a table row" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
 
 
@@ -269,10 +271,12 @@ def test_reference_seeds_decide_which_designs_a_partial_table_holds(tmp_path):
                    protocol={"steps": 80}, out=tmp_path / "run", progress=False)
 
 
-def test_oracle_subset_without_oracle_is_exit_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "archspec", "search", "--oracle-subset", "--out",
-                          str(tmp_path / "run")], capture_output=True, text=True)
-    assert out.returncode == 2 and "--oracle-subset needs --oracle" in out.stderr and "Traceback" not in out.stderr
+def test_oracle_subset_without_oracle_is_exit_2(tmp_path, capsys):
+    from archspec.cli import main
+
+    assert main(["search", "--oracle-subset", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "--oracle-subset needs --oracle" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
 
 

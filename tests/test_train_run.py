@@ -212,6 +212,7 @@ def test_the_sampler_runs_on_into_the_next_epochs_orders():
     assert keys[60:] == [(5, i) for i in order(5)[:48]]
 
 
+@pytest.mark.slow  # several short training runs: seconds
 def test_one_loader_serves_every_epoch_and_a_resume_lands_on_the_same_batches(folder, monkeypatch):
     """The workers start once per run (not once per epoch), and a StreamBatches restored from the position
     after any step -- an epoch's last batch included -- draws exactly the batches of the uninterrupted one."""
