@@ -55,10 +55,11 @@ def command(method: str, out: Path, seed: int, budget: float, extra: list[str]) 
     # a run that started while the load average still showed the previous job could train on one thread
     # (archspec.cli.search.idle_cores counted a momentary process as a busy core): on 2026-11-27 the first run,
     # started a minute after a simulation ended, trained 25 candidates with 1 thread where its pair trained 36.
+    # --verify 0: the whole budget on the search, as the runs before --verify existed (the comparison scores fronts)
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return [sys.executable, "-m", "archspec", "search", "--space", "levit_small", "--data", "fashion-mnist",
             "--timeout", f"{budget:g}", "--trials", "100000", "--seed", str(seed), "--out", str(out),
-            "--no-progress", "--proxy-threads", str(threads), *METHODS[method], *extra]
+            "--no-progress", "--proxy-threads", str(threads), "--verify", "0", *METHODS[method], *extra]
 
 
 def score_run(run_dir: Path, truth, macs_budget: float) -> dict:
