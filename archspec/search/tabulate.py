@@ -383,6 +383,7 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
     wanted = [(i, p, key, s) for i, p, key, _ in keyed for s in dict.fromkeys(seeds)]
     wanted_pairs = {(key, s) for _, _, key, s in wanted}
     progress = TableProgress(wanted=len(wanted))
+    commit = git_commit()  # the code this worker runs: read once, before a later commit can change HEAD
     log(f"table of {space.name} in {info.url}: {len(keyed)} points x {len(set(seeds))} seeds "
         f"(protocol {protocol_id(protocol)})")
     while max_pairs is None or progress.trained < max_pairs:
@@ -397,7 +398,7 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
         trial = _pop(study, wanted_pairs - skip)
         if trial is None:
             break
-        _run_pair(study, trial, space, specs, protocol, train, progress, log)
+        _run_pair(study, trial, space, specs, protocol, train, progress, log, commit)
     return progress
 
 
@@ -423,7 +424,7 @@ def _real_trainer(protocol: dict) -> Callable:
 
 
 def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, specs: dict, protocol: dict,
-              train: Callable, progress: TableProgress, log: Callable[[str], None]) -> None:
+              train: Callable, progress: TableProgress, log: Callable[[str], None], commit: str) -> None:
     mark_worker(trial)
     key, seed = trial.user_attrs["key"], trial.user_attrs["seed"]
     trial.set_user_attr(_STATUS, "claimed")
@@ -454,7 +455,7 @@ def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, spec
         return
     finally:
         beat.close()
-    row = _row(space, protocol, index, params, key, seed, spec, fields)
+    row = _row(space, protocol, index, params, key, seed, spec, fields, commit)
     trial.set_user_attr("row", row)
     trial.set_user_attr(_STATUS, "trained")
     study.tell(trial, row["final_accuracy"])
@@ -467,7 +468,7 @@ def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, spec
         f"{progress.left} left, {_fmt_eta(progress.eta_s(workers))} with {workers} worker(s)")
 
 
-def _row(space, protocol, index, params, key, seed, spec, fields: dict) -> dict:
+def _row(space, protocol, index, params, key, seed, spec, fields: dict, commit: str) -> dict:
     """A table row in the shipped format's field order (``bench/space_table.py``'s)."""
     from archspec.ir.analysis import analyze  # noqa: PLC0415 - counts are graph-only; kept with the row builder
 
@@ -477,7 +478,7 @@ def _row(space, protocol, index, params, key, seed, spec, fields: dict) -> dict:
            "label": _label(space, params), "hand": _named(space, params), "seed": seed, "macs": counts.macs,
            "n_params": counts.params}
     row.update(fields)
-    row["commit"] = git_commit()
+    row["commit"] = commit
     row["machine"] = f"{host['cpu']}, {host['cores']} cores, torch {host['torch']}"
     return row
 
