@@ -119,7 +119,9 @@ def test_three_seed_means_and_every_split_by_hand():
 
 @pytest.mark.parametrize("argv, field", [
     (["--seeds", "-1"], "--seeds"), (["--designs", "0"], "--designs"), (["--steps", "x"], "--steps"),
-    (["--curve-steps", "10", "20"], "--curve-steps"), (["--storage", "journal:/no/such/dir/t.journal"], "--storage")])
+    (["--curve-steps", "10", "20"], "--curve-steps"), (["--storage", "journal:/no/such/dir/t.journal"], "--storage"),
+    # checked before the study exists: once failed every pair as a "training" failure, one by one
+    (["--augmentation", "bogus"], "--augmentation"), (["--data", "/no/such/data"], "--data")])
 def test_archspec_table_bad_options_exit_2_naming_the_option_and_write_nothing(tmp_path, argv, field):
     """What replaced bench/space_table.py's --shard / --done / --keys checks: every bad option of ``archspec table``
     exits 2 with the option named, no traceback, and nothing written (the default storage's folder included)."""

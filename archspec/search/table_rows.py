@@ -40,7 +40,7 @@ from archspec.train.batches import TensorBatches
 from archspec.train.config import TrainConfig
 from archspec.train.loop import Hooks, Trainer, evaluate, run_steps
 
-__all__ = ["stratified", "reference_data", "train_row", "zero_cost_row"]
+__all__ = ["stratified", "reference_data", "train_config", "train_row", "zero_cost_row"]
 
 
 def stratified(labels: np.ndarray, keep: int, seed: int) -> np.ndarray:
@@ -74,7 +74,8 @@ def reference_data(protocol: dict) -> tuple[Dataset, Dataset]:
     return view(keep, curve), view(keep, everything)
 
 
-def _train_config(protocol: dict) -> TrainConfig:
+def train_config(protocol: dict) -> TrainConfig:
+    """The :class:`~archspec.train.config.TrainConfig` of a table protocol (CPU, one evaluation at the end)."""
     return TrainConfig(steps=protocol["steps"], batch_size=protocol["batch_size"], lr=protocol["lr"],
                        weight_decay=protocol["weight_decay"], optimizer=protocol["optimizer"],
                        warmup_steps=protocol["warmup_steps"], augmentation=protocol["augmentation"],
@@ -105,7 +106,7 @@ def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol
     Raises:
         TrialFailure: the training diverged (non-finite loss), from :func:`archspec.train.loop.run_steps`.
     """
-    config = _train_config(protocol)
+    config = train_config(protocol)
     geometry = ProxyProtocol(image_size=protocol["image_size"])
     pspec = proxy_spec(spec, data_curve, geometry).model_copy(update={"seed": seed})
     torch.manual_seed(seed)

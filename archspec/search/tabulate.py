@@ -378,7 +378,7 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
         points = points[:designs]
     keyed = [(i, p, architecture_key(spec), spec) for i, p, spec in points]
     specs = {key: (i, p, spec) for i, p, key, spec in keyed}
-    train = train or _real_trainer(protocol)
+    train = train or _real_trainer(protocol)  # data and settings checked before the study is touched
     study, info = _open(space, protocol, storage, create=True)
     wanted = [(i, p, key, s) for i, p, key, _ in keyed for s in dict.fromkeys(seeds)]
     wanted_pairs = {(key, s) for _, _, key, s in wanted}
@@ -403,19 +403,24 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
 
 
 def _real_trainer(protocol: dict) -> Callable:
-    """``(spec, seed) -> row fields`` with the protocol's data loaded once (lazily: a worker with nothing to do
-    loads nothing)."""
-    cache: dict[str, Any] = {}
+    """``(spec, seed) -> row fields`` with the protocol's training settings checked and its data loaded now, before
+    the worker writes anything: a missing data set or a bad ``--augmentation`` is exit 2 once, not a failed trial
+    for every pair.
+
+    Raises:
+        SpecError: the data set is not installed, or a training setting is invalid (named as its option).
+    """
+    import torch  # noqa: PLC0415 - the torch half, loaded when pairs are to be trained
+
+    from archspec.search import table_rows  # noqa: PLC0415 - as above
+    from archspec.train.config import check_config  # noqa: PLC0415 - as above
+
+    check_config(table_rows.train_config(protocol))
+    torch.set_num_threads(protocol["threads"])
+    data = table_rows.reference_data(protocol)
 
     def train(spec, seed: int) -> dict:
-        from archspec.search import table_rows  # noqa: PLC0415 - the torch half, loaded when a pair is trained
-
-        if "data" not in cache:
-            import torch  # noqa: PLC0415 - as above
-
-            torch.set_num_threads(protocol["threads"])
-            cache["data"] = table_rows.reference_data(protocol)
-        data_curve, data_final = cache["data"]
+        data_curve, data_final = data
         row = table_rows.zero_cost_row(spec, data_curve, protocol, seed)
         row.update(table_rows.train_row(spec, data_curve, data_final, protocol, seed))
         return row
