@@ -155,6 +155,10 @@ METHODS = {
     "TPE, 10 start-up, TSE proxy": {"sampler": "tpe", "sampler_startup": 10, "fidelity": "none", **TSE},
     "TPE, 4 start-up, TSE proxy": {"sampler": "tpe", "sampler_startup": 4, "fidelity": "none", **TSE},
     "GP, 4 start-up, TSE proxy": {"sampler": "gp", "sampler_startup": 4, "fidelity": "none", **TSE},
+    # successive halving on TSE (rungs at --min-steps, then x eta): 40 candidates start, most stop at a rung; read
+    # at equal CPU against 20 fully trained random draws
+    "random sampling + successive halving, 40 started, TSE proxy": {"sampler": "random", "fidelity": "sha",
+                                                                    "trials": 40, **TSE},
     # local search around the front (archspec.search.front_sampler): random draws, then one-parameter mutations
     "front mutation, 4 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 4, "fidelity": "none", **TSE},
     "front mutation, 6 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 6, "fidelity": "none", **TSE},
@@ -320,11 +324,12 @@ def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budge
         # the search's own `trials` candidates, no --verify re-training (it scores nothing a front is judged by)
         options = {"verify": 0, **options}
         protocol = {"steps": steps, **options.pop("protocol", {})}
+        n_trials = options.pop("trials", trials)  # a method that screens (rungs) may train more at equal CPU
         runs = []
         for seed in range(first_seed, first_seed + repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 outcome = run_design(space=table.space, oracle=table_path, oracle_subset=True, objective=objective,
-                                     trials=trials, timeout=None,
+                                     trials=n_trials, timeout=None,
                                      trial_timeout=None, protocol=protocol, seed=seed, storage="memory",
                                      out=Path(tmp) / "run", progress=False, **options)
             runs.append(trace(outcome.study, truth, seed, steps, macs_budget))
