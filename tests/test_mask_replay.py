@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from archspec.diagnostics.metrics import attention_locality_score, patch_window_mask
 from archspec.errors import SpecError
 from archspec.search.mask_replay import als_at, mask_groups, replay_als, uniform_als
-from archspec.search.oracle import OracleTable
+from archspec.search.oracle import TABLES_DIR, OracleTable
 
 GROUPS = ("stages.0.heads_mix.masked.0-1", "stages.0.heads_mix.masked.2-3", "stages.0.heads_mix.masked.4-5")
 U = 361 / 49 / 50  # uniform ALS on 7x7 + class token, 3x3 window: (25*9 + 20*6 + 4*4) / 49 patches / 50 tokens
@@ -89,3 +91,68 @@ def test_a_point_missing_from_the_table_and_a_design_table_are_refused():
         mask_groups({"stages": "narrow"})
     with pytest.raises(SpecError, match="no ALS"):
         als_at({"curve": []}, 100)
+
+
+def test_search_masks_oracle_prints_the_rounds_the_placement_and_the_fixed_schemes(tmp_path, capsys):
+    """`archspec search masks --oracle T` on a table file shaped like mait_small's (rows built from its first row,
+    ALS set by hand as in test_two_rounds_by_hand_end_on_sch2): 1/1/1 -> 3/1/0 -> 2/1/0, whose reference top-1
+    is the mean of its three seeds (no round trained it), 0.7600."""
+    from archspec.cli import main
+    from archspec.search.latency import architecture_key
+    from archspec.search.space import load_space
+
+    template = json.loads((TABLES_DIR / "mait_small.jsonl").read_text().splitlines()[0])
+    points = {tuple(p[g] for g in GROUPS): (p, spec) for p, spec in load_space("mait_small").points()}
+    plan = {(1, 1, 1): ([[0.9, 0.5, 0.5], [0.5, 0.5, 0.5], [0.1, 0.5, 0.5]], "Sch.1-like", 0.70),
+            (3, 1, 0): ([[0.9, 0.1, 0.9], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]], None, 0.72),
+            (2, 1, 0): ([[0.5] * 3] * 3, "Sch.2-like", 0.75)}
+    lines = []
+    for counts, (als, hand, acc) in plan.items():
+        params, spec = points[counts]
+        for seed in (0, 1, 2):
+            row = dict(template, key=architecture_key(spec), params=params, seed=seed, hand=hand,
+                       final_accuracy=acc + 0.01 * seed, als=[[step, _layers(als)] for step, _ in template["als"]])
+            lines.append(json.dumps(row))
+    table = tmp_path / "masks.jsonl"
+    table.write_text("\n".join(lines) + "\n")
+    meta = json.loads((TABLES_DIR / "mait_small.meta.json").read_text())
+    (tmp_path / "masks.meta.json").write_text(json.dumps({**meta, "reference_seeds": [0, 1, 2]}))
+    assert main(["search", "masks", "--oracle", str(table)]) == 0
+    out = capsys.readouterr().out
+    assert "round 1: trained 0-1=1 2-3=1 4-5=1" in out and "round 2: trained 0-1=3 2-3=1 4-5=0" in out
+    assert "placement: 0-1=2 2-3=1 4-5=0; reference top-1 0.7600 (seeds [0, 1, 2])" in out
+    assert "Sch.1-like 0.7100" in out and "Sch.2-like 0.7600" in out
+    assert main(["search", "masks", "--oracle", str(table), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["placement"] == dict(zip(GROUPS, (2, 1, 0))) and report["reference_accuracy"] == pytest.approx(0.76)
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["search", "masks", "--oracle", "mait_small", "--strategy", "soft"], "--strategy"),  # no soft-mask rows
+    (["search", "masks", "convit_tiny", "--oracle", "mait_small"], "SPEC"),  # the table's space is the spec
+    (["search", "masks"], "SPEC"),
+    (["search", "masks", "mait_tiny_sch2", "--oracle-subset"], "--oracle-subset")])
+def test_search_masks_oracle_refusals_exit_2_naming_the_field(argv, field, tmp_path, monkeypatch, capsys):
+    from archspec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert field in capsys.readouterr().err and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_search_masks_oracle_optuna_searches_the_tables_points(tmp_path, capsys):
+    """--strategy optuna on the shipped (partial) mask table: a TPE search by accuracy over the points it holds;
+    the best is one of them."""
+    from archspec.cli import main
+    from archspec.ir.loader import load_spec
+    from archspec.search.latency import architecture_key
+    from archspec.search.oracle import load_table
+
+    out = tmp_path / "run"
+    assert main(["search", "masks", "--oracle", "mait_small", "--oracle-subset", "--strategy", "optuna",
+                 "--trials", "3", "--out", str(out), "--json", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["best"].endswith("best.yaml")
+    best = architecture_key(load_spec(out / "best.yaml"))
+    assert best in load_table("mait_small").tabulated

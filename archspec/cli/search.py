@@ -333,7 +333,15 @@ def _add_masks_parser(modes) -> None:
     """Register ``archspec search masks`` (mode 2) on the search parser's sub-commands."""
     masks = modes.add_parser("masks", help="MaiT mask placement for SPEC (--strategy als|optuna|soft)",
                              description=MASKS_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    masks.add_argument("spec", metavar="SPEC", help="YAML file or shipped spec name (see `archspec list`)")
+    masks.add_argument("spec", metavar="SPEC", nargs="?", default=None,
+                       help="YAML file or shipped spec name (see `archspec list`); none with --oracle")
+    masks.add_argument("--oracle", metavar="TABLE", default=argparse.SUPPRESS,
+                       help="replay the strategy on a mask table (`archspec table` of a kind: masks space, e.g. "
+                            "mait_small) instead of training: als reads each round's ALS from a row of the table, "
+                            "optuna searches the table's points (the table's space is the spec)")
+    masks.add_argument("--oracle-subset", action="store_true", default=argparse.SUPPRESS,
+                       help="with --oracle --strategy optuna: search only the points the table holds (every "
+                            "reference seed), for a table still being written")
     m = masks.add_argument_group("strategy")
     m.add_argument("--strategy", choices=("als", "optuna", "soft"), default="als",
                    help="placement strategy (default als)")
@@ -355,6 +363,37 @@ def _add_masks_parser(modes) -> None:
                    help="soft: learned alpha below A -> hard mask, else global (default 0.5 = the initial alpha)")
     _add_common(masks, defaults=False)
     masks.set_defaults(handler=cmd_search_masks)
+
+
+def _masks_on_table(args: argparse.Namespace) -> int:
+    """``archspec search masks --oracle TABLE``: the strategy replayed on a mask table (issue 52).  ``als``: MaiT's
+    rule, each round's training a row of the table (:func:`archspec.search.mask_replay.replay_als`); ``optuna``: a
+    search of the table's points by accuracy (mode 1 on the table's space, TPE); ``soft`` has no rows to read."""
+    from archspec.search.config import MASKS_PROXY_DEFAULTS
+    from archspec.search.mask_replay import mask_groups, table_replay_report
+    from archspec.search.oracle import load_table
+
+    table = load_table(args.oracle)
+    mask_groups(next(iter(next(iter(table.rows.values())).values()))["params"])  # a mask table, or exit 2 here
+    if args.spec is not None and args.spec != table.space:
+        raise SpecError.single(("SPEC",), f"with --oracle the table's space ({table.space}) is the spec",
+                               "drop SPEC", args.spec)
+    steps = getattr(args, "steps", None) or MASKS_PROXY_DEFAULTS["steps"]
+    if args.strategy == "soft":
+        raise SpecError.single(("--strategy",), "a mask table holds hard-mask rows; --strategy soft trains every "
+                                                "head soft-masked, which no row holds", "--strategy als or optuna")
+    if args.strategy == "optuna":
+        trials = args.trials if getattr(args, "trials", None) is not None else 12
+        cfg = _config(args, objective="accuracy", trials=trials, timeout=None, space=table.space,
+                      sampler="tpe", protocol=_protocol(args, {**MASKS_PROXY_DEFAULTS, "steps": steps}),
+                      oracle=args.oracle)
+        from archspec.search import run_design
+
+        return _report(run_design(cfg), args)
+    report = table_replay_report(table, args.seed, steps, window=args.window, high=args.als_high,
+                                 low=args.als_low, rounds=args.rounds, normalise=not args.als_raw)
+    print(json.dumps(report, indent=2) if args.json else report["text"])
+    return 0
 
 
 # ----------------------------------------------------------------------------------- building configs
@@ -492,11 +531,15 @@ def cmd_search_masks(args: argparse.Namespace) -> int:
     from archspec.search.config import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S
     from archspec.search.masks import MaskConfig, run_masks
 
-    for option in ("oracle", "oracle_subset", "list"):  # design-search only: masks train the given spec
-        if getattr(args, option, None):
-            flag = "--" + option.replace("_", "-")
-            raise SpecError.single((flag,), f"{flag} applies to mode 1 (design search), not to masks",
-                                   f"drop it, or run `archspec search --space ... {flag} ...`")
+    if getattr(args, "oracle", None):
+        return _masks_on_table(args)
+    if args.spec is None:
+        raise SpecError.single(("SPEC",), "missing: the spec whose masks to place", "archspec search masks SPEC")
+    if getattr(args, "oracle_subset", False):
+        raise SpecError.single(("--oracle-subset",), "applies to a replay on a table", "add --oracle TABLE")
+    if getattr(args, "list", None):  # design-search only: masks train the given spec
+        raise SpecError.single(("--list",), "--list applies to mode 1 (design search), not to masks",
+                               "drop it, or run `archspec search --space ... --list`")
     if (getattr(args, "budget_flops", None) or getattr(args, "budget_params", None)
             or getattr(args, "budget_latency", None)):
         raise SpecError.single(("--budget-flops",), "budgets apply to mode 1 (design); mask placement keeps the "

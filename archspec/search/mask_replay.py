@@ -29,12 +29,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from archspec.errors import SpecError
 from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW, assign_from_als, calibrate
 
-__all__ = ["uniform_als", "mask_groups", "als_at", "AlsReplay", "replay_als"]
+__all__ = ["uniform_als", "mask_groups", "als_at", "AlsReplay", "replay_als", "table_replay_report"]
 
 _GROUP = re.compile(r"stages\.(\d+)\.heads_mix\.masked\.(\d+)-(\d+)$")  # the per-group choice of a masks space
 
@@ -163,3 +164,56 @@ def _group_scores(als: dict[str, list[float]], groups: dict[str, tuple[int, list
 
 def _signature(params: dict[str, Any] | Sequence) -> tuple:
     return tuple(sorted(dict(params).items()))
+
+
+def table_replay_report(table, replay_seed: int, steps: int, *, window: str = "3x3", high: float | None = None,
+                        low: float | None = None, rounds: int = 2, normalise: bool = True) -> dict[str, Any]:
+    """``archspec search masks --oracle TABLE --strategy als``: :func:`replay_als` with the geometry of the table's
+    space (heads, attention grid, class tokens from its first point's static analysis), the returned point's
+    reference top-1 on the seeds that did not answer it, the named fixed schemes' (mean of every reference seed)
+    beside it, and a text report (``"text"``).  Accuracies in 0..1, seconds of simulated training.
+
+    Raises:
+        SpecError: as :func:`replay_als`; a window that is not ``RxC``.
+    """
+    from archspec.families.attention.mask import parse_window  # noqa: PLC0415 - the rules' parser, torch-free
+    from archspec.ir.analysis import analyze  # noqa: PLC0415 - static counts of the space's first point
+    from archspec.search.space import load_space  # noqa: PLC0415 - only the report needs the space
+
+    try:
+        win = parse_window(window)
+    except ValueError as exc:
+        raise SpecError.single(("--window",), str(exc), "e.g. 3x3", window) from None
+    _, spec = next(iter(load_space(table.space).points()))
+    layer = next(row for row in analyze(spec).rows if row.heads)  # heads: one letter a head ('A A A')
+    grid = tuple(layer.grid)
+    replay = replay_als(table, replay_seed, steps, heads=len(layer.heads.split()), grid=grid, window=win,
+                        num_prefix_tokens=layer.tokens - grid[0] * grid[1],
+                        high=DEFAULT_ALS_HIGH if high is None else high, low=DEFAULT_ALS_LOW if low is None else low,
+                        rounds=rounds, normalise=normalise)
+    key = {_signature(next(iter(rows.values()))["params"]): k for k, rows in table.rows.items()}.get(
+        _signature(replay.counts))
+    seeds = table.seeds
+    held_out = [s for s in seeds if s != replay.answered.get(key)]
+    reference = (sum(table.rows[key][s]["final_accuracy"] for s in held_out) / len(held_out)
+                 if key in table.tabulated else None)
+    fixed = {}
+    for k in table.tabulated:
+        first = table.rows[k][seeds[0]]
+        if first.get("hand"):
+            fixed[first["hand"]] = sum(table.rows[k][s]["final_accuracy"] for s in seeds) / len(seeds)
+    label = " ".join(f"{name.rsplit('.', 1)[-1]}={m}" for name, m in sorted(replay.counts.items()))
+    lines = [f"MaiT's rule (--strategy als) on the table {table.space} ({Path(table.file).name}): replay seed "
+             f"{replay_seed}, ALS at the last curve step <= {steps}, each round's training one row"]
+    for r in replay.rounds:
+        point = " ".join(f"{n.rsplit('.', 1)[-1]}={m}" for n, m in sorted(r["point"].items()))
+        lines.append(f"  round {r['round']}: trained {point} (table seed {r['seed']})")
+        lines.extend(f"    {name.rsplit('.', 1)[-1]}: {text}" for name, text in sorted(r["decisions"].items()))
+    shown = "not tabulated" if reference is None else f"{reference:.4f} (seeds {held_out})"
+    lines.append(f"placement: {label}; reference top-1 {shown}; {replay.seconds:.0f} s of training simulated")
+    if fixed:
+        lines.append("fixed schemes (mean of seeds " + ", ".join(map(str, seeds)) + "): "
+                     + ", ".join(f"{name} {acc:.4f}" for name, acc in sorted(fixed.items())))
+    return {"space": table.space, "replay_seed": replay_seed, "steps": steps, "placement": replay.counts,
+            "reference_accuracy": reference, "reference_seeds": held_out, "simulated_seconds": replay.seconds,
+            "rounds": replay.rounds, "fixed_schemes": fixed, "text": "\n".join(lines)}

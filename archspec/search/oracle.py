@@ -151,7 +151,7 @@ class OracleTable:
             raise _fail(f"design {key[:12]} is not in the table (space {self.space!r}, {len(self.tabulated)} designs "
                         f"with seeds {self.seeds})", self.file,
                         "search the space the table tabulates (--space), search only its designs (--oracle-subset), "
-                        "or finish the table (bench/space_table.py --resume)")
+                        "or finish the table (archspec table SPACE)")
         return self.rows[key][self.seed_of(key, seed)]
 
     def check_steps(self, steps: int) -> None:

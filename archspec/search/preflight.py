@@ -200,10 +200,10 @@ def check_oracle(cfg: SearchConfig, space, n_objectives: int):
     if cfg.oracle_subset and len(missing) == len(points):
         raise SpecError.single(("--oracle",), f"the table holds no design of space {space.name!r} with every "
                                               f"reference seed {table.seeds}",
-                               "tabulate some first: nice -n 19 python bench/space_table.py --resume", str(cfg.oracle))
+                               f"tabulate some first: archspec table {space.name}", str(cfg.oracle))
     if missing and not cfg.oracle_subset:
         raise SpecError.single(("--oracle",), f"the table lacks {len(missing)} design(s) of space {space.name!r}, "
-                               f"e.g. {missing[0]}", "finish it (nice -n 19 python bench/space_table.py --resume), or "
+                               f"e.g. {missing[0]}", f"finish it (archspec table {space.name}), or "
                                "search only the designs it holds (--oracle-subset)",
                                str(cfg.oracle))
     if n_objectives == 2 or cfg.budgets.latency_ms is not None:
