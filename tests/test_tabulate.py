@@ -224,3 +224,15 @@ def test_the_cli_exports_and_reports_what_the_study_holds(tmp_path, space, proto
     report = json.loads(capsys.readouterr().out)
     assert report["designs"] == DESIGNS and -1 <= report["tau"] <= 1
     assert main(["table", "mait_small", *flags, "--report", "--export", "x.jsonl"]) == 2  # one step at a time
+
+
+def test_import_of_a_file_that_is_not_a_table_names_import_and_writes_nothing(tmp_path, capsys):
+    """The loader is shared with --oracle; refused at --import, the message names --import, and no storage is made."""
+    from archspec.cli import main
+
+    bad = tmp_path / "notes.jsonl"
+    bad.write_text('{"a": 1}\n')
+    journal = tmp_path / "t.journal"
+    assert main(["table", "mait_small", "--import", str(bad), "--storage", f"journal:{journal}"]) == 2
+    err = capsys.readouterr().err
+    assert "--import: line 1: not a table row" in err and "--oracle" not in err and not journal.exists()
