@@ -87,7 +87,7 @@ def test_bad_spec_exits_2_without_torch(tmp_path):
 
 @pytest.mark.parametrize("argv", [["--help"], ["search", "--help"], ["schema"]], ids=" ".join)
 def test_parser_imports_no_optuna(argv, tmp_path):
-    """Building the parser reads the search defaults from archspec.search.config, which imports no Optuna."""
+    """Building the parser reads the search defaults from archspec.search._engine.config, which imports no Optuna."""
     report, _ = _run(argv, tmp_path)
     assert report["rc"] == 0 and "optuna" not in report["loaded"]
 

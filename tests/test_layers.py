@@ -29,7 +29,37 @@ def _lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
 def test_the_layers_contract_is_kept():
     proc = _lint_imports(ROOT, ROOT)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    assert "1 kept, 0 broken" in proc.stdout
+    assert "2 kept, 0 broken" in proc.stdout
+
+
+def test_the_command_line_may_not_enter_search_by_a_side_door(tmp_path):
+    """The second contract can fail: a command-line module importing a private search module is refused."""
+    shutil.copytree(ROOT / "archspec", tmp_path / "archspec", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    cli = tmp_path / "archspec" / "cli" / "table.py"
+    cli.write_text(cli.read_text(encoding="utf-8") + "\nfrom archspec.search._tabulation import oracle  # side door\n")
+    proc = _lint_imports(tmp_path, tmp_path)
+    assert proc.returncode != 0
+    assert "archspec.cli.table -> archspec.search._tabulation.oracle" in proc.stdout
+
+
+# bench script -> why it may import one of search's private modules
+BENCH_SIDE_DOORS = {
+    "graph_builds.py": "counts graph builds per trial by wrapping the engine's per-trial objective",
+}
+
+
+def test_bench_enters_search_by_its_faces_only():
+    """The bench scripts (no package, so outside import-linter's view) import from ``archspec.search`` itself,
+    never from its private sub-packages -- but for the instrumentation listed, with its reason."""
+    found = []
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}: {n}" for n in names
+                      if n.startswith("archspec.search._") and path.name not in BENCH_SIDE_DOORS]
+    assert not found, found
 
 
 def test_an_upward_import_breaks_the_contract(tmp_path):

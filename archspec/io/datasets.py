@@ -68,7 +68,7 @@ class Dataset:
         """The same images resized (bilinear, antialiased when shrinking) to ``(H, W)``; kept for reuse.
 
         The search trains each candidate's proxy at the input size that gives it its own token grid
-        (:func:`archspec.search.proxy.proxy_spec`), so one loaded dataset serves many sizes.
+        (:func:`archspec.search._evaluation.proxy.proxy_spec`), so one loaded dataset serves many sizes.
         """
         size = (int(size[0]), int(size[1]))
         if size == (self.image_size, self.image_size):

@@ -1,7 +1,7 @@
 """The settings and the result of one search run: :class:`SearchConfig`, :class:`SearchOutcome`, the defaults.
 
 Imports neither Optuna nor torch, so the command line (:mod:`archspec.cli.search`) can build its parser,
-and print its defaults in ``--help``, without paying for either; :mod:`archspec.search.engine` re-exports
+and print its defaults in ``--help``, without paying for either; :mod:`archspec.search._engine.loop` re-exports
 every name here as part of its public API.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from archspec.ir.loader import load_spec
-from archspec.search.budget import Budgets, parse_quantity
+from archspec.search._evaluation.budget import Budgets, parse_quantity
 
 __all__ = [
     "SearchConfig", "SearchOutcome", "complete_config", "FIDELITIES", "ZERO_COST_RANKINGS", "DEFAULT_FIDELITY",
@@ -24,7 +24,8 @@ __all__ = [
 DEFAULT_TRIALS = 16          # trained candidates of the bare `archspec search --budget-flops 1G`
 DEFAULT_TIMEOUT_S = 540.0    # ... or this many seconds of search, whichever comes first (2 CPU cores: < 10 min)
 DEFAULT_TRIAL_TIMEOUT_S = 150.0  # one candidate's proxy training may take at most this long
-# --verify: the front's best designs trained again with a second seed, inside the budget (archspec.search.verify).
+# --verify: the front's best designs trained again with a second seed, inside the budget
+# (archspec.search._evaluation.verify).
 # Three is the fewest whose rank agreement is more than a coin flip (tau over 3 pairs); on levit_small two seeds of
 # one design differ by as much as a front's designs do (docs/search-works.md), so the front says how sure it is.
 DEFAULT_VERIFY = 3
@@ -52,8 +53,8 @@ MASKS_PROXY_DEFAULTS = {"lr": 1e-3, "steps": 400, "batch_size": 32, "warmup_step
                         "min_grid": 8, "score": "accuracy"}
 MASKS_TRIAL_TIMEOUT_S = 1800.0  # a 400-step round of MaiT-T took 650 s on one thread; 900 s left little margin
 
-# Multi-fidelity kinds (archspec.search.fidelity), and what the zero-cost rung (fidelity "zc") can rank by:
-# archspec.search.zero_cost's scores, and the #params / #MACs baselines (at the spec's own size) that
+# Multi-fidelity kinds (archspec.search._engine.fidelity), and what the zero-cost rung (fidelity "zc") can rank by:
+# archspec.search._evaluation.zero_cost's scores, and the #params / #MACs baselines (at the spec's own size) that
 # published studies find hard to beat on transformers.  Here, not in fidelity.py, so the parser needs no Optuna.
 FIDELITIES = ("none", "zc", "sha", "hyperband")
 ZERO_COST_RANKINGS = ("synflow", "naswot", "grad_norm", "params", "macs")
@@ -64,7 +65,7 @@ ZERO_COST_RANKINGS = ("synflow", "naswot", "grad_norm", "params", "macs")
 # simulated CPU budget (docs/search-works.md).  --fidelity zc keeps the rung for those who want the time it saves.
 DEFAULT_FIDELITY = "none"
 
-SAMPLERS = ("tpe", "nsga2", "gp", "random")  # archspec.search.study.make_sampler builds each
+SAMPLERS = ("tpe", "nsga2", "gp", "random")  # archspec.search._engine.study.make_sampler builds each
 # Random sampling: on levit_small's finished table (150 designs; 20 oracle searches of 20 candidates, 120-step
 # proxies ranked by TSE) its median front is the largest, HV 0.541 (accuracy, latency) and 0.557 (accuracy, MACs)
 # against TPE's 0.537 / 0.502 and TPE with 10 start-up trials 0.516 / 0.518; with 20 candidates multivariate TPE
@@ -73,7 +74,7 @@ DEFAULT_SAMPLER = "random"
 DEFAULT_SAMPLER_STARTUP = 6  # random trials before TPE's or the GP's model (Optuna's n_startup_trials)
 
 # Trial user attributes: the proxy's input size, stem and stage grids next to the real grids
-# (archspec.search.proxy.ProxyGeometry.describe), and the zero-cost scores of the candidate.
+# (archspec.search._evaluation.proxy.ProxyGeometry.describe), and the zero-cost scores of the candidate.
 GEOMETRY_ATTR = "proxy_geometry"
 ZERO_COST_ATTR = "zero_cost"
 
@@ -86,18 +87,19 @@ class SearchConfig:
     """Everything a search run needs (built by the CLI from its options).
 
     Units: ``timeout`` and ``trial_timeout`` in seconds (``None``: no limit); ``max_images`` a count of
-    images; ``min_steps`` proxy optimizer steps.  ``budgets`` is an :class:`archspec.search.budget.Budgets`
+    images; ``min_steps`` proxy optimizer steps.  ``budgets`` is an :class:`archspec.search._evaluation.budget.Budgets`
     (MACs per image, parameters, latency in ms, memory in bytes), ``protocol`` an
-    :class:`archspec.search.proxy.ProxyProtocol`, ``latency`` an :class:`archspec.search.latency.LatencyProtocol`.
+    :class:`archspec.search._evaluation.proxy.ProxyProtocol`, ``latency`` an
+    :class:`archspec.search._evaluation.latency.LatencyProtocol`.
     ``budgets``, ``protocol`` and ``latency`` may also be dicts of their fields (a budget as a number or a
     quantity such as ``"1G"``), or ``None`` for the defaults; :func:`complete_config` makes the objects.
-    Nothing else is checked here: :func:`archspec.search.engine.run_optuna_search` checks every field before
+    Nothing else is checked here: :func:`archspec.search._engine.loop.run_optuna_search` checks every field before
     it writes anything.
     """
 
-    budgets: Any = None                             # archspec.search.budget.Budgets (None: unconstrained)
-    protocol: Any = None                            # archspec.search.proxy.ProxyProtocol (None: its defaults)
-    latency: Any = None                             # archspec.search.latency.LatencyProtocol (None: LeViT's CPU)
+    budgets: Any = None                             # archspec.search.Budgets (None: unconstrained)
+    protocol: Any = None                            # archspec.search.ProxyProtocol (None: its defaults)
+    latency: Any = None                             # archspec.search.LatencyProtocol (None: LeViT's CPU)
     study_name: str | None = None
     out: Path | None = None
     storage: str | None = None
@@ -112,7 +114,7 @@ class SearchConfig:
     max_images: int | None = None
     progress: bool = True
     prune: bool = False                             # MedianPruner on intermediate accuracy (single objective only)
-    fidelity: str = DEFAULT_FIDELITY                # none | zc | sha | hyperband (archspec.search.fidelity)
+    fidelity: str = DEFAULT_FIDELITY                # none | zc | sha | hyperband (archspec.search._engine.fidelity)
     eta: int = 3                                    # its reduction factor (zc: train the top 1/eta)
     zc_score: str = "synflow"                       # the zero-cost rung's ranking score (ZERO_COST_RANKINGS)
     min_steps: int | None = None                    # its first rung (default: proxy steps / eta**2)
@@ -127,14 +129,14 @@ def complete_config(cfg: SearchConfig | None = None, **options: Any) -> SearchCo
     """``cfg`` (or a fresh :class:`SearchConfig`) with ``options`` replaced and budgets / protocols made objects.
 
     ``budgets={"macs": "1G"}`` becomes ``Budgets(macs=1e9)``; ``protocol={"steps": 50}`` a
-    :class:`~archspec.search.proxy.ProxyProtocol` with that field changed; ``None`` the defaults.
+    :class:`~archspec.search._evaluation.proxy.ProxyProtocol` with that field changed; ``None`` the defaults.
 
     Raises:
         TypeError: an unknown option or field name.
         SpecError: a budget that is not a quantity (located at its ``--budget-*`` option).
     """
-    from archspec.search.latency import LatencyProtocol  # noqa: PLC0415
-    from archspec.search.proxy import ProxyProtocol  # noqa: PLC0415
+    from archspec.search._evaluation.latency import LatencyProtocol  # noqa: PLC0415
+    from archspec.search._evaluation.proxy import ProxyProtocol  # noqa: PLC0415
 
     cfg = SearchConfig(**options) if cfg is None else replace(cfg, **options)
     budgets = cfg.budgets

@@ -2,7 +2,7 @@
 
 A NAS-benchmark table in the manner of NAS-Bench-201 / JAHS-Bench-201: every point of a finite space is trained
 once per seed under one written-down protocol (:func:`table_protocol`), and everything a search could ask of it
-is kept (:mod:`archspec.search.table_rows`), so that search methods can be compared on the table in seconds
+is kept (:mod:`archspec.search._tabulation.rows`), so that search methods can be compared on the table in seconds
 (``archspec search --oracle``).
 
 The work is an Optuna study (``table.<space>``), one trial per (point, seed):
@@ -15,12 +15,14 @@ The work is an Optuna study (``table.<space>``), one trial per (point, seed):
   moves a trial from WAITING to RUNNING for one process only); two that enqueued the same pair at the same
   moment both see it, and the later trial steps back (``duplicate_of``), so no pair is trained twice;
 * a worker killed mid-pair leaves a RUNNING trial: the next worker to look marks it failed (its process is gone
-  on this host, or, on PostgreSQL, its Optuna heartbeat is stale: :func:`archspec.search.study.fail_zombie_trials`)
+  on this host, or, on PostgreSQL, its Optuna heartbeat is stale:
+  :func:`archspec.search._engine.study.fail_zombie_trials`)
   and enqueues the pair again -- Optuna's ``RetryFailedTrialCallback`` idea, done on the same storage;
 * the protocol is a study user attribute: a worker whose protocol differs is refused before it writes anything.
 
 :func:`export_table` writes the COMPLETE trials' rows as the JSON lines + ``.meta.json`` sidecar that
-:func:`archspec.search.oracle.load_table` reads; :func:`import_table` puts an existing table's rows into a study
+:func:`archspec.search._tabulation.oracle.load_table` reads; :func:`import_table` puts an existing table's rows into a
+study
 (``levit_small``'s, written by ``bench/space_table.py`` before this module existed), so that export gives the
 same rows, byte for byte, in the same order.
 """
@@ -46,9 +48,7 @@ import optuna
 from optuna.trial import TrialState
 
 from archspec.errors import SpecError
-from archspec.search.latency import architecture_key
-from archspec.search.space import SearchSpace, load_space
-from archspec.search.study import (
+from archspec.search._engine.study import (
     HEARTBEAT_INTERVAL_S,
     StorageInfo,
     check_storage,
@@ -56,6 +56,8 @@ from archspec.search.study import (
     mark_worker,
     resolve_storage,
 )
+from archspec.search._evaluation.latency import architecture_key
+from archspec.search._space.language import SearchSpace, load_space
 
 __all__ = ["REFERENCE_PROTOCOL", "NAMED_POINTS", "SEED_CHECK_DESIGNS", "table_protocol", "protocol_id",
            "ordered_points", "tabulate", "TableProgress", "export_table", "import_table", "study_rows", "seed_check",
@@ -192,7 +194,8 @@ def _open(space: SearchSpace, protocol: dict, storage: str | None, create: bool)
     """Open (or, with ``create``, create) the table study; refuse another protocol before writing anything.
 
     Raises:
-        SpecError: a bad storage (:func:`archspec.search.study.check_storage`), no such study (``create=False``),
+        SpecError: a bad storage (:func:`archspec.search._engine.study.check_storage`), no such study
+        (``create=False``),
             a study written under another protocol.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a worker's own lines say what it does
@@ -351,7 +354,8 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
     """Train the pairs (point, seed) of a finite space that its table study lacks, as one worker among any number.
 
     Args:
-        space: a space name, file or :class:`~archspec.search.space.SearchSpace` (finite: a few hundred points).
+        space: a space name, file or :class:`~archspec.search._space.language.SearchSpace` (finite: a few hundred
+        points).
         seeds: the seeds of every point (the reference is the mean of seeds 0, 1, 2; the seed check adds 3-5).
         designs: only the first N points of the fixed order (:func:`ordered_points`; the seed check: 24).
         storage: an Optuna storage URL (``journal:PATH``, ``sqlite:///PATH``, ``postgresql://...``); default
@@ -359,7 +363,7 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
         protocol: the table protocol (default :func:`table_protocol` of the space).
         max_pairs: stop after training this many pairs (``None``: until nothing of the request is left).
         log: where progress lines go (one per pair, with an ETA).
-        train: ``(spec, seed) -> row fields`` in place of :mod:`archspec.search.table_rows` (tests).
+        train: ``(spec, seed) -> row fields`` in place of :mod:`archspec.search._tabulation.rows` (tests).
 
     Returns:
         :class:`TableProgress` of this worker.
@@ -412,7 +416,7 @@ def _real_trainer(protocol: dict) -> Callable:
     """
     import torch  # noqa: PLC0415 - the torch half, loaded when pairs are to be trained
 
-    from archspec.search import table_rows  # noqa: PLC0415 - as above
+    from archspec.search._tabulation import rows as table_rows  # noqa: PLC0415 - as above
     from archspec.train.config import check_config  # noqa: PLC0415 - as above
 
     check_config(table_rows.train_config(protocol))
@@ -492,7 +496,7 @@ def git_commit() -> str:
     """``abc1234`` (``+dirty`` with uncommitted changes to tracked files other than the tables) of the archspec
     checkout that runs, else ``$ARCHSPEC_COMMIT`` or ``unknown`` (an installed copy, a lent machine's tree without
     ``.git``)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                                 check=True).stdout.strip()
@@ -550,7 +554,8 @@ def export_table(space: str | SearchSpace, out: str | os.PathLike, *, storage: s
                  protocol: dict | None = None, reference_seeds: Sequence[int] = (0, 1, 2),
                  command: str | None = None) -> tuple[Path, int]:
     """Write the table study's rows as ``out`` (JSON lines, one row per pair) and ``<out stem>.meta.json`` (protocol,
-    protocol_id, reference seeds, machine, commits): the format :func:`archspec.search.oracle.load_table` reads.
+    protocol_id, reference seeds, machine, commits): the format :func:`archspec.search._tabulation.oracle.load_table`
+    reads.
     Returns ``(path, rows)``.  Both files are replaced atomically.
 
     Raises:
@@ -612,10 +617,11 @@ def import_table(space: str | SearchSpace, table: str | os.PathLike, *, storage:
     the same order, byte for byte.
 
     Raises:
-        SpecError: the file is not a table (:func:`archspec.search.oracle.load_table`'s checks), or it was written
+        SpecError: the file is not a table (:func:`archspec.search._tabulation.oracle.load_table`'s checks), or it was
+        written
             under another protocol than the study's.
     """
-    from archspec.search.oracle import load_table  # noqa: PLC0415 - the loader's checks, torch-free
+    from archspec.search._tabulation.oracle import load_table  # noqa: PLC0415 - the loader's checks, torch-free
 
     space = space if isinstance(space, SearchSpace) else load_space(space)
     protocol = protocol or table_protocol(space)

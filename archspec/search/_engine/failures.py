@@ -30,7 +30,8 @@ class TrialTimeout(Exception):
 
 
 class deadline_hook:  # noqa: N801 - used like a function
-    """``on_model`` for :func:`~archspec.search.proxy.train_proxy`: the model's forward raises :class:`TrialTimeout`
+    """``on_model`` for :func:`~archspec.search._evaluation.proxy.train_proxy`: the model's forward raises
+    :class:`TrialTimeout`
     after ``deadline`` (``time.perf_counter()`` seconds) while ``active``; set ``active = False`` once training is
     over.  ``describe()`` gives the exception's message."""
 
@@ -46,7 +47,7 @@ class deadline_hook:  # noqa: N801 - used like a function
 
 def fail_reason(exc: BaseException) -> str:
     """The ``fail_reason`` a trial records for ``exc`` (at most 1,000 characters); frees memory after an OOM."""
-    from archspec.search.proxy import TrialFailure  # noqa: PLC0415 - torch-side: only once a candidate failed
+    from archspec.search._evaluation.proxy import TrialFailure  # noqa: PLC0415 - torch-side: only once a candidate failed
 
     if isinstance(exc, CandidateFailure):
         return exc.reason

@@ -2,11 +2,12 @@
 
 :func:`preflight` runs the checks in order -- ``--trials`` / ``--timeout``, :func:`check_fidelity`,
 :func:`check_budgets_feasible`, :func:`check_space_valid`, :func:`check_oracle` (``--oracle``) or
-:func:`check_data_path`, :func:`~archspec.search.rundir.check_outputs` -- and decodes the data last (the
+:func:`check_data_path`, :func:`~archspec.search._engine.session.check_outputs` -- and decodes the data last (the
 slowest check).  Each raises :class:`~archspec.errors.SpecError` naming the option (exit 2 from the CLI); the
 run directory, the study and every file are created only after all of them passed.
 
-The torch side (:mod:`archspec.io.datasets`, :mod:`archspec.search.latency`) is imported inside the checks that need
+The torch side (:mod:`archspec.io.datasets`, :mod:`archspec.search._evaluation.latency`) is imported inside the checks
+that need
 it, so a bad option is refused without importing torch.
 """
 
@@ -20,12 +21,12 @@ import optuna
 
 from archspec._util.units import human
 from archspec.errors import SpecError
-from archspec.search.budget import static_check
-from archspec.search.config import SearchConfig
-from archspec.search.fidelity import FIDELITIES, ZERO_COST_RANKINGS
-from archspec.search.oracle import load_table
-from archspec.search.rundir import check_outputs
-from archspec.search.study import make_sampler
+from archspec.search._engine.config import SearchConfig
+from archspec.search._engine.fidelity import FIDELITIES, ZERO_COST_RANKINGS
+from archspec.search._engine.session import check_outputs
+from archspec.search._engine.study import make_sampler
+from archspec.search._evaluation.budget import static_check
+from archspec.search._tabulation.oracle import load_table
 
 __all__ = ["preflight", "first_problem", "check_budgets_feasible", "check_space_valid", "check_data_path",
            "check_fidelity", "check_oracle", "check_seed", "MAX_ORACLE_POINTS"]
@@ -39,7 +40,7 @@ def check_budgets_feasible(space, budgets, options: dict) -> Any:
     """Raise :class:`SpecError` when even ``space.smallest()`` breaks a static budget; else its static check.
 
     ``options`` maps a budget (``macs``, ``params``) to the command-line option the error names
-    (:data:`~archspec.search.config.BUDGET_OPTIONS`).
+    (:data:`~archspec.search._engine.config.BUDGET_OPTIONS`).
 
     Raises:
         SpecError: the smallest point is invalid, over the memory limit (``--max-memory``), or over the MAC or
@@ -128,7 +129,7 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     """Check every input of a search of ``space`` (``n_objectives``: 1 or 2), cheapest first, writing nothing.
 
     Returns ``(data, sampler, oracle)``: the decoded :class:`~archspec.io.datasets.Dataset` (the oracle's stand-in with
-    ``--oracle``), the study's sampler and the :class:`~archspec.search.oracle.OracleTable` (or ``None``).
+    ``--oracle``), the study's sampler and the :class:`~archspec.search._tabulation.oracle.OracleTable` (or ``None``).
 
     Raises:
         SpecError: the first bad input (trials, timeout, sampler start-up, seed, fidelity, budgets, space, oracle,
@@ -167,7 +168,7 @@ _POINTS_MEMO: dict[str, list[tuple[dict, str]]] = {}  # space document (sorted J
 def _keyed_points(space) -> list[tuple[dict, str]]:
     """``(params, architecture key)`` of every point of ``space``, memoised per space document in this process: a
     200-replay comparison lists the same space 200 times (a third of an oracle replay's CPU before the memo)."""
-    from archspec.search.latency import architecture_key  # noqa: PLC0415 - torch-side
+    from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side
 
     memo_key = json.dumps(space.document, sort_keys=True, default=str)
     if memo_key not in _POINTS_MEMO:
@@ -177,7 +178,8 @@ def _keyed_points(space) -> list[tuple[dict, str]]:
 
 
 def check_oracle(cfg: SearchConfig, space, n_objectives: int):
-    """The :class:`~archspec.search.oracle.OracleTable` of ``cfg.oracle`` (``None`` without one), checked against
+    """The :class:`~archspec.search._tabulation.oracle.OracleTable` of ``cfg.oracle`` (``None`` without one), checked
+    against
     the search: the table tabulates ``space``, covers ``--proxy-steps``, and has latency where the search needs it.
 
     Raises:
@@ -231,7 +233,7 @@ def _check_oracle_latency(table, searched: list[tuple[dict, str]], space: str, f
 
 
 def preflight_rounds(cfg: SearchConfig, name: str):
-    """The inputs a rounds mode (:class:`~archspec.search.mode.RoundsMode`) shares with every search: ``--data``,
+    """The inputs a rounds mode (:class:`~archspec.search._modes.base.RoundsMode`) shares with every search: ``--data``,
     then ``--out`` / ``--storage``, then every image decoded (the slowest check, still nothing written).
 
     Returns the :class:`~archspec.io.datasets.Dataset`.

@@ -19,7 +19,7 @@ interrupted or failed run never leaves a half-written ``best.yaml``; every emitt
 with :func:`archspec.load_spec` (shape checks included) before it is written, so ``archspec build``
 accepts it.
 
-What goes into the files -- trials.csv, plots, the summary -- is :mod:`archspec.search.report`.
+What goes into the files -- trials.csv, plots, the summary -- is :mod:`archspec.search._report.results`.
 """
 
 from __future__ import annotations

@@ -1,30 +1,33 @@
 """The search engine: one Optuna study, its run directory, and the trial loop every search mode shares.
 
-Every mode is a thin client stating the contract of :mod:`archspec.search.mode` (what it samples or
+Every mode is a thin client stating the contract of :mod:`archspec.search._modes.base` (what it samples or
 proposes, how a trial is evaluated, what it writes at the end); this module runs it:
 
-* :func:`run_sampled` -- a :class:`~archspec.search.mode.SampledMode` (mode 1, :mod:`archspec.search.design`;
+* :func:`run_sampled` -- a :class:`~archspec.search._modes.base.SampledMode` (mode 1,
+:mod:`archspec.search._modes.design`;
   mode 2's ``--strategy optuna``): preflight, open the run, Optuna's loop over
-  :class:`~archspec.search.objective.CandidateObjective` until the stop rules or ``--timeout``, then trials.csv,
+  :class:`~archspec.search._engine.objective.CandidateObjective` until the stop rules or ``--timeout``, then trials.csv,
   the Pareto / best specs, the mode's own files and summary.json;
-* :func:`run_rounds` -- a :class:`~archspec.search.mode.RoundsMode` (mode 2's ``als`` and ``soft``): open the
-  run, then ask/tell one trial per proposed candidate (:mod:`archspec.search.rounds`), then the mode's results
+* :func:`run_rounds` -- a :class:`~archspec.search._modes.base.RoundsMode` (mode 2's ``als`` and ``soft``): open the
+  run, then ask/tell one trial per proposed candidate (:mod:`archspec.search._engine.round_trial`), then the mode's
+  results
   and summary.json.
 
-The parts, one file each: :mod:`~archspec.search.rundir` (run directory, lock, resume),
-:mod:`~archspec.search.preflight` (input checks), :mod:`~archspec.search.objective` (one candidate),
-:mod:`~archspec.search.failures` (fail reasons, deadlines), :mod:`~archspec.search.rungs` (rungs, stop rules),
-:mod:`~archspec.search.rounds` (one proposed round); progress and result files are
-:mod:`archspec.search.report`, the run directory's files :mod:`archspec.search.runs`.
+The parts, one file each: :mod:`~archspec.search._engine.session` (run directory, lock, resume),
+:mod:`~archspec.search._engine.preflight` (input checks), :mod:`~archspec.search._engine.objective` (one candidate),
+:mod:`~archspec.search._engine.failures` (fail reasons, deadlines), :mod:`~archspec.search._engine.early_stop` (rungs,
+stop rules),
+:mod:`~archspec.search._engine.round_trial` (one proposed round); progress and result files are
+:mod:`archspec.search._report.results`, the run directory's files :mod:`archspec.search._report.run_files`.
 
 Objectives: ``pareto`` maximises proxy accuracy and minimises latency (ms; a Pareto front); ``accuracy``
 maximises accuracy alone, the budgets acting as constraints.  ``--trials N`` counts candidates that reach
 training (failures included); infeasible samples are extra and cheap.  Each worker reseeds its sampler on its
-first trial (:func:`~archspec.search.study.worker_seed`), so workers sharing a storage and resumed runs do not
+first trial (:func:`~archspec.search._engine.study.worker_seed`), so workers sharing a storage and resumed runs do not
 replay one another's sequence.
 
 The names below the engine's own (``SearchConfig``, ``open_run``, ``check_budgets_feasible``, ...) are
-re-exported from those modules, so ``from archspec.search.engine import X`` keeps working.
+re-exported from those modules, so ``from archspec.search._engine.loop import X`` keeps working.
 """
 
 from __future__ import annotations
@@ -37,9 +40,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from archspec.search import report, runs
-from archspec.search.budget import static_check_rate
-from archspec.search.config import (
+from archspec.search._engine.config import (
     BUDGET_OPTIONS,
     DEFAULT_TIMEOUT_S,
     DEFAULT_TRIAL_TIMEOUT_S,
@@ -48,10 +49,18 @@ from archspec.search.config import (
     SearchOutcome,
     complete_config,
 )
-from archspec.search.failures import CandidateFailure, TrialTimeout, deadline_hook, fail_reason
-from archspec.search.mode import RoundsMode, RunContext, SampledMode
-from archspec.search.objective import CandidateObjective
-from archspec.search.preflight import (
+from archspec.search._engine.early_stop import (
+    MAX_CONSECUTIVE_DUPLICATES,
+    MAX_CONSECUTIVE_INFEASIBLE,
+    StopRules,
+    fidelity_plan,
+    fidelity_summary,
+    stop_notes,
+    study_zero_cost_summary,
+)
+from archspec.search._engine.failures import CandidateFailure, TrialTimeout, deadline_hook, fail_reason
+from archspec.search._engine.objective import CandidateObjective
+from archspec.search._engine.preflight import (
     check_budgets_feasible,
     check_data_path,
     check_fidelity,
@@ -60,8 +69,8 @@ from archspec.search.preflight import (
     preflight,
     preflight_rounds,
 )
-from archspec.search.rounds import evaluate_round
-from archspec.search.rundir import (
+from archspec.search._engine.round_trial import evaluate_round
+from archspec.search._engine.session import (
     check_outputs,
     open_run,
     quiet_optuna,
@@ -71,34 +80,28 @@ from archspec.search.rundir import (
     settings_notes,
     zombie_notes,
 )
-from archspec.search.rungs import (
-    MAX_CONSECUTIVE_DUPLICATES,
-    MAX_CONSECUTIVE_INFEASIBLE,
-    StopRules,
-    fidelity_plan,
-    fidelity_summary,
-    stop_notes,
-    study_zero_cost_summary,
-)
-from archspec.search.scoring import objective_name
-from archspec.search.study import worker_seed
-from archspec.search.verify import TimeReserve, mark_ties, verify_count, verify_front
+from archspec.search._engine.study import worker_seed
+from archspec.search._evaluation.budget import static_check_rate
+from archspec.search._evaluation.scoring import objective_name
+from archspec.search._evaluation.verify import TimeReserve, mark_ties, verify_count, verify_front
+from archspec.search._modes.base import RoundsMode, RunContext, SampledMode
+from archspec.search._report import results, run_files
 
 if TYPE_CHECKING:  # annotations only: the space imports torch-side modules
-    from archspec.search.space import SearchSpace
+    from archspec.search._space.language import SearchSpace
 
 __all__ = [
     # the engine
     "run_sampled", "run_rounds", "run_optuna_search", "CallbackMode",
-    # settings and result (archspec.search.config)
+    # settings and result (archspec.search._engine.config)
     "SearchConfig", "SearchOutcome", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S", "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS",
-    # the objective, rungs and stop rules (archspec.search.objective, archspec.search.rungs)
+    # the objective, rungs and stop rules (archspec.search._engine.objective, archspec.search._engine.early_stop)
     "CandidateObjective", "StopRules", "stop_notes", "MAX_CONSECUTIVE_INFEASIBLE", "MAX_CONSECUTIVE_DUPLICATES",
-    # failures and deadlines (archspec.search.failures)
+    # failures and deadlines (archspec.search._engine.failures)
     "CandidateFailure", "TrialTimeout", "deadline_hook", "fail_reason",
-    # study and run directory (archspec.search.rundir)
+    # study and run directory (archspec.search._engine.session)
     "quiet_optuna", "run_dir_of", "check_outputs", "open_run", "run_lock", "zombie_notes", "resume_message",
-    # input checks (archspec.search.preflight)
+    # input checks (archspec.search._engine.preflight)
     "check_budgets_feasible", "check_space_valid", "check_data_path", "check_fidelity", "check_oracle",
 ]
 
@@ -130,7 +133,7 @@ def _optimize(study: optuna.Study, objective: CandidateObjective, progress, cfg:
               notes: list[str], verify: int = 0) -> tuple[bool, float]:
     """Run Optuna's loop until :class:`StopRules` or ``--timeout`` stop it: ``(interrupted, seconds)``; ``verify``
     re-trainings come after it inside the same budget (``--trials`` less ``verify`` candidates, and the time of
-    ``verify`` mean trainings kept back from ``--timeout``: :mod:`archspec.search.verify`).
+    ``verify`` mean trainings kept back from ``--timeout``: :mod:`archspec.search._evaluation.verify`).
 
     Ctrl-C ends the loop, not the run: every finished trial is in the study and the results still get written."""
     stopper = StopRules(objective, cfg.trials - verify, lambda t: progress.done(t, objective.attempted))
@@ -172,12 +175,12 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     """Run (or resume) the Optuna search of ``mode.space`` as study ``name`` and write the run directory.
 
     Every input (options, budgets, space, data -- every image decoded --, ``--out``, ``--storage``) is checked
-    (:func:`~archspec.search.preflight.preflight`) before the run directory, the study or any file is created.
+    (:func:`~archspec.search._engine.preflight.preflight`) before the run directory, the study or any file is created.
 
     Raises:
         SpecError: bad input (budgets, space, data, run directory, storage); nothing is written then.
     """
-    from archspec.search.latency import LatencyCache  # noqa: PLC0415 - torch-side: once every input passed
+    from archspec.search._evaluation.latency import LatencyCache  # noqa: PLC0415 - torch-side: once every input passed
 
     quiet_optuna()
     cfg = complete_config(cfg)  # a SearchConfig left with budgets / protocols None or dicts: the defaults
@@ -197,7 +200,7 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     run_dir, info, study = open_run(cfg, name, directions, metric_names, attrs, sampler, pruner)
     notes = settings_notes(study, attrs) + zombie_notes(study)
 
-    progress = report.ProgressDisplay(cfg.trials, cfg.progress, len(directions), cfg.timeout)
+    progress = results.ProgressDisplay(cfg.trials, cfg.progress, len(directions), cfg.timeout)
     objective = CandidateObjective(mode, data, cfg, LatencyCache(run_dir / "latency.json"), len(directions),
                                    on_status=progress.status, oracle=oracle)
     objective.rungs = rungs
@@ -213,17 +216,17 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     if cfg.fidelity == "zc":
         summary["zero_cost"] = study_zero_cost_summary(study, cfg, objective)
     with run_lock(run_dir):
-        best_file = report.write_results(study, mode.space, cfg, run_dir, info, summary, multi, mode.finish)
+        best_file = results.write_results(study, mode.space, cfg, run_dir, info, summary, multi, mode.finish)
     if verification is not None:
         summary["verify"] = verification
         mark_ties(summary.get("pareto") or [], verification)
     summary["wall_seconds"] = round(time.perf_counter() - wall_start, 2)
-    runs.atomic_write_text(run_dir / "summary.json", report.summary_json(summary))
+    run_files.atomic_write_text(run_dir / "summary.json", results.summary_json(summary))
     return SearchOutcome(study, summary, run_dir, interrupted, best_file)
 
 
 class CallbackMode(SampledMode):
-    """A :class:`~archspec.search.mode.SampledMode` made of a space and optional callbacks (what
+    """A :class:`~archspec.search._modes.base.SampledMode` made of a space and optional callbacks (what
     :func:`run_optuna_search` takes): ``train_fn`` replaces :meth:`train`, ``after_train(trial, spec, result)``
     and ``finalize_extra(study, run_dir, summary, files, best_file)`` are :meth:`after_train` and :meth:`finish`."""
 
@@ -258,7 +261,7 @@ def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name:
     """Run (or resume) an Optuna search of ``space``: :func:`run_sampled` of a :class:`CallbackMode`.
 
     Args:
-        space: a :class:`~archspec.search.space.SearchSpace`.
+        space: a :class:`~archspec.search._space.language.SearchSpace`.
         cfg: the settings.
         mode: label for the summary ("design" or "masks/optuna").
         name: the study name.
@@ -266,7 +269,7 @@ def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name:
         after_train: ``f(trial, spec, result)`` after a successful proxy training.
         finalize_extra: ``f(study, run_dir, summary, files, best_file)`` adds files / summary entries; a path it
             returns replaces ``best_file``.
-        train_fn: replaces :func:`~archspec.search.proxy.train_proxy` (same signature).
+        train_fn: replaces :func:`~archspec.search._evaluation.proxy.train_proxy` (same signature).
 
     Raises:
         SpecError: bad input (budgets, space, data, run directory, storage); nothing is written then.
@@ -276,19 +279,20 @@ def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name:
 
 # ----------------------------------------------------------------------------------- rounds modes
 def run_rounds(mode: RoundsMode, cfg: SearchConfig, name: str) -> SearchOutcome:
-    """Run a :class:`~archspec.search.mode.RoundsMode` as study ``name``: one trial per proposed candidate.
+    """Run a :class:`~archspec.search._modes.base.RoundsMode` as study ``name``: one trial per proposed candidate.
 
     Checks ``--data`` and ``--out`` / ``--storage`` and decodes the data
-    (:func:`~archspec.search.preflight.preflight_rounds`) before anything is written; then opens the run (a
+    (:func:`~archspec.search._engine.preflight.preflight_rounds`) before anything is written; then opens the run (a
     random sampler the rounds never consult, no heartbeat: a dead worker's RUNNING trial is found by its pid),
-    evaluates each :meth:`~archspec.search.mode.RoundsMode.propose`'d candidate
-    (:func:`~archspec.search.rounds.evaluate_round`) until the mode returns ``None`` or Ctrl-C, and writes the
+    evaluates each :meth:`~archspec.search._modes.base.RoundsMode.propose`'d candidate
+    (:func:`~archspec.search._engine.round_trial.evaluate_round`) until the mode returns ``None`` or Ctrl-C, and
+    writes the
     mode's results and summary.json under the run lock.
 
     Raises:
         SpecError: bad input (data, run directory, storage); nothing is written then.
     """
-    from archspec.search.latency import LatencyCache  # noqa: PLC0415 - torch-side: once every input passed
+    from archspec.search._evaluation.latency import LatencyCache  # noqa: PLC0415 - torch-side: once every input passed
 
     data = preflight_rounds(cfg, name)
     wall_start = time.perf_counter()
@@ -308,5 +312,5 @@ def run_rounds(mode: RoundsMode, cfg: SearchConfig, name: str) -> SearchOutcome:
     with run_lock(run_dir):
         best_file = mode.write_results(summary, interrupted)
     summary["wall_seconds"] = round(time.perf_counter() - wall_start, 2)
-    runs.atomic_write_text(run_dir / "summary.json", report.summary_json(summary))
+    run_files.atomic_write_text(run_dir / "summary.json", results.summary_json(summary))
     return SearchOutcome(study, summary, run_dir, interrupted, best_file)

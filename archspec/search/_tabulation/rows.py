@@ -1,7 +1,8 @@
 """One row of a tabulated space (torch): train a point once under a table protocol and write down what a search
 could ask of it.
 
-The torch half of :mod:`archspec.search.tabulate` (``archspec table``), moved here from ``bench/space_table.py``
+The torch half of :mod:`archspec.search._tabulation.tabulate` (``archspec table``), moved here from
+``bench/space_table.py``
 unchanged in what it computes, so that rows of the shipped ``levit_small`` table and new rows are the same
 measurement:
 
@@ -13,9 +14,9 @@ measurement:
 * curve: val top-1 and val loss at the protocol's curve steps, the cumulative training loss (TSE, Ru et al. 2021)
   and the training seconds to each step;
 * zero-cost: SynFlow, NASWOT and grad-norm of the untrained model on one batch
-  (:func:`archspec.search.proxy.score_proxy`);
+  (:func:`archspec.search._evaluation.proxy.score_proxy`);
 * ALS (protocols with ``als``): MaiT eq. 3 per layer and head at every curve step, on the first ``als.images``
-  curve-validation images with the protocol's window (:func:`archspec.search.mask_scores.layer_scores`, what
+  curve-validation images with the protocol's window (:func:`archspec.search._modes.mask_scores.layer_scores`, what
   ``archspec search masks --strategy als`` reads of a trained model).
 """
 
@@ -32,9 +33,9 @@ from torch.utils.data import TensorDataset
 from archspec.families.attention.heads import MaskSpec
 from archspec.io.datasets import Dataset, load_data
 from archspec.nn.compiler import compile as compile_spec
-from archspec.search.mask_scores import layer_scores
-from archspec.search.proxy import ProxyProtocol, proxy_spec, score_proxy
-from archspec.search.zero_cost import ZERO_COST_SCORES
+from archspec.search._evaluation.proxy import ProxyProtocol, proxy_spec, score_proxy
+from archspec.search._evaluation.zero_cost import ZERO_COST_SCORES
+from archspec.search._modes.mask_scores import layer_scores
 from archspec.spec import ArchSpec
 from archspec.train.batches import TensorBatches
 from archspec.train.config import TrainConfig

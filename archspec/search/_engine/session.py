@@ -1,7 +1,7 @@
 """The run directory of a search: where it lives, its first writes, its lock, and what resuming it says.
 
 A run directory (``--out``, default ``runs/<study name>``) holds the study's storage (``study.db`` unless
-``--storage``), the latency cache and every result file (:mod:`archspec.search.runs` writes them).
+``--storage``), the latency cache and every result file (:mod:`archspec.search._report.run_files` writes them).
 :func:`check_outputs` checks it without creating anything; :func:`open_run` is the first write of a run;
 :func:`run_lock` serialises the final writes of workers sharing it; :func:`zombie_notes` and
 :func:`settings_notes` are the notes a resumed run starts with.
@@ -17,9 +17,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from archspec.search import runs
-from archspec.search.config import SearchConfig
-from archspec.search.study import (
+from archspec.search._engine.config import SearchConfig
+from archspec.search._engine.study import (
     HEARTBEAT_INTERVAL_S,
     StorageInfo,
     check_storage,
@@ -27,6 +26,7 @@ from archspec.search.study import (
     open_study,
     resolve_storage,
 )
+from archspec.search._report import run_files
 
 __all__ = ["quiet_optuna", "run_dir_of", "check_outputs", "open_run", "resume_message", "announce_resume", "run_lock",
            "zombie_notes", "settings_notes"]
@@ -50,12 +50,12 @@ def check_outputs(cfg: SearchConfig, name: str) -> None:
     """Check ``--out`` and ``--storage`` without creating or connecting to anything.
 
     Raises:
-        SpecError: ``--out`` is not a usable run directory (:func:`runs.check_run_dir`), or ``--storage``
-            is refused by :func:`~archspec.search.study.check_storage` (a non-SQLite ``study.db`` in an
+        SpecError: ``--out`` is not a usable run directory (:func:`run_files.check_run_dir`), or ``--storage``
+            is refused by :func:`~archspec.search._engine.study.check_storage` (a non-SQLite ``study.db`` in an
             existing run directory included).
     """
     out = run_dir_of(cfg, name)
-    runs.check_run_dir(out)
+    run_files.check_run_dir(out)
     if cfg.storage is not None:
         check_storage(cfg.storage)
     elif out.is_dir():  # a new run directory is archspec's own and empty
@@ -79,9 +79,9 @@ def open_run(cfg: SearchConfig, name: str, directions: list[str], metric_names: 
     out = run_dir_of(cfg, name)
     if cfg.storage is not None:
         info = resolve_storage(cfg.storage, heartbeat=heartbeat)
-        run_dir = runs.prepare_run_dir(out)
+        run_dir = run_files.prepare_run_dir(out)
     else:
-        run_dir = runs.prepare_run_dir(out)
+        run_dir = run_files.prepare_run_dir(out)
         info = resolve_storage(None, run_dir, heartbeat=heartbeat)
     study = open_study(name, info, directions, sampler, pruner, metric_names, attrs)
     announce_resume(study, info.url)
@@ -126,7 +126,7 @@ def run_lock(run_dir: Path):
 
 
 def zombie_notes(study: optuna.Study) -> list[str]:
-    """Fail the RUNNING trials of dead workers (:func:`~archspec.search.study.fail_zombie_trials`); the note
+    """Fail the RUNNING trials of dead workers (:func:`~archspec.search._engine.study.fail_zombie_trials`); the note
     saying so, if there were any."""
     zombies = fail_zombie_trials(study)
     return [f"marked {len(zombies)} stale RUNNING trial(s) of dead workers as FAIL: {zombies}"] if zombies else []
@@ -138,7 +138,7 @@ def settings_notes(study: optuna.Study, attrs: dict) -> list[str]:
     notes = []
     old = study.user_attrs
     for key in ("budgets", "proxy", "data", "latency_protocol", "space"):
-        if key in old and key in attrs and runs.jsonable(old[key]) != runs.jsonable(attrs[key]):
+        if key in old and key in attrs and run_files.jsonable(old[key]) != run_files.jsonable(attrs[key]):
             notes.append(f"resumed study was created with a different {key} ({old[key]}); "
                          "objective values of old and new trials may not be comparable")
     return notes

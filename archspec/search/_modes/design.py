@@ -1,9 +1,9 @@
 """Mode 1 of ``archspec search``: design an architecture under MAC / parameter / latency budgets.
 
-A thin client of :mod:`archspec.search.engine`: :class:`DesignMode` is the
-:class:`~archspec.search.mode.SampledMode` of a design space (``--space``, default the embedded LeViT-family
+A thin client of :mod:`archspec.search._engine.loop`: :class:`DesignMode` is the
+:class:`~archspec.search._modes.base.SampledMode` of a design space (``--space``, default the embedded LeViT-family
 space) with the engine's defaults for training and results; :func:`run_design` names the study after the
-space, objective and budgets and hands the mode to :func:`~archspec.search.engine.run_sampled`, which samples
+space, objective and budgets and hands the mode to :func:`~archspec.search._engine.loop.run_sampled`, which samples
 candidates, rejects over-budget ones statically (never trained), measures latency, proxy-trains the rest and
 writes the run directory.
 
@@ -16,16 +16,17 @@ from __future__ import annotations
 from typing import Any
 
 from archspec._util.units import human
-from archspec.search.config import SearchConfig, SearchOutcome, complete_config
-from archspec.search.engine import run_sampled
-from archspec.search.mode import SampledMode
-from archspec.search.space import SearchSpace, load_space
+from archspec.search._engine.config import SearchConfig, SearchOutcome, complete_config
+from archspec.search._engine.loop import run_sampled
+from archspec.search._modes.base import SampledMode
+from archspec.search._space.language import SearchSpace, load_space
 
 __all__ = ["run_design", "default_study_name", "DesignMode"]
 
 
 class DesignMode(SampledMode):
-    """Mode 1: candidates sampled from ``space``, trained by :func:`~archspec.search.proxy.train_proxy`; the engine
+    """Mode 1: candidates sampled from ``space``, trained by :func:`~archspec.search._evaluation.proxy.train_proxy`;
+    the engine
     writes the Pareto front / best spec, nothing more."""
 
     label = "design"
@@ -42,7 +43,8 @@ def _tag(value: float) -> str:
 def default_study_name(space_name: str, objective: str, budgets) -> str:
     """``<space>-<objective>[-macs1G][-params5M][-lat20ms]``: re-running the same command resumes the same study.
 
-    ``budgets`` is an :class:`~archspec.search.budget.Budgets`; the name keeps ``[A-Za-z0-9_.-]`` only, at most
+    ``budgets`` is an :class:`~archspec.search._evaluation.budget.Budgets`; the name keeps ``[A-Za-z0-9_.-]`` only, at
+    most
     80 characters.  Raises nothing."""
     parts = [space_name, objective]
     if budgets.macs:
@@ -58,14 +60,14 @@ def default_study_name(space_name: str, objective: str, budgets) -> str:
 def run_design(cfg: SearchConfig | None = None, /, **options: Any) -> SearchOutcome:
     """Mode 1: design under budgets (``archspec search --budget-flops 1G``), from Python.
 
-    ``cfg`` is a :class:`~archspec.search.config.SearchConfig`; ``options`` replace its fields (or make one):
+    ``cfg`` is a :class:`~archspec.search._engine.config.SearchConfig`; ``options`` replace its fields (or make one):
     ``run_design(budgets={"macs": "1G"}, trials=8, out="runs", fidelity="zc")``.  Returns a
-    :class:`~archspec.search.config.SearchOutcome`: ``.study`` (the ``optuna.Study``), ``.pareto_specs``,
+    :class:`~archspec.search._engine.config.SearchOutcome`: ``.study`` (the ``optuna.Study``), ``.pareto_specs``,
     ``.best_spec``, ``.summary`` (what ``summary.json`` holds) and ``.run_dir``.
 
     Raises:
         TypeError: an unknown option.
-        SpecError: a bad space file, or any input :func:`~archspec.search.engine.run_sampled` refuses;
+        SpecError: a bad space file, or any input :func:`~archspec.search._engine.loop.run_sampled` refuses;
             nothing is written then.
     """
     cfg = complete_config(cfg, **options)

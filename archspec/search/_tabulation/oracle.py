@@ -6,7 +6,7 @@ geometric series of steps), the training seconds up to each point, the zero-cost
 MACs, parameters and -- after the separate latency pass -- CPU latency.  This is how NAS benchmarks
 (NAS-Bench-201, JAHS-Bench-201) let search methods be compared in seconds with many repeats.
 
-The oracle replaces exactly three measurements of :class:`archspec.search.engine.CandidateObjective`; the engine,
+The oracle replaces exactly three measurements of :class:`archspec.search._engine.loop.CandidateObjective`; the engine,
 sampler, budgets, rungs and reports stay the real ones:
 
 * training a proxy for ``k`` steps: the table's curve at step ``k`` (linear in ``log k`` between tabulated
@@ -24,7 +24,7 @@ issue 54 the seed was ``--seed`` modulo 3 for every design: twenty repeats repla
 that is not in the table is an error (exit 2).
 
 A table is user input: every row and sidecar is checked by shape and by value as it is read
-(:mod:`archspec.search.table_checks`: finite numbers, accuracies in [0, 1], cumulative TSE, one row per design and
+(:mod:`archspec.search._tabulation.checks`: finite numbers, accuracies in [0, 1], cumulative TSE, one row per design and
 seed, one protocol), each violation a :class:`~archspec.errors.SpecError` naming the file, line and field.
 """
 
@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from archspec.errors import SpecError
-from archspec.search.table_checks import check_meta, check_row, index_rows, latency_ms, short_curve
+from archspec.search._tabulation.checks import check_meta, check_row, index_rows, latency_ms, short_curve
 
 __all__ = ["TABLES_DIR", "OracleTable", "load_table", "curve_at"]
 
-TABLES_DIR = Path(__file__).resolve().parent / "tables"
+TABLES_DIR = Path(__file__).resolve().parents[1] / "tables"
 _OPTION = ("--oracle",)
 _MAX_BYTES = 64 * 2**20
 
@@ -66,7 +66,7 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
 
 @dataclass
 class OracleResult:
-    """What :meth:`OracleTable.train` answers, shaped like :class:`archspec.search.proxy.ProxyResult`:
+    """What :meth:`OracleTable.train` answers, shaped like :class:`archspec.search._evaluation.proxy.ProxyResult`:
     val top-1 (0..1), val loss, mean train loss, steps, simulated CPU seconds (the table's), history of reported
     scores, the sum of training losses (TSE) and the score that ranks the candidate."""
 
@@ -144,7 +144,7 @@ class OracleTable:
         Raises:
             SpecError: at ``--oracle``: the design is not in the table.
         """
-        from archspec.search.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
+        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
 
         key = architecture_key(spec)
         if key not in self.tabulated:
@@ -170,7 +170,7 @@ class OracleTable:
                                    self.file)
 
     def train(self, spec, data, protocol, seed: int = 0, report=None, on_model=None) -> OracleResult:
-        """The proxy training :func:`archspec.search.proxy.train_proxy` would run, answered from the table:
+        """The proxy training :func:`archspec.search._evaluation.proxy.train_proxy` would run, answered from the table:
         ``report(step, score)`` at every ``protocol.eval_every`` steps and the last, as the real loop does (the
         score: the curve's val top-1, or with ``protocol.score == "tse"`` minus the tabulated sum of training
         losses to that step over the step).
@@ -191,17 +191,18 @@ class OracleTable:
         accuracy, loss_sum = curve_at(row, k)
         val_loss = _interpolate([(float(s), float(v)) for s, _, v in row["curve"]], k)
         seconds = [(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]]
-        cost = _linear(seconds, k)  # training seconds up to step k (evaluation excluded)
+        cost = linear_at(seconds, k)  # training seconds up to step k (evaluation excluded)
         return OracleResult(accuracy=accuracy, val_loss=val_loss, train_loss=loss_sum / k, steps=k, seconds=cost,
                             history=history, loss_sum=loss_sum, score=history[-1][1], oracle_seed=int(row["seed"]))
 
     def zero_cost(self, spec, seed: int = 0):
-        """The tabulated zero-cost scores: ``(ZeroCostResult, None)`` like :func:`~archspec.search.proxy.score_proxy`.
+        """The tabulated zero-cost scores: ``(ZeroCostResult, None)`` like
+        :func:`~archspec.search._evaluation.proxy.score_proxy`.
 
         Raises:
             SpecError: the design is not in the table.
         """
-        from archspec.search.zero_cost import ZeroCostResult  # noqa: PLC0415 - torch-side, once a table is read
+        from archspec.search._evaluation.zero_cost import ZeroCostResult  # noqa: PLC0415 - torch-side, once a table is read
 
         row = self.row(spec, seed)
         scores = {k: (v if v is not None else -math.inf) for k, v in row["zc"].items()}
@@ -213,7 +214,7 @@ class OracleTable:
         Raises:
             SpecError: the design is not in the table, or the table has no latency for it.
         """
-        from archspec.search.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
+        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
 
         self.row(spec, 0)
         ms = self.latency_ms.get(architecture_key(spec))
@@ -247,13 +248,14 @@ class OracleTable:
 def curve_at(row: dict, step: float) -> tuple[float, float]:
     """``(val top-1, sum of training losses)`` of one table row at ``step``: the curve linear in ``log step``
     between tabulated steps, the loss sum linear in ``step`` (from 0 at step 0) -- what a proxy of ``step`` steps
-    answers under ``--oracle`` (the search's score: :meth:`archspec.search.proxy.ProxyProtocol.score_of`)."""
+    answers under ``--oracle`` (the search's score:
+    :meth:`archspec.search._evaluation.proxy.ProxyProtocol.score_of`)."""
     accuracy = _interpolate([(float(s), float(a)) for s, a, _ in row["curve"]], step)
-    loss_sum = _linear([(0.0, 0.0)] + [(float(s), float(total)) for s, total, _ in row["tse"]], step)
+    loss_sum = linear_at([(0.0, 0.0)] + [(float(s), float(total)) for s, total, _ in row["tse"]], step)
     return accuracy, loss_sum
 
 
-def _linear(points: list[tuple[float, float]], x: float) -> float:
+def linear_at(points: list[tuple[float, float]], x: float) -> float:
     """Piecewise-linear interpolation in ``x`` (cumulative sums such as TSE)."""
     for (x0, y0), (x1, y1) in zip(points, points[1:]):
         if x <= x1:
@@ -284,7 +286,7 @@ def load_table(source: str | os.PathLike) -> OracleTable:
 
     Raises:
         SpecError: at ``--oracle``: no such file or shipped table, a directory, over 64 MB, unreadable, a line
-            that is not JSON or breaks a rule of :mod:`archspec.search.table_checks` (shape, value, a conflicting
+            that is not JSON or breaks a rule of :mod:`archspec.search._tabulation.checks` (shape, value, a conflicting
             duplicate, another protocol), no rows, a sidecar of the wrong types.
     """
     path = Path(source).expanduser()

@@ -3,23 +3,23 @@
 :class:`CandidateObjective` evaluates a candidate in steps, each cheaper than the next:
 
 1. ``mode.space.sample(trial)`` -> an :class:`~archspec.spec.ArchSpec` at its real input size;
-2. :func:`~archspec.search.budget.static_check` on the IR (no weights): MACs and params; each budget
+2. :func:`~archspec.search._evaluation.budget.static_check` on the IR (no weights): MACs and params; each budget
    becomes an Optuna constraint (``trial.set_constraint``, ``value / budget - 1 <= 0`` feasible).  An
    over-budget candidate is recorded as a PRUNED trial (user attr ``status = infeasible``) with its
    constraint values -- Optuna's TPE ranks it below every feasible trial -- and costs only the
    static check: it is never built, measured or trained;
 3. latency: median forward time in ms at the spec's real input size under the latency protocol
-   (:func:`~archspec.search.latency.measure_latency`, cached per architecture); with a latency
+   (:func:`~archspec.search._evaluation.latency.measure_latency`, cached per architecture); with a latency
    budget an over-budget candidate is infeasible (never trained);
 4. distinct candidates: a candidate the study has already trained is not retrained (its values and result
    attrs are copied, ``reused_from``); one another worker is training is pruned (``status = duplicate``);
 5. the zero-cost rung (``--fidelity zc``), then proxy training on real data (``mode.train``, by default
-   :func:`~archspec.search.proxy.train_proxy`) -> validation accuracy, read at every rung
-   (:mod:`archspec.search.rungs`) and cut at ``--trial-timeout`` or the search's ``--timeout``;
+   :func:`~archspec.search._evaluation.proxy.train_proxy`) -> validation accuracy, read at every rung
+   (:mod:`archspec.search._engine.early_stop`) and cut at ``--trial-timeout`` or the search's ``--timeout``;
    ``mode.after_train`` then reads the trained result.
 
 A candidate that raises, runs out of memory, produces a NaN loss or runs past its deadline becomes a FAIL
-trial with user attr ``fail_reason`` (:func:`~archspec.search.failures.fail_reason`); the study goes on.
+trial with user attr ``fail_reason`` (:func:`~archspec.search._engine.failures.fail_reason`); the study goes on.
 """
 
 from __future__ import annotations
@@ -34,12 +34,11 @@ import optuna
 from optuna.trial import TrialState
 
 from archspec.errors import SpecError
-from archspec.search.budget import static_check
-from archspec.search.config import GEOMETRY_ATTR, SearchConfig
-from archspec.search.failures import CandidateFailure, deadline_hook, fail_reason
-from archspec.search.preflight import first_problem
-from archspec.search.rungs import rung_stops, zero_cost_stops
-from archspec.search.study import (
+from archspec.search._engine.config import GEOMETRY_ATTR, SearchConfig
+from archspec.search._engine.early_stop import rung_stops, zero_cost_stops
+from archspec.search._engine.failures import CandidateFailure, deadline_hook, fail_reason
+from archspec.search._engine.preflight import first_problem
+from archspec.search._engine.study import (
     ARCH_KEY_ATTR,
     make_sampler,
     mark_worker,
@@ -47,12 +46,13 @@ from archspec.search.study import (
     same_architecture,
     worker_seed,
 )
+from archspec.search._evaluation.budget import static_check
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # annotations only: the data and the cache are torch-side
     from archspec.io.datasets import Dataset
-    from archspec.search.latency import LatencyCache
-    from archspec.search.mode import SampledMode
+    from archspec.search._evaluation.latency import LatencyCache
+    from archspec.search._modes.base import SampledMode
 
 __all__ = ["CandidateObjective"]
 
@@ -61,18 +61,19 @@ class CandidateObjective:
     """The Optuna objective of a search (design or mask placement): one call evaluates one candidate.
 
     Args:
-        mode: the :class:`~archspec.search.mode.SampledMode` searched: its ``space`` is sampled, its ``train``
+        mode: the :class:`~archspec.search._modes.base.SampledMode` searched: its ``space`` is sampled, its ``train``
             trains a candidate (unless ``oracle``) and its ``after_train`` reads the trained result.
         data: the :class:`~archspec.io.datasets.Dataset` of the proxy training.
-        cfg: the :class:`~archspec.search.config.SearchConfig` (budgets, protocols, limits).
-        cache: the :class:`~archspec.search.latency.LatencyCache` of the run directory.
+        cfg: the :class:`~archspec.search._engine.config.SearchConfig` (budgets, protocols, limits).
+        cache: the :class:`~archspec.search._evaluation.latency.LatencyCache` of the run directory.
         n_objectives: 1 (accuracy) or 2 (accuracy, latency in ms).
         on_status: ``f(text)`` told what the running trial does (the progress display).
-        oracle: an :class:`~archspec.search.oracle.OracleTable` that answers training, the zero-cost rung and
+        oracle: an :class:`~archspec.search._tabulation.oracle.OracleTable` that answers training, the zero-cost rung
+        and
             latency from a tabulated space instead of measuring them (``--oracle``).
 
     Counts what it did (``attempted``, ``infeasible``, ``reused``, ``duplicates``, ``stopped``, the
-    ``consecutive_*`` runs and ``untabulated_repeats`` :class:`~archspec.search.rungs.StopRules` reads);
+    ``consecutive_*`` runs and ``untabulated_repeats`` :class:`~archspec.search._engine.early_stop.StopRules` reads);
     ``search_deadline`` (``perf_counter`` seconds) is when ``--timeout`` runs out and ``rungs`` the multi-fidelity
     schedule, both set by the engine.
     """
@@ -96,7 +97,7 @@ class CandidateObjective:
         self.untabulated_repeats: Counter[str] = Counter()
         self.first_trial: int | None = None  # this worker's first trial number (its sampler seed)
         self.search_deadline: float | None = None  # perf_counter() time at which --timeout runs out
-        self.rungs = None              # archspec.search.fidelity.Rungs when multi-fidelity is on
+        self.rungs = None              # archspec.search._engine.fidelity.Rungs when multi-fidelity is on
         self.stopped = 0               # candidates stopped at a rung below the last (or the zero-cost rung)
         self.zc_scored = 0             # candidates the zero-cost rung scored
         # how a report names the value that ranks a candidate (ProxyProtocol.score)
@@ -175,7 +176,7 @@ class CandidateObjective:
             CandidateFailure: the space produced an invalid spec.
             optuna.TrialPruned: over the MAC, parameter or memory budget (status ``infeasible``).
         """
-        from archspec.search.latency import architecture_key  # noqa: PLC0415 - torch-side: the engine's modules import torch-free
+        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side: the engine's modules import torch-free
 
         budgets = self.cfg.budgets
         try:
@@ -206,7 +207,7 @@ class CandidateObjective:
 
     def _measure_latency(self, trial: optuna.trial.Trial, spec: ArchSpec) -> float:
         """Latency in ms (cached per architecture) on the trial; prunes a candidate over ``--budget-latency``."""
-        from archspec.search.latency import measure_latency  # noqa: PLC0415 - torch-side
+        from archspec.search._evaluation.latency import measure_latency  # noqa: PLC0415 - torch-side
 
         budgets = self.cfg.budgets
         self.on_status(f"trial {trial.number}: latency")
@@ -260,7 +261,8 @@ class CandidateObjective:
 
     def _train(self, trial: optuna.trial.Trial, spec: ArchSpec, latency: float, start: float):
         """Train the proxy, reporting every eval point to the rungs / pruner, cut at the trial's or the search's
-        deadline (whichever comes first) by a forward hook raising :class:`~archspec.search.failures.TrialTimeout`."""
+        deadline (whichever comes first) by a forward hook raising
+        :class:`~archspec.search._engine.failures.TrialTimeout`."""
 
         def report_step(step: int, value: float) -> None:
             self.on_status(f"trial {trial.number}: step {step}, {self.score_name} {value:.3f}")
@@ -283,7 +285,7 @@ class CandidateObjective:
 
     def _rung(self, trial, step: int, value: float, latency: float) -> None:
         """Multi-fidelity: record the accuracy at a rung, stop the candidate there unless it is promotable
-        (:func:`~archspec.search.rungs.rung_stops`).
+        (:func:`~archspec.search._engine.early_stop.rung_stops`).
 
         Raises:
             optuna.TrialPruned: stopped at the rung (status ``stopped``).
@@ -292,7 +294,8 @@ class CandidateObjective:
             self._stop(trial, f"stopped at rung {step} steps ({self.score_name} {value:.3f}): not promotable")
 
     def _zero_cost_rung(self, trial, spec: ArchSpec, latency: float, macs: int | None, params: int | None) -> None:
-        """The zero-cost rung (``fidelity="zc"``, :func:`~archspec.search.rungs.zero_cost_stops`): score the
+        """The zero-cost rung (``fidelity="zc"``, :func:`~archspec.search._engine.early_stop.zero_cost_stops`): score
+        the
         untrained proxy, train only promising candidates.
 
         Raises:

@@ -2,7 +2,7 @@
 
 ``static_check`` needs only the IR (:func:`archspec.ir.graph.build_graph`): no weights are built, so a
 search rejects an over-budget candidate in about a millisecond, before any training.  Latency is
-not static; the orchestrator measures it with :func:`archspec.search.latency.measure_latency`.
+not static; the orchestrator measures it with :func:`archspec.search._evaluation.latency.measure_latency`.
 
 Quantities on the command line are written with SI suffixes: ``1G`` = 1e9, ``500M``, ``2.5k``,
 ``1.5e9``; a trailing unit word (``MACs``, ``FLOPs``, ``ms``, ``params``) is ignored, so
@@ -24,7 +24,7 @@ from archspec.ir.graph import DEFAULT_MAX_MEMORY, build_graph, check_memory
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from archspec.search.space import SearchSpace
+    from archspec.search._space.language import SearchSpace
 
 __all__ = ["parse_quantity", "Budgets", "StaticCheck", "static_check", "static_check_rate", "training_memory",
            "TRAINING_STATE_FACTOR"]
@@ -122,7 +122,7 @@ def _memory_reasons(graph, budgets: Budgets, data, protocol) -> list[str]:
     reasons = [p.message for p in check_memory(graph, limit)]
     if data is None or protocol is None:
         return reasons
-    from archspec.search.proxy import proxy_spec  # noqa: PLC0415
+    from archspec.search._evaluation.proxy import proxy_spec  # noqa: PLC0415
 
     try:
         proxy = build_graph(proxy_spec(graph.graph["spec"], data, protocol))
@@ -143,7 +143,8 @@ def static_check(spec: ArchSpec, budgets: Budgets, data=None, protocol=None) -> 
     """Check ``spec`` against the MAC, parameter and memory budgets from the IR alone (no weights).
 
     Memory: a batch-1 inference forward at the spec's size and, when ``data`` (a
-    :class:`~archspec.io.datasets.Dataset`) and ``protocol`` (a :class:`~archspec.search.proxy.ProxyProtocol`)
+    :class:`~archspec.io.datasets.Dataset`) and ``protocol`` (a
+    :class:`~archspec.search._evaluation.proxy.ProxyProtocol`)
     are given, one proxy training step of ``protocol.batch_size`` images (:func:`training_memory`),
     against ``budgets.memory``.  The latency budget is not checked here (it needs a measurement).
     An invalid spec is infeasible, with the validator's message as the reason (``macs = params = 0``).

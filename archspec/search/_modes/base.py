@@ -2,25 +2,25 @@
 its sampler.
 
 A search mode (mode 1's design search, mode 2's ``optuna``, ``als`` and ``soft`` mask placements) states
-three things and nothing else; the engine (:mod:`archspec.search.engine`) owns the rest -- the preflight
+three things and nothing else; the engine (:mod:`archspec.search._engine.loop`) owns the rest -- the preflight
 checks, the run directory and its lock, the study, the trial bookkeeping (states, failures, deadlines), the
 stop rules, trials.csv and summary.json:
 
 1. **what it samples or proposes.**  A :class:`SampledMode` gives a search space (``space``); the study's
    sampler (TPE, random, ...) draws each candidate from it with ``space.sample(trial)``, and the engine's
-   objective (:class:`~archspec.search.objective.CandidateObjective`) checks it statically against the
+   objective (:class:`~archspec.search._engine.objective.CandidateObjective`) checks it statically against the
    budgets, measures its latency and trains it.  A :class:`RoundsMode` proposes each candidate itself from
    what the earlier ones taught it (:meth:`RoundsMode.propose` -> a :class:`Candidate`, or ``None`` when
    done); the engine asks the study for a trial per candidate and tells it the result (Optuna's ask/tell).
 2. **how one trial is evaluated.**  :meth:`SearchMode.train` trains a candidate's proxy (by default
-   :func:`archspec.search.proxy.train_proxy`, looked up at each call) and :meth:`SearchMode.after_train`
+   :func:`archspec.search._evaluation.proxy.train_proxy`, looked up at each call) and :meth:`SearchMode.after_train`
    reads the trained result onto the trial (mask placement: the ALS of every head).
 3. **what it writes at the end.**  :meth:`SampledMode.finish` adds its own files after the engine wrote the
    best / Pareto specs; a rounds mode writes its results itself (:meth:`RoundsMode.summary`,
    :meth:`RoundsMode.write_results`), under the run directory's lock.
 
-The engine entry points are :func:`archspec.search.engine.run_sampled` and
-:func:`archspec.search.engine.run_rounds`.  This module imports neither torch nor Optuna.
+The engine entry points are :func:`archspec.search._engine.loop.run_sampled` and
+:func:`archspec.search._engine.loop.run_rounds`.  This module imports neither torch nor Optuna.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ if TYPE_CHECKING:  # annotations only: the study, the space and the data import 
     import optuna
 
     from archspec.io.datasets import Dataset
-    from archspec.search.config import SearchConfig
-    from archspec.search.space import SearchSpace
-    from archspec.search.study import StorageInfo
+    from archspec.search._engine.config import SearchConfig
+    from archspec.search._engine.study import StorageInfo
+    from archspec.search._space.language import SearchSpace
     from archspec.spec import ArchSpec
 
 __all__ = ["SearchMode", "SampledMode", "RoundsMode", "Candidate", "RoundResult", "RunContext"]
@@ -61,20 +61,23 @@ class SearchMode:
     def train(self, spec: ArchSpec, data: Dataset, protocol, seed: int = 0,
               report: Callable[[int, float], None] | None = None, on_model: Callable | None = None,
               progress: str | None = None):
-        """Train the proxy of ``spec`` on ``data`` under ``protocol`` (a :class:`~archspec.search.proxy.ProxyProtocol`).
+        """Train the proxy of ``spec`` on ``data`` under ``protocol`` (a
+        :class:`~archspec.search._evaluation.proxy.ProxyProtocol`).
 
         ``report(step, val_accuracy)`` hears every evaluation point; ``on_model(model)`` gets the built model
         (the engine's deadline hook); ``progress`` labels progress lines on stderr.  Returns a
-        :class:`~archspec.search.proxy.ProxyResult` (``accuracy``, ``val_loss``, ``train_loss``, ``model``...).
+        :class:`~archspec.search._evaluation.proxy.ProxyResult` (``accuracy``, ``val_loss``, ``train_loss``,
+        ``model``...).
 
         Raises:
-            archspec.search.proxy.TrialFailure: the candidate could not be trained (the engine records a FAIL).
+            archspec.search._evaluation.proxy.TrialFailure: the candidate could not be trained (the engine records a
+            FAIL).
         """
 
         kwargs = {} if progress is None else {"progress": progress}
         if on_model is not None:
             kwargs["on_model"] = on_model
-        from archspec.search import proxy  # noqa: PLC0415 - torch-side; looked up per call (tests replace train_proxy)
+        from archspec.search._evaluation import proxy  # noqa: PLC0415 - torch-side; looked up per call (tests replace train_proxy)
 
         return proxy.train_proxy(spec, data, protocol, seed=seed, report=report, **kwargs)
 
@@ -90,7 +93,8 @@ class SampledMode(SearchMode):
     """A mode whose candidates the study's sampler draws from a search space (mode 1; mode 2 ``optuna``).
 
     Attributes:
-        space: the :class:`~archspec.search.space.SearchSpace` sampled (``space.sample(trial)`` -> ``ArchSpec``).
+        space: the :class:`~archspec.search._space.language.SearchSpace` sampled (``space.sample(trial)`` ->
+        ``ArchSpec``).
     """
 
     space: SearchSpace
@@ -149,7 +153,7 @@ class RunContext:
 class RoundsMode(SearchMode, abc.ABC):
     """A mode that proposes each candidate from the results so far (mode 2 ``als`` and ``soft``).
 
-    The engine (:func:`~archspec.search.engine.run_rounds`) opens the run, calls :meth:`start`, then
+    The engine (:func:`~archspec.search._engine.loop.run_rounds`) opens the run, calls :meth:`start`, then
     repeatedly :meth:`propose` -> evaluates the candidate as one trial (latency, :meth:`train`,
     :meth:`after_train`) -> :meth:`observe`, until :meth:`propose` returns ``None``; then, under the run
     lock, :meth:`summary` and :meth:`write_results`, and writes summary.json.  Ctrl-C ends the rounds, not the run.

@@ -1,13 +1,13 @@
-"""Mode 2's strategies as clients of the engine's contract (:mod:`archspec.search.mode`).
+"""Mode 2's strategies as clients of the engine's contract (:mod:`archspec.search._modes.base`).
 
-* :class:`OptunaPlacement` -- ``--strategy optuna``, a :class:`~archspec.search.mode.SampledMode`: Optuna over
-  :func:`~archspec.search.space.mask_placement_space`; after each training it records the ALS (3x3 window, on
-  :data:`~archspec.search.mask_scores.ALS_IMAGES` held-out images), and at the end writes the best trial's
+* :class:`OptunaPlacement` -- ``--strategy optuna``, a :class:`~archspec.search._modes.base.SampledMode`: Optuna over
+  :func:`~archspec.search._space.language.mask_placement_space`; after each training it records the ALS (3x3 window, on
+  :data:`~archspec.search._modes.mask_scores.ALS_IMAGES` held-out images), and at the end writes the best trial's
   heatmap and als.json.
-* :class:`AlsPlacement` -- ``--strategy als``, a :class:`~archspec.search.mode.RoundsMode`: MaiT sec. 4.2's
+* :class:`AlsPlacement` -- ``--strategy als``, a :class:`~archspec.search._modes.base.RoundsMode`: MaiT sec. 4.2's
   rounds, head 0 masked everywhere, then assignment and calibration from the ALS
   (:mod:`archspec.families.attention.placement`).
-* :class:`SoftPlacement` -- ``--strategy soft``, a :class:`~archspec.search.mode.RoundsMode`: sec. 4.3, one
+* :class:`SoftPlacement` -- ``--strategy soft``, a :class:`~archspec.search._modes.base.RoundsMode`: sec. 4.3, one
   soft-masked training, then a hard mask where the learned alpha is low.
 
 Both rounds strategies write best.yaml (the placement on the spec at its real input size, with provenance),
@@ -31,9 +31,8 @@ from archspec.families.attention.placement import (
 )
 from archspec.ir.analysis import analyze
 from archspec.ir.loader import load_spec
-from archspec.search import report, runs
-from archspec.search.mask_scores import ALS_IMAGES, layer_scores, learned_alphas, uniform_baselines
-from archspec.search.mask_specs import (
+from archspec.search._modes.base import Candidate, RoundResult, RoundsMode, RunContext, SampledMode
+from archspec.search._modes.mask_placement import (
     als_table,
     apply_placement,
     attention_layers,
@@ -44,7 +43,8 @@ from archspec.search.mask_specs import (
     provenance_free_yaml,
     soft_heads,
 )
-from archspec.search.mode import Candidate, RoundResult, RoundsMode, RunContext, SampledMode
+from archspec.search._modes.mask_scores import ALS_IMAGES, layer_scores, learned_alphas, uniform_baselines
+from archspec.search._report import results, run_files
 from archspec.spec import ArchSpec
 
 __all__ = ["OptunaPlacement", "PlacementRounds", "AlsPlacement", "SoftPlacement"]
@@ -65,7 +65,7 @@ class OptunaPlacement(SampledMode):
         return self.attrs
 
     def train(self, spec, data, protocol, seed=0, report=None, on_model=None, progress=None):
-        """The default training, keeping the first :data:`~archspec.search.mask_scores.ALS_IMAGES` validation
+        """The default training, keeping the first :data:`~archspec.search._modes.mask_scores.ALS_IMAGES` validation
         images for the ALS."""
         if self.images is None:
             self.images = data.val.tensors[0][:ALS_IMAGES]
@@ -94,9 +94,9 @@ class OptunaPlacement(SampledMode):
             keys = {tuple(int(p) for p in k.split(".")): v for k, v in scores.items()}
             placement = {(s, l): [h.mask is not None for h in heads] for s, l, heads in attention_layers(best_spec)}
             table, masked = als_table(best_spec, keys, placement)
-            runs.atomic_write_text(run_dir / "als.json", report.summary_json({"trial": best, "window": "3x3",
+            run_files.atomic_write_text(run_dir / "als.json", results.summary_json({"trial": best, "window": "3x3",
                                                                                "als": table, "masked": masked}))
-            report.plot_als_heatmap(table, run_dir / "als.png",
+            results.plot_als_heatmap(table, run_dir / "als.png",
                                     f"{summary['study']}: ALS of best trial {best} (3x3 window)", masked)
             files.extend(["als.png", "als.json"])
         return None
@@ -194,7 +194,7 @@ class PlacementRounds(RoundsMode):
         else:
             summary["notes"].append("no placement decided: no best.yaml written")
         als_blob = {"window": f"{self.window[0]}x{self.window[1]}", "strategy": self.mcfg.strategy, **self.extra}
-        runs.atomic_write_text(run.run_dir / "als.json", report.summary_json(als_blob))
+        run_files.atomic_write_text(run.run_dir / "als.json", results.summary_json(als_blob))
         run.files += ["als.json", "summary.json"]
         summary["files"] = run.files
         return best_file
@@ -205,7 +205,7 @@ class PlacementRounds(RoundsMode):
     def _summarise_trials(self, summary: dict) -> None:
         """trials.csv, and the study's counts, failures and median trial time into ``summary``."""
         trials = self.run.study.get_trials(deepcopy=False)
-        report.write_trials_csv(trials, self.run.run_dir / "trials.csv")
+        results.write_trials_csv(trials, self.run.run_dir / "trials.csv")
         self.run.files.insert(0, "trials.csv")
         done = [t for t in trials if t.state == TrialState.COMPLETE]
         summary["counts"] = {"trained": len(done), "failed": sum(t.state == TrialState.FAIL for t in trials)}
@@ -231,12 +231,12 @@ class PlacementRounds(RoundsMode):
             "macs": analysis.macs, "params": analysis.params, "input": list(final_spec.input.resolution),
             "window": f"{window[0]}x{window[1]}", "thresholds": summary["thresholds"],
             "placement": placement_json(spec, placement), "masked_heads": masked_total,
-            "data": summary["data"], "proxy": summary["proxy"], "seed": run.cfg.seed, "created": runs.now_iso(),
+            "data": summary["data"], "proxy": summary["proxy"], "seed": run.cfg.seed, "created": run_files.now_iso(),
         }
         if summary.get("no_locality"):
             prov["note"] = summary["notes"][0]
-        _, text = runs.emit_spec(final_spec, None, f"{spec.name}_{self.mcfg.strategy}"[:100], prov)
-        best_file = runs.atomic_write_text(run.run_dir / "best.yaml", text)
+        _, text = run_files.emit_spec(final_spec, None, f"{spec.name}_{self.mcfg.strategy}"[:100], prov)
+        best_file = run_files.atomic_write_text(run.run_dir / "best.yaml", text)
         run.files.insert(0, "best.yaml")
         summary.update(best=str(best_file), masked_heads=masked_total, placement=placement_json(spec, placement))
         summary["pareto"] = [{"rank": 0,
@@ -275,7 +275,7 @@ class AlsPlacement(PlacementRounds):
         r, placement = candidate.round, self.next_placement
         self.check_learned(f"round {r}", outcome.result.accuracy)
         new = self._decide_round(r, outcome.trial, outcome.result.accuracy, outcome.extra, placement)
-        runs.atomic_write_text(self.rounds_dir / f"round{r}.yaml", provenance_free_yaml(candidate.spec))
+        run_files.atomic_write_text(self.rounds_dir / f"round{r}.yaml", provenance_free_yaml(candidate.spec))
         changed, self.next_placement = new != placement, new
         self.placement = new
         if r >= 2 and not changed:
@@ -293,7 +293,7 @@ class AlsPlacement(PlacementRounds):
         table, masked = als_table(spec, decide, placement)
         raw_table, _ = als_table(spec, scores, placement)
         what = "ALS above uniform, (ALS-u)/(1-u)" if self.mcfg.normalise else "ALS (eq. 3)"
-        report.plot_als_heatmap(table, self.run.run_dir / f"als_round{r}.png",
+        results.plot_als_heatmap(table, self.run.run_dir / f"als_round{r}.png",
                                 f"{self.run.name}: round {r}, {what}, {window[0]}x{window[1]} window, trial {number}",
                                 masked, (self.high, self.low))
         self.run.files.append(f"als_round{r}.png")
@@ -340,11 +340,11 @@ class SoftPlacement(PlacementRounds):
             self.run.notes.append(f"layers {unknown}: the window covers the whole proxy token grid, so the proxy "
                                   "model had no soft mask there (no alpha learned): left global")
         table, masked = als_table(spec, outcome.extra, placement)
-        report.plot_als_heatmap(table, self.run.run_dir / "als.png",
+        results.plot_als_heatmap(table, self.run.run_dir / "als.png",
                                 f"{self.run.name}: ALS of the soft-masked model ({window[0]}x{window[1]}), "
                                 f"trial {outcome.trial}", masked, None)
         self.run.files.append("als.png")
-        runs.atomic_write_text(self.rounds_dir / "soft.yaml", provenance_free_yaml(candidate.spec))
+        run_files.atomic_write_text(self.rounds_dir / "soft.yaml", provenance_free_yaml(candidate.spec))
         self.placement = placement
         self.extra = {"alphas": {layer_label(spec, k): v for k, v in alphas.items()}, "als": table,
                       "trial": outcome.trial, "accuracy": result.accuracy, "placement": placement_json(spec, placement)}

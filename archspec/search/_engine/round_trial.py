@@ -1,4 +1,4 @@
-"""One round of a rounds mode (:class:`~archspec.search.mode.RoundsMode`): a proposed candidate as one trial.
+"""One round of a rounds mode (:class:`~archspec.search._modes.base.RoundsMode`): a proposed candidate as one trial.
 
 Optuna's ask/tell: :func:`evaluate_round` asks the study for a trial, records what the candidate is (the
 mode's attrs, ``round``, ``spec``, MACs and params at the real input size), measures its latency (ms, cached
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 from optuna.trial import TrialState
 
 from archspec.ir.analysis import analyze
-from archspec.search.mode import Candidate, RoundResult, RoundsMode, RunContext
-from archspec.search.study import mark_worker
+from archspec.search._engine.study import mark_worker
+from archspec.search._modes.base import Candidate, RoundResult, RoundsMode, RunContext
 
 if TYPE_CHECKING:  # annotations only: the cache is torch-side
-    from archspec.search.latency import LatencyCache
+    from archspec.search._evaluation.latency import LatencyCache
 
 __all__ = ["evaluate_round"]
 
@@ -46,7 +46,7 @@ def _train(run: RunContext, mode: RoundsMode, candidate: Candidate, trial, cache
     Raises:
         RuntimeError: training diverged (a non-finite loss or accuracy); any failure of the training itself.
     """
-    from archspec.search.latency import measure_latency  # noqa: PLC0415 - torch-side
+    from archspec.search._evaluation.latency import measure_latency  # noqa: PLC0415 - torch-side
 
     cfg = run.cfg
     trial.set_user_attr("latency_ms", float(measure_latency(candidate.spec, cfg.latency, cache)))
@@ -61,7 +61,8 @@ def _train(run: RunContext, mode: RoundsMode, candidate: Candidate, trial, cache
 
 
 def evaluate_round(run: RunContext, mode: RoundsMode, candidate: Candidate, cache: LatencyCache) -> RoundResult | None:
-    """Train ``candidate`` as one trial of ``run.study``: its :class:`~archspec.search.mode.RoundResult`, or ``None``
+    """Train ``candidate`` as one trial of ``run.study``: its :class:`~archspec.search._modes.base.RoundResult`, or
+    ``None``
     when it failed (the reason is on the trial, user attr ``fail_reason``, and in ``run.notes``).
 
     Raises:

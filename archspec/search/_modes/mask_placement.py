@@ -1,6 +1,7 @@
 """Mask placement on a spec (torch-free): find the attention layers, put MaiT masks on their heads, label them.
 
-The spec side of :mod:`archspec.search.masks`: a placement (:data:`~archspec.families.attention.placement.Placement`,
+The spec side of :mod:`archspec.search._modes.masks`: a placement
+(:data:`~archspec.families.attention.placement.Placement`,
 ``(stage, layer)`` -> masked flag per head) becomes a spec with :func:`placement_heads` and
 :func:`apply_placement`; the rule that decides a placement is :mod:`archspec.families.attention.placement`.
 """

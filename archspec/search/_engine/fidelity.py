@@ -1,7 +1,7 @@
 """Multi-fidelity search: a zero-cost rung, or successive halving over rungs of proxy-training steps.
 
 ``zc``: before any training, each candidate's untrained proxy (at its proxy geometry) is scored on one
-training batch (:mod:`archspec.search.zero_cost`: SynFlow, NASWOT, grad-norm; #params and #MACs); only a
+training batch (:mod:`archspec.search._evaluation.zero_cost`: SynFlow, NASWOT, grad-norm; #params and #MACs); only a
 candidate whose chosen score is :func:`promotable` among all scored so far is trained, to the full proxy
 length.  The rest of this module is successive halving (``sha``, ``hyperband``):
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import optuna
 
 from archspec.errors import SpecError
-from archspec.search.config import FIDELITIES, ZERO_COST_RANKINGS
+from archspec.search._engine.config import FIDELITIES, ZERO_COST_RANKINGS
 
 __all__ = ["Rungs", "rung_schedule", "promotable", "make_pruner", "rung_correlations", "FIDELITIES", "RUNGS_ATTR",
            "ZERO_COST_RANKINGS", "zero_cost_summary"]

@@ -25,21 +25,22 @@ Three strategies (Li et al. 2022, "MaiT"):
     already scores ``|window| / N`` (e.g. 9/64 = 0.14 on an 8x8 grid), which is why the low
     threshold is not closer to 0 even after the baseline correction.  Both are options.
 
-``optuna`` -- Optuna (TPE) over :func:`archspec.search.space.mask_placement_space`: the number of
+``optuna`` -- Optuna (TPE) over :func:`archspec.search._space.language.mask_placement_space`: the number of
     masked heads per group of layers and their window; objective proxy accuracy (the same engine
-    as mode 1, :func:`archspec.search.engine.run_sampled`).
+    as mode 1, :func:`archspec.search._engine.loop.run_sampled`).
 
 ``soft`` -- sec. 4.3: every head of every attention layer gets a soft mask (non-neighbour logits
     scaled by a learned ``alpha = sigmoid(a)``, initial 0.5); proxy-train; then a head whose learned
     alpha is below ``--alpha-threshold`` (it learned to suppress non-neighbours: local) gets a hard
     mask of the window, the others none (global).
 
-Each strategy is a client of the engine's contract (:mod:`archspec.search.mode`), in
-:mod:`archspec.search.mask_modes`: ``optuna`` a sampled mode (:func:`~archspec.search.engine.run_sampled`),
-``als`` and ``soft`` rounds modes (:func:`~archspec.search.engine.run_rounds`).  The placement rule itself
+Each strategy is a client of the engine's contract (:mod:`archspec.search._modes.base`), in
+:mod:`archspec.search._modes.mask_strategies`: ``optuna`` a sampled mode
+(:func:`~archspec.search._engine.loop.run_sampled`),
+``als`` and ``soft`` rounds modes (:func:`~archspec.search._engine.loop.run_rounds`).  The placement rule itself
 (assignment, calibration, soft alphas, the uniform baseline) is :mod:`archspec.families.attention.placement`;
-the spec surgery :mod:`archspec.search.mask_specs`; the scores read off a trained model
-:mod:`archspec.search.mask_scores`.
+the spec surgery :mod:`archspec.search._modes.mask_placement`; the scores read off a trained model
+:mod:`archspec.search._modes.mask_scores`.
 
 Every strategy writes ``best.yaml`` (the placement on SPEC at its real input size, with
 provenance; ``archspec build`` accepts it), an ALS heatmap (layer x head) and ``als.json``.
@@ -64,7 +65,7 @@ from archspec.families.attention.placement import (
     soft_placement,
 )
 from archspec.ir.loader import load_spec
-from archspec.search.config import (
+from archspec.search._engine.config import (
     MASKS_PROXY_DEFAULTS,
     MASKS_TRIAL_TIMEOUT_S,
     SearchConfig,
@@ -72,10 +73,9 @@ from archspec.search.config import (
     complete_config,
     warmup_warning,
 )
-from archspec.search.engine import run_rounds, run_sampled
-from archspec.search.mask_modes import AlsPlacement, OptunaPlacement, SoftPlacement
-from archspec.search.mask_scores import ALS_IMAGES, layer_scores, train_keeping_model, uniform_baselines
-from archspec.search.mask_specs import (
+from archspec.search._engine.loop import run_rounds, run_sampled
+from archspec.search._engine.session import quiet_optuna
+from archspec.search._modes.mask_placement import (
     apply_placement,
     attention_layers,
     first_spec,
@@ -85,8 +85,9 @@ from archspec.search.mask_specs import (
     provenance_free_yaml,
     token_stages,
 )
-from archspec.search.rundir import quiet_optuna
-from archspec.search.space import mask_placement_space
+from archspec.search._modes.mask_scores import ALS_IMAGES, layer_scores, train_keeping_model, uniform_baselines
+from archspec.search._modes.mask_strategies import AlsPlacement, OptunaPlacement, SoftPlacement
+from archspec.search._space.language import mask_placement_space
 from archspec.spec import ArchSpec
 
 # The entry point, and (re-exported from the modules named in the docstring, for their importers: bench/,
@@ -101,9 +102,9 @@ __all__ = ["MaskConfig", "run_masks", "attention_layers", "apply_placement", "as
 class MaskConfig:
     """Settings of ``archspec search masks``.
 
-    ``search``: a :class:`~archspec.search.config.SearchConfig`, or a dict of its fields over mode 2's
-    defaults (objective ``accuracy``, :data:`~archspec.search.config.MASKS_PROXY_DEFAULTS`,
-    :data:`~archspec.search.config.MASKS_TRIAL_TIMEOUT_S`), or ``None`` for those defaults.
+    ``search``: a :class:`~archspec.search._engine.config.SearchConfig`, or a dict of its fields over mode 2's
+    defaults (objective ``accuracy``, :data:`~archspec.search._engine.config.MASKS_PROXY_DEFAULTS`,
+    :data:`~archspec.search._engine.config.MASKS_TRIAL_TIMEOUT_S`), or ``None`` for those defaults.
     """
 
     spec: Any                       # path / shipped name / ArchSpec
@@ -137,7 +138,7 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
 
     ``mcfg`` is a :class:`MaskConfig`; ``options`` replace its fields (or make one):
     ``run_masks(spec="mait_tiny_sch2", strategy="als", search={"out": "runs", "data": "fashion-mnist"})``.
-    Returns a :class:`~archspec.search.config.SearchOutcome` (``.best_spec``: the spec with its masks placed).
+    Returns a :class:`~archspec.search._engine.config.SearchOutcome` (``.best_spec``: the spec with its masks placed).
 
     Raises:
         TypeError: an unknown option.
@@ -181,8 +182,9 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
 
 
 def _run_optuna(spec: ArchSpec, mcfg: MaskConfig, name: str) -> SearchOutcome:
-    """``--strategy optuna``: the engine's sampled search (:class:`~archspec.search.mask_modes.OptunaPlacement`) over
-    :func:`~archspec.search.space.mask_placement_space`, objective proxy accuracy.
+    """``--strategy optuna``: the engine's sampled search
+    (:class:`~archspec.search._modes.mask_strategies.OptunaPlacement`) over
+    :func:`~archspec.search._space.language.mask_placement_space`, objective proxy accuracy.
 
     Raises:
         SpecError: a bad ``--windows`` entry, or any input the engine refuses.

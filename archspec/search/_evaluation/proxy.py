@@ -15,19 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from archspec._util.memo import ContentMemo
 from archspec.errors import SpecError
 from archspec.io.datasets import Dataset
 from archspec.ir.graph import build_graph
 from archspec.ir.loader import load_spec
 from archspec.nn.compiler import compile as compile_spec
-from archspec.search.scoring import PROXY_SCORES, proxy_score
-from archspec.search.zero_cost import zero_cost_scores
+from archspec.search._evaluation.scoring import PROXY_SCORES, proxy_score
+from archspec.search._evaluation.zero_cost import zero_cost_scores
 from archspec.spec import ArchSpec
 from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
 from archspec.train import TrainConfig, TrialFailure, failure, train
 
 if TYPE_CHECKING:
-    from archspec.search.zero_cost import ZeroCostResult
+    from archspec.search._evaluation.zero_cost import ZeroCostResult
 
 __all__ = ["ProxyGeometry", "ProxyProtocol", "ProxyResult", "TrialFailure", "proxy_geometry", "proxy_spec",
            "score_proxy", "stage_grids", "train_proxy"]
@@ -71,7 +72,7 @@ class ProxyProtocol(TrainConfig):
     image_size: int = 64
     threads: int | None = None
     min_grid: int | None = None
-    # What ranks the candidates (archspec.search.scoring: accuracy | tse).  TSE: on levit_small's table (150
+    # What ranks the candidates (archspec.search._evaluation.scoring: accuracy | tse).  TSE: on levit_small's table (150
     # designs, 3 seeds) it ranks designs better than the same run's val top-1 at every length (tau 0.59 against
     # 0.29 at 200 steps), and random sampling ranked by it has the larger fronts at 120 and at 200 steps
     # (docs/search-works.md, "The defaults").
@@ -102,7 +103,7 @@ class ProxyProtocol(TrainConfig):
 
     def score_of(self, accuracy: float, loss_sum: float, steps: int) -> float:
         """The value that ranks a candidate (higher is better): ``accuracy``, or ``-loss_sum / steps``
-        (:func:`archspec.search.scoring.proxy_score`)."""
+        (:func:`archspec.search._evaluation.scoring.proxy_score`)."""
         return proxy_score(self.score, accuracy, loss_sum, steps)
 
     def train_config(self) -> TrainConfig:
@@ -234,6 +235,9 @@ def _resnet_input(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple[di
     return spec.stem.model_dump(mode="json"), size
 
 
+# a candidate's proxy (geometry and validated proxy spec) by the candidate's content and the proxy settings
+_PROXIES = ContentMemo(256)
+
 _STEM_RULES = {"conv": _conv_stem, "resnet": _resnet_input}  # patch and identity stems: _patch_stem
 
 
@@ -261,15 +265,15 @@ def _fits(doc: dict, windows: list[tuple[int, int]]) -> tuple[tuple[tuple[int, i
 
 
 def _adapt(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> tuple[ProxyGeometry, dict, ArchSpec]:
-    """:func:`proxy_geometry` and the validated proxy spec, which carries its graph.
+    """:func:`proxy_geometry` and the validated proxy spec (whose graph the IR keeps).
 
-    Computed once per candidate and proxy setting: kept with the candidate's graph
-    (:class:`archspec.spec.GraphCache`, so it goes when the candidate changes or is copied), and checked
-    unchanged (``model_dump_json``) before reuse.  The returned dict is the kept one: callers copy it.
+    Computed once per candidate content and proxy setting: kept in :data:`_PROXIES` (keyed on the candidate's
+    ``model_dump_json()``, never in the spec), and checked unchanged (``model_dump_json``) before reuse.  The
+    returned dict is the kept one: callers copy it.
     """
-    real = stage_grids(spec)  # the candidate's own graph, which it now carries with this memo
-    memo = spec._graph_cache.derived
-    key = ("proxy", data.channels, data.num_classes, protocol.image_size, protocol.min_grid)
+    real = stage_grids(spec)  # the candidate's own graph (archspec.ir.graph keeps it by content)
+    memo = _PROXIES
+    key = ("proxy", spec.model_dump_json(), data.channels, data.num_classes, protocol.image_size, protocol.min_grid)
     kept = memo.get(key)
     if kept is not None and kept[2].model_dump_json() == kept[3]:
         return kept[:3]
@@ -291,7 +295,7 @@ def _adapt(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> tuple[Prox
         grids = stage_grids(pspec)
     size = tuple(doc["input"]["resolution"])
     geometry = ProxyGeometry(size, doc["stem"], grids, real)
-    memo[key] = (geometry, doc, pspec, pspec.model_dump_json())
+    memo.put(key, (geometry, doc, pspec, pspec.model_dump_json()))
     return geometry, doc, pspec
 
 
@@ -303,12 +307,13 @@ def _seeded_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: 
         return copy.deepcopy(geometry), pspec
     if type(seed) is not int or not 0 <= seed <= 2**31 - 1:  # not a spec seed: copied as it always was
         return copy.deepcopy(geometry), pspec.model_copy(update={"seed": seed})
-    memo = spec._graph_cache.derived
-    key = ("proxy", data.channels, data.num_classes, protocol.image_size, protocol.min_grid, "seed", seed)
+    memo = _PROXIES
+    key = ("proxy", spec.model_dump_json(), data.channels, data.num_classes, protocol.image_size, protocol.min_grid,
+           "seed", seed)
     kept = memo.get(key)
     if kept is None or kept[0].model_dump_json() != kept[1]:
         seeded = load_spec({**doc, "seed": seed})
-        kept = memo[key] = (seeded, seeded.model_dump_json())
+        kept = memo.put(key, (seeded, seeded.model_dump_json()))
     return copy.deepcopy(geometry), kept[0]
 
 
@@ -429,7 +434,7 @@ def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: t
 
     The model is the one :func:`train_proxy` would train (same geometry, same initialisation); the batch is
     the first ``protocol.batch_size`` images of a ``seed``-permutation of ``data.train`` at the proxy's
-    size.  Scores: :mod:`archspec.search.zero_cost` (NASWOT, SynFlow, grad-norm).
+    size.  Scores: :mod:`archspec.search._evaluation.zero_cost` (NASWOT, SynFlow, grad-norm).
 
     Returns:
         ``(ZeroCostResult, ProxyGeometry)``: scores (higher ranks better) and seconds per score.

@@ -1,6 +1,6 @@
 """Where a candidate or a search stops early: fidelity rungs, the zero-cost rung, and the stop rules.
 
-Rungs (:mod:`archspec.search.fidelity` has the schedule and the promotion rule): with ``--fidelity sha`` /
+Rungs (:mod:`archspec.search._engine.fidelity` has the schedule and the promotion rule): with ``--fidelity sha`` /
 ``hyperband`` a candidate's proxy accuracy is read at every rung (a step count) and the candidate stops there
 unless it is promotable (:func:`rung_stops`); with ``--fidelity zc`` its untrained proxy is scored first and
 only promising candidates train (:func:`zero_cost_stops`).  A stopped candidate is a PRUNED trial (user
@@ -24,8 +24,8 @@ import optuna
 from optuna.trial import TrialState
 
 from archspec.errors import SpecError
-from archspec.search.config import GEOMETRY_ATTR, ZERO_COST_ATTR, SearchConfig
-from archspec.search.fidelity import (
+from archspec.search._engine.config import GEOMETRY_ATTR, ZERO_COST_ATTR, SearchConfig
+from archspec.search._engine.fidelity import (
     RUNGS_ATTR,
     make_pruner,
     promotable,
@@ -35,7 +35,7 @@ from archspec.search.fidelity import (
 )
 
 if TYPE_CHECKING:  # annotations only
-    from archspec.search.objective import CandidateObjective
+    from archspec.search._engine.objective import CandidateObjective
     from archspec.spec import ArchSpec
 
 __all__ = ["MAX_CONSECUTIVE_INFEASIBLE", "MAX_CONSECUTIVE_DUPLICATES", "MAX_UNTABULATED_REPEATS", "fidelity_plan",
@@ -54,7 +54,8 @@ MAX_UNTABULATED_REPEATS = 10
 
 # ----------------------------------------------------------------------------------- rungs
 def fidelity_plan(cfg: SearchConfig, multi: bool):
-    """``(rungs, pruner)`` for ``cfg.fidelity`` (see :mod:`archspec.search.fidelity`); ``multi``: two objectives.
+    """``(rungs, pruner)`` for ``cfg.fidelity`` (see :mod:`archspec.search._engine.fidelity`); ``multi``: two
+    objectives.
 
     Raises:
         SpecError: ``--fidelity hyperband`` with ``--objective pareto`` (Optuna prunes single-objective
@@ -82,7 +83,7 @@ def _competitors(trial, has: Callable[[Any], bool], value_of: Callable[[Any], An
 def rung_stops(trial, step: int, value: float, latency: float, rungs, n_objectives: int) -> bool:
     """Record val accuracy ``value`` at ``step`` (user attr ``rungs``) when ``step`` is a rung below the last; whether
     the candidate stops there: Optuna's pruner with one objective, else not promotable in (accuracy, latency ms)
-    among the study's candidates that reached the rung (:func:`~archspec.search.fidelity.promotable`)."""
+    among the study's candidates that reached the rung (:func:`~archspec.search._engine.fidelity.promotable`)."""
     if step not in rungs.steps:
         return False
     reached = {**trial.user_attrs.get(RUNGS_ATTR, {}), str(step): float(value)}
@@ -101,15 +102,16 @@ def zero_cost_stops(trial, spec: ArchSpec, latency: float, macs: int | None, par
                     cfg: SearchConfig, data, oracle=None) -> tuple[bool, str]:
     """The zero-cost rung (``fidelity="zc"``): score the untrained proxy; ``(stops, message)``.
 
-    Every score (:mod:`archspec.search.zero_cost`, plus ``params`` and ``macs`` at the real size) goes on the trial
-    (:data:`~archspec.search.config.ZERO_COST_ATTR`, with the seconds each took); the candidate stops unless
+    Every score (:mod:`archspec.search._evaluation.zero_cost`, plus ``params`` and ``macs`` at the real size) goes on
+    the trial
+    (:data:`~archspec.search._engine.config.ZERO_COST_ATTR`, with the seconds each took); the candidate stops unless
     ``cfg.zc_score`` is promotable among every candidate scored so far (the top ``1/eta``, or not dominated in
     (score, latency)).  ``oracle`` answers the scores from a table instead."""
     if oracle is not None:
         result, geometry = oracle.zero_cost(spec, seed=cfg.seed)
     else:
-        from archspec.search.proxy import score_proxy  # noqa: PLC0415 - torch-side
-        from archspec.search.zero_cost import ZERO_COST_SCORES  # noqa: PLC0415 - torch-side
+        from archspec.search._evaluation.proxy import score_proxy  # noqa: PLC0415 - torch-side
+        from archspec.search._evaluation.zero_cost import ZERO_COST_SCORES  # noqa: PLC0415 - torch-side
 
         result, geometry = score_proxy(spec, data, cfg.protocol, ZERO_COST_SCORES, seed=cfg.seed)
     scores = {**result.scores, "params": params, "macs": macs}
@@ -137,7 +139,7 @@ def fidelity_summary(study, cfg: SearchConfig, rungs, objective: CandidateObject
 
 
 def study_zero_cost_summary(study, cfg: SearchConfig, objective: CandidateObjective) -> dict:
-    """The zero-cost rung over the whole study (:func:`~archspec.search.fidelity.zero_cost_summary`), plus this
+    """The zero-cost rung over the whole study (:func:`~archspec.search._engine.fidelity.zero_cost_summary`), plus this
     run's counts."""
     scored = [{**t.user_attrs[ZERO_COST_ATTR],
                "accuracy": t.values[0] if t.state == TrialState.COMPLETE else None}

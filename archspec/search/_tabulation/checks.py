@@ -1,7 +1,8 @@
 """The rules an oracle table and its sidecars obey, by shape and by value (torch-free).
 
 A table is user input (``archspec search --oracle TABLE``; anyone can write one), so the loader
-(:func:`archspec.search.oracle.load_table`) refuses every row and sidecar that breaks these rules before a search
+(:func:`archspec.search._tabulation.oracle.load_table`) refuses every row and sidecar that breaks these rules before a
+search
 writes anything, and a writer calls the same functions before it writes a row.  Each refusal is a
 :class:`~archspec.errors.SpecError` at ``--oracle`` naming the table file, the line and the field (a writer that
 speaks of another option renames it with :meth:`SpecError.as_option`).

@@ -9,7 +9,7 @@
 * the summary: :func:`summary_json` (``summary.json``) and :func:`print_summary` (the tables the CLI prints).
 
 The run directory itself -- its marker, atomic writes, emitted specs with provenance -- is
-:mod:`archspec.search.runs`.
+:mod:`archspec.search._report.run_files`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from optuna.trial import TrialState
 
 from archspec._util.units import human
 from archspec.ir.loader import load_spec
-from archspec.search import runs
-from archspec.search.config import GEOMETRY_ATTR
+from archspec.search._engine.config import GEOMETRY_ATTR
+from archspec.search._report import run_files
 
 __all__ = ["progress_line", "state_label", "ProgressDisplay", "TRIAL_COLUMNS", "trial_status", "trial_rows",
            "write_trials_csv", "is_feasible", "spec_of_trial", "trial_provenance", "write_results",
@@ -236,7 +236,7 @@ def write_trials_csv(trials: Sequence, path: Path) -> Path:
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
-    return runs.atomic_write_text(path, buf.getvalue())
+    return run_files.atomic_write_text(path, buf.getvalue())
 
 
 # ----------------------------------------------------------------------------------- results of an Optuna search
@@ -263,8 +263,8 @@ def spec_of_trial(trial, space=None):
 
 
 def trial_provenance(study_name: str, trial, cfg, info, summary: dict, spec) -> dict:
-    """The provenance block of an emitted spec (``cfg``: the :class:`~archspec.search.config.SearchConfig`,
-    ``info``: the storage, :class:`~archspec.search.study.StorageInfo`)."""
+    """The provenance block of an emitted spec (``cfg``: the :class:`~archspec.search._engine.config.SearchConfig`,
+    ``info``: the storage, :class:`~archspec.search._engine.study.StorageInfo`)."""
     ua = trial.user_attrs
     objectives = {"accuracy": ua.get("accuracy")}
     if ua.get("latency_ms") is not None:
@@ -274,7 +274,7 @@ def trial_provenance(study_name: str, trial, cfg, info, summary: dict, spec) -> 
         "macs": ua.get("macs"), "params": ua.get("params"), "input": list(spec.input.resolution),
         "latency": summary.get("latency_protocol"), "data": summary.get("data"), "proxy": summary.get("proxy"),
         "budgets": summary.get("budgets"), "objective": cfg.objective, "sampler": cfg.sampler, "seed": cfg.seed,
-        "created": runs.now_iso(),
+        "created": run_files.now_iso(),
     }
 
 
@@ -355,7 +355,7 @@ def _emit_trial(trial, space, cfg, info, summary: dict, **extra) -> str:
     """The YAML text of ``trial``'s spec, renamed ``<study>_trial<N>``, with its provenance (and ``extra``)."""
     spec = spec_of_trial(trial, space)
     prov = {**trial_provenance(summary["study"], trial, cfg, info, summary, spec), **extra}
-    _, text = runs.emit_spec(spec, None, f"{summary['study']}_trial{trial.number}"[:100], prov)
+    _, text = run_files.emit_spec(spec, None, f"{summary['study']}_trial{trial.number}"[:100], prov)
     return text
 
 
@@ -386,9 +386,9 @@ def _write_pareto(study, space, cfg, run_dir: Path, info, summary: dict, feasibl
                        "macs": t.user_attrs.get("macs"), "params": t.user_attrs.get("params"),
                        **_grids(t), "file": f"pareto/{fname}"})
     if pareto_files:
-        runs.replace_dir(run_dir / "pareto", pareto_files)
+        run_files.replace_dir(run_dir / "pareto", pareto_files)
         files.append(f"pareto/ ({len(pareto_files)} specs)")
-        best_file = runs.atomic_write_text(run_dir / "best.yaml", pareto_files[f"0_trial{front[0].number}.yaml"])
+        best_file = run_files.atomic_write_text(run_dir / "best.yaml", pareto_files[f"0_trial{front[0].number}.yaml"])
     _plot(summary, files, plot_pareto, feasible, run_dir / "pareto.png", ["maximize", "minimize"],
           [_score_label(cfg), "latency (ms)"], f"{summary['study']}: {len(feasible)} trained feasible trials")
     summary["table_title"] = f"Pareto front: {_score_label(cfg)} vs latency (trained, feasible)"
@@ -402,7 +402,8 @@ def _write_best_trial(study, space, cfg, run_dir: Path, info, summary: dict, fea
     best_trial = max(feasible, key=lambda t: (t.value, -t.number)) if feasible else None
     points, best_file = [], None
     if best_trial is not None:
-        best_file = runs.atomic_write_text(run_dir / "best.yaml", _emit_trial(best_trial, space, cfg, info, summary))
+        best_file = run_files.atomic_write_text(run_dir / "best.yaml", _emit_trial(best_trial, space, cfg, info,
+        summary))
         points.append({"rank": 0, "trial": best_trial.number, **_ranked_by(best_trial, cfg),
                        "latency_ms": best_trial.user_attrs.get("latency_ms"),
                        "macs": best_trial.user_attrs.get("macs"), "params": best_trial.user_attrs.get("params"),
@@ -469,7 +470,7 @@ def _save_axes(ax, title: str, path: Path, plt) -> Path:
     """Title the Optuna plot's axes, write its figure atomically as PNG, and close it."""
     ax.set_title(title)
     try:
-        runs.atomic_savefig(ax.figure, path)
+        run_files.atomic_savefig(ax.figure, path)
     finally:
         plt.close(ax.figure)
     return path
@@ -523,7 +524,7 @@ def plot_als_heatmap(als: dict[str, Sequence[float]], path: Path, title: str,
     ax.set_title(text, fontsize=9)
     fig.colorbar(image, ax=ax, label="attention locality score")
     try:
-        runs.atomic_savefig(fig, path)
+        run_files.atomic_savefig(fig, path)
     finally:
         plt.close(fig)
     return path
@@ -531,8 +532,9 @@ def plot_als_heatmap(als: dict[str, Sequence[float]], path: Path, title: str,
 
 # ----------------------------------------------------------------------------------- summary
 def summary_json(obj) -> str:
-    """``obj`` as indented JSON text (:func:`archspec.search.runs.jsonable` first: non-finite floats become null)."""
-    return json.dumps(runs.jsonable(obj), indent=2) + "\n"
+    """``obj`` as indented JSON text (:func:`archspec.search._report.run_files.jsonable` first: non-finite floats
+    become null)."""
+    return json.dumps(run_files.jsonable(obj), indent=2) + "\n"
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -640,7 +642,7 @@ def _points_table(summary: dict):
 
 def verify_lines(verification: dict | None) -> list[str]:
     """What ``--verify`` found, for the printed summary: each re-trained design's two scores, the rank agreement of
-    the two seeds and the seed spread (:mod:`archspec.search.verify`).  Nothing without a verification."""
+    the two seeds and the seed spread (:mod:`archspec.search._evaluation.verify`).  Nothing without a verification."""
     if not verification:
         return []
 

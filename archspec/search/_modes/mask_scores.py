@@ -1,6 +1,6 @@
 """Scores read off a trained model for mask placement (torch): ALS per head, its uniform baseline, learned alphas.
 
-The model side of :mod:`archspec.search.masks`: :func:`layer_scores` (MaiT eq. 3 per head, by
+The model side of :mod:`archspec.search._modes.masks`: :func:`layer_scores` (MaiT eq. 3 per head, by
 :func:`archspec.diagnostics.metrics.layer_als`), :func:`uniform_baselines` (what uniform attention scores on each
 layer's grid) and :func:`learned_alphas` (sec. 4.3's soft-mask alphas, eq. 4), keyed ``(stage, layer)`` like a
 placement.
@@ -14,8 +14,8 @@ import torch
 
 from archspec.diagnostics.metrics import attention_locality_score, layer_als, patch_window_mask
 from archspec.families.attention.module import Attention
-from archspec.search import proxy
-from archspec.search.mask_specs import token_stages
+from archspec.search._evaluation import proxy
+from archspec.search._modes.mask_placement import token_stages
 from archspec.spec import ArchSpec
 
 __all__ = ["ALS_IMAGES", "attention_modules", "layer_scores", "uniform_baselines", "learned_alphas",

@@ -11,7 +11,8 @@ design's two scores); each front point is marked ``within_seed_spread`` when its
 the next better point's (the proxy cannot order them).
 
 Under ``--oracle`` the second seed is the first replay seed after the search's whose table seed differs from the
-one that answered the design (:meth:`archspec.search.oracle.OracleTable.seed_of`), so the re-training is another
+one that answered the design (:meth:`archspec.search._tabulation.oracle.OracleTable.seed_of`), so the re-training is
+another
 row of the table, never the same one again.
 """
 
@@ -100,7 +101,7 @@ def verify_front(study: optuna.Study, objective: Any, cfg: Any, multi: bool, k: 
     Raises:
         Whatever the training raises (a diverged proxy is recorded as ``None`` scores instead).
     """
-    from archspec.search.report import spec_of_trial  # noqa: PLC0415 - the report's spec reader loads the spec IR
+    from archspec.search._report.results import spec_of_trial  # noqa: PLC0415 - the report's spec reader loads the spec IR
 
     trials = front_to_verify(study, multi, k) if k else []
     if not trials:

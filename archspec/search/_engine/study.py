@@ -47,7 +47,10 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from archspec.errors import SpecError
-from archspec.search.config import DEFAULT_SAMPLER_STARTUP, SAMPLERS  # torch-free: the command line reads them too
+from archspec.search._engine.config import (  # torch-free: the command line reads them too
+    DEFAULT_SAMPLER_STARTUP,
+    SAMPLERS,
+)
 
 __all__ = [
     "StorageInfo", "check_storage", "resolve_storage", "open_study", "make_sampler", "SAMPLERS", "fail_zombie_trials",
@@ -346,7 +349,7 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
     constraints set with ``trial.set_constraint``; infeasible trials are ranked last), with
     ``constant_liar`` so that concurrent workers do not propose the same point.  ``nsga2``: NSGA-II
     (constrained domination).  ``gp``: Gaussian-process BO.  ``random``: random search (the command line's
-    default: :data:`archspec.search.config.DEFAULT_SAMPLER`).
+    default: :data:`archspec.search._engine.config.DEFAULT_SAMPLER`).
     ``n_startup_trials``: random trials before TPE's or the GP's model is used (Optuna's own default is 10; 6
     here, for searches of 10-20 trained candidates); NSGA-II's population (at least 4).
     """
@@ -524,7 +527,7 @@ def fail_zombie_trials(study: optuna.Study) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------- distinct candidates
-ARCH_KEY_ATTR = "arch_key"  # user attr: archspec.search.latency.architecture_key of the trial's spec
+ARCH_KEY_ATTR = "arch_key"  # user attr: archspec.search._evaluation.latency.architecture_key of the trial's spec
 # Statuses by which a RUNNING trial holds its architecture's claim.  "trained" and "stopped" are set just
 # before Optuna records the trial COMPLETE or PRUNED: in that window the trial must still count, or a
 # worker that looks then trains the architecture again (seen with four workers on PostgreSQL).
