@@ -19,9 +19,10 @@ This module is the only door: the command line (:mod:`archspec.cli`) and the ben
 here, never from the private sub-packages below (an import-linter contract in pyproject.toml and
 tests/test_layers.py hold it).  The inside, as ``optuna/study/`` and ``optuna/samplers/`` are laid out:
 
-* ``_engine/``     -- the shared Optuna engine: ``config`` (:class:`SearchConfig`, the defaults; no Optuna, no
-  torch), ``loop`` (``run_sampled``, ``run_rounds``), ``session`` (a run's directory opened: study, lock,
-  resume), ``preflight`` (input checks, cheapest first), ``objective`` (one sampled candidate = one trial),
+* ``_engine/``     -- the shared Optuna engine: ``config`` (:class:`SearchConfig`; no Optuna, no torch),
+  ``defaults`` (stdlib only), ``loop`` (``run_sampled``, ``run_rounds``), ``session`` (a run's directory
+  opened: study, lock, resume), ``preflight`` (input checks, cheapest first), ``objective`` (one sampled
+  candidate = one trial),
   ``round_trial`` (one proposed candidate = one trial), ``early_stop`` (fidelity rungs, stop rules),
   ``failures`` (fail reasons, deadlines), ``study`` (storages, samplers, zombie trials), ``fidelity``;
 * ``_modes/``      -- the mode contract ``base`` (:class:`SampledMode`, :class:`RoundsMode`, :class:`Candidate`,
@@ -52,6 +53,7 @@ SPACES_DIR = Path(__file__).resolve().parent / "spaces"
 DEFAULT_SPACE = SPACES_DIR / "levit_family.yaml"
 
 _CONFIG = "archspec.search._engine.config"
+_DEFAULTS = "archspec.search._engine.defaults"  # stdlib only: the parser's defaults
 _MODES = "archspec.search._modes"
 _EVAL = "archspec.search._evaluation"
 _TABLES = "archspec.search._tabulation"
@@ -64,10 +66,10 @@ _EXPORTS = {
     "mask_placement_space": "archspec.search._space.language",
     # settings, outcome and defaults (torch- and Optuna-free)
     "SearchConfig": _CONFIG, "SearchOutcome": _CONFIG, "complete_config": _CONFIG,
-    "DEFAULT_TRIALS": _CONFIG, "DEFAULT_TIMEOUT_S": _CONFIG, "DEFAULT_TRIAL_TIMEOUT_S": _CONFIG,
-    "DEFAULT_FIDELITY": _CONFIG, "DEFAULT_SAMPLER": _CONFIG, "DEFAULT_SAMPLER_STARTUP": _CONFIG,
-    "DEFAULT_VERIFY": _CONFIG, "FIDELITIES": _CONFIG, "SAMPLERS": _CONFIG, "ZERO_COST_RANKINGS": _CONFIG,
-    "MASKS_PROXY_DEFAULTS": _CONFIG, "MASKS_TRIAL_TIMEOUT_S": _CONFIG,
+    "DEFAULT_TRIALS": _DEFAULTS, "DEFAULT_TIMEOUT_S": _DEFAULTS, "DEFAULT_TRIAL_TIMEOUT_S": _DEFAULTS,
+    "DEFAULT_FIDELITY": _DEFAULTS, "DEFAULT_SAMPLER": _DEFAULTS, "DEFAULT_SAMPLER_STARTUP": _DEFAULTS,
+    "DEFAULT_VERIFY": _DEFAULTS, "FIDELITIES": _DEFAULTS, "SAMPLERS": _DEFAULTS, "ZERO_COST_RANKINGS": _DEFAULTS,
+    "MASKS_PROXY_DEFAULTS": _DEFAULTS, "MASKS_TRIAL_TIMEOUT_S": _DEFAULTS,
     "validate_study_name": "archspec.search._engine.study",
     # the mode contract
     "SampledMode": f"{_MODES}.base", "RoundsMode": f"{_MODES}.base", "Candidate": f"{_MODES}.base",

@@ -21,6 +21,7 @@ import optuna
 
 from archspec._util.units import human
 from archspec.errors import SpecError
+from archspec.io.data_sources import check_source
 from archspec.search._engine.config import SearchConfig
 from archspec.search._engine.fidelity import FIDELITIES, ZERO_COST_RANKINGS
 from archspec.search._engine.session import check_outputs
@@ -88,13 +89,11 @@ def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
 
 def check_data_path(data: str | None) -> None:
     """Fail fast, before a study is opened, when ``--data`` names nothing
-    (see :func:`archspec.io.datasets.check_source`).
+    (see :func:`archspec.io.data_sources.check_source`).
 
     Raises:
         SpecError: a missing path, or Fashion-MNIST asked for where it is not installed (exit 2 from the CLI).
     """
-    from archspec.io.datasets import check_source  # noqa: PLC0415 - torch-side: imported once the options passed
-
     check_source(data)
 
 
