@@ -93,6 +93,54 @@ def test_no_private_name_is_imported_across_modules():
     assert not found, found
 
 
+def _private_attributes_across_modules(root: Path) -> list[str]:
+    """``obj._name`` read or written in one module of ``root/archspec`` when ``_name`` belongs to another: a private
+    function, class or module-level name defined there, or an attribute set there on ``self`` / ``cls``."""
+    owners: dict[str, set[str]] = {}
+    uses = []
+    for path in sorted((root / "archspec").rglob("*.py")):
+        module = str(path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = None
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = node.name
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                name = node.id
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                name = node.attr
+            if name and name.startswith("_") and not name.startswith("__"):
+                owners.setdefault(name, set()).add(module)
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                base = node.value
+                if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                    continue
+                if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
+                    continue
+                uses.append((module, node.lineno, node.attr, ast.unparse(node)))
+    return [f"{module}:{line}: {text} (defined in {', '.join(sorted(owners[attr]))})"
+            for module, line, attr, text in uses if attr in owners and module not in owners[attr]]
+
+
+def test_no_private_attribute_is_used_across_modules():
+    """No module reads or writes another's private attribute (issue 58: ``ArchSpec._graph_cache``, written by the
+    IR and the search, made spec, IR and search one mutable object).  Library privates (``torch._dynamo``,
+    ``module._modules``) are not archspec's and are left alone."""
+    found = _private_attributes_across_modules(ROOT)
+    assert not found, found
+
+
+def test_the_private_attribute_check_catches_a_cross_module_write(tmp_path):
+    shutil.copytree(ROOT / "archspec", tmp_path / "archspec", ignore=shutil.ignore_patterns("__pycache__"))
+    models = tmp_path / "archspec" / "spec" / "models.py"
+    models.write_text(models.read_text(encoding="utf-8") + "\n\nclass _Cache:\n    def __init__(self):\n"
+                      "        self._graph_cache = None\n", encoding="utf-8")
+    graph = tmp_path / "archspec" / "ir" / "graph.py"
+    graph.write_text(graph.read_text(encoding="utf-8") + "\n\ndef _keep(spec, g):\n    spec._graph_cache = g\n",
+                     encoding="utf-8")
+    assert any("spec._graph_cache" in f for f in _private_attributes_across_modules(tmp_path))
+
+
 def test_version_lives_in_a_leaf_module():
     tree = ast.parse((ROOT / "archspec" / "_version.py").read_text(encoding="utf-8"))
     assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
