@@ -68,9 +68,8 @@ class CandidateObjective:
         cache: the :class:`~archspec.search._evaluation.latency.LatencyCache` of the run directory.
         n_objectives: 1 (accuracy) or 2 (accuracy, latency in ms).
         on_status: ``f(text)`` told what the running trial does (the progress display).
-        oracle: an :class:`~archspec.search._tabulation.oracle.OracleTable` that answers training, the zero-cost rung
-        and
-            latency from a tabulated space instead of measuring them (``--oracle``).
+        oracle: an :class:`~archspec.search._tabulation.oracle.OracleTable` that answers training, the zero-cost
+            rung and latency from a tabulated space instead of measuring them (``--oracle``).
 
     Counts what it did (``attempted``, ``infeasible``, ``reused``, ``duplicates``, ``stopped``, the
     ``consecutive_*`` runs and ``untabulated_repeats`` :class:`~archspec.search._engine.early_stop.StopRules` reads);

@@ -70,8 +70,7 @@ class SearchMode:
         ``model``...).
 
         Raises:
-            archspec.search._evaluation.proxy.TrialFailure: the candidate could not be trained (the engine records a
-            FAIL).
+            archspec.search.TrialFailure: the candidate could not be trained (the engine records a FAIL).
         """
 
         kwargs = {} if progress is None else {"progress": progress}
@@ -93,8 +92,7 @@ class SampledMode(SearchMode):
     """A mode whose candidates the study's sampler draws from a search space (mode 1; mode 2 ``optuna``).
 
     Attributes:
-        space: the :class:`~archspec.search._space.language.SearchSpace` sampled (``space.sample(trial)`` ->
-        ``ArchSpec``).
+        space: the :class:`~archspec.search.SearchSpace` sampled (``space.sample(trial)`` -> ``ArchSpec``).
     """
 
     space: SearchSpace

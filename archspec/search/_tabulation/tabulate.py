@@ -354,8 +354,7 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
     """Train the pairs (point, seed) of a finite space that its table study lacks, as one worker among any number.
 
     Args:
-        space: a space name, file or :class:`~archspec.search._space.language.SearchSpace` (finite: a few hundred
-        points).
+        space: a space name, file or :class:`~archspec.search.SearchSpace` (finite: a few hundred points).
         seeds: the seeds of every point (the reference is the mean of seeds 0, 1, 2; the seed check adds 3-5).
         designs: only the first N points of the fixed order (:func:`ordered_points`; the seed check: 24).
         storage: an Optuna storage URL (``journal:PATH``, ``sqlite:///PATH``, ``postgresql://...``); default
@@ -617,8 +616,7 @@ def import_table(space: str | SearchSpace, table: str | os.PathLike, *, storage:
     the same order, byte for byte.
 
     Raises:
-        SpecError: the file is not a table (:func:`archspec.search._tabulation.oracle.load_table`'s checks), or it was
-        written
+        SpecError: the file is not a table (:func:`archspec.search.load_table`'s checks), or it was written
             under another protocol than the study's.
     """
     from archspec.search._tabulation.oracle import load_table  # noqa: PLC0415 - the loader's checks, torch-free
