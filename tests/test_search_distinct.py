@@ -149,7 +149,7 @@ def test_progress_lines_when_stdout_is_not_a_terminal(space_file, tmp_path, caps
 
 
 def test_progress_line_states_and_eta():
-    from archspec.search._report.results import progress_line
+    from archspec.search._report.progress import progress_line
 
     failed = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"fail_reason": "boom"})
     failed.number = 7
@@ -170,7 +170,7 @@ def test_progress_bar_fits_80_columns():
     """The rich bar on an 80-column terminal: one line per refresh, nothing wrapped (the status is cut)."""
     from rich.console import Console
 
-    from archspec.search._report.results import _rich_bar
+    from archspec.search._report.progress import _rich_bar
 
     console = Console(width=80, record=True, file=io.StringIO(), force_terminal=True)
     progress, task = _rich_bar(16, "best acc 0.912 | fastest 12.8 ms | 3 infeasible | 1 failed | trial 12: "

@@ -12,8 +12,9 @@ import pytest
 
 from archspec.search._evaluation.latency import architecture_key
 from archspec.search._space.language import load_space
+from archspec.search._tabulation.exchange import seed_check
 from archspec.search._tabulation.oracle import TABLES_DIR, load_table
-from archspec.search._tabulation.tabulate import protocol_id, seed_check, table_protocol
+from archspec.search._tabulation.tabulate import protocol_id, table_protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = TABLES_DIR / "levit_small.jsonl"

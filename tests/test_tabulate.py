@@ -21,16 +21,9 @@ import pytest
 
 from archspec.errors import SpecError
 from archspec.search._space.language import load_space
+from archspec.search._tabulation.exchange import export_table, import_table, study_rows
 from archspec.search._tabulation.oracle import TABLES_DIR, load_table
-from archspec.search._tabulation.tabulate import (
-    export_table,
-    import_table,
-    ordered_points,
-    protocol_id,
-    study_rows,
-    table_protocol,
-    tabulate,
-)
+from archspec.search._tabulation.tabulate import ordered_points, protocol_id, table_protocol, tabulate
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS, DESIGNS = (0, 1), 3

@@ -32,11 +32,13 @@ tests/test_layers.py hold it).  The inside, as ``optuna/study/`` and ``optuna/sa
 * ``_evaluation/`` -- what a candidate is measured by: ``budget`` (static feasibility), ``proxy`` (proxy
   training), ``latency``, ``zero_cost``, ``scoring`` (what ranks a trained proxy), ``verify`` (the front
   trained again);
-* ``_report/``     -- ``results`` (progress, trials.csv, plots, the summary) and ``run_files`` (the run
-  directory's marker, atomic writes, emitted specs with provenance);
-* ``_tabulation/`` -- ``archspec table``: ``tabulate`` (a finite space trained on an Optuna storage), ``rows``
+* ``_report/``     -- ``results`` (trials.csv, the chosen specs, the summary), ``progress`` (while it runs),
+  ``plots``, and ``run_files`` (the run directory's marker, atomic writes, emitted specs with provenance);
+* ``_tabulation/`` -- ``archspec table``: ``tabulate`` (a finite space trained on an Optuna storage), ``exchange``
+  (a table's rows out and in, the seed check), ``rows``
   (one row), ``checks`` (a table's rules), ``oracle`` (``--oracle``: evaluations answered from a table);
-* ``_space/``      -- ``language``: the declarative search-space language (:func:`load_space`).
+* ``_space/``      -- ``language``: the declarative search-space language (:func:`load_space`), its markers and
+  structural check (``checks``) and its sampling (``sampling``).
 
 Data beside the code: ``spaces/`` (the shipped search spaces, :data:`SPACES_DIR`) and ``tables/`` (the
 shipped tabulated spaces, :data:`TABLES_DIR`).  The proxy training data comes from
@@ -86,8 +88,8 @@ _EXPORTS = {
     # what a search reports
     "print_summary": "archspec.search._report.results", "jsonable": "archspec.search._report.run_files",
     # tabulated spaces (archspec table, --oracle)
-    "tabulate": f"{_TABLES}.tabulate", "table_protocol": f"{_TABLES}.tabulate", "study_rows": f"{_TABLES}.tabulate",
-    "export_table": f"{_TABLES}.tabulate", "import_table": f"{_TABLES}.tabulate", "seed_check": f"{_TABLES}.tabulate",
+    "tabulate": f"{_TABLES}.tabulate", "table_protocol": f"{_TABLES}.tabulate", "study_rows": f"{_TABLES}.exchange",
+    "export_table": f"{_TABLES}.exchange", "import_table": f"{_TABLES}.exchange", "seed_check": f"{_TABLES}.exchange",
     "git_commit": f"{_TABLES}.tabulate", "machine": f"{_TABLES}.tabulate",
     "TABLES_DIR": f"{_TABLES}.oracle", "load_table": f"{_TABLES}.oracle", "curve_at": f"{_TABLES}.oracle",
     "linear_at": f"{_TABLES}.oracle",

@@ -86,6 +86,7 @@ from archspec.search._evaluation.scoring import objective_name
 from archspec.search._evaluation.verify import TimeReserve, mark_ties, verify_count, verify_front
 from archspec.search._modes.base import RoundsMode, RunContext, SampledMode
 from archspec.search._report import results, run_files
+from archspec.search._report.progress import ProgressDisplay
 
 if TYPE_CHECKING:  # annotations only: the space imports torch-side modules
     from archspec.search._space.language import SearchSpace
@@ -200,7 +201,7 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     run_dir, info, study = open_run(cfg, name, directions, metric_names, attrs, sampler, pruner)
     notes = settings_notes(study, attrs) + zombie_notes(study)
 
-    progress = results.ProgressDisplay(cfg.trials, cfg.progress, len(directions), cfg.timeout)
+    progress = ProgressDisplay(cfg.trials, cfg.progress, len(directions), cfg.timeout)
     objective = CandidateObjective(mode, data, cfg, LatencyCache(run_dir / "latency.json"), len(directions),
                                    on_status=progress.status, oracle=oracle)
     objective.rungs = rungs

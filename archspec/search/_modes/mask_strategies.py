@@ -44,7 +44,7 @@ from archspec.search._modes.mask_placement import (
     soft_heads,
 )
 from archspec.search._modes.mask_scores import ALS_IMAGES, layer_scores, learned_alphas, uniform_baselines
-from archspec.search._report import results, run_files
+from archspec.search._report import plots, results, run_files
 from archspec.spec import ArchSpec
 
 __all__ = ["OptunaPlacement", "PlacementRounds", "AlsPlacement", "SoftPlacement"]
@@ -96,7 +96,7 @@ class OptunaPlacement(SampledMode):
             table, masked = als_table(best_spec, keys, placement)
             run_files.atomic_write_text(run_dir / "als.json", results.summary_json({"trial": best, "window": "3x3",
                                                                                "als": table, "masked": masked}))
-            results.plot_als_heatmap(table, run_dir / "als.png",
+            plots.plot_als_heatmap(table, run_dir / "als.png",
                                     f"{summary['study']}: ALS of best trial {best} (3x3 window)", masked)
             files.extend(["als.png", "als.json"])
         return None
@@ -293,7 +293,7 @@ class AlsPlacement(PlacementRounds):
         table, masked = als_table(spec, decide, placement)
         raw_table, _ = als_table(spec, scores, placement)
         what = "ALS above uniform, (ALS-u)/(1-u)" if self.mcfg.normalise else "ALS (eq. 3)"
-        results.plot_als_heatmap(table, self.run.run_dir / f"als_round{r}.png",
+        plots.plot_als_heatmap(table, self.run.run_dir / f"als_round{r}.png",
                                 f"{self.run.name}: round {r}, {what}, {window[0]}x{window[1]} window, trial {number}",
                                 masked, (self.high, self.low))
         self.run.files.append(f"als_round{r}.png")
@@ -340,7 +340,7 @@ class SoftPlacement(PlacementRounds):
             self.run.notes.append(f"layers {unknown}: the window covers the whole proxy token grid, so the proxy "
                                   "model had no soft mask there (no alpha learned): left global")
         table, masked = als_table(spec, outcome.extra, placement)
-        results.plot_als_heatmap(table, self.run.run_dir / "als.png",
+        plots.plot_als_heatmap(table, self.run.run_dir / "als.png",
                                 f"{self.run.name}: ALS of the soft-masked model ({window[0]}x{window[1]}), "
                                 f"trial {outcome.trial}", masked, None)
         self.run.files.append("als.png")

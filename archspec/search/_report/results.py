@@ -1,11 +1,10 @@
-"""What a search reports: progress while it runs, then trials.csv, the chosen specs, the plot and the summary.
+"""What a search reports when it ends: trials.csv, the chosen specs, the plot and the summary.
 
-* progress: :func:`progress_line` (one line per finished trial when stdout is not a terminal) and
-  :class:`ProgressDisplay` (a ``rich`` bar on stderr otherwise);
+* progress while it runs: :mod:`archspec.search._report.progress`;
 * the trial table: :func:`trial_rows` / :func:`write_trials_csv` (``trials.csv``, every worker's trials);
 * results of an Optuna search: :func:`write_results` -- counts and failures into the summary, ``best.yaml``,
   ``pareto/<rank>_trial<N>.yaml`` (Pareto objective) and ``pareto.png``;
-* plots: :func:`plot_pareto`, :func:`plot_history`, :func:`plot_als_heatmap` (PNG, written atomically);
+* plots: :mod:`archspec.search._report.plots` (PNG, written atomically);
 * the summary: :func:`summary_json` (``summary.json``) and :func:`print_summary` (the tables the CLI prints).
 
 The run directory itself -- its marker, atomic writes, emitted specs with provenance -- is
@@ -19,9 +18,6 @@ import io
 import json
 import math
 import statistics
-import sys
-import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,143 +28,10 @@ from archspec._util.units import human
 from archspec.ir.loader import load_spec
 from archspec.search._engine.config import GEOMETRY_ATTR
 from archspec.search._report import run_files
+from archspec.search._report.plots import plot_history, plot_pareto
 
-__all__ = ["progress_line", "state_label", "ProgressDisplay", "TRIAL_COLUMNS", "trial_status", "trial_rows",
-           "write_trials_csv", "is_feasible", "spec_of_trial", "trial_provenance", "write_results",
-           "plot_pareto", "plot_history", "plot_als_heatmap", "summary_json", "print_summary"]
-
-
-# ----------------------------------------------------------------------------------- progress
-def state_label(trial) -> str:
-    """COMPLETE / REUSED / PRUNED / FAIL, with why for the last two (infeasible, duplicate, reason)."""
-    ua = trial.user_attrs
-    if trial.state == TrialState.COMPLETE:
-        return f"REUSED (trial {ua['reused_from']})" if "reused_from" in ua else "COMPLETE"
-    why = ua.get("infeasible_reason") or (f"duplicate of trial {ua['duplicate_of']}" if "duplicate_of" in ua else None)
-    why = why or ua.get("fail_reason") or ua.get("status")
-    return f"{trial.state.name} ({str(why)[:80]})" if why else trial.state.name
-
-
-def progress_line(trial, elapsed: float, attempted: int, total: int, timeout: float | None, width: int = 80) -> str:
-    """One log line for a finished trial (the progress report when stdout is not a terminal), at most ``width``.
-
-    ``trial 3 COMPLETE acc=0.912 ms=12.80 macs=807.2M 35s eta 130s trained 5/16``: state (with why,
-    cut to fit), proxy accuracy, latency in ms, MACs, ETA; a value the trial does not have is ``-``.  ETA
-    (seconds): the pace so far (elapsed / trained) times the candidates still to train, capped by what is
-    left of ``timeout``; ``-`` before the first trained one without a timeout.  The full
-    reasons are in ``trials.csv`` and the summary.  Raises nothing.  Source: archspec.
-    """
-    ua = trial.user_attrs
-    acc, lat, macs = ua.get("accuracy"), ua.get("latency_ms"), ua.get("macs")
-    left = [elapsed / attempted * max(total - attempted, 0)] if attempted else []
-    if timeout is not None:
-        left.append(max(timeout - elapsed, 0.0))
-    facts = (f" acc={'-' if acc is None else f'{acc:.3f}'} ms={'-' if lat is None else f'{lat:.2f}'} "
-             f"macs={'-' if macs is None else human(macs)} {elapsed:.0f}s "
-             f"eta {f'{min(left):.0f}s' if left else '-'} trained {attempted}/{total}")
-    head = f"trial {trial.number} {state_label(trial)}"
-    room = max(width - len(facts), 12)
-    if len(head) > room:
-        head = head[:room - 1] + "…"
-    return head + facts
-
-
-def _rich_bar(total: int, info: str, console=None):
-    """A started-later ``rich`` progress bar on stderr and its task id: ``(progress, task)``."""
-    from rich.console import Console  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-    from rich.progress import (  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    from rich.table import Column  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
-    # Fits an 80-column terminal: a short bar, and the status text cut with an ellipsis, never wrapped.
-    progress = Progress(
-        BarColumn(bar_width=10), MofNCompleteColumn(), TextColumn("trained"), TimeElapsedColumn(), TextColumn("ETA"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
-        console=console or Console(stderr=True, highlight=False), transient=False, refresh_per_second=4,
-        expand=True)
-    return progress, progress.add_task("search", total=total, info=info)
-
-
-class ProgressDisplay:
-    """Progress of a search: a rich bar on stderr when stdout is a terminal, else one line per finished
-    trial on stdout (:func:`progress_line`; logs and pipes get a readable record).
-
-    Use as a context manager around the optimisation; :meth:`status` shows what the running trial does,
-    :meth:`done` records a finished trial (``attempted``: candidates that reached training so far, of ``total``).
-    ``timeout`` is the search's limit in seconds (``None``: none), for the ETA.
-    """
-
-    def __init__(self, total: int, enabled: bool, n_objectives: int, timeout: float | None):
-        self.enabled = enabled
-        self.lines = enabled and not sys.stdout.isatty()
-        self.timeout = timeout
-        self.start = time.perf_counter()
-        self.total = total
-        self.n_objectives = n_objectives
-        self.best_acc: float | None = None
-        self.best_lat: float | None = None
-        self.failed = 0
-        self.infeasible = 0
-        self.progress = None
-        if enabled and not self.lines:
-            self.progress, self.task = _rich_bar(total, self._info("starting"))
-
-    def _info(self, status: str) -> str:
-        parts = []
-        if self.best_acc is not None:
-            parts.append(f"best acc {self.best_acc:.3f}")
-        if self.best_lat is not None and self.n_objectives > 1:
-            parts.append(f"fastest {self.best_lat:.1f} ms")
-        if self.infeasible:
-            parts.append(f"{self.infeasible} infeasible")
-        if self.failed:
-            parts.append(f"{self.failed} failed")
-        parts.append(status)
-        return " | ".join(parts)
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-        if self.progress is not None:
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.progress is not None:
-            self.progress.stop()
-        return False
-
-    def status(self, text: str) -> None:
-        """Show ``text`` (e.g. ``trial 3: training``) on the bar; nothing in line mode."""
-        if self.progress is not None:
-            self.progress.update(self.task, info=self._info(text))
-
-    def done(self, trial, attempted: int) -> None:
-        """Record a finished trial: best accuracy, fastest latency, failures; print its line in line mode."""
-        ua = trial.user_attrs
-        if trial.state == TrialState.COMPLETE:
-            acc = ua.get("accuracy")
-            lat = ua.get("latency_ms")
-            if acc is not None:
-                self.best_acc = acc if self.best_acc is None else max(self.best_acc, acc)
-            if lat is not None:
-                self.best_lat = lat if self.best_lat is None else min(self.best_lat, lat)
-        elif trial.state == TrialState.FAIL:
-            self.failed += 1
-        elif ua.get("status") == "infeasible":
-            self.infeasible += 1
-        if self.lines:
-            elapsed = time.perf_counter() - self.start
-            print(progress_line(trial, elapsed, attempted, self.total, self.timeout), flush=True)
-        if self.progress is not None:
-            self.progress.update(self.task, completed=min(attempted, self.total),
-                                 info=self._info(f"#{trial.number} done"))
+__all__ = ["TRIAL_COLUMNS", "trial_status", "trial_rows", "write_trials_csv", "is_feasible", "spec_of_trial",
+           "trial_provenance", "write_results", "summary_json", "print_summary"]
 
 
 # ----------------------------------------------------------------------------------- trials table
@@ -423,111 +286,6 @@ def _plot(summary: dict, files: list[str], plot, *args) -> None:
             files.append("pareto.png")
     except Exception as exc:  # noqa: BLE001 - a plot must never lose the search results
         summary["notes"].append(f"pareto.png not written: {type(exc).__name__}: {exc}")
-
-
-# ----------------------------------------------------------------------------------- plots
-def _pyplot():
-    import matplotlib  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
-    if matplotlib.get_backend().lower() != "agg":
-        try:
-            matplotlib.use("Agg", force=True)
-        except Exception:  # noqa: BLE001 - an interactive backend already in use: plotting still works
-            pass
-    import matplotlib.pyplot as plt  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
-    return plt
-
-
-def _subset_study(trials: Sequence, directions: Sequence[str], metric_names: Sequence[str] | None):
-    """An in-memory study holding only ``trials`` (the plots show the trained, feasible ones)."""
-    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
-    study = optuna.create_study(directions=list(directions))
-    if metric_names:
-        study.set_metric_names(list(metric_names))
-    study.add_trials(trials)
-    return study
-
-
-def plot_pareto(trials: Sequence, path: Path, directions: Sequence[str], names: Sequence[str],
-                title: str) -> Path | None:
-    """Pareto front of the trained trials (``optuna.visualization.matplotlib.plot_pareto_front``), as PNG;
-    ``None`` (nothing written) without trials."""
-    if not trials:
-        return None
-    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
-    plt = _pyplot()
-    study = _subset_study(trials, directions, names)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ax = optuna.visualization.matplotlib.plot_pareto_front(study, target_names=list(names))
-    return _save_axes(ax, title, path, plt)
-
-
-def _save_axes(ax, title: str, path: Path, plt) -> Path:
-    """Title the Optuna plot's axes, write its figure atomically as PNG, and close it."""
-    ax.set_title(title)
-    try:
-        run_files.atomic_savefig(ax.figure, path)
-    finally:
-        plt.close(ax.figure)
-    return path
-
-
-def plot_history(trials: Sequence, path: Path, direction: str, name: str, title: str) -> Path | None:
-    """Optimisation history of a single-objective study (``plot_optimization_history``), as PNG; ``None``
-    (nothing written) without trials."""
-    if not trials:
-        return None
-    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
-    plt = _pyplot()
-    study = _subset_study(trials, [direction], [name])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ax = optuna.visualization.matplotlib.plot_optimization_history(study, target_name=name)
-    return _save_axes(ax, title, path, plt)
-
-
-def plot_als_heatmap(als: dict[str, Sequence[float]], path: Path, title: str,
-                     masked: dict[str, Sequence[bool]] | None = None,
-                     thresholds: tuple[float, float] | None = None) -> Path:
-    """Heatmap of ALS (MaiT eq. 3, on [0, 1]) per layer (rows) x head (columns); masked heads are marked 'M'.
-
-    ``als`` maps a layer label to one score per head (layers may differ in head count: blanks);
-    ``thresholds`` = (high, low) of the ALS strategy, explained under the title.  Returns ``path``.
-    """
-    import numpy as np  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
-    plt = _pyplot()
-    labels = list(als)
-    width = max((len(v) for v in als.values()), default=1)
-    grid = np.full((len(labels), width), np.nan)
-    for i, label in enumerate(labels):
-        grid[i, : len(als[label])] = list(als[label])
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * width, 1.0 + 0.32 * len(labels)))
-    image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-    for i, label in enumerate(labels):
-        for j, value in enumerate(als[label]):
-            flag = "M " if masked and label in masked and j < len(masked[label]) and masked[label][j] else ""
-            ax.text(j, i, f"{flag}{value:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if value < 0.6 else "black")
-    ax.set_yticks(range(len(labels)), labels, fontsize=7)
-    ax.set_xticks(range(width), [f"head {j}" for j in range(width)], fontsize=8)
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    text = title
-    if thresholds:
-        text += f"\n(ALS >= {thresholds[0]:g}: mask all heads; <= {thresholds[1]:g}: remove; M = masked)"
-    ax.set_title(text, fontsize=9)
-    fig.colorbar(image, ax=ax, label="attention locality score")
-    try:
-        run_files.atomic_savefig(fig, path)
-    finally:
-        plt.close(fig)
-    return path
 
 
 # ----------------------------------------------------------------------------------- summary

@@ -20,10 +20,10 @@ The work is an Optuna study (``table.<space>``), one trial per (point, seed):
   and enqueues the pair again -- Optuna's ``RetryFailedTrialCallback`` idea, done on the same storage;
 * the protocol is a study user attribute: a worker whose protocol differs is refused before it writes anything.
 
-:func:`export_table` writes the COMPLETE trials' rows as the JSON lines + ``.meta.json`` sidecar that
-:func:`archspec.search._tabulation.oracle.load_table` reads; :func:`import_table` puts an existing table's rows into a
-study
-(``levit_small``'s, written by ``bench/space_table.py`` before this module existed), so that export gives the
+A table's rows go out and in through :mod:`archspec.search._tabulation.exchange`: ``export_table`` writes the
+COMPLETE trials' rows as the JSON lines + ``.meta.json`` sidecar that :func:`archspec.search.load_table` reads;
+``import_table`` puts an existing table's rows into a study (``levit_small``'s, written by
+``bench/space_table.py`` before this module existed), so that export gives the
 same rows, byte for byte, in the same order.
 """
 
@@ -59,9 +59,9 @@ from archspec.search._engine.study import (
 from archspec.search._evaluation.latency import architecture_key
 from archspec.search._space.language import SearchSpace, load_space
 
-__all__ = ["REFERENCE_PROTOCOL", "NAMED_POINTS", "SEED_CHECK_DESIGNS", "table_protocol", "protocol_id",
-           "ordered_points", "tabulate", "TableProgress", "export_table", "import_table", "study_rows", "seed_check",
-           "default_storage"]
+__all__ = ["REFERENCE_PROTOCOL", "NAMED_POINTS", "SEED_CHECK_DESIGNS", "STATUS_ATTR", "table_protocol",
+           "protocol_id", "ordered_points", "tabulate", "TableProgress", "default_storage", "open_table_study",
+           "trial_pair", "machine", "git_commit"]
 
 # The reference protocol of the levit_small table (docs/search-works.md says why each choice): Fashion-MNIST at
 # 28 px, a class-stratified 2,000-image subset, AdamW 2e-3 / 0.05, batch 64, 938 steps (30 epochs) with 47 warm-up
@@ -104,7 +104,7 @@ NAMED_POINTS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 SEED_CHECK_DESIGNS = 24  # the first points of the fixed order: the seed check's (six seeds each)
-_STATUS = "status"       # trial user attr: "claimed" -> "training" -> "trained"
+STATUS_ATTR = "status"       # trial user attr: "claimed" -> "training" -> "trained"
 
 
 def protocol_id(protocol: dict) -> str:
@@ -190,7 +190,8 @@ def study_name(space_name: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- the study
-def _open(space: SearchSpace, protocol: dict, storage: str | None, create: bool) -> tuple[optuna.Study, StorageInfo]:
+def open_table_study(space: SearchSpace, protocol: dict, storage: str | None,
+                     create: bool) -> tuple[optuna.Study, StorageInfo]:
     """Open (or, with ``create``, create) the table study; refuse another protocol before writing anything.
 
     Raises:
@@ -244,7 +245,7 @@ def _exists(url: str) -> bool:
     return True
 
 
-def _pair(trial: optuna.trial.FrozenTrial) -> tuple[str, int] | None:
+def trial_pair(trial: optuna.trial.FrozenTrial) -> tuple[str, int] | None:
     key, seed = trial.user_attrs.get("key"), trial.user_attrs.get("seed")
     return (key, seed) if isinstance(key, str) and isinstance(seed, int) else None
 
@@ -252,14 +253,14 @@ def _pair(trial: optuna.trial.FrozenTrial) -> tuple[str, int] | None:
 def _covered(trials: Iterable[optuna.trial.FrozenTrial]) -> set[tuple[str, int]]:
     """Pairs with a trial that is done, running or queued."""
     return {p for t in trials if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
-            and (p := _pair(t)) is not None}
+            and (p := trial_pair(t)) is not None}
 
 
 def _given_up(trials: Iterable[optuna.trial.FrozenTrial], limit: int = 2) -> set[tuple[str, int]]:
     """Pairs whose training failed ``limit`` times by itself (a diverged loss), not by a dead worker."""
     counts: dict[tuple[str, int], int] = {}
     for t in trials:
-        if t.state == TrialState.FAIL and t.user_attrs.get("failure") == "training" and (p := _pair(t)):
+        if t.state == TrialState.FAIL and t.user_attrs.get("failure") == "training" and (p := trial_pair(t)):
             counts[p] = counts.get(p, 0) + 1
     return {p for p, n in counts.items() if n >= limit}
 
@@ -275,7 +276,7 @@ def _pop(study: optuna.Study, wanted: set[tuple[str, int]]) -> optuna.Trial | No
     queue, restricted to this worker's pairs); ``None`` when there is none."""
     storage = study._storage
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if _pair(t) not in wanted:
+        if trial_pair(t) not in wanted:
             continue
         try:
             if not storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
@@ -290,9 +291,9 @@ def _duplicate_of(study: optuna.Study, trial: optuna.Trial, pair: tuple[str, int
     """Another trial that holds ``pair``: COMPLETE, RUNNING and training, or RUNNING, claimed, and older.  Two
     workers that claim a pair at the same instant see each other; the newer steps back."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
-        if t.number == trial.number or _pair(t) != pair:
+        if t.number == trial.number or trial_pair(t) != pair:
             continue
-        status = t.user_attrs.get(_STATUS)
+        status = t.user_attrs.get(STATUS_ATTR)
         if t.state == TrialState.COMPLETE or status in ("training", "trained") or (
                 status == "claimed" and t.number < trial.number):
             return t.number
@@ -382,7 +383,7 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
     keyed = [(i, p, architecture_key(spec), spec) for i, p, spec in points]
     specs = {key: (i, p, spec) for i, p, key, spec in keyed}
     train = train or _real_trainer(protocol)  # data and settings checked before the study is touched
-    study, info = _open(space, protocol, storage, create=True)
+    study, info = open_table_study(space, protocol, storage, create=True)
     wanted = [(i, p, key, s) for i, p, key, _ in keyed for s in dict.fromkeys(seeds)]
     wanted_pairs = {(key, s) for _, _, key, s in wanted}
     progress = TableProgress(wanted=len(wanted))
@@ -392,7 +393,7 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
     while max_pairs is None or progress.trained < max_pairs:
         fail_zombie_trials(study)
         trials = study.get_trials(deepcopy=False)
-        done = {p for t in trials if t.state == TrialState.COMPLETE and (p := _pair(t))}
+        done = {p for t in trials if t.state == TrialState.COMPLETE and (p := trial_pair(t))}
         skip = _given_up(trials) - done
         covered = _covered(trials)
         _enqueue(study, [w for w in wanted if (w[2], w[3]) not in covered | skip])
@@ -435,14 +436,14 @@ def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, spec
               train: Callable, progress: TableProgress, log: Callable[[str], None], commit: str) -> None:
     mark_worker(trial)
     key, seed = trial.user_attrs["key"], trial.user_attrs["seed"]
-    trial.set_user_attr(_STATUS, "claimed")
+    trial.set_user_attr(STATUS_ATTR, "claimed")
     other = _duplicate_of(study, trial, (key, seed))
     if other is not None:
         trial.set_user_attr("duplicate_of", other)
         trial.set_user_attr("fail_reason", f"duplicate of trial {other}")
         study.tell(trial, state=TrialState.FAIL)
         return
-    trial.set_user_attr(_STATUS, "training")
+    trial.set_user_attr(STATUS_ATTR, "training")
     index, params, spec = specs[key]
     space.sample(trial)  # records the point's parameters (the enqueued values) for the dashboard
     trial.suggest_int("seed", 0, 2**32 - 1)
@@ -465,7 +466,7 @@ def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, spec
         beat.close()
     row = _row(space, protocol, index, params, key, seed, spec, fields, commit)
     trial.set_user_attr("row", row)
-    trial.set_user_attr(_STATUS, "trained")
+    trial.set_user_attr(STATUS_ATTR, "trained")
     study.tell(trial, row["final_accuracy"])
     progress.trained += 1
     progress.left = max(0, progress.left - 1)
@@ -525,180 +526,3 @@ def machine() -> dict[str, Any]:
     except PackageNotFoundError:
         torch_version = "none"
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch_version}
-
-
-# ----------------------------------------------------------------------------------------------- rows out / in
-def study_rows(space: str | SearchSpace, storage: str | None = None, protocol: dict | None = None) -> list[dict]:
-    """The rows of the table study, one per (point, seed): the first COMPLETE trial of each pair, in the order
-    they were completed (imported rows first, in their file's order).
-
-    Raises:
-        SpecError: no such table in the storage, another protocol.
-    """
-    space = space if isinstance(space, SearchSpace) else load_space(space)
-    study, _ = _open(space, protocol or table_protocol(space), storage, create=False)
-    complete = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-                      key=lambda t: (t.user_attrs.get("import_line", math.inf), t.datetime_complete, t.number))
-    rows, seen = [], set()
-    for t in complete:
-        pair = _pair(t)
-        if pair is None or pair in seen or "row" not in t.user_attrs:
-            continue
-        seen.add(pair)
-        rows.append(t.user_attrs["row"])
-    return rows
-
-
-def export_table(space: str | SearchSpace, out: str | os.PathLike, *, storage: str | None = None,
-                 protocol: dict | None = None, reference_seeds: Sequence[int] = (0, 1, 2),
-                 command: str | None = None) -> tuple[Path, int]:
-    """Write the table study's rows as ``out`` (JSON lines, one row per pair) and ``<out stem>.meta.json`` (protocol,
-    protocol_id, reference seeds, machine, commits): the format :func:`archspec.search._tabulation.oracle.load_table`
-    reads.
-    Returns ``(path, rows)``.  Both files are replaced atomically.
-
-    Raises:
-        SpecError: no such table, another protocol, ``out`` not ending in ``.jsonl``, or ``out`` an existing file
-            archspec did not write (not a table of the same protocol): never overwritten.
-    """
-    space = space if isinstance(space, SearchSpace) else load_space(space)
-    protocol = protocol or table_protocol(space)
-    path = Path(out).expanduser()
-    if path.suffix != ".jsonl":
-        raise SpecError.single(("--export",), "a table file ends in .jsonl", f"e.g. {space.name}.jsonl", str(out))
-    meta_path = path.with_suffix(".meta.json")
-    _check_overwrite(path, meta_path, protocol, str(out))
-    rows = study_rows(space, storage, protocol)
-    if not rows:
-        raise SpecError.single(("--export",), f"the table of {space.name} has no trained pair yet", None, str(out))
-    old_meta = _read_json(meta_path) if meta_path.is_file() else {}
-    commits = list(dict.fromkeys([*old_meta.get("commits", []), *(r.get("commit") for r in rows if r.get("commit"))]))
-    row_machines = sorted({r["machine"] for r in rows if r.get("machine")} | set(old_meta.get("row_machines", [])))
-    meta = {"protocol": protocol, "protocol_id": protocol_id(protocol),
-            "reference_seeds": list(old_meta.get("reference_seeds", reference_seeds)),
-            "command": command or old_meta.get("command") or f"archspec table {space.name}",
-            "machine": old_meta.get("machine") or machine(), "commits": commits, "row_machines": row_machines}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-    _atomic_write(meta_path, json.dumps({**old_meta, **meta}, indent=1) + "\n")
-    return path, len(rows)
-
-
-def _check_overwrite(path: Path, meta_path: Path, protocol: dict, name: str) -> None:
-    if not path.exists() and not meta_path.exists():
-        return
-    if path.exists() and not path.is_file():
-        raise SpecError.single(("--export",), "not a regular file", None, name)
-    meta = _read_json(meta_path) if meta_path.is_file() else None
-    if not isinstance(meta, dict) or meta.get("protocol_id") != protocol_id(protocol):
-        raise SpecError.single(("--export",), "the file exists and is not a table of this protocol (archspec "
-                               "overwrites only a table it wrote: same protocol_id in its .meta.json sidecar)",
-                               "export to a new file", name)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.archspec-tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def import_table(space: str | SearchSpace, table: str | os.PathLike, *, storage: str | None = None,
-                 protocol: dict | None = None) -> int:
-    """Put the rows of an existing table file (``bench/space_table.py``'s or an export) into the table study as
-    COMPLETE trials, skipping pairs the study has; returns how many were added.  Export then writes them back in
-    the same order, byte for byte.
-
-    Raises:
-        SpecError: the file is not a table (:func:`archspec.search.load_table`'s checks), or it was written
-            under another protocol than the study's.
-    """
-    from archspec.search._tabulation.oracle import load_table  # noqa: PLC0415 - the loader's checks, torch-free
-
-    space = space if isinstance(space, SearchSpace) else load_space(space)
-    protocol = protocol or table_protocol(space)
-    source = load_table(table)
-    pid = protocol_id(protocol)
-    lines = _row_lines(Path(table))
-    foreign = sorted({r.get("protocol_id") for r in lines} - {pid}, key=str)
-    if foreign:
-        raise SpecError.single(("--import",), f"rows of another protocol ({', '.join(map(str, foreign))}; this "
-                               f"table's is {pid})", None, str(table))
-    del source
-    study, _ = _open(space, protocol, storage, create=True)
-    have = {p for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if (p := _pair(t))}
-    new = []
-    for n, row in enumerate(lines):
-        pair = (row["key"], row["seed"])
-        if pair in have:
-            continue
-        have.add(pair)
-        new.append(optuna.trial.create_trial(
-            value=row["final_accuracy"],
-            user_attrs={"key": row["key"], "seed": row["seed"], "index": row.get("index"), "row": row,
-                        "import_line": n, _STATUS: "trained"}))
-    study.add_trials(new)
-    return len(new)
-
-
-def _row_lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-# ----------------------------------------------------------------------------------------------- seed check
-def seed_check(rows: Sequence[dict]) -> dict[str, Any]:
-    """Does the reference reproduce itself?  Kendall tau between seed 0's and seed 1's final accuracies, and
-    between two disjoint k-seed means of the same points: ``two_seed_means`` (seeds 0-1 against 2-3) and
-    ``three_seed_means`` (seeds 0-2 against 3-5, the seed check's criterion: >= 0.7), each with a 95 % bootstrap
-    interval (points resampled, 1,000 times, seeded) and the mean / min / max tau over every split of the 2k seeds
-    in two.  Source: ``bench/space_table.py --report`` (issue 32), unchanged.  Raises nothing."""
-    from scipy.stats import kendalltau  # noqa: PLC0415 - scipy loads only for the report
-
-    by: dict[str, dict[int, float]] = {}
-    for r in rows:
-        by.setdefault(r["key"], {})[r["seed"]] = r["final_accuracy"]
-    pairs = [(v[0], v[1]) for v in by.values() if 0 in v and 1 in v]
-    if len(pairs) < 3:
-        return {"designs": len(pairs)}
-    tau, p = kendalltau(*zip(*pairs))
-    diffs = [abs(a - b) for a, b in pairs]
-    means = [(a + b) / 2 for a, b in pairs]
-    out: dict[str, Any] = {"designs": len(pairs), "tau": round(float(tau), 4), "p": float(p),
-                           "mean_abs_seed_diff": round(sum(diffs) / len(diffs), 4),
-                           "accuracy_range": [round(min(means), 4), round(max(means), 4)]}
-    for k, name in ((2, "two_seed_means"), (3, "three_seed_means")):
-        report = _split_means(by, k)
-        if report is not None:
-            out[name] = report
-    return out
-
-
-def _split_means(by: dict, k: int) -> dict | None:
-    from itertools import combinations  # noqa: PLC0415 - with scipy above
-
-    import numpy as np  # noqa: PLC0415 - with scipy above
-    from scipy.stats import kendalltau  # noqa: PLC0415 - with scipy above
-
-    seeds = tuple(range(2 * k))
-    designs = [v for v in by.values() if all(s in v for s in seeds)]
-    if len(designs) < 3:
-        return None
-    acc = np.array([[d[s] for s in seeds] for d in designs])  # (designs, 2k)
-    a, b = acc[:, :k].mean(1), acc[:, k:].mean(1)
-    tau, p = kendalltau(a, b)
-    rng = np.random.default_rng(0)
-    boot = [kendalltau(a[i], b[i])[0] for i in (rng.integers(0, len(a), len(a)) for _ in range(1000))]
-    boot = [t for t in boot if np.isfinite(t)]
-    splits = [kendalltau(acc[:, list(h)].mean(1), acc[:, [s for s in seeds if s not in h]].mean(1))[0]
-              for h in combinations(seeds, k) if 0 in h]
-    return {"designs": len(designs), "tau": round(float(tau), 4), "p": float(p),
-            "ci": [round(float(np.percentile(boot, 2.5)), 4), round(float(np.percentile(boot, 97.5)), 4)],
-            "mean_abs_diff": round(float(np.abs(a - b).mean()), 4),
-            "all_splits": {"n": len(splits), "mean": round(float(np.mean(splits)), 4),
-                           "min": round(float(min(splits)), 4), "max": round(float(max(splits)), 4)}}
