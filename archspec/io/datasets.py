@@ -113,8 +113,6 @@ def split_indices(labels: np.ndarray, seed: int, val_fraction: float = 0.2) -> t
     """``(train, val)`` indices: a stratified, seeded split holding out ``val_fraction`` (scikit-learn's
     ``train_test_split``; unstratified when a class has one sample or the validation share holds fewer images
     than there are classes)."""
-    from sklearn.model_selection import train_test_split  # noqa: PLC0415
-
     idx = np.arange(len(labels))
     counts = np.bincount(labels)
     stratify = (labels if counts[counts > 0].min() >= 2 and len(labels) * val_fraction >= len(np.unique(labels))

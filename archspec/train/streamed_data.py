@@ -205,7 +205,6 @@ def _split_sizes(n_train: int, n_val: int, max_images: int | None) -> tuple[int 
 
 
 def _digits(seed: int, max_images: int | None) -> StreamData:
-    from archspec.io.datasets import split_indices, stratified_subset  # noqa: PLC0415
 
     digits = load_digits()
     images = np.round(digits.images * (255 / 16)).astype(np.uint8)  # (1797, 8, 8), values 0..16
@@ -267,8 +266,6 @@ class _Candidates:
 
     def report(self, root: Path) -> None:
         if self.left_out:
-            import sys  # noqa: PLC0415
-
             shown = "; ".join(self.left_out[:3]) + (f"; and {len(self.left_out) - 3} more" if len(self.left_out) > 3
                                                      else "")
             print(f"archspec train: warning: left out {len(self.left_out)} file(s) of {root} that cannot be "
@@ -362,7 +359,6 @@ def _image_folder(root: Path, seed: int, max_images: int | None) -> StreamData:
 
 
 def _enough_classes(classes: list, root: Path) -> None:
-    from archspec.io.data_sources import data_error  # noqa: PLC0415
 
     if len(classes) < 2:
         raise data_error(f"found {len(classes)} class folder(s); classification needs at least 2", None, root)

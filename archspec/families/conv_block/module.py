@@ -38,6 +38,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath
+from timm.layers.bottleneck_attn import BottleneckAttn
 from timm.layers.squeeze_excite import SEModule
 from timm.models.resnet import BasicBlock, Bottleneck, downsample_avg, downsample_conv
 from torch import Tensor, nn
@@ -253,8 +254,6 @@ def build_bot(bot: BotShape) -> nn.Module:
     ``pos_embed.height_rel`` / ``width_rel``; timm's init); else :class:`MapAttention` around archspec's
     ``Attention`` (the token stages' head kinds, d = C / heads)."""
     if bot.timm:
-        from timm.layers.bottleneck_attn import BottleneckAttn  # noqa: PLC0415
-
         return BottleneckAttn(bot.dim, bot.dim, feat_size=bot.grid, stride=bot.stride, num_heads=len(bot.heads),
                               qkv_bias=bot.qkv_bias)
 

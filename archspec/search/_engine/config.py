@@ -91,8 +91,8 @@ def complete_config(cfg: SearchConfig | None = None, **options: Any) -> SearchCo
         TypeError: an unknown option or field name.
         SpecError: a budget that is not a quantity (located at its ``--budget-*`` option).
     """
-    from archspec.search._evaluation.latency import LatencyProtocol  # noqa: PLC0415
-    from archspec.search._evaluation.proxy import ProxyProtocol  # noqa: PLC0415
+    from archspec.search._evaluation.latency import LatencyProtocol  # noqa: PLC0415 - torch-side module
+    from archspec.search._evaluation.proxy import ProxyProtocol  # noqa: PLC0415 - torch-side module
 
     cfg = SearchConfig(**options) if cfg is None else replace(cfg, **options)
     budgets = cfg.budgets
@@ -145,8 +145,6 @@ class SearchOutcome:
     @property
     def pareto_specs(self) -> list:
         """The specs of ``pareto/`` in rank order (most accurate first); ``[best_spec]`` for one objective."""
-        from archspec.ir.loader import load_spec  # noqa: PLC0415
-
         if "pareto" not in self.summary:
             return [] if self.best_file is None else [self.best_spec]
         return [load_spec(str(self.run_dir / point["file"])) for point in self.summary["pareto"]]

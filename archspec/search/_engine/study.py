@@ -44,6 +44,7 @@ from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial, TrialState
 
 from archspec.errors import SpecError
@@ -289,8 +290,6 @@ def resolve_storage(url: str | None, run_dir: Path | None = None,
     if target.kind == "memory":
         return StorageInfo(optuna.storages.InMemoryStorage(), "memory", "memory")
     if target.kind == "journal":
-        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock  # noqa: PLC0415 - optional storage back ends load when named
-
         path = str(target.path)
         try:
             storage = optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))

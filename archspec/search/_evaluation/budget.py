@@ -122,7 +122,7 @@ def _memory_reasons(graph, budgets: Budgets, data, protocol) -> list[str]:
     reasons = [p.message for p in check_memory(graph, limit)]
     if data is None or protocol is None:
         return reasons
-    from archspec.search._evaluation.proxy import proxy_spec  # noqa: PLC0415
+    from archspec.search._evaluation.proxy import proxy_spec  # noqa: PLC0415 - torch-side module
 
     try:
         proxy = build_graph(proxy_spec(graph.graph["spec"], data, protocol))
@@ -171,7 +171,7 @@ def static_check_rate(space: SearchSpace, budgets: Budgets, n: int = 200, seed: 
     Each candidate is a full ``space.sample`` (which validates the point with ``load_spec``) and a
     static check; a point that fails validation still counts (it was rejected).
     """
-    import optuna  # noqa: PLC0415
+    import optuna  # noqa: PLC0415 - only for the rate benchmark; budget.py stays Optuna-free
 
     if n < 1:
         raise ValueError("n must be >= 1")

@@ -443,7 +443,7 @@ def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: t
         TrialFailure: an exception inside the model, or out of memory.
         SpecError: the spec cannot be adapted to the proxy.
     """
-    from archspec.nn.compiler import compile as compile_spec  # noqa: PLC0415
+    from archspec.nn.compiler import compile as compile_spec  # noqa: PLC0415 - looked up per call (tests replace it)
 
     geometry, pspec = _seeded_proxy(spec, data, protocol, seed)
     images, labels = data.at_size(geometry.image_size).train.tensors

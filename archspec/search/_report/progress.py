@@ -8,6 +8,9 @@ import sys
 import time
 
 from optuna.trial import TrialState
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
 
 from archspec._util.units import human
 
@@ -50,17 +53,6 @@ def progress_line(trial, elapsed: float, attempted: int, total: int, timeout: fl
 
 def _rich_bar(total: int, info: str, console=None):
     """A started-later ``rich`` progress bar on stderr and its task id: ``(progress, task)``."""
-    from rich.console import Console  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-    from rich.progress import (  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    from rich.table import Column  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
     # Fits an 80-column terminal: a short bar, and the status text cut with an ellipsis, never wrapped.
     progress = Progress(
         BarColumn(bar_width=10), MofNCompleteColumn(), TextColumn("trained"), TimeElapsedColumn(), TextColumn("ETA"),

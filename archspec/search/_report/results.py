@@ -22,7 +22,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import optuna
 from optuna.trial import TrialState
+from rich.console import Console
+from rich.table import Table
 
 from archspec._util.units import human
 from archspec.ir.loader import load_spec
@@ -114,8 +117,6 @@ def spec_of_trial(trial, space=None):
     Raises:
         ValueError: the trial stored no spec and no ``space`` was given to re-sample it.
     """
-    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
 
     data = trial.user_attrs.get("spec")
     if data is not None:
@@ -382,8 +383,6 @@ def _geometry_line(g: dict) -> str:
 
 def _points_table(summary: dict):
     """The Pareto front / best trial as a ``rich`` table."""
-    from rich.table import Table  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
     table = Table(title=summary.get("table_title", "Pareto front (trained, feasible)"), title_justify="left")
     scored = any("score" in p for p in summary["pareto"])  # --proxy-score tse: the value it was ranked by
     columns = ("rank", "trial", *(("score",) if scored else ()), "accuracy", "latency ms", "MACs", "params", "spec")
@@ -419,8 +418,6 @@ def verify_lines(verification: dict | None) -> list[str]:
 
 def print_summary(summary: dict, console=None) -> None:
     """Print the human summary of a search (``rich``; ``console`` defaults to stdout's)."""
-    from rich.console import Console  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
     console = console or Console(highlight=False)
     console.print(f"[bold]archspec search[/bold] {summary.get('mode', '')}: study [bold]{summary['study']}[/bold] "
                   f"in {summary.get('storage')}")

@@ -11,14 +11,17 @@ import json
 import math
 import os
 from collections.abc import Sequence
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
 
 from archspec.errors import SpecError
 from archspec.search._space.language import SearchSpace, load_space
+from archspec.search._tabulation.oracle import load_table
 from archspec.search._tabulation.tabulate import (
     STATUS_ATTR,
     machine,
@@ -123,8 +126,6 @@ def import_table(space: str | SearchSpace, table: str | os.PathLike, *, storage:
         SpecError: the file is not a table (:func:`archspec.search.load_table`'s checks), or it was written
             under another protocol than the study's.
     """
-    from archspec.search._tabulation.oracle import load_table  # noqa: PLC0415 - the loader's checks, torch-free
-
     space = space if isinstance(space, SearchSpace) else load_space(space)
     protocol = protocol or table_protocol(space)
     source = load_table(table)
@@ -184,9 +185,6 @@ def seed_check(rows: Sequence[dict]) -> dict[str, Any]:
 
 
 def _split_means(by: dict, k: int) -> dict | None:
-    from itertools import combinations  # noqa: PLC0415 - with scipy above
-
-    import numpy as np  # noqa: PLC0415 - with scipy above
     from scipy.stats import kendalltau  # noqa: PLC0415 - with scipy above
 
     seeds = tuple(range(2 * k))

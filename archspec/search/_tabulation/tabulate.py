@@ -41,6 +41,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ import optuna
 from optuna.trial import TrialState
 
 from archspec.errors import SpecError
+from archspec.ir.analysis import analyze
 from archspec.search._engine.study import (
     HEARTBEAT_INTERVAL_S,
     StorageInfo,
@@ -58,6 +60,7 @@ from archspec.search._engine.study import (
 )
 from archspec.search._evaluation.latency import architecture_key
 from archspec.search._space.language import SearchSpace, load_space
+from archspec.train.config import check_config
 
 __all__ = ["REFERENCE_PROTOCOL", "NAMED_POINTS", "SEED_CHECK_DESIGNS", "STATUS_ATTR", "table_protocol",
            "protocol_id", "ordered_points", "tabulate", "TableProgress", "default_storage", "open_table_study",
@@ -417,7 +420,6 @@ def _real_trainer(protocol: dict) -> Callable:
     import torch  # noqa: PLC0415 - the torch half, loaded when pairs are to be trained
 
     from archspec.search._tabulation import rows as table_rows  # noqa: PLC0415 - as above
-    from archspec.train.config import check_config  # noqa: PLC0415 - as above
 
     check_config(table_rows.train_config(protocol))
     torch.set_num_threads(protocol["threads"])
@@ -479,8 +481,6 @@ def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, spec
 
 def _row(space, protocol, index, params, key, seed, spec, fields: dict, commit: str) -> dict:
     """A table row in the shipped format's field order (``bench/space_table.py``'s)."""
-    from archspec.ir.analysis import analyze  # noqa: PLC0415 - counts are graph-only; kept with the row builder
-
     counts = analyze(spec)
     host = machine()
     row = {"protocol_id": protocol_id(protocol), "key": key, "index": index, "params": params,
@@ -511,8 +511,6 @@ def git_commit() -> str:
 
 def machine() -> dict[str, Any]:
     """``{"cpu", "cores", "python", "torch"}`` of this machine (torch's version without importing it)."""
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415 - only the sidecar needs it
-
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
