@@ -199,8 +199,7 @@ def open_table_study(space: SearchSpace, protocol: dict, storage: str | None,
 
     Raises:
         SpecError: a bad storage (:func:`archspec.search._engine.study.check_storage`), no such study
-        (``create=False``),
-            a study written under another protocol.
+            (``create=False``), a study written under another protocol.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a worker's own lines say what it does
     url = storage or default_storage(space.name)
