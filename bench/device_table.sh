@@ -25,7 +25,7 @@ if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
 fi
 storage=journal:${TABLE_JOURNAL:-/tmp/$space.journal}
 python3 -m archspec table "$space" --import "archspec/search/tables/$space.jsonl" --storage "$storage" || exit 1
-workers=${WORKERS:-$(nproc)}
+workers=${WORKERS:-$(nproc --all)}  # --all: nproc obeys the OMP_NUM_THREADS=1 above
 for i in $(seq "$workers"); do
     timeout "$secs" python3 -m archspec table "$space" --storage "$storage" "$@" > "/tmp/worker$i.log" 2>&1 &
 done

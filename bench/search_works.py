@@ -153,6 +153,17 @@ METHODS = {
     "GP, TSE proxy": {"sampler": "gp", "sampler_startup": 6, "fidelity": "none", **TSE},
     "NSGA-II, TSE proxy": {"sampler": "nsga2", "sampler_startup": 6, "fidelity": "none", **TSE},
     "TPE, 10 start-up, TSE proxy": {"sampler": "tpe", "sampler_startup": 10, "fidelity": "none", **TSE},
+    "TPE, 4 start-up, TSE proxy": {"sampler": "tpe", "sampler_startup": 4, "fidelity": "none", **TSE},
+    "GP, 4 start-up, TSE proxy": {"sampler": "gp", "sampler_startup": 4, "fidelity": "none", **TSE},
+    # successive halving on TSE (rungs at --min-steps, then x eta): 40 candidates start, most stop at a rung; read
+    # at equal CPU against 20 fully trained random draws
+    "random sampling + successive halving, 40 started, TSE proxy": {"sampler": "random", "fidelity": "sha",
+                                                                    "trials": 40, **TSE},
+    # local search around the front (archspec.search._engine.front_sampler): random draws, then one-parameter mutations
+    "front mutation, 4 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 4, "fidelity": "none", **TSE},
+    "front mutation, 6 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 6, "fidelity": "none", **TSE},
+    "front mutation, 10 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 10, "fidelity": "none",
+                                               **TSE},
     # with a MAC budget (`--budget-flops 20M`): every trained candidate is under it (over-budget samples are
     # rejected statically, untrained): the search a user who wants the best design under 20 M MACs runs
     "archspec default, 20 M MAC budget": {"budgets": {"macs": 20e6}},
@@ -313,11 +324,12 @@ def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budge
         # the search's own `trials` candidates, no --verify re-training (it scores nothing a front is judged by)
         options = {"verify": 0, **options}
         protocol = {"steps": steps, **options.pop("protocol", {})}
+        n_trials = options.pop("trials", trials)  # a method that screens (rungs) may train more at equal CPU
         runs = []
         for seed in range(first_seed, first_seed + repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 outcome = run_design(space=table.space, oracle=table_path, oracle_subset=True, objective=objective,
-                                     trials=trials, timeout=None,
+                                     trials=n_trials, timeout=None,
                                      trial_timeout=None, protocol=protocol, seed=seed, storage="memory",
                                      out=Path(tmp) / "run", progress=False, **options)
             runs.append(trace(outcome.study, truth, seed, steps, macs_budget))
@@ -625,6 +637,8 @@ def main(argv=None) -> int:
                      help=f"only these methods (default: all; random sampling is the baseline): {', '.join(METHODS)}")
     sim.add_argument("--objective", choices=("pareto", "accuracy"), default="pareto",
                      help="pareto (default; needs the table's latency pass) or accuracy")
+    sim.add_argument("--baseline", default="random sampling", choices=list(METHODS), metavar="NAME",
+                     help="the method every other is tested against (default: random sampling)")
     sim.add_argument("--json", default="search_works_simulate.json")
     sim.add_argument("--plot", default=None, help="PNG of the anytime hypervolume (accuracy, latency)")
     head = sub.add_parser("headroom", help="what any sampler could gain over random sampling, from the table alone")
@@ -677,13 +691,15 @@ def main(argv=None) -> int:
 
         steps = args.steps or ProxyProtocol().steps
         chosen = {name: METHODS[name] for name in (args.methods or METHODS)}
-        chosen.setdefault("random sampling", METHODS["random sampling"])  # the baseline of every comparison
+        baseline = args.baseline
+        chosen.setdefault(baseline, METHODS[baseline])  # the baseline of every comparison
         result = simulate(args.table, args.repeats, args.trials, steps, args.macs_budget, methods=chosen,
                           objective=args.objective)
-        result["comparison"] = compare(result)
-        base = result["methods"]["random sampling"]
+        result["baseline"] = baseline
+        result["comparison"] = compare(result, baseline)
+        base = result["methods"][baseline]
         result["paired_tests"] = {name: paired_test(runs, base, result["comparison"]["budget_seconds"])
-                                  for name, runs in result["methods"].items() if name != "random sampling"}
+                                  for name, runs in result["methods"].items() if name != baseline}
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         if args.plot:
             plot(result, args.plot)
@@ -706,7 +722,7 @@ def main(argv=None) -> int:
                       + (f", Wilcoxon p {v['wilcoxon_p_vs_baseline']:.3g} ({v['wins']} wins)"
                          if "wilcoxon_p_vs_baseline" in v else ""))
             if name in result["paired_tests"]:
-                print("    against random sampling, paired:")
+                print(f"    against {baseline}, paired:")
                 _print_test(result["paired_tests"][name], indent="      ")
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         return 0

@@ -24,7 +24,8 @@ tests/test_layers.py hold it).  The inside, as ``optuna/study/`` and ``optuna/sa
   opened: study, lock, resume), ``preflight`` (input checks, cheapest first), ``objective`` (one sampled
   candidate = one trial),
   ``round_trial`` (one proposed candidate = one trial), ``early_stop`` (fidelity rungs, stop rules),
-  ``failures`` (fail reasons, deadlines), ``study`` (storages, samplers, zombie trials), ``fidelity``;
+  ``failures`` (fail reasons, deadlines), ``study`` (storages, samplers, zombie trials), ``front_sampler``
+  (``--sampler front``), ``fidelity``;
 * ``_modes/``      -- the mode contract ``base`` (:class:`SampledMode`, :class:`RoundsMode`, :class:`Candidate`,
   :class:`RoundResult`, :class:`RunContext`, as Optuna's ``BaseSampler`` is to a study), mode 1 ``design``
   (:func:`run_design`), mode 2 ``masks`` (:func:`run_masks`) with its strategies ``mask_strategies``, the
@@ -36,7 +37,8 @@ tests/test_layers.py hold it).  The inside, as ``optuna/study/`` and ``optuna/sa
   ``plots``, and ``run_files`` (the run directory's marker, atomic writes, emitted specs with provenance);
 * ``_tabulation/`` -- ``archspec table``: ``tabulate`` (a finite space trained on an Optuna storage), ``exchange``
   (a table's rows out and in, the seed check), ``rows``
-  (one row), ``checks`` (a table's rules), ``oracle`` (``--oracle``: evaluations answered from a table);
+  (one row), ``checks`` (a table's rules), ``oracle`` (``--oracle``: evaluations answered from a table),
+  ``mask_replay`` (MaiT's ALS rule replayed on a mask table);
 * ``_space/``      -- ``language``: the declarative search-space language (:func:`load_space`), its markers and
   structural check (``checks``) and its sampling (``sampling``).
 

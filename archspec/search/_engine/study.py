@@ -52,6 +52,7 @@ from archspec.search._engine.config import (  # torch-free: the command line rea
     DEFAULT_SAMPLER_STARTUP,
     SAMPLERS,
 )
+from archspec.search._engine.front_sampler import FrontMutationSampler
 
 __all__ = [
     "StorageInfo", "check_storage", "resolve_storage", "open_study", "make_sampler", "SAMPLERS", "fail_zombie_trials",
@@ -348,7 +349,9 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
     constraints set with ``trial.set_constraint``; infeasible trials are ranked last), with
     ``constant_liar`` so that concurrent workers do not propose the same point.  ``nsga2``: NSGA-II
     (constrained domination).  ``gp``: Gaussian-process BO.  ``random``: random search (the command line's
-    default: :data:`archspec.search._engine.config.DEFAULT_SAMPLER`).
+    default: :data:`archspec.search.DEFAULT_SAMPLER`).  ``front``: local search, one-parameter mutations
+    of the non-dominated trials after ``n_startup_trials`` random draws
+    (:class:`archspec.search._engine.front_sampler.FrontMutationSampler`).
     ``n_startup_trials``: random trials before TPE's or the GP's model is used (Optuna's own default is 10; 6
     here, for searches of 10-20 trained candidates); NSGA-II's population (at least 4).
     """
@@ -363,6 +366,8 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup_trials)
         if name == "random":
             return optuna.samplers.RandomSampler(seed=seed)
+        if name == "front":
+            return FrontMutationSampler(seed=seed, n_startup_trials=n_startup_trials)
     raise SpecError.single(("--sampler",), f"unknown sampler {name!r}", f"choose one of {', '.join(SAMPLERS)}")
 
 

@@ -1,0 +1,92 @@
+"""MaiT's placement rule replayed on a mask table (archspec.search._tabulation.mask_replay), against hand-computed
+cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from archspec.diagnostics.metrics import attention_locality_score, patch_window_mask
+from archspec.errors import SpecError
+from archspec.search._tabulation.mask_replay import als_at, mask_groups, replay_als, uniform_als
+from archspec.search._tabulation.oracle import OracleTable
+
+GROUPS = ("stages.0.heads_mix.masked.0-1", "stages.0.heads_mix.masked.2-3", "stages.0.heads_mix.masked.4-5")
+U = 361 / 49 / 50  # uniform ALS on 7x7 + class token, 3x3 window: (25*9 + 20*6 + 4*4) / 49 patches / 50 tokens
+
+
+def _raw(normalised: float) -> float:
+    """The raw ALS whose value above uniform attention is ``normalised``."""
+    return U + normalised * (1 - U)
+
+
+def _row(counts, als_by_layer, seed, seconds=10.0):
+    params = dict(zip(GROUPS, counts))
+    return {"key": "k" + "".join(map(str, counts)), "seed": seed, "params": params, "final_accuracy": 0.7,
+            "curve": [[50, 0.5, 1.0], [100, 0.6, 0.9]], "tse": [[50, 40.0, seconds / 2], [100, 70.0, seconds]],
+            "als": [[50, {f"0.{l}": [0.0, 0.0, 0.0] for l in range(6)}], [100, als_by_layer]]}
+
+
+def _table(points: dict[tuple, dict]) -> OracleTable:
+    """Every point with the same row at seeds 0-2 (so whichever seed the replay draws, the rule reads the same)."""
+    rows = {}
+    for counts, als in points.items():
+        key = "k" + "".join(map(str, counts))
+        rows[key] = {s: _row(counts, als, s) for s in (0, 1, 2)}
+    return OracleTable(file="t.jsonl", space="mait_small", rows=rows, latency_ms={},
+                       meta={"reference_seeds": [0, 1, 2]})
+
+
+def _layers(per_group: list[list[float]]) -> dict[str, list[float]]:
+    """Raw ALS per layer from normalised scores per group (both layers of a group alike)."""
+    return {f"0.{l}": [_raw(v) for v in per_group[l // 2]] for l in range(6)}
+
+
+def test_uniform_als_matches_the_torch_score_of_a_uniform_map():
+    for grid, window, prefix in [((7, 7), (3, 3), 1), ((4, 4), (3, 3), 1), ((5, 6), (3, 5), 0)]:
+        n = grid[0] * grid[1] + prefix
+        torch_u = attention_locality_score(torch.full((1, 1, n, n), 1.0 / n, dtype=torch.float64),
+                                           patch_window_mask(grid, window, prefix), prefix)
+        assert uniform_als(grid, window, prefix) == pytest.approx(float(torch_u[0]), abs=1e-12)
+    assert uniform_als((7, 7), (3, 3), 1) == pytest.approx(U)
+    assert uniform_als((4, 4), (3, 3), 1) == pytest.approx(100 / 16 / 17)  # 0.37: the module docstring's figure
+
+
+def test_two_rounds_by_hand_end_on_sch2():
+    """Round 1 (1/1/1), head 0 above uniform: 0.9 -> every head, 0.5 -> head 0, 0.1 -> none: point 3/1/0.  Round 2
+    (3/1/0): head 1 of group 0-1 at 0.1 <= 0.2 loses its mask, the others keep theirs: 2/1/0 (MaiT Sch.2-like)."""
+    table = _table({(1, 1, 1): _layers([[0.9, 0.5, 0.5], [0.5, 0.5, 0.5], [0.1, 0.5, 0.5]]),
+                    (3, 1, 0): _layers([[0.9, 0.1, 0.9], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]])})
+    got = replay_als(table, replay_seed=4, steps=100, heads=3, grid=(7, 7))
+    assert got.counts == dict(zip(GROUPS, (2, 1, 0)))
+    assert [r["point"] for r in got.rounds] == [dict(zip(GROUPS, (1, 1, 1))), dict(zip(GROUPS, (3, 1, 0)))]
+    assert got.seconds == pytest.approx(20.0)  # two trainings of 10 s at step 100
+    assert got.answered == {key: table.seed_of(key, 4) for key in ("k111", "k310")}
+
+
+def test_a_group_decides_on_its_layers_mean_and_the_steps_pick_the_curve_point():
+    """Layers 0 and 1 at 0.96 and 0.66 above uniform: mean 0.81 -> every head (>= 0.8); at steps 60 the rule reads
+    step 50's ALS (all 0: every mask removed)."""
+    als = _layers([[0.0, 0, 0], [0.5, 0, 0], [0.5, 0, 0]])
+    als["0.0"][0], als["0.1"][0] = _raw(0.96), _raw(0.66)
+    table = _table({(1, 1, 1): als, (3, 1, 1): _layers([[0.5] * 3, [0.5] * 3, [0.5] * 3]),
+                    (0, 0, 0): _layers([[0.0] * 3] * 3)})
+    assert replay_als(table, 0, 100, heads=3, grid=(7, 7)).counts == dict(zip(GROUPS, (3, 1, 1)))
+    assert replay_als(table, 0, 60, heads=3, grid=(7, 7), rounds=1).counts == dict(zip(GROUPS, (0, 0, 0)))
+    assert als_at(table.rows["k111"][0], 60) == {f"0.{l}": [0.0] * 3 for l in range(6)}
+
+
+def test_a_calibration_that_changes_nothing_stops_the_rounds():
+    table = _table({(1, 1, 1): _layers([[0.5, 0, 0]] * 3)})  # round 1 keeps head 0 everywhere: the same point
+    got = replay_als(table, 0, 100, heads=3, grid=(7, 7), rounds=5)
+    assert got.counts == dict(zip(GROUPS, (1, 1, 1))) and len(got.rounds) == 2
+
+
+def test_a_point_missing_from_the_table_and_a_design_table_are_refused():
+    table = _table({(1, 1, 1): _layers([[0.9, 0, 0]] * 3)})  # the rule goes on to 3/3/3, which is not there
+    with pytest.raises(SpecError, match="lacks the point"):
+        replay_als(table, 0, 100, heads=3, grid=(7, 7))
+    with pytest.raises(SpecError, match="not a per-group mask count"):
+        mask_groups({"stages": "narrow"})
+    with pytest.raises(SpecError, match="no ALS"):
+        als_at({"curve": []}, 100)
