@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from archspec._util.lazy import lazy_exports
 from archspec._version import __version__
-from archspec.timm import registry as _registry
+from archspec.timm import hook as _timm_hook
 
 _EXPORTS = {
     "ArchSpec": "archspec.spec", "load_spec": "archspec.ir.loader",
@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from archspec.timm.registry import register
 
 
-_registry.install()  # registers the shipped specs with timm once timm is imported (no torch import here)
+_timm_hook.install()  # registers the shipped specs with timm once timm is imported (stdlib only here)
 
 
 class _NoCudaHomeNotice(_logging.Filter):

@@ -20,7 +20,7 @@ Reports val top-1 mean and spread (max - min over seeds) and the MACs executed p
 after every training.  On a GPU, where one MaiT-T proxy is launch-bound, ``bench/gpu_session.sh`` runs one
 process per placement and seed side by side (``--only P --seeds S``) and ``--merge`` joins their files (same
 protocol only).  ``--latency`` trains nothing: it measures each placement's latency by LeViT's CPU protocol
-(:class:`archspec.search.latency.LatencyProtocol`: one thread, batch 1, fp32, median ms of a forward pass at
+(:class:`archspec.search._evaluation.latency.LatencyProtocol`: one thread, batch 1, fp32, median ms of a forward pass at
 224 px), twice so that the noise shows, into the rows of ``--out``.  Run it with nothing else on the machine.
 """
 
@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 
 def placements(found: Path | None) -> dict:
     from archspec.ir.loader import load_spec
-    from archspec.search.mask_specs import apply_placement, attention_layers, placement_heads
+    from archspec.search import apply_placement, attention_layers, placement_heads
 
     sch1 = load_spec("mait_tiny_sch1")
     layers = attention_layers(sch1)
@@ -129,7 +129,7 @@ def merge(files: list[Path], out: Path) -> int:
 
 def add_latency(specs: dict, only: list[str] | None, out: Path) -> int:
     """Measure each placement's forward latency (ms, LeViT's CPU protocol, two medians) into ``out``'s rows."""
-    from archspec.search.latency import LatencyProtocol, measure_latency
+    from archspec.search import LatencyProtocol, measure_latency
 
     data = json.loads(out.read_text()) if out.is_file() else {"rows": []}
     rows = {r["placement"]: r for r in data["rows"]}
@@ -154,8 +154,7 @@ def _device_name(device: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     from archspec import analyze
     from archspec.io.datasets import load_data
-    from archspec.search.config import MASKS_PROXY_DEFAULTS
-    from archspec.search.proxy import ProxyProtocol, train_proxy
+    from archspec.search import MASKS_PROXY_DEFAULTS, ProxyProtocol, train_proxy
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--found", type=Path, default=None, help="best.yaml of `archspec search masks`")

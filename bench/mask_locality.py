@@ -7,7 +7,7 @@
 MaiT's placement rule (sec. 4.2) presupposes that after the first round the masked head 0 is local in early
 layers and not in late ones (Fig. 3a).  For each candidate default (data, lr, proxy steps, strategy) this trains
 exactly the first round of the search -- the spec with head 0 hard-masked everywhere (``als``) or every head
-soft-masked (``soft``) -- with the search's own proxy (:func:`archspec.search.proxy.train_proxy`,
+soft-masked (``soft``) -- with the search's own proxy (:func:`archspec.search._evaluation.proxy.train_proxy`,
 ``MASKS_PROXY_DEFAULTS`` with the candidate's changes), and at every eval point computes, on the first
 ``ALS_IMAGES`` held-out images as the search does:
 
@@ -54,7 +54,7 @@ def thirds(n: int) -> tuple[range, range]:
 def profile(model, images, strategy: str, window=(3, 3)) -> dict:
     """Early / late mean normalised ALS of the masked heads, and the decisions per third, of a trained model."""
     from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW, normalise_als
-    from archspec.search.mask_scores import layer_scores, learned_alphas, uniform_baselines
+    from archspec.search import layer_scores, learned_alphas, uniform_baselines
 
     scores = layer_scores(model, images, window)
     norm = normalise_als(scores, uniform_baselines(model, window))
@@ -92,10 +92,16 @@ def run_candidate(name: str, spec_name: str, quick: bool, datasets: dict, max_im
 
     from archspec.io.datasets import load_data
     from archspec.ir.loader import load_spec
-    from archspec.search.config import MASKS_PROXY_DEFAULTS
-    from archspec.search.mask_scores import ALS_IMAGES
-    from archspec.search.mask_specs import apply_placement, head0_placement, placement_heads, soft_heads
-    from archspec.search.proxy import ProxyProtocol, train_proxy
+    from archspec.search import (
+        ALS_IMAGES,
+        MASKS_PROXY_DEFAULTS,
+        ProxyProtocol,
+        apply_placement,
+        head0_placement,
+        placement_heads,
+        soft_heads,
+        train_proxy,
+    )
 
     data_name, strategy, lr, steps = CANDIDATES[name]
     if quick:

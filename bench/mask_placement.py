@@ -81,7 +81,7 @@ def found_placement(spec: dict, strategy: str, args, work: Path) -> dict | None:
 
 def train(spec_doc: dict, data, protocol, seed: int):
     from archspec.ir.loader import load_spec
-    from archspec.search.masks import train_keeping_model
+    from archspec.search import train_keeping_model
 
     return train_keeping_model(load_spec(spec_doc), data, protocol, seed)[0]
 
@@ -93,7 +93,7 @@ def als_plot(result, data, path: Path) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from archspec.search.masks import layer_scores
+    from archspec.search import layer_scores
 
     images = data.val.tensors[0][:128]
     scores = layer_scores(result.model, images, (3, 3))
@@ -138,8 +138,7 @@ def main(argv=None) -> int:
     import torch
 
     from archspec.io.datasets import load_data
-    from archspec.search.config import MASKS_PROXY_DEFAULTS
-    from archspec.search.proxy import ProxyProtocol
+    from archspec.search import MASKS_PROXY_DEFAULTS, ProxyProtocol
 
     torch.set_num_threads(1)
     out = Path(args.out)

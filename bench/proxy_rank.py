@@ -38,8 +38,7 @@ def sample_architectures(space, budgets, n: int, seed: int, max_draws: int = 500
     """
     import optuna
 
-    from archspec.search.budget import static_check
-    from archspec.search.latency import architecture_key
+    from archspec.search import architecture_key, static_check
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
@@ -72,7 +71,7 @@ def _train(task: dict) -> dict:
 
     from archspec.io.datasets import load_data
     from archspec.ir.loader import load_spec
-    from archspec.search.proxy import ProxyProtocol, TrialFailure, train_proxy
+    from archspec.search import ProxyProtocol, TrialFailure, train_proxy
 
     torch.set_num_threads(task["protocol"]["threads"] or 1)
     key = (task["data"], task["image_size"], task["data_seed"], task["max_images"])
@@ -140,12 +139,12 @@ def fidelity_taus(rows: list[dict], kendalltau, replicate: bool = False) -> list
 
 
 def zero_cost_rows(archs, data, protocol, seed: int) -> list[tuple[dict, dict]]:
-    """Each design's zero-cost scores and their seconds (``archspec.search.proxy.score_proxy``: the untrained
+    """Each design's zero-cost scores and their seconds (``archspec.search._evaluation.proxy.score_proxy``: the
+    untrained
     proxy at its proxy geometry, one training batch), as the search's zero-cost rung computes them."""
     import math
 
-    from archspec.search.proxy import score_proxy
-    from archspec.search.zero_cost import ZERO_COST_SCORES
+    from archspec.search import ZERO_COST_SCORES, score_proxy
 
     out = []
     for spec, _, _ in archs:
@@ -209,9 +208,7 @@ def main(argv=None) -> int:
 
     from archspec._util.units import human
     from archspec.io.datasets import load_data
-    from archspec.search.budget import Budgets, parse_quantity
-    from archspec.search.proxy import ProxyProtocol
-    from archspec.search.space import load_space
+    from archspec.search import Budgets, ProxyProtocol, load_space, parse_quantity
     from archspec.train import resolve_device
 
     try:

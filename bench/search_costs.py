@@ -41,7 +41,7 @@ def infeasible_fraction(space, budgets, n: int, seed: int) -> tuple[float, float
     """(fraction rejected, ms per sample incl. Optuna ask/tell and spec validation, ms per static_check alone)."""
     import optuna
 
-    from archspec.search.budget import static_check
+    from archspec.search import static_check
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
@@ -71,12 +71,18 @@ def main(argv=None) -> int:
 
     import torch
 
-    from archspec.search.budget import Budgets, parse_quantity, static_check_rate
-    from archspec.search.design import run_design
-    from archspec.search.engine import DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, SearchConfig
-    from archspec.search.latency import LatencyProtocol
-    from archspec.search.proxy import ProxyProtocol
-    from archspec.search.space import load_space
+    from archspec.search import (
+        DEFAULT_TIMEOUT_S,
+        DEFAULT_TRIALS,
+        Budgets,
+        LatencyProtocol,
+        ProxyProtocol,
+        SearchConfig,
+        load_space,
+        parse_quantity,
+        run_design,
+        static_check_rate,
+    )
 
     budgets = Budgets(macs=parse_quantity(args.budget_flops, "--budget-flops"))
     space = load_space(None)

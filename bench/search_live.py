@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                         help="further archspec search options for every run (e.g. --max-images 2000)")
     args = parser.parse_args(argv)
-    from archspec.search.oracle import load_table
+    from archspec.search import load_table
 
     truth = _works().Truth(load_table("levit_small"))
     if args.rescore:

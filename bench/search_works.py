@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
-from archspec.search.scoring import PROXY_SCORES
+from archspec.search import PROXY_SCORES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TABLE = ROOT / "archspec" / "search" / "tables" / "levit_small.jsonl"
@@ -159,7 +159,7 @@ METHODS = {
     # at equal CPU against 20 fully trained random draws
     "random sampling + successive halving, 40 started, TSE proxy": {"sampler": "random", "fidelity": "sha",
                                                                     "trials": 40, **TSE},
-    # local search around the front (archspec.search.front_sampler): random draws, then one-parameter mutations
+    # local search around the front (archspec.search._engine.front_sampler): random draws, then one-parameter mutations
     "front mutation, 4 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 4, "fidelity": "none", **TSE},
     "front mutation, 6 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 6, "fidelity": "none", **TSE},
     "front mutation, 10 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 10, "fidelity": "none",
@@ -233,7 +233,7 @@ class Truth:
     def trial_cost(self, trial, seed: int, steps: int) -> float:
         """Simulated CPU seconds a trial spent: the table's training seconds up to the step it reached (the
         proxy's last step, or the last rung it reached when stopped there), plus its zero-cost seconds."""
-        from archspec.search.oracle import _linear
+        from archspec.search import linear_at
 
         ua = trial.user_attrs
         cost = float(ua.get("zero_cost", {}).get("total_seconds", 0.0))
@@ -244,7 +244,7 @@ class Truth:
         if reached:
             by = self.table.rows[key]
             row = by.get(ua.get("oracle_seed"), next(iter(by.values())))  # the row that answered this trial
-            cost += _linear([(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]], reached)
+            cost += linear_at([(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]], reached)
         return cost
 
 
@@ -281,7 +281,8 @@ def trace(study, truth: Truth, seed: int, steps: int, macs_budget: float) -> lis
 def simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget: float,
              methods: dict | None = None, objective: str = "pareto", first_seed: int = 0) -> dict:
     """Every method, ``repeats`` times (seeds ``first_seed`` .. ``first_seed + repeats - 1``: each replay draws
-    its own table seed per design, :meth:`archspec.search.oracle.OracleTable.seed_of`), each a real ``archspec
+    its own table seed per design, :meth:`archspec.search._tabulation.oracle.OracleTable.seed_of`), each a real
+    ``archspec
     search --oracle --oracle-subset`` of ``trials`` trained candidates with ``steps``-step proxies, on an in-memory
     storage: their traces.  ``--oracle-subset`` keeps every method to the designs the table holds (all of the space
     once the table is complete; a point it lacks is infeasible for every method alike)."""
@@ -299,7 +300,7 @@ def snapshot_table(table_path: str, into: Path) -> str:
     original (reading it twice mid-merge gave a design the truth lacked: a KeyError)."""
     import shutil
 
-    from archspec.search.oracle import TABLES_DIR
+    from archspec.search import TABLES_DIR
 
     path = Path(table_path).expanduser()
     if not path.exists() and path.parent == Path(".") and (TABLES_DIR / f"{path.name}.jsonl").is_file():
@@ -314,8 +315,7 @@ def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budge
               objective: str, first_seed: int = 0) -> dict:
     import tempfile
 
-    from archspec.search import run_design
-    from archspec.search.oracle import load_table
+    from archspec.search import load_table, run_design
 
     table = load_table(table_path)
     truth = Truth(table)
@@ -529,8 +529,7 @@ def markdown(result: dict) -> str:
 def proxy_value(row: dict, score: str, steps: int) -> float:
     """What a search's proxy of ``steps`` steps answers for one tabulated row (as the oracle does): the curve's
     val top-1, or with ``score == "tse"`` minus the mean training loss up to that step."""
-    from archspec.search.oracle import curve_at
-    from archspec.search.scoring import proxy_score
+    from archspec.search import curve_at, proxy_score
 
     return proxy_score(score, *curve_at(row, steps), steps)
 
@@ -547,7 +546,7 @@ def headroom(table_path: str, trials: tuple[int, ...], steps: int, score: str, d
              macs_budget: float = 20e6, seed: int = 0) -> dict:
     """How much any sampler could gain over random sampling on the table: :func:`headroom_of` with each reference
     seed's proxy (``score`` at ``steps`` steps, as the oracle answers it).  No Optuna: numbers from the table."""
-    from archspec.search.oracle import load_table
+    from archspec.search import load_table
 
     table = load_table(table_path)
     truth = Truth(table)
@@ -661,7 +660,7 @@ def main(argv=None) -> int:
     null.add_argument("--json", default="search_works_null.json")
     args = parser.parse_args(argv)
     if args.cmd == "null":
-        from archspec.search.proxy import ProxyProtocol
+        from archspec.search import ProxyProtocol
 
         result = null_check(args.table, args.method, args.repeats, args.trials, args.steps or ProxyProtocol().steps,
                             args.macs_budget)
@@ -670,7 +669,7 @@ def main(argv=None) -> int:
         _print_test(result["test"])
         return 0
     if args.cmd == "headroom":
-        from archspec.search.proxy import ProxyProtocol
+        from archspec.search import ProxyProtocol
 
         result = headroom(args.table, tuple(args.trials), args.steps or ProxyProtocol().steps, args.score, args.draws,
                           args.macs_budget)
@@ -688,7 +687,7 @@ def main(argv=None) -> int:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         return 0
     if args.cmd == "simulate":
-        from archspec.search.proxy import ProxyProtocol
+        from archspec.search import ProxyProtocol
 
         steps = args.steps or ProxyProtocol().steps
         chosen = {name: METHODS[name] for name in (args.methods or METHODS)}

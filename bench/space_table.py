@@ -5,7 +5,8 @@
     python bench/space_table.py levit_small --report              # the seed check of the shipped rows
     python bench/space_table.py levit_small --latency --resume    # CPU latency pass (nothing else running!)
 
-A thin caller of :mod:`archspec.search.tabulate`: the shipped table's rows go into the space's table study once
+A thin caller of :mod:`archspec.search._tabulation.tabulate`: the shipped table's rows go into the space's table study
+once
 (``import_table``), the pairs it lacks are trained one at a time (``tabulate(max_pairs=1)``, any number of these
 processes on the same ``--storage`` share the work), and the shipped file is exported again after every pair, so
 that a session's end loses at most the pair in progress.  Commit the table's rows at the end of a session.
@@ -23,12 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-from archspec.search.oracle import TABLES_DIR
-from archspec.search.space import load_space
-from archspec.search.tabulate import (
+from archspec.search import (
+    TABLES_DIR,
     export_table,
     git_commit,
     import_table,
+    load_space,
     machine,
     seed_check,
     table_protocol,
@@ -56,7 +57,7 @@ def grow(space_name: str, seeds: list[int], designs: int | None, storage: str | 
 
 def latency_pass(space_name: str, resume: bool) -> int:
     """CPU latency of every point, two passes, into the shipped table's ``.latency.json``."""
-    from archspec.search.latency import LatencyProtocol, architecture_key, measure_latency
+    from archspec.search import LatencyProtocol, architecture_key, measure_latency
 
     path = TABLES_DIR / f"{space_name}.latency.json"
     old = json.loads(path.read_text()) if path.exists() and resume else {}

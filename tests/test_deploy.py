@@ -346,7 +346,7 @@ def test_build_refuses_bad_int8_options_before_any_work(extra, message, tmp_path
 def test_latency_protocol_compile_is_in_the_cache_key():
     from archspec.cli.app import make_parser
     from archspec.cli.search import _latency
-    from archspec.search.latency import LatencyProtocol
+    from archspec.search._evaluation.latency import LatencyProtocol
 
     assert LatencyProtocol(compile=True).key() != LatencyProtocol().key()
     assert "compile" not in LatencyProtocol().key()  # caches written before the option stay valid
@@ -358,7 +358,7 @@ def test_latency_protocol_compile_is_in_the_cache_key():
 
 @pytest.mark.slow
 def test_measure_latency_compiled(one_thread):
-    from archspec.search.latency import LatencyCache, LatencyProtocol, architecture_key, measure_latency
+    from archspec.search._evaluation.latency import LatencyCache, LatencyProtocol, architecture_key, measure_latency
 
     spec = archspec.load_spec({"name": "tiny", "input": {"channels": 3, "resolution": 32},
                                "stem": {"kind": "patch", "patch_size": 8},

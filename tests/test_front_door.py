@@ -9,8 +9,10 @@ what the command imports is what a user pays for.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,7 +89,7 @@ def test_bad_spec_exits_2_without_torch(tmp_path):
 
 @pytest.mark.parametrize("argv", [["--help"], ["search", "--help"], ["schema"]], ids=" ".join)
 def test_parser_imports_no_optuna(argv, tmp_path):
-    """Building the parser reads the search defaults from archspec.search.config, which imports no Optuna."""
+    """Building the parser reads the search defaults from archspec.search._engine.defaults (stdlib only)."""
     report, _ = _run(argv, tmp_path)
     assert report["rc"] == 0 and "optuna" not in report["loaded"]
 
@@ -97,3 +99,62 @@ def test_transfer_all_lists_every_lazy_export():
     import archspec.transfer as transfer
 
     assert sorted(transfer.__all__) == sorted(transfer._EXPORTS)
+
+
+# What the parser and `import archspec` need is the standard library: the spec parser (pydantic), the IR
+# (networkx), YAML and rich load when a command runs that uses them (issue 58 item 6).
+PARSER_FREE = ("pydantic", "networkx", "yaml", "rich", "numpy", "optuna") + HEAVY
+
+
+@pytest.mark.parametrize("code", [
+    "import archspec",
+    "import archspec.search",
+    "from archspec.cli.app import make_parser; make_parser()",
+    "from archspec.cli import main; main(['--help'])",
+    "from archspec.cli import main; main(['search', '--help'])",
+    "from archspec.cli import main; main(['train', '--help'])",
+], ids=["import-archspec", "import-search", "make-parser", "help", "search-help", "train-help"])
+def test_the_parser_and_import_archspec_need_only_the_standard_library(code, tmp_path):
+    probe = (f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\n"
+             f"print({MARK!r} + repr(sorted(m for m in {PARSER_FREE!r} if m in sys.modules)), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(MARK)]
+    assert lines, proc.stderr[-3000:]
+    assert lines[-1][len(MARK):] == "[]", f"{code!r} imported {lines[-1][len(MARK):]}"
+
+
+def test_a_bad_train_option_is_refused_before_the_spec_parser_and_torch(tmp_path):
+    """``archspec train SPEC --data nope`` took 11.5 s (torch, timm, the training stack imported first): the data
+    source is checked before anything heavy is imported."""
+    report, proc = _run(["train", "levit_128s", "--data", str(tmp_path / "nope")], tmp_path)
+    assert report["rc"] == 2 and "--data: no such directory" in proc.stderr
+    assert not [m for m in report["loaded"] if m in HEAVY], report
+
+
+def _median_seconds(argv: list[str], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# command -> at most this many times `python -c pass` (a fresh interpreter), medians of 5 interleaved runs.  Measured
+# on 2 busy cores (issue 58): pass 0.025-0.03 s; `import archspec` 1.6x (was 14x), --help 4x (was 16x), a bad
+# --data 4x (was 200x+), validate 18x (networkx, pydantic, YAML and rich, which the checks and the table need).
+FRONT_DOOR_RATIOS = [
+    pytest.param(["-c", "import archspec"], 4, id="import-archspec"),
+    pytest.param(["-m", "archspec", "--help"], 8, id="help"),
+    pytest.param(["-m", "archspec", "search", "--help"], 8, id="search-help"),
+    pytest.param(["-m", "archspec", "train", "levit_128s", "--data", "/no/such/data"], 8, id="train-bad-data"),
+    pytest.param(["-m", "archspec", "validate", str(SPECS / "mait_tiny_sch2.yaml")], 30, id="validate"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, ratio", FRONT_DOOR_RATIOS)
+def test_front_door_time_as_a_ratio_to_an_empty_interpreter(args, ratio):
+    empty = _median_seconds([sys.executable, "-c", "pass"], 5)
+    took = _median_seconds([sys.executable, *args], 5)
+    assert took <= ratio * max(empty, 0.01), f"{' '.join(args)}: {took:.3f} s = {took / empty:.1f}x `python -c pass`"

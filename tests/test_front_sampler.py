@@ -1,4 +1,4 @@
-"""FrontMutationSampler (archspec.search.front_sampler): local search around the front, checked by hand."""
+"""FrontMutationSampler (archspec.search._engine.front_sampler): local search around the front, checked by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from optuna.study import StudyDirection
 from optuna.trial import create_trial
 
-from archspec.search.front_sampler import FrontMutationSampler, front
+from archspec.search._engine.front_sampler import FrontMutationSampler, front
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 CHOICES = {"a": ["x", "y", "z"], "b": [1, 2, 3], "c": ["p", "q", "r"]}

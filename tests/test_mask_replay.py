@@ -1,4 +1,5 @@
-"""MaiT's placement rule replayed on a mask table (archspec.search.mask_replay), against hand-computed cases."""
+"""MaiT's placement rule replayed on a mask table (archspec.search._tabulation.mask_replay), against hand-computed
+cases."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import torch
 
 from archspec.diagnostics.metrics import attention_locality_score, patch_window_mask
 from archspec.errors import SpecError
-from archspec.search.mask_replay import als_at, mask_groups, replay_als, uniform_als
-from archspec.search.oracle import TABLES_DIR, OracleTable
+from archspec.search._tabulation.mask_replay import als_at, mask_groups, replay_als, uniform_als
+from archspec.search._tabulation.oracle import TABLES_DIR, OracleTable
 
 GROUPS = ("stages.0.heads_mix.masked.0-1", "stages.0.heads_mix.masked.2-3", "stages.0.heads_mix.masked.4-5")
 U = 361 / 49 / 50  # uniform ALS on 7x7 + class token, 3x3 window: (25*9 + 20*6 + 4*4) / 49 patches / 50 tokens
@@ -98,8 +99,7 @@ def test_search_masks_oracle_prints_the_rounds_the_placement_and_the_fixed_schem
     ALS set by hand as in test_two_rounds_by_hand_end_on_sch2): 1/1/1 -> 3/1/0 -> 2/1/0, whose reference top-1
     is the mean of its three seeds (no round trained it), 0.7600."""
     from archspec.cli import main
-    from archspec.search.latency import architecture_key
-    from archspec.search.space import load_space
+    from archspec.search import architecture_key, load_space
 
     template = json.loads((TABLES_DIR / "mait_small.jsonl").read_text().splitlines()[0])
     points = {tuple(p[g] for g in GROUPS): (p, spec) for p, spec in load_space("mait_small").points()}
@@ -146,8 +146,7 @@ def test_search_masks_oracle_optuna_searches_the_tables_points(tmp_path, capsys)
     the best is one of them."""
     from archspec.cli import main
     from archspec.ir.loader import load_spec
-    from archspec.search.latency import architecture_key
-    from archspec.search.oracle import load_table
+    from archspec.search import architecture_key, load_table
 
     out = tmp_path / "run"
     assert main(["search", "masks", "--oracle", "mait_small", "--oracle-subset", "--strategy", "optuna",

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from archspec.families.attention.placement import assign_from_als, calibrate, normalise_als, soft_placement
-from archspec.search.mode import RoundsMode
+from archspec.search._modes.base import RoundsMode
 
 
 def test_assignment_sec_4_2():
@@ -40,7 +40,7 @@ def test_placement_rule_imports_no_torch():
 
 def test_masks_keeps_its_public_names():
     from archspec.families.attention import placement
-    from archspec.search import masks
+    from archspec.search._modes import masks
 
     assert masks.assign_from_als is placement.assign_from_als and masks.calibrate is placement.calibrate
     assert masks.DEFAULT_ALS_HIGH == 0.8 and masks.DEFAULT_ALS_LOW == 0.2
@@ -55,8 +55,8 @@ def test_a_rounds_mode_must_propose_observe_and_write():
 def test_mask_proxy_defaults_warm_up_within_their_training():
     """The default mask proxy peaks at its lr (issue 37: 1e-3, the rate at which round 1's heads became local): its
     warm-up ends before its last step, so the run prints no warm-up warning and trains at that rate."""
-    from archspec.search.config import MASKS_PROXY_DEFAULTS, warmup_warning
-    from archspec.search.proxy import ProxyProtocol
+    from archspec.search._engine.config import MASKS_PROXY_DEFAULTS, warmup_warning
+    from archspec.search._evaluation.proxy import ProxyProtocol
 
     protocol = ProxyProtocol(**MASKS_PROXY_DEFAULTS)
     assert warmup_warning(protocol) is None and protocol.warmup_steps < protocol.steps

@@ -161,7 +161,7 @@ def test_attention_dominated_estimate_is_conservative(one_thread):
 @pytest.mark.slow
 def test_training_estimate_is_conservative(one_thread):
     """Forward + backward of a batch of 4 in train mode: activations kept for backward plus gradients."""
-    from archspec.search.budget import TRAINING_STATE_FACTOR, training_memory
+    from archspec.search._evaluation.budget import TRAINING_STATE_FACTOR, training_memory
 
     spec = load_spec({**load_spec("levit_128s").model_dump(mode="json"), "input": {"channels": 3, "resolution": 64}})
     graph = build_graph(spec)
@@ -250,8 +250,8 @@ def test_cli_validate_and_build_limit(tmp_path, capsys):
 
 
 def test_search_rejects_candidates_whose_training_batch_is_over_the_limit():
-    from archspec.search.budget import Budgets, static_check, training_memory
-    from archspec.search.proxy import ProxyProtocol, proxy_spec
+    from archspec.search._evaluation.budget import Budgets, static_check, training_memory
+    from archspec.search._evaluation.proxy import ProxyProtocol, proxy_spec
 
     spec = load_spec("levit_128s")
     data = SimpleNamespace(channels=3, num_classes=10)
@@ -268,9 +268,9 @@ def test_search_rejects_candidates_whose_training_batch_is_over_the_limit():
 
 
 def test_search_refuses_a_space_whose_smallest_point_is_over_the_limit():
-    from archspec.search.budget import Budgets
-    from archspec.search.engine import check_budgets_feasible
-    from archspec.search.space import load_space
+    from archspec.search._engine.loop import check_budgets_feasible
+    from archspec.search._evaluation.budget import Budgets
+    from archspec.search._space.language import load_space
 
     options = {"macs": "--budget-flops", "params": "--budget-params"}
     space = load_space()

@@ -1,5 +1,6 @@
-"""One pass per candidate (issue 34, item 5): a validated spec carries its IR, and the later steps -- analysis,
-compile, the search's static check, its proxy -- reuse it; a changed or copied spec never gets a stale graph."""
+"""One pass per candidate (issue 34, item 5; issue 58): the IR keeps the graph of a validated spec by the spec's
+content (never in the spec), and the later steps -- analysis, compile, the search's static check, its proxy --
+reuse it; a changed spec never gets a stale graph."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import pytest
 from search_fixtures import TINY_SPACE
 
 import archspec.ir.graph as graph_module
+import archspec.search._evaluation.proxy as proxy_module
 from archspec import analyze, load_spec
+from archspec._util.memo import ContentMemo
 from archspec.ir.graph import build_graph
-from archspec.search.budget import Budgets, static_check
-from archspec.search.proxy import ProxyProtocol, proxy_geometry, proxy_spec, train_proxy
-from archspec.search.space import load_space
+from archspec.search._evaluation.budget import Budgets, static_check
+from archspec.search._evaluation.proxy import ProxyProtocol, proxy_geometry, proxy_spec, train_proxy
+from archspec.search._space.language import load_space
 from archspec.spec import ArchSpec
 
 PROTOCOL = ProxyProtocol(steps=2, eval_every=2, batch_size=8, warmup_steps=1, image_size=32, threads=1)
@@ -24,8 +27,16 @@ PROTOCOL = ProxyProtocol(steps=2, eval_every=2, batch_size=8, warmup_steps=1, im
 
 @pytest.fixture
 def walks(monkeypatch):
-    """The specs walked by ``archspec.ir.graph._build_graph`` (each entry one build of a graph), in order."""
-    seen: list[ArchSpec] = []
+    """The specs walked by ``archspec.ir.graph._build_graph`` (each entry one build of a graph), in order;
+    ``clear()`` also forgets the graphs and proxies kept so far (as if no spec had been seen)."""
+
+    class Walks(list):
+        def clear(self):
+            super().clear()
+            graph_module._GRAPHS.clear()
+            proxy_module._PROXIES.clear()
+
+    seen: list[ArchSpec] = Walks()
     real = graph_module._build_graph
 
     def counted(spec):
@@ -33,6 +44,8 @@ def walks(monkeypatch):
         return real(spec)
 
     monkeypatch.setattr(graph_module, "_build_graph", counted)
+    monkeypatch.setattr(graph_module, "_GRAPHS", ContentMemo(128))  # nothing kept from earlier tests
+    monkeypatch.setattr(proxy_module, "_PROXIES", ContentMemo(256))
     return seen
 
 
@@ -66,7 +79,7 @@ def test_a_proxy_trained_candidate_builds_two_graphs(walks, digits, one_thread):
     result = train_proxy(spec, digits, PROTOCOL, seed=spec.seed)
     assert analyze(spec).macs == check.macs
     assert len(walks) == 2
-    assert result.model.spec is walks[1]  # the proxy trained is the one the static check validated
+    assert result.model.spec == walks[1]  # the proxy trained is the one the static check validated
 
 
 def test_another_training_seed_builds_one_more_graph(walks, digits, one_thread):
@@ -76,7 +89,7 @@ def test_another_training_seed_builds_one_more_graph(walks, digits, one_thread):
     static_check(spec, Budgets(), digits, PROTOCOL)
     assert len(walks) == 2
     result = train_proxy(spec, digits, PROTOCOL, seed=3)
-    assert len(walks) == 3 and result.model.spec.seed == 3 and walks[2] is result.model.spec
+    assert len(walks) == 3 and result.model.spec.seed == 3 and walks[2] == result.model.spec
     train_proxy(spec, digits, PROTOCOL, seed=3)  # the seeded proxy is kept too
     assert len(walks) == 3
 
@@ -101,24 +114,24 @@ def test_the_graph_is_built_once_and_reused(walks):
     spec = load_spec("deit_tiny")
     assert len(walks) == 1
     graph = build_graph(spec)
-    assert build_graph(spec) is graph and graph.graph["spec"] is spec and len(walks) == 1
+    assert build_graph(spec) is graph and graph.graph["spec"] == spec and graph.graph["spec"] is not spec
+    assert len(walks) == 1
     assert load_spec(spec) is spec and len(walks) == 1  # re-checking a spec reuses its graph
     analyze(spec)
     assert len(walks) == 1
 
 
-def test_a_copied_or_changed_spec_never_reuses_a_stale_graph(walks):
+def test_a_changed_spec_never_reuses_a_stale_graph_and_an_equal_one_shares_it(walks):
     spec = load_spec("levit_128s")
     graph = build_graph(spec)
     deeper = spec.model_copy(update={"stages": [spec.stages[0].model_copy(update={"depth": 1}), *spec.stages[1:]]})
     assert build_graph(deeper) is not graph
     assert build_graph(deeper).graph["params"] < graph.graph["params"]
-    assert build_graph(deeper).graph["spec"] is deeper
+    assert build_graph(deeper).graph["spec"] == deeper
     reseeded = spec.model_copy(update={"seed": 7})
-    assert build_graph(reseeded) is not graph and build_graph(reseeded).graph["spec"] is reseeded
-    same = spec.model_copy()  # a plain copy: an equal graph of its own (graph["spec"] is the copy)
-    assert build_graph(same) is not graph and build_graph(same).graph["spec"] is same
-    assert build_graph(same).graph["params"] == graph.graph["params"]
+    assert build_graph(reseeded) is not graph and build_graph(reseeded).graph["spec"] == reseeded
+    same = spec.model_copy(deep=True)  # a copy: equal content, so the same graph
+    assert build_graph(same) is graph
     assert build_graph(spec) is graph  # the copies left the original's graph alone
     # changed in place: assignment validates and mutates, nested too
     spec.seed = 3
@@ -127,16 +140,18 @@ def test_a_copied_or_changed_spec_never_reuses_a_stale_graph(walks):
     spec.stages[0].depth = 1
     assert build_graph(spec) is not regraph
     assert build_graph(spec).graph["params"] == build_graph(deeper).graph["params"]
+    assert graph.graph["spec"].seed == 0 and graph.graph["spec"].stages[0].depth != 1  # its own copy: not stale
+    assert build_graph(same) is graph  # the unchanged copy still finds the first graph
     assert analyze(spec).params == build_graph(deeper).graph["params"]
 
 
-def test_the_carried_graph_is_not_part_of_the_spec():
+def test_the_graph_is_not_part_of_the_spec():
     checked, bare = load_spec("mait_tiny_sch2"), load_spec("mait_tiny_sch2", check=False)
-    assert checked._graph_cache.graph is not None and bare._graph_cache.graph is None
+    assert not checked.__pydantic_private__ and not bare.__pydantic_private__  # a spec holds its fields only
+    assert set(vars(checked)) == set(ArchSpec.model_fields)
     assert checked == bare and checked.model_dump() == bare.model_dump()
     assert checked.to_yaml() == bare.to_yaml() and checked.model_dump_json() == bare.model_dump_json()
     assert "graph" not in json.dumps(ArchSpec.model_json_schema())
     assert pickle.dumps(checked) == pickle.dumps(bare)  # a graph never crosses processes
     for twin in (pickle.loads(pickle.dumps(checked)), copy.deepcopy(checked)):
-        assert twin == checked and twin._graph_cache.graph is None
-        assert build_graph(twin).graph["spec"] is twin
+        assert twin == checked and build_graph(twin) is build_graph(checked)  # equal content: one graph

@@ -13,7 +13,7 @@ import pytest
 
 from archspec import analyze, load_spec
 from archspec.cli import main
-from archspec.search.space import load_space
+from archspec.search._space.language import load_space
 
 KINDS = ["botnet_rel", "mhsa", "levit_bias", "gpsa"]
 

@@ -159,7 +159,7 @@ def test_resume_adds_trials(space_file, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_failing_candidates_are_recorded_and_study_goes_on(space_file, tmp_path, monkeypatch, capsys):
-    from archspec.search import proxy
+    from archspec.search._evaluation import proxy
 
     real = proxy.train_proxy
     calls = {"n": 0}
@@ -295,8 +295,8 @@ def test_masks_als_says_when_no_layer_became_local_and_shows_progress(mait_file,
 
 @pytest.mark.slow  # a 1-trial search trains its proxy: seconds
 def test_sampler_startup_reaches_the_sampler_and_a_negative_one_exits_2(space_file, tmp_path, monkeypatch, capsys):
-    import archspec.search.preflight as preflight
-    from archspec.search.study import make_sampler
+    import archspec.search._engine.preflight as preflight
+    from archspec.search._engine.study import make_sampler
 
     seen = []
 

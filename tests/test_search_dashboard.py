@@ -13,7 +13,7 @@ from test_search_oracle import TINY_SPACE, _table
 
 from archspec.ir.loader import load_spec
 from archspec.search import run_design
-from archspec.search.latency import architecture_key
+from archspec.search._evaluation.latency import architecture_key
 
 optuna_dashboard = pytest.importorskip("optuna_dashboard")  # the test extra installs it; `.[dashboard]` for users
 

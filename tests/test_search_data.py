@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from archspec import SpecError
-from archspec.io import datasets as data_module
+from archspec.io import data_sources as data_module  # where FASHION_MNIST_DIR lives
 from archspec.io.datasets import load_data
 
 IDX_NAMES = {"train": "train", "test": "t10k"}

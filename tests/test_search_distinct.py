@@ -12,10 +12,10 @@ import pytest
 import yaml
 from search_fixtures import TINY_SPACE
 
-from archspec.search.config import DEFAULT_SAMPLER
-from archspec.search.latency import architecture_key
-from archspec.search.space import load_space
-from archspec.search.study import make_sampler, resolve_storage, same_architecture, worker_seed
+from archspec.search._engine.config import DEFAULT_SAMPLER
+from archspec.search._engine.study import make_sampler, resolve_storage, same_architecture, worker_seed
+from archspec.search._evaluation.latency import architecture_key
+from archspec.search._space.language import load_space
 
 # --fidelity none: these tests count trained architectures, so every candidate must train
 FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2",
@@ -110,7 +110,7 @@ def test_architecture_in_training_elsewhere_is_skipped(space_file, tmp_path):
     """A key that a live worker is training (RUNNING, claimed) is not trained again: the trial steps back."""
     import os
 
-    from archspec.search.study import worker_identity
+    from archspec.search._engine.study import worker_identity
 
     storage = f"journal:{tmp_path / 'r.log'}"
     _search(space_file, tmp_path / "run", storage, 1, "--no-progress")
@@ -149,7 +149,7 @@ def test_progress_lines_when_stdout_is_not_a_terminal(space_file, tmp_path, caps
 
 
 def test_progress_line_states_and_eta():
-    from archspec.search.report import progress_line
+    from archspec.search._report.progress import progress_line
 
     failed = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"fail_reason": "boom"})
     failed.number = 7
@@ -170,7 +170,7 @@ def test_progress_bar_fits_80_columns():
     """The rich bar on an 80-column terminal: one line per refresh, nothing wrapped (the status is cut)."""
     from rich.console import Console
 
-    from archspec.search.report import _rich_bar
+    from archspec.search._report.progress import _rich_bar
 
     console = Console(width=80, record=True, file=io.StringIO(), force_terminal=True)
     progress, task = _rich_bar(16, "best acc 0.912 | fastest 12.8 ms | 3 infeasible | 1 failed | trial 12: "

@@ -12,7 +12,7 @@ import yaml
 from search_fixtures import TINY_SPACE
 
 from archspec import SpecError
-from archspec.search.fidelity import RUNGS_ATTR, promotable, rung_correlations, rung_schedule
+from archspec.search._engine.fidelity import RUNGS_ATTR, promotable, rung_correlations, rung_schedule
 
 FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2", "--no-progress"]
 
@@ -108,7 +108,7 @@ def test_zero_cost_rung_run(space_file, tmp_path, one_thread):
     """--fidelity zc: every candidate is scored untrained; one goes on to training iff its score is promotable
     among the candidates scored before it (replayed here); the summary reports the seconds per candidate."""
     from archspec.cli import main
-    from archspec.search.config import ZERO_COST_ATTR, ZERO_COST_RANKINGS
+    from archspec.search._engine.config import ZERO_COST_ATTR, ZERO_COST_RANKINGS
 
     out = tmp_path / "run"
     assert main(["search", "--space", str(space_file), "--out", str(out), "--trials", "4", "--proxy-steps", "3",

@@ -1,4 +1,4 @@
-"""The proxy keeps the candidate's token geometry (archspec.search.proxy.proxy_geometry).
+"""The proxy keeps the candidate's token geometry (archspec.search._evaluation.proxy.proxy_geometry).
 
 The reference is the candidate itself: its stage grids at its own input size, from the graph.  A proxy
 that trained LeViT-family candidates on 4x4 -> 2x2 -> 1x1 grids could not tell a 5x5-masked head from an
@@ -14,8 +14,8 @@ import torch
 from archspec import compile, load_spec
 from archspec.families.attention.module import Attention
 from archspec.io.datasets import load_data
-from archspec.search.proxy import ProxyProtocol, proxy_geometry, proxy_spec, stage_grids
-from archspec.search.space import load_space, mask_placement_space
+from archspec.search._evaluation.proxy import ProxyProtocol, proxy_geometry, proxy_spec, stage_grids
+from archspec.search._space.language import load_space, mask_placement_space
 
 N_SAMPLES = 200
 
@@ -69,7 +69,7 @@ def test_default_space_min_grid_is_at_least_the_minimum_and_the_windows(digits):
 
 def test_mask_placement_space_keeps_its_minimum_grid(digits):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    protocol = ProxyProtocol(min_grid=8)  # mode 2's default (archspec.search.config.MASKS_PROXY_DEFAULTS)
+    protocol = ProxyProtocol(min_grid=8)  # mode 2's default (archspec.search._engine.config.MASKS_PROXY_DEFAULTS)
     base = load_spec("mait_tiny_sch2")
     for spec in _samples(mask_placement_space(base), 50):
         geometry, _ = proxy_geometry(spec, digits, protocol)

@@ -13,7 +13,7 @@ import yaml
 
 from archspec import analyze, load_spec
 from archspec.cli import main
-from archspec.search.space import load_space
+from archspec.search._space.language import load_space
 from archspec.spec import ConvStageSpec, StageSpec
 
 # The header of archspec/search/spaces/levit_grafting.yaml states these (its 36 points' ends).
@@ -185,7 +185,7 @@ def test_an_invalid_point_inside_an_alternative_is_located_there():
 
 
 def test_mask_placement_space_of_a_hybrid_draws_only_its_token_stages():
-    from archspec.search.space import mask_placement_space
+    from archspec.search._space.language import mask_placement_space
 
     space = mask_placement_space(load_spec("levit_graft_r50s1_deit9"), windows=("3x3",))
     params = space.smallest_params()

@@ -21,9 +21,9 @@ from search_fixtures import TINY_SPACE
 from archspec.errors import SpecError
 from archspec.ir.analysis import analyze
 from archspec.search import run_design
-from archspec.search.latency import architecture_key
-from archspec.search.oracle import load_table
-from archspec.search.space import load_space
+from archspec.search._evaluation.latency import architecture_key
+from archspec.search._space.language import load_space
+from archspec.search._tabulation.oracle import load_table
 
 CURVE_STEPS = [10, 20, 40, 80]
 
@@ -86,7 +86,7 @@ def test_points_refuses_a_continuous_range_and_a_space_over_the_limit():
 
 def test_shipped_small_space_is_finite_local_and_spans_four_times_the_macs():
     """Issue 32's space: 150-600 points, a first grid of at least 7x7, MACs spanning at least 4x, every head kind."""
-    from archspec.search.proxy import stage_grids
+    from archspec.search._evaluation.proxy import stage_grids
 
     points = list(load_space("levit_small").points())
     assert 150 <= len(points) <= 600
@@ -114,7 +114,7 @@ def test_table_answers_are_the_tables_numbers(tmp_path):
     table = load_table(path)
     assert table.seeds == [0, 1] and table.curve_steps == CURVE_STEPS
     spec = points[3][1]
-    from archspec.search.proxy import ProxyProtocol
+    from archspec.search._evaluation.proxy import ProxyProtocol
 
     reported = []
     result = table.train(spec, None, ProxyProtocol(steps=40, eval_every=20, score="accuracy"), seed=0,
@@ -135,7 +135,7 @@ def test_table_answers_are_the_tables_numbers(tmp_path):
 
 def test_oracle_search_finds_the_tables_best_design(tmp_path, monkeypatch):
     path, points = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7])
-    monkeypatch.setattr("archspec.search.proxy.train_proxy", None)  # would fail if anything trained
+    monkeypatch.setattr("archspec.search._evaluation.proxy.train_proxy", None)  # would fail if anything trained
     outcome = run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="none", trials=4,
                          protocol={"steps": 80, "score": "accuracy"}, out=tmp_path / "run", progress=False,
                          sampler="random", seed=0)
@@ -232,7 +232,7 @@ def test_oracle_subset_searches_only_the_tabulated_designs(tmp_path, monkeypatch
     """--oracle-subset: a design the table lacks is infeasible (never answered, costs nothing); the best of the
     rest wins.  Point 1 (the best) is missing, so point 3 must win."""
     path, points = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7], drop=1)
-    monkeypatch.setattr("archspec.search.proxy.train_proxy", None)  # would fail if anything trained
+    monkeypatch.setattr("archspec.search._evaluation.proxy.train_proxy", None)  # would fail if anything trained
     outcome = run_design(space=TINY_SPACE, oracle=str(path), oracle_subset=True, objective="accuracy",
                          fidelity="none", trials=3, protocol={"steps": 80, "score": "accuracy"},
                          out=tmp_path / "run", progress=False, sampler="random", seed=0)
@@ -357,7 +357,7 @@ def test_verify_retrains_the_fronts_best_with_another_table_seed_inside_the_tria
     once), then the best two trained designs are answered
     again by the other table seed (seed 0 rows hold finals - 0, seed 1 rows finals - 0.01: the two seeds agree on
     the order, tau 1, and differ by the table's curve at 80 steps); both scores and the spread are reported."""
-    from archspec.search.verify import verify_count
+    from archspec.search._evaluation.verify import verify_count
 
     path, points = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7])
     table = load_table(path)
@@ -396,7 +396,7 @@ def test_ties_within_the_seed_spread_and_the_time_reserve_by_hand():
     is not.  The time reserve stops sampling once elapsed + k x mean training time reaches the timeout."""
     from types import SimpleNamespace
 
-    from archspec.search.verify import TimeReserve, mark_ties, verify_count
+    from archspec.search._evaluation.verify import TimeReserve, mark_ties, verify_count
 
     points = [{"trial": 1, "accuracy": 0.80}, {"trial": 2, "accuracy": 0.79}, {"trial": 3, "accuracy": 0.70}]
     mark_ties(points, {"seed_spread": 0.02, "designs": [{"trial": 1, "score": [0.80, 0.78]}]})
@@ -596,11 +596,11 @@ def test_a_sampler_stuck_on_an_untabulated_design_stops_the_search(tmp_path, mon
     completed trials only; 152 infeasible trials for 2 trained, until the timeout).  A sampler that keeps proposing
     one missing design (here, fixed on it) is stopped after MAX_UNTABULATED_REPEATS proposals, with a note that says
     why and what to do."""
-    from archspec.search.rungs import MAX_UNTABULATED_REPEATS
+    from archspec.search._engine.early_stop import MAX_UNTABULATED_REPEATS
 
     path, points = _table(tmp_path, drop=1)
     stuck = optuna.samplers.PartialFixedSampler(points[1][0], optuna.samplers.RandomSampler(seed=0))
-    monkeypatch.setattr("archspec.search.preflight.make_sampler", lambda *args, **kwargs: stuck)
+    monkeypatch.setattr("archspec.search._engine.preflight.make_sampler", lambda *args, **kwargs: stuck)
     outcome = run_design(space=TINY_SPACE, oracle=str(path), oracle_subset=True, objective="accuracy",
                          fidelity="none", trials=3, protocol={"steps": 80}, out=tmp_path / "run", progress=False,
                          sampler="gp", seed=0)
@@ -612,7 +612,7 @@ def test_a_sampler_stuck_on_an_untabulated_design_stops_the_search(tmp_path, mon
 
 def test_the_table_rules_are_torch_free():
     """A table writer (and `archspec validate`-like commands) can apply the rules without importing torch."""
-    code = ("import sys, archspec.search.table_checks as t; "
+    code = ("import sys, archspec.search._tabulation.checks as t; "
             "assert t.row_problem({'key': 'k'}).startswith('not a table row'); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -1,4 +1,5 @@
-"""archspec.io.datasets, archspec.search.proxy and .latency: datasets, proxy adaptation and training, latency and
+"""archspec.io.datasets, archspec.search._evaluation.proxy and .latency: datasets, proxy adaptation and training,
+latency and
 its cache."""
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import torch
 import archspec.nn.compiler as COMPILE_MODULE
 from archspec import SpecError, analyze, load_spec
 from archspec.io.datasets import load_data
-from archspec.search.latency import LatencyCache, LatencyProtocol, architecture_key, measure_latency
-from archspec.search.proxy import ProxyProtocol, TrialFailure, proxy_spec, train_proxy
+from archspec.search._evaluation.latency import LatencyCache, LatencyProtocol, architecture_key, measure_latency
+from archspec.search._evaluation.proxy import ProxyProtocol, TrialFailure, proxy_spec, train_proxy
 
 TINY = load_spec({
     "name": "tiny_proxy", "input": {"channels": 3, "resolution": 224},

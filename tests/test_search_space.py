@@ -1,4 +1,4 @@
-"""archspec.search.space and .budget: the space language, the default LeViT-family space, mask placement,
+"""archspec.search._space.language and .budget: the space language, the default LeViT-family space, mask placement,
 budgets and the static check."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 from optuna.trial import FixedTrial
 
 from archspec import SpecError, analyze, load_spec
-from archspec.search.budget import Budgets, parse_quantity, static_check, static_check_rate
-from archspec.search.latency import architecture_key
-from archspec.search.space import load_space, mask_placement_space
+from archspec.search._evaluation.budget import Budgets, parse_quantity, static_check, static_check_rate
+from archspec.search._evaluation.latency import architecture_key
+from archspec.search._space.language import load_space, mask_placement_space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -15,7 +15,7 @@ import yaml
 from search_fixtures import TINY_SPACE
 
 from archspec.errors import SpecError
-from archspec.search.study import (
+from archspec.search._engine.study import (
     fail_zombie_trials,
     make_sampler,
     open_study,

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from archspec.cli import main
-from archspec.search.latency import architecture_key
-from archspec.search.oracle import TABLES_DIR, load_table
-from archspec.search.space import load_space
-from archspec.search.tabulate import protocol_id, seed_check, table_protocol
+from archspec.search._evaluation.latency import architecture_key
+from archspec.search._space.language import load_space
+from archspec.search._tabulation.exchange import seed_check
+from archspec.search._tabulation.oracle import TABLES_DIR, load_table
+from archspec.search._tabulation.tabulate import protocol_id, table_protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = TABLES_DIR / "levit_small.jsonl"
@@ -64,7 +65,7 @@ def test_two_random_rows_retrain_within_the_tables_seed_spread(table):
     (at least 1 point)."""
     import torch
 
-    from archspec.search.table_rows import reference_data, train_row
+    from archspec.search._tabulation.rows import reference_data, train_row
 
     protocol = _protocol()
     pairs = sorted(k for k, by in table.rows.items() if 0 in by and 1 in by)

@@ -68,7 +68,7 @@ def test_hand_designs_front_by_hand(works):
     """Four designs, two of them hand designs (A: acc 0.7, 10 MACs; B: acc 0.8, 30 MACs).  Scaled to the table's
     bounds (acc 0.6..0.9, MACs 10..40), A is (1 - 0.1/0.3, 0) and B (1 - 0.2/0.3, 2/3): their front covers
     (1 - 2/3) * (1 - 1/3) ... = 1/3 * 1/3 (B's strip) + 1/3 * 1 (A's strip) = 4/9; under 25 MACs only A (0.7)."""
-    from archspec.search.oracle import OracleTable
+    from archspec.search._tabulation.oracle import OracleTable
 
     designs = {"A": (0.7, 10, 1.0, "LeViT-like"), "B": (0.8, 30, 3.0, "DeiT-like"), "C": (0.9, 20, 2.0, None),
                "D": (0.6, 40, 4.0, None)}
@@ -103,7 +103,7 @@ def test_headroom_by_hand(works):
     the best is D (0.85), and the misranking proxy still picks D."""
     import numpy as np
 
-    from archspec.search.oracle import OracleTable
+    from archspec.search._tabulation.oracle import OracleTable
 
     designs = {"A": (0.7, 10), "B": (0.8, 20), "C": (0.9, 30), "D": (0.85, 25), "E": (0.75, 28)}
     rows = {k: {0: {"final_accuracy": acc, "macs": macs, "hand": None}} for k, (acc, macs) in designs.items()}
@@ -130,7 +130,7 @@ def test_a_live_runs_front_is_its_own_then_scored_on_the_table(tmp_path):
     25 MACs the best by proxy score is A (reference 0.7)."""
     import optuna
 
-    from archspec.search.oracle import OracleTable
+    from archspec.search._tabulation.oracle import OracleTable
 
     spec = importlib.util.spec_from_file_location("search_live", ROOT / "bench" / "search_live.py")
     live = importlib.util.module_from_spec(spec)
@@ -153,7 +153,7 @@ def test_a_live_runs_front_is_its_own_then_scored_on_the_table(tmp_path):
 
 def test_a_simulation_reads_a_snapshot_of_the_table_not_the_file_being_merged(works, tmp_path):
     """simulate copies the table and its sidecars once: rows merged into the original afterwards are not seen."""
-    from archspec.search.oracle import TABLES_DIR
+    from archspec.search._tabulation.oracle import TABLES_DIR
 
     src = tmp_path / "src"
     src.mkdir()
@@ -181,7 +181,7 @@ def test_the_live_proxies_rank_and_resample_by_hand(tmp_path):
     reused trial and a design the table lacks are not counted; the table's proxies equal the live ones here."""
     import optuna
 
-    from archspec.search.oracle import OracleTable
+    from archspec.search._tabulation.oracle import OracleTable
 
     spec = importlib.util.spec_from_file_location("search_live", ROOT / "bench" / "search_live.py")
     live = importlib.util.module_from_spec(spec)
@@ -225,7 +225,7 @@ def test_a_front_is_scored_on_the_seeds_that_did_not_answer_it(works):
 
     import optuna
 
-    from archspec.search.oracle import OracleTable
+    from archspec.search._tabulation.oracle import OracleTable
 
     finals = {"A": [0.9, 0.6, 0.6], "C": [0.5, 0.5, 0.5], "D": [0.9, 0.9, 0.9]}
     macs = {"A": 10, "C": 40, "D": 40}

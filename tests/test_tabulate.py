@@ -20,25 +20,18 @@ import optuna
 import pytest
 
 from archspec.errors import SpecError
-from archspec.search.oracle import TABLES_DIR, load_table
-from archspec.search.space import load_space
-from archspec.search.tabulate import (
-    export_table,
-    import_table,
-    ordered_points,
-    protocol_id,
-    study_rows,
-    table_protocol,
-    tabulate,
-)
+from archspec.search._space.language import load_space
+from archspec.search._tabulation.exchange import export_table, import_table, study_rows
+from archspec.search._tabulation.oracle import TABLES_DIR, load_table
+from archspec.search._tabulation.tabulate import ordered_points, protocol_id, table_protocol, tabulate
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS, DESIGNS = (0, 1), 3
 
 WORKER = textwrap.dedent("""
     import sys, time
-    from archspec.search.space import load_space
-    from archspec.search.tabulate import table_protocol, tabulate
+    from archspec.search._space.language import load_space
+    from archspec.search._tabulation.tabulate import table_protocol, tabulate
 
     storage, delay, block_first = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
     space = load_space("mait_small")
@@ -77,13 +70,13 @@ def _trials(storage: str):
 
 
 def _storage(url: str):
-    from archspec.search.study import resolve_storage
+    from archspec.search._engine.study import resolve_storage
 
     return resolve_storage(url).storage
 
 
 def _wanted(space) -> set:
-    from archspec.search.latency import architecture_key
+    from archspec.search._evaluation.latency import architecture_key
 
     return {(architecture_key(spec), s) for _, _, spec in ordered_points(space)[:DESIGNS] for s in SEEDS}
 

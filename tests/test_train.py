@@ -7,7 +7,7 @@ import torch
 
 import archspec
 from archspec.io.datasets import load_data
-from archspec.search import proxy
+from archspec.search._evaluation import proxy
 from archspec.train import TrainConfig, TrialFailure, resolve_device, train
 
 TINY = """

@@ -307,7 +307,7 @@ def test_a_timm_teacher_loads_the_users_checkpoint(tmp_path):
 
 
 def test_fashion_mnist_streams_grey_images_into_an_rgb_model(one_thread, tmp_path, monkeypatch):
-    from archspec.io import datasets as data_module
+    from archspec.io import data_sources as data_module  # where FASHION_MNIST_DIR lives
     from tests.test_search_data import _write_idx
 
     monkeypatch.setattr(data_module, "FASHION_MNIST_DIR", _write_idx(tmp_path / "fm"))

@@ -1,4 +1,4 @@
-"""archspec.search.zero_cost: NASWOT, SynFlow and grad-norm against hand computations and brute force."""
+"""archspec.search._evaluation.zero_cost: NASWOT, SynFlow and grad-norm against hand computations and brute force."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from archspec import compile, load_spec
-from archspec.search.zero_cost import (
+from archspec.search._evaluation.zero_cost import (
     ZERO_COST_SCORES,
     grad_norm,
     hamming_kernel,

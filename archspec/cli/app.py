@@ -32,12 +32,7 @@ from archspec.cli.train import add_train_parser
 from archspec.cli.transfer import add_transfer_parsers
 from archspec.deploy import build as deploy_build
 from archspec.errors import SpecError
-from archspec.families.attention.heads import head_letters_legend
 from archspec.io import builddir
-from archspec.ir.loader import load_spec
-from archspec.spec import SPEC_DIR, shipped_specs
-from archspec.spec.reference import markdown
-from archspec.spec.schema import space_schema, spec_schema
 
 EXIT_USAGE = 2
 
@@ -185,6 +180,7 @@ def _version() -> str:
 def _table(analysis, title: str):
     from rich.table import Table
 
+    from archspec.families.attention.heads import head_letters_legend
 
     used = " ".join(row.heads for row in analysis.rows)
     caption = (f"heads: {head_letters_legend(used)}\n" if used.strip() else "") + (
@@ -421,6 +417,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     from archspec._util.units import human
     from archspec.ir.analysis import analyze
+    from archspec.ir.loader import load_spec
+    from archspec.spec import SPEC_DIR, shipped_specs
+
     table = Table(title=f"shipped specs ({SPEC_DIR})", title_justify="left")
     for column in ("name", "params", "MACs", "source"):
         table.add_column(column, justify="right" if column in ("params", "MACs") else "left")
@@ -435,9 +434,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     """`archspec schema`: the JSON Schema (or, with --markdown, the field reference). Returns the exit status."""
     if args.markdown:
+        from archspec.spec.reference import markdown
 
         print(markdown())
         return 0
+    from archspec.spec.schema import space_schema, spec_schema
 
     print(json.dumps(space_schema() if args.space else spec_schema(), indent=2))
     return 0

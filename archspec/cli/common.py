@@ -12,7 +12,6 @@ import sys
 
 from archspec._util.memory import parse_memory
 from archspec.errors import Problem, SpecError
-from archspec.ir.loader import load_spec
 
 __all__ = ["whole_number", "MAX_MEMORY_HELP", "load_artifact_arg", "load_spec_arg", "make_console", "parse_max_memory",
            "parse_resolution"]
@@ -72,6 +71,7 @@ def load_spec_arg(spec_arg: str, resolution: tuple[int, int] | None = None, seed
           max_memory: int | None = None):
     """Load and fully check a spec (after the --resolution/--seed overrides), under the memory limit
     ``max_memory`` bytes (None: the library default, 8 GiB)."""
+    from archspec.ir.loader import load_spec  # the spec parser and the IR: once the arguments parsed
 
     spec = load_spec(spec_arg, check=resolution is None and seed is None, max_memory=max_memory)
     if resolution is not None or seed is not None:

@@ -107,7 +107,7 @@ def _model(args: argparse.Namespace, is_dir: bool):
 def _quantized(args: argparse.Namespace, model, is_dir: bool):
     """The int8 model (reference graph: what is exported): the DIR's saved calibration, or --calibrate."""
     from archspec.deploy.int8 import load_calibration, load_quantized, quantize, require_backend
-    from archspec.io.datasets import check_source
+    from archspec.io.data_sources import check_source
 
     require_backend()
     if is_dir and args.calibrate is None and (Path(args.spec) / INT8_FILE).is_file():

@@ -18,16 +18,16 @@ from pathlib import Path
 
 from archspec.cli.common import whole_number as _positive_int
 from archspec.errors import SpecError
-from archspec.search.config import (  # torch- and Optuna-free
+from archspec.search import (
     DEFAULT_FIDELITY,
     DEFAULT_SAMPLER,
     DEFAULT_SAMPLER_STARTUP,
     DEFAULT_VERIFY,
     FIDELITIES,
+    PROXY_SCORES,  # torch-free
     SAMPLERS,
     ZERO_COST_RANKINGS,
 )
-from archspec.search.scoring import PROXY_SCORES  # torch-free
 
 __all__ = ["add_search_parser", "cmd_search", "cmd_search_masks", "idle_cores", "usable_cores"]
 
@@ -178,7 +178,7 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
 
 def _add_run_options(p: argparse.ArgumentParser, d) -> None:
     """Run, storage and resume options; ``d(value)`` is the default (or ``argparse.SUPPRESS``)."""
-    from archspec.search.config import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS  # no Optuna, no torch
+    from archspec.search import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS  # no Optuna, no torch
 
     run = p.add_argument_group("run, storage and resume")
     run.add_argument("--study-name", default=d(None), metavar="NAME",
@@ -367,11 +367,9 @@ def _add_masks_parser(modes) -> None:
 
 def _masks_on_table(args: argparse.Namespace) -> int:
     """``archspec search masks --oracle TABLE``: the strategy replayed on a mask table (issue 52).  ``als``: MaiT's
-    rule, each round's training a row of the table (:func:`archspec.search.mask_replay.replay_als`); ``optuna``: a
+    rule, each round's training a row of the table (:func:`archspec.search.table_replay_report`); ``optuna``: a
     search of the table's points by accuracy (mode 1 on the table's space, TPE); ``soft`` has no rows to read."""
-    from archspec.search.config import MASKS_PROXY_DEFAULTS
-    from archspec.search.mask_replay import mask_groups, table_replay_report
-    from archspec.search.oracle import load_table
+    from archspec.search import MASKS_PROXY_DEFAULTS, load_table, mask_groups, run_design, table_replay_report
 
     table = load_table(args.oracle)
     mask_groups(next(iter(next(iter(table.rows.values())).values()))["params"])  # a mask table, or exit 2 here
@@ -387,8 +385,6 @@ def _masks_on_table(args: argparse.Namespace) -> int:
         cfg = _config(args, objective="accuracy", trials=trials, timeout=None, space=table.space,
                       sampler="tpe", protocol=_protocol(args, {**MASKS_PROXY_DEFAULTS, "steps": steps}),
                       oracle=args.oracle)
-        from archspec.search import run_design
-
         return _report(run_design(cfg), args)
     report = table_replay_report(table, args.seed, steps, window=args.window, high=args.als_high,
                                  low=args.als_low, rounds=args.rounds, normalise=not args.als_raw)
@@ -399,7 +395,7 @@ def _masks_on_table(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------- building configs
 def _budgets(args):
     from archspec._util.memory import parse_memory
-    from archspec.search.budget import Budgets, parse_quantity
+    from archspec.search import Budgets, parse_quantity
 
     return Budgets(
         macs=parse_quantity(args.budget_flops, "--budget-flops") if getattr(args, "budget_flops", None) else None,
@@ -413,7 +409,7 @@ def _budgets(args):
 
 
 def _protocol(args, defaults: dict | None = None):
-    from archspec.search.proxy import ProxyProtocol
+    from archspec.search import ProxyProtocol
 
     protocol = replace(ProxyProtocol(), **(defaults or {}))
     update = {}
@@ -438,7 +434,7 @@ def _protocol(args, defaults: dict | None = None):
 
 def _latency(args):
     from archspec.diagnostics.timing import parse_device
-    from archspec.search.latency import LatencyProtocol
+    from archspec.search import LatencyProtocol
 
     option = "--latency-device" if args.latency_device else "--device"
     device = parse_device(args.latency_device or args.device, option)
@@ -451,7 +447,7 @@ def _latency(args):
 
 
 def _config(args, **overrides):
-    from archspec.search.config import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS, SearchConfig
+    from archspec.search import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS, SearchConfig
 
     cfg = SearchConfig(
         budgets=_budgets(args), protocol=_protocol(args), latency=_latency(args),
@@ -469,7 +465,7 @@ def _config(args, **overrides):
         oracle_subset=getattr(args, "oracle_subset", False), verify=getattr(args, "verify", 0),
     )
     if args.study_name is not None:
-        from archspec.search.study import validate_study_name
+        from archspec.search import validate_study_name
 
         validate_study_name(args.study_name)
     return replace(cfg, **overrides)
@@ -478,15 +474,15 @@ def _config(args, **overrides):
 def _report(outcome, args) -> int:
     """Print the outcome's summary (JSON with ``--json``, else tables); the exit status: 130 interrupted,
     1 no best.yaml (nothing usable trained), else 0."""
-    from archspec.search import report, runs
+    from archspec.search import jsonable, print_summary
 
     summary = outcome.summary
     if args.json:
-        print(json.dumps(runs.jsonable(summary), indent=2))
+        print(json.dumps(jsonable(summary), indent=2))
     else:
         from rich.console import Console
 
-        report.print_summary(summary, Console(highlight=False, width=None if sys.stdout.isatty() else 120))
+        print_summary(summary, Console(highlight=False, width=None if sys.stdout.isatty() else 120))
     if outcome.interrupted:
         return 130
     return 0 if outcome.best_file is not None else 1
@@ -496,7 +492,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     """Mode 1 handler (``--list``: the space's points)."""
     if getattr(args, "list", False):
         return list_points(args.space, args.json)
-    from archspec.search.design import run_design
+    from archspec.search import run_design
 
     return _report(run_design(_config(args)), args)
 
@@ -510,7 +506,7 @@ def list_points(space_source: str | None, as_json: bool) -> int:
     """
     from archspec._util.units import human
     from archspec.ir.analysis import analyze
-    from archspec.search.space import load_space
+    from archspec.search import load_space
 
     space = load_space(space_source)
     count = 0
@@ -528,8 +524,7 @@ def list_points(space_source: str | None, as_json: bool) -> int:
 
 def cmd_search_masks(args: argparse.Namespace) -> int:
     """Mode 2 handler."""
-    from archspec.search.config import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S
-    from archspec.search.masks import MaskConfig, run_masks
+    from archspec.search import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S, MaskConfig, run_masks
 
     if getattr(args, "oracle", None):
         return _masks_on_table(args)

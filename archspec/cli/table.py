@@ -1,4 +1,4 @@
-"""``archspec table SPACE``: tabulate a finite search space on an Optuna storage (:mod:`archspec.search.tabulate`).
+"""``archspec table SPACE``: tabulate a finite search space on an Optuna storage (:func:`archspec.search.tabulate`).
 
     archspec table mait_small --designs 24 --seeds 0 1 2 3 4 5    # the seed check's 24 points, six seeds each
     archspec table mait_small --report                              # seed-to-seed Kendall tau of what is trained
@@ -20,7 +20,7 @@ from archspec.errors import Problem, SpecError
 
 __all__ = ["add_table_parser", "cmd_table"]
 
-# command-line flag -> protocol field (archspec.search.tabulate.REFERENCE_PROTOCOL); their defaults are the
+# command-line flag -> protocol field (archspec.search.table_protocol's reference protocol); their defaults are the
 # reference protocol's, so they are None here and only what the user sets changes it
 _PROTOCOL_FLAGS = {"data": "data", "train_images": "train_images", "steps": "steps", "warmup_steps": "warmup_steps",
                    "batch_size": "batch_size", "lr": "lr", "weight_decay": "weight_decay",
@@ -84,7 +84,7 @@ def _as_flag(problem: Problem) -> Problem:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from archspec.search import tabulate as tab
+    import archspec.search as tab
 
     space = tab.load_space(args.space)
     overrides = {field: getattr(args, flag) for flag, field in _PROTOCOL_FLAGS.items()}

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from archspec.errors import SpecError
-from archspec.ir.loader import load_spec
 from archspec.train.config import AMP_MODES, RECIPES, check_config, recipe
 from archspec.train.stop import Terminated, sigterm_stops
 
@@ -133,14 +132,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         SpecError: what :func:`~archspec.train.run.fit` raises; ``--recipe levit`` without ``--teacher``
             (exit 2 in :func:`archspec.cli.main`).
     """
-    from archspec.train.run import is_build_dir
+    from archspec.io.builddir import is_build
+    from archspec.io.data_sources import check_data_dir
 
     config = config_from_args(args)
+    check_data_dir(args.data)  # a bad --data is refused here, before the spec parser and torch are imported
     if args.recipe == "levit" and args.teacher is None:
         raise SpecError.single(("--recipe",), "levit trains with hard distillation and needs --teacher",
                                "give --teacher MODEL|DIR (and --teacher-checkpoint for a timm model), or "
                                "--recipe deit for the same recipe without distillation")
-    build = is_build_dir(args.spec)
+    from archspec.ir.loader import load_spec
+
+    build = Path(args.spec).is_dir() and is_build(args.spec)  # as archspec.train.run.is_build_dir
     spec = load_spec(Path(args.spec) / "spec.yaml" if build else args.spec)
     out = Path(args.out) if args.out else Path("runs") / "train" / spec.name
     if args.threads is not None:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from archspec.errors import SpecError, TransferError
 from archspec.io.builddir import check_group_out, write_build
-from archspec.ir.loader import load_spec
 
 __all__ = ["add_transfer_parsers", "cmd_tcnn", "cmd_two_phase"]
 
@@ -118,6 +117,8 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
     from archspec.transfer.two_phase import match_channels, two_phase
 
     _check_args(args)
+    from archspec.ir.loader import load_spec
+
     spec = load_spec(args.spec)
     try:
         phase2_name = attention_spec(spec).name

@@ -10,6 +10,7 @@ import argparse
 import time
 
 from archspec.errors import SpecError
+from archspec.io.data_sources import check_source
 
 __all__ = ["check_options", "compiled_report", "int8_report", "compiled_line", "int8_line", "first_call"]
 
@@ -21,8 +22,6 @@ def check_options(args: argparse.Namespace, device) -> None:
         SpecError: an option without the one it needs, int8 off the CPU, an unknown or missing --calibrate
             source, a machine that cannot run int8 (:func:`archspec.deploy.int8.require_backend`).
     """
-    from archspec.io.datasets import check_source  # noqa: PLC0415 - torch-free until a build runs (archspec build --help)
-
     if not args.int8:
         for option, given in (("--calibrate", args.calibrate is not None),
                               ("--calibration-batches", args.calibration_batches != 4)):

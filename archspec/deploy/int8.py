@@ -83,7 +83,7 @@ def require_backend(option: str = "--int8") -> None:
         raise SpecError.single((option,), "this torch build has no oneDNN (mkldnn), which the x86 int8 kernels need",
                                "install the standard torch wheel from PyPI")
     try:
-        import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401, PLC0415
+        import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401, PLC0415 - torchao loads when int8 is asked for
     except ImportError:
         raise SpecError.single((option,), "int8 quantisation needs torchao (PyTorch's quantisation library)",
                                "pip install 'torchao>=0.11'") from None
@@ -178,8 +178,8 @@ def needs_reduce_range() -> bool:
 def _prepare(model: nn.Module, example: torch.Tensor, reduce_range: bool) -> tuple[torch.fx.GraphModule, nn.Module]:
     """Fold, export and insert the observers (7-bit activations with ``reduce_range``): ``(prepared graph,
     folded float model)``."""
-    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e  # noqa: PLC0415
-    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (  # noqa: PLC0415
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e  # noqa: PLC0415 - torchao: int8 only
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (  # noqa: PLC0415 - int8 only
         X86InductorQuantizer,
         get_default_x86_inductor_quantization_config,
     )
@@ -351,7 +351,7 @@ def quantize(model: nn.Module, calibration_batches: Iterable[Any], *, compile: b
     """
     require_backend()
     batches = _collect(calibration_batches, _input_shape(model))
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e  # noqa: PLC0415
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e  # noqa: PLC0415 - torchao: int8 only
 
     reduce_range = needs_reduce_range() if reduce_range is None else bool(reduce_range)
     was = model.training
@@ -432,7 +432,7 @@ def save_quantized(model: QuantizedModel, directory: str | os.PathLike) -> Path:
 
 
 def _provenance(calibration: dict) -> dict:
-    import torchao  # noqa: PLC0415
+    import torchao  # noqa: PLC0415 - torchao loads when int8 is asked for
 
     return {"backend": BACKEND, "torch": torch.__version__, "torchao": torchao.__version__,
             "calibration": calibration}
@@ -450,9 +450,9 @@ def load_quantized(directory: str | os.PathLike, compile: bool = True,
             of another model or another torch / torchao version whose graph differs, and everything
             :func:`archspec.load` raises; what :func:`quantize` refuses.
     """
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e  # noqa: PLC0415
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e  # noqa: PLC0415 - torchao: int8 only
 
-    from archspec.io.artifact import load, spec_digest  # noqa: PLC0415
+    from archspec.io.artifact import load, spec_digest  # noqa: PLC0415 - io.artifact imports this module (int8 artifacts)
 
     require_backend()
     directory = Path(directory)
@@ -481,7 +481,7 @@ def load_quantized(directory: str | os.PathLike, compile: bool = True,
                                    "--int8`", str(path))
     prepared, _ = _prepare(float_model, torch.zeros(2, *shape), reduce_range)
     if set(_observers(prepared)) != set(saved):  # (a per-channel observer's shape is set when it first observes)
-        import torchao  # noqa: PLC0415
+        import torchao  # noqa: PLC0415 - torchao loads when int8 is asked for
 
         raise SpecError.single((), f"its observers do not match the graph this torch {torch.__version__} / torchao "
                                    f"{torchao.__version__} makes (saved with torch {provenance.get('torch')}, "

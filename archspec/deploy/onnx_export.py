@@ -25,8 +25,14 @@ from typing import Any
 
 import torch
 
+from archspec._util.imports import try_import
 from archspec.errors import SpecError
 from archspec.io.builddir import normal_mode, staging_prefix
+
+with try_import("export") as _onnx:  # the optional extra archspec[export]; require_onnx() says what is missing
+    import onnx
+with try_import("export") as _onnxruntime:
+    import onnxruntime as ort
 
 __all__ = ["export_onnx", "check_target", "require_onnx", "ort_session", "run_onnx", "MARKER", "FLOAT32_TOLERANCE"]
 
@@ -54,7 +60,7 @@ def require_onnx() -> None:
 
 def _is_ours(path: Path) -> bool:
     """True when ``path`` is an ONNX model whose metadata carries :data:`MARKER`."""
-    import onnx  # noqa: PLC0415
+    _onnx.check()
 
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -107,8 +113,7 @@ def export_onnx(module: torch.nn.Module, path: str | os.PathLike, example: torch
         SpecError: at ``--onnx``: the exporter cannot capture or translate the model (its first line), the
             file cannot be written.
     """
-    import onnx  # noqa: PLC0415
-
+    _onnx.check()
     path = Path(path)
     batch = torch.export.Dim("batch", min=1, max=4096)
     if not isinstance(module, torch.fx.GraphModule):
@@ -153,8 +158,7 @@ def export_onnx(module: torch.nn.Module, path: str | os.PathLike, example: torch
 def ort_session(path: str | os.PathLike, threads: int | None = None) -> Any:
     """An ONNX Runtime CPU ``InferenceSession`` of ``path`` (all graph optimisations on); ``threads`` intra-op
     threads (``None``: ONNX Runtime's default) and one inter-op thread."""
-    import onnxruntime as ort  # noqa: PLC0415
-
+    _onnxruntime.check()
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads is not None:

@@ -89,7 +89,7 @@ def conv_gpsa_attention(layer: ConvGPSA, x: Tensor) -> Tensor:
     heads, d = layer.num_heads, layer.head_dim
     q, k = layer.qk(padded).reshape(B, -1, 2, heads, d).permute(2, 0, 3, 1, 4)
     content = torch.softmax((q[:, :, inner] @ k.transpose(-2, -1)) * d ** -0.5, dim=-1)
-    keys = layer._positions(rows, cols, x.device, x.dtype)
+    keys = layer.positions(rows, cols, x.device, x.dtype)
     delta = keys[None, :, :] - keys[inner][:, None, :]
     dist = ((delta[None] - layer.centers[:, None, None, :].to(x.dtype)) ** 2).sum(-1)
     position = torch.softmax(-layer.alpha[:, None, None].to(x.dtype) * dist, dim=-1)

@@ -41,6 +41,13 @@ from torchvision.datasets import CIFAR10, CIFAR100, FashionMNIST, ImageFolder
 from torchvision.datasets.utils import check_integrity
 
 from archspec.errors import SpecError
+from archspec.io.data_sources import (
+    DATA_HINT,
+    IDX_FILES,
+    data_error,
+    fashion_mnist_dir,
+    is_idx_dir,
+)
 from archspec.io.images import read_image
 
 __all__ = ["Dataset", "load_data", "IMAGE_SUFFIXES"]
@@ -68,7 +75,7 @@ class Dataset:
         """The same images resized (bilinear, antialiased when shrinking) to ``(H, W)``; kept for reuse.
 
         The search trains each candidate's proxy at the input size that gives it its own token grid
-        (:func:`archspec.search.proxy.proxy_spec`), so one loaded dataset serves many sizes.
+        (:func:`archspec.search._evaluation.proxy.proxy_spec`), so one loaded dataset serves many sizes.
         """
         size = (int(size[0]), int(size[1]))
         if size == (self.image_size, self.image_size):
@@ -89,11 +96,6 @@ class Dataset:
                 "channels": self.channels, "image_size": self.image_size}
 
 
-def data_error(message: str, hint: str | None, path: object) -> SpecError:
-    """The :class:`SpecError` at ``--data`` for a dataset problem found at ``path`` (file or directory)."""
-    return SpecError.single(_OPTION, message, hint, str(path) if path is not None else None)
-
-
 def stratified_subset(labels: np.ndarray, keep: int, seed: int) -> np.ndarray:
     """Indices of a stratified subset of ``keep`` samples (at least one per class when possible)."""
     if keep >= len(labels):
@@ -111,8 +113,6 @@ def split_indices(labels: np.ndarray, seed: int, val_fraction: float = 0.2) -> t
     """``(train, val)`` indices: a stratified, seeded split holding out ``val_fraction`` (scikit-learn's
     ``train_test_split``; unstratified when a class has one sample or the validation share holds fewer images
     than there are classes)."""
-    from sklearn.model_selection import train_test_split  # noqa: PLC0415
-
     idx = np.arange(len(labels))
     counts = np.bincount(labels)
     stratify = (labels if counts[counts > 0].min() >= 2 and len(labels) * val_fraction >= len(np.unique(labels))
@@ -230,21 +230,14 @@ def _subsample(x_train, y_train, x_val, y_val, seed: int, max_images: int | None
 
 # ------------------------------------------------------------------------------------ Fashion-MNIST
 
-FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
-FASHION_MNIST_INSTALL = "apt-get install dataset-fashion-mnist"
-_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _IDX_MAX_BYTES = 64_000_000  # the largest Fashion-MNIST file, train images, is 47 MB uncompressed
-
-
-def is_idx_dir(path: Path) -> bool:
-    return all((path / f).exists() or (path / f"{f}.gz").exists() for f in _IDX_FILES)
 
 
 def _stage_idx_files(source: Path, raw: Path) -> None:
     """Put the four IDX files where torchvision's ``FashionMNIST`` reads them (``raw``): a link to an
     uncompressed file, or the decompressed ``.gz`` (Debian ships them gzipped), capped in size."""
 
-    for name in _IDX_FILES:
+    for name in IDX_FILES:
         plain, packed = source / name, source / f"{name}.gz"
         if plain.exists():
             _regular_file(plain, _IDX_MAX_BYTES, "Fashion-MNIST file")
@@ -299,15 +292,6 @@ def _fashion_mnist(source: Path, image_size: int, seed: int, max_images: int | N
     x_train, y_train, x_val, y_val = _subsample(x_train, y_train, x_val, y_val, seed, max_images)
     to_t = lambda a: torch.from_numpy(a.astype(np.float32) / 255.0)  # noqa: E731
     return _finish("fashion-mnist", to_t(x_train), y_train, to_t(x_val), y_val, 10, image_size)
-
-
-def fashion_mnist_dir() -> Path:
-    """The installed Fashion-MNIST, or a SpecError that says how to install it."""
-    if not is_idx_dir(FASHION_MNIST_DIR):
-        raise data_error(f"Fashion-MNIST is not installed ({FASHION_MNIST_DIR} holds no IDX files)",
-                    f"on Debian/Ubuntu: sudo {FASHION_MNIST_INSTALL}; or give --data DIR holding "
-                    f"{', '.join(_IDX_FILES)} (optionally .gz)", FASHION_MNIST_DIR)
-    return FASHION_MNIST_DIR
 
 
 # ------------------------------------------------------------------------------------ ImageFolder
@@ -388,27 +372,6 @@ def _image_folder(root: Path, image_size: int, seed: int, max_images: int | None
         raise data_error(f"found {len(classes)} class folder(s); classification needs at least 2", None, root)
     x_train, x_val = _load_images(train_files, image_size), _load_images(val_files, image_size)
     return _finish(f"imagefolder:{root.name}", x_train, y_train, x_val, y_val, len(classes), image_size)
-
-
-DATA_HINT = ("give --data fashion-mnist, a CIFAR-10/100 directory (cifar-10-batches-py, cifar-100-python), "
-             "a directory of Fashion-MNIST IDX files or an ImageFolder directory (one sub-directory per class), "
-             "or leave --data out for the built-in digits")
-
-
-def check_source(source: str | os.PathLike | None) -> None:
-    """Cheap check of ``--data`` before anything is read or written: a name archspec knows (``digits``,
-    ``fashion-mnist`` -- installed), or an existing path.
-
-    Raises:
-        SpecError: at ``--data``: Fashion-MNIST is not installed (with the apt line), or no such path.
-    """
-    if source is None or str(source) == "digits":
-        return
-    if str(source) == "fashion-mnist":
-        fashion_mnist_dir()
-        return
-    if not Path(source).expanduser().exists():
-        raise data_error(f"no such file or directory: {source}", DATA_HINT, source)
 
 
 def load_data(source: str | os.PathLike | None, image_size: int, seed: int = 0,

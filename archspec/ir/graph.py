@@ -44,7 +44,7 @@ only tensors left out.  On the shipped specs the estimate is 1.0-1.5x the bytes 
 
 Training keeps activations for the backward pass, so its figure *sums* what every node creates
 (``saved_bytes``) instead of taking the largest peak: ``saved_activation_bytes`` per image;
-:func:`archspec.search.budget.training_memory` multiplies it by the batch and adds weights,
+:func:`archspec.search._evaluation.budget.training_memory` multiplies it by the batch and adds weights,
 gradients and AdamW's two moments (4 x the weight bytes).
 
 :func:`check_memory` refuses a spec whose inference estimate exceeds a limit
@@ -61,6 +61,7 @@ from typing import Any
 
 import networkx as nx
 
+from archspec._util.memo import ContentMemo
 from archspec._util.memory import F32, NodeMemory, format_bytes
 from archspec.errors import Problem, SpecError
 from archspec.families import rules as family_rules
@@ -71,12 +72,13 @@ from archspec.families.head.rules import HeadShape
 from archspec.families.talking_heads.rules import TalkingHeadsShape
 from archspec.families.tokens.rules import TokensPlan
 from archspec.spec import ArchSpec, LayerPlan
-from archspec.spec.models import GraphCache
 
 MAX_TOKENS = 4096  # attention memory grows with N^2; 4096 tokens is a 64x64 grid
 MAX_PARAMS = 1_000_000_000  # 4 GB of float32 weights
 DEFAULT_MAX_MEMORY = 8 * 2**30  # bytes; well under a 24 GB machine, so a refused spec never reaches the allocator
 _NO_MEMORY = NodeMemory()  # nodes that hold nothing (the input)
+# the graphs built lately, by the content of the spec that built them (a search touches a few specs at a time)
+_GRAPHS = ContentMemo(128)
 
 STEM, TOKENS, ATTENTION, TALKING_HEADS, CONV_MIXER, CONV_BLOCK = (family_rules(n) for n in (
     "stem", "tokens", "attention", "talking_heads", "conv_mixer", "conv_block"))
@@ -197,14 +199,13 @@ class _Builder:
 def build_graph(spec: ArchSpec) -> nx.DiGraph:
     """The IR of ``spec``: shapes, parameter and MAC counts and memory estimates of every node.
 
-    Built at most once per spec: ``spec`` carries the graph it built (:class:`archspec.spec.GraphCache`), and
-    a later call returns it while the spec's content is unchanged, so the steps after
-    :func:`archspec.load_spec` (which builds it to check the spec) -- analysis, compile, the search's static
-    check and proxy -- reuse it.  The carried graph is keyed on the spec's content (``model_dump_json``) and on
-    the spec object itself (``graph["spec"] is spec``): a spec changed in place (``spec.seed = 1``,
-    ``spec.stages[0].depth = 3``) or copied (``model_copy``, with or without ``update``; a pickle or deep copy
-    carries nothing) gets a graph of its own, never a stale one.  The graph is shared by every caller: read it,
-    do not modify it.
+    Built at most once per spec content: the graphs built lately are kept here (a
+    :class:`~archspec._util.memo.ContentMemo` of 128, keyed on ``spec.model_dump_json()``), never in the spec,
+    so the steps after :func:`archspec.load_spec` (which builds it to check the spec) -- analysis, compile, the
+    search's static check and proxy -- reuse it, and so does an equal spec (a copy, a pickle, the same YAML
+    loaded again).  A spec changed in place (``spec.seed = 1``, ``spec.stages[0].depth = 3``) has other content
+    and gets its own graph, never a stale one.  ``graph["spec"]`` is a copy of the spec as it was when built
+    (equal to ``spec``, not ``spec`` itself).  The graph is shared by every caller: read it, do not modify it.
 
     Returns:
         A ``networkx.DiGraph`` whose nodes, in execution order, carry the attributes listed in the
@@ -218,12 +219,10 @@ def build_graph(spec: ArchSpec) -> nx.DiGraph:
         SpecError: every shape problem found (empty grids, non-dividing resolutions, windows larger
             than the grid, GPSA with a class token, head arithmetic, caps), with field paths.
     """
-    cache = getattr(spec, "_graph_cache", None)
     key = spec.model_dump_json()
-    if cache is not None and cache.graph is not None and cache.graph.graph["spec"] is spec and cache.key == key:
-        return cache.graph
-    graph = _build_graph(spec)
-    spec._graph_cache = GraphCache(key, graph)
+    graph = _GRAPHS.get(key)
+    if graph is None:
+        graph = _GRAPHS.put(key, _build_graph(spec.model_copy(deep=True)))
     return graph
 
 

@@ -1,7 +1,7 @@
-"""Architecture search: the engine, its two modes (thin clients), and their ingredients.
+"""Architecture search: the public faces of the engine, its two modes, the tabulated spaces and their ingredients.
 
-The Python API (what ``archspec search`` calls; each name is imported on first use, so
-``import archspec.search`` stays light)::
+The Python API (what ``archspec search`` and ``archspec table`` call; each name is imported on first use, so
+``import archspec.search`` imports neither torch nor Optuna)::
 
     from archspec.search import run_design, run_masks, load_space
 
@@ -15,35 +15,36 @@ The Python API (what ``archspec search`` calls; each name is imported on first u
         spec = space.sample(trial)         # an ArchSpec; compile(spec) is the model
         ...
 
-Modules (import them directly; this package imports nothing heavy on its own):
+This module is the only door: the command line (:mod:`archspec.cli`) and the bench scripts import names from
+here, never from the private sub-packages below (an import-linter contract in pyproject.toml and
+tests/test_layers.py hold it).  The inside, as ``optuna/study/`` and ``optuna/samplers/`` are laid out:
 
-* :mod:`archspec.search.mode`    -- the contract of a search mode: ``SampledMode`` (a space Optuna samples),
-  ``RoundsMode`` (candidates proposed from earlier results), ``Candidate``, ``RoundResult``, ``RunContext``;
-* :mod:`archspec.search.engine`  -- the shared Optuna engine: ``run_sampled``, ``run_rounds`` (and
-  ``run_optuna_search``); its parts :mod:`~archspec.search.rundir` (run directory, lock, resume),
-  :mod:`~archspec.search.preflight` (input checks), :mod:`~archspec.search.objective` (one candidate),
-  :mod:`~archspec.search.rungs` (rungs and stop rules), :mod:`~archspec.search.failures`,
-  :mod:`~archspec.search.rounds` (one proposed round);
-* :mod:`archspec.search.config`  -- ``SearchConfig``, ``SearchOutcome`` and the defaults (no Optuna, no torch);
-* :mod:`archspec.search.design`  -- mode 1, design under budgets: ``run_design``;
-* :mod:`archspec.search.masks`   -- mode 2, MaiT mask placement: ``run_masks``; its strategies
-  :mod:`~archspec.search.mask_modes`, spec surgery :mod:`~archspec.search.mask_specs`, scores
-  :mod:`~archspec.search.mask_scores`; the placement rule is :mod:`archspec.families.attention.placement`;
-* :mod:`archspec.search.report`  -- progress, trials.csv, the Pareto / best specs, plots, the printed summary;
-* :mod:`archspec.search.runs`    -- run-directory files: marker, atomic writes, specs with provenance;
-* :mod:`archspec.cli.search`     -- ``archspec search`` (the command-line client of the two modes);
-* :mod:`archspec.search.space`   -- the declarative search-space language, ``load_space``,
-  ``mask_placement_space`` (MaiT mode 2);
-* :mod:`archspec.search.budget`  -- ``parse_quantity``, ``Budgets``, ``static_check`` (graph only);
-* :mod:`archspec.search.proxy`   -- ``ProxyProtocol``, ``proxy_spec``, ``train_proxy``, ``TrialFailure``;
-* :mod:`archspec.search.latency` -- ``LatencyProtocol``, ``measure_latency``, ``LatencyCache``;
-* :mod:`archspec.search.zero_cost` -- zero-cost proxies before training: ``naswot``, ``synflow``, ``grad_norm``,
-  ``zero_cost_scores``;
-* :mod:`archspec.search.study`   -- storages, samplers, resume, zombie trials; :mod:`archspec.search.fidelity`
-  -- multi-fidelity rungs.
+* ``_engine/``     -- the shared Optuna engine: ``config`` (:class:`SearchConfig`; no Optuna, no torch),
+  ``defaults`` (stdlib only), ``loop`` (``run_sampled``, ``run_rounds``), ``session`` (a run's directory
+  opened: study, lock, resume), ``preflight`` (input checks, cheapest first), ``objective`` (one sampled
+  candidate = one trial),
+  ``round_trial`` (one proposed candidate = one trial), ``early_stop`` (fidelity rungs, stop rules),
+  ``failures`` (fail reasons, deadlines), ``study`` (storages, samplers, zombie trials), ``front_sampler``
+  (``--sampler front``), ``fidelity``;
+* ``_modes/``      -- the mode contract ``base`` (:class:`SampledMode`, :class:`RoundsMode`, :class:`Candidate`,
+  :class:`RoundResult`, :class:`RunContext`, as Optuna's ``BaseSampler`` is to a study), mode 1 ``design``
+  (:func:`run_design`), mode 2 ``masks`` (:func:`run_masks`) with its strategies ``mask_strategies``, the
+  torch-free spec surgery ``mask_placement`` and the torch scores ``mask_scores``;
+* ``_evaluation/`` -- what a candidate is measured by: ``budget`` (static feasibility), ``proxy`` (proxy
+  training), ``latency``, ``zero_cost``, ``scoring`` (what ranks a trained proxy), ``verify`` (the front
+  trained again);
+* ``_report/``     -- ``results`` (trials.csv, the chosen specs, the summary), ``progress`` (while it runs),
+  ``plots``, and ``run_files`` (the run directory's marker, atomic writes, emitted specs with provenance);
+* ``_tabulation/`` -- ``archspec table``: ``tabulate`` (a finite space trained on an Optuna storage), ``exchange``
+  (a table's rows out and in, the seed check), ``rows``
+  (one row), ``checks`` (a table's rules), ``oracle`` (``--oracle``: evaluations answered from a table),
+  ``mask_replay`` (MaiT's ALS rule replayed on a mask table);
+* ``_space/``      -- ``language``: the declarative search-space language (:func:`load_space`), its markers and
+  structural check (``checks``) and its sampling (``sampling``).
 
-The proxy training data comes from :mod:`archspec.io.datasets` (``load_data``: digits by default, Fashion-MNIST,
-CIFAR-10/100, ImageFolder), shared with training and the weight transfers.
+Data beside the code: ``spaces/`` (the shipped search spaces, :data:`SPACES_DIR`) and ``tables/`` (the
+shipped tabulated spaces, :data:`TABLES_DIR`).  The proxy training data comes from
+:mod:`archspec.io.datasets` (``load_data``), shared with training and the weight transfers.
 """
 
 from __future__ import annotations
@@ -55,20 +56,72 @@ from archspec._util.lazy import lazy_exports
 SPACES_DIR = Path(__file__).resolve().parent / "spaces"
 DEFAULT_SPACE = SPACES_DIR / "levit_family.yaml"
 
-# public name -> submodule that defines it (PEP 562: imported on first use)
+_CONFIG = "archspec.search._engine.config"
+_DEFAULTS = "archspec.search._engine.defaults"  # stdlib only: the parser's defaults
+_MODES = "archspec.search._modes"
+_EVAL = "archspec.search._evaluation"
+_TABLES = "archspec.search._tabulation"
+
+# public name -> the private module that defines it (PEP 562: imported on first use)
 _EXPORTS = {
-    "SearchConfig": "config", "SearchOutcome": "config", "complete_config": "config",
-    "run_design": "design", "run_masks": "masks", "MaskConfig": "masks",
-    "load_space": "space", "SearchSpace": "space", "mask_placement_space": "space",
-    "Budgets": "budget", "ProxyProtocol": "proxy", "LatencyProtocol": "latency",
-    "ZERO_COST_SCORES": "zero_cost", "zero_cost_scores": "zero_cost",
+    # the two modes and the space language
+    "run_design": f"{_MODES}.design", "run_masks": f"{_MODES}.masks", "MaskConfig": f"{_MODES}.masks",
+    "load_space": "archspec.search._space.language", "SearchSpace": "archspec.search._space.language",
+    "mask_placement_space": "archspec.search._space.language",
+    # settings, outcome and defaults (torch- and Optuna-free)
+    "SearchConfig": _CONFIG, "SearchOutcome": _CONFIG, "complete_config": _CONFIG,
+    "DEFAULT_TRIALS": _DEFAULTS, "DEFAULT_TIMEOUT_S": _DEFAULTS, "DEFAULT_TRIAL_TIMEOUT_S": _DEFAULTS,
+    "DEFAULT_FIDELITY": _DEFAULTS, "DEFAULT_SAMPLER": _DEFAULTS, "DEFAULT_SAMPLER_STARTUP": _DEFAULTS,
+    "DEFAULT_VERIFY": _DEFAULTS, "FIDELITIES": _DEFAULTS, "SAMPLERS": _DEFAULTS, "ZERO_COST_RANKINGS": _DEFAULTS,
+    "MASKS_PROXY_DEFAULTS": _DEFAULTS, "MASKS_TRIAL_TIMEOUT_S": _DEFAULTS,
+    "validate_study_name": "archspec.search._engine.study",
+    # the mode contract
+    "SampledMode": f"{_MODES}.base", "RoundsMode": f"{_MODES}.base", "Candidate": f"{_MODES}.base",
+    "RoundResult": f"{_MODES}.base", "RunContext": f"{_MODES}.base",
+    # what a candidate is measured by
+    "Budgets": f"{_EVAL}.budget", "parse_quantity": f"{_EVAL}.budget", "static_check": f"{_EVAL}.budget",
+    "static_check_rate": f"{_EVAL}.budget",
+    "ProxyProtocol": f"{_EVAL}.proxy", "train_proxy": f"{_EVAL}.proxy", "score_proxy": f"{_EVAL}.proxy",
+    "TrialFailure": f"{_EVAL}.proxy",
+    "LatencyProtocol": f"{_EVAL}.latency", "measure_latency": f"{_EVAL}.latency",
+    "architecture_key": f"{_EVAL}.latency",
+    "ZERO_COST_SCORES": f"{_EVAL}.zero_cost", "zero_cost_scores": f"{_EVAL}.zero_cost",
+    "PROXY_SCORES": f"{_EVAL}.scoring", "proxy_score": f"{_EVAL}.scoring",
+    # what a search reports
+    "print_summary": "archspec.search._report.results", "jsonable": "archspec.search._report.run_files",
+    # tabulated spaces (archspec table, --oracle)
+    "tabulate": f"{_TABLES}.tabulate", "table_protocol": f"{_TABLES}.tabulate", "study_rows": f"{_TABLES}.exchange",
+    "export_table": f"{_TABLES}.exchange", "import_table": f"{_TABLES}.exchange", "seed_check": f"{_TABLES}.exchange",
+    "git_commit": f"{_TABLES}.tabulate", "machine": f"{_TABLES}.tabulate",
+    "TABLES_DIR": f"{_TABLES}.oracle", "load_table": f"{_TABLES}.oracle", "curve_at": f"{_TABLES}.oracle",
+    "linear_at": f"{_TABLES}.oracle", "mask_groups": f"{_TABLES}.mask_replay",
+    "table_replay_report": f"{_TABLES}.mask_replay",
+    # mask placement (mode 2's parts, for the bench's studies of it)
+    "attention_layers": f"{_MODES}.mask_placement", "apply_placement": f"{_MODES}.mask_placement",
+    "placement_heads": f"{_MODES}.mask_placement", "head0_placement": f"{_MODES}.mask_placement",
+    "soft_heads": f"{_MODES}.mask_placement",
+    "ALS_IMAGES": f"{_MODES}.mask_scores", "layer_scores": f"{_MODES}.mask_scores",
+    "learned_alphas": f"{_MODES}.mask_scores", "uniform_baselines": f"{_MODES}.mask_scores",
+    "train_keeping_model": f"{_MODES}.mask_scores",
 }
 
 # A literal list (the API docs read it statically); tests keep it equal to _EXPORTS plus the constants.
 __all__ = [
-    "SPACES_DIR", "DEFAULT_SPACE", "Budgets", "LatencyProtocol", "MaskConfig", "ProxyProtocol", "SearchConfig",
-    "SearchOutcome", "SearchSpace", "ZERO_COST_SCORES", "complete_config", "load_space", "mask_placement_space",
-    "run_design", "run_masks", "zero_cost_scores",
+    "SPACES_DIR", "DEFAULT_SPACE",
+    "run_design", "run_masks", "MaskConfig", "load_space", "SearchSpace", "mask_placement_space",
+    "SearchConfig", "SearchOutcome", "complete_config", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S",
+    "DEFAULT_TRIAL_TIMEOUT_S", "DEFAULT_FIDELITY", "DEFAULT_SAMPLER", "DEFAULT_SAMPLER_STARTUP", "DEFAULT_VERIFY",
+    "FIDELITIES", "SAMPLERS", "ZERO_COST_RANKINGS", "MASKS_PROXY_DEFAULTS", "MASKS_TRIAL_TIMEOUT_S",
+    "validate_study_name",
+    "SampledMode", "RoundsMode", "Candidate", "RoundResult", "RunContext",
+    "Budgets", "parse_quantity", "static_check", "static_check_rate", "ProxyProtocol", "train_proxy",
+    "score_proxy", "TrialFailure", "LatencyProtocol", "measure_latency", "architecture_key", "ZERO_COST_SCORES",
+    "zero_cost_scores", "PROXY_SCORES", "proxy_score",
+    "print_summary", "jsonable",
+    "tabulate", "table_protocol", "study_rows", "export_table", "import_table", "seed_check", "git_commit",
+    "machine", "TABLES_DIR", "load_table", "curve_at", "linear_at", "mask_groups", "table_replay_report",
+    "attention_layers", "apply_placement", "placement_heads", "head0_placement", "soft_heads", "ALS_IMAGES",
+    "layer_scores", "learned_alphas", "uniform_baselines", "train_keeping_model",
 ]
 
 

@@ -31,7 +31,6 @@ import yaml
 from pydantic import (
     Discriminator,
     Field,
-    PrivateAttr,
     Tag,
     ValidationError,
     ValidationInfo,
@@ -289,38 +288,6 @@ AnyStage = Annotated[Annotated[StageSpec, Tag("attention_stage")] | Annotated[Co
                                    custom_error_message="a stage's kind must be 'attention' (the default) or 'conv'")]
 
 
-class GraphCache:
-    """What a validated :class:`ArchSpec` carries: its IR and the content it was built from
-    (:func:`archspec.ir.graph.build_graph` fills it; :mod:`archspec.search.proxy` keeps the candidate's proxy in
-    ``derived``).
-
-    Never part of the spec's value: every cache equals every other (two specs compare by their fields), a
-    pickle or deep copy of a spec carries an empty one (a graph never crosses processes), and pydantic leaves
-    private attributes out of ``model_dump``, the JSON schema and the YAML.  A shallow copy
-    (``model_copy``, with or without ``update``) shares the instance, which is why a reader checks that the
-    graph was built from *this* spec object with *this* content before trusting it (``build_graph``); a new
-    graph replaces the cache instead of writing into it.
-    """
-
-    __slots__ = ("key", "graph", "derived")
-
-    def __init__(self, key: str | None = None, graph: Any = None):
-        self.key = key          # spec.model_dump_json() when the graph was built
-        self.graph = graph      # networkx.DiGraph, whose graph["spec"] is the spec that built it
-        self.derived: dict = {}  # values computed from this graph's spec (e.g. its proxy), same lifetime
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, GraphCache) or NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __reduce__(self) -> tuple:
-        return GraphCache, ()
-
-    def __deepcopy__(self, memo: dict) -> GraphCache:
-        return GraphCache()
-
-
 class ArchSpec(StrictModel):
     """A whole architecture.  Build it with :func:`archspec.compile`."""
 
@@ -345,9 +312,6 @@ class ArchSpec(StrictModel):
         None, description="CaiT class-attention stage after the last stage (needs tokens.cls_token: <total depth>).")
     head: HeadOutSpec = Field(default_factory=HeadOutSpec, description="Classifier head (head.pool left out: cls; "
                               "mean for a conv net).")
-    # the IR, carried from validation to every later step (archspec.ir.graph.build_graph); not part of the spec
-    _graph_cache: GraphCache = PrivateAttr(default_factory=GraphCache)
-
     @model_validator(mode="before")
     @classmethod
     def _convnet_defaults(cls, data: Any) -> Any:

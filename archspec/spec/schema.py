@@ -10,7 +10,7 @@ those alternatives, so a spec the loader accepts validates against the schema; c
 Editors: start a spec with ``# yaml-language-server: $schema=<path or URL of the printed schema>``
 (the YAML language server of VS Code, Neovim, Helix...); the shipped specs point at
 ``specs/archspec.schema.json``, which a test keeps equal to ``archspec schema``.  Search spaces
-(:mod:`archspec.search.space`) have theirs, :func:`space_schema` (``archspec schema --space``).
+(:mod:`archspec.search._space.language`) have theirs, :func:`space_schema` (``archspec schema --space``).
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ def space_schema() -> dict[str, Any]:
     """JSON Schema of a search-space file: ``name``, ``kind``, ``description`` and a ``spec`` in which any value
     may be a marker (``choice``, ``int``, ``float``, ``ref``), ``stages`` may be ``{count, items}`` or a labelled
     choice of stage lists, and a stage is an attention stage (which may have ``heads_mix``) or a conv stage (see
-    :mod:`archspec.search.space`).  Labelled-choice alternatives are not checked (their place's schema cannot be
+    :mod:`archspec.search._space.language`).  Labelled-choice alternatives are not checked (their place's schema
+    cannot be
     tied to them); ``archspec search`` checks them.  Raises nothing.
     """
     spec = spec_schema()

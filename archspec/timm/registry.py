@@ -15,23 +15,21 @@ behave as for timm's own models.  No weights are published: ``pretrained=True`` 
 ``pretrained_cfg_overlay`` names a weight source (``file=...``, e.g. an ``archspec build`` output); weights
 saved at another (square) input size are resampled on the way in (:func:`archspec.nn.model.resample_state_dict`).
 
-Importing this module is cheap: torch, timm and the spec parser are imported on first use, and
-:func:`install` registers the shipped specs right away if timm is already imported, otherwise as soon as
-it is (a one-shot post-import hook on ``sys.meta_path``), so ``archspec validate`` never imports torch.
+Importing this module imports the spec parser, not torch or timm (imported on first use).  ``import archspec``
+does not import it: :func:`install` (:mod:`archspec.timm.hook`, stdlib only) registers the shipped specs right
+away if timm is already imported, otherwise as soon as it is (a one-shot post-import hook on ``sys.meta_path``),
+so ``archspec validate`` never imports torch, and ``import archspec`` not even the spec parser.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
-import sys
-import warnings
 from typing import Any
 
 from archspec.errors import SpecError
 from archspec.ir.loader import load_spec
 from archspec.spec import SPEC_DIR, shipped_specs
+from archspec.timm.hook import install
 
 __all__ = ["PREFIX", "register", "register_shipped", "create_timm_model", "install"]
 
@@ -183,36 +181,3 @@ def register_shipped() -> list[str]:
 
     # Read on use, not now: parsing twelve specs would slow down every `import timm` (the suite checks them).
     return [_register(PREFIX + name, os.fspath(SPEC_DIR / f"{name}.yaml")) for name in shipped_specs()]
-
-
-class _RegisterAfterTimm(importlib.abc.MetaPathFinder):
-    """One-shot post-import hook: lets timm import normally, then registers the shipped specs."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None):
-        if fullname != "timm":
-            return None
-        sys.meta_path.remove(self)
-
-        found = importlib.util.find_spec("timm")
-        if found is None or found.loader is None:
-            return found
-        exec_module = found.loader.exec_module
-
-        def exec_then_register(module):
-            exec_module(module)
-            try:
-                register_shipped()
-            except Exception as exc:  # never let archspec break `import timm`
-
-                warnings.warn(f"archspec could not register its specs with timm: {exc}", RuntimeWarning, stacklevel=2)
-
-        found.loader.exec_module = exec_then_register
-        return found
-
-
-def install() -> None:
-    """Register the shipped specs with timm now if it is imported, else right after ``import timm``."""
-    if "timm.models" in sys.modules:
-        register_shipped()
-    elif not any(isinstance(finder, _RegisterAfterTimm) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterAfterTimm())

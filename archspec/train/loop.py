@@ -12,6 +12,7 @@ fast path's entry point, :func:`archspec.train.run.fit` the streaming one.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from timm.data import Mixup
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
-from timm.utils import dispatch_clip_grad
+from timm.utils import ModelEmaV3, dispatch_clip_grad
 
 from archspec.diagnostics.timing import parse_device
 from archspec.errors import SpecError
@@ -162,8 +164,6 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type) if self.dtype == torch.float16 else None
         self.ema = None
         if config.ema_decay is not None:
-            from timm.utils import ModelEmaV3  # noqa: PLC0415
-
             self.ema = ModelEmaV3(model, decay=config.ema_decay)
         self.mixup = _mixup(config, num_classes)
         self.teacher = teacher.to(device).eval() if teacher is not None else None
@@ -253,12 +253,8 @@ def _first(out: Any) -> torch.Tensor:
 
 def _base_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
     if target.dim() == 2:  # Mixup / CutMix soft targets (smoothing already in them)
-        from timm.loss import SoftTargetCrossEntropy  # noqa: PLC0415
-
         return SoftTargetCrossEntropy()(logits, target)
     if smoothing > 0:
-        from timm.loss import LabelSmoothingCrossEntropy  # noqa: PLC0415
-
         return LabelSmoothingCrossEntropy(smoothing)(logits, target)
     return F.cross_entropy(logits, target)
 
@@ -375,7 +371,6 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
 
     hooks = Hooks(report=report, on_eval=on_eval)
     if progress is not None:
-        import sys  # noqa: PLC0415
 
 
         shown = Progress(config.steps, 0, batches.batch, log_every=config.log_every, bar=False, stream=sys.stderr,

@@ -15,6 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as Bar
+
 __all__ = ["Progress", "format_seconds"]
 
 
@@ -57,10 +61,6 @@ class Progress:
             self._tb = _tensorboard(run_dir)
 
     def _start_bar(self) -> None:
-        from rich.console import Console  # noqa: PLC0415
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn  # noqa: PLC0415
-        from rich.progress import Progress as Bar  # noqa: PLC0415 - rich loads when a bar is shown
-
         self._rich = Bar(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                          TimeRemainingColumn(), console=Console(file=self.stream), transient=False)
         self._rich.start()
@@ -134,7 +134,7 @@ def _append(run_dir: Path, record: dict) -> None:
 
 def _tensorboard(run_dir: Path):
     try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - tensorboard is optional
     except ImportError:  # tensorboard is optional
         print("note: --tensorboard needs `pip install tensorboard`; metrics go to metrics.csv only", file=sys.stderr)
         return None

@@ -219,7 +219,7 @@ class _RunLock:
 
     def __init__(self, out: Path):
         try:
-            import fcntl  # noqa: PLC0415
+            import fcntl  # noqa: PLC0415 - POSIX only
         except ImportError:  # pragma: no cover - not POSIX
             self.fd = None
             return

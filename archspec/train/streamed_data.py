@@ -42,6 +42,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from archspec.errors import SpecError
 from archspec.io import datasets as mem
+from archspec.io.data_sources import check_data_dir
 from archspec.io.datasets import (
     DATA_HINT,
     IMAGE_SUFFIXES,
@@ -177,15 +178,11 @@ def open_stream_data(source: str | os.PathLike | None, seed: int = 0, max_images
     if max_images is not None and max_images < 2:
         raise SpecError.single(("--max-images",),
                                f"must be at least 2 (a train and a validation image), got {max_images}")
-    if source is None or str(source) == "digits":
+    root = check_data_dir(source)
+    if root is None:
         return _digits(seed, max_images)
     if str(source) == "fashion-mnist":
-        return _fashion_mnist(mem.fashion_mnist_dir(), seed, max_images)
-    root = Path(source).expanduser()
-    if not root.exists():
-        raise mem.data_error("no such directory", mem.DATA_HINT, root)
-    if not root.is_dir():
-        raise mem.data_error("not a directory", mem.DATA_HINT, root)
+        return _fashion_mnist(root, seed, max_images)
     cifar = mem.cifar_class(root)
     if cifar is not None:
         return _cifar(*cifar, seed, max_images)
@@ -208,7 +205,6 @@ def _split_sizes(n_train: int, n_val: int, max_images: int | None) -> tuple[int 
 
 
 def _digits(seed: int, max_images: int | None) -> StreamData:
-    from archspec.io.datasets import split_indices, stratified_subset  # noqa: PLC0415
 
     digits = load_digits()
     images = np.round(digits.images * (255 / 16)).astype(np.uint8)  # (1797, 8, 8), values 0..16
@@ -270,8 +266,6 @@ class _Candidates:
 
     def report(self, root: Path) -> None:
         if self.left_out:
-            import sys  # noqa: PLC0415
-
             shown = "; ".join(self.left_out[:3]) + (f"; and {len(self.left_out) - 3} more" if len(self.left_out) > 3
                                                      else "")
             print(f"archspec train: warning: left out {len(self.left_out)} file(s) of {root} that cannot be "
@@ -365,7 +359,6 @@ def _image_folder(root: Path, seed: int, max_images: int | None) -> StreamData:
 
 
 def _enough_classes(classes: list, root: Path) -> None:
-    from archspec.io.datasets import data_error  # noqa: PLC0415
 
     if len(classes) < 2:
         raise data_error(f"found {len(classes)} class folder(s); classification needs at least 2", None, root)

@@ -37,6 +37,8 @@ from archspec.errors import TransferError
 from archspec.families.conv_block.module import BETA, ConvGPSA
 from archspec.families.conv_block.module import inverse_softplus as _inverse_softplus  # noqa: F401 - older name
 from archspec.families.conv_block.rules import gpsa_counts
+from archspec.io.artifact import load as load_artifact
+from archspec.nn.compiler import compile as compile_spec
 from archspec.timm.convert import load_timm_weights, resnet_spec_from_timm
 from archspec.train.param_groups import gating_param_groups, transformed_layers
 
@@ -162,13 +164,11 @@ def tcnn_model(cnn: nn.Module, spec: Any = None, **spec_options: Any) -> nn.Modu
         TransferError: as :func:`tcnn_spec`, or ``cnn``'s tensors do not fit the spec (another architecture).
         SpecError: the spec is invalid (at its resolution, or over the memory limit).
     """
-    import archspec  # noqa: PLC0415 - the package's front door; imported here to keep this module light
-
     if spec is None:
         spec = tcnn_spec(cnn, **spec_options)
     elif spec_options:
         raise TypeError(f"tcnn_model: give spec options ({', '.join(spec_options)}) or a spec, not both")
-    model = archspec.compile(spec)
+    model = compile_spec(spec)
     try:
         load_timm_weights(model, cnn)
     except RuntimeError as exc:
@@ -212,8 +212,6 @@ def load_tcnn(directory: str | Path) -> nn.Module:
             safetensors errors for unreadable weights of a recipe directory.
     """
 
-    import archspec  # noqa: PLC0415
-
     directory = Path(directory)
     try:
         document = yaml.safe_load((directory / "spec.yaml").read_text(encoding="utf-8"))
@@ -222,7 +220,7 @@ def load_tcnn(directory: str | Path) -> nn.Module:
     if not isinstance(document, dict):
         raise TransferError(f"{directory / 'spec.yaml'}: not a T-CNN build (not a mapping)")
     if "tcnn" not in document:
-        return archspec.load(directory).eval()
+        return load_artifact(directory).eval()
     model = tcnn_from_recipe(document["tcnn"])
     load_model(model, str(directory / "model.safetensors"))
     return model.eval()

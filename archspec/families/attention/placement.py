@@ -4,7 +4,7 @@ A placement maps an attention layer, keyed ``(stage, layer)``, to one flag per h
 takes a hard window mask).  The rules read the Attention Locality Score (eq. 3: the share of a query's
 attention inside its window of neighbouring patches, averaged over patch queries; 0..1, unitless), computed
 on a trained model by :func:`archspec.diagnostics.metrics.layer_als` (the search's driver is
-:mod:`archspec.search.masks`):
+:mod:`archspec.search._modes.masks`):
 
 * sec. 4.2, assignment (:func:`assign_from_als`): from head 0's ALS ``a`` of a layer whose head 0 was masked,
   ``a >= high`` ("close to 1") masks every head, ``a <= low`` ("close to 0") removes the mask, otherwise

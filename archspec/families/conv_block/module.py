@@ -38,6 +38,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath
+from timm.layers.bottleneck_attn import BottleneckAttn
 from timm.layers.squeeze_excite import SEModule
 from timm.models.resnet import BasicBlock, Bottleneck, downsample_avg, downsample_conv
 from torch import Tensor, nn
@@ -186,7 +187,9 @@ class ConvGPSA(nn.Module):
         weight = self.out_weight.reshape(3, 3, self.d_in, self.d_out).permute(3, 2, 0, 1)
         return F.conv2d(x, weight.to(x.dtype), self.out_bias, stride=self.stride, padding=1)
 
-    def _positions(self, rows: int, cols: int, device, dtype) -> Tensor:
+    def positions(self, rows: int, cols: int, device, dtype) -> Tensor:
+        """``(rows * cols, 2)`` (row, col) of every pixel of a ``rows x cols`` map, row-major (also read by
+        :func:`archspec.diagnostics.metrics` on the padded map)."""
         r = torch.arange(rows, device=device, dtype=dtype)
         c = torch.arange(cols, device=device, dtype=dtype)
         return torch.stack(torch.meshgrid(r, c, indexing="ij"), -1).reshape(-1, 2)  # (N, 2) row, col
@@ -197,7 +200,7 @@ class ConvGPSA(nn.Module):
         padded = F.pad(x, (1, 1, 1, 1))  # the conv's zero padding as explicit zero pixels
         rows, cols = H + 2, W + 2
         tokens = padded.flatten(2).transpose(1, 2)  # (B, N, D_in)
-        keys = self._positions(rows, cols, x.device, x.dtype)
+        keys = self.positions(rows, cols, x.device, x.dtype)
         qr = torch.arange(1, H + 1, self.stride, device=x.device)
         qc = torch.arange(1, W + 1, self.stride, device=x.device)
         q_index = (qr[:, None] * cols + qc[None, :]).reshape(-1)  # query pixels (conv output positions)
@@ -251,8 +254,6 @@ def build_bot(bot: BotShape) -> nn.Module:
     ``pos_embed.height_rel`` / ``width_rel``; timm's init); else :class:`MapAttention` around archspec's
     ``Attention`` (the token stages' head kinds, d = C / heads)."""
     if bot.timm:
-        from timm.layers.bottleneck_attn import BottleneckAttn  # noqa: PLC0415
-
         return BottleneckAttn(bot.dim, bot.dim, feat_size=bot.grid, stride=bot.stride, num_heads=len(bot.heads),
                               qkv_bias=bot.qkv_bias)
 

@@ -1,0 +1,249 @@
+"""Preflight: every input of a search checked, cheapest first, before anything is written.
+
+:func:`preflight` runs the checks in order -- ``--trials`` / ``--timeout``, :func:`check_fidelity`,
+:func:`check_budgets_feasible`, :func:`check_space_valid`, :func:`check_oracle` (``--oracle``) or
+:func:`check_data_path`, :func:`~archspec.search._engine.session.check_outputs` -- and decodes the data last (the
+slowest check).  Each raises :class:`~archspec.errors.SpecError` naming the option (exit 2 from the CLI); the
+run directory, the study and every file are created only after all of them passed.
+
+The torch side (:mod:`archspec.io.datasets`, :mod:`archspec.search._evaluation.latency`) is imported inside the checks
+that need
+it, so a bad option is refused without importing torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import optuna
+
+from archspec._util.units import human
+from archspec.errors import SpecError
+from archspec.io.data_sources import check_source
+from archspec.search._engine.config import SearchConfig
+from archspec.search._engine.fidelity import FIDELITIES, ZERO_COST_RANKINGS
+from archspec.search._engine.session import check_outputs
+from archspec.search._engine.study import make_sampler
+from archspec.search._evaluation.budget import static_check
+from archspec.search._tabulation.oracle import load_table
+
+__all__ = ["preflight", "first_problem", "check_budgets_feasible", "check_space_valid", "check_data_path",
+           "check_fidelity", "check_oracle", "check_seed", "MAX_ORACLE_POINTS"]
+
+def first_problem(exc: SpecError) -> str:
+    """The first problem of ``exc``, formatted (its message when it has none)."""
+    return exc.problems[0].format() if exc.problems else str(exc)
+
+
+def check_budgets_feasible(space, budgets, options: dict) -> Any:
+    """Raise :class:`SpecError` when even ``space.smallest()`` breaks a static budget; else its static check.
+
+    ``options`` maps a budget (``macs``, ``params``) to the command-line option the error names
+    (:data:`~archspec.search._engine.config.BUDGET_OPTIONS`).
+
+    Raises:
+        SpecError: the smallest point is invalid, over the memory limit (``--max-memory``), or over the MAC or
+            parameter budget (the error gives the smallest achievable value).
+    """
+    check = static_check(space.smallest(), budgets)
+    if check.feasible:
+        return check
+    if check.macs == 0 and check.params == 0 and check.reason:
+        raise SpecError.single(("--space",),
+                               f"search space {space.name!r}: its smallest point is invalid: {check.reason}")
+    over_macs = budgets.macs is not None and check.macs > budgets.macs
+    if not over_macs and not (budgets.params is not None and check.params > budgets.params):  # the memory limit
+        raise SpecError.single(("--max-memory",), f"search space {space.name!r}: its smallest point: {check.reason}",
+                               "raise --max-memory, or search a smaller space (--space)")
+    if over_macs:
+        option, what = options["macs"], "MACs"
+        message = (f"no point of search space {space.name!r} fits {human(budgets.macs)} MACs: the smallest achievable "
+                   f"is {human(check.macs)} MACs ({check.macs:,}) and {human(check.params)} params")
+    else:
+        option, what = options["params"], "params"
+        message = (f"no point of search space {space.name!r} fits {human(budgets.params)} params: the smallest "
+                   f"achievable is {human(check.params)} params ({check.params:,}) at {human(check.macs)} MACs")
+    raise SpecError.single((option,), message, f"raise {option} to at least the smallest achievable {what}, "
+                                               "or search a smaller space (--space)")
+
+
+def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
+    """Sample ``n`` random points (seeded by ``seed``).
+
+    Raises:
+        SpecError: a point is not a valid spec; each problem keeps its field path and names the sampled params.
+    """
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    for _ in range(n):
+        trial = study.ask()
+        try:
+            space.sample(trial)
+        except SpecError as exc:
+            raise SpecError([dataclasses.replace(p, message=f"search space {space.name!r} produced an invalid spec "
+                                                             f"(params {trial.params}): {p.message}")
+                             for p in exc.problems]) from None
+        study.tell(trial, 0.0)
+
+
+def check_data_path(data: str | None) -> None:
+    """Fail fast, before a study is opened, when ``--data`` names nothing
+    (see :func:`archspec.io.data_sources.check_source`).
+
+    Raises:
+        SpecError: a missing path, or Fashion-MNIST asked for where it is not installed (exit 2 from the CLI).
+    """
+    check_source(data)
+
+
+MAX_SEED = 2**31  # what `archspec train --seed` accepts; numpy's samplers take seeds below 2**32
+
+
+def check_seed(seed) -> None:
+    """``--seed`` is an integer in [0, 2^31), as for ``archspec train`` (numpy's samplers refuse others with a
+    traceback).
+
+    Raises:
+        SpecError: at ``--seed``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+        raise SpecError.single(("--seed",), f"seed must be in [0, 2^31), got {seed}")
+
+
+def check_fidelity(cfg: SearchConfig) -> None:
+    """``cfg.fidelity`` is known and ``cfg.zc_score`` a zero-cost ranking.
+
+    Raises:
+        SpecError: at ``--fidelity`` or ``--zc-score``, naming the choices.
+    """
+    if cfg.fidelity not in FIDELITIES:
+        raise SpecError.single(("--fidelity",), f"unknown fidelity {cfg.fidelity!r}", f"one of {', '.join(FIDELITIES)}")
+    if cfg.zc_score not in ZERO_COST_RANKINGS:
+        raise SpecError.single(("--zc-score",), f"unknown zero-cost score {cfg.zc_score!r}",
+                               f"one of {', '.join(ZERO_COST_RANKINGS)}")
+
+
+def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
+    """Check every input of a search of ``space`` (``n_objectives``: 1 or 2), cheapest first, writing nothing.
+
+    Returns ``(data, sampler, oracle)``: the decoded :class:`~archspec.io.datasets.Dataset` (the oracle's stand-in with
+    ``--oracle``), the study's sampler and the :class:`~archspec.search._tabulation.oracle.OracleTable` (or ``None``).
+
+    Raises:
+        SpecError: the first bad input (trials, timeout, sampler start-up, seed, fidelity, budgets, space, oracle,
+            data, ``--out``, ``--storage``).
+    """
+    if cfg.trials < 1:
+        raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")
+    if cfg.timeout is not None and cfg.timeout <= 0:
+        raise SpecError.single(("--timeout",), f"must be positive seconds, got {cfg.timeout}")
+    if cfg.sampler_startup < 0:
+        raise SpecError.single(("--sampler-startup",), f"needs 0 or more trials, got {cfg.sampler_startup}")
+    check_seed(cfg.seed)
+    check_fidelity(cfg)
+    check_budgets_feasible(space, cfg.budgets, cfg.budget_options)
+    check_space_valid(space, seed=cfg.seed)
+    oracle = check_oracle(cfg, space, n_objectives)
+    if oracle is None:
+        check_data_path(cfg.data)
+    check_outputs(cfg, name)
+    sampler = make_sampler(cfg.sampler, cfg.seed, n_objectives, cfg.sampler_startup)
+    if oracle is not None:  # nothing is trained: the table answers; no images are read
+        return oracle.dataset(), sampler, oracle
+    # Decoding every image is the last input check (the slowest): still nothing written.
+    from archspec.io.datasets import load_data  # noqa: PLC0415 - torch-side: after the torch-free checks
+
+    data = load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)
+    return data, sampler, None
+
+
+MAX_ORACLE_POINTS = 10_000  # an oracle search checks every point of its space against the table
+
+
+_POINTS_MEMO: dict[str, list[tuple[dict, str]]] = {}  # space document (sorted JSON) -> its keyed points
+
+
+def _keyed_points(space) -> list[tuple[dict, str]]:
+    """``(params, architecture key)`` of every point of ``space``, memoised per space document in this process: a
+    200-replay comparison lists the same space 200 times (a third of an oracle replay's CPU before the memo)."""
+    from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side
+
+    memo_key = json.dumps(space.document, sort_keys=True, default=str)
+    if memo_key not in _POINTS_MEMO:
+        _POINTS_MEMO[memo_key] = [(params, architecture_key(spec))
+                                  for params, spec in space.points(limit=MAX_ORACLE_POINTS)]
+    return _POINTS_MEMO[memo_key]
+
+
+def check_oracle(cfg: SearchConfig, space, n_objectives: int):
+    """The :class:`~archspec.search._tabulation.oracle.OracleTable` of ``cfg.oracle`` (``None`` without one), checked
+    against
+    the search: the table tabulates ``space``, covers ``--proxy-steps``, and has latency where the search needs it.
+
+    Raises:
+        SpecError: at ``--oracle`` / ``--proxy-steps``.
+    """
+    if cfg.oracle is None:
+        if cfg.oracle_subset:
+            raise SpecError.single(("--oracle-subset",), "--oracle-subset needs --oracle TABLE",
+                                   "add --oracle levit_small (or a table file), or drop --oracle-subset")
+        return None
+
+    table = load_table(cfg.oracle)
+    if table.space != space.name:
+        raise SpecError.single(("--oracle",), f"the table tabulates space {table.space!r}, not {space.name!r}",
+                               f"add --space {table.space}", str(cfg.oracle))
+    table.check_steps(cfg.protocol.steps)
+    tabulated = table.tabulated
+    points = _keyed_points(space)
+    missing = [params for params, key in points if key not in tabulated]
+    if cfg.oracle_subset and len(missing) == len(points):
+        raise SpecError.single(("--oracle",), f"the table holds no design of space {space.name!r} with every "
+                                              f"reference seed {table.seeds}",
+                               f"tabulate some first: archspec table {space.name}", str(cfg.oracle))
+    if missing and not cfg.oracle_subset:
+        raise SpecError.single(("--oracle",), f"the table lacks {len(missing)} design(s) of space {space.name!r}, "
+                               f"e.g. {missing[0]}", f"finish it (archspec table {space.name}), or "
+                               "search only the designs it holds (--oracle-subset)",
+                               str(cfg.oracle))
+    if n_objectives == 2 or cfg.budgets.latency_ms is not None:
+        _check_oracle_latency(table, [(params, key) for params, key in points if key in tabulated], space.name,
+                              str(cfg.oracle))
+    return table
+
+
+def _check_oracle_latency(table, searched: list[tuple[dict, str]], space: str, file: str) -> None:
+    """Every design the search can meet (``searched``: ``(params, key)``) has a tabulated latency: one without
+    would fail as a trial each time it is sampled while the search samples on.
+
+    Raises:
+        SpecError: at ``--oracle``: no latency at all, or none for some of the searched designs.
+    """
+    if not table.latency_ms:
+        raise SpecError.single(("--oracle",), "the table has no latency yet (its latency pass has not run)",
+                               "search with --objective accuracy, or run bench/space_table.py --latency", file)
+    lacking = [params for params, key in searched if key not in table.latency_ms]
+    if lacking:
+        raise SpecError.single(("--oracle",), f"its latency sidecar lacks {len(lacking)} of the {len(searched)} "
+                                              f"tabulated designs of space {space!r}, e.g. {lacking[0]}",
+                               "finish its latency pass (bench/space_table.py --latency --resume), or search with "
+                               "--objective accuracy and no --budget-latency", file)
+
+
+def preflight_rounds(cfg: SearchConfig, name: str):
+    """The inputs a rounds mode (:class:`~archspec.search._modes.base.RoundsMode`) shares with every search: ``--data``,
+    then ``--out`` / ``--storage``, then every image decoded (the slowest check, still nothing written).
+
+    Returns the :class:`~archspec.io.datasets.Dataset`.
+
+    Raises:
+        SpecError: ``--seed`` out of range, a missing or unreadable data source, an unusable run directory or
+            storage.
+    """
+    check_seed(cfg.seed)
+    check_data_path(cfg.data)
+    check_outputs(cfg, name)
+    from archspec.io.datasets import load_data  # noqa: PLC0415 - torch-side: after the torch-free checks
+
+    return load_data(cfg.data, image_size=cfg.protocol.image_size, seed=cfg.seed, max_images=cfg.max_images)

@@ -1,0 +1,1 @@
+"""What a search writes and prints (private: import the public names from archspec.search)."""

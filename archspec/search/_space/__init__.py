@@ -1,0 +1,1 @@
+"""The search-space language (private: import the public names from archspec.search)."""

@@ -1,0 +1,218 @@
+"""MaiT's mask-placement rule replayed on a mask table (issue 52: `search masks` on the table in seconds), torch-free.
+
+A mask table (``archspec table SPACE`` on a ``kind: masks`` space such as ``mait_small``) holds, for every placement
+point and seed, the learning curve and MaiT's ALS (eq. 3) of every layer and head at every curve step.  That is all
+``--strategy als`` reads of a trained model (:func:`archspec.search.run_masks`), so the rule can run on the table: each
+"training" of a placement is the table row of one seed, drawn per replay and per point exactly as design replays
+draw theirs (:meth:`~archspec.search._tabulation.oracle.OracleTable.seed_of`), and the placement it returns is scored on
+the reference seeds that did not answer it (the leak-free reading of issue 54).
+
+MaiT sec. 4.2 on a table whose space ties layers into groups (``mait_small``: one choice per group of two layers,
+``stages.0.heads_mix.masked.0-1``: masked heads 0..m-1 of layers 0 and 1).  The rule decides per layer; a table
+point is per group, so this replay decides per group on the group's ALS -- the mean over its layers, head by head
+(a choice of this replay; MaiT has no groups):
+
+1. round 1 trains head 0 masked in every layer (every group ``m = 1``: a table point) and assigns from head 0's
+   ALS above uniform attention ``a``: ``a >= high`` masks every head (``m = H``), ``a <= low`` none (``m = 0``),
+   otherwise head 0 only (``m = 1``) -- :func:`archspec.families.attention.placement.assign_from_als`;
+2. rounds 2.. train that point and calibrate: a masked head whose own ALS is ``<= low`` loses its mask
+   (:func:`~archspec.families.attention.placement.calibrate`); the group keeps as many masked heads as remain
+   (the space masks heads 0..m-1: heads are exchangeable there, so a count is the placement); stop early when a
+   calibration changes nothing, as the live rule does.
+
+The uniform baseline ``u`` of a layer (:func:`uniform_als`) is what :func:`archspec.search._modes.mask_scores.
+uniform_baselines` computes on a model, from the grid alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from archspec.errors import SpecError
+from archspec.families.attention.mask import parse_window
+from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW, assign_from_als, calibrate
+from archspec.ir.analysis import analyze
+from archspec.search._space.language import load_space
+
+__all__ = ["uniform_als", "mask_groups", "als_at", "AlsReplay", "replay_als", "table_replay_report"]
+
+_GROUP = re.compile(r"stages\.(\d+)\.heads_mix\.masked\.(\d+)-(\d+)$")  # the per-group choice of a masks space
+
+
+def uniform_als(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int = 0) -> float:
+    """ALS of uniform attention over ``N = rows * cols + num_prefix_tokens`` tokens: the mean over patch queries
+    of ``|window neighbours inside the grid| / N`` (MaiT eq. 3 on a map of ``1/N``; windows clipped at the border,
+    class tokens not neighbours).  7x7 with a 3x3 window and a class token: 361 / 49 / 50 = 0.1473.  Raises
+    nothing."""
+    rows, cols = grid
+    wr, wc = window[0] // 2, window[1] // 2
+    n = rows * cols + num_prefix_tokens
+    inside = sum((min(r + wr, rows - 1) - max(r - wr, 0) + 1) * (min(c + wc, cols - 1) - max(c - wc, 0) + 1)
+                 for r in range(rows) for c in range(cols))
+    return inside / (rows * cols) / n
+
+
+def mask_groups(params: dict[str, Any]) -> dict[str, tuple[int, list[int]]]:
+    """``{parameter: (stage, [layers])}`` of a masks point's per-group choices (``stages.0.heads_mix.masked.2-3``
+    -> ``(0, [2, 3])``).
+
+    Raises:
+        SpecError: a parameter that is not such a choice (the table is not of a per-group masks space).
+    """
+    out = {}
+    for name in params:
+        match = _GROUP.match(name)
+        if match is None:
+            raise SpecError.single(("--oracle",), f"parameter {name!r} is not a per-group mask count",
+                                   "a mask table of a kind: masks space (e.g. mait_small)", name)
+        stage, first, last = (int(g) for g in match.groups())
+        out[name] = (stage, list(range(first, last + 1)))
+    return out
+
+
+def als_at(row: dict, steps: int) -> dict[str, list[float]]:
+    """The row's ALS per layer (``"stage.layer"`` -> per head) at the last curve step ``<= steps`` (the proxy's
+    length; the first step if every step is later).
+
+    Raises:
+        SpecError: the row holds no ALS (a table of a design space, or written before ALS was recorded).
+    """
+    als = row.get("als")
+    if not als:
+        raise SpecError.single(("--oracle",), "the table's rows hold no ALS", "a table of a kind: masks space")
+    earlier = [entry for entry in als if entry[0] <= steps]
+    return (earlier[-1] if earlier else als[0])[1]
+
+
+def _cost(row: dict, steps: int) -> float:
+    """Training seconds of the row up to ``steps`` (its TSE column's clock at the last step ``<= steps``)."""
+    earlier = [entry for entry in row.get("tse", []) if entry[0] <= steps]
+    return float(earlier[-1][2]) if earlier else 0.0
+
+
+@dataclass
+class AlsReplay:
+    """One replay of MaiT's rule: the point it returns (``counts``: masked heads per group parameter), the rounds
+    (point trained, table seed that answered it, decisions), and the simulated training seconds it cost."""
+
+    counts: dict[str, int]
+    rounds: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    answered: dict[str, int] = field(default_factory=dict)  # architecture key -> the table seed that answered it
+
+
+def replay_als(table, replay_seed: int, steps: int, *, heads: int, grid: tuple[int, int],
+               window: tuple[int, int] = (3, 3), num_prefix_tokens: int = 1, high: float = DEFAULT_ALS_HIGH,
+               low: float = DEFAULT_ALS_LOW, rounds: int = 2, normalise: bool = True) -> AlsReplay:
+    """``--strategy als`` on a mask table (module docstring): rounds of MaiT's rule, each round's training the row
+    of the table seed ``table.seed_of(key, replay_seed)`` at proxy length ``steps``.
+
+    Args:
+        table: an :class:`archspec.search._tabulation.oracle.OracleTable` of a per-group masks space.
+        heads: heads per attention layer (``H``: "mask every head" is ``m = H``).
+        grid, window, num_prefix_tokens: the attention grid, the mask window and the class tokens (for ``u``).
+        high, low, rounds, normalise: as ``archspec search masks --als-high/--als-low/--rounds/--als-raw``.
+
+    Raises:
+        SpecError: a point the rule reaches is not in the table (with every reference seed), or the table is not
+            a per-group masks table.
+    """
+    by_params = {_signature(next(iter(rows.values()))["params"]): key for key, rows in table.rows.items()
+                 if key in table.tabulated}
+    first = next(iter(table.rows.values()))
+    groups = mask_groups(next(iter(first.values()))["params"])
+    u = uniform_als(grid, window, num_prefix_tokens)
+    counts = {name: 1 for name in groups}  # MaiT sec. 4.2 step 1: head 0 of every layer
+    out = AlsReplay(counts=dict(counts))
+    for r in range(1, rounds + 1):
+        key = by_params.get(_signature(counts))
+        if key is None:
+            raise SpecError.single(("--oracle",), f"the table lacks the point {counts} (round {r} of the rule)",
+                                   "finish the table (archspec table SPACE)", table.file)
+        seed = table.seed_of(key, replay_seed)
+        row = table.rows[key][seed]
+        out.answered[key] = seed
+        out.seconds += _cost(row, steps)
+        scores = _group_scores(als_at(row, steps), groups, u if normalise else 0.0)
+        flags = {name: [h < m for h in range(heads)] for name, m in counts.items()}
+        if r == 1:
+            new_flags, decisions = assign_from_als(flags, scores, high, low)
+        else:
+            new_flags, decisions = calibrate(flags, scores, low)
+        new = {name: sum(f) for name, f in new_flags.items()}
+        out.rounds.append({"round": r, "point": dict(counts), "key": key, "seed": seed, "als": scores,
+                           "decisions": decisions, "next": dict(new)})
+        changed, counts = new != counts, new
+        if r >= 2 and not changed:
+            break
+    out.counts = counts
+    return out
+
+
+def _group_scores(als: dict[str, list[float]], groups: dict[str, tuple[int, list[int]]],
+                  u: float) -> dict[str, list[float]]:
+    """Per group, head by head: the mean ALS of its layers, above uniform attention ``(ALS - u) / (1 - u)``
+    clipped to [0, 1] (``u = 0``: the raw ALS)."""
+    out = {}
+    for name, (stage, layers) in groups.items():
+        per_layer = [als[f"{stage}.{layer}"] for layer in layers]
+        mean = [sum(values) / len(values) for values in zip(*per_layer)]
+        out[name] = [min(max((v - u) / (1.0 - u), 0.0), 1.0) for v in mean]
+    return out
+
+
+def _signature(params: dict[str, Any] | Sequence) -> tuple:
+    return tuple(sorted(dict(params).items()))
+
+
+def table_replay_report(table, replay_seed: int, steps: int, *, window: str = "3x3", high: float | None = None,
+                        low: float | None = None, rounds: int = 2, normalise: bool = True) -> dict[str, Any]:
+    """``archspec search masks --oracle TABLE --strategy als``: :func:`replay_als` with the geometry of the table's
+    space (heads, attention grid, class tokens from its first point's static analysis), the returned point's
+    reference top-1 on the seeds that did not answer it, the named fixed schemes' (mean of every reference seed)
+    beside it, and a text report (``"text"``).  Accuracies in 0..1, seconds of simulated training.
+
+    Raises:
+        SpecError: as :func:`replay_als`; a window that is not ``RxC``.
+    """
+    try:
+        win = parse_window(window)
+    except ValueError as exc:
+        raise SpecError.single(("--window",), str(exc), "e.g. 3x3", window) from None
+    _, spec = next(iter(load_space(table.space).points()))
+    layer = next(row for row in analyze(spec).rows if row.heads)  # heads: one letter a head ('A A A')
+    grid = tuple(layer.grid)
+    replay = replay_als(table, replay_seed, steps, heads=len(layer.heads.split()), grid=grid, window=win,
+                        num_prefix_tokens=layer.tokens - grid[0] * grid[1],
+                        high=DEFAULT_ALS_HIGH if high is None else high, low=DEFAULT_ALS_LOW if low is None else low,
+                        rounds=rounds, normalise=normalise)
+    key = {_signature(next(iter(rows.values()))["params"]): k for k, rows in table.rows.items()}.get(
+        _signature(replay.counts))
+    seeds = table.seeds
+    held_out = [s for s in seeds if s != replay.answered.get(key)]
+    reference = (sum(table.rows[key][s]["final_accuracy"] for s in held_out) / len(held_out)
+                 if key in table.tabulated else None)
+    fixed = {}
+    for k in table.tabulated:
+        first = table.rows[k][seeds[0]]
+        if first.get("hand"):
+            fixed[first["hand"]] = sum(table.rows[k][s]["final_accuracy"] for s in seeds) / len(seeds)
+    label = " ".join(f"{name.rsplit('.', 1)[-1]}={m}" for name, m in sorted(replay.counts.items()))
+    lines = [f"MaiT's rule (--strategy als) on the table {table.space} ({Path(table.file).name}): replay seed "
+             f"{replay_seed}, ALS at the last curve step <= {steps}, each round's training one row"]
+    for r in replay.rounds:
+        point = " ".join(f"{n.rsplit('.', 1)[-1]}={m}" for n, m in sorted(r["point"].items()))
+        lines.append(f"  round {r['round']}: trained {point} (table seed {r['seed']})")
+        lines.extend(f"    {name.rsplit('.', 1)[-1]}: {text}" for name, text in sorted(r["decisions"].items()))
+    shown = "not tabulated" if reference is None else f"{reference:.4f} (seeds {held_out})"
+    lines.append(f"placement: {label}; reference top-1 {shown}; {replay.seconds:.0f} s of training simulated")
+    if fixed:
+        lines.append("fixed schemes (mean of seeds " + ", ".join(map(str, seeds)) + "): "
+                     + ", ".join(f"{name} {acc:.4f}" for name, acc in sorted(fixed.items())))
+    return {"space": table.space, "replay_seed": replay_seed, "steps": steps, "placement": replay.counts,
+            "reference_accuracy": reference, "reference_seeds": held_out, "simulated_seconds": replay.seconds,
+            "rounds": replay.rounds, "fixed_schemes": fixed, "text": "\n".join(lines)}

@@ -1,0 +1,333 @@
+"""Answer a search's evaluations from a tabulated space instead of training (``archspec search --oracle TABLE``).
+
+A table (written by ``bench/space_table.py``, one JSON line per design and seed) holds, for every point of a
+finite space, what a search could ask of it: the learning curve of the reference protocol (val top-1 at a
+geometric series of steps), the training seconds up to each point, the zero-cost scores of the untrained model,
+MACs, parameters and -- after the separate latency pass -- CPU latency.  This is how NAS benchmarks
+(NAS-Bench-201, JAHS-Bench-201) let search methods be compared in seconds with many repeats.
+
+The oracle replaces exactly three measurements of :class:`archspec.search._engine.loop.CandidateObjective`; the engine,
+sampler, budgets, rungs and reports stay the real ones:
+
+* training a proxy for ``k`` steps: the table's curve at step ``k`` (linear in ``log k`` between tabulated
+  steps; the curve's last step is the longest proxy there is), reported at every evaluation point the engine
+  asks for (rungs, pruners); its cost is the tabulated training seconds up to ``k``;
+* the zero-cost rung: the tabulated scores;
+* latency: the tabulated milliseconds (or, where the table has none, an error at ``--oracle``).
+
+Which seed's row answers is drawn for each design and each replay on its own (:meth:`OracleTable.seed_of`: a
+hash of the search's ``--seed`` and the design's architecture key, uniform over the table's reference seeds), so
+that repeats with different ``--seed`` draw independent seed-to-seed noise, design by design, as independent real
+searches would; the seed that answered is recorded on the trial (user attribute ``oracle_seed``, a column of
+trials.csv), so that a comparison scores each design on the reference seeds that did *not* answer it.  (Before
+issue 54 the seed was ``--seed`` modulo 3 for every design: twenty repeats replayed three noise draws.)  A design
+that is not in the table is an error (exit 2).
+
+A table is user input: every row and sidecar is checked by shape and by value as it is read
+(:mod:`archspec.search._tabulation.checks`: finite numbers, accuracies in [0, 1], cumulative TSE, one row per design and
+seed, one protocol), each violation a :class:`~archspec.errors.SpecError` naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from archspec.errors import SpecError
+from archspec.search._tabulation.checks import check_meta, check_row, index_rows, latency_ms, short_curve
+
+__all__ = ["TABLES_DIR", "OracleTable", "load_table", "curve_at"]
+
+TABLES_DIR = Path(__file__).resolve().parents[1] / "tables"
+_OPTION = ("--oracle",)
+_MAX_BYTES = 64 * 2**20
+
+
+def _fail(message: str, file: str | None, hint: str | None = None) -> SpecError:
+    return SpecError.single(_OPTION, message, hint, file)
+
+
+def _interpolate(points: list[tuple[float, float]], x: float) -> float:
+    """Linear interpolation in ``log x`` between sorted ``(x, y)`` points; below the first, the first ``y``."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + t * (y1 - y0)
+    return points[-1][1]
+
+
+@dataclass
+class OracleResult:
+    """What :meth:`OracleTable.train` answers, shaped like :class:`archspec.search._evaluation.proxy.ProxyResult`:
+    val top-1 (0..1), val loss, mean train loss, steps, simulated CPU seconds (the table's), history of reported
+    scores, the sum of training losses (TSE) and the score that ranks the candidate."""
+
+    accuracy: float
+    val_loss: float
+    train_loss: float
+    steps: int
+    seconds: float
+    history: list[tuple[int, float]] = field(default_factory=list)
+    geometry: Any = None
+    model: Any = None
+    loss_sum: float = math.nan
+    score: float | None = None
+    oracle_seed: int | None = None
+
+
+@dataclass
+class OracleTable:
+    """A tabulated space: rows by architecture key and seed (see the module docstring).
+
+    Attributes:
+        file: where it was read from.
+        space: the name of the space it tabulates.
+        rows: ``{architecture key: {seed: row}}``.
+        latency_ms: ``{architecture key: ms}`` (empty before the latency pass).
+        meta: the sidecar's protocol, machine and commits (``{}`` if there is none).
+        lines: ``{(architecture key, seed): line of its row in the file}`` (empty for a table built in memory).
+    """
+
+    file: str
+    space: str
+    rows: dict[str, dict[int, dict]]
+    latency_ms: dict[str, float]
+    meta: dict
+    lines: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_meta(self.meta, "", f"{Path(self.file).stem}.meta.json", self.file)
+
+    @cached_property
+    def seeds(self) -> list[int]:
+        """The seeds of the table's reference (sorted): the sidecar's ``reference_seeds`` where it names them (a
+        table being written holds extra seeds for some designs and only some seeds for the one in progress),
+        else the seeds every design has."""
+        named = self.meta.get("reference_seeds")
+        if named is not None:  # __post_init__ checked it: a non-empty list of integers
+            return sorted(set(named))
+        common = None
+        for by_seed in self.rows.values():
+            common = set(by_seed) if common is None else common & set(by_seed)
+        return sorted(common or ())
+
+    @cached_property
+    def tabulated(self) -> set[str]:
+        """The architecture keys whose rows hold every seed of :attr:`seeds`: the designs the oracle answers."""
+        seeds = set(self.seeds)
+        return {key for key, by_seed in self.rows.items() if seeds <= set(by_seed)} if seeds else set()
+
+    @property
+    def curve_steps(self) -> list[int]:
+        """The tabulated steps of the learning curves."""
+        first = next(iter(next(iter(self.rows.values())).values()))
+        return [int(s) for s, *_ in first["curve"]]
+
+    def seed_of(self, key: str, seed: int) -> int:
+        """The table seed whose row answers design ``key`` in the replay with search seed ``seed``: one of
+        :attr:`seeds`, drawn uniformly by the first 8 bytes of ``sha256("oracle:<seed>:<key>")`` -- independent
+        across designs and across replays, and the same every time for one (replay, design).  Raises nothing."""
+        digest = hashlib.sha256(f"oracle:{seed}:{key}".encode()).digest()
+        return self.seeds[int.from_bytes(digest[:8], "big") % len(self.seeds)]
+
+    def row(self, spec, seed: int) -> dict:
+        """The row of ``spec`` for the search seed ``seed``: the table seed :meth:`seed_of` draws for it.
+
+        Raises:
+            SpecError: at ``--oracle``: the design is not in the table.
+        """
+        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
+
+        key = architecture_key(spec)
+        if key not in self.tabulated:
+            raise _fail(f"design {key[:12]} is not in the table (space {self.space!r}, {len(self.tabulated)} designs "
+                        f"with seeds {self.seeds})", self.file,
+                        "search the space the table tabulates (--space), search only its designs (--oracle-subset), "
+                        "or finish the table (archspec table SPACE)")
+        return self.rows[key][self.seed_of(key, seed)]
+
+    def check_steps(self, steps: int) -> None:
+        """Raises :class:`SpecError` at ``--proxy-steps`` when ``steps`` lies past the curve of any row (each row is
+        checked: a row whose curve ends early would otherwise answer with its last point)."""
+        short = short_curve(self.rows, steps)
+        if short is not None:
+            key, seed = short
+            row = self.rows[key][seed]
+            line = self.lines.get(short)
+            where = f"line {line}: " if line is not None else ""
+            raise SpecError.single(("--proxy-steps",), f"{steps} steps is past the table's curve ({where}design "
+                                   f"{key[:12]} seed {seed} ends at {row['curve'][-1][0]} steps)",
+                                   f"search with --proxy-steps {row['curve'][-1][0]} or fewer, or tabulate that row's "
+                                   f"curve further (its steps: {', '.join(str(s) for s, *_ in row['curve'])})",
+                                   self.file)
+
+    def train(self, spec, data, protocol, seed: int = 0, report=None, on_model=None) -> OracleResult:
+        """The proxy training :func:`archspec.search._evaluation.proxy.train_proxy` would run, answered from the table:
+        ``report(step, score)`` at every ``protocol.eval_every`` steps and the last, as the real loop does (the
+        score: the curve's val top-1, or with ``protocol.score == "tse"`` minus the tabulated sum of training
+        losses to that step over the step).
+
+        Raises:
+            SpecError: the design is not in the table, or ``protocol.steps`` is past its curve.
+        """
+        self.check_steps(protocol.steps)
+        row = self.row(spec, seed)
+        steps = list(range(protocol.eval_every, protocol.steps, protocol.eval_every)) + [protocol.steps]
+        history = []
+        for step in steps:
+            value = protocol.score_of(*curve_at(row, step), step)
+            history.append((step, value))
+            if report is not None:
+                report(step, value)
+        k = protocol.steps
+        accuracy, loss_sum = curve_at(row, k)
+        val_loss = _interpolate([(float(s), float(v)) for s, _, v in row["curve"]], k)
+        seconds = [(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]]
+        cost = linear_at(seconds, k)  # training seconds up to step k (evaluation excluded)
+        return OracleResult(accuracy=accuracy, val_loss=val_loss, train_loss=loss_sum / k, steps=k, seconds=cost,
+                            history=history, loss_sum=loss_sum, score=history[-1][1], oracle_seed=int(row["seed"]))
+
+    def zero_cost(self, spec, seed: int = 0):
+        """The tabulated zero-cost scores: ``(ZeroCostResult, None)`` like
+        :func:`~archspec.search._evaluation.proxy.score_proxy`.
+
+        Raises:
+            SpecError: the design is not in the table.
+        """
+        from archspec.search._evaluation.zero_cost import ZeroCostResult  # noqa: PLC0415 - torch-side, once a table is read
+
+        row = self.row(spec, seed)
+        scores = {k: (v if v is not None else -math.inf) for k, v in row["zc"].items()}
+        return ZeroCostResult(scores=scores, seconds=dict(row.get("zc_seconds") or {})), None
+
+    def latency(self, spec) -> float:
+        """The tabulated latency in ms.
+
+        Raises:
+            SpecError: the design is not in the table, or the table has no latency for it.
+        """
+        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
+
+        self.row(spec, 0)
+        ms = self.latency_ms.get(architecture_key(spec))
+        if ms is None:
+            raise _fail("the table has no latency for this design (its latency pass has not run)", self.file,
+                        "run `python bench/space_table.py --latency --resume` with nothing else running, or search "
+                        "with --objective accuracy")
+        return ms
+
+    def dataset(self):
+        """A stand-in :class:`archspec.io.datasets.Dataset` of the table's data (one blank image per split): what the
+        engine's static checks and reports read of the data (channels, classes, size); nothing is trained on it."""
+        import torch  # noqa: PLC0415 - torch-side, once a table is read
+        from torch.utils.data import TensorDataset  # noqa: PLC0415 - torch-side, once a table is read
+
+        from archspec.io.datasets import Dataset  # noqa: PLC0415 - torch-side, once a table is read
+
+        protocol = self.meta.get("protocol", {})
+        size = int(protocol.get("image_size", 28))
+        channels, classes = int(protocol.get("channels", 1)), int(protocol.get("num_classes", 10))
+        blank = TensorDataset(torch.zeros(1, channels, size, size), torch.zeros(1, dtype=torch.long))
+        return Dataset(f"oracle:{Path(self.file).stem}", blank, blank, classes, channels, size)
+
+    def describe(self) -> dict:
+        """JSON-ready summary (recorded in the search's summary)."""
+        return {"file": self.file, "space": self.space, "designs": len(self.tabulated), "seeds": self.seeds,
+                "curve_steps": self.curve_steps, "latency": bool(self.latency_ms),
+                "protocol_id": self.meta.get("protocol_id")}
+
+
+def curve_at(row: dict, step: float) -> tuple[float, float]:
+    """``(val top-1, sum of training losses)`` of one table row at ``step``: the curve linear in ``log step``
+    between tabulated steps, the loss sum linear in ``step`` (from 0 at step 0) -- what a proxy of ``step`` steps
+    answers under ``--oracle`` (the search's score:
+    :meth:`archspec.search._evaluation.proxy.ProxyProtocol.score_of`)."""
+    accuracy = _interpolate([(float(s), float(a)) for s, a, _ in row["curve"]], step)
+    loss_sum = linear_at([(0.0, 0.0)] + [(float(s), float(total)) for s, total, _ in row["tse"]], step)
+    return accuracy, loss_sum
+
+
+def linear_at(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear interpolation in ``x`` (cumulative sums such as TSE)."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+    return points[-1][1]
+
+
+def _read_rows(path: Path, name: str) -> list[tuple[int, dict]]:
+    """``(line, row)`` of every non-blank line, each checked by shape and value (:func:`check_row`)."""
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise _fail(f"line {n}: not JSON ({exc.msg})", name) from None
+            check_row(row, n, name)
+            rows.append((n, row))
+    return rows
+
+
+def load_table(source: str | os.PathLike) -> OracleTable:
+    """Read a table: a JSONL path, or the name of a shipped table (``levit_small``).  Its sidecars
+    ``<stem>.meta.json`` (protocol) and ``<stem>.latency.json`` (``{"ms": {key: [ms per pass]}}``) are read
+    when present.
+
+    Raises:
+        SpecError: at ``--oracle``: no such file or shipped table, a directory, over 64 MB, unreadable, a line
+            that is not JSON or breaks a rule of :mod:`archspec.search._tabulation.checks` (shape, value, a conflicting
+            duplicate, another protocol), no rows, a sidecar of the wrong types.
+    """
+    path = Path(source).expanduser()
+    name = str(source)
+    if not path.exists() and path.parent == Path(".") and (TABLES_DIR / f"{path.name}.jsonl").is_file():
+        path = TABLES_DIR / f"{path.name}.jsonl"
+    if not path.exists():
+        shipped = sorted(p.stem for p in TABLES_DIR.glob("*.jsonl")) if TABLES_DIR.is_dir() else []
+        raise _fail("no such table", name, f"shipped tables: {', '.join(shipped) or 'none'}")
+    if not path.is_file():
+        raise _fail("not a regular file", name)
+    if path.stat().st_size > _MAX_BYTES:
+        raise _fail(f"over {_MAX_BYTES // 2**20} MB: not a table", name)
+    try:
+        rows = _read_rows(path, name)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read: {getattr(exc, 'strerror', None) or exc}", name) from None
+    if not rows:
+        raise _fail("the table has no rows", name)
+    meta, meta_text = _sidecar(path.with_suffix(".meta.json"), name)
+    check_meta(meta, meta_text, path.with_suffix(".meta.json").name, name)
+    by_key, lines = index_rows(rows, meta.get("protocol_id"), name)
+    latency_path = path.with_suffix(".latency.json")
+    latency = latency_ms(*_sidecar(latency_path, name), latency_path.name, name)
+    space = meta.get("protocol", {}).get("space", path.stem)
+    return OracleTable(file=name, space=space, rows=by_key, latency_ms=latency, meta=meta, lines=lines)
+
+
+def _sidecar(path: Path, name: str) -> tuple[dict, str]:
+    """``(object, text)`` of a JSON sidecar (``({}, "")`` when there is none).
+
+    Raises:
+        SpecError: at ``--oracle``: unreadable, not JSON, not a JSON object.
+    """
+    if not path.is_file():
+        return {}, ""
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _fail(f"its sidecar {path.name} is unreadable: {exc}", name) from None
+    if not isinstance(data, dict):
+        raise _fail(f"its sidecar {path.name} is not a JSON object", name)
+    return data, text

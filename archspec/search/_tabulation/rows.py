@@ -1,0 +1,156 @@
+"""One row of a tabulated space (torch): train a point once under a table protocol and write down what a search
+could ask of it.
+
+The torch half of :mod:`archspec.search._tabulation.tabulate` (``archspec table``), moved here from
+``bench/space_table.py``
+unchanged in what it computes, so that rows of the shipped ``levit_small`` table and new rows are the same
+measurement:
+
+* data: the protocol's data set at its own size, a fixed class-stratified training subset (seed 0), a fixed
+  class-stratified subset of the validation images for the intermediate curve points, all of them for the last;
+* training: archspec's one loop (:class:`archspec.train.loop.Trainer`, :func:`~archspec.train.loop.run_steps`)
+  with the protocol's optimizer, schedule, batch and augmentation; the seed sets the initial weights, the batch
+  order and the augmentation;
+* curve: val top-1 and val loss at the protocol's curve steps, the cumulative training loss (TSE, Ru et al. 2021)
+  and the training seconds to each step;
+* zero-cost: SynFlow, NASWOT and grad-norm of the untrained model on one batch
+  (:func:`archspec.search._evaluation.proxy.score_proxy`);
+* ALS (protocols with ``als``): MaiT eq. 3 per layer and head at every curve step, on the first ``als.images``
+  curve-validation images with the protocol's window (:func:`archspec.search._modes.mask_scores.layer_scores`, what
+  ``archspec search masks --strategy als`` reads of a trained model).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from archspec.families.attention.heads import MaskSpec
+from archspec.io.datasets import Dataset, load_data
+from archspec.nn.compiler import compile as compile_spec
+from archspec.search._evaluation.proxy import ProxyProtocol, proxy_spec, score_proxy
+from archspec.search._evaluation.zero_cost import ZERO_COST_SCORES
+from archspec.search._modes.mask_scores import layer_scores
+from archspec.spec import ArchSpec
+from archspec.train.batches import TensorBatches
+from archspec.train.config import TrainConfig
+from archspec.train.loop import Hooks, Trainer, evaluate, run_steps
+
+__all__ = ["stratified", "reference_data", "train_config", "train_row", "zero_cost_row"]
+
+
+def stratified(labels: np.ndarray, keep: int, seed: int) -> np.ndarray:
+    """Sorted indices of a class-stratified subset of ``keep`` samples of ``labels`` ``(N,)``: ``keep // classes``
+    of each class, drawn by a seeded permutation.  Raises nothing."""
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    per = keep // len(classes)
+    out = [rng.permutation(np.flatnonzero(labels == c))[:per] for c in classes]
+    return np.sort(np.concatenate(out))
+
+
+def reference_data(protocol: dict) -> tuple[Dataset, Dataset]:
+    """``(curve, final)`` views of the protocol's data: the same training subset, validated on the curve subset
+    and on the first ``final_val_images`` validation images.
+
+    Raises:
+        SpecError: the data set is not installed (:func:`archspec.io.datasets.load_data`).
+    """
+    full = load_data(protocol["data"], image_size=protocol["image_size"], seed=0)
+    x, y = full.train.tensors
+    xv, yv = full.val.tensors
+    keep = stratified(y.numpy(), protocol["train_images"], seed=0)
+    curve = stratified(yv.numpy(), protocol["curve_val_images"], seed=0)
+
+    def view(train_idx, val_idx) -> Dataset:
+        return Dataset(full.name, TensorDataset(x[train_idx], y[train_idx]), TensorDataset(xv[val_idx], yv[val_idx]),
+                       full.num_classes, full.channels, full.image_size)
+
+    everything = torch.arange(len(yv))[: protocol["final_val_images"]]
+    return view(keep, curve), view(keep, everything)
+
+
+def train_config(protocol: dict) -> TrainConfig:
+    """The :class:`~archspec.train.config.TrainConfig` of a table protocol (CPU, one evaluation at the end)."""
+    return TrainConfig(steps=protocol["steps"], batch_size=protocol["batch_size"], lr=protocol["lr"],
+                       weight_decay=protocol["weight_decay"], optimizer=protocol["optimizer"],
+                       warmup_steps=protocol["warmup_steps"], augmentation=protocol["augmentation"],
+                       eval_every=protocol["steps"], device="cpu")
+
+
+def _als_reader(protocol: dict, data_curve: Dataset):
+    """``model -> {"stage.layer": [ALS per head]}`` for protocols with ``als``, else ``None``."""
+    als = protocol.get("als")
+    if not als:
+        return None
+    window = MaskSpec(window=als["window"]).window
+    images = data_curve.val.tensors[0][: als["images"]]
+
+    def read(model) -> dict[str, list[float]]:
+        scores = layer_scores(model, images, window)
+        return {f"{s}.{l}": [round(v, 4) for v in values] for (s, l), values in sorted(scores.items())}
+
+    return read
+
+
+def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol: dict, seed: int) -> dict[str, Any]:
+    """Train ``spec`` once under ``protocol`` with ``seed``: ``{"curve": [[step, val top-1, val loss]], "tse":
+    [[step, sum of training losses, training seconds]], "als": [[step, {"stage.layer": [ALS per head]}]] (ALS
+    protocols only), "final_accuracy", "final_val_loss", "train_seconds", "eval_seconds"}``.  Accuracies in 0..1,
+    seconds of CPU wall time.
+
+    Raises:
+        TrialFailure: the training diverged (non-finite loss), from :func:`archspec.train.loop.run_steps`.
+    """
+    config = train_config(protocol)
+    geometry = ProxyProtocol(image_size=protocol["image_size"])
+    pspec = proxy_spec(spec, data_curve, geometry).model_copy(update={"seed": seed})
+    torch.manual_seed(seed)
+    model = compile_spec(pspec)
+    batches = TensorBatches(data_curve.train, config.batch_size, config.augmentation, seed, torch.device("cpu"))
+    trainer = Trainer(model, config, torch.device("cpu"), num_classes=data_curve.num_classes)
+    points = set(protocol["curve_steps"])
+    read_als = _als_reader(protocol, data_curve)
+    curve, tse, als = [], [], []
+    state = {"loss_sum": 0.0, "eval_s": 0.0, "last": time.perf_counter(), "train_s": 0.0}
+
+    def on_step(step: int, loss) -> None:
+        state["loss_sum"] += float(loss)
+        state["train_s"] += time.perf_counter() - state["last"]
+        if step in points:
+            start = time.perf_counter()
+            acc, val_loss = evaluate(model, data_curve)
+            if read_als is not None:
+                als.append([step, read_als(model)])
+            state["eval_s"] += time.perf_counter() - start
+            curve.append([step, acc, round(val_loss, 5)])
+            tse.append([step, round(state["loss_sum"], 4), round(state["train_s"], 2)])
+        state["last"] = time.perf_counter()
+
+    def final_eval() -> dict:
+        start = time.perf_counter()
+        acc, val_loss = evaluate(model, data_final)
+        state["eval_s"] += time.perf_counter() - start
+        return {"accuracy": acc, "val_loss": val_loss}
+
+    result = run_steps(trainer, iter(batches), final_eval, hooks=Hooks(on_step=on_step))
+    row = {"curve": curve, "tse": tse}
+    if read_als is not None:
+        row["als"] = als
+    row.update({"final_accuracy": result.accuracy, "final_val_loss": round(result.val_loss, 5),
+                "train_seconds": round(state["train_s"], 2), "eval_seconds": round(state["eval_s"], 2)})
+    return row
+
+
+def zero_cost_row(spec: ArchSpec, data: Dataset, protocol: dict, seed: int) -> dict[str, Any]:
+    """``{"zc": {score: value or None}, "zc_seconds": {score: s}}``: the zero-cost scores of the untrained model on
+    one batch of ``zero_cost_batch`` training images (a non-finite score is ``None``).  Raises nothing of its own."""
+    proto = ProxyProtocol(image_size=protocol["image_size"], batch_size=protocol["zero_cost_batch"])
+    result, _ = score_proxy(spec, data, proto, ZERO_COST_SCORES, seed=seed)
+    return {"zc": {k: (v if math.isfinite(v) else None) for k, v in result.scores.items()},
+            "zc_seconds": {k: round(v, 4) for k, v in result.seconds.items()}}

@@ -1,0 +1,525 @@
+"""Tabulate a finite space on an Optuna storage: ``archspec table SPACE`` (issue 52).
+
+A NAS-benchmark table in the manner of NAS-Bench-201 / JAHS-Bench-201: every point of a finite space is trained
+once per seed under one written-down protocol (:func:`table_protocol`), and everything a search could ask of it
+is kept (:mod:`archspec.search._tabulation.rows`), so that search methods can be compared on the table in seconds
+(``archspec search --oracle``).
+
+The work is an Optuna study (``table.<space>``), one trial per (point, seed):
+
+* the first worker enqueues every pair it is asked for (``study.enqueue_trial`` with the point's parameters and
+  the seed as user attributes), in a fixed order: the points of a seeded permutation of the space (seed 0), so
+  that the first ``designs`` are that many points spread at random over the space (the seed check's), then the
+  space's named points (:data:`NAMED_POINTS`), then the rest; the seeds of a point back to back;
+* any number of workers on the same storage take WAITING trials the way Optuna's own ``ask`` does (the storage
+  moves a trial from WAITING to RUNNING for one process only); two that enqueued the same pair at the same
+  moment both see it, and the later trial steps back (``duplicate_of``), so no pair is trained twice;
+* a worker killed mid-pair leaves a RUNNING trial: the next worker to look marks it failed (its process is gone
+  on this host, or, on PostgreSQL, its Optuna heartbeat is stale:
+  :func:`archspec.search._engine.study.fail_zombie_trials`)
+  and enqueues the pair again -- Optuna's ``RetryFailedTrialCallback`` idea, done on the same storage;
+* the protocol is a study user attribute: a worker whose protocol differs is refused before it writes anything.
+
+A table's rows go out and in through :mod:`archspec.search._tabulation.exchange`: ``export_table`` writes the
+COMPLETE trials' rows as the JSON lines + ``.meta.json`` sidecar that :func:`archspec.search.load_table` reads;
+``import_table`` puts an existing table's rows into a study (``levit_small``'s, written by
+``bench/space_table.py`` before this module existed), so that export gives the
+same rows, byte for byte, in the same order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from archspec.errors import SpecError
+from archspec.ir.analysis import analyze
+from archspec.search._engine.study import (
+    HEARTBEAT_INTERVAL_S,
+    StorageInfo,
+    check_storage,
+    fail_zombie_trials,
+    mark_worker,
+    resolve_storage,
+)
+from archspec.search._evaluation.latency import architecture_key
+from archspec.search._space.language import SearchSpace, load_space
+from archspec.train.config import check_config
+
+__all__ = ["REFERENCE_PROTOCOL", "NAMED_POINTS", "SEED_CHECK_DESIGNS", "STATUS_ATTR", "table_protocol",
+           "protocol_id", "ordered_points", "tabulate", "TableProgress", "default_storage", "open_table_study",
+           "trial_pair", "machine", "git_commit"]
+
+# The reference protocol of the levit_small table (docs/search-works.md says why each choice): Fashion-MNIST at
+# 28 px, a class-stratified 2,000-image subset, AdamW 2e-3 / 0.05, batch 64, 938 steps (30 epochs) with 47 warm-up
+# steps then cosine, crop and flip, one torch thread; curve points geometric plus the end.  Its hash is the shipped
+# table's protocol_id (355be66f46fc with space "levit_small"): keep the keys and values as they are.
+REFERENCE_PROTOCOL: dict[str, Any] = {
+    "data": "fashion-mnist",
+    "image_size": 28,
+    "train_images": 2_000,
+    "curve_val_images": 2_000,
+    "final_val_images": 10_000,
+    "batch_size": 64,
+    "steps": 938,
+    "warmup_steps": 47,
+    "lr": 2e-3,
+    "weight_decay": 0.05,
+    "optimizer": "adamw",
+    "augmentation": "flip+crop",
+    "curve_steps": [25, 50, 100, 200, 400, 800, 938],
+    "zero_cost_batch": 64,
+    "threads": 1,
+}
+# Mask-placement spaces (kind: masks) also record MaiT's ALS (eq. 3) per layer and head at every curve step.
+ALS_PROTOCOL = {"window": "3x3", "images": 128}
+
+# Named points of the shipped spaces (the seed papers' designs scaled into the space), by Optuna parameters.
+NAMED_POINTS: dict[str, dict[str, dict[str, Any]]] = {
+    "levit_small": {
+        name: {"stages": "narrow", "stages.0.depth": 2, "stages.0.heads_mix": s0, "stages.1.depth": 2,
+               "stages.1.heads_mix": s1}
+        for name, (s0, s1) in {"LeViT-128S-like": ("levit_bias", "levit_bias"), "ConViT-Ti-like": ("gpsa", "mhsa"),
+                               "DeiT-Ti-like": ("mhsa", "mhsa"), "MaiT-Sch2-like": ("mask3_mhsa", "mhsa"),
+                               "CMHSA-like": ("signed_bias", "signed_bias")}.items()
+    },
+    "mait_small": {
+        name: dict(zip(("stages.0.heads_mix.masked.0-1", "stages.0.heads_mix.masked.2-3",
+                        "stages.0.heads_mix.masked.4-5"), counts))
+        for name, counts in {"no masks": (0, 0, 0), "every head masked": (3, 3, 3), "Sch.1-like": (1, 1, 1),
+                             "Sch.2-like": (2, 1, 0)}.items()
+    },
+}
+SEED_CHECK_DESIGNS = 24  # the first points of the fixed order: the seed check's (six seeds each)
+STATUS_ATTR = "status"       # trial user attr: "claimed" -> "training" -> "trained"
+
+
+def protocol_id(protocol: dict) -> str:
+    """The first 12 hex digits of the SHA-256 of the protocol as sorted JSON: rows of two protocols with different
+    ids are not comparable.  Raises nothing."""
+    return hashlib.sha256(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:12]
+
+
+_INT_FIELDS = ("image_size", "train_images", "curve_val_images", "final_val_images", "batch_size", "steps",
+               "warmup_steps", "zero_cost_batch", "threads")
+
+
+def table_protocol(space: SearchSpace, **overrides: Any) -> dict[str, Any]:
+    """The protocol a table of ``space`` is written under: :data:`REFERENCE_PROTOCOL` with ``space`` set, the
+    ALS record for mask-placement spaces, then ``overrides`` (``None`` values ignored).
+
+    Raises:
+        SpecError: an unknown field, a non-positive count, curve steps that are not increasing or do not end at
+            ``steps``, a learning rate or weight decay that is not finite and >= 0.
+    """
+    protocol: dict[str, Any] = {"space": space.name, **REFERENCE_PROTOCOL}
+    if space.kind == "masks":
+        protocol["als"] = dict(ALS_PROTOCOL)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in protocol:
+            raise SpecError.single(("protocol", key), f"unknown protocol field {key!r}",
+                                   f"fields: {', '.join(sorted(protocol))}")
+        protocol[key] = value
+    _check_protocol(protocol)
+    return protocol
+
+
+def _check_protocol(p: dict) -> None:
+    for key in _INT_FIELDS:
+        if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < 1:
+            raise SpecError.single(("protocol", key), f"{key} must be a positive integer, got {p[key]!r}")
+    for key in ("lr", "weight_decay"):
+        if not isinstance(p[key], int | float) or not math.isfinite(p[key]) or p[key] < 0:
+            raise SpecError.single(("protocol", key), f"{key} must be a finite number >= 0, got {p[key]!r}")
+    steps = p["curve_steps"]
+    if (not isinstance(steps, list) or not steps or any(isinstance(s, bool) or not isinstance(s, int) for s in steps)
+            or steps != sorted(set(steps)) or steps[0] < 1 or steps[-1] != p["steps"]):
+        raise SpecError.single(("protocol", "curve_steps"), f"curve steps must be increasing positive step numbers "
+                               f"ending at steps ({p['steps']}), got {steps!r}", "e.g. 25 50 100 200 400 800 938")
+
+
+def ordered_points(space: SearchSpace) -> list[tuple[int, dict, Any]]:
+    """``(index, params, spec)`` of every point: a seeded permutation (seed 0) of the space's points, the named
+    points (:data:`NAMED_POINTS`) moved to just after the first :data:`SEED_CHECK_DESIGNS` (the seed check's
+    points stay a random draw).  ``index`` is the point's place in :meth:`SearchSpace.points`.  Raises
+    SpecError for a space that is not finite (:meth:`SearchSpace.points`)."""
+    points = [(i, p, s) for i, (p, s) in enumerate(space.points(limit=2_000))]
+    random.Random(0).shuffle(points)
+    named = list(NAMED_POINTS.get(space.name, {}).values())
+    head, rest = points[:SEED_CHECK_DESIGNS], points[SEED_CHECK_DESIGNS:]
+    moved = [pt for pt in rest if pt[1] in named]
+    return head + moved + [pt for pt in rest if pt[1] not in named]
+
+
+def _label(space: SearchSpace, params: dict) -> str:
+    """A point's label: levit_small's ``narrow 2x mask3_bias / 1x gpsa``, else ``param=value`` pairs by the last
+    part of each name (``masked.0-1=2 masked.2-3=1 masked.4-5=0``)."""
+    if space.name == "levit_small":
+        return (f"{params['stages']} {params['stages.0.depth']}x {params['stages.0.heads_mix']} / "
+                f"{params['stages.1.depth']}x {params['stages.1.heads_mix']}")
+    return " ".join(f"{'.'.join(k.split('.')[-2:])}={v}" for k, v in params.items())
+
+
+def _named(space: SearchSpace, params: dict) -> str | None:
+    return next((name for name, p in NAMED_POINTS.get(space.name, {}).items() if p == params), None)
+
+
+def default_storage(space_name: str) -> str:
+    """``journal:runs/tables/<space>.journal``: a lock-protected append-only file any number of processes on this
+    machine share (PostgreSQL spreads one table over machines: ``--storage postgresql://...``)."""
+    return f"journal:{Path('runs') / 'tables' / f'{space_name}.journal'}"
+
+
+def study_name(space_name: str) -> str:
+    return f"table.{space_name}"
+
+
+# ----------------------------------------------------------------------------------------------- the study
+def open_table_study(space: SearchSpace, protocol: dict, storage: str | None,
+                     create: bool) -> tuple[optuna.Study, StorageInfo]:
+    """Open (or, with ``create``, create) the table study; refuse another protocol before writing anything.
+
+    Raises:
+        SpecError: a bad storage (:func:`archspec.search._engine.study.check_storage`), no such study
+            (``create=False``), a study written under another protocol.
+    """
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # a worker's own lines say what it does
+    url = storage or default_storage(space.name)
+    if not create and not _exists(url):
+        raise SpecError.single(("--storage",), f"no table of {space.name} in {url}",
+                               f"tabulate it first: archspec table {space.name}")
+    if storage is None and create:  # the default storage's folder is archspec's own (runs/tables)
+        Path(url[len("journal:"):]).parent.mkdir(parents=True, exist_ok=True)
+    check_storage(url)
+    info = resolve_storage(url)
+    name = study_name(space.name)
+    summaries = {s.study_name: s for s in optuna.get_all_study_summaries(info.storage, include_best_trial=False)}
+    if name in summaries:
+        old = summaries[name].user_attrs.get("protocol")
+        if old is not None and old != protocol:
+            diff = sorted(k for k in set(old) | set(protocol) if old.get(k) != protocol.get(k))
+            raise SpecError.single(("protocol",), f"the table of {space.name} in {info.url} was written under another "
+                                   f"protocol (fields {', '.join(diff)} differ: "
+                                   + "; ".join(f"{k} {old.get(k)!r} there, {protocol.get(k)!r} here" for k in diff)
+                                   + ")", "resume it with the same options, or use another --storage", info.url)
+    elif not create:
+        raise SpecError.single(("--storage",), f"no table of {space.name} in {info.url}",
+                               f"tabulate it first: archspec table {space.name}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study = optuna.create_study(study_name=name, storage=info.storage, direction="maximize", load_if_exists=True)
+    if name not in summaries:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ExperimentalWarning
+            study.set_metric_names(["final val top-1"])
+        study.set_user_attr("protocol", protocol)
+        study.set_user_attr("protocol_id", protocol_id(protocol))
+        # Two workers creating the study at once: both wrote; a different protocol would show here.
+        if study.user_attrs.get("protocol") != protocol:
+            raise SpecError.single(("protocol",), f"another worker created the table of {space.name} in {info.url} "
+                                   "under another protocol at the same moment", "use the same options", info.url)
+    return study, info
+
+
+def _exists(url: str) -> bool:
+    if url.startswith("journal:"):
+        return Path(url[len("journal:"):]).expanduser().is_file()
+    if url.startswith("sqlite:///"):
+        return Path(url[len("sqlite:///"):]).expanduser().is_file()
+    return True
+
+
+def trial_pair(trial: optuna.trial.FrozenTrial) -> tuple[str, int] | None:
+    key, seed = trial.user_attrs.get("key"), trial.user_attrs.get("seed")
+    return (key, seed) if isinstance(key, str) and isinstance(seed, int) else None
+
+
+def _covered(trials: Iterable[optuna.trial.FrozenTrial]) -> set[tuple[str, int]]:
+    """Pairs with a trial that is done, running or queued."""
+    return {p for t in trials if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+            and (p := trial_pair(t)) is not None}
+
+
+def _given_up(trials: Iterable[optuna.trial.FrozenTrial], limit: int = 2) -> set[tuple[str, int]]:
+    """Pairs whose training failed ``limit`` times by itself (a diverged loss), not by a dead worker."""
+    counts: dict[tuple[str, int], int] = {}
+    for t in trials:
+        if t.state == TrialState.FAIL and t.user_attrs.get("failure") == "training" and (p := trial_pair(t)):
+            counts[p] = counts.get(p, 0) + 1
+    return {p for p, n in counts.items() if n >= limit}
+
+
+def _enqueue(study: optuna.Study, todo: Sequence[tuple[int, dict, str, int]]) -> None:
+    for index, params, key, seed in todo:
+        # the seed is a parameter too (the dashboard shows it), fixed like the point's
+        study.enqueue_trial({**params, "seed": seed}, user_attrs={"key": key, "seed": seed, "index": index})
+
+
+def _pop(study: optuna.Study, wanted: set[tuple[str, int]]) -> optuna.Trial | None:
+    """Move one WAITING trial of a wanted pair to RUNNING for this process only (what ``Study.ask`` does with its
+    queue, restricted to this worker's pairs); ``None`` when there is none."""
+    storage = study._storage
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if trial_pair(t) not in wanted:
+            continue
+        try:
+            if not storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+        return optuna.Trial(study, t._trial_id)
+    return None
+
+
+def _duplicate_of(study: optuna.Study, trial: optuna.Trial, pair: tuple[str, int]) -> int | None:
+    """Another trial that holds ``pair``: COMPLETE, RUNNING and training, or RUNNING, claimed, and older.  Two
+    workers that claim a pair at the same instant see each other; the newer steps back."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+        if t.number == trial.number or trial_pair(t) != pair:
+            continue
+        status = t.user_attrs.get(STATUS_ATTR)
+        if t.state == TrialState.COMPLETE or status in ("training", "trained") or (
+                status == "claimed" and t.number < trial.number):
+            return t.number
+    return None
+
+
+class _Heartbeat:
+    """Optuna's heartbeat for one trial on an RDB storage (what ``Study.optimize`` runs in a thread), so that a
+    worker on another machine can tell this one died (``optuna.storages.fail_stale_trials``)."""
+
+    def __init__(self, study: optuna.Study, trial: optuna.Trial):
+        self.storage, self.trial_id = study._storage, trial._trial_id
+        self.stop = threading.Event()
+        self.thread = None
+        if isinstance(self.storage, optuna.storages.RDBStorage) and self.storage.is_heartbeat_enabled():
+            self.storage.record_heartbeat(self.trial_id)
+            self.thread = threading.Thread(target=self._beat, daemon=True)
+            self.thread.start()
+
+    def _beat(self) -> None:
+        while not self.stop.wait(HEARTBEAT_INTERVAL_S):
+            self.storage.record_heartbeat(self.trial_id)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+# ----------------------------------------------------------------------------------------------- the worker
+@dataclass
+class TableProgress:
+    """What a worker did: pairs trained here, pairs left in its request, failures, and its seconds per pair."""
+
+    wanted: int
+    trained: int = 0
+    failed: int = 0
+    left: int = 0
+    seconds: list[float] = field(default_factory=list)
+    given_up: list[tuple[str, int]] = field(default_factory=list)
+
+    def eta_s(self, workers: int) -> float | None:
+        """Seconds until the request is done at this worker's mean pace, shared by ``workers`` workers."""
+        if not self.seconds:
+            return None
+        return self.left * (sum(self.seconds) / len(self.seconds)) / max(1, workers)
+
+
+def _fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA after the first pair"
+    h, m = divmod(int(seconds) // 60, 60)
+    return f"ETA {h} h {m:02d} min"
+
+
+def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), designs: int | None = None,
+             storage: str | None = None, protocol: dict | None = None, max_pairs: int | None = None,
+             log: Callable[[str], None] = print, train: Callable | None = None) -> TableProgress:
+    """Train the pairs (point, seed) of a finite space that its table study lacks, as one worker among any number.
+
+    Args:
+        space: a space name, file or :class:`~archspec.search.SearchSpace` (finite: a few hundred points).
+        seeds: the seeds of every point (the reference is the mean of seeds 0, 1, 2; the seed check adds 3-5).
+        designs: only the first N points of the fixed order (:func:`ordered_points`; the seed check: 24).
+        storage: an Optuna storage URL (``journal:PATH``, ``sqlite:///PATH``, ``postgresql://...``); default
+            :func:`default_storage`.
+        protocol: the table protocol (default :func:`table_protocol` of the space).
+        max_pairs: stop after training this many pairs (``None``: until nothing of the request is left).
+        log: where progress lines go (one per pair, with an ETA).
+        train: ``(spec, seed) -> row fields`` in place of :mod:`archspec.search._tabulation.rows` (tests).
+
+    Returns:
+        :class:`TableProgress` of this worker.
+
+    Raises:
+        SpecError: a bad storage, a space that is not finite, a study written under another protocol, a bad seed
+            (negative or over 2**32 - 1), a data set that is not installed -- all before any trial is written.
+    """
+    space = space if isinstance(space, SearchSpace) else load_space(space)
+    protocol = protocol or table_protocol(space)
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**32:
+            raise SpecError.single(("--seeds",), f"a seed must be an integer in 0..4294967295, got {s!r}")
+    points = ordered_points(space)
+    if designs is not None:
+        points = points[:designs]
+    keyed = [(i, p, architecture_key(spec), spec) for i, p, spec in points]
+    specs = {key: (i, p, spec) for i, p, key, spec in keyed}
+    train = train or _real_trainer(protocol)  # data and settings checked before the study is touched
+    study, info = open_table_study(space, protocol, storage, create=True)
+    wanted = [(i, p, key, s) for i, p, key, _ in keyed for s in dict.fromkeys(seeds)]
+    wanted_pairs = {(key, s) for _, _, key, s in wanted}
+    progress = TableProgress(wanted=len(wanted))
+    commit = git_commit()  # the code this worker runs: read once, before a later commit can change HEAD
+    log(f"table of {space.name} in {info.url}: {len(keyed)} points x {len(set(seeds))} seeds "
+        f"(protocol {protocol_id(protocol)})")
+    while max_pairs is None or progress.trained < max_pairs:
+        fail_zombie_trials(study)
+        trials = study.get_trials(deepcopy=False)
+        done = {p for t in trials if t.state == TrialState.COMPLETE and (p := trial_pair(t))}
+        skip = _given_up(trials) - done
+        covered = _covered(trials)
+        _enqueue(study, [w for w in wanted if (w[2], w[3]) not in covered | skip])
+        progress.left = len(wanted_pairs - done - skip)
+        progress.given_up = sorted(skip & wanted_pairs)
+        trial = _pop(study, wanted_pairs - skip)
+        if trial is None:
+            break
+        _run_pair(study, trial, space, specs, protocol, train, progress, log, commit)
+    return progress
+
+
+def _real_trainer(protocol: dict) -> Callable:
+    """``(spec, seed) -> row fields`` with the protocol's training settings checked and its data loaded now, before
+    the worker writes anything: a missing data set or a bad ``--augmentation`` is exit 2 once, not a failed trial
+    for every pair.
+
+    Raises:
+        SpecError: the data set is not installed, or a training setting is invalid (named as its option).
+    """
+    import torch  # noqa: PLC0415 - the torch half, loaded when pairs are to be trained
+
+    from archspec.search._tabulation import rows as table_rows  # noqa: PLC0415 - as above
+
+    check_config(table_rows.train_config(protocol))
+    torch.set_num_threads(protocol["threads"])
+    data = table_rows.reference_data(protocol)
+
+    def train(spec, seed: int) -> dict:
+        data_curve, data_final = data
+        row = table_rows.zero_cost_row(spec, data_curve, protocol, seed)
+        row.update(table_rows.train_row(spec, data_curve, data_final, protocol, seed))
+        return row
+
+    return train
+
+
+def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, specs: dict, protocol: dict,
+              train: Callable, progress: TableProgress, log: Callable[[str], None], commit: str) -> None:
+    mark_worker(trial)
+    key, seed = trial.user_attrs["key"], trial.user_attrs["seed"]
+    trial.set_user_attr(STATUS_ATTR, "claimed")
+    other = _duplicate_of(study, trial, (key, seed))
+    if other is not None:
+        trial.set_user_attr("duplicate_of", other)
+        trial.set_user_attr("fail_reason", f"duplicate of trial {other}")
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    trial.set_user_attr(STATUS_ATTR, "training")
+    index, params, spec = specs[key]
+    space.sample(trial)  # records the point's parameters (the enqueued values) for the dashboard
+    trial.suggest_int("seed", 0, 2**32 - 1)
+    beat = _Heartbeat(study, trial)
+    start = time.perf_counter()
+    try:
+        fields = train(spec, seed)
+    except KeyboardInterrupt:
+        trial.set_user_attr("failure", "interrupted")
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    except Exception as exc:  # noqa: BLE001 - a diverged training fails its pair (tried twice), not the worker
+        trial.set_user_attr("failure", "training")
+        trial.set_user_attr("fail_reason", f"{type(exc).__name__}: {str(exc)[:300]}")
+        study.tell(trial, state=TrialState.FAIL)
+        progress.failed += 1
+        log(f"pair {index} seed {seed}: failed ({type(exc).__name__}: {str(exc)[:200]})")
+        return
+    finally:
+        beat.close()
+    row = _row(space, protocol, index, params, key, seed, spec, fields, commit)
+    trial.set_user_attr("row", row)
+    trial.set_user_attr(STATUS_ATTR, "trained")
+    study.tell(trial, row["final_accuracy"])
+    progress.trained += 1
+    progress.left = max(0, progress.left - 1)
+    progress.seconds.append(time.perf_counter() - start)
+    workers = 1 + sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    log(f"[{progress.wanted - progress.left}/{progress.wanted}] {index:3d} seed {seed} {row['label']}: "
+        f"{row['final_accuracy']:.4f} ({row['train_seconds']:.0f} s train, {row['eval_seconds']:.0f} s eval); "
+        f"{progress.left} left, {_fmt_eta(progress.eta_s(workers))} with {workers} worker(s)")
+
+
+def _row(space, protocol, index, params, key, seed, spec, fields: dict, commit: str) -> dict:
+    """A table row in the shipped format's field order (``bench/space_table.py``'s)."""
+    counts = analyze(spec)
+    host = machine()
+    row = {"protocol_id": protocol_id(protocol), "key": key, "index": index, "params": params,
+           "label": _label(space, params), "hand": _named(space, params), "seed": seed, "macs": counts.macs,
+           "n_params": counts.params}
+    row.update(fields)
+    row["commit"] = commit
+    row["machine"] = f"{host['cpu']}, {host['cores']} cores, torch {host['torch']}"
+    return row
+
+
+def git_commit() -> str:
+    """``abc1234`` (``+dirty`` with uncommitted changes to tracked files other than the tables) of the archspec
+    checkout that runs, else ``$ARCHSPEC_COMMIT`` or ``unknown`` (an installed copy, a lent machine's tree without
+    ``.git``)."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        # the tables themselves are data that workers append to, not the code that trains: not "dirty"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)archspec/search/tables"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("ARCHSPEC_COMMIT", "unknown")
+
+
+def machine() -> dict[str, Any]:
+    """``{"cpu", "cores", "python", "torch"}`` of this machine (torch's version without importing it)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "none"
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch_version}
