@@ -131,6 +131,7 @@ def test_search_masks_oracle_prints_the_rounds_the_placement_and_the_fixed_schem
     (["search", "masks", "--oracle", "mait_small", "--strategy", "soft"], "--strategy"),  # no soft-mask rows
     (["search", "masks", "convit_tiny", "--oracle", "mait_small"], "SPEC"),  # the table's space is the spec
     (["search", "masks"], "SPEC"),
+    (["search", "masks", "--oracle", "mait_small", "--window", "2x2"], "--window"),  # windows are centred: odd
     (["search", "masks", "mait_tiny_sch2", "--oracle-subset"], "--oracle-subset")])
 def test_search_masks_oracle_refusals_exit_2_naming_the_field(argv, field, tmp_path, monkeypatch, capsys):
     from archspec.cli import main

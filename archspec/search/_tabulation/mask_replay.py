@@ -46,8 +46,14 @@ _GROUP = re.compile(r"stages\.(\d+)\.heads_mix\.masked\.(\d+)-(\d+)$")  # the pe
 def uniform_als(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int = 0) -> float:
     """ALS of uniform attention over ``N = rows * cols + num_prefix_tokens`` tokens: the mean over patch queries
     of ``|window neighbours inside the grid| / N`` (MaiT eq. 3 on a map of ``1/N``; windows clipped at the border,
-    class tokens not neighbours).  7x7 with a 3x3 window and a class token: 361 / 49 / 50 = 0.1473.  Raises
-    nothing."""
+    class tokens not neighbours).  7x7 with a 3x3 window and a class token: 361 / 49 / 50 = 0.1473.
+
+    Raises:
+        ValueError: a window side that is not odd and positive (a window is centred on its query, as
+            :func:`archspec.families.attention.mask_terms.window_mask` requires).
+    """
+    if any(side < 1 or side % 2 == 0 for side in window):
+        raise ValueError(f"window {window[0]}x{window[1]} must have odd positive sides (it is centred on the query)")
     rows, cols = grid
     wr, wc = window[0] // 2, window[1] // 2
     n = rows * cols + num_prefix_tokens
@@ -181,6 +187,7 @@ def table_replay_report(table, replay_seed: int, steps: int, *, window: str = "3
     """
     try:
         win = parse_window(window)
+        uniform_als((1, 1), win)  # the window's own check: odd sides
     except ValueError as exc:
         raise SpecError.single(("--window",), str(exc), "e.g. 3x3", window) from None
     _, spec = next(iter(load_space(table.space).points()))
