@@ -143,20 +143,24 @@ def _fastest_seconds(first: list[str], second: list[str], runs: int) -> tuple[fl
     return min(times[0]), min(times[1])
 
 
-# command -> at most this many times `python -c pass` (a fresh interpreter), fastest of 5 interleaved runs.  Measured
-# on 2 busy cores (issue 58): pass 0.025-0.03 s; `import archspec` 1.6x (was 14x), --help 4x (was 16x), a bad
-# --data 4x (was 200x+), validate 18x (networkx, pydantic, YAML and rich, which the checks and the table need).
-FRONT_DOOR_RATIOS = [
-    pytest.param(["-c", "import archspec"], 4, id="import-archspec"),
-    pytest.param(["-m", "archspec", "--help"], 8, id="help"),
-    pytest.param(["-m", "archspec", "search", "--help"], 8, id="search-help"),
-    pytest.param(["-m", "archspec", "train", "levit_128s", "--data", "/no/such/data"], 8, id="train-bad-data"),
-    pytest.param(["-m", "archspec", "validate", str(SPECS / "mait_tiny_sch2.yaml")], 30, id="validate"),
+# command -> at most this many seconds, fastest of 5 runs interleaved with `python -c pass`.  A ratio to the empty
+# interpreter did not carry between machines: CI's `python -c pass` took 0.011 s (here 0.025-0.03 s) while the
+# standard-library imports every CLI needs (argparse, pathlib, logging) did not shrink with it, so `--help` read 10x
+# there and 4x here at about the same 0.11 s.  An absolute ceiling is what the user feels ("well under a second");
+# each is 2.5x or more above what 2 busy cores measure (issue 58: import 0.04 s, --help 0.10 s, a bad --data 0.10 s,
+# validate 0.5 s), and below what one heavy import costs (torch alone is over 1 s).
+FRONT_DOOR_SECONDS = [
+    pytest.param(["-c", "import archspec"], 0.15, id="import-archspec"),
+    pytest.param(["-m", "archspec", "--help"], 0.3, id="help"),
+    pytest.param(["-m", "archspec", "search", "--help"], 0.3, id="search-help"),
+    pytest.param(["-m", "archspec", "train", "levit_128s", "--data", "/no/such/data"], 0.3, id="train-bad-data"),
+    pytest.param(["-m", "archspec", "validate", str(SPECS / "mait_tiny_sch2.yaml")], 0.9, id="validate"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args, ratio", FRONT_DOOR_RATIOS)
-def test_front_door_time_as_a_ratio_to_an_empty_interpreter(args, ratio):
+@pytest.mark.parametrize("args, ceiling", FRONT_DOOR_SECONDS)
+def test_front_door_answers_within_its_ceiling(args, ceiling):
     empty, took = _fastest_seconds([sys.executable, "-c", "pass"], [sys.executable, *args], 5)
-    assert took <= ratio * max(empty, 0.01), f"{' '.join(args)}: {took:.3f} s = {took / empty:.1f}x `python -c pass`"
+    assert took <= ceiling, (f"{' '.join(args)}: {took:.3f} s, over {ceiling} s "
+                             f"({took / max(empty, 1e-3):.1f}x `python -c pass` at {empty:.3f} s)")
