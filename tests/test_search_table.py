@@ -1,5 +1,6 @@
 """The shipped table of levit_small (issue 32, part 2): its schema against the space and the protocol, and -- slow --
-two of its rows trained again, which must land within the table's own seed spread."""
+one of its rows trained again, which must land within the table's own seed spread, and two more
+trained to the first curve step, which must match the table there."""
 
 from __future__ import annotations
 
@@ -58,35 +59,67 @@ def test_table_rows_match_the_space_and_the_protocol(table):
     assert len(seen) >= 2  # the table grows across sessions (bench/space_table.py --resume); what is written holds
 
 
-@pytest.mark.slow
-def test_two_random_rows_retrain_within_the_tables_seed_spread(table):
-    """Two designs drawn at random (seeded) from the table's cheapest (narrow, 1 + 1 blocks), retrained with seed 0
-    under the protocol: the final accuracy lands within the design's two tabulated seeds, widened by their spread
-    (at least 1 point)."""
+def _cheap_designs(table) -> list[str]:
+    """Keys of the designs with seeds 0 and 1 tabulated that are narrow with one block a stage (about 80 s of one core
+    each under the protocol: CI time), sorted."""
+    def cheap(params: dict) -> bool:
+        return (params["stages"] == "narrow" and params["stages.0.depth"] == 1
+                and params["stages.1.depth"] == 1)
+
+    return sorted(k for k, by in table.rows.items() if 0 in by and 1 in by and cheap(by[0]["params"]))
+
+
+def _retrain(table, keys, stop_after=None) -> list[dict]:
+    """Seed-0 rows of ``keys`` trained again under the table's protocol, on one thread as the table was."""
     import torch
 
     from archspec.search._tabulation.rows import reference_data, train_row
 
     protocol = _protocol()
-    pairs = sorted(k for k, by in table.rows.items() if 0 in by and 1 in by)
-    def cheap(params: dict) -> bool:  # narrow, one block a stage: about a minute each on one core (CI time)
-        w = params["stages"]
-        return w == "narrow" and params["stages.0.depth"] == 1 and params["stages.1.depth"] == 1
-
-    narrow = [k for k in pairs if cheap(table.rows[k][0]["params"])]
     points = {architecture_key(spec): spec for _, spec in load_space("levit_small").points()}
     data_curve, data_final = reference_data(protocol)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for key in random.Random(0).sample(narrow, 2):
-            rows = table.rows[key]
-            got = train_row(points[key], data_curve, data_final, protocol, seed=0)["final_accuracy"]
-            low, high = sorted((rows[0]["final_accuracy"], rows[1]["final_accuracy"]))
-            spread = max(high - low, 0.01)
-            assert low - spread <= got <= high + spread, (rows[0]["label"], got, low, high)
+        return [train_row(points[key], data_curve, data_final, protocol, seed=0, stop_after=stop_after)
+                for key in keys]
     finally:
         torch.set_num_threads(threads)
+
+
+# One design trained to the end, two more only to the first curve step.  Until issue 53 this test retrained two
+# designs to the end (172 s of one core, a sixth of the suite's CPU); the second full retrain is replaced by the
+# prefix test below, which checks the protocol's determinism more strictly (a whole curve point against the table,
+# not a final accuracy against a seed spread) for about 5 s a design.
+@pytest.mark.slow
+def test_a_random_row_retrains_within_the_tables_seed_spread(table):
+    """A design drawn at random (seeded) from the table's cheapest (narrow, 1 + 1 blocks), retrained with seed 0
+    under the protocol: the final accuracy lands within the design's two tabulated seeds, widened by their spread
+    (at least 1 point)."""
+    key = random.Random(0).choice(_cheap_designs(table))
+    rows = table.rows[key]
+    got = _retrain(table, [key])[0]["final_accuracy"]
+    low, high = sorted((rows[0]["final_accuracy"], rows[1]["final_accuracy"]))
+    spread = max(high - low, 0.01)
+    assert low - spread <= got <= high + spread, (rows[0]["label"], got, low, high)
+
+
+@pytest.mark.slow
+def test_the_first_curve_step_of_two_rows_retrains_as_tabulated(table):
+    """Two other cheap designs (seeded draw), seed 0, only the protocol's first 25 steps (same schedule, same
+    batches): val top-1, val loss and TSE at step 25 are the table's seed-0 row's.  Rows retrain bit for bit on the
+    CPU type that wrote them; across CPU types (the table holds AMD EPYC and Intel Xeon rows) float sums differ in
+    the last places, so: TSE and val loss within 0.1 %, top-1 within 10 of the 2,000 curve images."""
+    first = _protocol()["curve_steps"][0]
+    keys = random.Random(1).sample([k for k in _cheap_designs(table)
+                                    if k != random.Random(0).choice(_cheap_designs(table))], 2)
+    for key, got in zip(keys, _retrain(table, keys, stop_after=first)):
+        want = table.rows[key][0]
+        assert [c[0] for c in got["curve"]] == [first] and got["final_accuracy"] is None
+        (_, acc, loss), (_, want_acc, want_loss) = got["curve"][0], want["curve"][0]
+        assert abs(acc - want_acc) <= 10 / 2000, (want["label"], acc, want_acc)
+        assert loss == pytest.approx(want_loss, rel=1e-3), want["label"]
+        assert got["tse"][0][1] == pytest.approx(want["tse"][0][1], rel=1e-3), want["label"]
 
 
 def test_seed_report_compares_two_seed_means_by_hand():

@@ -98,11 +98,20 @@ def _als_reader(protocol: dict, data_curve: Dataset):
     return read
 
 
-def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol: dict, seed: int) -> dict[str, Any]:
+class _StopAfter(Exception):
+    """Raised by the step hook once ``stop_after`` steps have run (the protocol's schedule is left unchanged)."""
+
+
+def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol: dict, seed: int,
+              stop_after: int | None = None) -> dict[str, Any]:
     """Train ``spec`` once under ``protocol`` with ``seed``: ``{"curve": [[step, val top-1, val loss]], "tse":
     [[step, sum of training losses, training seconds]], "als": [[step, {"stage.layer": [ALS per head]}]] (ALS
     protocols only), "final_accuracy", "final_val_loss", "train_seconds", "eval_seconds"}``.  Accuracies in 0..1,
     seconds of CPU wall time.
+
+    ``stop_after=K`` runs only the protocol's first K steps (same learning-rate schedule, same batches) and returns
+    the curve points up to K, without the final evaluation (``final_accuracy`` and ``final_val_loss`` are ``None``):
+    a prefix of the full row, which a test compares with a tabulated row for a fraction of the training.
 
     Raises:
         TrialFailure: the training diverged (non-finite loss), from :func:`archspec.train.loop.run_steps`.
@@ -131,6 +140,8 @@ def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol
             curve.append([step, acc, round(val_loss, 5)])
             tse.append([step, round(state["loss_sum"], 4), round(state["train_s"], 2)])
         state["last"] = time.perf_counter()
+        if step == stop_after:
+            raise _StopAfter
 
     def final_eval() -> dict:
         start = time.perf_counter()
@@ -138,10 +149,17 @@ def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol
         state["eval_s"] += time.perf_counter() - start
         return {"accuracy": acc, "val_loss": val_loss}
 
-    result = run_steps(trainer, iter(batches), final_eval, hooks=Hooks(on_step=on_step))
+    try:
+        result = run_steps(trainer, iter(batches), final_eval, hooks=Hooks(on_step=on_step))
+    except _StopAfter:
+        result = None
     row = {"curve": curve, "tse": tse}
     if read_als is not None:
         row["als"] = als
+    if result is None:
+        row.update({"final_accuracy": None, "final_val_loss": None, "train_seconds": round(state["train_s"], 2),
+                    "eval_seconds": round(state["eval_s"], 2)})
+        return row
     row.update({"final_accuracy": result.accuracy, "final_val_loss": round(result.val_loss, 5),
                 "train_seconds": round(state["train_s"], 2), "eval_seconds": round(state["eval_s"], 2)})
     return row
