@@ -4,6 +4,7 @@
     python bench/search_works.py fidelity --table T.jsonl --json out.json
     python bench/search_works.py simulate --repeats 20     # archspec search vs random etc. on the oracle
     python bench/search_works.py headroom --score tse --steps 200   # what any sampler could add to random draws
+    python bench/search_works.py priors                    # cost bins + zero-cost scores choosing what to train
 
 The reference is each design's final accuracy (all 10,000 test images) after the full protocol, averaged over the
 table's seeds.  A fidelity measured on one seed's run is compared with the mean final accuracy of the *other*
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -612,6 +614,75 @@ def _headroom_plane(value, keys, first, proxies, trials, draws, rng, best) -> di
     return plane
 
 
+
+# --- priors: which free look would choose the designs to train (issue 54 item 3), from the table alone ---------------
+
+def stratified_choice(keys: list[str], cost: dict[str, float], score: dict[str, float] | None, n: int, rng) -> list:
+    """``n`` designs: ``keys`` sorted by ``cost`` (ties in random order) split into ``n`` bins of equal count, from each
+    the design with the largest ``score`` (``None``: a random one).  A rule that spreads the trained designs over
+    the cost axis a front is judged on, and uses a free look to choose within each bin."""
+    order = sorted(keys, key=lambda k: (cost[k], rng.random()))
+    bins = [list(b) for b in np.array_split(order, n)]
+    return [rng.choice(b) if score is None else max(b, key=lambda k: score[k]) for b in bins]
+
+
+def priors(table_path: str, rules: dict[str, tuple[str, str | None]], repeats: int, trials: int, steps: int,
+           seed: int = 0, zc_seed: str = "answer") -> dict:
+    """Each rule ``name -> (cost, zero-cost score or None)`` against ``trials`` random draws, ``repeats`` paired
+    replays, no Optuna: per replay each design's answering table seed is drawn (as the oracle draws it); a rule reads
+    each design's zero-cost score *at that seed* (the search scores and trains at its own seed: a zero-cost score read
+    at another seed than the proxy's can share its initialisation with a held-out seed, and that is a leak -- it made
+    SynFlow look far ahead on the partial table: ``zc_seed="one"`` reads every design's score at one seed drawn per
+    replay, the leaky way, to show it); the front is Pareto by the proxy (TSE at ``steps``) and latency,
+    scored leak-free (:meth:`Truth.held_out`) in both planes.  Paired one-sided Wilcoxon against random draws."""
+    import random
+
+    from scipy.stats import wilcoxon
+
+    from archspec.search import load_table
+
+    table = load_table(table_path)
+    truth = Truth(table)
+    keys, seeds = sorted(truth.accuracy), table.seeds
+    proxy = {s: {k: proxy_value(table.rows[k][s], "tse", steps) for k in keys} for s in seeds}
+
+    def hv(chosen, answered) -> list[float]:
+        front = pareto([(proxy[answered[k]][k], truth.latency[k], k) for k in chosen])
+        return [hypervolume_2d([truth.normalised(k, c, truth.held_out(k, answered[k])) for k in front], (1.0, 1.0))
+                for c in ("latency", "macs")]
+
+    values: dict[str, list] = {name: [] for name in ["random draws", *rules]}
+    for rep in range(seed, seed + repeats):
+        rng = random.Random(rep)
+        answered = {k: rng.choice(seeds) for k in keys}
+        one = rng.choice(seeds)
+        zc_at = answered if zc_seed == "answer" else dict.fromkeys(keys, one)
+        values["random draws"].append(hv(rng.sample(keys, trials), answered))
+        for name, (cost, zc) in rules.items():
+            costs = truth.latency if cost == "latency" else truth.macs
+            score = None if zc is None else {k: table.rows[k][zc_at[k]]["zc"].get(zc) or -math.inf for k in keys}
+            values[name].append(hv(stratified_choice(keys, costs, score, trials, rng), answered))
+    base = np.array(values["random draws"])
+    out = {}
+    for name, v in values.items():
+        v = np.array(v)
+        out[name] = {plane: {"median": float(np.median(v[:, i])),
+                             "p": (None if name == "random draws" else
+                                   float(wilcoxon(v[:, i], base[:, i], alternative="greater").pvalue))}
+                     for i, plane in enumerate(("hv_latency", "hv_macs"))}
+    return {"table": table_path, "designs": len(keys), "seeds": seeds, "repeats": repeats, "trials": trials,
+            "steps": steps, "zc_seed": zc_seed, "rules": out}
+
+
+PRIOR_RULES = {
+    "latency bins, random in each": ("latency", None),
+    "latency bins, best SynFlow": ("latency", "synflow"),
+    "latency bins, best NASWOT": ("latency", "naswot"),
+    "MACs bins, best SynFlow": ("macs", "synflow"),
+    "MACs bins, best NASWOT": ("macs", "naswot"),
+}
+
+
 def _print_test(test: dict, indent: str = "  ") -> None:
     for name, v in test.items():
         print(f"{indent}{name}: median {v['median']:.4f} vs {v['baseline_median']:.4f}, {v['wins']} wins / "
@@ -658,7 +729,31 @@ def main(argv=None) -> int:
     null.add_argument("--steps", type=int, default=None, help="proxy steps (default: the search's default)")
     null.add_argument("--macs-budget", type=float, default=20e6)
     null.add_argument("--json", default="search_works_null.json")
+    pri = sub.add_parser("priors", help="free looks (cost bins, zero-cost scores) choosing the trained designs")
+    pri.add_argument("--table", default=str(DEFAULT_TABLE))
+    pri.add_argument("--repeats", type=int, default=400)
+    pri.add_argument("--trials", type=int, default=20)
+    pri.add_argument("--steps", type=int, default=None, help="proxy steps (default: the search's default)")
+    pri.add_argument("--zc-seed", choices=("answer", "one"), default="answer",
+                     help="read each design's zero-cost score at the seed that answers its proxy (default, "
+                          "leak-free) or every design's at one seed per replay (leaks: to show the difference)")
+    pri.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
+    if args.cmd == "priors":
+        from archspec.search import ProxyProtocol
+
+        result = priors(args.table, PRIOR_RULES, args.repeats, args.trials, args.steps or ProxyProtocol().steps,
+                        zc_seed=args.zc_seed)
+        print(f"zero-cost scores read at: {args.zc_seed}; {result['designs']} designs, seeds {result['seeds']}; "
+              f"{args.repeats} paired replays x {args.trials} trained, TSE "
+              f"proxy at {result['steps']} steps; median HV (one-sided paired Wilcoxon p vs random):")
+        for name, planes in result["rules"].items():
+            print(f"  {name}: " + "; ".join(
+                f"{plane} {v['median']:.4f}" + ("" if v["p"] is None else f" (p {v['p']:.2g})")
+                for plane, v in planes.items()))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        return 0
     if args.cmd == "null":
         from archspec.search import ProxyProtocol
 

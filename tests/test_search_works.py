@@ -248,3 +248,47 @@ def test_batch_rate_counts_20_repeat_batches_below_005(works):
     assert works.batch_rate([x + 0.01 for x in b], b, batches=50) == 1.0
     assert works.batch_rate(b, b, batches=50) == 0.0
     assert works.batch_rate([x - 0.01 for x in b], b, batches=50) == 0.0
+
+
+def test_stratified_choice_takes_the_best_score_of_each_cost_bin(works):
+    """Six designs, costs 1..6, two bins of three: {a, b, c} and {d, e, f}; by score the best of each (c, d); without
+    a score one of each bin."""
+    import random
+
+    cost = dict(zip("abcdef", range(1, 7)))
+    score = {"a": 0.1, "b": 0.2, "c": 0.9, "d": 0.8, "e": 0.5, "f": 0.7}
+    assert works.stratified_choice(list("fedcba"), cost, score, 2, random.Random(0)) == ["c", "d"]
+    drawn = works.stratified_choice(list("abcdef"), cost, None, 2, random.Random(3))
+    assert drawn[0] in "abc" and drawn[1] in "def"
+
+
+def test_priors_read_each_designs_zero_cost_score_at_the_seed_that_answers_it(works, monkeypatch):
+    """The leak-free rule: a design's zero-cost score is the one of the row whose seed answers its proxy.  A table
+    whose score is a seed's final accuracy (a perfect 'lucky init' detector) must give the rule nothing over random
+    draws when read at the answering seed, and a large edge when read at one seed for every design."""
+    import random
+
+    rng = random.Random(0)
+    keys = [f"d{i:02d}" for i in range(40)]
+
+    class Table:
+        seeds = [0, 1, 2]
+        tabulated = keys
+        latency_ms = {k: 1.0 + i for i, k in enumerate(keys)}
+        rows = {}
+
+    for i, k in enumerate(keys):  # designs equal in expectation: only seed noise differs
+        Table.rows[k] = {}
+        for s in Table.seeds:
+            final = 0.7 + rng.gauss(0, 0.02)
+            Table.rows[k][s] = {"final_accuracy": final, "macs": 1000 + i, "zc": {"synflow": final},
+                                "curve": [[100, 0.5, 1.0]], "tse": [[100, 50.0 + rng.random(), 1.0]]}
+    import archspec.search as search
+
+    monkeypatch.setattr(search, "load_table", lambda path: Table)
+    monkeypatch.setattr(works, "proxy_value", lambda row, score, steps: -row["tse"][0][1])
+    rules = {"best synflow": ("latency", "synflow")}
+    fair = works.priors("t", rules, 60, 8, 100)["rules"]["best synflow"]
+    leaky = works.priors("t", rules, 60, 8, 100, zc_seed="one")["rules"]["best synflow"]
+    assert fair["hv_latency"]["p"] > 0.05
+    assert leaky["hv_latency"]["p"] < 0.01
