@@ -164,3 +164,24 @@ def test_front_door_answers_within_its_ceiling(args, ceiling):
     empty, took = _fastest_seconds([sys.executable, "-c", "pass"], [sys.executable, *args], 5)
     assert took <= ceiling, (f"{' '.join(args)}: {took:.3f} s, over {ceiling} s "
                              f"({took / max(empty, 1e-3):.1f}x `python -c pass` at {empty:.3f} s)")
+
+
+def test_no_help_text_shows_restructuredtext_markup():
+    """Every ``--help`` is plain text: no ``literal`` double backquotes nor :func:-style roles (``archspec table
+    --help`` printed its module docstring, roles and all)."""
+    import argparse
+    import re
+
+    from archspec.cli.app import make_parser
+
+    def walk(parser, name):
+        yield name, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, subparser in action.choices.items():
+                    yield from walk(subparser, f"{name} {sub}")
+
+    shown = {name: re.findall(r"``|:(?:func|class|mod|meth|data|attr):`", parser.format_help())
+             for name, parser in walk(make_parser(), "archspec")}
+    assert len(shown) > 10 and "archspec table" in shown
+    assert not {name: set(found) for name, found in shown.items() if found}

@@ -1,14 +1,4 @@
-"""``archspec table SPACE``: tabulate a finite search space on an Optuna storage (:func:`archspec.search.tabulate`).
-
-    archspec table mait_small --designs 24 --seeds 0 1 2 3 4 5    # the seed check's 24 points, six seeds each
-    archspec table mait_small --report                              # seed-to-seed Kendall tau of what is trained
-    archspec table mait_small                                       # every point, seeds 0 1 2 (resumes)
-    archspec table mait_small --export mait_small.jsonl             # the table --oracle reads
-
-Any number of ``archspec table`` processes on one ``--storage`` share the work (a journal file on one machine,
-PostgreSQL across machines).  Exit status: 0 ok (also when nothing was left to train), 2 bad input, 130
-interrupted (the pair in progress is trained again by the next worker).
-"""
+"""``archspec table SPACE``: the command line of :func:`archspec.search.tabulate` (its help is :data:`DESCRIPTION`)."""
 
 from __future__ import annotations
 
@@ -20,6 +10,20 @@ from archspec.errors import Problem, SpecError
 
 __all__ = ["add_table_parser", "cmd_table"]
 
+# The help text, plain (argparse prints it as written: no reST markup).
+DESCRIPTION = """Tabulate a finite search space on an Optuna storage: every point trained for every seed under one
+protocol, each (point, seed) one trial.
+
+    archspec table mait_small --designs 24 --seeds 0 1 2 3 4 5    # the seed check's 24 points, six seeds each
+    archspec table mait_small --report                              # seed-to-seed Kendall tau of what is trained
+    archspec table mait_small                                       # every point, seeds 0 1 2 (resumes)
+    archspec table mait_small --export mait_small.jsonl             # the table --oracle reads
+
+Any number of `archspec table` processes on one --storage share the work (a journal file on one machine,
+PostgreSQL across machines).  Exit status: 0 ok (also when nothing was left to train), 2 bad input, 130
+interrupted (the pair in progress is trained again by the next worker).
+"""
+
 # command-line flag -> protocol field (archspec.search.table_protocol's reference protocol); their defaults are the
 # reference protocol's, so they are None here and only what the user sets changes it
 _PROTOCOL_FLAGS = {"data": "data", "train_images": "train_images", "steps": "steps", "warmup_steps": "warmup_steps",
@@ -30,7 +34,7 @@ _PROTOCOL_FLAGS = {"data": "data", "train_images": "train_images", "steps": "ste
 def add_table_parser(sub) -> None:
     """Register ``archspec table`` (torch-free: the parser is built for every command)."""
     p = sub.add_parser("table", help="tabulate a finite search space (every point, every seed) on an Optuna storage",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("space", metavar="SPACE", help="a shipped space (levit_small, mait_small) or a space YAML file")
     p.add_argument("--seeds", type=whole_number("--seeds", 0, 2**32 - 1), nargs="+", default=[0, 1, 2],
                    help="seeds of every point (default 0 1 2: the 3-seed mean is the reference)")
