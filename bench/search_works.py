@@ -166,6 +166,10 @@ METHODS = {
     "front mutation, 6 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 6, "fidelity": "none", **TSE},
     "front mutation, 10 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 10, "fidelity": "none",
                                                **TSE},
+    # free looks first (archspec.search._engine.prior_sampler): the best zero-cost score of each of 20 latency strata,
+    # then random draws; the look's zero-cost seconds count (study attribute prior_seconds)
+    "strata, NASWOT, TSE proxy": {"sampler": "strata", "zc_score": "naswot", "fidelity": "none", **TSE},
+    "strata, SynFlow, TSE proxy": {"sampler": "strata", "zc_score": "synflow", "fidelity": "none", **TSE},
     # with a MAC budget (`--budget-flops 20M`): every trained candidate is under it (over-budget samples are
     # rejected statically, untrained): the search a user who wants the best design under 20 M MACs runs
     "archspec default, 20 M MAC budget": {"budgets": {"macs": 20e6}},
@@ -258,7 +262,8 @@ def trace(study, truth: Truth, seed: int, steps: int, macs_budget: float) -> lis
     (by proxy) under ``macs_budget``."""
     import optuna
 
-    out, seconds, trained, answered = [], 0.0, [], {}
+    # a sampler that looks at every candidate first (--sampler strata) pays for the look before its first trial
+    out, seconds, trained, answered = [], float(getattr(study, "user_attrs", {}).get("prior_seconds", 0.0)), [], {}
     for t in sorted(study.trials, key=lambda t: t.number):
         seconds += truth.trial_cost(t, seed, steps)
         if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("status") in ("trained", "reused"):

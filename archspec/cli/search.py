@@ -201,7 +201,8 @@ def _add_run_options(p: argparse.ArgumentParser, d) -> None:
                      help="seed of the sampler, the initialisation and the data split (default 0): "
                           "same seed, same trials")
     run.add_argument("--sampler", choices=SAMPLERS, default=d(DEFAULT_SAMPLER),
-                     help=f"Optuna sampler (default {DEFAULT_SAMPLER}; tpe: multivariate, constraint aware; "
+                     help=f"Optuna sampler (default {DEFAULT_SAMPLER}; tpe: multivariate, constraint aware; front: "
+                          "mutations of the front; strata: the best --zc-score of each latency stratum first; "
                           "why the default: docs, Does the search work?)")
     run.add_argument("--sampler-startup", type=_positive_int("--sampler-startup", 0),
                      default=d(DEFAULT_SAMPLER_STARTUP), metavar="N",

@@ -56,7 +56,7 @@ ZERO_COST_RANKINGS = ("synflow", "naswot", "grad_norm", "params", "macs")
 # simulated CPU budget (docs/search-works.md).  --fidelity zc keeps the rung for those who want the time it saves.
 DEFAULT_FIDELITY = "none"
 
-SAMPLERS = ("tpe", "nsga2", "gp", "random", "front")  # archspec.search._engine.study.make_sampler builds each
+SAMPLERS = ("tpe", "nsga2", "gp", "random", "front", "strata")  # archspec.search._engine.study.make_sampler builds each
 # Random sampling: on levit_small's finished table (150 designs; 20 oracle searches of 20 candidates, 120-step
 # proxies ranked by TSE) its median front is the largest, HV 0.541 (accuracy, latency) and 0.557 (accuracy, MACs)
 # against TPE's 0.537 / 0.502 and TPE with 10 start-up trials 0.516 / 0.518; with 20 candidates multivariate TPE

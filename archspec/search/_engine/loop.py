@@ -181,7 +181,7 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     Raises:
         SpecError: bad input (budgets, space, data, run directory, storage); nothing is written then.
     """
-    from archspec.search._evaluation.latency import LatencyCache  # noqa: PLC0415 - torch-side: once every input passed
+    from archspec.search._evaluation import latency, priors  # noqa: PLC0415 - torch-side: once every input passed
 
     quiet_optuna()
     cfg = complete_config(cfg)  # a SearchConfig left with budgets / protocols None or dicts: the defaults
@@ -202,8 +202,8 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     notes = settings_notes(study, attrs) + zombie_notes(study)
 
     progress = ProgressDisplay(cfg.trials, cfg.progress, len(directions), cfg.timeout)
-    objective = CandidateObjective(mode, data, cfg, LatencyCache(run_dir / "latency.json"), len(directions),
-                                   on_status=progress.status, oracle=oracle)
+    objective = CandidateObjective(mode, data, cfg, latency.LatencyCache(run_dir / "latency.json"), len(directions),
+                                   on_status=progress.status, oracle=oracle, prior_look=priors.prior_candidates)
     objective.rungs = rungs
     k = verify_count(cfg.verify, cfg.trials)
     interrupted, search_seconds = _optimize(study, objective, progress, cfg, notes, k)

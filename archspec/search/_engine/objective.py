@@ -47,6 +47,7 @@ from archspec.search._engine.study import (
     worker_seed,
 )
 from archspec.search._evaluation.budget import static_check
+from archspec.search._evaluation.verify import verify_count
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # annotations only: the data and the cache are torch-side
@@ -78,9 +79,13 @@ class CandidateObjective:
     """
 
     def __init__(self, mode: SampledMode, data: Dataset, cfg: SearchConfig, cache: LatencyCache, n_objectives: int,
-                 on_status: Callable[[str], None] | None = None, oracle: Any = None):
+                 on_status: Callable[[str], None] | None = None, oracle: Any = None,
+                 prior_look: Callable | None = None):
         self.mode, self.space, self.data, self.cfg, self.cache = mode, mode.space, data, cfg, cache
         self.oracle = oracle
+        # --sampler strata: (space, cfg, data, oracle, cache) -> the look at every candidate
+        # (archspec.search._evaluation.priors.prior_candidates, torch-side: the engine passes it in)
+        self.prior_look = prior_look
         self.train_fn = oracle.train if oracle is not None else mode.train
         self.n_objectives = n_objectives
         self.on_status = on_status or (lambda text: None)
@@ -153,7 +158,11 @@ class CandidateObjective:
             return
         self.first_trial = trial.number
         seed = worker_seed(self.cfg.seed, trial.number)
-        if seed != self.cfg.seed:
+        if self.cfg.sampler == "strata" and self.prior_look is not None:  # the look needs this worker's data and cache
+            look = self.prior_look(self.space, self.cfg, self.data, self.oracle, self.cache)
+            n_strata = self.cfg.trials - verify_count(self.cfg.verify, self.cfg.trials)
+            trial.study.sampler = make_sampler("strata", seed, self.n_objectives, candidates=look, n_strata=n_strata)
+        elif seed != self.cfg.seed:
             trial.study.sampler = make_sampler(self.cfg.sampler, seed, self.n_objectives,
                                                self.cfg.sampler_startup)
 

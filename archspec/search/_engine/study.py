@@ -53,6 +53,7 @@ from archspec.search._engine.config import (  # torch-free: the command line rea
     SAMPLERS,
 )
 from archspec.search._engine.front_sampler import FrontMutationSampler
+from archspec.search._engine.prior_sampler import StratifiedPriorSampler
 
 __all__ = [
     "StorageInfo", "check_storage", "resolve_storage", "open_study", "make_sampler", "SAMPLERS", "fail_zombie_trials",
@@ -342,7 +343,8 @@ def _rdb_storage(url: str, engine_kwargs: dict, heartbeat: int | None, attempts:
 
 
 def make_sampler(name: str, seed: int | None, n_objectives: int,
-                 n_startup_trials: int = DEFAULT_SAMPLER_STARTUP) -> optuna.samplers.BaseSampler:
+                 n_startup_trials: int = DEFAULT_SAMPLER_STARTUP, candidates=None,
+                 n_strata: int = 1) -> optuna.samplers.BaseSampler:
     """An Optuna sampler by name, seeded for reproducible sampling.
 
     ``tpe``: multivariate TPE, multi-objective and constraint aware (Optuna reads the
@@ -351,7 +353,11 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
     (constrained domination).  ``gp``: Gaussian-process BO.  ``random``: random search (the command line's
     default: :data:`archspec.search.DEFAULT_SAMPLER`).  ``front``: local search, one-parameter mutations
     of the non-dominated trials after ``n_startup_trials`` random draws
-    (:class:`archspec.search._engine.front_sampler.FrontMutationSampler`).
+    (:class:`archspec.search._engine.front_sampler.FrontMutationSampler`).  ``strata``: the best zero-cost score of
+    each of ``n_strata`` cost strata first, then random draws
+    (:class:`archspec.search._engine.prior_sampler.StratifiedPriorSampler`); ``candidates`` is the engine's look at
+    every candidate (:func:`archspec.search._evaluation.priors.prior_candidates`), which the search's objective
+    attaches on each worker's first trial.
     ``n_startup_trials``: random trials before TPE's or the GP's model is used (Optuna's own default is 10; 6
     here, for searches of 10-20 trained candidates); NSGA-II's population (at least 4).
     """
@@ -368,7 +374,14 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
             return optuna.samplers.RandomSampler(seed=seed)
         if name == "front":
             return FrontMutationSampler(seed=seed, n_startup_trials=n_startup_trials)
+        if name == "strata":
+            return StratifiedPriorSampler(candidates or _no_look, n_strata=max(1, n_strata), seed=seed)
     raise SpecError.single(("--sampler",), f"unknown sampler {name!r}", f"choose one of {', '.join(SAMPLERS)}")
+
+
+def _no_look():
+    raise RuntimeError("the strata sampler needs the engine's look at the candidates: archspec's search objective "
+                       "attaches it on the first trial (CandidateObjective); outside it, pass candidates=")
 
 
 def worker_seed(seed: int, first_trial: int) -> int:

@@ -1,0 +1,97 @@
+"""The strata sampler (archspec.search._engine.prior_sampler) against hand-computed cases: the bit-reversed order of
+the strata, the best score of each cost bin, its proposals in a plain Optuna study, and on the shipped table the
+designs it trains first computed from the table's rows by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import optuna
+import pytest
+
+from archspec.search._engine.prior_sampler import (
+    PRIOR_SECONDS_ATTR,
+    Candidate,
+    StratifiedPriorSampler,
+    bit_reversed_order,
+    stratified_picks,
+)
+
+
+def test_bit_reversed_order_by_hand():
+    assert bit_reversed_order(8) == [0, 4, 2, 6, 1, 5, 3, 7]
+    assert bit_reversed_order(5) == [0, 4, 2, 1, 3]  # 0..7 reversed, 5 6 7 skipped
+    assert bit_reversed_order(3) == [0, 2, 1]
+    assert bit_reversed_order(1) == [0] and bit_reversed_order(0) == []
+
+
+def test_the_best_score_of_each_cost_bin_in_bit_reversed_order():
+    """Costs 1..6 in three bins {1,2}, {3,4}, {5,6}; scores favour 2, 3 and 6; bins visited 0, 2, 1."""
+    scores = {1: 0.1, 2: 0.5, 3: 0.9, 4: 0.2, 5: 0.3, 6: 0.4}
+    cands = [Candidate({"x": c}, float(c), s) for c, s in reversed(scores.items())]
+    picks = stratified_picks(cands, 3, np.random.RandomState(0))
+    assert [c.params["x"] for c in picks] == [2, 6, 3]
+    assert [c.params["x"] for c in stratified_picks(cands[:2], 5, np.random.RandomState(0))] == [5, 6]
+    assert stratified_picks([], 3, np.random.RandomState(0)) == []
+
+
+def _study(sampler):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(sampler=sampler, directions=["maximize"])
+
+
+def test_the_sampler_proposes_the_picks_then_hands_over():
+    """Six designs x in 0..5 (cost x, score -|x - 4|: bins {0,1}, {2,3}, {4,5} give 1, 4, 3 in order 0, 2, 1 ->
+    1, 4, 3); a design a trial already has is skipped; after the strata, random draws."""
+    looks = []
+
+    def look():
+        looks.append(1)
+        return [Candidate({"x": x}, float(x), -abs(x - 4.0)) for x in range(6)], 1.5
+
+    sampler = StratifiedPriorSampler(look, n_strata=3, seed=0)
+    study = _study(sampler)
+    study.enqueue_trial({"x": 4})  # another worker's trial already holds the second pick
+    study.optimize(lambda t: float(t.suggest_int("x", 0, 5)), n_trials=1)
+    study.optimize(lambda t: float(t.suggest_int("x", 0, 5)), n_trials=3)
+    xs = [t.params["x"] for t in study.trials]
+    assert xs[:3] == [4, 1, 3]  # the enqueued one, then picks 1 and 3 (4 is taken)
+    assert looks == [1] and study.user_attrs[PRIOR_SECONDS_ATTR] == 1.5
+    assert 0 <= xs[3] <= 5  # from RandomSampler
+
+
+def test_bad_strata_refused():
+    with pytest.raises(ValueError, match="n_strata"):
+        StratifiedPriorSampler(lambda: ([], 0.0), n_strata=0)
+
+
+@pytest.mark.slow
+def test_on_the_table_the_first_trials_are_the_strata_computed_from_the_rows(tmp_path):
+    """A real replay on the shipped levit_small table: its first 6 trained designs are, in order, the best NASWOT
+    (each design's row for this replay's seed, `OracleTable.seed_of`) of 6 latency bins of equal count over the
+    tabulated designs, computed here from the rows without the sampler."""
+    from archspec.search import load_table, run_design
+    from archspec.search._evaluation.latency import architecture_key
+    from archspec.search._space.language import load_space
+
+    table = load_table("levit_small")
+    seed, n = 5, 6
+    out = run_design(space="levit_small", oracle="levit_small", oracle_subset=True, objective="pareto", trials=n,
+                     timeout=None, trial_timeout=None, protocol={"steps": 120, "score": "tse"}, seed=seed,
+                     storage="memory", out=tmp_path / "run", progress=False, sampler="strata", zc_score="naswot",
+                     fidelity="none", verify=0)
+    keys = {architecture_key(spec) for _, spec in load_space("levit_small").points()} & set(table.tabulated)
+    naswot = {k: table.rows[k][table.seed_of(k, seed)]["zc"]["naswot"] for k in keys}
+
+    def picks(tie_order: int) -> list[str]:  # designs of equal latency (the table has a pair) in either order
+        by_cost = sorted(keys, key=lambda k: (table.latency_ms[k], tie_order * int(k[:12], 16)))
+        bins = [list(b) for b in np.array_split(np.array(by_cost, dtype=object), n)]
+        best = [max(b, key=lambda k: (naswot[k] if naswot[k] is not None else -math.inf, -table.latency_ms[k]))
+                for b in bins]  # equal scores: the cheaper
+        return [best[i] for i in bit_reversed_order(n)]
+
+    got = [t.user_attrs["arch_key"] for t in sorted(out.study.trials, key=lambda t: t.number)]
+    assert got in (picks(1), picks(-1))
+    zc_seconds = sum(table.rows[k][table.seed_of(k, seed)]["zc_seconds"]["naswot"] for k in keys)
+    assert out.study.user_attrs[PRIOR_SECONDS_ATTR] == pytest.approx(zc_seconds, abs=0.01)
