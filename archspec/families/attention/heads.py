@@ -27,9 +27,10 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from archspec._util.pydantic_base import StrictModel
+from archspec._util.pydantic_base import HINT, StrictModel
 
 from . import gauss_mask, gpsa, mask, rel_bias, rel_logits
+from .gauss_mask import FIELD as FIELD_GAUSS
 from .gauss_mask import GaussMaskSpec
 from .gpsa import GPSASpec
 from .mask import MaskSpec
@@ -93,7 +94,9 @@ class HeadSpec(StrictModel):
             expanded = {k: dict(v) for k, v in HEAD_SHORTHANDS[name].items()}
             if window:
                 if "mask" not in expanded:
-                    raise ValueError(f"only mask heads take a window, got {value!r}")
+                    hint = (f"{HINT}a gauss_mask head has no window: its width is learned; start it wider with "
+                            "{gauss_mask: {sigma_init: 2.0}}") if FIELD_GAUSS in expanded else ""
+                    raise ValueError(f"only mask heads take a window, got {value!r}{hint}")
                 expanded["mask"]["window"] = window
             return expanded
         return value
