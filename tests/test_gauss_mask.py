@@ -198,6 +198,19 @@ def test_als_diagnostics_read_the_gaussian_heads():
         assert torch.allclose(scores.double(), torch.full((12,), share, dtype=torch.float64), atol=1e-5)
 
 
+def test_inspect_reports_the_learned_alpha_and_sigma():
+    """diagnose() (archspec inspect): per layer the Gaussian heads' alpha and sigma, as set; None elsewhere."""
+    from archspec.diagnostics.inspection import diagnose
+
+    model = _small_gauss_model()
+    with torch.no_grad():
+        model.stages[0].blocks[1].attn.gauss_sigma.copy_(torch.tensor([-1.5, 0.5, 3.0]))  # sigma acts as |sigma|
+    rows = {row["name"]: row for row in diagnose(model, torch.randn(1, 3, 32, 32))["layers"]}
+    assert rows["stages.0.blocks.1.attn"]["gauss"] == {"alpha": [5.0, 5.0, 5.0], "sigma": [1.5, 0.5, 3.0]}
+    assert rows["stages.0.blocks.1.attn"]["heads"] == "D A M D D A"
+    assert rows["stages.0.blocks.0.attn"]["gauss"]["sigma"] == [1.0] * 6
+
+
 def _small_gauss_model() -> nn.Module:
     """gauss_mask_tiny shrunk to 3 blocks of 96 wide, with a class token (prefix unbiased), random init."""
     doc = archspec.load_spec("gauss_mask_tiny").model_dump(mode="json", exclude_none=True)
