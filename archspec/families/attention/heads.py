@@ -38,7 +38,8 @@ from .rel_bias import RelBiasSpec
 from .rel_logits import RelLogitsSpec
 
 __all__ = ["HeadSpec", "GPSASpec", "RelBiasSpec", "RelLogitsSpec", "MaskSpec", "GaussMaskSpec", "KINDS",
-           "HEAD_SHORTHANDS", "HEAD_LETTERS", "head_letters_legend", "coerce_heads", "StrictModel"]
+           "HEAD_SHORTHANDS", "HEAD_LETTERS", "head_letters_legend", "coerce_heads", "StrictModel",
+           "NEW_KINDS", "without_unused_new_kinds"]
 
 #: The head kinds, in the order their letters compose.
 KINDS = (gpsa, rel_bias, mask, gauss_mask, rel_logits)
@@ -116,6 +117,24 @@ class HeadSpec(StrictModel):
     def is_plain(self) -> bool:
         """True for plain content attention (no GPSA, bias, mask or Gaussian bias)."""
         return all(getattr(self, kind.FIELD) is None for kind in KINDS)
+
+
+#: head kinds added after digests and keys were stored (saved builds, the search tables): a head that does not use
+#: one is hashed without its field, so what was stored before keeps its digest (:func:`without_unused_new_kinds`)
+NEW_KINDS = (gauss_mask.FIELD,)
+
+
+def without_unused_new_kinds(value: Any) -> Any:
+    """``value`` (a JSON-ready dump of a spec or of parts of one) with each head's unused :data:`NEW_KINDS` field
+    (``None``) removed, for hashes that must not change when a head kind is added (``spec_digest``,
+    ``architecture_key``).  A head using the kind keeps it.  Raises nothing."""
+    if isinstance(value, list):
+        return [without_unused_new_kinds(v) for v in value]
+    if isinstance(value, dict):
+        head = set(HeadSpec.model_fields) <= set(value)  # a HeadSpec's dump
+        return {k: without_unused_new_kinds(v) for k, v in value.items()
+                if not (head and k in NEW_KINDS and v is None)}
+    return value
 
 
 def coerce_heads(heads: Sequence[HeadSpec | str | dict]) -> tuple[HeadSpec, ...]:
