@@ -57,6 +57,9 @@ MORE = [
                                  "hardswish"), (1, 16, 32), 16),
     ("attention", AttentionShape(16, coerce_heads(["signed_bias", "mhsa"]), (3, 3), 0, AttnDims(16, 16), True,
                                  pad_tokens=1), (1, 9, 16), 9),
+    ("attention", AttentionShape(32, coerce_heads(["gauss_mask", {"gauss_mask": {}, "rel_bias": {}}, "mask",
+                                                  {"gauss_mask": {}, "mask": {"mode": "soft"}}]), (3, 5), 1,
+                                 AttnDims(8, 8), True), (1, 16, 32), 16),
     ("block", BlockShape(32, 16, 2.0, "batchnorm", 1e-6, "hardswish", None, 0.0, "attention",
                          AttentionShape(32, coerce_heads(["levit_bias"] * 2), (4, 4), 0, AttnDims(8, 16), False,
                                         "batchnorm", "hardswish")), (1, 16, 32), 16),
@@ -164,6 +167,8 @@ def test_validating_every_shipped_spec_imports_no_torch():
     (["gpsa"] * 4, (5, 5), 0, "layernorm"),
     (["levit_bias"] * 2, (4, 4), 0, "batchnorm"),
     (["strict_mask", "signed_bias", {"gpsa": {}, "mask": {}}, "soft_mask"], (6, 6), 0, "layernorm"),
+    (["gauss_mask", "mhsa", {"gauss_mask": {}, "mask": {}}, "strict_mask"], (4, 4), 1, "layernorm"),
+    (["gauss_mask"] * 2, (4, 4), 0, "batchnorm"),
 ])
 def test_attention_buffer_rule_is_the_modules_bytes(heads, grid, prefix, norm, one_thread):
     """The rule's buffer bytes equal, to the byte, the layer's buffers plus the caches its first eval forward builds

@@ -18,6 +18,9 @@ from archspec.nn.blocks import Attention, attention_impl, set_attention_impl
 
 BIASED_MASK = {"mask": {"window": [3, 3]}, "rel_bias": {"table": "absolute"}}
 GPSA_MASK = {"gpsa": {"conv_init": False}, "mask": {}}
+GAUSS_BIAS = {"gauss_mask": {"sigma_init": 2.0}, "rel_bias": {"table": "signed"}}
+GAUSS_SOFT = {"gauss_mask": {}, "mask": {"mode": "soft"}}
+GAUSS_GPSA = {"gpsa": {"conv_init": False}, "gauss_mask": {}}
 
 # (heads, grid, prefix counts): odd grids, windows larger than / touching the border, non-contiguous head groups
 CASES = [
@@ -29,6 +32,8 @@ CASES = [
     (["gpsa"] * 4, (5, 5), (0,)),                                       # ConViT layer
     (["gpsa", "mask", GPSA_MASK, "soft_mask"], (3, 5), (0,)),           # GPSA among masked heads
     (["mask"], (1, 1), (0, 1)),                                         # one patch: no non-neighbours
+    (["gauss_mask", "mask", GAUSS_BIAS, GAUSS_SOFT], (4, 5), (0, 1)),  # GMM-Mask heads composed with the others
+    ([GAUSS_GPSA, "gauss_mask", "mhsa", "gauss_mask"], (3, 3), (0,)),   # GPSA over a Gaussian-biased content
 ]
 PARAMS = [(heads, grid, p) for heads, grid, prefixes in CASES for p in prefixes]
 

@@ -271,6 +271,37 @@ stages:
     heads: 4
     attention: mask:3y3
 """, "stages[0].attention.mask.window", 6, "'3y3'"),
+    Case("gauss-mask-sigma-not-positive", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    attention:
+      gauss_mask:
+        sigma_init: 0
+""", "stages[0].attention.gauss_mask.sigma_init", 8, "greater than 0"),
+    Case("gauss-mask-with-a-window", """\
+name: t
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    attention: gauss_mask:3x3
+""", "stages[0].attention", 6, ("only mask heads take a window", "'gauss_mask:3x3'"), "sigma_init"),
+    Case("gauss-mask-in-talking-heads", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 8}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    talking_heads: true
+    layers:
+      - range: 0-1
+        heads: [mhsa, gauss_mask, mask, mhsa]
+""", "stages[0].talking_heads", 8, ("talking-heads", "got head kinds D"), "mhsa, mask", count=1),
     Case("range-malformed", """\
 name: t
 stages:

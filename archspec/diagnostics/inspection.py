@@ -32,6 +32,7 @@ from archspec.diagnostics.metrics import (
     attention_locality_score,
     cross_layer_similarity,
     layer_gating,
+    layer_gauss,
     nonlocality,
     patch_window_mask,
 )
@@ -70,7 +71,8 @@ def diagnose(model: nn.Module, images: Tensor, window: tuple[int, int] = (3, 3))
     """The four diagnostics of ``model`` on ``images`` ``(B, C, H, W)`` as plain numbers (JSON-ready).
 
     Returns ``{"window", "layers": [{"name", "grid", "heads", "als": (H,), "nonlocality": (H,) in patches,
-    "gating": (n_gpsa,) or None}], "similarity": [{"layers", "per_head": (H, L, L)}]}``.
+    "gating": (n_gpsa,) or None, "gauss": {"alpha": (n_gauss,), "sigma": (n_gauss,) in patches} or None}],
+    "similarity": [{"layers", "per_head": (H, L, L)}]}`` (``gauss``: :func:`~.metrics.layer_gauss`).
 
     Raises:
         ValueError: the model has no self-attention layer.
@@ -78,7 +80,7 @@ def diagnose(model: nn.Module, images: Tensor, window: tuple[int, int] = (3, 3))
     found = attention_layers(model, images)
     if not found:
         raise ValueError("the model has no self-attention layer to inspect")
-    gates = layer_gating(model)
+    gates, gauss = layer_gating(model), layer_gauss(model)
     layers = []
     for name, layer in found.items():
         attn = layer.attn
@@ -88,6 +90,8 @@ def diagnose(model: nn.Module, images: Tensor, window: tuple[int, int] = (3, 3))
             "als": attention_locality_score(attn, mask, layer.num_prefix_tokens).tolist(),
             "nonlocality": nonlocality(attn, layer.grid, layer.num_prefix_tokens).tolist(),
             "gating": gates[name].tolist() if name in gates else None,
+            "gauss": ({"alpha": gauss[name][:, 0].tolist(), "sigma": gauss[name][:, 1].tolist()}
+                      if name in gauss else None),
         })
     prefixes = [layer.num_prefix_tokens for layer in found.values()]
     return {"window": list(window), "layers": layers,

@@ -11,6 +11,7 @@
   ``M^{i,j}_{h,t}`` of the attention rows ``A^i_{h,t,:}`` and ``A^j_{h,t,:}`` of layers ``i`` and ``j``,
   per head and token; :func:`layer_cross_similarity` runs it on a model's layers.
 * :func:`layer_gating` -- ConViT's gating ``sigmoid(lambda_h)`` of every GPSA layer (T-CNN's too).
+* :func:`layer_gauss` -- the learned amplitude and width of every ``gauss_mask`` head (GMM-Mask).
 * :func:`attention_layers` -- the maps with what the diagnostics need of each layer (grid, prefix tokens,
   head letters), attention inside bottlenecks included.
 
@@ -45,7 +46,8 @@ from archspec.families.talking_heads.module import TalkingHeadAttn
 
 __all__ = ["attention_maps", "attention_layers", "AttentionLayer", "attention_locality_score", "layer_als",
            "nonlocality", "patch_window_mask", "cross_layer_similarity", "layer_cross_similarity", "layer_gating",
-           "bottleneck_attention", "conv_gpsa_attention", "SELF_ATTENTION_LAYERS", "MAP_ATTENTION_LAYERS"]
+           "layer_gauss", "bottleneck_attention", "conv_gpsa_attention", "SELF_ATTENTION_LAYERS",
+           "MAP_ATTENTION_LAYERS"]
 
 # Token-to-token attention layers (square (B, H, N, N) maps on a patch grid): what the diagnostics read.
 SELF_ATTENTION_LAYERS = (Attention, TalkingHeadAttn)
@@ -293,4 +295,17 @@ def layer_gating(model: nn.Module) -> dict[str, Tensor]:
                 out[name] = gate.detach()
         elif isinstance(module, ConvGPSA):
             out[name] = torch.sigmoid(module.gating).detach()
+    return out
+
+
+def layer_gauss(model: nn.Module) -> dict[str, Tensor]:
+    """``{layer: (n_gauss, 2)}`` of every attention layer with ``gauss_mask`` heads: per Gaussian head (head order)
+    its amplitude ``alpha`` (logit units) and width ``sigma`` (patches; the bias is ``alpha exp(-d^2 / (2 (sigma^2 +
+    1e-5)))``, GMM-Mask, arXiv 2309.05375, :mod:`archspec.families.attention.gauss_mask`).  ``|sigma|`` is what acts
+    (the bias reads ``sigma^2``).  Empty for models without Gaussian heads.  Raises nothing.
+    """
+    out: dict[str, Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Attention) and module.gauss_heads:
+            out[name] = torch.stack([module.gauss_alpha, module.gauss_sigma.abs()], dim=1).detach()
     return out

@@ -25,6 +25,7 @@ from safetensors.torch import load_model, save_file, save_model
 
 from archspec._version import __version__
 from archspec.errors import SpecError
+from archspec.families.attention.heads import without_unused_new_kinds
 from archspec.io.builddir import normal_mode
 from archspec.ir.loader import load_spec
 from archspec.nn.compiler import compile
@@ -43,10 +44,12 @@ META_DIGEST = "archspec_spec_sha256"
 def spec_digest(spec: ArchSpec) -> str:
     """SHA-256 (hex) of the resolved spec: ``json.dumps(spec.model_dump(mode='json'), sort_keys=True)``.
 
-    Every field counts, ``name`` and ``description`` included: any edit of spec.yaml is detected.
-    Raises nothing.
+    Every field counts, ``name`` and ``description`` included: any edit of spec.yaml is detected.  A head kind
+    added since a build was saved does not change its digest while no head uses it
+    (:func:`~archspec.families.attention.heads.without_unused_new_kinds`).  Raises nothing.
     """
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    dump = without_unused_new_kinds(spec.model_dump(mode="json"))
+    canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

@@ -14,6 +14,7 @@ from pydantic_core import PydanticUndefined
 
 from archspec.families.attention.heads import (
     HEAD_SHORTHANDS,
+    GaussMaskSpec,
     GPSASpec,
     HeadSpec,
     MaskSpec,
@@ -53,7 +54,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("stages[].shrink", ShrinkSpec), ("stages[].from_map", MapToTokensSpec),
     ("head kind (stages[].attention, layers[].heads[])", HeadSpec), ("gpsa", GPSASpec), ("rel_bias", RelBiasSpec),
     ("rel_logits", RelLogitsSpec),
-    ("mask", MaskSpec), ("class_attention", ClassAttentionSpec), ("head", HeadOutSpec),
+    ("mask", MaskSpec), ("gauss_mask", GaussMaskSpec), ("class_attention", ClassAttentionSpec), ("head", HeadOutSpec),
 ]
 
 

@@ -5,7 +5,9 @@ Each head of an :class:`Attention` layer is described by a
 
 1. content logits ``S_h = Q_h K_h^T * qk_dim ** -0.5``;
 2. ``+ B_h`` on the patch-patch block when the head has a relative position bias
-   (LeViT table on absolute offsets, LeViT eq. 1; or CMHSA table on signed offsets, CMHSA eq. 4);
+   (LeViT table on absolute offsets, LeViT eq. 1; or CMHSA table on signed offsets, CMHSA eq. 4), and
+   ``+ alpha_h exp(-d^2 / (2 (sigma_h^2 + 1e-5)))`` when it has a Gaussian bias (GMM-Mask, arXiv 2309.05375,
+   one Gaussian per head, added: :mod:`archspec.families.attention.gauss_mask`);
 3. the MaiT mask transform when it has a mask (hard: ``M (.) S``, eq. 2; soft: non-neighbours
    ``* alpha``, eq. 4; strict: non-neighbours ``-inf``);
 4. ``softmax`` over keys;
@@ -36,7 +38,7 @@ from timm.models.levit import LinearNorm
 from torch import Tensor, nn
 
 from ..activations import activation
-from . import gpsa
+from . import gauss_mask, gpsa
 from .heads import HeadSpec, coerce_heads
 from .kernels import (
     flex_masked_attention,
@@ -53,6 +55,7 @@ from .tables import (
     check_grid,
     conv_kernel_offsets,
     gpsa_rel_indices,
+    grid_positions,
     levit_bias_idxs,
     resample_bias_table,
     signed_bias_idxs,
@@ -100,6 +103,10 @@ class Attention(nn.Module):
       With ``norm='batchnorm'`` the projections are timm ``LinearNorm`` as in ``levit.Attention``
       (``qkv`` with per-head layout ``(H, [q, k, v])``, ``proj = Sequential(act, ln)``).
     * Signed relative bias: CMHSA eq. 4 (``signed_biases`` ``(n_signed_heads, (2H-1)(2W-1))``).
+    * Gaussian bias (GMM-Mask, Li & Zhang, arXiv 2309.05375; authors' ``models/gmm.py`` with one Gaussian per head):
+      ``gauss_alpha`` and ``gauss_sigma`` ``(n_gauss,)``, the bias ``alpha exp(-d^2 / (2 (sigma^2 + 1e-5)))`` on the
+      patch-patch logits from the non-persistent squared-distance buffer ``gauss_dist2`` ``(H*W, H*W)`` (patch
+      units); added to the logits (our choice: the authors' code multiplies them), prefix tokens unbiased.
     * Masks: MaiT eq. 2 (hard), eq. 4 (soft, ``mask_alpha_logit`` per soft head, ``alpha = sigmoid``),
       strict (``-inf``, our named option).  Prefix tokens are neighbours of everything (see
       :func:`archspec.families.attention.mask_terms.window_mask`).
@@ -185,6 +192,7 @@ class Attention(nn.Module):
         self.signed_bias_heads = [i for i, h in enumerate(specs)
                                   if h.rel_bias is not None and h.rel_bias.table == "signed"]
         self.gpsa_heads = [i for i, h in enumerate(specs) if h.gpsa is not None]
+        self.gauss_heads = [i for i, h in enumerate(specs) if h.gauss_mask is not None]
         self.mask_heads = [i for i, h in enumerate(specs) if h.mask is not None]
         self.hard_heads = [i for i in self.mask_heads if specs[i].mask.mode == "hard"]
         self.soft_heads = [i for i in self.mask_heads if specs[i].mask.mode == "soft"]
@@ -235,6 +243,9 @@ class Attention(nn.Module):
             self.register_buffer("gpsa_head_idx", torch.tensor(self.gpsa_heads, dtype=torch.long), persistent=False)
         if self.soft_heads:
             self.mask_alpha_logit = nn.Parameter(torch.zeros(len(self.soft_heads)))
+        if self.gauss_heads:
+            self.gauss_alpha = nn.Parameter(torch.zeros(len(self.gauss_heads)))
+            self.gauss_sigma = nn.Parameter(torch.zeros(len(self.gauss_heads)))
 
     # ------------------------------------------------------------------ init
     @torch.no_grad()
@@ -244,9 +255,10 @@ class Attention(nn.Module):
         layernorm family: like timm ViT / ConViT ``_init_weights`` -- ``trunc_normal_(std=.02)`` on every
         Linear weight (``qk``, ``v``, ``proj``, ``pos_proj``), zero biases.  batchnorm family: timm
         ``LinearNorm`` defaults (PyTorch Linear init, BN weight 1, ``proj`` BN weight 0), as timm LeViT.
-        Bias tables start at 0 (LeViT / timm); soft-mask logits at ``logit(alpha_init)``; the gating
-        parameter at ``gating_init``.  Finally the ConViT convolutional init (eq. 5, timm ``local_init``)
-        of the conv-initialised GPSA heads.
+        Bias tables start at 0 (LeViT / timm); soft-mask logits at ``logit(alpha_init)``; the Gaussian heads'
+        ``gauss_alpha`` / ``gauss_sigma`` at their spec's ``alpha_init`` / ``sigma_init`` (default 5 and 1 patch:
+        local, :mod:`~archspec.families.attention.gauss_mask`); the gating parameter at ``gating_init``.
+        Finally the ConViT convolutional init (eq. 5, timm ``local_init``) of the conv-initialised GPSA heads.
         """
         if self.norm == "layernorm":
             for lin in (self.qk, self.v, self.proj):
@@ -261,6 +273,9 @@ class Attention(nn.Module):
         if self.soft_heads:
             self.mask_alpha_logit.copy_(torch.tensor(
                 [alpha_to_logit(self.head_specs[i].mask.alpha_init) for i in self.soft_heads]))
+        if self.gauss_heads:
+            self.gauss_alpha.copy_(torch.tensor([self.head_specs[i].gauss_mask.alpha_init for i in self.gauss_heads]))
+            self.gauss_sigma.copy_(torch.tensor([self.head_specs[i].gauss_mask.sigma_init for i in self.gauss_heads]))
         if self.gpsa_heads:
             trunc_normal_(self.pos_proj.weight, std=0.02)
             nn.init.zeros_(self.pos_proj.bias)
@@ -303,7 +318,8 @@ class Attention(nn.Module):
         """(Re)build everything that depends on the patch grid, except the learned bias tables.
 
         Sets ``grid``, ``num_patches``, ``num_tokens``; registers the non-persistent index / mask buffers
-        (``attention_bias_idxs``, ``signed_bias_idxs``, ``rel_indices``, ``attn_masks``, the window tables of
+        (``attention_bias_idxs``, ``signed_bias_idxs``, ``rel_indices``, ``gauss_dist2``, ``attn_masks``, the window
+        tables of
         the linear-time hard-mask heads ``window{r}x{c}_{outside,n0}``) on the module's device;
         drops the eval-mode caches and re-plans which path each head takes (the crossover depends on the grid).
         A resolution change (``set_grid``) calls this after resizing ``attention_biases`` / ``signed_biases``.
@@ -323,6 +339,10 @@ class Attention(nn.Module):
             self.register_buffer("signed_bias_idxs", signed_bias_idxs(self.grid).to(device), persistent=False)
         if self.gpsa_heads:
             self.register_buffer("rel_indices", gpsa_rel_indices(self.grid).to(device), persistent=False)
+        if self.gauss_heads:  # squared patch distances d_ij^2 (row and column offsets in patches), float32
+            pos = grid_positions(self.grid).to(torch.float32)
+            dist2 = (pos[:, :, None] - pos[:, None, :]).pow(2).sum(dim=0)
+            self.register_buffer("gauss_dist2", dist2.to(device), persistent=False)
         if self.mask_heads:
             masks = [window_mask(self.grid, specs[i].mask.window, p) for i in self.mask_heads]
             self.register_buffer("attn_masks", torch.stack(masks).to(device), persistent=False)  # (n_mask, N, N) bool
@@ -415,9 +435,10 @@ class Attention(nn.Module):
         return weight, bias
 
     def position_bias(self) -> Tensor | None:
-        """Additive relative-position bias of every head, ``(H, N, N)`` (zero outside the patch-patch block
-        and for heads without a bias), or ``None`` when no head has one."""
-        if not (self.abs_bias_heads or self.signed_bias_heads):
+        """Additive position bias of every head, ``(H, N, N)``: relative-bias tables plus Gaussian biases
+        (:meth:`gauss_bias`), zero outside the patch-patch block and for heads without either; or ``None`` when no
+        head has one."""
+        if not (self.abs_bias_heads or self.signed_bias_heads or self.gauss_heads):
             return None
         # In eval mode the bias is a constant: build it once per device, as timm's LeViT does.
         if not self.training and _usable(self._bias_cache) and self._bias_cache.device == self.attention_bias_device:
@@ -428,8 +449,10 @@ class Attention(nn.Module):
 
     @property
     def attention_bias_device(self) -> torch.device:
-        """Device of the bias table (the eval-mode bias cache is valid only there)."""
-        return (self.attention_biases if self.abs_bias_heads else self.signed_biases).device
+        """Device of the bias parameters (the eval-mode bias cache is valid only there)."""
+        if self.abs_bias_heads:
+            return self.attention_biases.device
+        return (self.signed_biases if self.signed_bias_heads else self.gauss_alpha).device
 
     def train(self, mode: bool = True) -> Attention:
         """Switch train/eval mode; drops the eval-mode bias, mask and positional-attention caches."""
@@ -448,15 +471,40 @@ class Attention(nn.Module):
 
     def _build_position_bias(self) -> Tensor:
         p = self.num_prefix_tokens
-        if p == 0 and len(self.abs_bias_heads) == self.num_heads:  # LeViT: every head biased, no prefix
-            return self.attention_biases[:, self.attention_bias_idxs]
-        ref = self.attention_biases if self.abs_bias_heads else self.signed_biases
+        if p == 0 and len(self.abs_bias_heads) == self.num_heads and not self.gauss_heads:  # LeViT: every head
+            return self.attention_biases[:, self.attention_bias_idxs]                       # biased, no prefix
+        tables = self.abs_bias_heads or self.signed_bias_heads
+        if p == 0 and len(self.gauss_heads) == self.num_heads and not tables:
+            return self.gauss_bias()  # every head Gaussian, no prefix: the bias itself, no scatter
+        ref = (self.attention_biases if self.abs_bias_heads
+               else self.signed_biases if self.signed_bias_heads else self.gauss_alpha)
         bias = ref.new_zeros(self.num_heads, self.num_tokens, self.num_tokens)
         if self.abs_bias_heads:
             bias[self.abs_bias_heads, p:, p:] = self.attention_biases[:, self.attention_bias_idxs]
         if self.signed_bias_heads:
             bias[self.signed_bias_heads, p:, p:] = self.signed_biases[:, self.signed_bias_idxs]
+        if self.gauss_heads:  # added: a head may carry a relative bias and a Gaussian one
+            gauss = F.pad(self.gauss_bias(), (p, 0, p, 0))
+            bias = bias.index_add(0, torch.tensor(self.gauss_heads, device=bias.device), gauss.to(bias.dtype))
         return bias
+
+    def gauss_bias(self) -> Tensor:
+        """Gaussian bias of the Gaussian heads, ``(n_gauss, N_p, N_p)`` on the patch-patch block (GMM-Mask,
+        Li & Zhang, arXiv 2309.05375, authors' ``models/gmm.py`` with one Gaussian per head):
+
+            ``b_h[i, j] = gauss_alpha_h * exp(-d_ij^2 / (2 (gauss_sigma_h^2 + 1e-5)))``
+
+        with ``d_ij^2`` the squared distance between patches ``i`` and ``j`` in patch units (``gauss_dist2``), in
+        logit units; the heads in head order.  Differentiable in ``gauss_alpha`` and ``gauss_sigma``.
+
+        Raises:
+            ValueError: when the layer has no Gaussian head.
+        """
+        if not self.gauss_heads:
+            raise ValueError("this attention layer has no gauss_mask head")
+        sigma2 = self.gauss_sigma.pow(2) + gauss_mask.SIGMA_EPS
+        return self.gauss_alpha.view(-1, 1, 1) * torch.exp(
+            -self.gauss_dist2.to(sigma2.dtype) / (2.0 * sigma2).view(-1, 1, 1))
 
     def mask_alpha(self) -> Tensor | None:
         """Soft-mask scale ``alpha = sigmoid(mask_alpha_logit)`` per soft head ``(n_soft,)``, or ``None``."""

@@ -4,7 +4,7 @@
 ViT/DeiT/ConViT/MaiT/LeViT/CMHSA block -- is described by an :class:`AttentionShape`, the typed shape an IR
 node carries and :func:`archspec.families.attention.module.build` turns into the module.  What each head
 kind adds (parameters, MACs, buffers, checks) is in its own file (:mod:`.gpsa`, :mod:`.rel_bias`,
-:mod:`.mask`); this module composes them with the projections, the attention products and the
+:mod:`.mask`, :mod:`.gauss_mask`); this module composes them with the projections, the attention products and the
 kernel-dependent parts: which path each head takes under ``attn_impl='auto'`` (:func:`head_path`), what that
 path executes (:func:`executed_macs`), and the activation memory of the logit phase (:func:`memory`).
 
@@ -24,7 +24,7 @@ from . import rel_bias
 from .heads import KINDS, HeadSpec
 
 __all__ = ["AttentionShape", "AttnDims", "head_dims", "check_value_dim", "counts", "memory", "executed_macs",
-           "problems",
+           "problems", "has_bias",
            "head_problems", "batchnorm_channels", "label", "window_path_pays", "hard_head_on_window_path",
            "gpsa_head_on_sdpa_path", "window_attention_macs", "attention_macs_change", "head_path", "buffers", "caches",
            "NO_WEIGHT_DECAY",
@@ -138,7 +138,8 @@ def counts(shape: AttentionShape) -> tuple[int, int]:
 
     Projections: layernorm family ``qk`` + ``v`` (bias if ``qkv_bias``) and ``proj`` (bias); batchnorm family one
     ``qkv`` and one ``proj`` ``LinearNorm`` (no bias, 2 BatchNorm parameters per channel).  Products
-    ``N^2 H (qk_dim + v_dim)``.  Plus what each head kind adds (:mod:`.gpsa`, :mod:`.rel_bias`, :mod:`.mask`).
+    ``N^2 H (qk_dim + v_dim)``.  Plus what each head kind adds (:mod:`.gpsa`, :mod:`.rel_bias`, :mod:`.mask`,
+    :mod:`.gauss_mask`).
     """
     heads, dims, dim, n = shape.heads, shape.dims, shape.dim, shape.n_tokens
     qk_out, v_out = 2 * len(heads) * dims.qk_dim, len(heads) * dims.v_dim
@@ -181,11 +182,17 @@ def window_path_pays(num_patches: int, window: tuple[int, int]) -> bool:
     return num_patches >= _CROSSOVER_BASE_PATCHES + _CROSSOVER_PATCHES_PER_WINDOW_CELL * rows * cols
 
 
+def has_bias(head: HeadSpec) -> bool:
+    """Whether a head adds a position bias to its logits: a relative bias table (:mod:`.rel_bias`) or a Gaussian
+    bias (:mod:`.gauss_mask`).  Both join the layer's ``(H, N, N)`` position bias."""
+    return head.rel_bias is not None or head.gauss_mask is not None
+
+
 def hard_head_on_window_path(head: HeadSpec, num_patches: int) -> bool:
-    """Whether a head runs linear-time under ``attn_impl='auto'``: a hard mask without GPSA or relative bias,
-    on a grid past :func:`window_path_pays`."""
+    """Whether a head runs linear-time under ``attn_impl='auto'``: a hard mask without GPSA or a position bias
+    (:func:`has_bias`), on a grid past :func:`window_path_pays`."""
     head_mask = head.mask
-    return (head_mask is not None and head_mask.mode == "hard" and head.gpsa is None and head.rel_bias is None
+    return (head_mask is not None and head_mask.mode == "hard" and head.gpsa is None and not has_bias(head)
             and window_path_pays(num_patches, tuple(head_mask.window)))
 
 
@@ -212,7 +219,7 @@ def head_path(head: HeadSpec, num_patches: int, attn_impl: str = "auto", compile
         return ("sdpa",)
     if attn_impl == "flex" and head.gpsa is None:
         return ("flex",)
-    plain_hard = mode == "hard" and head.gpsa is None and head.rel_bias is None
+    plain_hard = mode == "hard" and head.gpsa is None and not has_bias(head)
     if plain_hard and (attn_impl == "fast" or compiled or hard_head_on_window_path(head, num_patches)):
         return ("window", tuple(head.mask.window))
     return ("hard",) if plain_hard else ("dense",)
@@ -264,7 +271,7 @@ def _logit_terms(heads: Sequence[HeadSpec], n: int, n_patches: int) -> tuple[int
     n_gpsa = sum(h.gpsa is not None for h in heads)
     modes = {h.mask.mode for h in heads if h.mask is not None}
     soft, hard, strict = "soft" in modes, "hard" in modes, "strict" in modes
-    bias = any(h.rel_bias is not None for h in heads)
+    bias = any(has_bias(h) for h in heads)
     logits = n_heads * n * n
     if n_gpsa or hard or soft:  # explicit softmax path: matmul, scale, bias, mask product, softmax
         alive = 2 * logits + (logits if soft else 0) + (logits if bias else 0) + (logits // 4 if strict else 0)
@@ -291,15 +298,16 @@ def buffers(shape: AttentionShape) -> int:
 
 def caches(shape: AttentionShape) -> int:
     """Bytes of the constants :class:`~.module.Attention` caches in its first eval forward (``attn_impl='auto'``),
-    from the paths its heads take (:func:`head_path`): the ``(H, N, N)`` float32 position bias (any biased head),
-    the bool ``(H, N, N)`` hard-mask term (hard heads on an explicit path), the float32 ``(H, N, N)`` additive mask
-    of the SDPA paths (biased or strict heads there), GPSA's ``(n_gpsa, N_p, N_p)`` positional attention, and the
-    stacked ``qk`` + ``v`` weights of the layernorm family's single projection GEMM."""
+    from the paths its heads take (:func:`head_path`): the ``(H, N, N)`` float32 position bias (any head with a
+    relative or Gaussian bias, :func:`has_bias`), the bool ``(H, N, N)`` hard-mask term (hard heads on an explicit
+    path), the float32 ``(H, N, N)`` additive mask of the SDPA paths (biased or strict heads there), GPSA's
+    ``(n_gpsa, N_p, N_p)`` positional attention, and the stacked ``qk`` + ``v`` weights of the layernorm family's
+    single projection GEMM."""
     heads, n, dims = shape.heads, shape.n_tokens, shape.dims
     n_patches, h = n - shape.n_prefix, len(heads)
     paths = {head_path(head, n_patches)[0] for head in heads}
     modes = {head.mask.mode for head in heads if head.mask is not None}
-    bias = any(head.rel_bias is not None for head in heads)
+    bias = any(has_bias(head) for head in heads)
     n_gpsa = sum(head.gpsa is not None for head in heads)
     total = F32 * h * n * n if bias else 0
     total += BOOL * h * n * n if "hard" in modes and paths & {"dense", "hard"} else 0

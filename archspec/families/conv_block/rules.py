@@ -247,6 +247,7 @@ class BotShape:
     @property
     def timm(self) -> bool:
         return all(h.rel_logits is not None and h.gpsa is None and h.rel_bias is None and h.mask is None
+                   and h.gauss_mask is None
                    for h in self.heads)
 
     @property

@@ -40,7 +40,7 @@ __all__ = ["TalkingHeadAttn", "build"]
 
 def _check_heads(specs: Sequence[HeadSpec]) -> None:
     for i, h in enumerate(specs):
-        if h.gpsa is not None or h.rel_bias is not None:
+        if h.gpsa is not None or h.rel_bias is not None or h.gauss_mask is not None:
             raise ValueError(f"talking-heads attention supports plain and masked heads only; head {i} is {h.letter!r}")
 
 

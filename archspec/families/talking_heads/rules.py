@@ -48,7 +48,8 @@ def stage_problems(norm: str, head_dim: int | None, key_dim: int | None, attn_ra
     if head_dim is not None or key_dim is not None or attn_ratio is not None:
         out.append((at, "talking-heads attention uses a head dim of dim / heads (timm CaiT)",
                     "remove head_dim, key_dim and attn_ratio from this stage"))
-    other = sorted({h.letter for h in heads if h.gpsa is not None or h.rel_bias is not None})
+    other = sorted({h.letter for h in heads
+                    if h.gpsa is not None or h.rel_bias is not None or h.gauss_mask is not None})
     if other:
         out.append((at, f"talking-heads attention takes plain (mhsa) and masked heads only, got head kinds "
                     f"{', '.join(other)}", "use mhsa, mask, soft_mask or strict_mask heads in this stage"))

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from archspec.diagnostics.timing import compile_for_inference, largest_batch, measure_forward, resolve_device
+from archspec.families.attention.heads import without_unused_new_kinds
 from archspec.io.builddir import staging_prefix
 from archspec.nn.compiler import compile as compile_spec
 from archspec.spec import ArchSpec, ConvStageSpec
@@ -84,13 +85,14 @@ def architecture_key(spec: ArchSpec) -> str:
     ``drop_path`` replaced by its resolved per-layer plans, so two spellings of the same layers (one
     override 0-23, or 0-7 plus a default) share a key, whatever their names or init seeds.
     """
-    data = spec.model_dump(mode="json", exclude=set(_IGNORED))
+    data = without_unused_new_kinds(spec.model_dump(mode="json", exclude=set(_IGNORED)))
     for i, stage in enumerate(data["stages"]):  # per-layer resolved heads, mixer and drop path: one spelling
         if isinstance(spec.stages[i], ConvStageSpec):  # conv stages have one spelling already
             continue
         for key in ("attention", "layers", "mixer", "drop_path"):
             stage.pop(key, None)
-        stage["plans"] = [plan.model_dump(mode="json", exclude={"origin"}) for plan in spec.layer_plans(i)]
+        stage["plans"] = without_unused_new_kinds(
+            [plan.model_dump(mode="json", exclude={"origin"}) for plan in spec.layer_plans(i)])
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
