@@ -12,7 +12,7 @@ import pytest
 
 from archspec.search._engine.prior_sampler import (
     PRIOR_SECONDS_ATTR,
-    Candidate,
+    ScoredCandidate,
     StratifiedPriorSampler,
     bit_reversed_order,
     stratified_picks,
@@ -29,7 +29,7 @@ def test_bit_reversed_order_by_hand():
 def test_the_best_score_of_each_cost_bin_in_bit_reversed_order():
     """Costs 1..6 in three bins {1,2}, {3,4}, {5,6}; scores favour 2, 3 and 6; bins visited 0, 2, 1."""
     scores = {1: 0.1, 2: 0.5, 3: 0.9, 4: 0.2, 5: 0.3, 6: 0.4}
-    cands = [Candidate({"x": c}, float(c), s) for c, s in reversed(scores.items())]
+    cands = [ScoredCandidate({"x": c}, float(c), s) for c, s in reversed(scores.items())]
     picks = stratified_picks(cands, 3, np.random.RandomState(0))
     assert [c.params["x"] for c in picks] == [2, 6, 3]
     assert [c.params["x"] for c in stratified_picks(cands[:2], 5, np.random.RandomState(0))] == [5, 6]
@@ -48,7 +48,7 @@ def test_the_sampler_proposes_the_picks_then_hands_over():
 
     def look():
         looks.append(1)
-        return [Candidate({"x": x}, float(x), -abs(x - 4.0)) for x in range(6)], 1.5
+        return [ScoredCandidate({"x": x}, float(x), -abs(x - 4.0)) for x in range(6)], 1.5
 
     sampler = StratifiedPriorSampler(look, n_strata=3, seed=0)
     study = _study(sampler)

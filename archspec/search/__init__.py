@@ -96,6 +96,7 @@ _EXPORTS = {
     "TABLES_DIR": f"{_TABLES}.oracle", "load_table": f"{_TABLES}.oracle", "curve_at": f"{_TABLES}.oracle",
     "linear_at": f"{_TABLES}.oracle", "mask_groups": f"{_TABLES}.mask_replay",
     "table_replay_report": f"{_TABLES}.mask_replay",
+    "reference_data": f"{_TABLES}.rows", "train_row": f"{_TABLES}.rows",
     # mask placement (mode 2's parts, for the bench's studies of it)
     "attention_layers": f"{_MODES}.mask_placement", "apply_placement": f"{_MODES}.mask_placement",
     "placement_heads": f"{_MODES}.mask_placement", "head0_placement": f"{_MODES}.mask_placement",
@@ -120,6 +121,7 @@ __all__ = [
     "print_summary", "jsonable",
     "tabulate", "table_protocol", "study_rows", "export_table", "import_table", "seed_check", "git_commit",
     "machine", "TABLES_DIR", "load_table", "curve_at", "linear_at", "mask_groups", "table_replay_report",
+    "reference_data", "train_row",
     "attention_layers", "apply_placement", "placement_heads", "head0_placement", "soft_heads", "ALS_IMAGES",
     "layer_scores", "learned_alphas", "uniform_baselines", "train_keeping_model",
 ]

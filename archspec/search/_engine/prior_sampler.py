@@ -31,13 +31,13 @@ from optuna.distributions import BaseDistribution
 from optuna.search_space import IntersectionSearchSpace
 from optuna.trial import FrozenTrial
 
-__all__ = ["Candidate", "StratifiedPriorSampler", "bit_reversed_order"]
+__all__ = ["ScoredCandidate", "StratifiedPriorSampler", "bit_reversed_order"]
 
 PRIOR_SECONDS_ATTR = "prior_seconds"  # study user attribute: CPU seconds the look at every candidate took
 
 
 @dataclass(frozen=True)
-class Candidate:
+class ScoredCandidate:
     """One point of the space as the prior sees it: ``params`` (the space's parameter names -> values, as
     ``SearchSpace.points`` yields them), ``cost`` (ms of latency or MACs: lower is cheaper) and ``score`` (a
     zero-cost score: higher ranks better; ``-inf`` when it could not be computed)."""
@@ -57,7 +57,8 @@ def bit_reversed_order(n: int) -> list[int]:
     return [i for i in order if i < n]
 
 
-def stratified_picks(candidates: Sequence[Candidate], n_strata: int, rng: np.random.RandomState) -> list[Candidate]:
+def stratified_picks(candidates: Sequence[ScoredCandidate], n_strata: int,
+                     rng: np.random.RandomState) -> list[ScoredCandidate]:
     """The best-scoring candidate of each of ``n_strata`` cost bins of equal count (ties in cost broken at random; in
     score, the cheaper candidate first),
     in :func:`bit_reversed_order` of the bins.  Fewer candidates than strata: every candidate, one per bin.
@@ -81,7 +82,7 @@ class StratifiedPriorSampler(optuna.samplers.BaseSampler):
 
     Args:
         candidates: called once, on the first trial that needs it: every candidate of the space
-            (:class:`Candidate`), its cost and score computed at the search's seed; returns ``(candidates,
+            (:class:`ScoredCandidate`), its cost and score computed at the search's seed; returns ``(candidates,
             seconds)``, the CPU seconds the look took (written to the study as ``prior_seconds``).
         n_strata: cost bins, one trained design each (the search's trained candidates, at most the candidates).
         seed: seed of the tie-breaks and of the default ``then`` sampler.
@@ -95,7 +96,7 @@ class StratifiedPriorSampler(optuna.samplers.BaseSampler):
         ValueError: ``n_strata`` below 1.
     """
 
-    def __init__(self, candidates: Callable[[], tuple[Sequence[Candidate], float]], n_strata: int,
+    def __init__(self, candidates: Callable[[], tuple[Sequence[ScoredCandidate], float]], n_strata: int,
                  seed: int | None = None, then: optuna.samplers.BaseSampler | None = None) -> None:
         if n_strata < 1:
             raise ValueError(f"n_strata must be >= 1, not {n_strata}")
@@ -103,7 +104,7 @@ class StratifiedPriorSampler(optuna.samplers.BaseSampler):
         self._n_strata = n_strata
         self._rng = np.random.RandomState(seed)
         self._then = then if then is not None else optuna.samplers.RandomSampler(seed=seed)
-        self._picks: list[Candidate] | None = None
+        self._picks: list[ScoredCandidate] | None = None
         self._assigned: dict[int, dict[str, Any] | None] = {}  # trial number -> its stratum's params (None: then)
         self._space = IntersectionSearchSpace(include_pruned=True)
 

@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable
 
-from archspec.search._engine.prior_sampler import Candidate
+from archspec.search._engine.prior_sampler import ScoredCandidate
 from archspec.search._evaluation.budget import static_check
 from archspec.search._evaluation.latency import architecture_key, measure_latency
 from archspec.search._evaluation.proxy import score_proxy
@@ -27,16 +27,16 @@ __all__ = ["prior_candidates", "MAX_PRIOR_POINTS"]
 MAX_PRIOR_POINTS = 10_000  # the look lists the space (SearchSpace.points raises beyond this, naming the limit)
 
 
-def prior_candidates(space, cfg, data, oracle=None, cache=None) -> Callable[[], tuple[list[Candidate], float]]:
+def prior_candidates(space, cfg, data, oracle=None, cache=None) -> Callable[[], tuple[list[ScoredCandidate], float]]:
     """A callable returning ``(candidates, seconds)`` for the sampler: every feasible point of ``space`` as a
-    :class:`Candidate`, and the CPU seconds of the look (the table's zero-cost seconds under ``oracle``: its
+    :class:`ScoredCandidate`, and the CPU seconds of the look (the table's zero-cost seconds under ``oracle``: its
     latency pass has no seconds, so a replay counts none for latency; else the wall time of the look).
 
     Raises (when called):
         SpecError: the space is not finite or has more than :data:`MAX_PRIOR_POINTS` points.
     """
 
-    def look() -> tuple[list[Candidate], float]:
+    def look() -> tuple[list[ScoredCandidate], float]:
         start, tabulated_seconds, out = time.perf_counter(), 0.0, []
         budgets = cfg.budgets
         for params, spec in space.points(limit=MAX_PRIOR_POINTS):
@@ -50,7 +50,7 @@ def prior_candidates(space, cfg, data, oracle=None, cache=None) -> Callable[[], 
                 continue
             score, seconds = _score(spec, check, cfg, data, oracle)
             tabulated_seconds += seconds
-            out.append(Candidate(params=dict(params), cost=float(cost), score=score))
+            out.append(ScoredCandidate(params=dict(params), cost=float(cost), score=score))
         return out, (tabulated_seconds if oracle is not None else time.perf_counter() - start)
 
     return look
