@@ -1,8 +1,9 @@
 """Loading a spec that is known to compile: the schema (:mod:`archspec.spec`) then the shape checks
-(:mod:`archspec.ir.graph`).
+(:mod:`archspec.ir.plan`).
 
-This module sits after both, so the import order reads top to bottom -- yaml -> spec -> graph ->
-loader -> compiler -> model -- with no circle (spec.py used to import the graph lazily for these checks).
+This module sits after both, so the import order reads top to bottom -- yaml -> spec -> walk -> plan ->
+loader -> compiler -> model -- with no circle (spec.py used to import the graph lazily for these checks).  It
+imports neither torch nor networkx.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 
 from archspec.errors import SpecError
-from archspec.ir.graph import check_spec
+from archspec.ir.plan import check_spec
 from archspec.spec import ArchSpec, parse_spec
 
 __all__ = ["load_spec"]
@@ -27,12 +28,12 @@ def load_spec(source: str | os.PathLike | dict | ArchSpec, check: bool = True,
             an existing file or ends in ``.yaml`` / ``.yml`` -- starts with ``{``, ``[`` or ``---`` or
             holds ``key: value`` (``"{name: t, stages: ...}"``); otherwise it is a path or a shipped name
             (:func:`archspec.spec.yaml_source.is_yaml_text`).
-        check: also run the shape checks of :func:`archspec.ir.graph.build_graph` (token grids,
+        check: also run the shape checks of :func:`archspec.ir.plan.build_plan` (token grids,
             windows, head arithmetic) and the memory limit.  ``False`` gives schema validation only.  The
-            checked spec carries the graph it was checked with: a later ``build_graph`` (analysis, compile,
-            the search's static check and proxy) reuses it while the spec is unchanged.
+            plan it was checked with is kept by the spec's content: a later ``build_plan`` or ``build_graph``
+            (analysis, compile, the search's static check and proxy) reuses it while the spec is unchanged.
         max_memory: with ``check``, the limit in bytes on the estimated memory of a batch-1 float32
-            forward (:func:`archspec.ir.graph.check_memory`); ``None``: ``archspec.ir.graph.DEFAULT_MAX_MEMORY``
+            forward (:func:`archspec.ir.plan.check_memory`); ``None``: ``archspec.ir.plan.DEFAULT_MAX_MEMORY``
             (8 GiB); ``math.inf``: no limit.
 
     Raises:

@@ -9,19 +9,22 @@ and the caller's random state is left untouched.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from archspec.errors import SpecError
 from archspec.families import build
-from archspec.ir.graph import build_graph, check_memory, nodes_in_order
+from archspec.ir.graph import graph_of
 from archspec.ir.loader import load_spec
+from archspec.ir.plan import build_plan, check_memory
 from archspec.nn.model import ArchModel, Stage, with_resolution
 from archspec.spec import ArchSpec
 
 
-def _stages(nodes: list[dict], n_stages: int) -> list[Stage]:
+def _stages(nodes: Sequence[Mapping[str, Any]], n_stages: int) -> list[Stage]:
     """The model's stages in execution order: each one's shrinking attention and blocks, then CaiT's
     class-attention stage when the IR has one (it runs after the class token is inserted)."""
     stages = []
@@ -47,8 +50,8 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
 
     Args:
         max_memory: limit in bytes on the estimated memory of a batch-1 float32 forward (weights,
-            buffers, peak activations; :func:`archspec.ir.graph.check_memory`); ``None`` takes
-            :data:`archspec.ir.graph.DEFAULT_MAX_MEMORY` (8 GiB), ``math.inf`` disables it.
+            buffers, peak activations; :func:`archspec.ir.plan.check_memory`); ``None`` takes
+            :data:`archspec.ir.plan.DEFAULT_MAX_MEMORY` (8 GiB), ``math.inf`` disables it.
         img_size: input resolution in pixels (an int or ``(H, W)``, timm's name) replacing the spec's
             ``input.resolution``; the spec is re-checked at that size.
         drop_rate: dropout before the classifier (timm's ``drop_rate``); not stored in the spec.
@@ -59,11 +62,11 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
     spec = load_spec(spec, check=False) if not isinstance(spec, ArchSpec) else spec
     if img_size is not None:
         spec = with_resolution(spec, img_size)
-    graph = build_graph(spec)
-    problems = check_memory(graph, max_memory)
+    plan = build_plan(spec)
+    problems = check_memory(plan, max_memory)
     if problems:
         raise SpecError(problems)
-    nodes = nodes_in_order(graph)
+    nodes = plan.nodes
     stem = next(n for n in nodes if n["kind"] == "stem")
     # the tokens (class/distillation tokens, position embedding): a conv net has none
     embed = next((n for n in nodes if n["kind"] == "embed"), None)
@@ -85,5 +88,5 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
                           dim_in=spec.stages[spec.n_conv_stages].dim if embed is not None else None,
                           dim_out=last.channels if ends_on_map else last.dim, drop_rate=drop_rate,
                           n_conv_stages=spec.n_conv_stages, interface=interface_module, to_map=to_map, **tokens)
-    model.analysis = graph
+    model.analysis = graph_of(plan)
     return model

@@ -1,6 +1,6 @@
 """The spec language: pydantic models of an architecture, and loading from YAML.
 
-Step 1 of 3 on the way from YAML to ``nn.Module`` (spec -> :mod:`archspec.ir.graph` ->
+Step 1 of 3 on the way from YAML to ``nn.Module`` (spec -> :mod:`archspec.ir.plan` ->
 :mod:`archspec.nn.compiler`).  This module checks everything a single field or model can check
 (types, ranges, unknown keys, per-head list lengths, layer ranges); checks that need shapes
 (token grids, mask windows against the grid, head-count arithmetic) happen while the graph is

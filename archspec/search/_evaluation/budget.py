@@ -1,6 +1,6 @@
 """Budgets (MACs, parameters, latency) and the static feasibility check of a candidate.
 
-``static_check`` needs only the IR (:func:`archspec.ir.graph.build_graph`): no weights are built, so a
+``static_check`` needs only the IR's plan (:func:`archspec.ir.plan.build_plan`): no weights are built, so a
 search rejects an over-budget candidate in about a millisecond, before any training.  Latency is
 not static; the orchestrator measures it with :func:`archspec.search._evaluation.latency.measure_latency`.
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from archspec._util.memory import format_bytes
 from archspec._util.units import human
 from archspec.errors import SpecError
-from archspec.ir.graph import DEFAULT_MAX_MEMORY, build_graph, check_memory
+from archspec.ir.plan import DEFAULT_MAX_MEMORY, Plan, build_plan, check_memory
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,7 +78,7 @@ class Budgets:
     """Upper bounds of a search; ``None`` = unconstrained.  MACs per image at the spec's input size.
 
     ``memory`` (bytes) bounds both a batch-1 inference forward at the spec's size and a proxy training
-    step (:func:`training_memory`); ``None`` takes :data:`archspec.ir.graph.DEFAULT_MAX_MEMORY` (8 GiB).
+    step (:func:`training_memory`); ``None`` takes :data:`archspec.ir.plan.DEFAULT_MAX_MEMORY` (8 GiB).
     """
 
     macs: float | None = None
@@ -102,39 +102,40 @@ class StaticCheck:
     reason: str | None
 
 
-def training_memory(graph, batch: int) -> int:
-    """Estimated bytes of one training step of the IR ``graph`` at ``batch`` images.
+def training_memory(plan: Plan, batch: int) -> int:
+    """Estimated bytes of one training step of the IR ``plan`` (:func:`archspec.ir.plan.build_plan`) at ``batch``
+    images.
 
     Training keeps every node's intermediates for the backward pass, so activations are the *sum*
-    over nodes of ``saved_bytes`` (per image; :mod:`archspec.ir.graph`), times the batch -- where
+    over nodes of ``saved_bytes`` (per image; :mod:`archspec.ir.plan`), times the batch -- where
     inference takes only the largest node's peak; parameters count :data:`TRAINING_STATE_FACTOR`
     times (weight, gradient, AdamW's two moments); buffers once.
     """
-    totals = graph.graph
+    totals = plan.totals
     return (batch * totals["saved_activation_bytes"] + TRAINING_STATE_FACTOR * totals["weight_bytes"]
             + totals["buffer_bytes"])
 
 
-def _memory_reasons(graph, budgets: Budgets, data, protocol) -> list[str]:
+def _memory_reasons(plan: Plan, budgets: Budgets, data, protocol) -> list[str]:
     """Over-limit reasons: the batch-1 inference forward at the spec's size, and the proxy training batch."""
 
     limit = DEFAULT_MAX_MEMORY if budgets.memory is None else budgets.memory
-    reasons = [p.message for p in check_memory(graph, limit)]
+    reasons = [p.message for p in check_memory(plan, limit)]
     if data is None or protocol is None:
         return reasons
     from archspec.search._evaluation.proxy import proxy_spec  # noqa: PLC0415 - torch-side module
 
     try:
-        proxy = build_graph(proxy_spec(graph.graph["spec"], data, protocol))
+        proxy = build_plan(proxy_spec(plan.spec, data, protocol))
     except SpecError:  # not adaptable to the proxy: train_proxy reports why
         return reasons
     need = training_memory(proxy, protocol.batch_size)
     if need > limit:
-        per_image = proxy.graph["saved_activation_bytes"]
+        per_image = proxy.totals["saved_activation_bytes"]
         reasons.append(f"a proxy training step (batch {protocol.batch_size} at {protocol.image_size} px) needs an "
                        f"estimated {format_bytes(need)} (activations kept for backward {protocol.batch_size} x "
                        f"{format_bytes(per_image)}, weights with gradients and AdamW state "
-                       f"{TRAINING_STATE_FACTOR} x {format_bytes(proxy.graph['weight_bytes'])}), over the memory "
+                       f"{TRAINING_STATE_FACTOR} x {format_bytes(proxy.totals['weight_bytes'])}), over the memory "
                        f"limit of {format_bytes(limit)} (--max-memory)")
     return reasons
 
@@ -149,19 +150,17 @@ def static_check(spec: ArchSpec, budgets: Budgets, data=None, protocol=None) -> 
     against ``budgets.memory``.  The latency budget is not checked here (it needs a measurement).
     An invalid spec is infeasible, with the validator's message as the reason (``macs = params = 0``).
     """
-    from archspec.ir.graph import build_graph  # noqa: PLC0415 - keep module import light
-
     try:
-        graph = build_graph(spec)
+        plan = build_plan(spec)
     except SpecError as exc:
         return StaticCheck(False, 0, 0, f"invalid spec: {exc.problems[0].message if exc.problems else exc}")
-    macs, params = int(graph.graph["macs"]), int(graph.graph["params"])
+    macs, params = int(plan.totals["macs"]), int(plan.totals["params"])
     reasons = []
     if budgets.macs is not None and macs > budgets.macs:
         reasons.append(f"{human(macs)} MACs > budget {human(budgets.macs)}")
     if budgets.params is not None and params > budgets.params:
         reasons.append(f"{human(params)} params > budget {human(budgets.params)}")
-    reasons += _memory_reasons(graph, budgets, data, protocol)
+    reasons += _memory_reasons(plan, budgets, data, protocol)
     return StaticCheck(not reasons, macs, params, "; ".join(reasons) or None)
 
 
