@@ -1,9 +1,11 @@
 """Step 3 of 3 (spec -> graph -> **compile**), the compiler: turn the IR into an :class:`~archspec.nn.model.ArchModel`.
 
-Each graph node carries its family and typed shape (:mod:`archspec.families`); the compiler hands the shape
-to the family's ``build`` and never reads the spec again.  The walk is in execution order and runs under
-``torch.manual_seed(spec.seed)`` inside a forked RNG, so the same spec gives bitwise identical initial weights
-and the caller's random state is left untouched.
+Each node record of the IR's plan (:mod:`archspec.ir.plan`) carries its family and typed shape
+(:mod:`archspec.families`); the compiler hands the shape to the family's ``build``, and the model's structure
+(stage counts and widths, the token grid, the tokens, the head: :func:`archspec.nn.layout.layout_of`) is read
+from the records too.  The spec is read for its seed only, and kept on the model as metadata (``model.spec``).
+The walk is in execution order and runs under ``torch.manual_seed(spec.seed)`` inside a forked RNG, so the same
+spec gives bitwise identical initial weights and the caller's random state is left untouched.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from archspec.families import build
 from archspec.ir.graph import graph_of
 from archspec.ir.loader import load_spec
 from archspec.ir.plan import build_plan, check_memory
+from archspec.nn.layout import layout_of
 from archspec.nn.model import ArchModel, Stage, with_resolution
 from archspec.spec import ArchSpec
 
@@ -66,27 +69,17 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
     problems = check_memory(plan, max_memory)
     if problems:
         raise SpecError(problems)
-    nodes = plan.nodes
-    stem = next(n for n in nodes if n["kind"] == "stem")
-    # the tokens (class/distillation tokens, position embedding): a conv net has none
-    embed = next((n for n in nodes if n["kind"] == "embed"), None)
+    nodes, layout = plan.nodes, layout_of(plan)
     # a hybrid's map -> tokens node (LeViT sec. 3.2 grafting), between its conv and attention stages
-    interface = next((n for n in nodes if n["kind"] == "interface"), None)
+    interface = plan.first("interface")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        stem_module = build("stem", stem["shape"])
-        stages = _stages(nodes, len(spec.stages))
+        stem_module = build("stem", plan.first("stem")["shape"])
+        stages = _stages(nodes, layout.n_stages)
         interface_module = build("interface", interface["shape"]) if interface is not None else None
         # a conv tail's tokens -> map node (conv stages after the attention stages)
-        to_map = next((build("interface", n["shape"]) for n in nodes if n["kind"] == "to_map"), None)
-        tokens = {} if embed is None else dict(
-            cls_at=embed["tokens_plan"].cls_at, n_extra=embed["tokens_plan"].n_extra,
-            pos_embed_len=embed["pos_embed_len"], token_dim=embed["tokens_plan"].width)
-        last = spec.stages[-1]
-        ends_on_map = spec.is_convnet or spec.has_conv_tail
-        model = ArchModel(spec, stem_module, stages,
-                          dim_in=spec.stages[spec.n_conv_stages].dim if embed is not None else None,
-                          dim_out=last.channels if ends_on_map else last.dim, drop_rate=drop_rate,
-                          n_conv_stages=spec.n_conv_stages, interface=interface_module, to_map=to_map, **tokens)
+        to_map = next((build("interface", n["shape"]) for n in plan.of_kind("to_map")), None)
+        model = ArchModel(spec, layout, stem_module, stages, drop_rate=drop_rate, interface=interface_module,
+                          to_map=to_map)
     model.analysis = graph_of(plan)
     return model

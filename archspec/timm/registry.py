@@ -28,6 +28,8 @@ from typing import Any
 
 from archspec.errors import SpecError
 from archspec.ir.loader import load_spec
+from archspec.ir.plan import build_plan
+from archspec.nn.layout import layout_of
 from archspec.spec import SPEC_DIR, shipped_specs
 from archspec.timm.hook import install
 
@@ -92,7 +94,7 @@ def _default_cfg(spec: Any) -> dict[str, Any]:
     from archspec.nn.model import default_pretrained_cfg  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
 
     note = f"archspec spec {spec.name}" + (f": {spec.source}" if spec.source else "")
-    return {**default_pretrained_cfg(spec), "license": "", "notes": (note,)}
+    return {**default_pretrained_cfg(layout_of(build_plan(spec))), "license": "", "notes": (note,)}
 
 
 def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrained_cfg: Any = None,
