@@ -3,18 +3,20 @@
 
 This module sits after both, so the import order reads top to bottom -- yaml -> spec -> walk -> plan ->
 loader -> compiler -> model -- with no circle (spec.py used to import the graph lazily for these checks).  It
-imports neither torch nor networkx.
+imports neither torch nor networkx.  :func:`with_resolution` gives a spec at another input size, re-checked
+(the compiler's ``img_size`` and ``ArchModel.set_input_size``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 
-from archspec.errors import SpecError
+from archspec.errors import Problem, SpecError
 from archspec.ir.plan import check_spec
 from archspec.spec import ArchSpec, parse_spec
 
-__all__ = ["load_spec"]
+__all__ = ["load_spec", "with_resolution"]
 
 
 def load_spec(source: str | os.PathLike | dict | ArchSpec, check: bool = True,
@@ -47,3 +49,20 @@ def load_spec(source: str | os.PathLike | dict | ArchSpec, check: bool = True,
         if problems:
             raise SpecError(problems).located(locator)
     return spec
+
+
+def with_resolution(spec: ArchSpec, img_size: int | Sequence[int]) -> ArchSpec:
+    """``spec`` at input resolution ``img_size`` (an int or ``(H, W)`` in pixels), fully re-checked.
+
+    Raises:
+        SpecError: the spec is invalid at that size; every problem names the size.
+    """
+
+    size = tuple(int(v) for v in (img_size if isinstance(img_size, Iterable) else (img_size, img_size)))
+    data = spec.model_dump()
+    data["input"] = {**data["input"], "resolution": size}
+    try:
+        return load_spec(data)
+    except SpecError as exc:
+        raise SpecError([Problem(p.path, f"{p.message} (at img_size {size[0]}x{size[1]})", p.hint, p.file, p.line,
+                                 p.column) for p in exc.problems]) from None

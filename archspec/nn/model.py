@@ -15,7 +15,6 @@ It is built by :func:`archspec.compile`; the constructor takes already-built par
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -26,11 +25,9 @@ from timm.layers import PatchEmbed, register_notrace_module, resample_abs_pos_em
 from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 
-from archspec.errors import Problem, SpecError
 from archspec.families import no_weight_decay_leaves
 from archspec.families.attention.module import Attention, ZeroPadTokens
 from archspec.families.attention.rules import RESAMPLED_TABLES
-from archspec.families.attention.tables import resample_bias_table
 from archspec.families.conv_block.module import ConvGPSA, MapAttention
 from archspec.families.conv_mixer.module import ConvMixer
 from archspec.families.head.module import build_classifier
@@ -38,7 +35,7 @@ from archspec.families.head.rules import classifier_names
 from archspec.families.shrink.module import ShrinkBlock
 from archspec.families.stem import rules as stems
 from archspec.families.stem.module import IdentityStem
-from archspec.ir.loader import load_spec
+from archspec.ir.loader import with_resolution
 from archspec.ir.plan import build_plan
 from archspec.nn.fuse import fuse_model
 from archspec.nn.layout import ModelLayout, layout_of
@@ -579,62 +576,6 @@ def default_pretrained_cfg(layout: ModelLayout) -> dict[str, Any]:
             "interpolation": "bilinear" if layout.is_convnet else "bicubic",
             "classifier": classifier_names(layout.batchnorm_head, layout.distilled),
             "first_conv": stems.first_conv_name(layout.stem_kind, layout.stem_deep)}
-
-
-def with_resolution(spec: ArchSpec, img_size: int | Sequence[int]) -> ArchSpec:
-    """``spec`` at input resolution ``img_size`` (an int or ``(H, W)`` in pixels), fully re-checked.
-
-    Raises:
-        SpecError: the spec is invalid at that size; every problem names the size.
-    """
-
-    size = tuple(int(v) for v in to_2tuple(img_size))
-    data = spec.model_dump()
-    data["input"] = {**data["input"], "resolution": size}
-    try:
-        return load_spec(data)
-    except SpecError as exc:
-        raise SpecError([Problem(p.path, f"{p.message} (at img_size {size[0]}x{size[1]})", p.hint, p.file, p.line,
-                                 p.column) for p in exc.problems]) from None
-
-
-def _square_side(length: int, what: str) -> int:
-    side = math.isqrt(length)
-    if side * side != length:
-        raise ValueError(f"cannot resample {what}: its saved grid ({length} entries) is not square; load it at its "
-                         "own size and call set_input_size instead")
-    return side
-
-
-def resample_state_dict(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tensor]:
-    """Adapt a state dict saved at another input size to ``model``'s (timm ``checkpoint_filter_fn`` style).
-
-    Tensors whose shape differs from the model's are resampled as :meth:`ArchModel.set_input_size` does:
-    ``pos_embed`` (timm ``resample_abs_pos_embed``), LeViT ``attention_biases`` ``(h, H*W)`` and CMHSA
-    ``signed_biases`` ``(h, (2H-1)(2W-1))`` (:func:`~archspec.families.attention.tables.resample_bias_table`).  The
-    saved grids are assumed square, as timm does (a bare state dict does not record them); everything else
-    is returned unchanged, so ``load_state_dict`` still reports real mismatches.
-
-    Raises:
-        ValueError: a saved grid that is not square.
-    """
-
-    target = model.state_dict()
-    out = dict(state_dict)
-    for key, value in state_dict.items():
-        want = target.get(key)
-        if want is None or want.shape == value.shape:
-            continue
-        leaf = key.rsplit(".", 1)[-1]
-        if leaf == "pos_embed":
-            prefix = model.num_prefix_tokens if model.cls_at == 0 else 0
-            side = _square_side(value.shape[1] - prefix, key)
-            out[key] = resample_abs_pos_embed(value, new_size=list(model.patch_grid), old_size=[side, side],
-                                              num_prefix_tokens=prefix)
-        elif leaf in RESAMPLED_TABLES:  # LeViT's (H*W) or CMHSA's ((2H-1)(2W-1)) table, on its offset grid
-            side, new = _square_side(value.shape[1], key), _square_side(want.shape[1], key)
-            out[key] = resample_bias_table(value, (side, side), (new, new))
-    return out
 
 
 class _LeafTracer(torch.fx.Tracer):

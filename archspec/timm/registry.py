@@ -13,7 +13,7 @@ User specs are added with :func:`register`.  Models are built through timm's ``b
 ``pretrained_cfg`` / ``pretrained_cfg_overlay`` and the other keyword arguments of ``timm.create_model``
 behave as for timm's own models.  No weights are published: ``pretrained=True`` is refused unless
 ``pretrained_cfg_overlay`` names a weight source (``file=...``, e.g. an ``archspec build`` output); weights
-saved at another (square) input size are resampled on the way in (:func:`archspec.nn.model.resample_state_dict`).
+saved at another (square) input size are resampled on the way in (:func:`archspec.nn.resample.resample_state_dict`).
 
 Importing this module imports the spec parser, not torch or timm (imported on first use).  ``import archspec``
 does not import it: :func:`install` (:mod:`archspec.timm.hook`, stdlib only) registers the shipped specs right
@@ -127,7 +127,7 @@ def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrai
     feature_cfg = {"feature_cls": "getter", "out_indices": 3 if n_stages == 1 else tuple(range(n_stages))}
     if isinstance(pretrained_cfg, str):  # a tag: archspec models have only the default one
         pretrained_cfg = None
-    from archspec.nn.model import resample_state_dict  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
+    from archspec.nn.resample import resample_state_dict  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
 
     model = build_model_with_cfg(
         _model_factory(spec), variant, pretrained, pretrained_cfg=pretrained_cfg or _default_cfg(spec),
