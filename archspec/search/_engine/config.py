@@ -30,6 +30,7 @@ from archspec.search._engine.defaults import (
     ZERO_COST_RANKINGS,
 )
 from archspec.search._evaluation.budget import Budgets, parse_quantity
+from archspec.search._evaluation.protocols import LatencyProtocol, ProxyProtocol
 
 __all__ = [
     "SearchConfig", "SearchOutcome", "complete_config", "FIDELITIES", "ZERO_COST_RANKINGS", "DEFAULT_FIDELITY",
@@ -91,8 +92,6 @@ def complete_config(cfg: SearchConfig | None = None, **options: Any) -> SearchCo
         TypeError: an unknown option or field name.
         SpecError: a budget that is not a quantity (located at its ``--budget-*`` option).
     """
-    from archspec.search._evaluation.latency import LatencyProtocol  # noqa: PLC0415 - torch-side module
-    from archspec.search._evaluation.proxy import ProxyProtocol  # noqa: PLC0415 - torch-side module
 
     cfg = SearchConfig(**options) if cfg is None else replace(cfg, **options)
     budgets = cfg.budgets

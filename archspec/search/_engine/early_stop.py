@@ -33,6 +33,7 @@ from archspec.search._engine.fidelity import (
     rung_schedule,
     zero_cost_summary,
 )
+from archspec.search._evaluation.protocols import ZERO_COST_SCORES
 
 if TYPE_CHECKING:  # annotations only
     from archspec.search._engine.objective import CandidateObjective
@@ -111,7 +112,6 @@ def zero_cost_stops(trial, spec: ArchSpec, latency: float, macs: int | None, par
         result, geometry = oracle.zero_cost(spec, seed=cfg.seed)
     else:
         from archspec.search._evaluation.proxy import score_proxy  # noqa: PLC0415 - torch-side
-        from archspec.search._evaluation.zero_cost import ZERO_COST_SCORES  # noqa: PLC0415 - torch-side
 
         result, geometry = score_proxy(spec, data, cfg.protocol, ZERO_COST_SCORES, seed=cfg.seed)
     scores = {**result.scores, "params": params, "macs": macs}

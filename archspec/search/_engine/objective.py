@@ -47,11 +47,11 @@ from archspec.search._engine.study import (
     worker_seed,
 )
 from archspec.search._evaluation.budget import static_check
+from archspec.search._evaluation.latency_cache import LatencyCache, architecture_key
 from archspec.spec import ArchSpec
 
-if TYPE_CHECKING:  # annotations only: the data and the cache are torch-side
+if TYPE_CHECKING:  # annotations only: the data is torch-side
     from archspec.io.datasets import Dataset
-    from archspec.search._evaluation.latency import LatencyCache
     from archspec.search._modes.base import SampledMode
 
 __all__ = ["CandidateObjective"]
@@ -175,7 +175,6 @@ class CandidateObjective:
             CandidateFailure: the space produced an invalid spec.
             optuna.TrialPruned: over the MAC, parameter or memory budget (status ``infeasible``).
         """
-        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side: the engine's modules import torch-free
 
         budgets = self.cfg.budgets
         try:

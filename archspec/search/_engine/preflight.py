@@ -6,9 +6,8 @@
 slowest check).  Each raises :class:`~archspec.errors.SpecError` naming the option (exit 2 from the CLI); the
 run directory, the study and every file are created only after all of them passed.
 
-The torch side (:mod:`archspec.io.datasets`, :mod:`archspec.search._evaluation.latency`) is imported inside the checks
-that need
-it, so a bad option is refused without importing torch.
+The torch side (:mod:`archspec.io.datasets`) is imported inside the checks that need it, so a bad option is
+refused without importing torch.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from archspec.search._engine.fidelity import FIDELITIES, ZERO_COST_RANKINGS
 from archspec.search._engine.session import check_outputs
 from archspec.search._engine.study import make_sampler
 from archspec.search._evaluation.budget import static_check
+from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._tabulation.oracle import load_table
 
 __all__ = ["preflight", "first_problem", "check_budgets_feasible", "check_space_valid", "check_data_path",
@@ -167,7 +167,6 @@ _POINTS_MEMO: dict[str, list[tuple[dict, str]]] = {}  # space document (sorted J
 def _keyed_points(space) -> list[tuple[dict, str]]:
     """``(params, architecture key)`` of every point of ``space``, memoised per space document in this process: a
     200-replay comparison lists the same space 200 times (a third of an oracle replay's CPU before the memo)."""
-    from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side
 
     memo_key = json.dumps(space.document, sort_keys=True, default=str)
     if memo_key not in _POINTS_MEMO:

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from archspec.errors import SpecError
+from archspec.search._evaluation.latency_cache import architecture_key
+from archspec.search._evaluation.protocols import ZeroCostResult
 from archspec.search._tabulation.checks import check_meta, check_row, index_rows, latency_ms, short_curve
 
 __all__ = ["TABLES_DIR", "OracleTable", "load_table", "curve_at"]
@@ -144,7 +146,6 @@ class OracleTable:
         Raises:
             SpecError: at ``--oracle``: the design is not in the table.
         """
-        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
 
         key = architecture_key(spec)
         if key not in self.tabulated:
@@ -202,7 +203,6 @@ class OracleTable:
         Raises:
             SpecError: the design is not in the table.
         """
-        from archspec.search._evaluation.zero_cost import ZeroCostResult  # noqa: PLC0415 - torch-side, once a table is read
 
         row = self.row(spec, seed)
         scores = {k: (v if v is not None else -math.inf) for k, v in row["zc"].items()}
@@ -214,7 +214,6 @@ class OracleTable:
         Raises:
             SpecError: the design is not in the table, or the table has no latency for it.
         """
-        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
 
         self.row(spec, 0)
         ms = self.latency_ms.get(architecture_key(spec))
