@@ -20,6 +20,7 @@ from archspec.errors import SpecError
 from archspec.io.datasets import Dataset
 from archspec.ir.graph import build_graph
 from archspec.ir.loader import load_spec
+from archspec.nn import compiler
 from archspec.nn.compiler import compile as compile_spec
 from archspec.search._evaluation.protocols import ProxyProtocol
 from archspec.search._evaluation.zero_cost import zero_cost_scores
@@ -365,15 +366,13 @@ def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: t
         TrialFailure: an exception inside the model, or out of memory.
         SpecError: the spec cannot be adapted to the proxy.
     """
-    from archspec.nn.compiler import compile as compile_spec  # noqa: PLC0415 - looked up per call (tests replace it)
-
     geometry, pspec = _seeded_proxy(spec, data, protocol, seed)
     images, labels = data.at_size(geometry.image_size).train.tensors
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))[:protocol.batch_size]
     with _threads(protocol.threads), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
-            model = compile_spec(pspec)
+            model = compiler.compile(pspec)  # looked up per call (tests replace it)
             return zero_cost_scores(model, images[order], labels[order], names), geometry
         except (RuntimeError, ValueError, MemoryError) as exc:
             raise failure(exc, "while scoring the model") from None
