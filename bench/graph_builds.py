@@ -15,8 +15,8 @@ two trees side by side -- ``--before REV`` (default: where this branch left ``ma
     best/Pareto specs) are listed apart.
 (b) the static check's rate, candidates per second: ``space.sample`` (validation + graph) then
     ``static_check`` (MACs, params, memory) on the default space (``levit_family.yaml``), Optuna's
-    ``RandomSampler``, 200 candidates -- once as :func:`archspec.search._evaluation.budget.static_check_rate` does it
-    (no data), once as the search's objective does it (with the proxy-training memory check, which adapts
+    ``RandomSampler``, 200 candidates -- once as :func:`archspec.search._evaluation.check_rate.static_check_rate`
+    does it (no data), once as the search's objective does it (with the proxy-training memory check, which adapts
     the candidate to the data); each measured twice (``--repeats``), in fresh processes, before and after
     alternating, so the noise shows.
 

@@ -80,7 +80,7 @@ _EXPORTS = {
     "RoundResult": f"{_MODES}.base", "RunContext": f"{_MODES}.base",
     # what a candidate is measured by
     "Budgets": f"{_EVAL}.budget", "parse_quantity": f"{_EVAL}.budget", "static_check": f"{_EVAL}.budget",
-    "static_check_rate": f"{_EVAL}.budget",
+    "static_check_rate": f"{_EVAL}.check_rate",
     "ProxyProtocol": f"{_EVAL}.proxy", "train_proxy": f"{_EVAL}.proxy", "score_proxy": f"{_EVAL}.proxy",
     "TrialFailure": f"{_EVAL}.proxy",
     "LatencyProtocol": f"{_EVAL}.latency", "measure_latency": f"{_EVAL}.latency",

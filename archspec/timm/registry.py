@@ -15,16 +15,20 @@ behave as for timm's own models.  No weights are published: ``pretrained=True`` 
 ``pretrained_cfg_overlay`` names a weight source (``file=...``, e.g. an ``archspec build`` output); weights
 saved at another (square) input size are resampled on the way in (:func:`archspec.nn.resample.resample_state_dict`).
 
-Importing this module imports the spec parser, not torch or timm (imported on first use).  ``import archspec``
-does not import it: :func:`install` (:mod:`archspec.timm.hook`, stdlib only) registers the shipped specs right
-away if timm is already imported, otherwise as soon as it is (a one-shot post-import hook on ``sys.meta_path``),
-so ``archspec validate`` never imports torch, and ``import archspec`` not even the spec parser.
+Importing this module imports the spec parser and timm's model registry (it is imported when timm is, or by
+:func:`archspec.register`), not archspec's model code (torch-side; imported when a model is built, so ``import
+timm`` does not pay for it).  ``import archspec`` does not import it: :func:`install` (:mod:`archspec.timm.hook`,
+stdlib only) registers the shipped specs right away if timm is already imported, otherwise as soon as it is (a
+one-shot post-import hook on ``sys.meta_path``), so ``archspec validate`` never imports torch, and ``import
+archspec`` not even the spec parser.
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from timm.models import build_model_with_cfg, register_model
 
 from archspec.errors import SpecError
 from archspec.ir.loader import load_spec
@@ -114,8 +118,6 @@ def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrai
         ValueError: ``pretrained=True`` without a weight source in ``pretrained_cfg_overlay``.
         TypeError: an unknown keyword argument.
     """
-    from timm.models import build_model_with_cfg  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
-
     overlay = dict(pretrained_cfg_overlay or {})
     if pretrained and not any(overlay.get(key) for key in _WEIGHT_SOURCES):
         raise ValueError(f"{variant}: no pretrained weights are published for archspec models; create it with "
@@ -170,8 +172,6 @@ def register(spec: Any, name: str | None = None, check: bool = True) -> str:
 
 
 def _register(name: str, source: Any) -> str:
-    from timm.models import register_model  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
-
     if "." in name:
         raise ValueError(f"timm model names cannot contain '.', got {name!r}")
     register_model(_entrypoint(name, source))

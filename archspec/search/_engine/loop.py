@@ -81,7 +81,7 @@ from archspec.search._engine.session import (
     zombie_notes,
 )
 from archspec.search._engine.study import worker_seed
-from archspec.search._evaluation.budget import static_check_rate
+from archspec.search._evaluation.check_rate import static_check_rate
 from archspec.search._evaluation.latency_cache import LatencyCache
 from archspec.search._evaluation.scoring import objective_name
 from archspec.search._evaluation.verify import TimeReserve, mark_ties, verify_count, verify_front

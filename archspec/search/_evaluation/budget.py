@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,9 +23,9 @@ from archspec.ir.plan import DEFAULT_MAX_MEMORY, Plan, build_plan, check_memory
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from archspec.search._space.language import SearchSpace
+    pass
 
-__all__ = ["parse_quantity", "Budgets", "StaticCheck", "static_check", "static_check_rate", "training_memory",
+__all__ = ["parse_quantity", "Budgets", "StaticCheck", "static_check", "training_memory",
            "TRAINING_STATE_FACTOR"]
 
 # A training step holds, per parameter, the weight, its gradient and AdamW's two moments.
@@ -162,32 +161,3 @@ def static_check(spec: ArchSpec, budgets: Budgets, data=None, protocol=None) -> 
         reasons.append(f"{human(params)} params > budget {human(budgets.params)}")
     reasons += _memory_reasons(plan, budgets, data, protocol)
     return StaticCheck(not reasons, macs, params, "; ".join(reasons) or None)
-
-
-def static_check_rate(space: SearchSpace, budgets: Budgets, n: int = 200, seed: int = 0) -> float:
-    """Candidates per second of sampling (Optuna ``RandomSampler``, in-memory study) plus :func:`static_check`.
-
-    Each candidate is a full ``space.sample`` (which validates the point with ``load_spec``) and a
-    static check; a point that fails validation still counts (it was rejected).
-    """
-    import optuna  # noqa: PLC0415 - only for the rate benchmark; budget.py stays Optuna-free
-
-    if n < 1:
-        raise ValueError("n must be >= 1")
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-        start = time.perf_counter()
-        for _ in range(n):
-            trial = study.ask()
-            try:
-                check = static_check(space.sample(trial), budgets)
-                value = float(check.macs)
-            except SpecError:
-                value = float("inf")
-            study.tell(trial, value)
-        elapsed = time.perf_counter() - start
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    return n / max(elapsed, 1e-9)

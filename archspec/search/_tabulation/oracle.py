@@ -227,14 +227,13 @@ class OracleTable:
         """A stand-in :class:`archspec.io.datasets.Dataset` of the table's data (one blank image per split): what the
         engine's static checks and reports read of the data (channels, classes, size); nothing is trained on it."""
         import torch  # noqa: PLC0415 - torch-side, once a table is read
-        from torch.utils.data import TensorDataset  # noqa: PLC0415 - torch-side, once a table is read
 
         from archspec.io.datasets import Dataset  # noqa: PLC0415 - torch-side, once a table is read
 
         protocol = self.meta.get("protocol", {})
         size = int(protocol.get("image_size", 28))
         channels, classes = int(protocol.get("channels", 1)), int(protocol.get("num_classes", 10))
-        blank = TensorDataset(torch.zeros(1, channels, size, size), torch.zeros(1, dtype=torch.long))
+        blank = torch.utils.data.TensorDataset(torch.zeros(1, channels, size, size), torch.zeros(1, dtype=torch.long))
         return Dataset(f"oracle:{Path(self.file).stem}", blank, blank, classes, channels, size)
 
     def describe(self) -> dict:
