@@ -272,10 +272,9 @@ def test_search_refuses_a_space_whose_smallest_point_is_over_the_limit():
     from archspec.search._evaluation.budget import Budgets
     from archspec.search._space.language import load_space
 
-    options = {"macs": "--budget-flops", "params": "--budget-params"}
     space = load_space()
-    assert check_budgets_feasible(space, Budgets(macs=1e12), options).feasible
+    assert check_budgets_feasible(space, Budgets(macs=1e12)).feasible
     with pytest.raises(SpecError) as info:
-        check_budgets_feasible(space, Budgets(macs=1e12, memory=1000), options)
+        check_budgets_feasible(space, Budgets(macs=1e12, memory=1000))
     (problem,) = info.value.problems
-    assert problem.path == ("--max-memory",) and "over the memory limit of 1000 B" in problem.message
+    assert problem.path == ("budgets", "memory") and "over the memory limit of 1000 B" in problem.message

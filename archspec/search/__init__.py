@@ -73,7 +73,7 @@ _EXPORTS = {
     "DEFAULT_TRIALS": _DEFAULTS, "DEFAULT_TIMEOUT_S": _DEFAULTS, "DEFAULT_TRIAL_TIMEOUT_S": _DEFAULTS,
     "DEFAULT_FIDELITY": _DEFAULTS, "DEFAULT_SAMPLER": _DEFAULTS, "DEFAULT_SAMPLER_STARTUP": _DEFAULTS,
     "DEFAULT_VERIFY": _DEFAULTS, "FIDELITIES": _DEFAULTS, "SAMPLERS": _DEFAULTS, "ZERO_COST_RANKINGS": _DEFAULTS,
-    "MASKS_PROXY_DEFAULTS": _DEFAULTS, "MASKS_TRIAL_TIMEOUT_S": _DEFAULTS,
+    "MASKS_PROXY_DEFAULTS": _DEFAULTS, "MASKS_TRIAL_TIMEOUT_S": _DEFAULTS, "BUDGET_OPTIONS": _DEFAULTS,
     "validate_study_name": "archspec.search._engine.study",
     # the mode contract
     "SampledMode": f"{_MODES}.base", "RoundsMode": f"{_MODES}.base", "Candidate": f"{_MODES}.base",
@@ -112,7 +112,7 @@ __all__ = [
     "SearchConfig", "SearchOutcome", "complete_config", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S",
     "DEFAULT_TRIAL_TIMEOUT_S", "DEFAULT_FIDELITY", "DEFAULT_SAMPLER", "DEFAULT_SAMPLER_STARTUP", "DEFAULT_VERIFY",
     "FIDELITIES", "SAMPLERS", "ZERO_COST_RANKINGS", "MASKS_PROXY_DEFAULTS", "MASKS_TRIAL_TIMEOUT_S",
-    "validate_study_name",
+    "BUDGET_OPTIONS", "validate_study_name",
     "SampledMode", "RoundsMode", "Candidate", "RoundResult", "RunContext",
     "Budgets", "parse_quantity", "static_check", "static_check_rate", "ProxyProtocol", "train_proxy",
     "score_proxy", "TrialFailure", "LatencyProtocol", "measure_latency", "architecture_key", "ZERO_COST_SCORES",

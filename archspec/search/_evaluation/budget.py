@@ -36,20 +36,22 @@ _UNITS = ("macs", "mac", "flops", "flop", "params", "param", "ms")
 _QUANTITY_RE = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([kKMGT]?)$")
 
 
-def parse_quantity(text: str | float | int, option: str) -> float:
+def parse_quantity(text: str | float | int, option: str | tuple) -> float:
     """``"1G" -> 1e9``, ``"500M" -> 5e8``, ``"2.5k" -> 2500``, ``"1.5e9"``, ``"300"``, ``"1GMACs"``, ``"20ms"``.
 
     Args:
         text: the quantity (a number passes through after the positivity check).
-        option: the option it came from (``"--budget-flops"``), used as the error's field path.
+        option: where it came from, the error's field path: a command-line option (``"--budget-flops"``) or a
+            field path (``("budgets", "macs")``).
 
     Raises:
         SpecError: unparseable text, a non-finite, zero or negative value.
     """
+    option = option if isinstance(option, tuple) else (option,)
     hint = ("write a positive number with an optional SI suffix: 300, 2.5k, 500M, 1G, 1.5e9 "
             "(units MACs/FLOPs/ms are ignored)")
     if isinstance(text, bool):
-        raise SpecError.single((option,), f"expected a quantity, got {text!r}", hint)
+        raise SpecError.single(option, f"expected a quantity, got {text!r}", hint)
     if isinstance(text, (int, float)):
         value = float(text)
     elif isinstance(text, str):
@@ -61,14 +63,14 @@ def parse_quantity(text: str | float | int, option: str) -> float:
                 break
         match = _QUANTITY_RE.match(body)
         if not match:
-            raise SpecError.single((option,), f"cannot read {text!r} as a quantity", hint)
+            raise SpecError.single(option, f"cannot read {text!r} as a quantity", hint)
         value = float(match.group(1)) * _SUFFIX[match.group(2)]
     else:
-        raise SpecError.single((option,), f"expected a quantity, got a {type(text).__name__}", hint)
+        raise SpecError.single(option, f"expected a quantity, got a {type(text).__name__}", hint)
     if not math.isfinite(value):
-        raise SpecError.single((option,), f"{text!r} is not a finite quantity", hint)
+        raise SpecError.single(option, f"{text!r} is not a finite quantity", hint)
     if value <= 0:
-        raise SpecError.single((option,), f"a budget must be positive, got {text!r}", hint)
+        raise SpecError.single(option, f"a budget must be positive, got {text!r}", hint)
     return value
 
 
