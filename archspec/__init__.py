@@ -1,9 +1,9 @@
 """archspec: a declarative architecture compiler for vision transformers with convolutional biases.
 
 The path from YAML to ``nn.Module`` reads top to bottom in the package names: :mod:`archspec.spec` (the spec
-language: pydantic models, YAML loading), :mod:`archspec.ir` (the networkx IR with shapes, parameter and MAC
-counts), :mod:`archspec.nn` (the compiler: IR -> :class:`~archspec.nn.model.ArchModel`, each node's module built
-by its block family in :mod:`archspec.families`); docs/architecture.md draws the layers.
+language: pydantic models, YAML loading), :mod:`archspec.ir` (the IR: a plan of shapes, parameter and MAC
+counts, and its networkx graph), :mod:`archspec.nn` (the compiler: IR -> :class:`~archspec.nn.model.ArchModel`,
+each node's module built by its block family in :mod:`archspec.families`); docs/architecture.md draws the layers.
 
     >>> from archspec import compile
     >>> model = compile("mait_tiny_sch2")          # a shipped spec, a path, YAML text or a dict

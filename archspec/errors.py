@@ -6,7 +6,8 @@ status 2; library callers catch :class:`SpecError` (a ``ValueError``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 Path = tuple[str | int, ...]
@@ -79,6 +80,28 @@ class SpecError(ValueError):
         return SpecError([Problem((new, *p.path[1:]) if p.path and p.path[0] == old else p.path, p.message,
                                   p.hint.replace(old, new) if p.hint else p.hint, p.file, p.line, p.column)
                           for p in self.problems])
+
+    def with_options(self, options: Mapping[Path, str]) -> SpecError:
+        """A copy for the command line: where a problem's path starts with a field path of ``options``
+        (``("budgets", "macs")``), the option it maps to (``"--budget-flops"``) takes that part's place, and the
+        field's dotted name (``budgets.macs``) in the message and hint becomes the option, so the library names its
+        fields and ``archspec.cli`` its flags.  Raises nothing."""
+        def rename(text: str | None) -> str | None:
+            if text is None:
+                return None
+            for known, option in options.items():
+                text = re.sub(rf"(?<![\w.-]){re.escape(format_path(known))}(?![\w-])", option, text)
+            return text
+
+        problems = []
+        for p in self.problems:
+            path = p.path
+            for known, option in options.items():
+                if tuple(path[:len(known)]) == tuple(known):
+                    path = (option, *path[len(known):])
+                    break
+            problems.append(Problem(path, rename(p.message), rename(p.hint), p.file, p.line, p.column))
+        return SpecError(problems)
 
     def located(self, locate: Locator | None) -> SpecError:
         """Return a copy whose problems have file/line/column filled from ``locate``."""

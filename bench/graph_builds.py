@@ -6,16 +6,17 @@ two trees side by side -- ``--before REV`` (default: where this branch left ``ma
 ``git archive`` into a temporary directory, and the working tree -- each in its own subprocess:
 
 (a) graph builds per trial of a small design search (``archspec.search.run_design`` on a one-stage, 32 px
-    LeViT-like space -- 4 points --, 3-step proxy, latency of 2 runs): ``build_graph`` calls, counted by
-    wrapping :func:`archspec.ir.graph.build_graph` in every loaded module that binds it, and graph walks (the
-    work), counted by wrapping ``archspec.ir.graph._Builder`` (one per walk; before the change every call walked,
-    after it a spec reuses the graph it carries); per trial by wrapping the engine's objective
-    (``CandidateObjective.__call__``), reported for the trials that trained a proxy.  Walks outside trials
-    (the preflight's sample points, the budget check, the summary's best/Pareto specs) are listed apart.
+    LeViT-like space -- 4 points --, 3-step proxy, latency of 2 runs): IR builds asked for, counted by
+    wrapping :func:`archspec.ir.graph.build_graph` (and, after issue 58, :func:`archspec.ir.plan.build_plan`) in
+    every loaded module that binds it, and walks (the work), counted by wrapping the walk's ``_Builder`` (one per
+    walk; before issue 34 every call walked, after it an equal spec reuses the IR kept by its content); per
+    trial by wrapping the engine's objective (``CandidateObjective.__call__``), reported for the trials that
+    trained a proxy.  Walks outside trials (the preflight's sample points, the budget check, the summary's
+    best/Pareto specs) are listed apart.
 (b) the static check's rate, candidates per second: ``space.sample`` (validation + graph) then
     ``static_check`` (MACs, params, memory) on the default space (``levit_family.yaml``), Optuna's
-    ``RandomSampler``, 200 candidates -- once as :func:`archspec.search._evaluation.budget.static_check_rate` does it
-    (no data), once as the search's objective does it (with the proxy-training memory check, which adapts
+    ``RandomSampler``, 200 candidates -- once as :func:`archspec.search._evaluation.check_rate.static_check_rate`
+    does it (no data), once as the search's objective does it (with the proxy-training memory check, which adapts
     the candidate to the data); each measured twice (``--repeats``), in fresh processes, before and after
     alternating, so the noise shows.
 
@@ -51,8 +52,10 @@ LATENCY = {"repeats": 2, "warmup": 1}
 
 
 def _count_builds() -> dict:
-    """Count ``build_graph`` calls (wrapped wherever a module binds it) and graph walks (``_Builder``
-    constructions: one per walk over a spec, in both trees); returns the counter."""
+    """Count IR builds asked for -- ``build_graph`` calls, and after issue 58 ``build_plan`` calls from outside
+    :mod:`archspec.ir.graph` (whose ``build_graph`` asks for the plan) -- wrapped wherever a module binds them, and
+    graph walks (``_Builder`` constructions: one per walk over a spec, in both trees; the builder lives in
+    :mod:`archspec.ir.walk` after issue 58, in :mod:`archspec.ir.graph` before); returns the counter."""
     import archspec.ir.analysis  # noqa: F401 - bind every module that imports build_graph by name
     import archspec.ir.graph as graph
     import archspec.nn.compiler  # noqa: F401
@@ -60,22 +63,36 @@ def _count_builds() -> dict:
     import archspec.search._evaluation.proxy  # noqa: F401
     import archspec.search._space.language  # noqa: F401
 
-    original, builder = graph.build_graph, graph._Builder
+    try:
+        import archspec.ir.plan as plan
+        import archspec.ir.walk as walker
+    except ImportError:  # the tree before issue 58: one module
+        plan, walker = None, graph
+    originals = {graph.build_graph} | ({plan.build_plan} if plan is not None else set())
+    builder = walker._Builder
     counter = {"calls": 0, "walks": 0}
 
-    def counted(spec):
-        counter["calls"] += 1
-        return original(spec)
+    def counting(original):
+        def counted(spec):
+            counter["calls"] += 1
+            return original(spec)
+        return counted
+
+    wrapped = {original: counting(original) for original in originals}
+    for module in list(sys.modules.values()):
+        if module is None:
+            continue
+        # archspec.ir.graph's own build_graph asks for the plan: count the build_graph call, not that request too
+        for name in ("build_graph",) if module is graph else ("build_graph", "build_plan"):
+            if getattr(module, name, None) in wrapped:
+                setattr(module, name, wrapped[getattr(module, name)])
 
     class CountedBuilder(builder):
         def __init__(self, spec):
             counter["walks"] += 1
             super().__init__(spec)
 
-    for module in list(sys.modules.values()):
-        if module is not None and getattr(module, "build_graph", None) is original:
-            module.build_graph = counted
-    graph._Builder = CountedBuilder
+    walker._Builder = CountedBuilder
     return counter
 
 

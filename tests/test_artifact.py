@@ -171,10 +171,10 @@ def test_saved_weights_get_the_normal_file_mode(tmp_path) -> None:
 
 def test_a_model_over_the_default_memory_limit_reloads_with_its_limit(saved, monkeypatch, capsys) -> None:
     """A model built with a raised --max-memory reloads when the same limit is given, and only then."""
-    import archspec.ir.graph
+    import archspec.ir.plan
 
     saved, _ = saved
-    monkeypatch.setattr(archspec.ir.graph, "DEFAULT_MAX_MEMORY", 1024)  # the tiny model needs far more
+    monkeypatch.setattr(archspec.ir.plan, "DEFAULT_MAX_MEMORY", 1024)  # the tiny model needs far more
     with pytest.raises(archspec.SpecError, match="memory"):
         archspec.load(saved)
     assert archspec.load(saved, max_memory=2**30).spec.name == "tiny"

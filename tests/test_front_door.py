@@ -102,6 +102,7 @@ def test_transfer_all_lists_every_lazy_export():
 
 # What the parser and `import archspec` need is the standard library: the spec parser (pydantic), the IR
 # (networkx), YAML and rich load when a command runs that uses them (issue 58 item 6).
+READ_ONLY_FREE = ("networkx",) + HEAVY
 PARSER_FREE = ("pydantic", "networkx", "yaml", "rich", "numpy", "optuna") + HEAVY
 
 
@@ -120,6 +121,18 @@ def test_the_parser_and_import_archspec_need_only_the_standard_library(code, tmp
     lines = [line for line in proc.stderr.splitlines() if line.startswith(MARK)]
     assert lines, proc.stderr[-3000:]
     assert lines[-1][len(MARK):] == "[]", f"{code!r} imported {lines[-1][len(MARK):]}"
+
+
+@pytest.mark.parametrize("argv", [["validate", "mait_tiny_sch2"], ["list"], ["schema"]], ids=" ".join)
+def test_read_only_commands_do_not_import_networkx(argv, tmp_path):
+    """``validate``, ``list`` and ``schema`` read the IR's plan (:mod:`archspec.ir.plan`), a plain value; the
+    networkx graph is built from it only where a graph is used (compile, the search)."""
+    probe = (f"import sys\nfrom archspec.cli import main\nrc = main({argv!r})\n"
+             f"print({MARK!r} + repr(sorted(m for m in {READ_ONLY_FREE!r} if m in sys.modules)), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(MARK)]
+    assert lines, proc.stderr[-3000:]
+    assert lines[-1][len(MARK):] == "[]", f"archspec {' '.join(argv)} imported {lines[-1][len(MARK):]}"
 
 
 def test_a_bad_train_option_is_refused_before_the_spec_parser_and_torch(tmp_path):
@@ -147,14 +160,17 @@ def _fastest_seconds(first: list[str], second: list[str], runs: int) -> tuple[fl
 # interpreter did not carry between machines: CI's `python -c pass` took 0.011 s (here 0.025-0.03 s) while the
 # standard-library imports every CLI needs (argparse, pathlib, logging) did not shrink with it, so `--help` read 10x
 # there and 4x here at about the same 0.11 s.  An absolute ceiling is what the user feels ("well under a second");
-# each is 2.5x or more above what 2 busy cores measure (issue 58: import 0.04 s, --help 0.10 s, a bad --data 0.10 s,
-# validate 0.5 s), and below what one heavy import costs (torch alone is over 1 s).
+# each is 2.5x or more above what 2 busy cores measure (issue 58: import 0.04 s, --help 0.07-0.10 s, a bad --data
+# 0.10 s, validate 0.27 s, list 0.32 s, schema 0.21 s -- the last three after the IR's plan took networkx off the
+# read-only commands and libyaml parses the specs), and below what one heavy import costs (torch alone is over 1 s).
 FRONT_DOOR_SECONDS = [
     pytest.param(["-c", "import archspec"], 0.15, id="import-archspec"),
     pytest.param(["-m", "archspec", "--help"], 0.3, id="help"),
     pytest.param(["-m", "archspec", "search", "--help"], 0.3, id="search-help"),
     pytest.param(["-m", "archspec", "train", "levit_128s", "--data", "/no/such/data"], 0.3, id="train-bad-data"),
-    pytest.param(["-m", "archspec", "validate", str(SPECS / "mait_tiny_sch2.yaml")], 0.9, id="validate"),
+    pytest.param(["-m", "archspec", "validate", str(SPECS / "mait_tiny_sch2.yaml")], 0.7, id="validate"),
+    pytest.param(["-m", "archspec", "list"], 0.8, id="list"),  # 32 shipped specs parsed, checked and counted
+    pytest.param(["-m", "archspec", "schema"], 0.55, id="schema"),
 ]
 
 

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 from archspec import analyze, compile, load_spec
 from archspec._util.memory import format_bytes, parse_memory
 from archspec.errors import SpecError, format_path
-from archspec.ir.graph import DEFAULT_MAX_MEMORY, build_graph
+from archspec.ir.plan import DEFAULT_MAX_MEMORY, build_plan
 
 
 def _data_ptr(tensor: torch.Tensor) -> int | None:
@@ -164,14 +164,14 @@ def test_training_estimate_is_conservative(one_thread):
     from archspec.search._evaluation.budget import TRAINING_STATE_FACTOR, training_memory
 
     spec = load_spec({**load_spec("levit_128s").model_dump(mode="json"), "input": {"channels": 3, "resolution": 64}})
-    graph = build_graph(spec)
+    plan = build_plan(spec)
     model = compile(spec).train()
     x = torch.randn(4, 3, 64, 64)
     with LiveBytes() as live:
         live.count(x.nbytes)
         model(x).sum().backward()
     # the weights exist before; gradients and AdamW's moments do not (no optimizer step here)
-    estimate = training_memory(graph, 4) - graph.graph["weight_bytes"]
+    estimate = training_memory(plan, 4) - plan.totals["weight_bytes"]
     assert TRAINING_STATE_FACTOR == 4
     assert live.peak <= estimate <= 4 * live.peak, (format_bytes(estimate), format_bytes(live.peak))
 
@@ -212,7 +212,7 @@ def test_limit_keywords_and_module_default(monkeypatch):
     assert load_spec(TINY, max_memory=need) == spec
     with pytest.raises(SpecError, match="over the memory limit"):
         compile(spec, max_memory=need - 1)
-    monkeypatch.setattr("archspec.ir.graph.DEFAULT_MAX_MEMORY", need - 1)
+    monkeypatch.setattr("archspec.ir.plan.DEFAULT_MAX_MEMORY", need - 1)
     with pytest.raises(SpecError):
         compile(spec)
     assert sum(p.numel() for p in compile(spec, max_memory=math.inf).parameters()) == analyze(spec).params
@@ -257,7 +257,7 @@ def test_search_rejects_candidates_whose_training_batch_is_over_the_limit():
     data = SimpleNamespace(channels=3, num_classes=10)
     protocol = ProxyProtocol(batch_size=32)
     inference = analyze(spec).peak_memory_bytes
-    training = training_memory(build_graph(proxy_spec(spec, data, protocol)), protocol.batch_size)
+    training = training_memory(build_plan(proxy_spec(spec, data, protocol)), protocol.batch_size)
     assert training > inference  # 32 images with everything kept for backward, vs one image at 224 px
     budgets = Budgets(memory=(inference + training) / 2)
     assert static_check(spec, budgets).feasible
@@ -272,10 +272,9 @@ def test_search_refuses_a_space_whose_smallest_point_is_over_the_limit():
     from archspec.search._evaluation.budget import Budgets
     from archspec.search._space.language import load_space
 
-    options = {"macs": "--budget-flops", "params": "--budget-params"}
     space = load_space()
-    assert check_budgets_feasible(space, Budgets(macs=1e12), options).feasible
+    assert check_budgets_feasible(space, Budgets(macs=1e12)).feasible
     with pytest.raises(SpecError) as info:
-        check_budgets_feasible(space, Budgets(macs=1e12, memory=1000), options)
+        check_budgets_feasible(space, Budgets(macs=1e12, memory=1000))
     (problem,) = info.value.problems
-    assert problem.path == ("--max-memory",) and "over the memory limit of 1000 B" in problem.message
+    assert problem.path == ("budgets", "memory") and "over the memory limit of 1000 B" in problem.message

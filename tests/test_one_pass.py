@@ -12,7 +12,7 @@ import optuna
 import pytest
 from search_fixtures import TINY_SPACE
 
-import archspec.ir.graph as graph_module
+import archspec.ir.plan as plan_module
 import archspec.search._evaluation.proxy as proxy_module
 from archspec import analyze, load_spec
 from archspec._util.memo import ContentMemo
@@ -27,24 +27,24 @@ PROTOCOL = ProxyProtocol(steps=2, eval_every=2, batch_size=8, warmup_steps=1, im
 
 @pytest.fixture
 def walks(monkeypatch):
-    """The specs walked by ``archspec.ir.graph._build_graph`` (each entry one build of a graph), in order;
-    ``clear()`` also forgets the graphs and proxies kept so far (as if no spec had been seen)."""
+    """The specs walked by ``archspec.ir.walk.walk`` (each entry one build of a plan, and so of its graph), in
+    order; ``clear()`` also forgets the plans and proxies kept so far (as if no spec had been seen)."""
 
     class Walks(list):
         def clear(self):
             super().clear()
-            graph_module._GRAPHS.clear()
+            plan_module._PLANS.clear()
             proxy_module._PROXIES.clear()
 
     seen: list[ArchSpec] = Walks()
-    real = graph_module._build_graph
+    real = plan_module.walk
 
     def counted(spec):
         seen.append(spec)
         return real(spec)
 
-    monkeypatch.setattr(graph_module, "_build_graph", counted)
-    monkeypatch.setattr(graph_module, "_GRAPHS", ContentMemo(128))  # nothing kept from earlier tests
+    monkeypatch.setattr(plan_module, "walk", counted)
+    monkeypatch.setattr(plan_module, "_PLANS", ContentMemo(128))  # nothing kept from earlier tests
     monkeypatch.setattr(proxy_module, "_PROXIES", ContentMemo(256))
     return seen
 

@@ -8,7 +8,8 @@ import pytest
 from optuna.trial import FixedTrial
 
 from archspec import SpecError, analyze, load_spec
-from archspec.search._evaluation.budget import Budgets, parse_quantity, static_check, static_check_rate
+from archspec.search._evaluation.budget import Budgets, parse_quantity, static_check
+from archspec.search._evaluation.check_rate import static_check_rate
 from archspec.search._evaluation.latency import architecture_key
 from archspec.search._space.language import load_space, mask_placement_space
 

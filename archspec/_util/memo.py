@@ -1,7 +1,7 @@
 """A bounded memo keyed by content: what the IR and the search keep of a spec, outside the spec.
 
 A spec (:class:`archspec.spec.ArchSpec`) is a plain value: it carries nothing but its fields.  What is computed
-from it -- its IR graph (:func:`archspec.ir.graph.build_graph`), a search candidate's proxy
+from it -- its IR plan (:func:`archspec.ir.plan.build_plan`), a search candidate's proxy
 (:mod:`archspec.search._evaluation.proxy`) -- is kept here, keyed on the spec's content
 (``spec.model_dump_json()``) and the settings it was computed under, so two equal specs share it, a spec changed
 in place misses it, and a copy or pickle of a spec finds it without carrying it.

@@ -1,7 +1,7 @@
 """Static memory estimates: the unit every family's ``rules.memory`` returns, and byte sizes for users.
 
 Each block family's ``rules.py`` estimates its node's memory from shapes alone (no tensor is allocated);
-:mod:`archspec.ir.graph` adds them up by the rule stated in its docstring.  Every figure is in **bytes**,
+:mod:`archspec.ir.plan` adds them up by the rule stated in its docstring.  Every figure is in **bytes**,
 for **one image** in float32 (4 bytes per element; index tables are int64, masks bool), as a
 :class:`NodeMemory`:
 

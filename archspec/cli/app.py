@@ -30,7 +30,6 @@ from archspec.cli.search import add_search_parser
 from archspec.cli.table import add_table_parser
 from archspec.cli.train import add_train_parser
 from archspec.cli.transfer import add_transfer_parsers
-from archspec.deploy import build as deploy_build
 from archspec.errors import SpecError
 from archspec.io import builddir
 
@@ -286,6 +285,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     import torch
 
     from archspec._util.units import human
+    from archspec.deploy import build as deploy_build
     from archspec.diagnostics.timing import measure_forward, parse_device
     from archspec.io import artifact, builddir
     from archspec.io.images import default_image_path, load_image

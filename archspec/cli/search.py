@@ -19,6 +19,7 @@ from pathlib import Path
 from archspec.cli.common import whole_number as _positive_int
 from archspec.errors import SpecError
 from archspec.search import (
+    BUDGET_OPTIONS,
     DEFAULT_FIDELITY,
     DEFAULT_SAMPLER,
     DEFAULT_SAMPLER_STARTUP,
@@ -386,11 +387,25 @@ def _masks_on_table(args: argparse.Namespace) -> int:
         cfg = _config(args, objective="accuracy", trials=trials, timeout=None, space=table.space,
                       sampler="tpe", protocol=_protocol(args, {**MASKS_PROXY_DEFAULTS, "steps": steps}),
                       oracle=args.oracle)
-        return _report(run_design(cfg), args)
+        return _report(_run(run_design, cfg), args)
     report = table_replay_report(table, args.seed, steps, window=args.window, high=args.als_high,
                                  low=args.als_low, rounds=args.rounds, normalise=not args.als_raw)
     print(json.dumps(report, indent=2) if args.json else report["text"])
     return 0
+
+
+def _run(run, cfg):
+    """``run(cfg)`` (``run_design`` / ``run_masks``), its errors naming this command's options: the library names
+    a budget by its field (``budgets.macs``), the command line by its flag (``--budget-flops``;
+    :data:`archspec.search.BUDGET_OPTIONS`).
+
+    Raises:
+        SpecError: what ``run`` raises, with the budget fields renamed to their options.
+    """
+    try:
+        return run(cfg)
+    except SpecError as exc:
+        raise exc.with_options({("budgets", field): option for field, option in BUDGET_OPTIONS.items()}) from None
 
 
 # ----------------------------------------------------------------------------------- building configs
@@ -495,7 +510,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         return list_points(args.space, args.json)
     from archspec.search import run_design
 
-    return _report(run_design(_config(args)), args)
+    return _report(_run(run_design, _config(args)), args)
 
 
 def list_points(space_source: str | None, as_json: bool) -> int:
@@ -550,4 +565,4 @@ def cmd_search_masks(args: argparse.Namespace) -> int:
     mcfg = MaskConfig(search=cfg, spec=args.spec, strategy=args.strategy, rounds=args.rounds,
                       als_high=args.als_high, als_low=args.als_low, window=args.window, windows=windows,
                       max_masked=args.max_masked, alpha_threshold=args.alpha_threshold, normalise=not args.als_raw)
-    return _report(run_masks(mcfg), args)
+    return _report(_run(run_masks, mcfg), args)

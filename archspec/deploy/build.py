@@ -1,7 +1,8 @@
 """What ``archspec build --compile / --int8`` adds to a build: the option checks, the compiled and int8 reports
 (ms, seconds of compilation, logit differences) and their lines in the build's summary.
 
-``archspec.cli.cmd_build`` calls these; torch is imported inside them, when a build runs.
+``archspec.cli.app.cmd_build`` imports this module (and with it torch) when a build runs; the parser needs none of
+it (``archspec build --help`` stays torch-free).
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ from __future__ import annotations
 import argparse
 import time
 
+import torch
+
+from archspec.deploy.int8 import BACKEND, load_calibration, quantize, require_backend
+from archspec.diagnostics.timing import compile_for_inference, measure_forward
 from archspec.errors import SpecError
 from archspec.io.data_sources import check_source
 
@@ -33,8 +38,6 @@ def check_options(args: argparse.Namespace, device) -> None:
                                "use --device cpu with --int8")
     if args.calibration_batches < 1:
         raise SpecError.single(("--calibration-batches",), f"needs at least 1 batch, got {args.calibration_batches}")
-    from archspec.deploy.int8 import require_backend  # noqa: PLC0415 - torch-free until a build runs (archspec build --help)
-
     require_backend()
     try:
         check_source(args.calibrate)
@@ -70,8 +73,6 @@ def compiled_report(model, x, logits, args) -> dict:
     Raises:
         SpecError: at ``--compile``: torch.compile fails on this machine or model (:func:`first_call`).
     """
-    from archspec.diagnostics.timing import compile_for_inference, measure_forward  # noqa: PLC0415 - torch-free until a build runs (archspec build --help)
-
     shape, report = tuple(x.shape[1:]), {"backend": "inductor", "options": {"freezing": True}}
     for key, variant in (("", model), ("fused_", model.fuse() if args.fuse else None)):
         if variant is None:
@@ -92,9 +93,6 @@ def first_call(model, x, threads: int, option: str):
         SpecError: at ``option``: the capture or the compilation failed -- most often Inductor's CPU backend
             finding no working C++ compiler -- with the first line of torch's reason.
     """
-
-    import torch  # noqa: PLC0415 - torch-free until a build runs (archspec build --help)
-
     before = torch.get_num_threads()
     torch.set_num_threads(threads)  # Inductor generates its kernels for the thread count of the first call
     try:
@@ -121,11 +119,6 @@ def int8_report(model, x, logits, args):
     Raises:
         SpecError: at ``--calibrate`` (the data), ``--int8`` (what :func:`archspec.deploy.int8.quantize` refuses;
             a compilation that fails, :func:`first_call`)."""
-    import torch  # noqa: PLC0415 - torch-free until a build runs (archspec build --help)
-
-    from archspec.deploy.int8 import BACKEND, load_calibration, quantize  # noqa: PLC0415 - torch-free until a build runs (archspec build --help)
-    from archspec.diagnostics.timing import measure_forward  # noqa: PLC0415 - torch-free until a build runs (archspec build --help)
-
     spec = model.spec
     batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),
                                             args.calibration_batches)

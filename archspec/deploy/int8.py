@@ -29,6 +29,7 @@ rebuilds the identical int8 model from them without the calibration data (steps 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -47,7 +49,7 @@ from torch import nn
 from archspec._version import __version__
 from archspec.diagnostics.timing import inductor_options
 from archspec.errors import SpecError
-from archspec.io.artifact import save, save_weights_dict, spec_digest
+from archspec.io.artifact import load, save, save_weights_dict, spec_digest
 from archspec.io.builddir import INT8_FILE
 from archspec.io.datasets import load_data
 from archspec.nn.fuse import fuse_model
@@ -69,6 +71,27 @@ _FLOAT_KEPT = ("matmul", "bmm", "baddbmm", "scaled_dot_product_attention", "soft
                "gelu", "hardswish")
 
 
+@functools.lru_cache(maxsize=1)
+def _torchao() -> SimpleNamespace:
+    """torchao's PT2E pieces, imported the first time int8 is asked for (importing torchao takes about 0.5 s, which
+    no float build or load should pay): ``version``, ``prepare_pt2e``, ``convert_pt2e``, ``X86InductorQuantizer``,
+    ``get_default_x86_inductor_quantization_config``.
+
+    Raises:
+        ImportError: torchao is missing or too old (:func:`require_backend` turns it into a located message).
+    """
+    import torchao  # noqa: PLC0415 - torchao loads when int8 is asked for (above)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e  # noqa: PLC0415 - as above
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (  # noqa: PLC0415 - as above
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    return SimpleNamespace(version=torchao.__version__, prepare_pt2e=prepare_pt2e, convert_pt2e=convert_pt2e,
+                           X86InductorQuantizer=X86InductorQuantizer,
+                           get_default_x86_inductor_quantization_config=get_default_x86_inductor_quantization_config)
+
+
 def require_backend(option: str = "--int8") -> None:
     """Check that this machine can run the x86 int8 path: an x86-64 CPU, oneDNN (mkldnn) and torchao.
 
@@ -83,7 +106,7 @@ def require_backend(option: str = "--int8") -> None:
         raise SpecError.single((option,), "this torch build has no oneDNN (mkldnn), which the x86 int8 kernels need",
                                "install the standard torch wheel from PyPI")
     try:
-        import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401, PLC0415 - torchao loads when int8 is asked for
+        _torchao()
     except ImportError:
         raise SpecError.single((option,), "int8 quantisation needs torchao (PyTorch's quantisation library)",
                                "pip install 'torchao>=0.11'") from None
@@ -178,17 +201,12 @@ def needs_reduce_range() -> bool:
 def _prepare(model: nn.Module, example: torch.Tensor, reduce_range: bool) -> tuple[torch.fx.GraphModule, nn.Module]:
     """Fold, export and insert the observers (7-bit activations with ``reduce_range``): ``(prepared graph,
     folded float model)``."""
-    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e  # noqa: PLC0415 - torchao: int8 only
-    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (  # noqa: PLC0415 - int8 only
-        X86InductorQuantizer,
-        get_default_x86_inductor_quantization_config,
-    )
-
+    ao = _torchao()
 
     folded = fuse_model(model).cpu()  # LeViT sec. 5.3: BatchNorms folded before quantisation (a copy, eval mode)
-    config = get_default_x86_inductor_quantization_config(reduce_range=reduce_range)
-    quantizer = X86InductorQuantizer().set_global(config)
-    return prepare_pt2e(_export(folded, example), quantizer), folded
+    config = ao.get_default_x86_inductor_quantization_config(reduce_range=reduce_range)
+    quantizer = ao.X86InductorQuantizer().set_global(config)
+    return ao.prepare_pt2e(_export(folded, example), quantizer), folded
 
 
 def _observers(prepared: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
@@ -351,7 +369,7 @@ def quantize(model: nn.Module, calibration_batches: Iterable[Any], *, compile: b
     """
     require_backend()
     batches = _collect(calibration_batches, _input_shape(model))
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e  # noqa: PLC0415 - torchao: int8 only
+    convert_pt2e = _torchao().convert_pt2e
 
     reduce_range = needs_reduce_range() if reduce_range is None else bool(reduce_range)
     was = model.training
@@ -432,9 +450,7 @@ def save_quantized(model: QuantizedModel, directory: str | os.PathLike) -> Path:
 
 
 def _provenance(calibration: dict) -> dict:
-    import torchao  # noqa: PLC0415 - torchao loads when int8 is asked for
-
-    return {"backend": BACKEND, "torch": torch.__version__, "torchao": torchao.__version__,
+    return {"backend": BACKEND, "torch": torch.__version__, "torchao": _torchao().version,
             "calibration": calibration}
 
 
@@ -450,11 +466,8 @@ def load_quantized(directory: str | os.PathLike, compile: bool = True,
             of another model or another torch / torchao version whose graph differs, and everything
             :func:`archspec.load` raises; what :func:`quantize` refuses.
     """
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e  # noqa: PLC0415 - torchao: int8 only
-
-    from archspec.io.artifact import load, spec_digest  # noqa: PLC0415 - io.artifact imports this module (int8 artifacts)
-
     require_backend()
+    convert_pt2e = _torchao().convert_pt2e
     directory = Path(directory)
     path = directory / INT8_FILE
     float_model = load(directory, allow_spec_change=allow_spec_change)
@@ -481,10 +494,8 @@ def load_quantized(directory: str | os.PathLike, compile: bool = True,
                                    "--int8`", str(path))
     prepared, _ = _prepare(float_model, torch.zeros(2, *shape), reduce_range)
     if set(_observers(prepared)) != set(saved):  # (a per-channel observer's shape is set when it first observes)
-        import torchao  # noqa: PLC0415 - torchao loads when int8 is asked for
-
         raise SpecError.single((), f"its observers do not match the graph this torch {torch.__version__} / torchao "
-                                   f"{torchao.__version__} makes (saved with torch {provenance.get('torch')}, "
+                                   f"{_torchao().version} makes (saved with torch {provenance.get('torch')}, "
                                    f"torchao {provenance.get('torchao')})",
                                "calibrate again: `archspec build SPEC --int8 --calibrate DATA`", str(path))
     state = OrderedDict(saved)

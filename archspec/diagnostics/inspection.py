@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from matplotlib.figure import Figure  # the Agg canvas; no pyplot, no display
+from matplotlib.ticker import MaxNLocator
 from torch import Tensor, nn
 
 from archspec.diagnostics.metrics import (
@@ -110,8 +112,6 @@ def _per_head_lines(ax, layers: list[dict], key: str, ylabel: str) -> None:
 
 
 def _figure(title: str, ncols: int = 1):
-    from matplotlib.figure import Figure  # noqa: PLC0415 - the Agg canvas; no pyplot, no display
-
     fig = Figure(figsize=(max(6.0, 3.2 * ncols), 4.0), layout="constrained")
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     fig.suptitle(title)
@@ -133,8 +133,6 @@ def _plot_gating(path: Path, name: str, layers: list[dict]) -> None:
 
 
 def _plot_similarity(path: Path, name: str, runs: list[dict]) -> None:
-    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415 - matplotlib loads when a plot is drawn
-
     run = max(runs, key=lambda r: len(r["layers"]))  # the longest run of comparable layers
     sims = torch.tensor(run["per_head"])
     fig, axes = _figure(f"{name}: cross-layer similarity of attention maps (MaiT eq. 5), "

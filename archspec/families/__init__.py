@@ -9,7 +9,7 @@ A *family* is one kind of part of a model.  Its folder ``archspec/families/<fami
               leaf names an optimizer must not decay.
 ``module.py`` the ``nn.Module`` and ``build(shape) -> nn.Module``.
 
-:mod:`archspec.ir.graph` walks the spec and asks each family's rules; :mod:`archspec.nn.compiler` hands every
+:mod:`archspec.ir.walk` walks the spec and asks each family's rules; :mod:`archspec.nn.compiler` hands every
 node's shape to :func:`build` without reading the spec again.  :data:`FAMILIES` is the registry: a new
 family is a folder plus a line here (the checklist is in ``docs/architecture.md``).  This module and every
 ``rules.py`` import no torch, so ``archspec validate`` never does; a family's ``module.py`` is imported the

@@ -13,6 +13,7 @@ import stat
 import warnings
 from pathlib import Path
 
+import matplotlib  # the photograph's home (its sample data); no pyplot, no backend is chosen
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -24,8 +25,6 @@ from archspec.errors import SpecError
 
 def default_image_path() -> Path:
     """Path of the embedded photograph (matplotlib's ``grace_hopper.jpg``)."""
-    import matplotlib  # noqa: PLC0415 - loaded when an image is read
-
     return Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
 
 

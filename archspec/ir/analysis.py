@@ -1,7 +1,7 @@
 """Static analysis of a spec: parameters, MACs and a per-layer table, from the IR alone (no weights).
 
 MACs follow the papers' "FLOPs" convention (multiply-accumulates; attention matmuls included), see
-:mod:`archspec.ir.graph` for the exact counting rules.  ``macs_executed`` is what the compiled model runs with
+:mod:`archspec.ir.plan` for the exact counting rules.  ``macs_executed`` is what the compiled model runs with
 ``attn_impl='auto'``: hard-masked heads on the linear-time path
 (MaiT sec. 5.3, :mod:`archspec.families.attention.rules`)
 count their window work instead of ``N^2``; GPSA heads add their ``P @ v`` (``N^2 v_dim``).  BatchNorm counts
@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from archspec.ir.graph import build_graph, nodes_in_order
 from archspec.ir.loader import load_spec
+from archspec.ir.plan import Plan, build_plan
 from archspec.spec import ArchSpec
 
 
@@ -38,7 +38,7 @@ class LayerRow:
 class Analysis:
     """Totals and per-layer rows of a spec.  ``params`` counts parameters; ``macs`` is per image.
 
-    Memory estimates of a batch-1 float32 inference forward, in bytes (rule: :mod:`archspec.ir.graph`):
+    Memory estimates of a batch-1 float32 inference forward, in bytes (rule: :mod:`archspec.ir.plan`):
     ``peak_activation_bytes`` the input image plus the largest set of activations alive at once
     (at layer ``peak_layer``); ``weight_bytes`` 4 per parameter; ``buffer_bytes`` index/mask tables
     and eval-mode caches; ``peak_memory_bytes`` their sum, the figure the memory limit applies to.
@@ -78,27 +78,27 @@ def analyze(spec: ArchSpec | str | os.PathLike | dict) -> Analysis:
         SpecError: the spec is invalid (shape problems).
     """
     spec = spec if isinstance(spec, ArchSpec) else load_spec(spec, check=False)
-    graph = build_graph(spec)
+    plan = build_plan(spec)
     rows = [
         LayerRow(layer=n["name"], kind=n["label"], heads=n["heads"], tokens=n["tokens"], grid=tuple(n["grid"]),
                  dim=n["dim"], params=n["params"], macs=n["macs"], macs_executed=n["macs_executed"])
-        for n in nodes_in_order(graph) if n["kind"] not in ("input",)
+        for n in plan.nodes if n["kind"] not in ("input",)
     ]
     h, w = spec.input.resolution
-    totals = graph.graph
+    totals = plan.totals
     return Analysis(name=spec.name, params=totals["params"], macs=totals["macs"],
                     input_shape=(spec.input.channels, h, w), output_shape=totals["output"], rows=rows,
                     peak_activation_bytes=totals["peak_activation_bytes"], peak_layer=totals["peak_node"],
                     weight_bytes=totals["weight_bytes"], buffer_bytes=totals["buffer_bytes"],
                     peak_memory_bytes=totals["peak_memory_bytes"],
                     saved_activation_bytes=totals["saved_activation_bytes"], macs_executed=totals["macs_executed"],
-                    params_folded=totals["params"] - _folded_away(graph), conv_macs=totals["conv_macs"],
+                    params_folded=totals["params"] - _folded_away(plan), conv_macs=totals["conv_macs"],
                     token_macs=totals["token_macs"])
 
 
-def _folded_away(graph) -> int:
+def _folded_away(plan: Plan) -> int:
     """Parameters that ``model.fuse()`` removes: BatchNorm's ``weight`` and ``bias`` (2C) become the bias (C) of
     the bias-free linear / conv before it, so C per BatchNorm (``bn_channels``); one folded into a layer's existing
     bias -- the head's BatchNorm before its linear (timm ``NormLinear``), a bottleneck's ``bn2`` after its
-    attention's output projection -- saves 2C (``bn_channels_into_bias``).  Counted from the graph's nodes."""
-    return sum(n.get("bn_channels", 0) + 2 * n.get("bn_channels_into_bias", 0) for n in nodes_in_order(graph))
+    attention's output projection -- saves 2C (``bn_channels_into_bias``).  Counted from the plan's records."""
+    return sum(n.get("bn_channels", 0) + 2 * n.get("bn_channels_into_bias", 0) for n in plan.nodes)

@@ -1,19 +1,22 @@
 """Loading a spec that is known to compile: the schema (:mod:`archspec.spec`) then the shape checks
-(:mod:`archspec.ir.graph`).
+(:mod:`archspec.ir.plan`).
 
-This module sits after both, so the import order reads top to bottom -- yaml -> spec -> graph ->
-loader -> compiler -> model -- with no circle (spec.py used to import the graph lazily for these checks).
+This module sits after both, so the import order reads top to bottom -- yaml -> spec -> walk -> plan ->
+loader -> compiler -> model -- with no circle (spec.py used to import the graph lazily for these checks).  It
+imports neither torch nor networkx.  :func:`with_resolution` gives a spec at another input size, re-checked
+(the compiler's ``img_size`` and ``ArchModel.set_input_size``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 
-from archspec.errors import SpecError
-from archspec.ir.graph import check_spec
+from archspec.errors import Problem, SpecError
+from archspec.ir.plan import check_spec
 from archspec.spec import ArchSpec, parse_spec
 
-__all__ = ["load_spec"]
+__all__ = ["load_spec", "with_resolution"]
 
 
 def load_spec(source: str | os.PathLike | dict | ArchSpec, check: bool = True,
@@ -27,12 +30,12 @@ def load_spec(source: str | os.PathLike | dict | ArchSpec, check: bool = True,
             an existing file or ends in ``.yaml`` / ``.yml`` -- starts with ``{``, ``[`` or ``---`` or
             holds ``key: value`` (``"{name: t, stages: ...}"``); otherwise it is a path or a shipped name
             (:func:`archspec.spec.yaml_source.is_yaml_text`).
-        check: also run the shape checks of :func:`archspec.ir.graph.build_graph` (token grids,
+        check: also run the shape checks of :func:`archspec.ir.plan.build_plan` (token grids,
             windows, head arithmetic) and the memory limit.  ``False`` gives schema validation only.  The
-            checked spec carries the graph it was checked with: a later ``build_graph`` (analysis, compile,
-            the search's static check and proxy) reuses it while the spec is unchanged.
+            plan it was checked with is kept by the spec's content: a later ``build_plan`` or ``build_graph``
+            (analysis, compile, the search's static check and proxy) reuses it while the spec is unchanged.
         max_memory: with ``check``, the limit in bytes on the estimated memory of a batch-1 float32
-            forward (:func:`archspec.ir.graph.check_memory`); ``None``: ``archspec.ir.graph.DEFAULT_MAX_MEMORY``
+            forward (:func:`archspec.ir.plan.check_memory`); ``None``: ``archspec.ir.plan.DEFAULT_MAX_MEMORY``
             (8 GiB); ``math.inf``: no limit.
 
     Raises:
@@ -46,3 +49,20 @@ def load_spec(source: str | os.PathLike | dict | ArchSpec, check: bool = True,
         if problems:
             raise SpecError(problems).located(locator)
     return spec
+
+
+def with_resolution(spec: ArchSpec, img_size: int | Sequence[int]) -> ArchSpec:
+    """``spec`` at input resolution ``img_size`` (an int or ``(H, W)`` in pixels), fully re-checked.
+
+    Raises:
+        SpecError: the spec is invalid at that size; every problem names the size.
+    """
+
+    size = tuple(int(v) for v in (img_size if isinstance(img_size, Iterable) else (img_size, img_size)))
+    data = spec.model_dump()
+    data["input"] = {**data["input"], "resolution": size}
+    try:
+        return load_spec(data)
+    except SpecError as exc:
+        raise SpecError([Problem(p.path, f"{p.message} (at img_size {size[0]}x{size[1]})", p.hint, p.file, p.line,
+                                 p.column) for p in exc.problems]) from None

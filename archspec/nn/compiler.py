@@ -1,27 +1,33 @@
 """Step 3 of 3 (spec -> graph -> **compile**), the compiler: turn the IR into an :class:`~archspec.nn.model.ArchModel`.
 
-Each graph node carries its family and typed shape (:mod:`archspec.families`); the compiler hands the shape
-to the family's ``build`` and never reads the spec again.  The walk is in execution order and runs under
-``torch.manual_seed(spec.seed)`` inside a forked RNG, so the same spec gives bitwise identical initial weights
-and the caller's random state is left untouched.
+Each node record of the IR's plan (:mod:`archspec.ir.plan`) carries its family and typed shape
+(:mod:`archspec.families`); the compiler hands the shape to the family's ``build``, and the model's structure
+(stage counts and widths, the token grid, the tokens, the head: :func:`archspec.nn.layout.layout_of`) is read
+from the records too.  The spec is read for its seed only, and kept on the model as metadata (``model.spec``).
+The walk is in execution order and runs under ``torch.manual_seed(spec.seed)`` inside a forked RNG, so the same
+spec gives bitwise identical initial weights and the caller's random state is left untouched.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from archspec.errors import SpecError
 from archspec.families import build
-from archspec.ir.graph import build_graph, check_memory, nodes_in_order
-from archspec.ir.loader import load_spec
-from archspec.nn.model import ArchModel, Stage, with_resolution
+from archspec.ir.graph import graph_of
+from archspec.ir.loader import load_spec, with_resolution
+from archspec.ir.plan import build_plan, check_memory
+from archspec.nn.layout import layout_of
+from archspec.nn.model import ArchModel, Stage
 from archspec.spec import ArchSpec
 
 
-def _stages(nodes: list[dict], n_stages: int) -> list[Stage]:
+def _stages(nodes: Sequence[Mapping[str, Any]], n_stages: int) -> list[Stage]:
     """The model's stages in execution order: each one's shrinking attention and blocks, then CaiT's
     class-attention stage when the IR has one (it runs after the class token is inserted)."""
     stages = []
@@ -47,8 +53,8 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
 
     Args:
         max_memory: limit in bytes on the estimated memory of a batch-1 float32 forward (weights,
-            buffers, peak activations; :func:`archspec.ir.graph.check_memory`); ``None`` takes
-            :data:`archspec.ir.graph.DEFAULT_MAX_MEMORY` (8 GiB), ``math.inf`` disables it.
+            buffers, peak activations; :func:`archspec.ir.plan.check_memory`); ``None`` takes
+            :data:`archspec.ir.plan.DEFAULT_MAX_MEMORY` (8 GiB), ``math.inf`` disables it.
         img_size: input resolution in pixels (an int or ``(H, W)``, timm's name) replacing the spec's
             ``input.resolution``; the spec is re-checked at that size.
         drop_rate: dropout before the classifier (timm's ``drop_rate``); not stored in the spec.
@@ -59,31 +65,21 @@ def compile(spec: ArchSpec | str | os.PathLike | dict, max_memory: float | None 
     spec = load_spec(spec, check=False) if not isinstance(spec, ArchSpec) else spec
     if img_size is not None:
         spec = with_resolution(spec, img_size)
-    graph = build_graph(spec)
-    problems = check_memory(graph, max_memory)
+    plan = build_plan(spec)
+    problems = check_memory(plan, max_memory)
     if problems:
         raise SpecError(problems)
-    nodes = nodes_in_order(graph)
-    stem = next(n for n in nodes if n["kind"] == "stem")
-    # the tokens (class/distillation tokens, position embedding): a conv net has none
-    embed = next((n for n in nodes if n["kind"] == "embed"), None)
+    nodes, layout = plan.nodes, layout_of(plan)
     # a hybrid's map -> tokens node (LeViT sec. 3.2 grafting), between its conv and attention stages
-    interface = next((n for n in nodes if n["kind"] == "interface"), None)
+    interface = plan.first("interface")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        stem_module = build("stem", stem["shape"])
-        stages = _stages(nodes, len(spec.stages))
+        stem_module = build("stem", plan.first("stem")["shape"])
+        stages = _stages(nodes, layout.n_stages)
         interface_module = build("interface", interface["shape"]) if interface is not None else None
         # a conv tail's tokens -> map node (conv stages after the attention stages)
-        to_map = next((build("interface", n["shape"]) for n in nodes if n["kind"] == "to_map"), None)
-        tokens = {} if embed is None else dict(
-            cls_at=embed["tokens_plan"].cls_at, n_extra=embed["tokens_plan"].n_extra,
-            pos_embed_len=embed["pos_embed_len"], token_dim=embed["tokens_plan"].width)
-        last = spec.stages[-1]
-        ends_on_map = spec.is_convnet or spec.has_conv_tail
-        model = ArchModel(spec, stem_module, stages,
-                          dim_in=spec.stages[spec.n_conv_stages].dim if embed is not None else None,
-                          dim_out=last.channels if ends_on_map else last.dim, drop_rate=drop_rate,
-                          n_conv_stages=spec.n_conv_stages, interface=interface_module, to_map=to_map, **tokens)
-    model.analysis = graph
+        to_map = next((build("interface", n["shape"]) for n in plan.of_kind("to_map")), None)
+        model = ArchModel(spec, layout, stem_module, stages, drop_rate=drop_rate, interface=interface_module,
+                          to_map=to_map)
+    model.analysis = graph_of(plan)
     return model

@@ -14,7 +14,7 @@ It is built by :func:`archspec.compile`; the constructor takes already-built par
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -25,22 +25,20 @@ from timm.layers import PatchEmbed, register_notrace_module, resample_abs_pos_em
 from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 
-from archspec.errors import Problem, SpecError
 from archspec.families import no_weight_decay_leaves
 from archspec.families.attention.module import Attention, ZeroPadTokens
 from archspec.families.attention.rules import RESAMPLED_TABLES
-from archspec.families.attention.tables import resample_bias_table
-from archspec.families.conv_block import rules as conv_blocks
 from archspec.families.conv_block.module import ConvGPSA, MapAttention
 from archspec.families.conv_mixer.module import ConvMixer
 from archspec.families.head.module import build_classifier
 from archspec.families.head.rules import classifier_names
-from archspec.families.interface import rules as interface
 from archspec.families.shrink.module import ShrinkBlock
 from archspec.families.stem import rules as stems
 from archspec.families.stem.module import IdentityStem
-from archspec.ir.loader import load_spec
+from archspec.ir.loader import with_resolution
+from archspec.ir.plan import build_plan
 from archspec.nn.fuse import fuse_model
+from archspec.nn.layout import ModelLayout, layout_of
 from archspec.spec import ArchSpec
 
 # Token mixers, the identity stem and the mixers in a bottleneck's conv2 (T-CNN's GPSA builds its pixel grid from
@@ -82,80 +80,79 @@ class ArchModel(nn.Module):
     ``nn.Linear`` with torch's default init, as timm ResNet leaves it); see
     :func:`archspec.timm.convert.resnet_key_from_timm` for the key mapping.
 
-    Args (besides the built parts): ``dim_in`` the width of the first token stage (None: a conv net, no token
-    stages); ``dim_out`` the width of the last stage (channels when it is a conv stage); ``cls_at`` the
-    global block index before which the class (and distillation) token is prepended (0: after the stem,
-    None: no class token); ``n_extra`` the number of such tokens; ``pos_embed_len`` tokens covered by
-    the position embedding (0: none); ``token_dim`` their width (default ``dim_in``; the width of the
-    stage they enter when inserted later); ``drop_rate`` dropout on the pooled features before the
-    classifier (timm ViT's ``head_drop``; not part of the spec, like timm's ``drop_rate`` kwarg);
-    ``n_conv_stages`` and ``interface`` for a hybrid (LeViT sec. 3.2 grafting): the first ``n_conv_stages`` of
-    ``stages`` are conv stages run on the stem's feature map, ``interface`` turns their map into the tokens
-    ``(B, N, C)`` the class token and position embedding join (family ``interface``; None for a conv net, whose
-    ``n_conv_stages`` is ``len(stages)``: its last map goes to the head); ``to_map`` for a conv tail
-    (conv stages after the attention stages, from ``spec.tail_start``): it drops the class/distillation tokens and
-    lays the rest out as a map ``(B, C, gh, gw)`` on the last token grid; the tail's conv stages run on it and the
-    head is timm ResNet's (average pool + classifier, no norm), so ``forward_features`` returns a map.
+    Args (besides the built parts): ``spec`` the spec it was compiled from, kept as metadata (``model.spec``, as
+    timm keeps ``pretrained_cfg``; the model's structure is not read from it); ``layout`` its structure, read from
+    the IR's plan (:func:`archspec.nn.layout.layout_of`): stage counts and widths, the token grid, where the
+    class (and distillation) token is prepended (``cls_at``: the global block index; 0 after the stem, None
+    never) and how many, the position embedding's length, the head's options; ``drop_rate`` dropout on the
+    pooled features before the classifier (timm ViT's ``head_drop``; not part of the spec, like timm's
+    ``drop_rate`` kwarg); ``interface`` for a hybrid (LeViT sec. 3.2 grafting): the first
+    ``layout.n_conv_stages`` of ``stages`` are conv stages run on the stem's feature map, ``interface`` turns
+    their map into the tokens ``(B, N, C)`` the class token and position embedding join (family ``interface``;
+    None for a conv net, whose ``n_conv_stages`` is ``len(stages)``: its last map goes to the head); ``to_map``
+    for a conv tail (conv stages after the attention stages, from ``layout.tail_start``): it drops the
+    class/distillation tokens and lays the rest out as a map ``(B, C, gh, gw)`` on the last token grid; the tail's
+    conv stages run on it and the head is timm ResNet's (average pool + classifier, no norm), so
+    ``forward_features`` returns a map.
 
     The constructor raises nothing of its own: :func:`archspec.compile` checks the spec and builds the parts.
 
     Attributes:
-        spec: the :class:`~archspec.spec.ArchSpec` it was compiled from (``model.spec.to_yaml()``).
+        spec: the :class:`~archspec.spec.ArchSpec` it was compiled from (``model.spec.to_yaml()``), metadata.
+        layout: its :class:`~archspec.nn.layout.ModelLayout` (from the IR's plan).
         num_classes, num_features, num_prefix_tokens, global_pool: as in timm.
         ends_on_map: whether the last stage is a conv stage (a conv net or a conv tail): ``forward_features``
             returns a map and the head is timm ResNet's.
     """
 
-    def __init__(self, spec: ArchSpec, stem: nn.Module, stages: Sequence[Stage], dim_in: int | None, dim_out: int,
-                 cls_at: int | None = None, n_extra: int = 0, pos_embed_len: int = 0, token_dim: int | None = None,
-                 drop_rate: float = 0.0, n_conv_stages: int = 0, interface: nn.Module | None = None,
-                 to_map: nn.Module | None = None):
+    def __init__(self, spec: ArchSpec, layout: ModelLayout, stem: nn.Module, stages: Sequence[Stage],
+                 drop_rate: float = 0.0, interface: nn.Module | None = None, to_map: nn.Module | None = None):
         super().__init__()
         self.spec = spec
+        self.layout = layout
         self.stem = stem
-        self.n_conv_stages = n_conv_stages
+        self.n_conv_stages = layout.n_conv_stages
         self.interface = interface
         self.to_map = to_map
         # the first stage of a conv tail (conv stages after the attention stages); len(stages) when none
-        self.tail_start = spec.tail_start
+        self.tail_start = layout.tail_start
         self.stages = nn.ModuleList(stages)
         # The spec's stages; a compiled CaiT has one more, its class-attention stage, after them.
-        self.n_patch_stages = len(spec.stages)
-        self.cls_at = cls_at
-        self.has_dist = spec.tokens.dist_token
-        self.num_prefix_tokens = n_extra
-        self.global_pool = "token" if spec.head.pool == "cls" else "avg"
-        self.num_features = self.head_hidden_size = self.embed_dim = dim_out
+        self.n_patch_stages = layout.n_stages
+        self.cls_at = layout.cls_at
+        self.has_dist = layout.has_dist
+        self.num_prefix_tokens = layout.n_extra
+        self.global_pool = "token" if layout.pool == "cls" else "avg"
+        self.num_features = self.head_hidden_size = self.embed_dim = layout.dim_out
         # a conv net or a conv tail ends on a map: timm ResNet's head (average pool + classifier, no norm)
-        self.ends_on_map = spec.is_convnet or spec.has_conv_tail
+        self.ends_on_map = layout.ends_on_map
         # a conv net's classifier is timm ResNet's fc (torch's default init); the others' timm ViT's / LeViT's
-        self._resnet_fc = spec.is_convnet
-        token_stages = spec.stages[spec.n_conv_stages:spec.tail_start]  # none in a conv net
-        last_tokens = token_stages[-1] if token_stages else None  # the last attention stage
-        self.batchnorm_head = not self.ends_on_map and last_tokens.norm == "batchnorm"
-        self.distilled = spec.head.distillation
+        self._resnet_fc = layout.is_convnet
+        self.batchnorm_head = layout.batchnorm_head
+        self.distilled = layout.distilled
         self.distilled_training = False
         self.grad_checkpointing = False
         self.dynamic_img_size = False
-        self.patch_grid = stem_grid(spec, spec.input.resolution)
+        self.patch_grid = layout.patch_grid
 
         # A class token inserted before a later block has that block's width (after a shrink, not dim_in).
-        token_dim = dim_in if token_dim is None else token_dim
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, token_dim)) if cls_at is not None else None
+        token_dim = layout.token_dim
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, token_dim)) if layout.cls_at is not None else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, token_dim)) if self.has_dist else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, pos_embed_len, dim_in)) if pos_embed_len else None
+        self.pos_embed = (nn.Parameter(torch.zeros(1, layout.pos_embed_len, layout.dim_in)) if layout.pos_embed_len
+                          else None)
         # layernorm family as timm ViT: final norm before token pooling, fc_norm after mean pooling
-        layernorm = not self.batchnorm_head and not self.ends_on_map  # timm ResNet's head has no norm
-        eps = last_tokens.norm_eps if layernorm else None
+        layernorm = layout.norm_eps is not None  # timm ResNet's head and LeViT's BatchNorm head have none
+        eps, dim_out = layout.norm_eps, layout.dim_out
         self.norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "token" else nn.Identity()
         self.fc_norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "avg" else nn.Identity()
         self._init_tokens()
         self.drop_rate = drop_rate
         # timm ViT's head_drop; timm LeViT's NormLinear head has its own dropout (head.drop) instead.
         self.head_drop = None if self.batchnorm_head else nn.Dropout(drop_rate)
-        self.reset_classifier(spec.head.num_classes)
+        self.reset_classifier(layout.num_classes)
         self.feature_info = self._feature_info()
-        self.pretrained_cfg = self.default_cfg = default_pretrained_cfg(spec)
+        self.pretrained_cfg = self.default_cfg = default_pretrained_cfg(layout)
 
     # ----------------------------------------------------------------------------- init / timm API
     def _init_tokens(self) -> None:
@@ -201,9 +198,10 @@ class ArchModel(nn.Module):
                 raise ValueError(f"global_pool must be {allowed}, got {global_pool!r}{why}")
             self.global_pool = global_pool
         self._num_classes = num_classes
-        if num_classes != self.spec.head.num_classes:  # keep model.spec true to the model
+        if num_classes != self.spec.head.num_classes:  # keep model.spec (and its layout) true to the model
             self.spec = self.spec.model_copy(
                 update={"head": self.spec.head.model_copy(update={"num_classes": num_classes})})
+            self.layout = dataclasses.replace(self.layout, num_classes=num_classes)
         self.head = self._make_head(num_classes)
         self.head_dist = self._make_head(num_classes) if self.distilled else None
 
@@ -241,7 +239,7 @@ class ArchModel(nn.Module):
         A hybrid runs its conv stages on the stem's map first (appending to ``taken`` the maps of the levels in
         ``take``, as tokens) and turns the last map into tokens through its interface; a conv net (conv stages
         only, no interface) returns its last map ``(B, C, H', W')``."""
-        grid = stem_grid(self.spec, x.shape[-2:]) if self.dynamic_img_size else self.patch_grid
+        grid = self.layout.token_grid(x.shape[-2:]) if self.dynamic_img_size else self.patch_grid
         x = self.stem(x)
         for s, stage in enumerate(self.stages[:self.n_conv_stages]):
             for block in stage.blocks:
@@ -358,22 +356,23 @@ class ArchModel(nn.Module):
     def _feature_info(self) -> list[dict[str, Any]]:
         """timm ``feature_info``: one entry per block (one-stage token models, as timm ViT) or per stage (LeViT,
         ResNet: a conv stage's channels and its reduction of the input)."""
-        reduction, info = stem_reduction(self.spec), []
-        for s, stage_spec in enumerate(self.spec.stages[:self.n_conv_stages]):  # a hybrid's conv stages
-            reduction *= stage_spec.stride
-            info.append(dict(num_chs=stage_spec.channels, reduction=reduction, module=f"stages.{s}"))
+        layout = self.layout
+        reduction, info = layout.stem_reduction, []
+        for s in range(self.n_conv_stages):  # a hybrid's conv stages
+            reduction *= layout.stage_strides[s]
+            info.append(dict(num_chs=layout.stage_dims[s], reduction=reduction, module=f"stages.{s}"))
         if self.interface is not None:  # the interface's pooling
-            reduction = self.spec.input.resolution[0] // self.patch_grid[0]
+            reduction = layout.input_size[1] // self.patch_grid[0]
         for s, stage in enumerate(self.stages[:self.n_patch_stages]):  # CaiT's class attention is no level
             if s < self.n_conv_stages:
                 continue
             if self.to_map is not None and s >= self.tail_start:  # a conv tail's stage
-                reduction *= self.spec.stages[s].stride
-                info.append(dict(num_chs=self.spec.stages[s].channels, reduction=reduction, module=f"stages.{s}"))
+                reduction *= layout.stage_strides[s]
+                info.append(dict(num_chs=layout.stage_dims[s], reduction=reduction, module=f"stages.{s}"))
                 continue
             if not isinstance(stage.downsample, nn.Identity):
                 reduction *= 2
-            dim = self.spec.stages[s].dim
+            dim = layout.stage_dims[s]
             if self._per_block_levels():
                 info += [dict(num_chs=dim, reduction=reduction, module=f"stages.0.blocks.{b}")
                          for b in range(len(stage.blocks))]
@@ -517,16 +516,17 @@ class ArchModel(nn.Module):
             SpecError: the spec is invalid at ``img_size`` (say, a grid smaller than a mask window).
             ValueError: a ``patch_size`` other than the stem's (a patch resize is not supported).
         """
-        stem_patch = getattr(self.spec.stem, "patch_size", None)
+        stem_patch = self.layout.stem_patch_size
         if patch_size is not None and to_2tuple(patch_size) != to_2tuple(stem_patch):
             raise ValueError(f"changing the patch size is not supported (the stem's is {self.spec.stem})"
-                             if stem_patch is not None else f"a {self.spec.stem.kind} stem has no patch size")
+                             if stem_patch is not None else f"a {self.layout.stem_kind} stem has no patch size")
         if img_size is None:
             return
-        spec = with_resolution(self.spec, img_size)
-        grid = stem_grid(spec, spec.input.resolution)
+        spec = with_resolution(self.spec, img_size)  # re-checked: its plan is the model's at the new size
+        layout = layout_of(build_plan(spec))
+        grid = layout.patch_grid
         if isinstance(self.stem, PatchEmbed):
-            self.stem.set_input_size(img_size=spec.input.resolution)
+            self.stem.set_input_size(img_size=layout.input_size[1:])
             self.stem.grid = tuple(self.stem.grid_size)
         if self.pos_embed is not None and grid != self.patch_grid:
             prefix = self.num_prefix_tokens if self.cls_at == 0 else 0
@@ -535,8 +535,8 @@ class ArchModel(nn.Module):
             self.pos_embed = nn.Parameter(resized, requires_grad=self.pos_embed.requires_grad)
         self._set_block_grids(grid)
         self.patch_grid = grid
-        self.spec = spec
-        self.pretrained_cfg = {**self.pretrained_cfg, "input_size": (spec.input.channels, *spec.input.resolution)}
+        self.spec, self.layout = spec, layout
+        self.pretrained_cfg = {**self.pretrained_cfg, "input_size": layout.input_size}
         self.default_cfg = self.pretrained_cfg
 
     def set_dynamic_img_size(self, enable: bool = True) -> None:
@@ -562,98 +562,20 @@ class ArchModel(nn.Module):
             self.stem.strict_img_size = not enable
 
 
-def default_pretrained_cfg(spec: ArchSpec) -> dict[str, Any]:
-    """timm pretrained cfg (data config) of a spec: its input size and classes, ImageNet mean/std, bicubic 0.875
-    crop as timm's DeiT (a conv net: bilinear, as timm's ResNet); no weight source (archspec publishes no weights).
+def default_pretrained_cfg(layout: ModelLayout) -> dict[str, Any]:
+    """timm pretrained cfg (data config) of a model of ``layout`` (:func:`archspec.nn.layout.layout_of`): its input
+    size and classes, ImageNet mean/std, bicubic 0.875 crop as timm's DeiT (a conv net: bilinear, as timm's
+    ResNet); no weight source (archspec publishes no weights).
 
     ``classifier`` and ``first_conv`` name the real modules (the head's and the stem's rules), so timm's
     ``load_pretrained`` drops the classifier for another ``num_classes`` and adapts the first convolution for
     another ``in_chans`` (``timm.models.adapt_input_conv``) as it does for its own models.  A conv net's is timm
     ResNet's: its ``fc`` is archspec's ``head``, its ``conv1`` the stem's.  Raises nothing."""
-    ends_on_map = spec.is_convnet or spec.has_conv_tail  # timm ResNet's head: a plain Linear
-    return {"input_size": (spec.input.channels, *spec.input.resolution), "num_classes": spec.head.num_classes,
+    return {"input_size": layout.input_size, "num_classes": layout.num_classes,
             "mean": IMAGENET_DEFAULT_MEAN, "std": IMAGENET_DEFAULT_STD, "crop_pct": 0.875,
-            "interpolation": "bilinear" if spec.is_convnet else "bicubic",
-            "classifier": classifier_names(not ends_on_map and spec.stages[spec.tail_start - 1].norm == "batchnorm",
-                                           spec.head.distillation),
-            "first_conv": stems.first_conv_name(spec.stem.kind, getattr(spec.stem, "deep", False))}
-
-
-def _conv_layers(spec: ArchSpec) -> int:
-    return len(spec.stem.channels or [0] * stems.DEFAULT_CONV_LAYERS) if spec.stem.kind == "conv" else 0
-
-
-def stem_reduction(spec: ArchSpec) -> int:
-    """Pixels per token side after the stem: the patch size, or ``2 ** layers`` for LeViT's conv stem."""
-    return stems.reduction(spec.stem.kind, getattr(spec.stem, "patch_size", None), _conv_layers(spec))
-
-
-def stem_grid(spec: ArchSpec, img_size: Sequence[int]) -> tuple[int, int]:
-    """Token grid ``(H, W)`` the stem makes of an image of ``img_size`` pixels
-    (:func:`archspec.families.stem.rules.grid`); for a hybrid the grid its interface makes of the last conv
-    stage's map (:func:`archspec.families.interface.rules.token_grid`), where the token stages start."""
-    grid = stems.grid(spec.stem.kind, img_size, getattr(spec.stem, "patch_size", None), _conv_layers(spec))
-    if not spec.is_hybrid:
-        return grid
-    for stage in spec.stages[:spec.n_conv_stages]:
-        grid = conv_blocks.strided_grid(grid, stage.stride)
-    return interface.token_grid(spec.stages[spec.n_conv_stages].from_map, grid)
-
-
-def with_resolution(spec: ArchSpec, img_size: int | Sequence[int]) -> ArchSpec:
-    """``spec`` at input resolution ``img_size`` (an int or ``(H, W)`` in pixels), fully re-checked.
-
-    Raises:
-        SpecError: the spec is invalid at that size; every problem names the size.
-    """
-
-    size = tuple(int(v) for v in to_2tuple(img_size))
-    data = spec.model_dump()
-    data["input"] = {**data["input"], "resolution": size}
-    try:
-        return load_spec(data)
-    except SpecError as exc:
-        raise SpecError([Problem(p.path, f"{p.message} (at img_size {size[0]}x{size[1]})", p.hint, p.file, p.line,
-                                 p.column) for p in exc.problems]) from None
-
-
-def _square_side(length: int, what: str) -> int:
-    side = math.isqrt(length)
-    if side * side != length:
-        raise ValueError(f"cannot resample {what}: its saved grid ({length} entries) is not square; load it at its "
-                         "own size and call set_input_size instead")
-    return side
-
-
-def resample_state_dict(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tensor]:
-    """Adapt a state dict saved at another input size to ``model``'s (timm ``checkpoint_filter_fn`` style).
-
-    Tensors whose shape differs from the model's are resampled as :meth:`ArchModel.set_input_size` does:
-    ``pos_embed`` (timm ``resample_abs_pos_embed``), LeViT ``attention_biases`` ``(h, H*W)`` and CMHSA
-    ``signed_biases`` ``(h, (2H-1)(2W-1))`` (:func:`~archspec.families.attention.tables.resample_bias_table`).  The
-    saved grids are assumed square, as timm does (a bare state dict does not record them); everything else
-    is returned unchanged, so ``load_state_dict`` still reports real mismatches.
-
-    Raises:
-        ValueError: a saved grid that is not square.
-    """
-
-    target = model.state_dict()
-    out = dict(state_dict)
-    for key, value in state_dict.items():
-        want = target.get(key)
-        if want is None or want.shape == value.shape:
-            continue
-        leaf = key.rsplit(".", 1)[-1]
-        if leaf == "pos_embed":
-            prefix = model.num_prefix_tokens if model.cls_at == 0 else 0
-            side = _square_side(value.shape[1] - prefix, key)
-            out[key] = resample_abs_pos_embed(value, new_size=list(model.patch_grid), old_size=[side, side],
-                                              num_prefix_tokens=prefix)
-        elif leaf in RESAMPLED_TABLES:  # LeViT's (H*W) or CMHSA's ((2H-1)(2W-1)) table, on its offset grid
-            side, new = _square_side(value.shape[1], key), _square_side(want.shape[1], key)
-            out[key] = resample_bias_table(value, (side, side), (new, new))
-    return out
+            "interpolation": "bilinear" if layout.is_convnet else "bicubic",
+            "classifier": classifier_names(layout.batchnorm_head, layout.distilled),
+            "first_conv": stems.first_conv_name(layout.stem_kind, layout.stem_deep)}
 
 
 class _LeafTracer(torch.fx.Tracer):

@@ -13,12 +13,14 @@ User specs are added with :func:`register`.  Models are built through timm's ``b
 ``pretrained_cfg`` / ``pretrained_cfg_overlay`` and the other keyword arguments of ``timm.create_model``
 behave as for timm's own models.  No weights are published: ``pretrained=True`` is refused unless
 ``pretrained_cfg_overlay`` names a weight source (``file=...``, e.g. an ``archspec build`` output); weights
-saved at another (square) input size are resampled on the way in (:func:`archspec.nn.model.resample_state_dict`).
+saved at another (square) input size are resampled on the way in (:func:`archspec.nn.resample.resample_state_dict`).
 
-Importing this module imports the spec parser, not torch or timm (imported on first use).  ``import archspec``
-does not import it: :func:`install` (:mod:`archspec.timm.hook`, stdlib only) registers the shipped specs right
-away if timm is already imported, otherwise as soon as it is (a one-shot post-import hook on ``sys.meta_path``),
-so ``archspec validate`` never imports torch, and ``import archspec`` not even the spec parser.
+Importing this module imports the spec parser and timm's model registry (it is imported when timm is, or by
+:func:`archspec.register`), not archspec's model code (torch-side; imported when a model is built, so ``import
+timm`` does not pay for it).  ``import archspec`` does not import it: :func:`install` (:mod:`archspec.timm.hook`,
+stdlib only) registers the shipped specs right away if timm is already imported, otherwise as soon as it is (a
+one-shot post-import hook on ``sys.meta_path``), so ``archspec validate`` never imports torch, and ``import
+archspec`` not even the spec parser.
 """
 
 from __future__ import annotations
@@ -26,8 +28,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from timm.models import build_model_with_cfg, register_model
+
 from archspec.errors import SpecError
 from archspec.ir.loader import load_spec
+from archspec.ir.plan import build_plan
+from archspec.nn.layout import layout_of
 from archspec.spec import SPEC_DIR, shipped_specs
 from archspec.timm.hook import install
 
@@ -92,7 +98,7 @@ def _default_cfg(spec: Any) -> dict[str, Any]:
     from archspec.nn.model import default_pretrained_cfg  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
 
     note = f"archspec spec {spec.name}" + (f": {spec.source}" if spec.source else "")
-    return {**default_pretrained_cfg(spec), "license": "", "notes": (note,)}
+    return {**default_pretrained_cfg(layout_of(build_plan(spec))), "license": "", "notes": (note,)}
 
 
 def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrained_cfg: Any = None,
@@ -112,8 +118,6 @@ def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrai
         ValueError: ``pretrained=True`` without a weight source in ``pretrained_cfg_overlay``.
         TypeError: an unknown keyword argument.
     """
-    from timm.models import build_model_with_cfg  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
-
     overlay = dict(pretrained_cfg_overlay or {})
     if pretrained and not any(overlay.get(key) for key in _WEIGHT_SOURCES):
         raise ValueError(f"{variant}: no pretrained weights are published for archspec models; create it with "
@@ -125,7 +129,7 @@ def create_timm_model(spec: Any, variant: str, pretrained: bool = False, pretrai
     feature_cfg = {"feature_cls": "getter", "out_indices": 3 if n_stages == 1 else tuple(range(n_stages))}
     if isinstance(pretrained_cfg, str):  # a tag: archspec models have only the default one
         pretrained_cfg = None
-    from archspec.nn.model import resample_state_dict  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
+    from archspec.nn.resample import resample_state_dict  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
 
     model = build_model_with_cfg(
         _model_factory(spec), variant, pretrained, pretrained_cfg=pretrained_cfg or _default_cfg(spec),
@@ -168,8 +172,6 @@ def register(spec: Any, name: str | None = None, check: bool = True) -> str:
 
 
 def _register(name: str, source: Any) -> str:
-    from timm.models import register_model  # noqa: PLC0415 - import archspec stays torch-free; timm models are built on request
-
     if "." in name:
         raise ValueError(f"timm model names cannot contain '.', got {name!r}")
     register_model(_entrypoint(name, source))

@@ -39,6 +39,7 @@ import torch
 from timm.optim import list_optimizers
 from torch.utils.data import DataLoader
 
+from archspec._util.imports import try_import
 from archspec._version import __version__
 from archspec.errors import SpecError
 from archspec.io.artifact import load, save
@@ -64,6 +65,9 @@ from archspec.train.streamed_data import (
     open_stream_data,
 )
 from archspec.train.teacher import load_teacher
+
+with try_import() as _fcntl:  # POSIX only: no lock where it does not exist
+    import fcntl
 
 __all__ = ["FitResult", "fit", "RUN_MARKER", "prepare_run_dir"]
 
@@ -218,9 +222,7 @@ class _RunLock:
     """An exclusive ``flock`` on the run directory for one run (``None`` fd where ``fcntl`` is missing)."""
 
     def __init__(self, out: Path):
-        try:
-            import fcntl  # noqa: PLC0415 - POSIX only
-        except ImportError:  # pragma: no cover - not POSIX
+        if not _fcntl.is_successful():  # pragma: no cover - not POSIX
             self.fd = None
             return
         self.fd = os.open(out, os.O_RDONLY)

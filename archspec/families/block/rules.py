@@ -89,7 +89,7 @@ def mlp_memory(n: int, dim: int, hidden: int, batchnorm: bool, layer_scale: bool
 
 
 def memory(shape: BlockShape) -> NodeMemory:
-    """Bytes (batch 1, float32; rule in :mod:`archspec.ir.graph`): the larger of the mixer's and the MLP's peaks,
+    """Bytes (batch 1, float32; rule in :mod:`archspec.ir.plan`): the larger of the mixer's and the MLP's peaks,
     the sum of what both save for backward, the mixer's buffers."""
     mix = _mixer_rules(shape).memory(shape.mixer)
     layer_scale = shape.layer_scale is not None and not shape.batchnorm

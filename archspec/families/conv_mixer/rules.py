@@ -36,7 +36,7 @@ def counts(shape: ConvMixerShape) -> tuple[int, int]:
 
 
 def memory(shape: ConvMixerShape) -> NodeMemory:
-    """Bytes (batch 1, float32; rule in :mod:`archspec.ir.graph`) of the conv half of a block: its input, the norm
+    """Bytes (batch 1, float32; rule in :mod:`archspec.ir.plan`) of the conv half of a block: its input, the norm
     output, the ``(B, c, H P, W P)`` copy, the conv output and the residual sum."""
     x = shape.grid[0] * shape.grid[1] * shape.dim
     return NodeMemory(act=F32 * 5 * x, saved=F32 * 4 * x)

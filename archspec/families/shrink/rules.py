@@ -119,7 +119,7 @@ def counts(shape: ShrinkShape) -> tuple[int, int]:
 
 
 def memory(shape: ShrinkShape) -> NodeMemory:
-    """Bytes (batch 1, float32; rule in :mod:`archspec.ir.graph`) of :class:`~.module.ShrinkBlock`:
+    """Bytes (batch 1, float32; rule in :mod:`archspec.ir.plan`) of :class:`~.module.ShrinkBlock`:
     ``AttentionDownsample`` (kv over ``N`` keys, q over ``Nq`` subsampled queries, logits ``(h, Nq, N)``) then the
     residual ``LevitMlp`` on ``Nq`` tokens.  Buffers: the bias index table and timm's eval-mode bias cache."""
     n, nq, v_dim, hidden = _sizes(shape)

@@ -7,7 +7,7 @@ importing even the spec parser.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from archspec.search._engine.defaults import (
     ZERO_COST_RANKINGS,
 )
 from archspec.search._evaluation.budget import Budgets, parse_quantity
+from archspec.search._evaluation.protocols import LatencyProtocol, ProxyProtocol
 
 __all__ = [
     "SearchConfig", "SearchOutcome", "complete_config", "FIDELITIES", "ZERO_COST_RANKINGS", "DEFAULT_FIDELITY",
@@ -78,7 +79,6 @@ class SearchConfig:
     oracle: Any = None                              # a table (path or shipped name): answers instead of training
     oracle_subset: bool = False                     # search only the table's designs (others: infeasible)
     verify: int = DEFAULT_VERIFY                    # front designs re-trained with a second seed (0: none)
-    budget_options: dict = field(default_factory=lambda: dict(BUDGET_OPTIONS))
 
 
 def complete_config(cfg: SearchConfig | None = None, **options: Any) -> SearchConfig:
@@ -89,17 +89,14 @@ def complete_config(cfg: SearchConfig | None = None, **options: Any) -> SearchCo
 
     Raises:
         TypeError: an unknown option or field name.
-        SpecError: a budget that is not a quantity (located at its ``--budget-*`` option).
+        SpecError: a budget that is not a quantity (located at its field, ``budgets.macs``; the command line
+            names its option).
     """
-    from archspec.search._evaluation.latency import LatencyProtocol  # noqa: PLC0415 - torch-side module
-    from archspec.search._evaluation.proxy import ProxyProtocol  # noqa: PLC0415 - torch-side module
 
     cfg = SearchConfig(**options) if cfg is None else replace(cfg, **options)
     budgets = cfg.budgets
     if budgets is None or isinstance(budgets, dict):
-        option = {"macs": "--budget-flops", "params": "--budget-params", "latency_ms": "--budget-latency",
-                  "memory": "--max-memory"}
-        budgets = Budgets(**{k: None if v is None else parse_quantity(v, option.get(k, k))
+        budgets = Budgets(**{k: None if v is None else parse_quantity(v, ("budgets", k))
                              for k, v in (budgets or {}).items()})
     protocol = cfg.protocol if not isinstance(cfg.protocol, dict | None) else ProxyProtocol(**(cfg.protocol or {}))
     latency = cfg.latency if not isinstance(cfg.latency, dict | None) else LatencyProtocol(**(cfg.latency or {}))

@@ -69,5 +69,7 @@ DEFAULT_SAMPLER_STARTUP = 6  # random trials before TPE's or the GP's model (Opt
 GEOMETRY_ATTR = "proxy_geometry"
 ZERO_COST_ATTR = "zero_cost"
 
-# The command-line option of each budget, named in the error when no point of the space fits it.
-BUDGET_OPTIONS = {"macs": "--budget-flops", "params": "--budget-params", "latency_ms": "--budget-latency"}
+# The command-line option of each budget field: the library's errors name the field (budgets.macs), and
+# archspec.cli.search names the option instead (archspec.errors.SpecError.with_options).
+BUDGET_OPTIONS = {"macs": "--budget-flops", "params": "--budget-params", "latency_ms": "--budget-latency",
+                  "memory": "--max-memory"}

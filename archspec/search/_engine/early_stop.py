@@ -33,6 +33,7 @@ from archspec.search._engine.fidelity import (
     rung_schedule,
     zero_cost_summary,
 )
+from archspec.search._evaluation.protocols import ZERO_COST_SCORES
 
 if TYPE_CHECKING:  # annotations only
     from archspec.search._engine.objective import CandidateObjective
@@ -98,6 +99,22 @@ def rung_stops(trial, step: int, value: float, latency: float, rungs, n_objectiv
     return not promotable(value, latency, [*competitors, (value, latency)], rungs.eta)
 
 
+def zero_cost_of(spec: ArchSpec, cfg: SearchConfig, data, oracle=None, names: tuple[str, ...] = ZERO_COST_SCORES):
+    """``(ZeroCostResult, ProxyGeometry or None)``: the zero-cost scores ``names`` of ``spec``'s untrained proxy at
+    the search's seed (:func:`~archspec.search._evaluation.proxy.score_proxy`), or the table's row for that seed
+    under ``oracle`` (every tabulated score; the same row that answers the design's training).
+
+    Raises:
+        SpecError: under ``oracle``, the design is not in the table.
+        TrialFailure: the proxy failed (live).
+    """
+    if oracle is not None:
+        return oracle.zero_cost(spec, seed=cfg.seed)
+    from archspec.search._evaluation.proxy import score_proxy  # noqa: PLC0415 - torch-side
+
+    return score_proxy(spec, data, cfg.protocol, names, seed=cfg.seed)
+
+
 def zero_cost_stops(trial, spec: ArchSpec, latency: float, macs: int | None, params: int | None,
                     cfg: SearchConfig, data, oracle=None) -> tuple[bool, str]:
     """The zero-cost rung (``fidelity="zc"``): score the untrained proxy; ``(stops, message)``.
@@ -107,13 +124,7 @@ def zero_cost_stops(trial, spec: ArchSpec, latency: float, macs: int | None, par
     (:data:`~archspec.search._engine.config.ZERO_COST_ATTR`, with the seconds each took); the candidate stops unless
     ``cfg.zc_score`` is promotable among every candidate scored so far (the top ``1/eta``, or not dominated in
     (score, latency)).  ``oracle`` answers the scores from a table instead."""
-    if oracle is not None:
-        result, geometry = oracle.zero_cost(spec, seed=cfg.seed)
-    else:
-        from archspec.search._evaluation.proxy import score_proxy  # noqa: PLC0415 - torch-side
-        from archspec.search._evaluation.zero_cost import ZERO_COST_SCORES  # noqa: PLC0415 - torch-side
-
-        result, geometry = score_proxy(spec, data, cfg.protocol, ZERO_COST_SCORES, seed=cfg.seed)
+    result, geometry = zero_cost_of(spec, cfg, data, oracle)
     scores = {**result.scores, "params": params, "macs": macs}
     scores = {k: (v if v is None or not math.isnan(v) else -math.inf) for k, v in scores.items()}
     trial.set_user_attr(ZERO_COST_ATTR, {"scores": scores, "seconds": result.seconds,

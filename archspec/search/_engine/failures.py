@@ -11,6 +11,8 @@ import gc
 import time
 from collections.abc import Callable
 
+from archspec.train.failures import TrialFailure
+
 __all__ = ["CandidateFailure", "TrialTimeout", "deadline_hook", "fail_reason"]
 
 
@@ -47,8 +49,6 @@ class deadline_hook:  # noqa: N801 - used like a function
 
 def fail_reason(exc: BaseException) -> str:
     """The ``fail_reason`` a trial records for ``exc`` (at most 1,000 characters); frees memory after an OOM."""
-    from archspec.search._evaluation.proxy import TrialFailure  # noqa: PLC0415 - torch-side: only once a candidate failed
-
     if isinstance(exc, CandidateFailure):
         return exc.reason
     if isinstance(exc, TrialTimeout):

@@ -81,7 +81,8 @@ from archspec.search._engine.session import (
     zombie_notes,
 )
 from archspec.search._engine.study import worker_seed
-from archspec.search._evaluation.budget import static_check_rate
+from archspec.search._evaluation.check_rate import static_check_rate
+from archspec.search._evaluation.latency_cache import LatencyCache
 from archspec.search._evaluation.scoring import objective_name
 from archspec.search._evaluation.verify import TimeReserve, mark_ties, verify_count, verify_front
 from archspec.search._modes.base import RoundsMode, RunContext, SampledMode
@@ -181,7 +182,6 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     Raises:
         SpecError: bad input (budgets, space, data, run directory, storage); nothing is written then.
     """
-    from archspec.search._evaluation import latency, priors  # noqa: PLC0415 - torch-side: once every input passed
 
     quiet_optuna()
     cfg = complete_config(cfg)  # a SearchConfig left with budgets / protocols None or dicts: the defaults
@@ -202,8 +202,8 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     notes = settings_notes(study, attrs) + zombie_notes(study)
 
     progress = ProgressDisplay(cfg.trials, cfg.progress, len(directions), cfg.timeout)
-    objective = CandidateObjective(mode, data, cfg, latency.LatencyCache(run_dir / "latency.json"), len(directions),
-                                   on_status=progress.status, oracle=oracle, prior_look=priors.prior_candidates)
+    objective = CandidateObjective(mode, data, cfg, LatencyCache(run_dir / "latency.json"), len(directions),
+                                   on_status=progress.status, oracle=oracle)
     objective.rungs = rungs
     k = verify_count(cfg.verify, cfg.trials)
     interrupted, search_seconds = _optimize(study, objective, progress, cfg, notes, k)
@@ -293,7 +293,6 @@ def run_rounds(mode: RoundsMode, cfg: SearchConfig, name: str) -> SearchOutcome:
     Raises:
         SpecError: bad input (data, run directory, storage); nothing is written then.
     """
-    from archspec.search._evaluation.latency import LatencyCache  # noqa: PLC0415 - torch-side: once every input passed
 
     data = preflight_rounds(cfg, name)
     wall_start = time.perf_counter()

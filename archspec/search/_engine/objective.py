@@ -35,7 +35,7 @@ from optuna.trial import TrialState
 
 from archspec.errors import SpecError
 from archspec.search._engine.config import GEOMETRY_ATTR, SearchConfig
-from archspec.search._engine.early_stop import rung_stops, zero_cost_stops
+from archspec.search._engine.early_stop import rung_stops, zero_cost_of, zero_cost_stops
 from archspec.search._engine.failures import CandidateFailure, deadline_hook, fail_reason
 from archspec.search._engine.preflight import first_problem
 from archspec.search._engine.study import (
@@ -47,12 +47,13 @@ from archspec.search._engine.study import (
     worker_seed,
 )
 from archspec.search._evaluation.budget import static_check
+from archspec.search._evaluation.latency_cache import LatencyCache, architecture_key
+from archspec.search._evaluation.priors import prior_candidates
 from archspec.search._evaluation.verify import verify_count
 from archspec.spec import ArchSpec
 
-if TYPE_CHECKING:  # annotations only: the data and the cache are torch-side
+if TYPE_CHECKING:  # annotations only: the data is torch-side
     from archspec.io.datasets import Dataset
-    from archspec.search._evaluation.latency import LatencyCache
     from archspec.search._modes.base import SampledMode
 
 __all__ = ["CandidateObjective"]
@@ -79,13 +80,9 @@ class CandidateObjective:
     """
 
     def __init__(self, mode: SampledMode, data: Dataset, cfg: SearchConfig, cache: LatencyCache, n_objectives: int,
-                 on_status: Callable[[str], None] | None = None, oracle: Any = None,
-                 prior_look: Callable | None = None):
+                 on_status: Callable[[str], None] | None = None, oracle: Any = None):
         self.mode, self.space, self.data, self.cfg, self.cache = mode, mode.space, data, cfg, cache
         self.oracle = oracle
-        # --sampler strata: (space, cfg, data, oracle, cache) -> the look at every candidate
-        # (archspec.search._evaluation.priors.prior_candidates, torch-side: the engine passes it in)
-        self.prior_look = prior_look
         self.train_fn = oracle.train if oracle is not None else mode.train
         self.n_objectives = n_objectives
         self.on_status = on_status or (lambda text: None)
@@ -158,8 +155,10 @@ class CandidateObjective:
             return
         self.first_trial = trial.number
         seed = worker_seed(self.cfg.seed, trial.number)
-        if self.cfg.sampler == "strata" and self.prior_look is not None:  # the look needs this worker's data and cache
-            look = self.prior_look(self.space, self.cfg, self.data, self.oracle, self.cache)
+        if self.cfg.sampler == "strata":  # the look at every candidate: this worker's latency and zero-cost measures
+            look = prior_candidates(self.space, self.cfg, self.data, self.oracle, self.latency_of,
+                                    lambda spec: zero_cost_of(spec, self.cfg, self.data, self.oracle,
+                                                              names=(self.cfg.zc_score,)))
             n_strata = self.cfg.trials - verify_count(self.cfg.verify, self.cfg.trials)
             trial.study.sampler = make_sampler("strata", seed, self.n_objectives, candidates=look, n_strata=n_strata)
         elif seed != self.cfg.seed:
@@ -184,7 +183,6 @@ class CandidateObjective:
             CandidateFailure: the space produced an invalid spec.
             optuna.TrialPruned: over the MAC, parameter or memory budget (status ``infeasible``).
         """
-        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side: the engine's modules import torch-free
 
         budgets = self.cfg.budgets
         try:
@@ -213,19 +211,26 @@ class CandidateObjective:
                              else "not in the oracle's table (--oracle-subset)")
         return spec, key
 
-    def _measure_latency(self, trial: optuna.trial.Trial, spec: ArchSpec) -> float:
-        """Latency in ms (cached per architecture) on the trial; prunes a candidate over ``--budget-latency``."""
+    def latency_of(self, spec: ArchSpec) -> float:
+        """``spec``'s latency in ms: the oracle's tabulated figure, else measured (cached per architecture).
+
+        Raises:
+            SpecError: under ``--oracle``, the design or its latency is not in the table.
+        """
         from archspec.search._evaluation.latency import measure_latency  # noqa: PLC0415 - torch-side
 
+        if self.oracle is not None:
+            return float(self.oracle.latency(spec))
+        return float(measure_latency(spec, self.cfg.latency, self.cache))
+
+    def _measure_latency(self, trial: optuna.trial.Trial, spec: ArchSpec) -> float:
+        """Latency in ms (cached per architecture) on the trial; prunes a candidate over ``--budget-latency``."""
         budgets = self.cfg.budgets
         self.on_status(f"trial {trial.number}: latency")
         if self.oracle is not None and not self.oracle.latency_ms:  # accuracy only (check_oracle): rank by it alone
             self.consecutive_infeasible = 0
             return 0.0
-        if self.oracle is not None:
-            latency = float(self.oracle.latency(spec))
-        else:
-            latency = float(measure_latency(spec, self.cfg.latency, self.cache))
+        latency = self.latency_of(spec)
         trial.set_user_attr("latency_ms", latency)
         if budgets.latency_ms is not None:
             trial.set_constraint("latency", latency / budgets.latency_ms - 1.0)

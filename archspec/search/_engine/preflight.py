@@ -6,9 +6,8 @@
 slowest check).  Each raises :class:`~archspec.errors.SpecError` naming the option (exit 2 from the CLI); the
 run directory, the study and every file are created only after all of them passed.
 
-The torch side (:mod:`archspec.io.datasets`, :mod:`archspec.search._evaluation.latency`) is imported inside the checks
-that need
-it, so a bad option is refused without importing torch.
+The torch side (:mod:`archspec.io.datasets`) is imported inside the checks that need it, so a bad option is
+refused without importing torch.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from archspec.search._engine.fidelity import FIDELITIES, ZERO_COST_RANKINGS
 from archspec.search._engine.session import check_outputs
 from archspec.search._engine.study import make_sampler
 from archspec.search._evaluation.budget import static_check
+from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._tabulation.oracle import load_table
 
 __all__ = ["preflight", "first_problem", "check_budgets_feasible", "check_space_valid", "check_data_path",
@@ -37,14 +37,15 @@ def first_problem(exc: SpecError) -> str:
     return exc.problems[0].format() if exc.problems else str(exc)
 
 
-def check_budgets_feasible(space, budgets, options: dict) -> Any:
+def check_budgets_feasible(space, budgets) -> Any:
     """Raise :class:`SpecError` when even ``space.smallest()`` breaks a static budget; else its static check.
 
-    ``options`` maps a budget (``macs``, ``params``) to the command-line option the error names
-    (:data:`~archspec.search._engine.config.BUDGET_OPTIONS`).
+    The error names the budget's field (``budgets.macs``, ``budgets.params``, ``budgets.memory``); the command
+    line names its option instead (:meth:`archspec.errors.SpecError.with_options` with
+    :data:`archspec.search._engine.defaults.BUDGET_OPTIONS`).
 
     Raises:
-        SpecError: the smallest point is invalid, over the memory limit (``--max-memory``), or over the MAC or
+        SpecError: the smallest point is invalid, over the memory limit (``budgets.memory``), or over the MAC or
             parameter budget (the error gives the smallest achievable value).
     """
     check = static_check(space.smallest(), budgets)
@@ -55,18 +56,18 @@ def check_budgets_feasible(space, budgets, options: dict) -> Any:
                                f"search space {space.name!r}: its smallest point is invalid: {check.reason}")
     over_macs = budgets.macs is not None and check.macs > budgets.macs
     if not over_macs and not (budgets.params is not None and check.params > budgets.params):  # the memory limit
-        raise SpecError.single(("--max-memory",), f"search space {space.name!r}: its smallest point: {check.reason}",
-                               "raise --max-memory, or search a smaller space (--space)")
+        raise SpecError.single(("budgets", "memory"), f"search space {space.name!r}: its smallest point: "
+                               f"{check.reason}", "raise budgets.memory, or search a smaller space (--space)")
     if over_macs:
-        option, what = options["macs"], "MACs"
+        field, what = ("budgets", "macs"), "MACs"
         message = (f"no point of search space {space.name!r} fits {human(budgets.macs)} MACs: the smallest achievable "
                    f"is {human(check.macs)} MACs ({check.macs:,}) and {human(check.params)} params")
     else:
-        option, what = options["params"], "params"
+        field, what = ("budgets", "params"), "params"
         message = (f"no point of search space {space.name!r} fits {human(budgets.params)} params: the smallest "
                    f"achievable is {human(check.params)} params ({check.params:,}) at {human(check.macs)} MACs")
-    raise SpecError.single((option,), message, f"raise {option} to at least the smallest achievable {what}, "
-                                               "or search a smaller space (--space)")
+    raise SpecError.single(field, message, f"raise {'.'.join(field)} to at least the smallest achievable {what}, "
+                                           "or search a smaller space (--space)")
 
 
 def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
@@ -142,7 +143,7 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
         raise SpecError.single(("--sampler-startup",), f"needs 0 or more trials, got {cfg.sampler_startup}")
     check_seed(cfg.seed)
     check_fidelity(cfg)
-    check_budgets_feasible(space, cfg.budgets, cfg.budget_options)
+    check_budgets_feasible(space, cfg.budgets)
     check_space_valid(space, seed=cfg.seed)
     oracle = check_oracle(cfg, space, n_objectives)
     if oracle is None:
@@ -167,7 +168,6 @@ _POINTS_MEMO: dict[str, list[tuple[dict, str]]] = {}  # space document (sorted J
 def _keyed_points(space) -> list[tuple[dict, str]]:
     """``(params, architecture key)`` of every point of ``space``, memoised per space document in this process: a
     200-replay comparison lists the same space 200 times (a third of an oracle replay's CPU before the memo)."""
-    from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side
 
     memo_key = json.dumps(space.document, sort_keys=True, default=str)
     if memo_key not in _POINTS_MEMO:

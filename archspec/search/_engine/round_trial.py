@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 
 from archspec.ir.analysis import analyze
 from archspec.search._engine.study import mark_worker
+from archspec.search._evaluation.latency_cache import LatencyCache
 from archspec.search._modes.base import Candidate, RoundResult, RoundsMode, RunContext
-
-if TYPE_CHECKING:  # annotations only: the cache is torch-side
-    from archspec.search._evaluation.latency import LatencyCache
 
 __all__ = ["evaluate_round"]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from archspec._util.imports import try_import
 from archspec.search._engine.config import SearchConfig
 from archspec.search._engine.study import (
     HEARTBEAT_INTERVAL_S,
@@ -27,6 +28,9 @@ from archspec.search._engine.study import (
     resolve_storage,
 )
 from archspec.search._report import run_files
+
+with try_import() as _fcntl:  # POSIX only: no lock where it does not exist
+    import fcntl
 
 __all__ = ["quiet_optuna", "run_dir_of", "check_outputs", "open_run", "resume_message", "announce_resume", "run_lock",
            "zombie_notes", "settings_notes"]
@@ -112,9 +116,7 @@ def announce_resume(study: optuna.Study, url: str) -> None:
 def run_lock(run_dir: Path):
     """Serialise the final writes of concurrent workers sharing a run directory (``fcntl.flock`` on
     ``.finalize.lock``; no lock where ``fcntl`` does not exist)."""
-    try:
-        import fcntl  # noqa: PLC0415 - POSIX only
-    except ImportError:  # pragma: no cover - not POSIX
+    if not _fcntl.is_successful():  # pragma: no cover - not POSIX
         yield
         return
     with open(run_dir / ".finalize.lock", "a+") as handle:

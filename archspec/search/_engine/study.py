@@ -220,15 +220,21 @@ def _journal_target(url: str) -> _Target:
     return _Target(url, "journal", path)
 
 
+def _make_url(url: str):
+    """SQLAlchemy's parsed ``URL`` of a storage URL (SQLAlchemy, Optuna's RDB dependency, loads only when a database
+    URL is named: journal and in-memory studies never import it).  Raises what ``make_url`` raises."""
+    from sqlalchemy.engine import make_url  # noqa: PLC0415 - optional storage back ends load when named
+
+    return make_url(url)
+
+
 def _sqlalchemy_target(url: str) -> _Target:
     if "://" not in url:
         raise _storage_error(url, "not a storage URL",
                              "use sqlite:///PATH, postgresql://USER@HOST/DB, mysql+pymysql://..., "
                              "journal:PATH or memory")
     try:
-        from sqlalchemy.engine import make_url  # noqa: PLC0415 - optional storage back ends load when named
-
-        parsed = make_url(url)
+        parsed = _make_url(url)
     except Exception as exc:  # noqa: BLE001
         raise _storage_error(url, f"malformed URL ({_first_line(exc)})") from None
     if parsed.get_backend_name() != "sqlite":
@@ -304,9 +310,7 @@ def resolve_storage(url: str | None, run_dir: Path | None = None,
         engine_kwargs["connect_args"] = {"timeout": 120}
     else:
         engine_kwargs["pool_pre_ping"] = True
-        from sqlalchemy.engine import make_url  # noqa: PLC0415 - optional storage back ends load when named
-
-        if make_url(url).get_backend_name() in ("postgresql", "mysql", "mariadb"):
+        if _make_url(url).get_backend_name() in ("postgresql", "mysql", "mariadb"):
             engine_kwargs["connect_args"] = {"connect_timeout": 10}
     try:
         storage = _rdb_storage(url, engine_kwargs, heartbeat)
@@ -317,9 +321,7 @@ def resolve_storage(url: str | None, run_dir: Path | None = None,
         raise _storage_error(url, f"a database driver is missing ({_first_line(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - OperationalError, ArgumentError...: all user-facing
         raise _storage_error(url, _first_line(exc), "is the server running and the URL right?") from None
-    from sqlalchemy.engine import make_url  # noqa: PLC0415 - optional storage back ends load when named
-
-    return StorageInfo(storage, make_url(url).render_as_string(hide_password=True), target.kind, target.path)
+    return StorageInfo(storage, _make_url(url).render_as_string(hide_password=True), target.kind, target.path)
 
 
 def _rdb_storage(url: str, engine_kwargs: dict, heartbeat: int | None, attempts: int = 4) -> BaseStorage:

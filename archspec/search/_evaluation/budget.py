@@ -1,6 +1,6 @@
 """Budgets (MACs, parameters, latency) and the static feasibility check of a candidate.
 
-``static_check`` needs only the IR (:func:`archspec.ir.graph.build_graph`): no weights are built, so a
+``static_check`` needs only the IR's plan (:func:`archspec.ir.plan.build_plan`): no weights are built, so a
 search rejects an over-budget candidate in about a millisecond, before any training.  Latency is
 not static; the orchestrator measures it with :func:`archspec.search._evaluation.latency.measure_latency`.
 
@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from archspec._util.memory import format_bytes
 from archspec._util.units import human
 from archspec.errors import SpecError
-from archspec.ir.graph import DEFAULT_MAX_MEMORY, build_graph, check_memory
+from archspec.ir.plan import DEFAULT_MAX_MEMORY, Plan, build_plan, check_memory
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from archspec.search._space.language import SearchSpace
+    pass
 
-__all__ = ["parse_quantity", "Budgets", "StaticCheck", "static_check", "static_check_rate", "training_memory",
+__all__ = ["parse_quantity", "Budgets", "StaticCheck", "static_check", "training_memory",
            "TRAINING_STATE_FACTOR"]
 
 # A training step holds, per parameter, the weight, its gradient and AdamW's two moments.
@@ -37,20 +36,22 @@ _UNITS = ("macs", "mac", "flops", "flop", "params", "param", "ms")
 _QUANTITY_RE = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([kKMGT]?)$")
 
 
-def parse_quantity(text: str | float | int, option: str) -> float:
+def parse_quantity(text: str | float | int, option: str | tuple) -> float:
     """``"1G" -> 1e9``, ``"500M" -> 5e8``, ``"2.5k" -> 2500``, ``"1.5e9"``, ``"300"``, ``"1GMACs"``, ``"20ms"``.
 
     Args:
         text: the quantity (a number passes through after the positivity check).
-        option: the option it came from (``"--budget-flops"``), used as the error's field path.
+        option: where it came from, the error's field path: a command-line option (``"--budget-flops"``) or a
+            field path (``("budgets", "macs")``).
 
     Raises:
         SpecError: unparseable text, a non-finite, zero or negative value.
     """
+    option = option if isinstance(option, tuple) else (option,)
     hint = ("write a positive number with an optional SI suffix: 300, 2.5k, 500M, 1G, 1.5e9 "
             "(units MACs/FLOPs/ms are ignored)")
     if isinstance(text, bool):
-        raise SpecError.single((option,), f"expected a quantity, got {text!r}", hint)
+        raise SpecError.single(option, f"expected a quantity, got {text!r}", hint)
     if isinstance(text, (int, float)):
         value = float(text)
     elif isinstance(text, str):
@@ -62,14 +63,14 @@ def parse_quantity(text: str | float | int, option: str) -> float:
                 break
         match = _QUANTITY_RE.match(body)
         if not match:
-            raise SpecError.single((option,), f"cannot read {text!r} as a quantity", hint)
+            raise SpecError.single(option, f"cannot read {text!r} as a quantity", hint)
         value = float(match.group(1)) * _SUFFIX[match.group(2)]
     else:
-        raise SpecError.single((option,), f"expected a quantity, got a {type(text).__name__}", hint)
+        raise SpecError.single(option, f"expected a quantity, got a {type(text).__name__}", hint)
     if not math.isfinite(value):
-        raise SpecError.single((option,), f"{text!r} is not a finite quantity", hint)
+        raise SpecError.single(option, f"{text!r} is not a finite quantity", hint)
     if value <= 0:
-        raise SpecError.single((option,), f"a budget must be positive, got {text!r}", hint)
+        raise SpecError.single(option, f"a budget must be positive, got {text!r}", hint)
     return value
 
 
@@ -78,7 +79,7 @@ class Budgets:
     """Upper bounds of a search; ``None`` = unconstrained.  MACs per image at the spec's input size.
 
     ``memory`` (bytes) bounds both a batch-1 inference forward at the spec's size and a proxy training
-    step (:func:`training_memory`); ``None`` takes :data:`archspec.ir.graph.DEFAULT_MAX_MEMORY` (8 GiB).
+    step (:func:`training_memory`); ``None`` takes :data:`archspec.ir.plan.DEFAULT_MAX_MEMORY` (8 GiB).
     """
 
     macs: float | None = None
@@ -102,39 +103,40 @@ class StaticCheck:
     reason: str | None
 
 
-def training_memory(graph, batch: int) -> int:
-    """Estimated bytes of one training step of the IR ``graph`` at ``batch`` images.
+def training_memory(plan: Plan, batch: int) -> int:
+    """Estimated bytes of one training step of the IR ``plan`` (:func:`archspec.ir.plan.build_plan`) at ``batch``
+    images.
 
     Training keeps every node's intermediates for the backward pass, so activations are the *sum*
-    over nodes of ``saved_bytes`` (per image; :mod:`archspec.ir.graph`), times the batch -- where
+    over nodes of ``saved_bytes`` (per image; :mod:`archspec.ir.plan`), times the batch -- where
     inference takes only the largest node's peak; parameters count :data:`TRAINING_STATE_FACTOR`
     times (weight, gradient, AdamW's two moments); buffers once.
     """
-    totals = graph.graph
+    totals = plan.totals
     return (batch * totals["saved_activation_bytes"] + TRAINING_STATE_FACTOR * totals["weight_bytes"]
             + totals["buffer_bytes"])
 
 
-def _memory_reasons(graph, budgets: Budgets, data, protocol) -> list[str]:
+def _memory_reasons(plan: Plan, budgets: Budgets, data, protocol) -> list[str]:
     """Over-limit reasons: the batch-1 inference forward at the spec's size, and the proxy training batch."""
 
     limit = DEFAULT_MAX_MEMORY if budgets.memory is None else budgets.memory
-    reasons = [p.message for p in check_memory(graph, limit)]
+    reasons = [p.message for p in check_memory(plan, limit)]
     if data is None or protocol is None:
         return reasons
     from archspec.search._evaluation.proxy import proxy_spec  # noqa: PLC0415 - torch-side module
 
     try:
-        proxy = build_graph(proxy_spec(graph.graph["spec"], data, protocol))
+        proxy = build_plan(proxy_spec(plan.spec, data, protocol))
     except SpecError:  # not adaptable to the proxy: train_proxy reports why
         return reasons
     need = training_memory(proxy, protocol.batch_size)
     if need > limit:
-        per_image = proxy.graph["saved_activation_bytes"]
+        per_image = proxy.totals["saved_activation_bytes"]
         reasons.append(f"a proxy training step (batch {protocol.batch_size} at {protocol.image_size} px) needs an "
                        f"estimated {format_bytes(need)} (activations kept for backward {protocol.batch_size} x "
                        f"{format_bytes(per_image)}, weights with gradients and AdamW state "
-                       f"{TRAINING_STATE_FACTOR} x {format_bytes(proxy.graph['weight_bytes'])}), over the memory "
+                       f"{TRAINING_STATE_FACTOR} x {format_bytes(proxy.totals['weight_bytes'])}), over the memory "
                        f"limit of {format_bytes(limit)} (--max-memory)")
     return reasons
 
@@ -149,46 +151,15 @@ def static_check(spec: ArchSpec, budgets: Budgets, data=None, protocol=None) -> 
     against ``budgets.memory``.  The latency budget is not checked here (it needs a measurement).
     An invalid spec is infeasible, with the validator's message as the reason (``macs = params = 0``).
     """
-    from archspec.ir.graph import build_graph  # noqa: PLC0415 - keep module import light
-
     try:
-        graph = build_graph(spec)
+        plan = build_plan(spec)
     except SpecError as exc:
         return StaticCheck(False, 0, 0, f"invalid spec: {exc.problems[0].message if exc.problems else exc}")
-    macs, params = int(graph.graph["macs"]), int(graph.graph["params"])
+    macs, params = int(plan.totals["macs"]), int(plan.totals["params"])
     reasons = []
     if budgets.macs is not None and macs > budgets.macs:
         reasons.append(f"{human(macs)} MACs > budget {human(budgets.macs)}")
     if budgets.params is not None and params > budgets.params:
         reasons.append(f"{human(params)} params > budget {human(budgets.params)}")
-    reasons += _memory_reasons(graph, budgets, data, protocol)
+    reasons += _memory_reasons(plan, budgets, data, protocol)
     return StaticCheck(not reasons, macs, params, "; ".join(reasons) or None)
-
-
-def static_check_rate(space: SearchSpace, budgets: Budgets, n: int = 200, seed: int = 0) -> float:
-    """Candidates per second of sampling (Optuna ``RandomSampler``, in-memory study) plus :func:`static_check`.
-
-    Each candidate is a full ``space.sample`` (which validates the point with ``load_spec``) and a
-    static check; a point that fails validation still counts (it was rejected).
-    """
-    import optuna  # noqa: PLC0415 - only for the rate benchmark; budget.py stays Optuna-free
-
-    if n < 1:
-        raise ValueError("n must be >= 1")
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-        start = time.perf_counter()
-        for _ in range(n):
-            trial = study.ask()
-            try:
-                check = static_check(space.sample(trial), budgets)
-                value = float(check.macs)
-            except SpecError:
-                value = float("inf")
-            study.tell(trial, value)
-        elapsed = time.perf_counter() - start
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    return n / max(elapsed, 1e-9)

@@ -10,7 +10,7 @@ import copy
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,95 +20,18 @@ from archspec.errors import SpecError
 from archspec.io.datasets import Dataset
 from archspec.ir.graph import build_graph
 from archspec.ir.loader import load_spec
+from archspec.nn import compiler
 from archspec.nn.compiler import compile as compile_spec
-from archspec.search._evaluation.scoring import PROXY_SCORES, proxy_score
+from archspec.search._evaluation.protocols import ProxyProtocol
 from archspec.search._evaluation.zero_cost import zero_cost_scores
 from archspec.spec import ArchSpec
-from archspec.train import AUGMENTATIONS as _AUGMENTATIONS
-from archspec.train import TrainConfig, TrialFailure, failure, train
+from archspec.train import TrialFailure, failure, train
 
 if TYPE_CHECKING:
     from archspec.search._evaluation.zero_cost import ZeroCostResult
 
 __all__ = ["ProxyGeometry", "ProxyProtocol", "ProxyResult", "TrialFailure", "proxy_geometry", "proxy_spec",
            "score_proxy", "stage_grids", "train_proxy"]
-
-
-@dataclass
-class ProxyProtocol(TrainConfig):
-    """How a candidate is trained and scored by the search.
-
-    Defaults: every stage at the candidate's own token grid (:func:`proxy_spec`; a 224 px LeViT's 14x14 ->
-    7x7 -> 4x4, from 56 px through the last two of its four stride-2 stem convs), the images resized to
-    that size (the built-in 8x8 digits upsampled); 120 AdamW steps of batch 16, lr 2e-3 with 12 linear
-    warm-up steps then cosine to 0, weight decay 0.05 (timm ``create_optimizer_v2``: not on 1-d parameters
-    nor ``model.no_weight_decay`` -- attention bias tables, gating), random crop (pad 8) + horizontal flip,
-    val top-1 every 20 steps (3 report points for pruning; the search evaluates only the last step when no
-    rung or pruner reads the others).
-
-    With other processes on the same cores use ``threads=1``: two processes with 2 OpenMP threads each
-    on 2 cores ran 5-10x slower here (busy-waiting); ``archspec search`` defaults to the idle cores
-    (:func:`archspec.cli.search.idle_cores`).  Measured costs: ``docs/benchmarks.md`` ("Search").
-
-    Attributes (besides :class:`archspec.train.TrainConfig`'s optimisation settings -- steps, batch_size,
-    lr, weight_decay, optimizer, warmup_steps, augmentation, eval_every, device -- with the same defaults;
-    ``device`` is where the proxy trains, the CLI resolving ``auto``):
-        image_size: the largest proxy input side in pixels: the stem keeps as many stride-2 convs (or as
-            large a patch) as fit it (:func:`proxy_spec`); a pure conv net trains at it; a hybrid after a
-            ResNet stem trains at the smallest size that keeps its token grids, above it if need be.
-        threads: ``torch.set_num_threads`` during the trial (restored afterwards); ``None`` leaves it.
-        min_grid: ``None`` (default): the proxy has the candidate's own token grid in every stage; a side
-            ``m``: the first stage's grid is at least ``m`` (and every stage's at least its largest mask window).
-    """
-
-    # Batch 16: at the candidates' real token grids (14x14 for a 224 px LeViT) a step costs ~4x one on the old
-    # 4x4 proxy grid, and the bare search must train several candidates in its 540 s on 2 cores.  120 steps, not
-    # 60: at 60 the 16 candidates of a bare search reached 0.27-0.43 and one design dominated the rest (a 1-point
-    # front); at 120, 11 candidates, 0.45-0.56, a 3-point front (docs/benchmarks.md, "Search").
-    steps: int = 120
-    batch_size: int = 16
-    warmup_steps: int = 12
-    eval_every: int = 20
-    image_size: int = 64
-    threads: int | None = None
-    min_grid: int | None = None
-    # What ranks the candidates (archspec.search._evaluation.scoring: accuracy | tse).  TSE: on levit_small's table (150
-    # designs, 3 seeds) it ranks designs better than the same run's val top-1 at every length (tau 0.59 against
-    # 0.29 at 200 steps), and random sampling ranked by it has the larger fronts at 120 and at 200 steps
-    # (docs/search-works.md, "The defaults").
-    score: str = "tse"
-
-    def __post_init__(self) -> None:
-        checks = [("image_size", self.image_size >= 8), ("steps", self.steps >= 1),
-                  ("batch_size", self.batch_size >= 1),
-                  ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
-                  ("warmup_steps", self.warmup_steps >= 0),
-                  ("eval_every", self.eval_every >= 1), ("min_grid", self.min_grid is None or self.min_grid >= 1),
-                  ("augmentation", self.augmentation in _AUGMENTATIONS), ("score", self.score in PROXY_SCORES),
-                  ("threads", self.threads is None or self.threads >= 1)]
-        for name, ok in checks:
-            if not ok:
-                hint = {"augmentation": f"one of {', '.join(_AUGMENTATIONS)}",
-                        "score": f"one of {', '.join(PROXY_SCORES)}"}.get(name)
-                raise SpecError.single(("proxy", name), f"invalid {name}: {getattr(self, name)!r}", hint)
-
-    def describe(self) -> dict:
-        """JSON-ready dict of every setting (``score`` only when it is not "accuracy": a study written before the
-        score existed, which ranked by accuracy, records the same protocol and resumes with ``--proxy-score
-        accuracy``)."""
-        out = asdict(self)
-        if out["score"] == "accuracy":
-            del out["score"]
-        return out
-
-    def score_of(self, accuracy: float, loss_sum: float, steps: int) -> float:
-        """The value that ranks a candidate (higher is better): ``accuracy``, or ``-loss_sum / steps``
-        (:func:`archspec.search._evaluation.scoring.proxy_score`)."""
-        return proxy_score(self.score, accuracy, loss_sum, steps)
-
-    def train_config(self) -> TrainConfig:
-        """The optimisation settings for :func:`archspec.train.train` (the one training loop) on ``device``."""
-        return TrainConfig(**{f.name: getattr(self, f.name) for f in fields(TrainConfig)})
 
 
 @dataclass
@@ -443,15 +366,13 @@ def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: t
         TrialFailure: an exception inside the model, or out of memory.
         SpecError: the spec cannot be adapted to the proxy.
     """
-    from archspec.nn.compiler import compile as compile_spec  # noqa: PLC0415 - looked up per call (tests replace it)
-
     geometry, pspec = _seeded_proxy(spec, data, protocol, seed)
     images, labels = data.at_size(geometry.image_size).train.tensors
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))[:protocol.batch_size]
     with _threads(protocol.threads), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
-            model = compile_spec(pspec)
+            model = compiler.compile(pspec)  # looked up per call (tests replace it)
             return zero_cost_scores(model, images[order], labels[order], names), geometry
         except (RuntimeError, ValueError, MemoryError) as exc:
             raise failure(exc, "while scoring the model") from None

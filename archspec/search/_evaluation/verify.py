@@ -25,6 +25,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from archspec.search._report.results import spec_of_trial
+
 __all__ = ["verify_count", "TimeReserve", "front_to_verify", "verify_front", "mark_ties"]
 
 
@@ -101,8 +103,6 @@ def verify_front(study: optuna.Study, objective: Any, cfg: Any, multi: bool, k: 
     Raises:
         Whatever the training raises (a diverged proxy is recorded as ``None`` scores instead).
     """
-    from archspec.search._report.results import spec_of_trial  # noqa: PLC0415 - the report's spec reader loads the spec IR
-
     trials = front_to_verify(study, multi, k) if k else []
     if not trials:
         return None

@@ -35,7 +35,6 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -45,29 +44,17 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.dropout import _DropoutNd
 
+from archspec.search._evaluation.protocols import ZERO_COST_SCORES, ZeroCostResult
+
 __all__ = ["ZERO_COST_SCORES", "RECTIFIERS", "ZeroCostResult", "hamming_kernel", "naswot_kernel", "naswot",
            "synflow_saliencies", "synflow", "grad_norm", "zero_cost_scores"]
 
-ZERO_COST_SCORES = ("naswot", "synflow", "grad_norm")
 
 # Activations whose input sign gates the unit: NASWOT's "rectified units", extended from ReLU to the smooth
 # rectifiers archspec builds (GELU, Hardswish in LeViT) and their relatives.
 RECTIFIERS: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Hardswish, nn.Mish)
 
 _DROPOUTS = (_DropoutNd, DropPath)
-
-
-@dataclass
-class ZeroCostResult:
-    """Scores of one model and how long each took.
-
-    Attributes:
-        scores: score name (one of :data:`ZERO_COST_SCORES`) -> value.
-        seconds: score name -> wall-clock seconds it took (``time.perf_counter``).
-    """
-
-    scores: dict[str, float] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------- helpers

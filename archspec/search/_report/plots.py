@@ -1,5 +1,6 @@
 """The plots of a search (PNG, written atomically): :func:`plot_pareto`, :func:`plot_history`,
-:func:`plot_als_heatmap`.  matplotlib (Agg) and Optuna's plotting load when a plot is drawn.
+:func:`plot_als_heatmap`.  matplotlib (Agg) loads when a plot is drawn; Optuna (and numpy with it) is imported at
+the top, as by every module of the report (:mod:`~archspec.search._report.results` imports this one).
 """
 
 from __future__ import annotations
@@ -7,6 +8,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
+import optuna
 
 from archspec.search._report import run_files
 
@@ -28,8 +32,6 @@ def _pyplot():
 
 def _subset_study(trials: Sequence, directions: Sequence[str], metric_names: Sequence[str] | None):
     """An in-memory study holding only ``trials`` (the plots show the trained, feasible ones)."""
-    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
     study = optuna.create_study(directions=list(directions))
     if metric_names:
         study.set_metric_names(list(metric_names))
@@ -43,8 +45,6 @@ def plot_pareto(trials: Sequence, path: Path, directions: Sequence[str], names: 
     ``None`` (nothing written) without trials."""
     if not trials:
         return None
-    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
     plt = _pyplot()
     study = _subset_study(trials, directions, names)
     with warnings.catch_warnings():
@@ -68,8 +68,6 @@ def plot_history(trials: Sequence, path: Path, direction: str, name: str, title:
     (nothing written) without trials."""
     if not trials:
         return None
-    import optuna  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
     plt = _pyplot()
     study = _subset_study(trials, [direction], [name])
     with warnings.catch_warnings():
@@ -86,8 +84,6 @@ def plot_als_heatmap(als: dict[str, Sequence[float]], path: Path, title: str,
     ``als`` maps a layer label to one score per head (layers may differ in head count: blanks);
     ``thresholds`` = (high, low) of the ALS strategy, explained under the title.  Returns ``path``.
     """
-    import numpy as np  # noqa: PLC0415 - rich/optuna/matplotlib load when a report is written
-
     plt = _pyplot()
     labels = list(als)
     width = max((len(v) for v in als.values()), default=1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -181,15 +181,14 @@ def seed_check(rows: Sequence[dict]) -> dict[str, Any]:
                            "mean_abs_seed_diff": round(sum(diffs) / len(diffs), 4),
                            "accuracy_range": [round(min(means), 4), round(max(means), 4)]}
     for k, name in ((2, "two_seed_means"), (3, "three_seed_means")):
-        report = _split_means(by, k)
+        report = _split_means(by, k, kendalltau)
         if report is not None:
             out[name] = report
     return out
 
 
-def _split_means(by: dict, k: int) -> dict | None:
-    from scipy.stats import kendalltau  # noqa: PLC0415 - with scipy above
-
+def _split_means(by: dict, k: int, kendalltau: Callable) -> dict | None:
+    """:func:`seed_check`'s k-seed means split in two halves, with ``kendalltau`` (scipy's, imported there)."""
     seeds = tuple(range(2 * k))
     designs = [v for v in by.values() if all(s in v for s in seeds)]
     if len(designs) < 3:

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from archspec.errors import SpecError
+from archspec.search._evaluation.latency_cache import architecture_key
+from archspec.search._evaluation.protocols import ZeroCostResult
 from archspec.search._tabulation.checks import check_meta, check_row, index_rows, latency_ms, short_curve
 
 __all__ = ["TABLES_DIR", "OracleTable", "load_table", "curve_at"]
@@ -144,7 +146,6 @@ class OracleTable:
         Raises:
             SpecError: at ``--oracle``: the design is not in the table.
         """
-        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
 
         key = architecture_key(spec)
         if key not in self.tabulated:
@@ -202,7 +203,6 @@ class OracleTable:
         Raises:
             SpecError: the design is not in the table.
         """
-        from archspec.search._evaluation.zero_cost import ZeroCostResult  # noqa: PLC0415 - torch-side, once a table is read
 
         row = self.row(spec, seed)
         scores = {k: (v if v is not None else -math.inf) for k, v in row["zc"].items()}
@@ -214,7 +214,6 @@ class OracleTable:
         Raises:
             SpecError: the design is not in the table, or the table has no latency for it.
         """
-        from archspec.search._evaluation.latency import architecture_key  # noqa: PLC0415 - torch-side, once a table is read
 
         self.row(spec, 0)
         ms = self.latency_ms.get(architecture_key(spec))
@@ -228,14 +227,13 @@ class OracleTable:
         """A stand-in :class:`archspec.io.datasets.Dataset` of the table's data (one blank image per split): what the
         engine's static checks and reports read of the data (channels, classes, size); nothing is trained on it."""
         import torch  # noqa: PLC0415 - torch-side, once a table is read
-        from torch.utils.data import TensorDataset  # noqa: PLC0415 - torch-side, once a table is read
 
         from archspec.io.datasets import Dataset  # noqa: PLC0415 - torch-side, once a table is read
 
         protocol = self.meta.get("protocol", {})
         size = int(protocol.get("image_size", 28))
         channels, classes = int(protocol.get("channels", 1)), int(protocol.get("num_classes", 10))
-        blank = TensorDataset(torch.zeros(1, channels, size, size), torch.zeros(1, dtype=torch.long))
+        blank = torch.utils.data.TensorDataset(torch.zeros(1, channels, size, size), torch.zeros(1, dtype=torch.long))
         return Dataset(f"oracle:{Path(self.file).stem}", blank, blank, classes, channels, size)
 
     def describe(self) -> dict:

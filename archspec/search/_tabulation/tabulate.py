@@ -58,7 +58,7 @@ from archspec.search._engine.study import (
     mark_worker,
     resolve_storage,
 )
-from archspec.search._evaluation.latency import architecture_key
+from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._space.language import SearchSpace, load_space
 from archspec.train.config import check_config
 
