@@ -95,3 +95,30 @@ def test_on_the_table_the_first_trials_are_the_strata_computed_from_the_rows(tmp
     assert got in (picks(1), picks(-1))
     zc_seconds = sum(table.rows[k][table.seed_of(k, seed)]["zc_seconds"]["naswot"] for k in keys)
     assert out.study.user_attrs[PRIOR_SECONDS_ATTR] == pytest.approx(zc_seconds, abs=0.01)
+
+
+@pytest.mark.slow
+def test_a_live_strata_search_trains_the_best_of_each_latency_stratum(tmp_path):
+    """`archspec search --sampler strata` on real data (digits) and measured latencies, tiny space of 4 designs
+    (depth 1-2 x width 16/32), 2 trained, `--zc-score params` (a static score, so the picks are known by hand): the
+    two latency strata are the two fastest and the two slowest designs; depth 2 x 32 is the slowest and the largest,
+    so it is the second stratum's pick, and the first stratum's pick is the larger of its two -- never depth 1 x 16,
+    the smallest of all.  The first stratum is trained first (bit-reversed order: 0, 1)."""
+    import yaml
+    from search_fixtures import TINY_SPACE
+
+    from archspec.cli import main
+
+    space = tmp_path / "tiny.yaml"
+    space.write_text(yaml.safe_dump(TINY_SPACE), encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["search", "--space", str(space), "--out", str(out), "--study-name", "t", "--fidelity", "none",
+                 "--proxy-steps", "3", "--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60",
+                 "--latency-repeats", "2", "--no-progress", "--trials", "2", "--verify", "0", "--sampler", "strata",
+                 "--zc-score", "params"]) == 0
+    study = optuna.load_study(study_name="t", storage=f"sqlite:///{out / 'study.db'}")
+    trials = sorted(study.trials, key=lambda t: t.number)
+    trained = [(t.params["stages.0.depth"], t.params["stages.0.dim"]) for t in trials
+               if t.user_attrs.get("status") == "trained"]
+    assert len(trained) == 2 and trained[1] == (2, 32) and trained[0] in ((1, 32), (2, 16)), trained
+    assert study.user_attrs[PRIOR_SECONDS_ATTR] > 0  # four latencies measured
