@@ -128,14 +128,19 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-TORCH_SIDE = ("torch", "timm", "torchvision", ".module", ".kernels", ".mask_terms", ".tables", "archspec.nn.blocks")
+TORCH_SIDE = ("torch", "timm", "torchvision", ".module", ".kernels", ".mask_terms", ".tables", ".position_terms",
+              ".head_paths", ".zero_pad", "archspec.nn.blocks")
+# a family's torch files: module.py, and beside the attention family's the mixins its Attention inherits
+# (position_terms.py, head_paths.py) and CMHSA's zero tokens (zero_pad.py)
+TORCH_FILES = ("module.py", "kernels.py", "mask_terms.py", "tables.py", "activations.py", "position_terms.py",
+               "head_paths.py", "zero_pad.py")
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "archspec" / "families").glob("**/*.py")), ids=lambda p: str(p.name))
 def test_rules_import_no_torch(path):
-    """Every torch-free file of a family (all but module.py, kernels.py, mask_terms.py, tables.py, activations.py)
-    imports neither torch nor a torch-side file, not even lazily."""
-    if path.name in ("module.py", "kernels.py", "mask_terms.py", "tables.py", "activations.py"):
+    """Every torch-free file of a family (all but :data:`TORCH_FILES`) imports neither torch nor a torch-side file,
+    not even lazily."""
+    if path.name in TORCH_FILES:
         return
     bad = {m for m in _imports(path) if m.startswith(TORCH_SIDE) or m.endswith(TORCH_SIDE[3:])}
     assert not bad, f"{path} imports {bad}"

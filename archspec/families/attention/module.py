@@ -22,6 +22,13 @@ That formula is the *dense reference* (``attn_impl='dense'``, :meth:`Attention._
 ``(1 - g) SDPA + g P V``, hard-masked heads in linear time on grids past the measured crossover.  With attention
 dropout active in training every head takes the dense reference (the fast paths have no dropout on the
 implicit non-neighbour weights).
+
+This module holds the layer's construction, q/k/v projection and ``forward``, :func:`build` and the
+:func:`set_attention_impl` / :func:`attention_impl` switches.  ``Attention`` inherits its position terms, grid
+tables and caches from :class:`~archspec.families.attention.position_terms.PositionTermsMixin` and its head
+grouping and forward paths from :class:`~archspec.families.attention.head_paths.HeadPathsMixin`;
+:class:`~archspec.families.attention.zero_pad.ZeroPadTokens` (CMHSA App. A.2) lives in ``zero_pad.py`` and is
+re-exported here.
 """
 
 from __future__ import annotations
@@ -38,28 +45,14 @@ from timm.models.levit import LinearNorm
 from torch import Tensor, nn
 
 from ..activations import activation
-from . import gauss_mask, gpsa
+from . import gpsa
+from .head_paths import HeadPathsMixin
 from .heads import HeadSpec, coerce_heads
-from .kernels import (
-    flex_masked_attention,
-    gpsa_attention,
-    hard_masked_attention,
-    hard_window_attention,
-    is_compiling,
-    window_tables,
-)
 from .mask import alpha_to_logit
-from .mask_terms import apply_mask_terms, hard_zero, mask_terms, strict_block, window_mask
-from .rules import AttentionShape, head_path
-from .tables import (
-    check_grid,
-    conv_kernel_offsets,
-    gpsa_rel_indices,
-    grid_positions,
-    levit_bias_idxs,
-    resample_bias_table,
-    signed_bias_idxs,
-)
+from .position_terms import PositionTermsMixin, cache_usable, may_cache
+from .rules import AttentionShape
+from .tables import check_grid
+from .zero_pad import ZeroPadTokens
 
 __all__ = ["Attention", "ZeroPadTokens", "build", "coerce_heads", "ATTN_IMPLS", "set_attention_impl",
            "attention_impl"]
@@ -71,22 +64,7 @@ __all__ = ["Attention", "ZeroPadTokens", "build", "coerce_heads", "ATTN_IMPLS", 
 ATTN_IMPLS = ("auto", "dense", "fast", "flex")
 
 
-def _usable(cached: Tensor | None) -> bool:
-    """A cached constant can be reused: it exists, and it was not made under ``inference_mode`` unless we are in it
-    (autograd refuses to save inference tensors for backward).  Never under ``torch.compile``: the compiled graph
-    recomputes (and constant-folds) the tables itself, and Dynamo cannot trace ``is_inference``."""
-    if is_compiling():
-        return False
-    return cached is not None and (not cached.is_inference() or torch.is_inference_mode_enabled())
-
-
-def _cacheable(training: bool) -> bool:
-    """Whether a constant computed now may be stored: eval mode, outside ``torch.compile`` tracing (a traced
-    tensor stored on the module would leak out of the graph)."""
-    return not training and not is_compiling()
-
-
-class Attention(nn.Module):
+class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
     """Multi-head self-attention whose heads each compose MHSA, GPSA, a relative bias and a MaiT mask.
 
     Shapes: input ``x`` is ``(B, N, C)`` with ``C = dim`` and ``N = num_prefix_tokens + H_grid * W_grid``
@@ -282,83 +260,7 @@ class Attention(nn.Module):
             self.gating_param.copy_(torch.tensor([self.head_specs[i].gpsa.gating_init for i in self.gpsa_heads]))
             self._conv_init()
 
-    def _value_rows(self, head: int) -> tuple[Tensor, slice]:
-        """(weight matrix, row slice) holding head ``head``'s value projection."""
-        if self.norm == "layernorm":
-            return self.v.weight, slice(head * self.v_dim, (head + 1) * self.v_dim)
-        per = 2 * self.qk_dim + self.v_dim
-        start = head * per + 2 * self.qk_dim
-        return self.qkv.linear.weight, slice(start, start + self.v_dim)
-
-    @torch.no_grad()
-    def _conv_init(self) -> None:
-        """ConViT convolutional init (eq. 5), mirroring timm ``convit.GPSA.local_init``.
-
-        The conv-initialised GPSA heads, in head order, take the offsets of
-        :func:`~archspec.families.attention.tables.conv_kernel_offsets` for their count.  Their ``pos_proj`` rows become
-        ``locality_strength * (2 d_col, 2 d_row, -1)`` on timm's channels ``(dx, dy, dx^2+dy^2)``; their value
-        rows become the matching slice of the identity when ``H * v_dim == dim`` (timm sets ``v = eye``).
-        """
-        if not self.conv_init_heads:
-            return
-        offsets = conv_kernel_offsets(len(self.conv_init_heads))
-        identity_v = self.num_heads * self.v_dim == self.dim
-        eye = torch.eye(self.dim) if identity_v else None
-        for pos, head in enumerate(self.conv_init_heads):
-            d_row, d_col = offsets[pos]
-            strength = self.head_specs[head].gpsa.locality_strength
-            row = self.gpsa_heads.index(head)
-            self.pos_proj.weight[row] = strength * torch.tensor([2.0 * d_col, 2.0 * d_row, -1.0])
-            if identity_v:
-                weight, rows = self._value_rows(head)
-                weight[rows] = eye[head * self.v_dim:(head + 1) * self.v_dim].to(weight.dtype)
-
-    # ------------------------------------------------------------------ grid tables and path plan
-    def _build_grid_tables(self, grid: tuple[int, int]) -> None:
-        """(Re)build everything that depends on the patch grid, except the learned bias tables.
-
-        Sets ``grid``, ``num_patches``, ``num_tokens``; registers the non-persistent index / mask buffers
-        (``attention_bias_idxs``, ``signed_bias_idxs``, ``rel_indices``, ``gauss_dist2``, ``attn_masks``, the window
-        tables of
-        the linear-time hard-mask heads ``window{r}x{c}_{outside,n0}``) on the module's device;
-        drops the eval-mode caches and re-plans which path each head takes (the crossover depends on the grid).
-        A resolution change (``set_grid``) calls this after resizing ``attention_biases`` / ``signed_biases``.
-
-        Raises:
-            ValueError: a grid side < 1.
-        """
-        rows, cols = check_grid(grid)
-        self.grid = (rows, cols)
-        self.num_patches = rows * cols
-        self.num_tokens = self.num_prefix_tokens + rows * cols
-        device = next(self.parameters()).device
-        p, specs = self.num_prefix_tokens, self.head_specs
-        if self.abs_bias_heads:
-            self.register_buffer("attention_bias_idxs", levit_bias_idxs(self.grid).to(device), persistent=False)
-        if self.signed_bias_heads:
-            self.register_buffer("signed_bias_idxs", signed_bias_idxs(self.grid).to(device), persistent=False)
-        if self.gpsa_heads:
-            self.register_buffer("rel_indices", gpsa_rel_indices(self.grid).to(device), persistent=False)
-        if self.gauss_heads:  # squared patch distances d_ij^2 (row and column offsets in patches), float32
-            pos = grid_positions(self.grid).to(torch.float32)
-            dist2 = (pos[:, :, None] - pos[:, None, :]).pow(2).sum(dim=0)
-            self.register_buffer("gauss_dist2", dist2.to(device), persistent=False)
-        if self.mask_heads:
-            masks = [window_mask(self.grid, specs[i].mask.window, p) for i in self.mask_heads]
-            self.register_buffer("attn_masks", torch.stack(masks).to(device), persistent=False)  # (n_mask, N, N) bool
-        for window in sorted({tuple(specs[i].mask.window) for i in self.hard_heads}):
-            for name, table in window_tables(self.grid, window, p).items():
-                self.register_buffer(f"window{window[0]}x{window[1]}_{name}", table.to(device), persistent=False)
-        self._drop_caches()
-        self._plan_paths()
-
-    def _drop_caches(self) -> None:
-        self._bias_cache: Tensor | None = None
-        self._zero_cache: Tensor | None = None
-        self._qkv_cache: tuple[Tensor, Tensor | None] | None = None
-        self._additive_cache: Tensor | None = None
-        self._positional_cache: Tensor | None = None
-
+    # ------------------------------------------------------------------ implementation
     def set_attn_impl(self, impl: str) -> Attention:
         """Choose the implementation (one of :data:`ATTN_IMPLS`; ``'dense'`` is the reference) and re-plan.
 
@@ -370,29 +272,6 @@ class Attention(nn.Module):
         self.attn_impl = impl
         self._plan_paths()
         return self
-
-    def _head_path(self, head: int, compiled: bool = False) -> tuple:
-        """Path of one head under ``attn_impl`` (not ``'dense'``): the family rules' :func:`~.rules.head_path`."""
-        return head_path(self.head_specs[head], self.num_patches, self.attn_impl, compiled)
-
-    def _plan_paths(self) -> None:
-        """Group heads by path (static: head kinds, grid, ``attn_impl``); ``_groups`` lists ``(key, heads)``
-        by first head, ``_head_order`` the permutation restoring head order after concatenation (or None)."""
-        if self.attn_impl == "dense":
-            self._groups, self._head_order = [], None
-            self._compiled_plan = ([], None)
-            return
-        self._groups, self._head_order = self._group_heads(compiled=False)
-        self._compiled_plan = self._group_heads(compiled=True)
-
-    def _group_heads(self, compiled: bool) -> tuple[list[tuple[tuple, list[int]]], list[int] | None]:
-        groups: dict[tuple, list[int]] = {}
-        for head in range(self.num_heads):
-            groups.setdefault(self._head_path(head, compiled), []).append(head)
-        ordered = sorted(groups.items(), key=lambda item: item[1][0])
-        order = [h for _, heads in ordered for h in heads]
-        in_order = order == list(range(self.num_heads))
-        return ordered, None if in_order else [order.index(h) for h in range(self.num_heads)]
 
     # ------------------------------------------------------------------ pieces
     def _check_input(self, x: Tensor) -> None:
@@ -426,33 +305,13 @@ class Attention(nn.Module):
         """Eval mode: ``cat([qk.weight, v.weight])`` ``(2 H qk_dim + H v_dim, C)`` and the stacked biases, cached
         (dropped by ``train()``, ``load_state_dict`` and device / dtype moves)."""
         cached = self._qkv_cache
-        if _usable(cached[0] if cached else None):
+        if cache_usable(cached[0] if cached else None):
             return cached
         weight = torch.cat([self.qk.weight, self.v.weight]).detach()
         bias = None if self.qk.bias is None else torch.cat([self.qk.bias, self.v.bias]).detach()
-        if _cacheable(False):
+        if may_cache(False):
             self._qkv_cache = (weight, bias)
         return weight, bias
-
-    def position_bias(self) -> Tensor | None:
-        """Additive position bias of every head, ``(H, N, N)``: relative-bias tables plus Gaussian biases
-        (:meth:`gauss_bias`), zero outside the patch-patch block and for heads without either; or ``None`` when no
-        head has one."""
-        if not (self.abs_bias_heads or self.signed_bias_heads or self.gauss_heads):
-            return None
-        # In eval mode the bias is a constant: build it once per device, as timm's LeViT does.
-        if not self.training and _usable(self._bias_cache) and self._bias_cache.device == self.attention_bias_device:
-            return self._bias_cache
-        bias = self._build_position_bias()
-        self._bias_cache = bias.detach() if _cacheable(self.training) else None
-        return bias
-
-    @property
-    def attention_bias_device(self) -> torch.device:
-        """Device of the bias parameters (the eval-mode bias cache is valid only there)."""
-        if self.abs_bias_heads:
-            return self.attention_biases.device
-        return (self.signed_biases if self.signed_bias_heads else self.gauss_alpha).device
 
     def train(self, mode: bool = True) -> Attention:
         """Switch train/eval mode; drops the eval-mode bias, mask and positional-attention caches."""
@@ -468,244 +327,6 @@ class Attention(nn.Module):
     def _load_from_state_dict(self, *args, **kwargs) -> None:  # new weights invalidate the eval-mode caches
         self._drop_caches()
         super()._load_from_state_dict(*args, **kwargs)
-
-    def _build_position_bias(self) -> Tensor:
-        p = self.num_prefix_tokens
-        if p == 0 and len(self.abs_bias_heads) == self.num_heads and not self.gauss_heads:  # LeViT: every head
-            return self.attention_biases[:, self.attention_bias_idxs]                       # biased, no prefix
-        tables = self.abs_bias_heads or self.signed_bias_heads
-        if p == 0 and len(self.gauss_heads) == self.num_heads and not tables:
-            return self.gauss_bias()  # every head Gaussian, no prefix: the bias itself, no scatter
-        ref = (self.attention_biases if self.abs_bias_heads
-               else self.signed_biases if self.signed_bias_heads else self.gauss_alpha)
-        bias = ref.new_zeros(self.num_heads, self.num_tokens, self.num_tokens)
-        if self.abs_bias_heads:
-            bias[self.abs_bias_heads, p:, p:] = self.attention_biases[:, self.attention_bias_idxs]
-        if self.signed_bias_heads:
-            bias[self.signed_bias_heads, p:, p:] = self.signed_biases[:, self.signed_bias_idxs]
-        if self.gauss_heads:  # added: a head may carry a relative bias and a Gaussian one
-            gauss = F.pad(self.gauss_bias(), (p, 0, p, 0))
-            bias = bias.index_add(0, torch.tensor(self.gauss_heads, device=bias.device), gauss.to(bias.dtype))
-        return bias
-
-    def gauss_bias(self) -> Tensor:
-        """Gaussian bias of the Gaussian heads, ``(n_gauss, N_p, N_p)`` on the patch-patch block (GMM-Mask,
-        Li & Zhang, arXiv 2309.05375, authors' ``models/gmm.py`` with one Gaussian per head):
-
-            ``b_h[i, j] = gauss_alpha_h * exp(-d_ij^2 / (2 (gauss_sigma_h^2 + 1e-5)))``
-
-        with ``d_ij^2`` the squared distance between patches ``i`` and ``j`` in patch units (``gauss_dist2``), in
-        logit units; the heads in head order.  Differentiable in ``gauss_alpha`` and ``gauss_sigma``.
-
-        Raises:
-            ValueError: when the layer has no Gaussian head.
-        """
-        if not self.gauss_heads:
-            raise ValueError("this attention layer has no gauss_mask head")
-        sigma2 = self.gauss_sigma.pow(2) + gauss_mask.SIGMA_EPS
-        return self.gauss_alpha.view(-1, 1, 1) * torch.exp(
-            -self.gauss_dist2.to(sigma2.dtype) / (2.0 * sigma2).view(-1, 1, 1))
-
-    def mask_alpha(self) -> Tensor | None:
-        """Soft-mask scale ``alpha = sigmoid(mask_alpha_logit)`` per soft head ``(n_soft,)``, or ``None``."""
-        return torch.sigmoid(self.mask_alpha_logit) if self.soft_heads else None
-
-    def gating(self) -> Tensor | None:
-        """``sigmoid(gating_param)`` per GPSA head ``(n_gpsa,)``: the weight of positional attention, or ``None``."""
-        return torch.sigmoid(self.gating_param) if self.gpsa_heads else None
-
-    def _mask_terms(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """The layer's mask terms ``(zero, mult, block)`` (:func:`~.mask_terms.mask_terms`); ``zero``, a constant,
-        is cached (bool, a quarter of a float multiplier's memory)."""
-        if not self.mask_heads:
-            return None, None, None
-        zero = None
-        if self.hard_heads:
-            zero = self._zero_cache
-            if not _usable(zero) or zero.device != self.attn_masks.device:
-                zero = hard_zero(self.num_heads, self._mask_modes, self.attn_masks)
-                if _cacheable(False):
-                    self._zero_cache = zero
-        return mask_terms(self.num_heads, self._mask_modes, self.attn_masks, self.mask_alpha(), dtype, zero)
-
-    def positional_attention(self) -> Tensor:
-        """GPSA positional attention ``softmax(pos_proj(r))`` ``(n_gpsa, N, N)`` (ConViT eq. 5).
-
-        Computed on the ``(N, N, 3)`` relative indices once, not per batch element
-        (``N * N * 3 * n_gpsa`` MACs).  It does not depend on the input, so in eval mode it is cached
-        (dropped by ``train()``, ``load_state_dict`` and :meth:`_build_grid_tables`).
-
-        Raises:
-            ValueError: when the layer has no GPSA head.
-        """
-        if not self.gpsa_heads:
-            raise ValueError("this attention layer has no GPSA head")
-        cached = self._positional_cache
-        if not self.training and _usable(cached) and cached.device == self.pos_proj.weight.device:
-            return cached
-        pos = self.pos_proj(self.rel_indices.to(self.pos_proj.weight.dtype)).permute(2, 0, 1).softmax(dim=-1)
-        self._positional_cache = pos.detach() if _cacheable(self.training) else None
-        return pos
-
-    def _additive_mask(self, dtype: torch.dtype) -> Tensor | None:
-        """Additive float mask ``(H, N, N)`` for SDPA: relative biases, ``-inf`` on strict non-neighbours; or None.
-
-        Cached in eval mode per dtype and device (it is a constant then)."""
-        cached = self._additive_cache
-        if not self.training and _usable(cached) and cached.dtype == dtype:  # _apply drops it on a device move
-            return cached
-        mask = self.position_bias()
-        if mask is not None:
-            mask = mask.to(dtype)
-        # only the strict heads' -inf: the hard and soft terms belong to the explicit paths, not SDPA's mask
-        block = strict_block(self.num_heads, self._mask_modes, self.attn_masks) if self.strict_heads else None
-        if block is not None:
-            mask = torch.zeros(block.shape, dtype=dtype, device=block.device) if mask is None else mask
-            mask = mask.masked_fill(block, float("-inf"))
-        self._additive_cache = mask.detach() if _cacheable(self.training) and mask is not None else None
-        return mask
-
-    def _probs(self, q: Tensor, k: Tensor, heads: list[int] | None = None) -> Tensor:
-        """Explicit (dense reference) path: final attention probabilities ``(B, h, N, N)`` before dropout.
-
-        ``q``, ``k`` hold the heads ``heads`` (all heads when None), in that order."""
-        heads = list(range(self.num_heads)) if heads is None else heads
-        attn = (q @ k.transpose(-2, -1)) * self.scale
-        bias = self.position_bias()
-        if bias is not None:
-            attn = attn + self._heads(bias, heads, dim=0).to(attn.dtype)
-        terms = [None if t is None else self._heads(t, heads, dim=0) for t in self._mask_terms(attn.dtype)]
-        attn = apply_mask_terms(attn, *terms).softmax(dim=-1)
-        local = [pos for pos, h in enumerate(heads) if h in self.gpsa_heads]
-        if local:
-            rows = [self.gpsa_heads.index(heads[pos]) for pos in local]
-            pos_attn = self.positional_attention()[rows].to(attn.dtype)
-            gate = self.gating()[rows].to(attn.dtype).view(1, -1, 1, 1)
-            content = attn if len(local) == len(heads) else attn[:, local]
-            mixed = (1.0 - gate) * content + gate * pos_attn
-            mixed = mixed / mixed.sum(dim=-1, keepdim=True)
-            if len(local) == len(heads):
-                attn = mixed
-            else:
-                attn = attn.index_copy(1, torch.tensor(local, device=attn.device), mixed)
-        return attn
-
-    def _dense_forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Reference path ``(B, H, N, v_dim)``: one explicit softmax over all heads, or one SDPA call."""
-        if self.explicit_logits:
-            return self.attn_drop(self._probs(q, k)) @ v
-        mask = self._additive_mask(q.dtype)
-        return F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=None if mask is None else mask.unsqueeze(0),
-            dropout_p=self.attn_drop_p if self.training else 0.0,
-            scale=self.scale,
-        )
-
-    def _group_forward(self, key: tuple, heads: list[int], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Output ``(B, len(heads), N, v_dim)`` of one group of heads on its path (see :meth:`_head_path`)."""
-        kind = key[0]
-        if kind == "window":
-            prefix = f"window{key[1][0]}x{key[1][1]}_"
-            tables = {name: getattr(self, prefix + name).to(q.dtype) for name in ("outside", "n0")}
-            return hard_window_attention(q, k, v, self.grid, key[1], self.num_prefix_tokens, self.scale, tables)
-        if kind == "dense":
-            return self.attn_drop(self._probs(q, k, heads)) @ v
-        if kind == "hard":
-            zero, _, _ = self._mask_terms(q.dtype)
-            return hard_masked_attention(q, k, v, self._heads(zero, heads, dim=0), self.scale)
-        mask = self._additive_mask(q.dtype)
-        if mask is not None:
-            mask = self._heads(mask, heads, dim=0)
-        if kind == "gpsa":
-            rows = [self.gpsa_heads.index(h) for h in heads]
-            gpsa_all = len(rows) == len(self.gpsa_heads)
-            pos, gate = self.positional_attention(), self.gating()
-            return gpsa_attention(q, k, v, pos if gpsa_all else pos[rows], gate if gpsa_all else gate[rows],
-                                  self.scale, mask)
-        if kind == "flex":
-            return self._flex_forward(heads, q, k, v)
-        if mask is not None and not self._masked_sdpa_fused:
-            # CPU SDPA runs a float attn_mask on its math backend plus a "safe softmax" (where/all per call):
-            # the plain formula, as timm's LeViT writes it, is cheaper there.
-            return ((q @ k.transpose(-2, -1)) * self.scale + mask).softmax(dim=-1) @ v
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None if mask is None else mask.unsqueeze(0),
-            dropout_p=self.attn_drop_p if self.training else 0.0, scale=self.scale)
-
-    def _flex_forward(self, heads: list[int], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Hard/soft-masked heads (optionally biased) through :func:`flex_masked_attention`."""
-        sel = [self.mask_heads.index(h) for h in heads]
-        scale = torch.zeros(len(heads), dtype=q.dtype, device=q.device)
-        alpha = self.mask_alpha()
-        if alpha is not None:
-            soft = [pos for pos, h in enumerate(heads) if h in self.soft_heads]
-            rows = [self.soft_heads.index(heads[pos]) for pos in soft]
-            scale = scale.index_copy(0, torch.tensor(soft, device=q.device, dtype=torch.long), alpha[rows].to(q.dtype))
-        bias = self.position_bias()
-        return flex_masked_attention(q, k, v, self.scale, self.attn_masks[sel], scale,
-                                     None if bias is None else bias[heads].to(q.dtype))
-
-    def _heads(self, t: Tensor, heads: list[int], dim: int = 1) -> Tensor:
-        """The heads ``heads`` of ``t`` along ``dim`` (``(B, H, N, d)``: 1; ``(H, N, N)`` tables: 0; ``H = num_heads``):
-        a view (no copy) when they are contiguous, ``t`` itself when they are all heads in order."""
-        if heads == list(range(heads[0], heads[-1] + 1)):
-            return t if len(heads) == self.num_heads else t.narrow(dim, heads[0], len(heads))
-        return t.index_select(dim, torch.tensor(heads, device=t.device))
-
-    def _plan(self) -> tuple[list[tuple[tuple, list[int]]], list[int] | None]:
-        """``(groups, head_order)`` of the running mode.  Under ``torch.compile`` this is a trace-time branch:
-        the compiled plan is fixed into the graph."""
-        return self._compiled_plan if is_compiling() else (self._groups, self._head_order)
-
-    def _group_outputs(self, q: Tensor, k: Tensor, v: Tensor, groups) -> list[Tensor]:
-        """One ``(B, len(heads), N, v_dim)`` output per group of :meth:`_plan`."""
-        if len(groups) == 1:
-            return [self._group_forward(*groups[0], q, k, v)]
-        return [self._group_forward(key, heads, self._heads(q, heads), self._heads(k, heads), self._heads(v, heads))
-                for key, heads in groups]
-
-    def _uses_dense(self) -> bool:
-        """The dense reference runs: ``attn_impl == 'dense'``, or attention dropout active in training (the fast
-        paths have no dropout on implicit weights)."""
-        return self.attn_impl == "dense" or (self.training and self.attn_drop_p > 0)
-
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """``(B, H, N, v_dim)`` on the planned paths (or the dense reference, :meth:`_uses_dense`)."""
-        if self._uses_dense():
-            return self._dense_forward(q, k, v)
-        groups, head_order = self._plan()
-        outs = self._group_outputs(q, k, v, groups)
-        if len(outs) == 1:
-            return outs[0]
-        # Concatenate in (B, N, H, d) layout, as SDPA lays out its output: forward's transpose + reshape to
-        # (B, N, H * d) is then a view, not one more copy.
-        out = torch.cat([o.transpose(1, 2) for o in outs], dim=2)
-        return (out if head_order is None else out[:, :, head_order]).transpose(1, 2)
-
-    def _projects_per_group(self) -> bool:
-        """Training through several head groups with a plain ``nn.Linear`` output projection (ConViT/DeiT layout):
-        project each group's output by its columns of ``proj.weight`` and sum (:meth:`_project_groups`)."""
-        return (self.norm == "layernorm" and torch.is_grad_enabled() and not self._uses_dense()
-                and len(self._plan()[0]) > 1)
-
-    def _project_groups(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """``proj(act(concat_heads(out)))`` as ``sum_g act(out_g) @ W[:, heads_g]^T + b``, ``(B, N, dim)``.
-
-        Why: autograd keeps the projection's input for backward.  Unmasked, that input is SDPA's own output
-        (laid out ``(B, N, H, d)``, so the reshape is a view), which SDPA keeps anyway; a concatenation of head
-        groups would be one more ``(B, N, H d)`` tensor to keep.  Per group, the SDPA group's input is again
-        its output, and the other groups keep what the concatenation would have: the training step keeps no
-        more than the unmasked model's."""
-        B, N = q.shape[0], q.shape[2]
-        groups, _ = self._plan()
-        weight = self.proj.weight.view(self.dim, self.num_heads, self.v_dim)
-        out = None
-        for (_, heads), o in zip(groups, self._group_outputs(q, k, v, groups)):
-            w = self._heads(weight, heads, dim=1).reshape(self.dim, len(heads) * self.v_dim)
-            part = F.linear(self.proj_act(o.transpose(1, 2).reshape(B, N, -1)), w)
-            out = part if out is None else out + part
-        return out if self.proj.bias is None else out + self.proj.bias
 
     # ------------------------------------------------------------------ API
     def get_attention(self, x: Tensor) -> Tensor:
@@ -748,82 +369,6 @@ class Attention(nn.Module):
         letters = "".join(f"[{h.letter}]" for h in self.head_specs)
         return (f"dim={self.dim}, heads={letters}, grid={self.grid}, prefix={self.num_prefix_tokens}, "
                 f"qk_dim={self.qk_dim}, v_dim={self.v_dim}, norm={self.norm}, attn_impl={self.attn_impl}")
-
-    @torch.no_grad()
-    def set_grid(self, grid: tuple[int, int]) -> None:
-        """Move the layer to another patch grid ``(H', W')`` (a new input resolution), keeping its weights.
-
-        Rebuilt for the new grid by :meth:`_build_grid_tables`: the relative-offset index tables, GPSA's fixed
-        ``r_ij`` (:func:`~archspec.families.attention.tables.gpsa_rel_indices`), the MaiT masks (same window,
-        new grid), the
-        linear-time window tables, the eval caches and the per-head path plan (the crossover depends on the grid).
-        The learned bias tables are resampled bicubically on their offset grids
-        (:func:`~archspec.families.attention.tables.resample_bias_table`, as timm ``resize_rel_pos_bias_table_levit``):
-        LeViT's ``attention_biases`` ``(h, H*W) -> (h, H'*W')``, CMHSA's ``signed_biases``
-        ``(h, (2H-1)(2W-1)) -> (h, (2H'-1)(2W'-1))``.  Afterwards the layer expects ``(B, prefix + H'*W', C)``.
-
-        Raises:
-            ValueError: for a grid side < 1.
-        """
-        rows, cols = check_grid(grid)
-        old = self.grid
-        if self.abs_bias_heads:
-            table = resample_bias_table(self.attention_biases.data, old, (rows, cols))
-            self.attention_biases = nn.Parameter(table, requires_grad=self.attention_biases.requires_grad)
-        if self.signed_bias_heads:
-            table = resample_bias_table(self.signed_biases.data, (2 * old[0] - 1, 2 * old[1] - 1),
-                                        (2 * rows - 1, 2 * cols - 1))
-            self.signed_biases = nn.Parameter(table, requires_grad=self.signed_biases.requires_grad)
-        # index tables, GPSA's r_ij, masks, linear-time window tables, caches and the per-head path plan
-        self._build_grid_tables((rows, cols))
-
-
-class ZeroPadTokens(nn.Module):
-    """An attention layer over the token grid padded with ``pad`` rings of zero tokens (CMHSA App. A.2).
-
-    ``(B, H W, C)`` -> zero-pad the grid to ``(H + 2 pad) x (W + 2 pad)`` -> ``attn`` (built for the padded
-    grid, no prefix tokens) -> keep the ``H W`` inner outputs -> ``(B, H W, C)``.  The padding tokens are
-    keys and values like any token: with App. A.2's ``W_V = I`` and zero value bias their values are 0, so a
-    border query whose conv neighbour lies outside the image reads zeros, as the convolution's zero padding
-    does.  MACs: those of ``attn`` on ``(H + 2 pad)(W + 2 pad)`` tokens.  The inner module is named ``attn``.
-
-    Args:
-        attn: attention ``(B, N', C) -> (B, N', C)`` on the padded grid, ``N' = (H + 2 pad)(W + 2 pad)``.
-        grid: ``(H, W)`` unpadded token grid.
-        pad: rings of padding tokens (``ceil((K - 1) / (2 P))`` for a K x K conv on P x P patches).
-
-    Raises:
-        ValueError: for ``pad < 1`` or (in ``forward``) an input that is not ``(B, H W, C)``.
-    """
-
-    def __init__(self, attn: nn.Module, grid: tuple[int, int], pad: int) -> None:
-        super().__init__()
-        if pad < 1:
-            raise ValueError(f"pad must be >= 1, got {pad}")
-        self.attn = attn
-        self.grid = (int(grid[0]), int(grid[1]))
-        self.pad = pad
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``(B, H W, C) -> (B, H W, C)``."""
-        rows, cols = self.grid
-        if x.dim() != 3 or x.shape[1] != rows * cols:
-            raise ValueError(f"ZeroPadTokens expects (B, {rows * cols}, C), got {tuple(x.shape)}")
-        B, N, C = x.shape
-        p = self.pad
-        padded = F.pad(x.reshape(B, rows, cols, C), (0, 0, p, p, p, p))
-        out = self.attn(padded.reshape(B, (rows + 2 * p) * (cols + 2 * p), C))
-        out = out.reshape(B, rows + 2 * p, cols + 2 * p, C)[:, p:p + rows, p:p + cols]
-        return out.reshape(B, N, C)
-
-    def set_grid(self, grid: tuple[int, int]) -> None:
-        """Move to another token grid ``(H', W')`` (a new input size): the inner attention moves to the padded
-        ``(H' + 2 pad, W' + 2 pad)`` (``Attention.set_grid``, which resamples its bias tables)."""
-        self.grid = (int(grid[0]), int(grid[1]))
-        self.attn.set_grid((self.grid[0] + 2 * self.pad, self.grid[1] + 2 * self.pad))
-
-    def extra_repr(self) -> str:
-        return f"grid={self.grid}, pad={self.pad}"
 
 
 def build(shape: AttentionShape) -> nn.Module:
