@@ -95,10 +95,23 @@ def test_a_fifo_as_weights_is_refused_without_blocking(saved) -> None:
 
 
 @pytest.mark.slow
+def _without_unused_gauss_mask(value):
+    """The spec's JSON with every head's ``"gauss_mask": null`` left out (heads carry all their kinds' keys):
+    the digest's rule since that kind was added, so that digests saved before it still match."""
+    if isinstance(value, list):
+        return [_without_unused_gauss_mask(v) for v in value]
+    if isinstance(value, dict):
+        is_head = {"gpsa", "rel_bias", "mask", "gauss_mask"} <= set(value)
+        return {k: _without_unused_gauss_mask(v) for k, v in value.items()
+                if not (is_head and k == "gauss_mask" and v is None)}
+    return value
+
+
 def test_the_digest_is_sha256_of_the_sorted_json_spec_and_survives_the_yaml_round_trip() -> None:
     for name in shipped_specs():
         spec = archspec.load_spec(name)
-        canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(_without_unused_gauss_mask(spec.model_dump(mode="json")), sort_keys=True,
+                               separators=(",", ":"))
         assert spec_digest(spec) == hashlib.sha256(canonical.encode()).hexdigest()
         assert spec_digest(archspec.load_spec(spec.to_yaml())) == spec_digest(spec)
 
