@@ -106,6 +106,18 @@ READ_ONLY_FREE = ("networkx",) + HEAVY
 PARSER_FREE = ("pydantic", "networkx", "yaml", "rich", "numpy", "optuna") + HEAVY
 
 
+def _loaded_after(code: str, modules: tuple[str, ...], cwd: Path) -> str:
+    """Run ``code`` in a fresh interpreter (a ``SystemExit`` is caught); which of ``modules`` it imported, as the
+    repr of a sorted list."""
+    body = "\n".join("    " + line for line in code.splitlines())
+    probe = (f"import sys\ntry:\n{body}\nexcept SystemExit:\n    pass\n"
+             f"print({MARK!r} + repr(sorted(m for m in {modules!r} if m in sys.modules)), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(MARK)]
+    assert lines, proc.stderr[-3000:]
+    return lines[-1][len(MARK):]
+
+
 @pytest.mark.parametrize("code", [
     "import archspec",
     "import archspec.search",
@@ -115,24 +127,16 @@ PARSER_FREE = ("pydantic", "networkx", "yaml", "rich", "numpy", "optuna") + HEAV
     "from archspec.cli import main; main(['train', '--help'])",
 ], ids=["import-archspec", "import-search", "make-parser", "help", "search-help", "train-help"])
 def test_the_parser_and_import_archspec_need_only_the_standard_library(code, tmp_path):
-    probe = (f"import sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\n"
-             f"print({MARK!r} + repr(sorted(m for m in {PARSER_FREE!r} if m in sys.modules)), file=sys.stderr)")
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    lines = [line for line in proc.stderr.splitlines() if line.startswith(MARK)]
-    assert lines, proc.stderr[-3000:]
-    assert lines[-1][len(MARK):] == "[]", f"{code!r} imported {lines[-1][len(MARK):]}"
+    loaded = _loaded_after(code, PARSER_FREE, tmp_path)
+    assert loaded == "[]", f"{code!r} imported {loaded}"
 
 
 @pytest.mark.parametrize("argv", [["validate", "mait_tiny_sch2"], ["list"], ["schema"]], ids=" ".join)
 def test_read_only_commands_do_not_import_networkx(argv, tmp_path):
     """``validate``, ``list`` and ``schema`` read the IR's plan (:mod:`archspec.ir.plan`), a plain value; the
     networkx graph is built from it only where a graph is used (compile, the search)."""
-    probe = (f"import sys\nfrom archspec.cli import main\nrc = main({argv!r})\n"
-             f"print({MARK!r} + repr(sorted(m for m in {READ_ONLY_FREE!r} if m in sys.modules)), file=sys.stderr)")
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    lines = [line for line in proc.stderr.splitlines() if line.startswith(MARK)]
-    assert lines, proc.stderr[-3000:]
-    assert lines[-1][len(MARK):] == "[]", f"archspec {' '.join(argv)} imported {lines[-1][len(MARK):]}"
+    loaded = _loaded_after(f"from archspec.cli import main\nmain({argv!r})", READ_ONLY_FREE, tmp_path)
+    assert loaded == "[]", f"archspec {' '.join(argv)} imported {loaded}"
 
 
 def test_a_bad_train_option_is_refused_before_the_spec_parser_and_torch(tmp_path):
