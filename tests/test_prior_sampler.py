@@ -122,3 +122,35 @@ def test_a_live_strata_search_trains_the_best_of_each_latency_stratum(tmp_path):
                if t.user_attrs.get("status") == "trained"]
     assert len(trained) == 2 and trained[1] == (2, 32) and trained[0] in ((1, 32), (2, 16)), trained
     assert study.user_attrs[PRIOR_SECONDS_ATTR] > 0  # four latencies measured
+
+
+def test_an_unattached_sampler_answers_as_random_draws_on_a_study_with_history():
+    """A resumed study or a second worker asks its first trial with a relative search space before archspec's
+    objective attaches the look: the sampler without candidates must then sample (as its random `then`), not fail."""
+    study = _study(optuna.samplers.RandomSampler(seed=0))
+    study.optimize(lambda t: float(t.suggest_int("x", 0, 5)), n_trials=2)
+    study.sampler = StratifiedPriorSampler(None, n_strata=3, seed=1)
+    study.optimize(lambda t: float(t.suggest_int("x", 0, 5)), n_trials=2)
+    assert len(study.trials) == 4 and all(0 <= t.params["x"] <= 5 for t in study.trials)
+    assert PRIOR_SECONDS_ATTR not in study.user_attrs
+
+
+def test_strata_on_a_space_that_cannot_be_listed_is_refused_at_sampler(tmp_path, capsys):
+    """A float range has no finite list of candidates: exit 2 naming --sampler, before anything is written."""
+    import copy
+
+    import yaml
+    from search_fixtures import TINY_SPACE
+
+    from archspec.cli import main
+
+    doc = copy.deepcopy(TINY_SPACE)
+    doc["spec"]["stages"][0]["mlp_ratio"] = {"float": [1.0, 4.0]}
+    space = tmp_path / "floats.yaml"
+    space.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    out = tmp_path / "run"
+    rc = main(["search", "--space", str(space), "--out", str(out), "--sampler", "strata", "--trials", "2",
+               "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--sampler" in err and "cannot be listed" in err, err
+    assert not out.exists()

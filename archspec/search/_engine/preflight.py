@@ -27,6 +27,7 @@ from archspec.search._engine.session import check_outputs
 from archspec.search._engine.study import make_sampler
 from archspec.search._evaluation.budget import static_check
 from archspec.search._evaluation.latency_cache import architecture_key
+from archspec.search._evaluation.priors import MAX_PRIOR_POINTS
 from archspec.search._tabulation.oracle import load_table
 
 __all__ = ["preflight", "first_problem", "check_budgets_feasible", "check_space_valid", "check_data_path",
@@ -68,6 +69,22 @@ def check_budgets_feasible(space, budgets) -> Any:
                    f"achievable is {human(check.params)} params ({check.params:,}) at {human(check.macs)} MACs")
     raise SpecError.single(field, message, f"raise {'.'.join(field)} to at least the smallest achievable {what}, "
                                            "or search a smaller space (--space)")
+
+
+def check_strata_space(space) -> None:
+    """``--sampler strata`` looks at every candidate before the first trial: the space must be finite and list at
+    most :data:`~archspec.search._evaluation.priors.MAX_PRIOR_POINTS` points.
+
+    Raises:
+        SpecError: at ``--sampler``, saying why the space cannot be listed (a float range, too many points).
+    """
+    try:
+        next(iter(space.points(limit=MAX_PRIOR_POINTS)), None)
+    except SpecError as exc:
+        raise SpecError.single(("--sampler",), f"strata looks at every candidate of the space first, and this space "
+                                               f"cannot be listed: {first_problem(exc)}",
+                               "search a finite space of a few hundred points (e.g. levit_small), or use "
+                               "--sampler random / tpe") from None
 
 
 def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
@@ -145,6 +162,8 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     check_fidelity(cfg)
     check_budgets_feasible(space, cfg.budgets)
     check_space_valid(space, seed=cfg.seed)
+    if cfg.sampler == "strata":
+        check_strata_space(space)
     oracle = check_oracle(cfg, space, n_objectives)
     if oracle is None:
         check_data_path(cfg.data)

@@ -83,7 +83,10 @@ class StratifiedPriorSampler(optuna.samplers.BaseSampler):
     Args:
         candidates: called once, on the first trial that needs it: every candidate of the space
             (:class:`ScoredCandidate`), its cost and score computed at the search's seed; returns ``(candidates,
-            seconds)``, the CPU seconds the look took (written to the study as ``prior_seconds``).
+            seconds)``, the CPU seconds the look took (written to the study as ``prior_seconds``).  ``None``: not
+            attached yet -- the sampler answers as ``then`` (a worker's first trial is asked before archspec's
+            objective attaches the look, and on a resumed study or a second worker that ask has a relative search
+            space; the objective then replaces the sampler with one that has the look).
         n_strata: cost bins, one trained design each (the search's trained candidates, at most the candidates).
         seed: seed of the tie-breaks and of the default ``then`` sampler.
         then: the sampler after the strata (default ``optuna.samplers.RandomSampler(seed)``).
@@ -96,7 +99,7 @@ class StratifiedPriorSampler(optuna.samplers.BaseSampler):
         ValueError: ``n_strata`` below 1.
     """
 
-    def __init__(self, candidates: Callable[[], tuple[Sequence[ScoredCandidate], float]], n_strata: int,
+    def __init__(self, candidates: Callable[[], tuple[Sequence[ScoredCandidate], float]] | None, n_strata: int,
                  seed: int | None = None, then: optuna.samplers.BaseSampler | None = None) -> None:
         if n_strata < 1:
             raise ValueError(f"n_strata must be >= 1, not {n_strata}")
@@ -116,6 +119,8 @@ class StratifiedPriorSampler(optuna.samplers.BaseSampler):
         """The params this trial trains: the next stratum's pick no other trial has, or ``None`` (``then``)."""
         if trial.number in self._assigned:
             return self._assigned[trial.number]
+        if self._candidates is None:  # not attached yet (a worker's first ask, before its objective runs)
+            return None
         if self._picks is None:
             candidates, seconds = self._candidates()
             self._picks = stratified_picks(list(candidates), self._n_strata, self._rng)

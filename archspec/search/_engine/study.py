@@ -377,13 +377,8 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
         if name == "front":
             return FrontMutationSampler(seed=seed, n_startup_trials=n_startup_trials)
         if name == "strata":
-            return StratifiedPriorSampler(candidates or _no_look, n_strata=max(1, n_strata), seed=seed)
+            return StratifiedPriorSampler(candidates, n_strata=max(1, n_strata), seed=seed)
     raise SpecError.single(("--sampler",), f"unknown sampler {name!r}", f"choose one of {', '.join(SAMPLERS)}")
-
-
-def _no_look():
-    raise RuntimeError("the strata sampler needs the engine's look at the candidates: archspec's search objective "
-                       "attaches it on the first trial (CandidateObjective); outside it, pass candidates=")
 
 
 def worker_seed(seed: int, first_trial: int) -> int:
