@@ -43,12 +43,10 @@ def designs() -> dict[str, object]:
     return {"none": none, "hard 3x3, every head": hard, "gauss_mask, every head": gauss}
 
 
-def tabulated(key: str, seed: int) -> dict | None:
-    """The shipped mait_small table's row of ``key`` at ``seed``, if it has one."""
+def tabulated_rows() -> dict:
+    """The shipped mait_small table's rows ``{architecture key: {seed: row}}`` (empty if it is not shipped)."""
     path = TABLES_DIR / "mait_small.jsonl"
-    if not path.is_file():
-        return None
-    return load_table(path).rows.get(key, {}).get(seed)
+    return load_table(path).rows if path.is_file() else {}
 
 
 def main(argv=None) -> int:
@@ -59,13 +57,13 @@ def main(argv=None) -> int:
     protocol = table_protocol(load_space("mait_small"))
     out = Path(args.out)
     done = {(r["label"], r["seed"]): r for r in map(json.loads, out.read_text().splitlines())} if out.is_file() else {}
-    data = None
+    data, table = None, tabulated_rows()
     for label, spec in designs().items():
         key = architecture_key(spec)
         for seed in args.seeds:
             if (label, seed) in done:
                 continue
-            row = tabulated(key, seed)
+            row = table.get(key, {}).get(seed)
             from_table = row is not None
             if row is None:
                 data = data or reference_data(protocol)
