@@ -164,6 +164,13 @@ def test_existing_file_with_a_colon_is_a_path(tmp_path, monkeypatch):
     "a: \x07\n",                         # a control character
     "[" * (MAX_NESTING + 5),             # nesting over the cap
     "a: {b: [1, 2]}\n",                  # fine either way
+    "a: '?'\n",                          # a "?" in a quoted scalar: libyaml reads it
+    "a: \"Convolution?\" # why?\n",       # ... and in a comment
+    "a: b#?\n",                          # "#" inside a plain scalar: not a comment, so the pure parser reads it
+    "a: [x, '?', ? b]\n",                # one quoted "?", one key indicator: the pure parser
+    "a: {? b: 1}\n",                     # a "?" key in a flow mapping
+    "? a\n: 1\n",                        # an explicit block key
+    "a: \"x#\" ?\n",                      # a "?" after a closed scalar (both refuse it)
 ])
 def test_the_libyaml_fast_path_answers_what_the_pure_python_parser_answers(text, monkeypatch):
     """Specs are parsed by libyaml where PyYAML has it; a refusal, or a text holding what libyaml reads otherwise,
@@ -181,6 +188,23 @@ def test_the_libyaml_fast_path_answers_what_the_pure_python_parser_answers(text,
     fast = outcome()
     monkeypatch.setattr(yaml_source, "_FAST_LOADER", None)
     assert fast == outcome()
+
+
+def test_a_question_mark_in_quotes_or_a_comment_keeps_the_libyaml_path(monkeypatch):
+    """The CMHSA specs quote the paper's title ("Can Vision Transformers Perform Convolution?"): they are read by
+    libyaml (the pure-Python parser, replaced here by one that fails, is never asked), a "?" key is not."""
+    import archspec.spec.yaml_source as yaml_source
+    from archspec.spec import SPEC_DIR
+
+    def no_pure_parser(*args, **kwargs):
+        raise AssertionError("the pure-Python parser was asked")
+
+    monkeypatch.setattr(yaml_source, "_compose", no_pure_parser)
+    text = (SPEC_DIR / "cmhsa_k3.yaml").read_text(encoding="utf-8")
+    assert "?" in text and load_yaml(text, "cmhsa_k3.yaml")[0]["name"] == "cmhsa_k3"
+    assert load_yaml("a: b # c?\n")[0] == {"a": "b"}
+    with pytest.raises(AssertionError, match="pure-Python parser"):
+        load_yaml("a: [1, ? b]\n")
 
 
 def test_the_libyaml_fast_path_reads_every_shipped_spec_as_the_pure_python_parser_does(monkeypatch):

@@ -38,7 +38,8 @@ _FAST_LOADER = getattr(yaml, "CSafeLoader", None)
 # ("a:\tb"), "?" keys inside flow collections, a byte-order mark inside the text (found by comparing the two on
 # 15,000 mutations of the shipped specs; none differed on a text without these).  Such a text takes the
 # pure-Python path, so what is accepted and what is read stay PyYAML's.
-_PURE_ONLY = ("\t", "?", "\ufeff")
+_PURE_ONLY = ("\t", "\ufeff")
+_QUESTION = "?"  # read by libyaml only where every "?" is inside a quoted scalar or a comment (_inert_question_marks)
 
 
 def _mark(node: yaml.Node | yaml.Event) -> tuple[int, int]:
@@ -251,15 +252,51 @@ def _compose(text: str, file: str | None) -> yaml.Node | None:
         raise SpecError.single((), "the document nests too deeply", "flatten it", file) from None
 
 
+def _inert_question_marks(text: str) -> bool:
+    """Whether every ``?`` in ``text`` is inside a quoted scalar or a comment, as libyaml's scanner reads it.
+
+    Only a ``?`` that YAML may read as a key indicator (or inside a plain scalar, in flow context) is read
+    otherwise by libyaml; one inside ``'...'`` / ``"..."`` or after a comment's ``#`` is a character of text to both
+    scanners, whose token streams agree up to the first ``?`` that is not (the paper title "Can Vision
+    Transformers Perform Convolution?" in the CMHSA specs; 5 of 33 shipped specs took the slow path for it).
+    Raises ``yaml.YAMLError`` where libyaml cannot scan the text."""
+    quoted, covered = [], []
+    for token in yaml.scan(text, Loader=_FAST_LOADER):
+        span = (token.start_mark.index, token.end_mark.index)
+        covered.append(span)
+        if isinstance(token, yaml.ScalarToken) and token.style in ("'", '"'):
+            quoted.append(span)
+    for index in (i for i, char in enumerate(text) if char == _QUESTION):
+        if any(start <= index < end for start, end in quoted):
+            continue
+        if not _in_comment(text, index, covered):
+            return False
+    return True
+
+
+def _in_comment(text: str, index: int, covered: list[tuple[int, int]]) -> bool:
+    """Whether ``text[index]`` follows a ``#`` on its line that starts a comment: at the line's start or after a
+    space or tab, and outside every token's span (a ``#`` inside a scalar is text)."""
+    line_start = text.rfind("\n", 0, index) + 1
+    for hash_index in (i for i in range(line_start, index) if text[i] == "#"):
+        starts_comment = hash_index == line_start or text[hash_index - 1] in " \t"
+        if starts_comment and not any(start <= hash_index < end for start, end in covered):
+            return True
+    return False
+
+
 def _load_fast(text: str, file: str | None) -> tuple[Any, Locator] | None:
     """:func:`load_yaml` through libyaml: ``(data, locator)`` for a text it reads without a problem, ``None`` when
-    libyaml is missing, the text holds what libyaml reads otherwise (:data:`_PURE_ONLY`) or anything is wrong (the
+    libyaml is missing, the text holds what libyaml reads otherwise (:data:`_PURE_ONLY`, a ``?`` outside quotes
+    and comments) or anything is wrong (the
     pure-Python path then reads the text again and says what).  The
     same checks in the same order: nesting from the event stream before composing, then the walk over the nodes
     (aliases, size, keys), then the safe constructor on the composed nodes."""
     if _FAST_LOADER is None or any(char in text for char in _PURE_ONLY):
         return None
     try:
+        if _QUESTION in text and not _inert_question_marks(text):
+            return None
         _check_nesting(text, _FAST_LOADER)
         node = yaml.compose(text, Loader=_FAST_LOADER)
         if node is None:
