@@ -87,24 +87,23 @@ class SpecError(ValueError):
         field's name in the message and hint becomes the option, so the library names its fields and parameters
         and ``archspec.cli`` its flags.  Raises nothing.
 
-        In the text a field is renamed where it is code-quoted (`` `out` `` or `` `config.batch_size` ``, the
-        quotes dropped) and, for a dotted name only (``budgets.macs``), also where it stands bare: a bare one-word
-        name (``out``, ``data``) is left alone, as it may be an English word.  A problem located at a line of a
-        file (a place in a spec or a space) is left as it is: its path is a field of that document, not a
-        parameter of the call."""
+        In the text a field is renamed where it is code-quoted only (`` `out` `` or `` `budgets.macs` ``, the
+        quotes dropped): a bare name is left alone, as it may be an English word (``out``, ``data``) or a field
+        of a file (a table sidecar's ``protocol.image_size``).  A problem located at a line of a
+        YAML file (a place in a spec or a space) is left as it is: its path is a field of that document (a spec's
+        ``seed``), not a parameter of the call; one at a line of another file (a journal, a table's rows) is
+        renamed."""
         def rename(text: str | None) -> str | None:
             if text is None:
                 return None
             for known, option in options.items():
                 name = re.escape(format_path(known))
                 text = re.sub(rf"`{name}`", option, text)
-                if "." in format_path(known):
-                    text = re.sub(rf"(?<![\w.`-]){name}(?![\w`-])", option, text)
             return text
 
         problems = []
         for p in self.problems:
-            if p.line is not None:
+            if p.line is not None and (p.file or "").endswith((".yaml", ".yml")):
                 problems.append(p)
                 continue
             path = p.path
