@@ -150,6 +150,7 @@ def test_run_design_names_its_keywords_and_archspec_search_its_flags(tmp_path, c
     assert str(info.value) == ("<spec>: oracle_subset: `oracle_subset` needs `oracle` TABLE\n"
                                "    hint: add `oracle` levit_small (or a table file), or drop `oracle_subset`")
     assert main(["search", "--oracle-subset", "--out", str(tmp_path / "r")]) == 2
-    assert capsys.readouterr().err == ("archspec search: error\n--oracle-subset: --oracle-subset needs --oracle TABLE\n"
-                                       "    hint: add --oracle levit_small (or a table file), or drop --oracle-subset\n")
+    assert capsys.readouterr().err == (
+        "archspec search: error\n--oracle-subset: --oracle-subset needs --oracle TABLE\n"
+        "    hint: add --oracle levit_small (or a table file), or drop --oracle-subset\n")
     assert not (tmp_path / "r").exists()
