@@ -84,17 +84,28 @@ class SpecError(ValueError):
     def with_options(self, options: Mapping[Path, str]) -> SpecError:
         """A copy for the command line: where a problem's path starts with a field path of ``options``
         (``("budgets", "macs")``), the option it maps to (``"--budget-flops"``) takes that part's place, and the
-        field's dotted name (``budgets.macs``) in the message and hint becomes the option, so the library names its
-        fields and ``archspec.cli`` its flags.  Raises nothing."""
+        field's name in the message and hint becomes the option, so the library names its fields and parameters
+        and ``archspec.cli`` its flags.  Raises nothing.
+
+        In the text a field is renamed where it is code-quoted only (`` `out` `` or `` `budgets.macs` ``, the
+        quotes dropped): a bare name is left alone, as it may be an English word (``out``, ``data``) or a field
+        of a file (a table sidecar's ``protocol.image_size``).  A problem located at a line of a
+        YAML file (a place in a spec or a space) is left as it is: its path is a field of that document (a spec's
+        ``seed``), not a parameter of the call; one at a line of another file (a journal, a table's rows) is
+        renamed."""
         def rename(text: str | None) -> str | None:
             if text is None:
                 return None
             for known, option in options.items():
-                text = re.sub(rf"(?<![\w.-]){re.escape(format_path(known))}(?![\w-])", option, text)
+                name = re.escape(format_path(known))
+                text = re.sub(rf"`{name}`", option, text)
             return text
 
         problems = []
         for p in self.problems:
+            if p.line is not None and (p.file or "").endswith((".yaml", ".yml")):
+                problems.append(p)
+                continue
             path = p.path
             for known, option in options.items():
                 if tuple(path[:len(known)]) == tuple(known):

@@ -50,7 +50,7 @@ def test_run_design_refuses_bad_options_before_writing(tmp_path):
         search.run_design(no_such_option=1)
     with pytest.raises(SpecError) as info:
         search.run_design(space=TINY_SPACE, out=tmp_path / "r", zc_score="accuracy", progress=False)
-    assert info.value.problems[0].path == ("--zc-score",) and not (tmp_path / "r").exists()
+    assert info.value.problems[0].path == ("zc_score",) and not (tmp_path / "r").exists()
     with pytest.raises(SpecError) as info:
         search.run_design(space=TINY_SPACE, out=tmp_path / "r", budgets={"macs": "lots"}, progress=False)
     assert info.value.problems[0].path == ("budgets", "macs") and not (tmp_path / "r").exists()
@@ -62,7 +62,7 @@ def test_a_python_caller_is_told_the_budget_field_and_the_command_line_its_flag(
         search.run_design(space=TINY_SPACE, out=tmp_path / "r", budgets={"macs": "1k"}, progress=False)
     (problem,) = info.value.problems
     assert problem.path == ("budgets", "macs") and "smallest achievable" in problem.message
-    assert "raise budgets.macs" in problem.hint and "--budget" not in str(info.value)
+    assert "raise `budgets.macs`" in problem.hint and "--budget" not in str(info.value)
     flags = info.value.with_options({("budgets", k): v for k, v in search.BUDGET_OPTIONS.items()})
     assert flags.problems[0].path == ("--budget-flops",) and "raise --budget-flops" in flags.problems[0].hint
 

@@ -197,11 +197,11 @@ def test_oracle_pareto_uses_the_tables_latency(tmp_path):
 
 
 @pytest.mark.parametrize("case, option, match", [
-    ("missing", "--oracle", "lacks 1 design"),
-    ("other_space", "--oracle", "tabulates space 'levit_small'"),
-    ("no_latency", "--oracle", "no latency"),
-    ("past_curve", "--proxy-steps", "past the table's curve"),
-    ("no_file", "--oracle", "no such table"),
+    ("missing", ("oracle",), "lacks 1 design"),
+    ("other_space", ("oracle",), "tabulates space 'levit_small'"),
+    ("no_latency", ("oracle",), "no latency"),
+    ("past_curve", ("protocol", "steps"), "past the table's curve"),
+    ("no_file", ("oracle",), "no such table"),
 ])
 def test_oracle_refusals_are_located_and_write_nothing(tmp_path, case, option, match):
     path, _ = _table(tmp_path, drop=2 if case == "missing" else None,
@@ -213,7 +213,7 @@ def test_oracle_refusals_are_located_and_write_nothing(tmp_path, case, option, m
     with pytest.raises(SpecError) as err:
         run_design(space=TINY_SPACE, oracle=str(path), objective=objective, fidelity="none", trials=2,
                    protocol={"steps": steps}, out=tmp_path / "run", progress=False)
-    assert err.value.problems[0].path == (option,) and match in str(err.value)
+    assert err.value.problems[0].path == option and match in str(err.value)
     assert not (tmp_path / "run").exists()
 
 
@@ -294,7 +294,7 @@ def test_a_malformed_row_is_a_located_error(tmp_path, field, value, words):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(SpecError) as err:
         load_table(path)
-    assert err.value.problems[0].path == ("--oracle",) and "line 2" in str(err.value) and words in str(err.value)
+    assert err.value.problems[0].path == ("oracle",) and "line 2" in str(err.value) and words in str(err.value)
 
 
 @pytest.mark.parametrize("value", [[], [0, "1"], "0,1", [True], {"0": 1}])
@@ -513,7 +513,7 @@ def test_every_rows_curve_must_reach_the_proxy_steps(tmp_path):
     table.check_steps(100)
     with pytest.raises(SpecError) as err:
         table.check_steps(120)
-    assert err.value.problems[0].path == ("--proxy-steps",) and "line 8" in str(err.value)
+    assert err.value.problems[0].path == ("protocol", "steps") and "line 8" in str(err.value)
     assert "ends at 100 steps" in str(err.value)
 
 

@@ -147,10 +147,10 @@ def test_open_study_refuses_another_proxy_score(tmp_path):
     open_study("old", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {"steps": 120}})
     with pytest.raises(SpecError) as err:
         open_study("old", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {"score": "tse"}})
-    assert "--proxy-score accuracy" in str(err.value) and "ranks its candidates by accuracy" in str(err.value)
+    assert "`protocol.score` accuracy" in str(err.value) and "ranks its candidates by accuracy" in str(err.value)
     assert open_study("old", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {}})  # accuracy
     open_study("new", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {"score": "tse"}})
-    with pytest.raises(SpecError, match="--proxy-score tse"):
+    with pytest.raises(SpecError, match="`protocol.score` tse"):
         open_study("new", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {}})
 
 

@@ -280,13 +280,14 @@ def test_hard_distillation_loss_is_deits():
 def test_distillation_needs_a_distilled_spec_and_a_local_teacher(folder, tmp_path):
     with pytest.raises(SpecError) as info:
         fit(TINY, folder, _config(), teacher="resnet18", progress=False)
-    assert info.value.problems[0].path == ("--teacher",) and "distillation head" in info.value.problems[0].message
+    assert info.value.problems[0].path == ("teacher",) and "distillation head" in info.value.problems[0].message
     from archspec.train.teacher import load_teacher
 
     with pytest.raises(SpecError) as info:
         load_teacher("resnet18", None, 2)
     problem = info.value.problems[0]
-    assert problem.path == ("--teacher-checkpoint",) and "downloads nothing" in problem.hint
+    assert problem.path == ("teacher_checkpoint",) and "downloads nothing" in problem.hint
+    assert "--teacher" not in str(info.value) and "`teacher_checkpoint` FILE" in problem.hint
     with pytest.raises(SpecError, match="neither a directory nor a timm model"):
         load_teacher("no_such_net_xyz", tmp_path / "w.pth", 2)
 
@@ -303,7 +304,7 @@ def test_a_timm_teacher_loads_the_users_checkpoint(tmp_path):
     assert torch.equal(teacher(x), source.eval()(x)) and not any(p.requires_grad for p in teacher.parameters())
     with pytest.raises(SpecError) as info:
         load_teacher("resnet10t", tmp_path / "w.pth", 5)  # a 2-class checkpoint into a 5-class head
-    assert info.value.problems[0].path == ("--teacher-checkpoint",)
+    assert info.value.problems[0].path == ("teacher_checkpoint",)
 
 
 def test_fashion_mnist_streams_grey_images_into_an_rgb_model(one_thread, tmp_path, monkeypatch):

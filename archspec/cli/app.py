@@ -26,6 +26,7 @@ from archspec.cli.common import (
     parse_resolution,
 )
 from archspec.cli.deploy import add_build_options, add_export_parser
+from archspec.cli.options import options_for
 from archspec.cli.search import add_search_parser
 from archspec.cli.table import add_table_parser
 from archspec.cli.train import add_train_parser
@@ -458,7 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = COMMANDS.get(args.command) or getattr(args, "handler", None)
     try:
         return handler(args)
-    except SpecError as exc:
+    except SpecError as exc:  # the library names its fields and parameters; the command line its options
+        exc = exc.with_options(options_for(args.command, getattr(args, "search_mode", None)))
         print(f"archspec {args.command}: error", file=sys.stderr)
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE

@@ -76,7 +76,7 @@ def load_checkpoint(path: str | os.PathLike, trainer: Any, batches: Any) -> dict
     """Restore ``trainer``, ``batches`` and the RNG states from ``path``; returns ``{"step", "extra"}``.
 
     Raises:
-        SpecError: at ``--resume``, naming ``path``: the file is missing, unreadable, truncated, not a
+        SpecError: at ``resume``, naming ``path``: the file is missing, unreadable, truncated, not a
             checkpoint archspec wrote (random bytes, a pickle of other objects, missing entries) or one of
             another model (tensor shapes that do not match); nothing is changed on disk.
     """
@@ -84,8 +84,8 @@ def load_checkpoint(path: str | os.PathLike, trainer: Any, batches: Any) -> dict
     path = Path(path)
 
     def fail(reason: str) -> SpecError:
-        return SpecError.single(("--resume",), f"{path.name} cannot be resumed from: {reason}",
-                                "the run directory is left as it is; --restart starts the run over", str(path))
+        return SpecError.single(("resume",), f"{path.name} cannot be resumed from: {reason}",
+                                "the run directory is left as it is; `restart` starts the run over", str(path))
 
     try:
         with warnings.catch_warnings():  # torch's note on the pickle protocol of a file that is no checkpoint

@@ -185,13 +185,13 @@ def recipe(name: str, batch_size: int = 32, **overrides) -> TrainConfig:
 
 
 def check_config(config: TrainConfig) -> None:
-    """Raise on the first invalid setting of ``config``, named as its command-line option.
+    """Raise on the first invalid setting of ``config``, named as its field (``archspec train`` names the option).
 
     Raises:
-        SpecError: at ``--<setting>`` (e.g. ``--warmup-epochs: must be a number >= 0, got -2.0``).
+        SpecError: at ``config.<setting>`` (e.g. ``config.warmup_epochs: must be a number >= 0, got -2.0``).
     """
 
     problems = config.problems()
     if problems:
         name, message = problems[0]
-        raise SpecError.single((f"--{name.replace('_', '-')}",), message)
+        raise SpecError.single(("config", name), message)

@@ -7,7 +7,7 @@ takes ``batch / N`` images of every global batch (:class:`archspec.train.batches
 ``1/N`` share of the validation set, and the sums are reduced; only rank 0 writes files or prints.
 
 BatchNorm normalises with each rank's own batch statistics (as under timm's ``train.py`` without
-``--sync-bn``); ``--sync-bn`` converts them to ``torch.nn.SyncBatchNorm`` (CUDA only).
+``sync_bn``); ``sync_bn`` (``--sync-bn`` on the command line) converts them to ``torch.nn.SyncBatchNorm`` (CUDA only).
 """
 
 from __future__ import annotations

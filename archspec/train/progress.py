@@ -37,7 +37,8 @@ class Progress:
         images_per_step: the global batch (for images/s).
         steps_per_epoch: for the epoch column (``None``: no epochs, e.g. the in-memory fast path).
         run_dir: where ``metrics.csv`` / ``metrics.jsonl`` go (``None``: nowhere).
-        enabled: show progress (rank 0, not ``--quiet``); the metrics files are written whenever ``run_dir`` is set.
+        enabled: show progress (rank 0; ``--quiet`` on the command line turns it off); the metrics files are
+            written whenever ``run_dir`` is set.
         bar: a rich progress bar (default: when stdout is a terminal) instead of log lines.
         tensorboard: also write TensorBoard scalars into ``run_dir/tensorboard`` (needs ``tensorboard``).
         stream: where lines go (default stdout).

@@ -1,6 +1,6 @@
 """A whole training run into a run directory: :func:`fit`, what ``archspec train`` calls.
 
-The run directory (``--out``, default ``runs/train/<spec name>/``) holds::
+The run directory (``out``; ``--out`` on the command line, default ``runs/train/<spec name>/``) holds::
 
     run.json         marker (archspec version), the spec name, the resolved settings and the data
     spec.yaml        the trained spec (its classifier sized to the data)
@@ -11,14 +11,14 @@ The run directory (``--out``, default ``runs/train/<spec name>/``) holds::
     model_ema/       the EMA weights, when ``ema_decay`` is set
     summary.json     accuracy, steps, seconds, images/s
 
-``--out`` must be missing, an empty directory, or a run directory archspec wrote: with ``--resume`` it
-continues (a run with a checkpoint that has not finished), with ``--restart`` it is replaced (an unfinished run,
+``out`` must be missing, an empty directory, or a run directory archspec wrote: with ``resume`` it
+continues (a run with a checkpoint that has not finished), with ``restart`` it is replaced (an unfinished run,
 e.g. one stopped before its first checkpoint, or a finished one); anything else is refused before any work and
 left untouched.  One run at a time writes a run directory (an ``flock`` on it; a second is refused).
 
 Every random draw of step ``k`` on rank ``r``
 (dropout, drop-path, Mixup/CutMix) comes from generators reseeded with ``(seed, r, k)`` before the step, and
-each sample's augmentation from ``(seed, epoch, index)``, so ``--resume`` after ``kill -9`` continues
+each sample's augmentation from ``(seed, epoch, index)``, so ``resume`` after ``kill -9`` continues
 bit-for-bit from the last checkpoint (same threads, same device).
 """
 
@@ -109,7 +109,7 @@ def _is_run_dir(path: Path) -> bool:
     return isinstance(marker, dict) and "archspec_train" in marker and all(_is_run_entry(n) for n in names)
 
 
-def _out_error(out: Path, message: str, hint: str | None = None, option: str = "--out") -> SpecError:
+def _out_error(out: Path, message: str, hint: str | None = None, option: str = "out") -> SpecError:
     return SpecError.single((option,), message, hint, str(out))
 
 
@@ -122,10 +122,10 @@ def _writable_parent(out: Path) -> None:
         if os.path.lexists(parent) or parent == parent.parent:
             break
     if parent.exists() and not parent.is_dir():
-        raise _out_error(out, f"cannot be created: {parent} is not a directory", "give another --out")
+        raise _out_error(out, f"cannot be created: {parent} is not a directory", "give another `out`")
     if not os.path.lexists(out) and parent.is_dir() and not _writable(parent):
         raise _out_error(out, f"cannot be created: {parent} is not writable (permissions, a read-only or immutable "
-                              "directory)", "give a writable --out")
+                              "directory)", "give a writable `out`")
 
 
 def _writable(directory: Path) -> bool:
@@ -141,13 +141,13 @@ def prepare_run_dir(out: Path, resume: bool, restart: bool = False) -> str:
     archspec run to remove before the new one starts).
 
     Raises:
-        SpecError: at ``--out``: not a directory, a directory archspec did not write, not writable (or its
-            parent, for a new one), an earlier run without ``--resume`` or ``--restart``; at ``--resume``: no run,
-            a run without a checkpoint or a finished run; at ``--restart``: given with ``--resume``.
+        SpecError: at ``out``: not a directory, a directory archspec did not write, not writable (or its
+            parent, for a new one), an earlier run without ``resume`` or ``restart``; at ``resume``: no run,
+            a run without a checkpoint or a finished run; at ``restart``: given with ``resume``.
     """
     if resume and restart:
-        raise SpecError.single(("--restart",), "cannot be combined with --resume",
-                               "--resume continues the run in --out; --restart replaces it")
+        raise SpecError.single(("restart",), "cannot be combined with `resume`",
+                               "`resume` continues the run in `out`; `restart` replaces it")
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise _out_error(out, "exists and is not a directory; archspec leaves it untouched")
     _writable_parent(out)
@@ -158,43 +158,43 @@ def prepare_run_dir(out: Path, resume: bool, restart: bool = False) -> str:
     ours = bool(entries) and _is_run_dir(out)
     if entries and not ours:
         raise _out_error(out, "is a directory archspec did not write; it is left untouched",
-                         "give a missing or empty directory" + (" (--resume continues only a run archspec wrote)"
+                         "give a missing or empty directory" + (" (`resume` continues only a run archspec wrote)"
                                                                 if resume else ""))
     if out.is_dir() and not _writable(out):  # found before the data are read, not as a PermissionError mid-run
         raise _out_error(out, "is not writable (permissions, a read-only or immutable directory); nothing was "
-                              "written", "give a writable --out")
+                              "written", "give a writable `out`")
     finished = ours and (out / "summary.json").exists()
     checkpointed = ours and (out / "checkpoint.pt").is_file()
     if resume:
         if not ours:
             raise _out_error(out, "no archspec training run with a checkpoint here",
-                             "--resume continues a run `archspec train` wrote into this --out", "--resume")
+                             "`resume` continues a run `archspec train` wrote into this `out`", "resume")
         if finished:
             raise _out_error(out, f"the run here has finished (its model is {out / 'model'}); there is "
-                                  "nothing to resume", "add --restart instead to train it again from the start, or "
-                                                       "give another --out", "--resume")
+                                  "nothing to resume", "add `restart` instead to train it again from the start, or "
+                                                       "give another `out`", "resume")
         if not checkpointed:
             raise _out_error(out, "the run here stopped before its first checkpoint; there is nothing to resume",
-                             "add --restart instead of --resume to start it over", "--resume")
+                             "add `restart` instead of `resume` to start it over", "resume")
         return "resume"
     if not ours:
         return "new"
     if restart:
         return "replace"
     if finished:
-        hint = "add --restart to replace it (its model is removed), or give another --out"
+        hint = "add `restart` to replace it (its model is removed), or give another `out`"
     elif checkpointed:
-        hint = "add --resume to continue it from its checkpoint, --restart to start it over, or give another --out"
+        hint = "add `resume` to continue it from its checkpoint, `restart` to start it over, or give another `out`"
     else:
-        hint = "it stopped before its first checkpoint: add --restart to start it over, or give another --out"
+        hint = "it stopped before its first checkpoint: add `restart` to start it over, or give another `out`"
     raise _out_error(out, "holds an earlier training run", hint)
 
 
 def _clear_run(out: Path) -> None:
-    """Remove what the archspec run in ``out`` wrote (``--restart``), after checking every entry first.
+    """Remove what the archspec run in ``out`` wrote (``restart``), after checking every entry first.
 
     Raises:
-        SpecError: at ``--out``: an entry is not what a run writes (then nothing is removed).
+        SpecError: at ``out``: an entry is not what a run writes (then nothing is removed).
     """
 
 
@@ -202,8 +202,8 @@ def _clear_run(out: Path) -> None:
     for name in sorted(os.listdir(out)):
         path = out / name
         if not _is_run_entry(name):  # prepare_run_dir checked this; checked again right before removing anything
-            raise _out_error(out, f"--restart: {path} is not what archspec train writes; nothing was removed",
-                             "move it away yourself, or give another --out")
+            raise _out_error(out, f"`restart`: {path} is not what archspec train writes; nothing was removed",
+                             "move it away yourself, or give another `out`")
         if path.is_symlink() or path.is_file():
             removals.append(path.unlink)
         elif name == "tensorboard" and all(f.is_file() and f.name.startswith("events.out.tfevents")
@@ -212,8 +212,8 @@ def _clear_run(out: Path) -> None:
         elif path.is_dir() and only_build_files(path, BUILD):  # model/, model_ema/ or a build's staging dir
             removals.append(lambda p=path: shutil.rmtree(p))
         else:
-            raise _out_error(out, f"--restart: {path} is not what archspec train writes; nothing was removed",
-                             "move it away yourself, or give another --out")
+            raise _out_error(out, f"`restart`: {path} is not what archspec train writes; nothing was removed",
+                             "move it away yourself, or give another `out`")
     for remove in removals:
         remove()
 
@@ -232,7 +232,7 @@ class _RunLock:
             os.close(self.fd)
             self.fd = None
             raise _out_error(out, "another `archspec train` is writing this run directory right now",
-                             "wait for it to end, or give another --out") from None
+                             "wait for it to end, or give another `out`") from None
         # A forked child (a DataLoader worker) shares the lock's open file description: closing its copy keeps
         # the lock with this process alone, so a run killed with -9 does not leave an orphaned worker holding it.
         os.register_at_fork(after_in_child=self._close_in_child)
@@ -252,17 +252,17 @@ class _RunLock:
 
 
 def _claim(out: Path, resume: bool, restart: bool) -> _RunLock:
-    """Create ``out`` if needed, lock it, check it again under the lock and clear it for ``--restart``.
+    """Create ``out`` if needed, lock it, check it again under the lock and clear it for ``restart``.
 
     Raises:
-        SpecError: at ``--out``: it cannot be created (permissions, a read-only or immutable directory), another
+        SpecError: at ``out``: it cannot be created (permissions, a read-only or immutable directory), another
             run holds it, or it changed since :func:`prepare_run_dir` looked.
     """
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _out_error(out, f"cannot create the run directory: {exc.strerror or exc}",
-                         "give a writable --out") from None
+                         "give a writable `out`") from None
     lock = _RunLock(out)
     try:
         if prepare_run_dir(out, resume, restart) == "replace":
@@ -285,18 +285,19 @@ def _check(config: TrainConfig, seed: int) -> None:
     """Every setting, the optimizer name and auto-augment policy as timm reads them, and the seed.
 
     Raises:
-        SpecError: at the option (``--opt``, ``--aa``, ``--seed``, ``--warmup-epochs``, ...).
+        SpecError: at the field (``config.optimizer``, ``config.auto_augment``, ``config.warmup_epochs``, ...) or
+            ``seed``.
     """
 
 
     check_config(config)
     if config.optimizer.lower().split("_")[-1] not in list_optimizers():  # timm: "lookahead_adamw" -> adamw
-        raise SpecError.single(("--opt",), f"{config.optimizer!r} is not a timm optimizer",
+        raise SpecError.single(("config", "optimizer"), f"{config.optimizer!r} is not a timm optimizer",
                                "e.g. adamw, sgd, lamb, lion; timm.optim.list_optimizers() names them all")
     if config.auto_augment is not None:
         check_auto_augment(config.auto_augment)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
-        raise SpecError.single(("--seed",), f"must be an integer in [0, 2^31), got {seed}")
+        raise SpecError.single(("seed",), f"must be an integer in [0, 2^31), got {seed}")
 
 
 def is_build_dir(source: Any) -> bool:
@@ -347,7 +348,7 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
         spec: a spec file, shipped name, dict or ``ArchSpec`` (fresh weights from its seed), or an archspec
             build directory (its weights: fine-tuning, e.g. a T-CNN from ``archspec tcnn``, whose gating then
             trains at lr 0.1 without weight decay as T-CNN sec. 3); the classifier is sized to the data.
-        data: what ``--data`` takes (:func:`archspec.train.streamed_data.open_stream_data`); ``None``: digits.
+        data: what ``open_stream_data`` takes (:func:`archspec.train.streamed_data.open_stream_data`); ``None``: digits.
         out: the run directory (``None``: nothing written, no checkpoints).
         resume: continue the run in ``out`` from its checkpoint (the same spec; a finished run is refused).
         restart: replace the run archspec wrote in ``out`` (unfinished or finished) with a new one; it is removed
@@ -364,11 +365,11 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
     Run under ``torchrun --nproc_per_node N`` it trains data-parallel (:mod:`archspec.train.distributed`).
 
     Raises:
-        SpecError: bad input (spec, data, settings, ``--seed``, ``--out``, teacher, a damaged build directory);
+        SpecError: bad input (spec, ``data``, ``config``, ``seed``, ``out``, teacher, a damaged build directory);
             with ``resume``: another spec than the run's, a damaged or mismatched ``checkpoint.pt``; another
             run writing ``out``.  Nothing is written then (and an earlier run in ``out`` is left as it was).
-            At ``--data`` also during the run: 20 damaged images in a row (the run directory is left as an
-            unfinished run, which ``--resume`` continues from its last checkpoint or ``--restart`` replaces).
+            At ``data`` also during the run: 20 damaged images in a row (the run directory is left as an
+            unfinished run, which ``resume`` continues from its last checkpoint or ``restart`` replaces).
         TrialFailure: training diverged (NaN/inf loss) or the model failed at run time.
     """
 
@@ -377,7 +378,7 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
     try:
         device = resolve_device(config.device)
     except ValueError as exc:
-        raise SpecError.single(("--device",), str(exc)) from None
+        raise SpecError.single(("config", "device"), str(exc)) from None
     out = Path(out) if out is not None else None
     if out is not None:
         prepare_run_dir(out, resume, restart)
@@ -399,15 +400,15 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
 
 
 def _damaged_data(exc: BaseException, data: Any, out: Path | None) -> SpecError:
-    """The SpecError at ``--data`` for :class:`~archspec.train.streamed_data.DamagedImages`, saying what to do with
-    the run directory: it is an archspec run (``--restart`` replaces it), resumable once it holds a checkpoint."""
+    """The SpecError at ``data`` for :class:`~archspec.train.streamed_data.DamagedImages`, saying what to do with
+    the run directory: it is an archspec run (``restart`` replaces it), resumable once it holds a checkpoint."""
 
     hint = "remove or repair the damaged files"
     if out is not None and (out / "checkpoint.pt").is_file():
-        hint += f", then continue with --resume --out {out} (or start over with --restart)"
+        hint += f", then continue with `resume` `out` {out} (or start over with `restart`)"
     elif out is not None and (out / RUN_MARKER).is_file():
-        hint += f", then start over with --restart --out {out}"
-    return SpecError.single(("--data",), f"{damaged_message(exc)}; the run stopped", hint, str(data))
+        hint += f", then start over with `restart` `out` {out}"
+    return SpecError.single(("data",), f"{damaged_message(exc)}; the run stopped", hint, str(data))
 
 
 def _check_resumed_spec(out: Path, spec) -> None:
@@ -415,7 +416,7 @@ def _check_resumed_spec(out: Path, spec) -> None:
 
     earlier = load_spec(out / "spec.yaml")
     if earlier.model_dump(mode="json") != spec.model_dump(mode="json"):
-        raise SpecError.single(("--resume",), f"the run here trained the spec {earlier.name!r}; SPEC "
+        raise SpecError.single(("resume",), f"the run here trained the spec {earlier.name!r}; SPEC "
                                               f"({spec.name!r}) differs from it",
                                f"resume with the run's own spec: archspec train {out / 'spec.yaml'} ... --resume",
                                str(out / "spec.yaml"))
@@ -430,7 +431,7 @@ def _fit(source, spec, stream, config, processes, out, run_mode, seed, teacher, 
                                 processes.rank, processes.world,
                                 on_device=DeviceTransform(spec.input.channels, device, config.reprob))
     except ValueError as exc:
-        raise SpecError.single(("--batch-size",), str(exc)) from None
+        raise SpecError.single(("config", "batch_size"), str(exc)) from None
     per_epoch = batches.batches_per_epoch()
     if config.epochs is not None:
         config = replace(config.resolved(per_epoch), eval_every=per_epoch)
@@ -544,10 +545,10 @@ class _Transformed(torch.utils.data.Dataset):
 def _teacher(model, teacher, teacher_checkpoint, num_classes):
     if teacher is None:
         if teacher_checkpoint is not None:
-            raise SpecError.single(("--teacher-checkpoint",), "given without --teacher")
+            raise SpecError.single(("teacher_checkpoint",), "given without `teacher`")
         return None
     if not getattr(model, "distilled", False):
-        raise SpecError.single(("--teacher",), "the spec has no distillation head",
+        raise SpecError.single(("teacher",), "the spec has no distillation head",
                                "DeiT/LeViT distillation needs `tokens: {dist_token: true}` and "
                                "`head: {distillation: true}` in the spec (e.g. levit_128s)")
 
@@ -558,7 +559,7 @@ def _teacher(model, teacher, teacher_checkpoint, num_classes):
 
 def _sync_bn(model, device):
     if device.type != "cuda":
-        raise SpecError.single(("--sync-bn",), "SyncBatchNorm runs on CUDA only", "drop --sync-bn on CPU")
+        raise SpecError.single(("sync_bn",), "SyncBatchNorm runs on CUDA only", "drop `sync_bn` on CPU")
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 

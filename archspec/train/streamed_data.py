@@ -1,9 +1,9 @@
 """Streamed training data: ``(PIL image, label)`` datasets read at run time, and timm's transforms.
 
-``--data`` takes what :func:`archspec.io.datasets.load_data` takes -- nothing (scikit-learn's digits),
-``fashion-mnist`` (Debian's ``dataset-fashion-mnist``), a directory of the four IDX files, a CIFAR-10/100
-directory, or an ImageFolder -- but nothing is decoded or resized up front: images are decoded by the
-``DataLoader`` workers as they are used, so an ImageFolder of any size trains in constant memory.
+``fit``'s ``data`` (``--data`` on the command line) takes what :func:`archspec.io.datasets.load_data` takes --
+nothing (scikit-learn's digits), ``fashion-mnist`` (Debian's ``dataset-fashion-mnist``), a directory of the four
+IDX files, a CIFAR-10/100 directory, or an ImageFolder -- but nothing is decoded or resized up front: images are
+decoded by the ``DataLoader`` workers as they are used, so an ImageFolder of any size trains in constant memory.
 
 * An ImageFolder with ``train/`` and ``val/`` (or ``validation/``) sub-folders uses them as the splits
   (timm's and torchvision's layout); one without them is split 80/20, stratified and seeded, as
@@ -136,7 +136,7 @@ _AA_SECTIONS = {"rand": ("mstd", "mmax", "inc", "m", "n", "p"), "augmix": ("mstd
 
 
 def check_auto_augment(policy: str) -> None:
-    """Check a timm auto-augment policy string (``--aa``) as timm's ``create_transform`` would parse it.
+    """Check a timm auto-augment policy string (``config.auto_augment``) as timm's ``create_transform`` would parse it.
 
     timm skips a section without digits silently (``rand-garbage`` is plain RandAugment); here every section
     after the policy name must be one timm reads (``rand``: ``m9``, ``n2``, ``mstd0.5``, ``mmax10``, ``inc1``,
@@ -144,7 +144,7 @@ def check_auto_augment(policy: str) -> None:
     ``v0r``, ``original``, ``originalr``, ``3a``: ``mstd``), then timm builds the transform.
 
     Raises:
-        SpecError: at ``--aa``, naming the section timm would not read.
+        SpecError: at ``config.auto_augment``, naming the section timm would not read.
     """
 
 
@@ -155,13 +155,14 @@ def check_auto_augment(policy: str) -> None:
         match = re.fullmatch(r"([a-z]+)(\d.*)", section)
         if not ((name == "rand" and section.startswith("t") and len(section) > 1)
                 or (match and match.group(1) in known)):
-            raise SpecError.single(("--aa",), f"{policy!r}: timm does not read the section {section!r}", hint)
+            raise SpecError.single(("config", "auto_augment"),
+                                   f"{policy!r}: timm does not read the section {section!r}", hint)
     build = {"rand": rand_augment_transform, "augmix": augment_and_mix_transform}.get(name, auto_augment_transform)
     try:
         build(policy, {"translate_const": 100, "img_mean": (124, 116, 104)})
     except (AssertionError, ValueError, KeyError, TypeError) as exc:
-        raise SpecError.single(("--aa",), f"{policy!r} is not a timm auto-augment policy: {exc or 'unknown'}",
-                               hint) from None
+        raise SpecError.single(("config", "auto_augment"),
+                               f"{policy!r} is not a timm auto-augment policy: {exc or 'unknown'}", hint) from None
 
 
 def open_stream_data(source: str | os.PathLike | None, seed: int = 0, max_images: int | None = None) -> StreamData:
@@ -171,12 +172,12 @@ def open_stream_data(source: str | os.PathLike | None, seed: int = 0, max_images
         max_images: keep at most this many images in total (stratified), for quick runs and tests.
 
     Raises:
-        SpecError: at ``--data``: a missing path, a file instead of a directory, no images, Fashion-MNIST
+        SpecError: at ``data``: a missing path, a file instead of a directory, no images, Fashion-MNIST
             not installed (with the apt line), CIFAR files that are not the published ones.
     """
 
     if max_images is not None and max_images < 2:
-        raise SpecError.single(("--max-images",),
+        raise SpecError.single(("max_images",),
                                f"must be at least 2 (a train and a validation image), got {max_images}")
     root = check_data_dir(source)
     if root is None:
@@ -272,7 +273,7 @@ class _Candidates:
                   f"images: {shown}", file=sys.stderr)
 
 
-class DamagedImages(Exception):  # noqa: N818 - what the user reads is the message, at --data
+class DamagedImages(Exception):  # noqa: N818 - what the user reads is the message, at data
     """:data:`_MAX_SKIPS` damaged images in a row: the data folder, not the run, is at fault.  Not a RuntimeError,
     so the training loop does not take it for a failure of the model; from a DataLoader worker it arrives as the
     same class with torch's "Caught ... Original Traceback" text around the message (:func:`damaged_message`)."""
@@ -290,7 +291,7 @@ class CheckedImageFolder(ImageFolder):
     named once per process on stderr.
 
     Raises:
-        DamagedImages: 20 damaged images in a row (``fit`` turns it into a SpecError at ``--data``).
+        DamagedImages: 20 damaged images in a row (``fit`` turns it into a SpecError at ``data``).
     """
 
     def __getitem__(self, index: int):
@@ -322,7 +323,7 @@ def _image_folder(root: Path, seed: int, max_images: int | None) -> StreamData:
     that fails to decode during the run is skipped with a warning naming it (:class:`CheckedImageFolder`).
 
     Raises:
-        SpecError: at ``--data``: not an ImageFolder, train/ and val/ with different classes, fewer than 2
+        SpecError: at ``data``: not an ImageFolder, train/ and val/ with different classes, fewer than 2
             classes or 2 images.
     """
 

@@ -59,7 +59,7 @@ def fidelity_plan(cfg: SearchConfig, multi: bool):
     objectives.
 
     Raises:
-        SpecError: ``--fidelity hyperband`` with ``--objective pareto`` (Optuna prunes single-objective
+        SpecError: ``fidelity="hyperband"`` with ``objective="pareto"`` (Optuna prunes single-objective
             studies only; the Pareto mode has archspec's successive halving, ``sha``), or bad rungs.
     """
     if cfg.fidelity == "zc":  # the zero-cost rung (zero_cost_stops), then full training
@@ -68,8 +68,8 @@ def fidelity_plan(cfg: SearchConfig, multi: bool):
         median = optuna.pruners.MedianPruner(n_startup_trials=3) if (cfg.prune and not multi) else None
         return None, median or optuna.pruners.NopPruner()
     if cfg.fidelity == "hyperband" and multi:
-        raise SpecError.single(("--fidelity",), "hyperband needs --objective accuracy",
-                               "Optuna prunes single-objective studies only; the Pareto search has --fidelity sha")
+        raise SpecError.single(("fidelity",), "hyperband needs `objective` accuracy",
+                               "Optuna prunes single-objective studies only; the Pareto search has `fidelity` sha")
     rungs = rung_schedule(cfg.protocol.steps, cfg.eta, cfg.min_steps)
     pruner = make_pruner(cfg.fidelity, rungs) if not multi else None
     return rungs, pruner or optuna.pruners.NopPruner()

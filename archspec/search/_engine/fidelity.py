@@ -69,15 +69,15 @@ def rung_schedule(total_steps: int, eta: int = 3, min_steps: int | None = None) 
     ``min_steps`` defaults to ``round(total_steps / eta**2)`` (three rungs), at least 1.
 
     Raises:
-        SpecError: ``eta < 2`` or ``min_steps`` outside ``1..total_steps`` (at ``--eta`` / ``--min-steps``).
+        SpecError: ``eta < 2`` or ``min_steps`` outside ``1..total_steps`` (at ``eta`` / ``min_steps``).
     """
     if eta < 2:
-        raise SpecError.single(("--eta",), f"the reduction factor must be at least 2, got {eta}")
+        raise SpecError.single(("eta",), f"the reduction factor must be at least 2, got {eta}")
     if min_steps is None:
         min_steps = max(1, round(total_steps / eta**2))
     if not 1 <= min_steps <= total_steps:
-        raise SpecError.single(("--min-steps",),
-                               f"must be between 1 and --proxy-steps ({total_steps}), got {min_steps}")
+        raise SpecError.single(("min_steps",),
+                               f"must be between 1 and `protocol.steps` ({total_steps}), got {min_steps}")
     steps, rung = [], min_steps
     while rung < total_steps:
         steps.append(rung)

@@ -1,10 +1,11 @@
 """Preflight: every input of a search checked, cheapest first, before anything is written.
 
-:func:`preflight` runs the checks in order -- ``--trials`` / ``--timeout``, :func:`check_fidelity`,
-:func:`check_budgets_feasible`, :func:`check_space_valid`, :func:`check_oracle` (``--oracle``) or
+:func:`preflight` runs the checks in order -- ``trials`` / ``timeout``, :func:`check_fidelity`,
+:func:`check_budgets_feasible`, :func:`check_space_valid`, :func:`check_oracle` (``oracle``) or
 :func:`check_data_path`, :func:`~archspec.search._engine.session.check_outputs` -- and decodes the data last (the
-slowest check).  Each raises :class:`~archspec.errors.SpecError` naming the option (exit 2 from the CLI); the
-run directory, the study and every file are created only after all of them passed.
+slowest check).  Each raises :class:`~archspec.errors.SpecError` naming the :class:`SearchConfig` field (the
+command line names its option: :mod:`archspec.cli.options`; exit 2); the run directory, the study and every file
+are created only after all of them passed.
 
 The torch side (:mod:`archspec.io.datasets`) is imported inside the checks that need it, so a bad option is
 refused without importing torch.
@@ -53,12 +54,12 @@ def check_budgets_feasible(space, budgets) -> Any:
     if check.feasible:
         return check
     if check.macs == 0 and check.params == 0 and check.reason:
-        raise SpecError.single(("--space",),
+        raise SpecError.single(("space",),
                                f"search space {space.name!r}: its smallest point is invalid: {check.reason}")
     over_macs = budgets.macs is not None and check.macs > budgets.macs
     if not over_macs and not (budgets.params is not None and check.params > budgets.params):  # the memory limit
         raise SpecError.single(("budgets", "memory"), f"search space {space.name!r}: its smallest point: "
-                               f"{check.reason}", "raise budgets.memory, or search a smaller space (--space)")
+                               f"{check.reason}", "raise `budgets.memory`, or search a smaller space (`space`)")
     if over_macs:
         field, what = ("budgets", "macs"), "MACs"
         message = (f"no point of search space {space.name!r} fits {human(budgets.macs)} MACs: the smallest achievable "
@@ -67,24 +68,24 @@ def check_budgets_feasible(space, budgets) -> Any:
         field, what = ("budgets", "params"), "params"
         message = (f"no point of search space {space.name!r} fits {human(budgets.params)} params: the smallest "
                    f"achievable is {human(check.params)} params ({check.params:,}) at {human(check.macs)} MACs")
-    raise SpecError.single(field, message, f"raise {'.'.join(field)} to at least the smallest achievable {what}, "
-                                           "or search a smaller space (--space)")
+    raise SpecError.single(field, message, f"raise `{'.'.join(field)}` to at least the smallest achievable {what}, "
+                                           "or search a smaller space (`space`)")
 
 
 def check_strata_space(space) -> None:
-    """``--sampler strata`` looks at every candidate before the first trial: the space must be finite and list at
+    """``sampler="strata"`` looks at every candidate before the first trial: the space must be finite and list at
     most :data:`~archspec.search._evaluation.priors.MAX_PRIOR_POINTS` points.
 
     Raises:
-        SpecError: at ``--sampler``, saying why the space cannot be listed (a float range, too many points).
+        SpecError: at ``sampler``, saying why the space cannot be listed (a float range, too many points).
     """
     try:
         next(iter(space.points(limit=MAX_PRIOR_POINTS)), None)
     except SpecError as exc:
-        raise SpecError.single(("--sampler",), f"strata looks at every candidate of the space first, and this space "
+        raise SpecError.single(("sampler",), f"strata looks at every candidate of the space first, and this space "
                                                f"cannot be listed: {first_problem(exc)}",
                                "search a finite space of a few hundred points (e.g. levit_small), or use "
-                               "--sampler random / tpe") from None
+                               "`sampler` random / tpe") from None
 
 
 def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
@@ -106,7 +107,7 @@ def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
 
 
 def check_data_path(data: str | None) -> None:
-    """Fail fast, before a study is opened, when ``--data`` names nothing
+    """Fail fast, before a study is opened, when ``data`` names nothing
     (see :func:`archspec.io.data_sources.check_source`).
 
     Raises:
@@ -119,26 +120,26 @@ MAX_SEED = 2**31  # what `archspec train --seed` accepts; numpy's samplers take 
 
 
 def check_seed(seed) -> None:
-    """``--seed`` is an integer in [0, 2^31), as for ``archspec train`` (numpy's samplers refuse others with a
+    """``seed`` is an integer in [0, 2^31), as for ``archspec train`` (numpy's samplers refuse others with a
     traceback).
 
     Raises:
-        SpecError: at ``--seed``.
+        SpecError: at ``seed``.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
-        raise SpecError.single(("--seed",), f"seed must be in [0, 2^31), got {seed}")
+        raise SpecError.single(("seed",), f"seed must be in [0, 2^31), got {seed}")
 
 
 def check_fidelity(cfg: SearchConfig) -> None:
     """``cfg.fidelity`` is known and ``cfg.zc_score`` a zero-cost ranking.
 
     Raises:
-        SpecError: at ``--fidelity`` or ``--zc-score``, naming the choices.
+        SpecError: at ``fidelity`` or ``zc_score``, naming the choices.
     """
     if cfg.fidelity not in FIDELITIES:
-        raise SpecError.single(("--fidelity",), f"unknown fidelity {cfg.fidelity!r}", f"one of {', '.join(FIDELITIES)}")
+        raise SpecError.single(("fidelity",), f"unknown fidelity {cfg.fidelity!r}", f"one of {', '.join(FIDELITIES)}")
     if cfg.zc_score not in ZERO_COST_RANKINGS:
-        raise SpecError.single(("--zc-score",), f"unknown zero-cost score {cfg.zc_score!r}",
+        raise SpecError.single(("zc_score",), f"unknown zero-cost score {cfg.zc_score!r}",
                                f"one of {', '.join(ZERO_COST_RANKINGS)}")
 
 
@@ -146,18 +147,18 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     """Check every input of a search of ``space`` (``n_objectives``: 1 or 2), cheapest first, writing nothing.
 
     Returns ``(data, sampler, oracle)``: the decoded :class:`~archspec.io.datasets.Dataset` (the oracle's stand-in with
-    ``--oracle``), the study's sampler and the :class:`~archspec.search._tabulation.oracle.OracleTable` (or ``None``).
+    ``oracle``), the study's sampler and the :class:`~archspec.search._tabulation.oracle.OracleTable` (or ``None``).
 
     Raises:
         SpecError: the first bad input (trials, timeout, sampler start-up, seed, fidelity, budgets, space, oracle,
-            data, ``--out``, ``--storage``).
+            data, ``out``, ``storage``).
     """
     if cfg.trials < 1:
-        raise SpecError.single(("--trials",), f"needs at least 1 trial, got {cfg.trials}")
+        raise SpecError.single(("trials",), f"needs at least 1 trial, got {cfg.trials}")
     if cfg.timeout is not None and cfg.timeout <= 0:
-        raise SpecError.single(("--timeout",), f"must be positive seconds, got {cfg.timeout}")
+        raise SpecError.single(("timeout",), f"must be positive seconds, got {cfg.timeout}")
     if cfg.sampler_startup < 0:
-        raise SpecError.single(("--sampler-startup",), f"needs 0 or more trials, got {cfg.sampler_startup}")
+        raise SpecError.single(("sampler_startup",), f"needs 0 or more trials, got {cfg.sampler_startup}")
     check_seed(cfg.seed)
     check_fidelity(cfg)
     check_budgets_feasible(space, cfg.budgets)
@@ -198,33 +199,33 @@ def _keyed_points(space) -> list[tuple[dict, str]]:
 def check_oracle(cfg: SearchConfig, space, n_objectives: int):
     """The :class:`~archspec.search._tabulation.oracle.OracleTable` of ``cfg.oracle`` (``None`` without one), checked
     against
-    the search: the table tabulates ``space``, covers ``--proxy-steps``, and has latency where the search needs it.
+    the search: the table tabulates ``space``, covers ``protocol.steps``, and has latency where the search needs it.
 
     Raises:
-        SpecError: at ``--oracle`` / ``--proxy-steps``.
+        SpecError: at ``oracle`` / ``protocol.steps``.
     """
     if cfg.oracle is None:
         if cfg.oracle_subset:
-            raise SpecError.single(("--oracle-subset",), "--oracle-subset needs --oracle TABLE",
-                                   "add --oracle levit_small (or a table file), or drop --oracle-subset")
+            raise SpecError.single(("oracle_subset",), "`oracle_subset` needs `oracle` TABLE",
+                                   "add `oracle` levit_small (or a table file), or drop `oracle_subset`")
         return None
 
     table = load_table(cfg.oracle)
     if table.space != space.name:
-        raise SpecError.single(("--oracle",), f"the table tabulates space {table.space!r}, not {space.name!r}",
-                               f"add --space {table.space}", str(cfg.oracle))
+        raise SpecError.single(("oracle",), f"the table tabulates space {table.space!r}, not {space.name!r}",
+                               f"add `space` {table.space}", str(cfg.oracle))
     table.check_steps(cfg.protocol.steps)
     tabulated = table.tabulated
     points = _keyed_points(space)
     missing = [params for params, key in points if key not in tabulated]
     if cfg.oracle_subset and len(missing) == len(points):
-        raise SpecError.single(("--oracle",), f"the table holds no design of space {space.name!r} with every "
+        raise SpecError.single(("oracle",), f"the table holds no design of space {space.name!r} with every "
                                               f"reference seed {table.seeds}",
                                f"tabulate some first: archspec table {space.name}", str(cfg.oracle))
     if missing and not cfg.oracle_subset:
-        raise SpecError.single(("--oracle",), f"the table lacks {len(missing)} design(s) of space {space.name!r}, "
+        raise SpecError.single(("oracle",), f"the table lacks {len(missing)} design(s) of space {space.name!r}, "
                                f"e.g. {missing[0]}", f"finish it (archspec table {space.name}), or "
-                               "search only the designs it holds (--oracle-subset)",
+                               "search only the designs it holds (`oracle_subset`)",
                                str(cfg.oracle))
     if n_objectives == 2 or cfg.budgets.latency_ms is not None:
         _check_oracle_latency(table, [(params, key) for params, key in points if key in tabulated], space.name,
@@ -237,27 +238,27 @@ def _check_oracle_latency(table, searched: list[tuple[dict, str]], space: str, f
     would fail as a trial each time it is sampled while the search samples on.
 
     Raises:
-        SpecError: at ``--oracle``: no latency at all, or none for some of the searched designs.
+        SpecError: at ``oracle``: no latency at all, or none for some of the searched designs.
     """
     if not table.latency_ms:
-        raise SpecError.single(("--oracle",), "the table has no latency yet (its latency pass has not run)",
-                               "search with --objective accuracy, or run bench/space_table.py --latency", file)
+        raise SpecError.single(("oracle",), "the table has no latency yet (its latency pass has not run)",
+                               "search with `objective` accuracy, or run bench/space_table.py --latency", file)
     lacking = [params for params, key in searched if key not in table.latency_ms]
     if lacking:
-        raise SpecError.single(("--oracle",), f"its latency sidecar lacks {len(lacking)} of the {len(searched)} "
+        raise SpecError.single(("oracle",), f"its latency sidecar lacks {len(lacking)} of the {len(searched)} "
                                               f"tabulated designs of space {space!r}, e.g. {lacking[0]}",
                                "finish its latency pass (bench/space_table.py --latency --resume), or search with "
-                               "--objective accuracy and no --budget-latency", file)
+                               "`objective` accuracy and no `budgets.latency_ms`", file)
 
 
 def preflight_rounds(cfg: SearchConfig, name: str):
-    """The inputs a rounds mode (:class:`~archspec.search._modes.base.RoundsMode`) shares with every search: ``--data``,
-    then ``--out`` / ``--storage``, then every image decoded (the slowest check, still nothing written).
+    """The inputs a rounds mode (:class:`~archspec.search._modes.base.RoundsMode`) shares with every search: ``data``,
+    then ``out`` / ``storage``, then every image decoded (the slowest check, still nothing written).
 
     Returns the :class:`~archspec.io.datasets.Dataset`.
 
     Raises:
-        SpecError: ``--seed`` out of range, a missing or unreadable data source, an unusable run directory or
+        SpecError: ``seed`` out of range, a missing or unreadable data source, an unusable run directory or
             storage.
     """
     check_seed(cfg.seed)

@@ -2,7 +2,7 @@
 
 Everything here is Optuna's own machinery; archspec only chooses it and checks the user's input:
 
-* :func:`resolve_storage` turns ``--storage`` into an Optuna storage: ``None`` -> SQLite in the run
+* :func:`resolve_storage` turns ``storage`` into an Optuna storage: ``None`` -> SQLite in the run
   directory (``sqlite:///runs/<study>/study.db``); any SQLAlchemy URL (``postgresql://``,
   ``mysql+pymysql://``, ``sqlite:///path``) -> :class:`optuna.storages.RDBStorage` with Optuna's
   heartbeat; ``journal:PATH`` -> :class:`optuna.storages.JournalStorage` on a
@@ -10,7 +10,7 @@ Everything here is Optuna's own machinery; archspec only chooses it and checks t
   several processes on one machine or an NFS share); ``memory`` -> in-memory (no resume).  An
   unreachable server, a missing driver, a SQLite/journal path in a missing directory, or an existing
   file that is not an SQLite database / Optuna journal (never turned into one) is a
-  :class:`~archspec.errors.SpecError` naming ``--storage``.  :func:`check_storage` makes every check
+  :class:`~archspec.errors.SpecError` naming ``storage``.  :func:`check_storage` makes every check
   that needs no connection, so a search can refuse bad input before it writes anything.
 * :func:`open_study` creates the study or resumes it (``load_if_exists``), refusing to resume a study
   whose objectives differ from the ones asked for.
@@ -18,8 +18,8 @@ Everything here is Optuna's own machinery; archspec only chooses it and checks t
   trials of this host whose worker process is gone (pid + process start time recorded by
   :func:`mark_worker`), and, for RDB storages, trials whose Optuna heartbeat went stale
   (:func:`optuna.storages.fail_stale_trials`, public API).  Run it before a worker starts optimising.
-* :func:`worker_seed`: the sampler seed of one worker (``--seed`` for the study's first trial, derived
-  from ``--seed`` and the worker's first trial number otherwise), so workers sharing a study and
+* :func:`worker_seed`: the sampler seed of one worker (``seed`` for the study's first trial, derived
+  from ``seed`` and the worker's first trial number otherwise), so workers sharing a study and
   resumed runs do not replay one another's candidates.
 * :func:`make_sampler`: TPE (default; multi-objective and constraint aware), NSGA-II, GP or random,
   all seeded.  Budgets are Optuna constraints set with ``trial.set_constraint`` (value <= 0 feasible).
@@ -68,7 +68,7 @@ HEARTBEAT_INTERVAL_S = 20  # Optuna heartbeat for RDB storages; a trial is stale
 def validate_study_name(name: str) -> str:
     """Study names double as directory names: letters, digits, ``_ . -``, at most 80 characters."""
     if not STUDY_NAME_RE.match(name or "") or name in (".", ".."):
-        raise SpecError.single(("--study-name",), f"invalid study name {name!r}",
+        raise SpecError.single(("study_name",), f"invalid study name {name!r}",
                                "use letters, digits, '_', '.' and '-' (at most 80 characters)")
     return name
 
@@ -84,7 +84,7 @@ class StorageInfo:
 
 
 def _storage_error(url: str, message: str, hint: str | None = None) -> SpecError:
-    return SpecError.single(("--storage",), f"cannot open storage {url!r}: {message}", hint)
+    return SpecError.single(("storage",), f"cannot open storage {url!r}: {message}", hint)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -173,12 +173,12 @@ def _verify_journal(url: str, path: Path) -> None:
     repaired = path.with_name(f"{path.stem}.repaired{path.suffix}")
     lost = f"; the {total - line} line(s) after it are dropped too" if total > line else ""
     raise SpecError.single(
-        ("--storage",),
+        ("storage",),
         f"the Optuna journal is damaged: line {line} of {total} {what}. archspec will not append to it "
         "(a record written after a damaged line makes the study unreadable to archspec and to optuna.load_study)",
         f"keep the {line - 1} good records before it in a new file{lost}, and resume from that: "
         f"head -n {line - 1} {shlex.quote(str(path))} > {shlex.quote(str(repaired))}  then  "
-        f"--storage journal:{repaired}", file=str(path), line=line)
+        f"`storage` journal:{repaired}", file=str(path), line=line)
 
 
 def _verify_sqlite(url: str, path: Path) -> None:
@@ -198,7 +198,7 @@ def _verify_sqlite(url: str, path: Path) -> None:
 
 @dataclass
 class _Target:
-    """A checked ``--storage``: what :func:`resolve_storage` will open, nothing opened yet."""
+    """A checked ``storage``: what :func:`resolve_storage` will open, nothing opened yet."""
 
     url: str
     kind: str  # "sqlite", "rdb", "journal" or "memory"
@@ -210,7 +210,7 @@ def _journal_target(url: str) -> _Target:
     if raw.startswith("//"):  # tolerate journal:///abs/path and journal://rel
         raw = raw[2:]
     if not raw:
-        raise _storage_error(url, "no file path after 'journal:'", "e.g. --storage journal:runs/shared.log")
+        raise _storage_error(url, "no file path after 'journal:'", "e.g. `storage` journal:runs/shared.log")
     path = Path(raw).expanduser()
     if not path.parent.is_dir():
         raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
@@ -242,7 +242,7 @@ def _sqlalchemy_target(url: str) -> _Target:
     database = parsed.database
     if not database or database == ":memory:":
         raise _storage_error(url, "an in-memory SQLite database cannot be shared or resumed",
-                             "give a file: sqlite:///runs/name/study.db, or use --storage memory")
+                             "give a file: sqlite:///runs/name/study.db, or use `storage` memory")
     path = Path(database).expanduser()
     if not path.parent.is_dir():
         raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
@@ -253,7 +253,7 @@ def _sqlalchemy_target(url: str) -> _Target:
 
 
 def check_storage(url: str | None, run_dir: Path | None = None) -> None:
-    """Check ``--storage`` without connecting or creating anything (run it before any file is written).
+    """Check ``storage`` without connecting or creating anything (run it before any file is written).
 
     Args:
         url: as for :func:`resolve_storage`; ``None`` checks ``study.db`` in ``run_dir`` when the
@@ -283,7 +283,7 @@ def _target(url: str | None, run_dir: Path | None) -> _Target:
 
 def resolve_storage(url: str | None, run_dir: Path | None = None,
                     heartbeat: int | None = HEARTBEAT_INTERVAL_S) -> StorageInfo:
-    """Resolve ``--storage`` into an Optuna storage, connecting (and creating tables) now.
+    """Resolve ``storage`` into an Optuna storage, connecting (and creating tables) now.
 
     Args:
         url: ``None`` (SQLite ``study.db`` in ``run_dir``), an SQLAlchemy URL, ``journal:PATH`` or ``memory``.
@@ -378,7 +378,7 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
             return FrontMutationSampler(seed=seed, n_startup_trials=n_startup_trials)
         if name == "strata":
             return StratifiedPriorSampler(candidates, n_strata=max(1, n_strata), seed=seed)
-    raise SpecError.single(("--sampler",), f"unknown sampler {name!r}", f"choose one of {', '.join(SAMPLERS)}")
+    raise SpecError.single(("sampler",), f"unknown sampler {name!r}", f"choose one of {', '.join(SAMPLERS)}")
 
 
 def worker_seed(seed: int, first_trial: int) -> int:
@@ -421,9 +421,9 @@ def open_study(name: str, info: StorageInfo, directions: Sequence[str], sampler:
         old = _direction_names(existing[name].directions)
         if old != list(directions):
             raise SpecError.single(
-                ("--study-name",),
+                ("study_name",),
                 f"study {name!r} already exists in {info.url} with objectives {old}, not {list(directions)}",
-                "use another --study-name (or --out), or the same --objective as before")
+                "use another `study_name` (or `out`), or the same `objective` as before")
         _check_same_score(name, info.url, existing[name].user_attrs, attrs or {})
     try:
         study = optuna.create_study(study_name=name, storage=info.storage, sampler=sampler, pruner=pruner,
@@ -448,10 +448,10 @@ def _check_same_score(name: str, url: str, old_attrs: dict, attrs: dict) -> None
         return
     old, new = (a["proxy"].get("score", "accuracy") for a in (old_attrs, attrs))
     if old != new:
-        raise SpecError.single(("--proxy-score",),
+        raise SpecError.single(("protocol", "score"),
                                f"study {name!r} in {url} ranks its candidates by {old}, this run by {new}: their "
-                               "values are not comparable", f"resume it with --proxy-score {old}, or use another "
-                               "--study-name (or --out)")
+                               "values are not comparable", f"resume it with `protocol.score` {old}, or use another "
+                               "`study_name` (or `out`)")
 
 
 # ----------------------------------------------------------------------------------- workers / zombies

@@ -4,7 +4,7 @@ A table is user input (``archspec search --oracle TABLE``; anyone can write one)
 (:func:`archspec.search._tabulation.oracle.load_table`) refuses every row and sidecar that breaks these rules before a
 search
 writes anything, and a writer calls the same functions before it writes a row.  Each refusal is a
-:class:`~archspec.errors.SpecError` at ``--oracle`` naming the table file, the line and the field (a writer that
+:class:`~archspec.errors.SpecError` at ``oracle`` naming the table file, the line and the field (a writer that
 speaks of another option renames it with :meth:`SpecError.as_option`).
 
 A row (one JSON line: one design, one seed):
@@ -38,7 +38,7 @@ __all__ = ["REQUIRED_FIELDS", "row_problem", "check_row", "index_rows", "short_c
            "json_line_of"]
 
 REQUIRED_FIELDS = ("key", "seed", "params", "macs", "n_params", "curve", "tse", "final_accuracy", "zc")
-_OPTION = ("--oracle",)
+_OPTION = ("oracle",)  # the SearchConfig field (``--oracle`` on the command line)
 _WRITER = "a table is what bench/space_table.py or archspec table writes"
 
 
@@ -148,7 +148,7 @@ def row_problem(row) -> str | None:
 
 
 def check_row(row, line: int, name: str) -> None:
-    """Raise :class:`SpecError` at ``--oracle`` (file ``name``, ``line``: the row's 1-based line) when
+    """Raise :class:`SpecError` at ``oracle`` (file ``name``, ``line``: the row's 1-based line) when
     :func:`row_problem` finds anything."""
     problem = row_problem(row)
     if problem:
@@ -160,7 +160,7 @@ def index_rows(rows: list[tuple[int, dict]], protocol_id: str | None,
     """``({key: {seed: row}}, {(key, seed): line})`` of checked ``(line, row)`` pairs.
 
     Raises:
-        SpecError: at ``--oracle``: a second row for a (design, seed) that differs from the first (which would win
+        SpecError: at ``oracle``: a second row for a (design, seed) that differs from the first (which would win
             is arbitrary: refused, not guessed); a row whose ``protocol_id`` is not the sidecar's ``protocol_id`` (or,
             without one, not the first row's): rows of two protocols are two tables.
     """
@@ -220,7 +220,7 @@ def check_meta(meta: dict, text: str, sidecar: str, name: str) -> None:
     """The protocol sidecar's types (``text``: the file as read, to locate a field's line).
 
     Raises:
-        SpecError: at ``--oracle``, naming the table ``name``, the sidecar, the line and the field.
+        SpecError: at ``oracle``, naming the table ``name``, the sidecar, the line and the field.
     """
     protocol = meta.get("protocol", {})
     if not isinstance(protocol, dict):
@@ -247,7 +247,7 @@ def latency_ms(data: dict, text: str, sidecar: str, name: str) -> dict[str, floa
     """``{design key: ms}`` of a latency sidecar ``{"ms": {key: ms or [ms of each pass]}}``: the mean of the passes.
 
     Raises:
-        SpecError: at ``--oracle``: ``ms`` is not an object, or a design's ms are not positive finite numbers
+        SpecError: at ``oracle``: ``ms`` is not an object, or a design's ms are not positive finite numbers
             (naming the sidecar, the line and the design).
     """
     ms = data.get("ms") or {}

@@ -130,8 +130,8 @@ def import_table(space: str | SearchSpace, table: str | os.PathLike, *, storage:
     protocol = protocol or table_protocol(space)
     try:
         source = load_table(table)
-    except SpecError as exc:  # the loader speaks of --oracle, its other reader
-        raise exc.as_option("--oracle", "--import") from None
+    except SpecError as exc:  # the loader speaks of the search's `oracle`, its other reader
+        raise exc.as_option("oracle", "--import") from None
     pid = protocol_id(protocol)
     lines = _row_lines(Path(table))
     foreign = sorted({r.get("protocol_id") for r in lines} - {pid}, key=str)

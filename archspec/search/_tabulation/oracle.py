@@ -13,7 +13,7 @@ sampler, budgets, rungs and reports stay the real ones:
   steps; the curve's last step is the longest proxy there is), reported at every evaluation point the engine
   asks for (rungs, pruners); its cost is the tabulated training seconds up to ``k``;
 * the zero-cost rung: the tabulated scores;
-* latency: the tabulated milliseconds (or, where the table has none, an error at ``--oracle``).
+* latency: the tabulated milliseconds (or, where the table has none, an error at ``oracle``).
 
 Which seed's row answers is drawn for each design and each replay on its own (:meth:`OracleTable.seed_of`: a
 hash of the search's ``--seed`` and the design's architecture key, uniform over the table's reference seeds), so
@@ -47,7 +47,7 @@ from archspec.search._tabulation.checks import check_meta, check_row, index_rows
 __all__ = ["TABLES_DIR", "OracleTable", "load_table", "curve_at"]
 
 TABLES_DIR = Path(__file__).resolve().parents[1] / "tables"
-_OPTION = ("--oracle",)
+_OPTION = ("oracle",)  # the SearchConfig field (``--oracle`` on the command line)
 _MAX_BYTES = 64 * 2**20
 
 
@@ -144,19 +144,19 @@ class OracleTable:
         """The row of ``spec`` for the search seed ``seed``: the table seed :meth:`seed_of` draws for it.
 
         Raises:
-            SpecError: at ``--oracle``: the design is not in the table.
+            SpecError: at ``oracle``: the design is not in the table.
         """
 
         key = architecture_key(spec)
         if key not in self.tabulated:
             raise _fail(f"design {key[:12]} is not in the table (space {self.space!r}, {len(self.tabulated)} designs "
                         f"with seeds {self.seeds})", self.file,
-                        "search the space the table tabulates (--space), search only its designs (--oracle-subset), "
+                        "search the space the table tabulates (`space`), search only its designs (`oracle_subset`), "
                         "or finish the table (archspec table SPACE)")
         return self.rows[key][self.seed_of(key, seed)]
 
     def check_steps(self, steps: int) -> None:
-        """Raises :class:`SpecError` at ``--proxy-steps`` when ``steps`` lies past the curve of any row (each row is
+        """Raises :class:`SpecError` at ``protocol.steps`` when ``steps`` lies past the curve of any row (each row is
         checked: a row whose curve ends early would otherwise answer with its last point)."""
         short = short_curve(self.rows, steps)
         if short is not None:
@@ -164,10 +164,10 @@ class OracleTable:
             row = self.rows[key][seed]
             line = self.lines.get(short)
             where = f"line {line}: " if line is not None else ""
-            raise SpecError.single(("--proxy-steps",), f"{steps} steps is past the table's curve ({where}design "
+            raise SpecError.single(("protocol", "steps"), f"{steps} steps is past the table's curve ({where}design "
                                    f"{key[:12]} seed {seed} ends at {row['curve'][-1][0]} steps)",
-                                   f"search with --proxy-steps {row['curve'][-1][0]} or fewer, or tabulate that row's "
-                                   f"curve further (its steps: {', '.join(str(s) for s, *_ in row['curve'])})",
+                                   f"search with `protocol.steps` {row['curve'][-1][0]} or fewer, or tabulate that "
+                                   f"row's curve further (its steps: {', '.join(str(s) for s, *_ in row['curve'])})",
                                    self.file)
 
     def train(self, spec, data, protocol, seed: int = 0, report=None, on_model=None) -> OracleResult:
@@ -220,7 +220,7 @@ class OracleTable:
         if ms is None:
             raise _fail("the table has no latency for this design (its latency pass has not run)", self.file,
                         "run `python bench/space_table.py --latency --resume` with nothing else running, or search "
-                        "with --objective accuracy")
+                        "with `objective` accuracy")
         return ms
 
     def dataset(self):
@@ -246,7 +246,7 @@ class OracleTable:
 def curve_at(row: dict, step: float) -> tuple[float, float]:
     """``(val top-1, sum of training losses)`` of one table row at ``step``: the curve linear in ``log step``
     between tabulated steps, the loss sum linear in ``step`` (from 0 at step 0) -- what a proxy of ``step`` steps
-    answers under ``--oracle`` (the search's score:
+    answers under ``oracle`` (the search's score:
     :meth:`archspec.search._evaluation.proxy.ProxyProtocol.score_of`)."""
     accuracy = _interpolate([(float(s), float(a)) for s, a, _ in row["curve"]], step)
     loss_sum = linear_at([(0.0, 0.0)] + [(float(s), float(total)) for s, total, _ in row["tse"]], step)
@@ -283,7 +283,7 @@ def load_table(source: str | os.PathLike) -> OracleTable:
     when present.
 
     Raises:
-        SpecError: at ``--oracle``: no such file or shipped table, a directory, over 64 MB, unreadable, a line
+        SpecError: at ``oracle``: no such file or shipped table, a directory, over 64 MB, unreadable, a line
             that is not JSON or breaks a rule of :mod:`archspec.search._tabulation.checks` (shape, value, a conflicting
             duplicate, another protocol), no rows, a sidecar of the wrong types.
     """
@@ -317,7 +317,7 @@ def _sidecar(path: Path, name: str) -> tuple[dict, str]:
     """``(object, text)`` of a JSON sidecar (``({}, "")`` when there is none).
 
     Raises:
-        SpecError: at ``--oracle``: unreadable, not JSON, not a JSON object.
+        SpecError: at ``oracle``: unreadable, not JSON, not a JSON object.
     """
     if not path.is_file():
         return {}, ""

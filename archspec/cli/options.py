@@ -1,0 +1,67 @@
+"""Which command-line option each library field or parameter is, one table per command.
+
+The library's errors name what a Python caller passed: a parameter (``out``), a field of a config (``config.lr``,
+``budgets.macs``), code-quoted in the text (`` `out` ``).  :func:`archspec.cli.main` renames them to the command's
+flags with :meth:`archspec.errors.SpecError.with_options` and the table of the command (:func:`options_for`), so
+the command line speaks of ``--out`` and ``--lr``.  Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from archspec.errors import Path
+from archspec.train.config import TrainConfig
+
+__all__ = ["TRAIN_CONFIG", "TRAIN", "SEARCH", "SEARCH_MASKS", "TABLE", "options_for"]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# ``fit(config=...)``: each TrainConfig field is the option of the same name but two.
+TRAIN_CONFIG: dict[Path, str] = {("config", f.name): {"optimizer": "--opt", "auto_augment": "--aa"}.get(
+    f.name, _flag(f.name)) for f in fields(TrainConfig)}
+
+# ``archspec train``: :func:`archspec.train.run.fit`'s keywords and its config.
+TRAIN: dict[Path, str] = {
+    **{(name,): _flag(name) for name in ("out", "resume", "restart", "seed", "data", "teacher", "teacher_checkpoint",
+                                         "max_images", "sync_bn")},
+    **TRAIN_CONFIG,
+}
+
+# ``archspec search``: the fields of :class:`archspec.search.SearchConfig` (``run_design``'s keywords), each the
+# option of the same name, and those of its budgets, proxy protocol and latency protocol.
+SEARCH: dict[Path, str] = {
+    **{(name,): _flag(name) for name in (
+        "study_name", "out", "storage", "objective", "trials", "timeout", "seed", "sampler", "sampler_startup", "space",
+        "data", "max_images", "prune", "fidelity", "eta", "zc_score", "min_steps", "trial_timeout", "oracle",
+        "oracle_subset", "verify")},
+    ("budgets", "macs"): "--budget-flops", ("budgets", "params"): "--budget-params",
+    ("budgets", "latency_ms"): "--budget-latency", ("budgets", "memory"): "--max-memory",
+    **{("protocol", name): option for name, option in (
+        ("steps", "--proxy-steps"), ("image_size", "--proxy-size"), ("batch_size", "--proxy-batch"),
+        ("lr", "--proxy-lr"), ("threads", "--proxy-threads"), ("score", "--proxy-score"),
+        ("min_grid", "--proxy-min-grid"))},
+    **{("latency", name): _flag(f"latency_{name}") for name in ("batch", "threads", "repeats", "compile")},
+}
+
+# ``archspec search masks``: :class:`archspec.search.MaskConfig`'s fields besides the search's.
+SEARCH_MASKS: dict[Path, str] = {
+    **SEARCH,
+    **{(name,): _flag(name) for name in ("strategy", "rounds", "als_high", "als_low", "window", "windows", "max_masked",
+                                         "alpha_threshold")},
+}
+
+# ``archspec table``: its proxy's training settings are checked as a TrainConfig; its storage and data are the
+# search's (its ``protocol.<field>`` problems are renamed by archspec.cli.table itself).
+TABLE: dict[Path, str] = {**TRAIN_CONFIG, ("storage",): "--storage", ("data",): "--data"}
+
+_TABLES: dict[str, dict[Path, str]] = {"train": TRAIN, "search": SEARCH, "search masks": SEARCH_MASKS,
+                                       "table": TABLE}
+
+
+def options_for(command: str | None, mode: str | None = None) -> dict[Path, str]:
+    """The field -> option table of ``archspec COMMAND [MODE]`` (empty for a command without one)."""
+    return _TABLES.get(f"{command} {mode}" if mode else str(command), {})
