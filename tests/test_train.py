@@ -8,7 +8,7 @@ import torch
 import archspec
 from archspec.io.datasets import load_data
 from archspec.search._evaluation import proxy
-from archspec.train import TrainConfig, TrialFailure, resolve_device, train
+from archspec.train import TrainConfig, TrainingFailure, resolve_device, train
 
 TINY = """
 name: t
@@ -62,5 +62,5 @@ def test_devices_and_failures(one_thread, digits):
     model = archspec.compile(TINY)
     with torch.no_grad():
         model.head.weight.fill_(float("nan"))
-    with pytest.raises(TrialFailure, match="loss became nan at step 1"):
+    with pytest.raises(TrainingFailure, match="loss became nan at step 1"):
         train(model, digits, TrainConfig(steps=2, eval_every=1))

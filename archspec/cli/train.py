@@ -150,7 +150,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from archspec.train.loop import TrialFailure
+    from archspec.train.loop import TrainingFailure
     from archspec.train.run import fit
 
     try:
@@ -160,7 +160,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                          teacher_checkpoint=args.teacher_checkpoint, max_images=args.max_images,
                          progress=not args.quiet and not args.json, tensorboard=args.tensorboard,
                          sync_bn=args.sync_bn)
-    except TrialFailure as exc:
+    except TrainingFailure as exc:
         print(f"archspec train: training failed: {exc.reason}", file=sys.stderr)
         return 1
     except Terminated:

@@ -369,7 +369,7 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
             run writing ``out``.  Nothing is written then (and an earlier run in ``out`` is left as it was).
             At ``--data`` also during the run: 20 damaged images in a row (the run directory is left as an
             unfinished run, which ``--resume`` continues from its last checkpoint or ``--restart`` replaces).
-        TrialFailure: training diverged (NaN/inf loss) or the model failed at run time.
+        TrainingFailure: training diverged (NaN/inf loss) or the model failed at run time.
     """
 
     config = config or recipe("short")

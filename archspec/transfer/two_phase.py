@@ -87,7 +87,7 @@ def two_phase(conv_spec: ArchSpec, data: Any, phase1: TrainConfig, phase2: Train
 
     Raises:
         TransferError: the spec has no conv mixer or cannot be transferred.
-        TrialFailure: a run diverged or failed inside the model.
+        TrainingFailure: a run diverged or failed inside the model.
     """
     spec = fit_to_data(conv_spec, data)
     device = resolve_device(phase1.device)
