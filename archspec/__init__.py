@@ -25,7 +25,7 @@ from archspec._version import __version__
 from archspec.timm_bridge import hook as _timm_hook
 
 _EXPORTS = {
-    "ArchSpec": "archspec.spec", "load_spec": "archspec.ir.loader",
+    "ArchSpec": "archspec.spec", "load_spec": "archspec.ir.checked",
     "Analysis": "archspec.ir.analysis", "analyze": "archspec.ir.analysis",
     "Problem": "archspec.errors", "SpecError": "archspec.errors",
     "HeadSpec": "archspec.families.attention.heads",
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from archspec.families.attention.heads import HeadSpec
     from archspec.io.artifact import load, save
     from archspec.ir.analysis import Analysis, analyze
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.nn.compiler import compile
     from archspec.nn.model import ArchModel
     from archspec.spec import ArchSpec

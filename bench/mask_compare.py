@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def placements(found: Path | None) -> dict:
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.search import apply_placement, attention_layers, placement_heads
 
     sch1 = load_spec("mait_tiny_sch1")

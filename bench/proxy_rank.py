@@ -70,7 +70,7 @@ def _train(task: dict) -> dict:
     import torch
 
     from archspec.io.datasets import load_data
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.search import ProxyProtocol, TrainingFailure, train_proxy
 
     torch.set_num_threads(task["protocol"]["threads"] or 1)

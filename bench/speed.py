@@ -36,7 +36,7 @@ from torch.utils.benchmark import Timer
 
 import archspec
 from archspec.families.attention.module import Attention
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.timm_bridge.convert import TIMM_EQUIVALENTS, load_timm_weights
 
 PARITY = ["deit_tiny", "convit_tiny", "levit_128s", "levit_256"]

@@ -1,6 +1,6 @@
 """CaiT and Masked CaiT (MaiT Tab. 4): timm parity of specs/cait_xxs24.yaml, the two block families
 (talking heads, class attention) against timm's modules and their own count rules, where the mask sits,
-the spec checks, the memory estimate, and the import order spec -> graph -> loader."""
+the spec checks, the memory estimate, and the import order spec -> graph -> checked."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import timm
 import torch
 
 import archspec
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.timm_bridge.convert import TIMM_EQUIVALENTS, to_timm
 
 

@@ -20,7 +20,7 @@ from timm.optim import create_optimizer_v2
 
 import archspec
 from archspec.errors import SpecError
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.nn.compiler import compile
 from archspec.nn.model import FX_LEAF_MODULES, symbolic_trace
 from archspec.spec import shipped_specs

@@ -417,7 +417,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     from archspec._util.units import human
     from archspec.ir.analysis import analyze
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.spec import SPEC_DIR, shipped_specs
 
     table = Table(title=f"shipped specs ({SPEC_DIR})", title_justify="left")

@@ -141,7 +141,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise SpecError.single(("--recipe",), "levit trains with hard distillation and needs --teacher",
                                "give --teacher MODEL|DIR (and --teacher-checkpoint for a timm model), or "
                                "--recipe deit for the same recipe without distillation")
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
 
     build = Path(args.spec).is_dir() and is_build(args.spec)  # as archspec.train.run.is_build_dir
     spec = load_spec(Path(args.spec) / "spec.yaml" if build else args.spec)

@@ -117,7 +117,7 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
     from archspec.transfer.two_phase import match_channels, two_phase
 
     _check_args(args)
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
 
     spec = load_spec(args.spec)
     try:

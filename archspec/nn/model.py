@@ -35,7 +35,7 @@ from archspec.families.head.rules import classifier_names
 from archspec.families.shrink.module import ShrinkBlock
 from archspec.families.stem import rules as stems
 from archspec.families.stem.module import IdentityStem
-from archspec.ir.loader import with_resolution
+from archspec.ir.checked import with_resolution
 from archspec.ir.plan import build_plan
 from archspec.nn.fuse import fuse_model
 from archspec.nn.layout import ModelLayout, layout_of

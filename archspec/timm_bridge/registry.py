@@ -31,7 +31,7 @@ from typing import Any
 from timm.models import build_model_with_cfg, register_model
 
 from archspec.errors import SpecError
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.ir.plan import build_plan
 from archspec.nn.layout import layout_of
 from archspec.spec import SPEC_DIR, shipped_specs

@@ -45,7 +45,7 @@ from archspec.errors import SpecError
 from archspec.io.artifact import load, save
 from archspec.io.atomic import atomic_write_text
 from archspec.io.builddir import BUILD, is_build, only_build_files, write_build
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.nn.compiler import compile as compile_spec
 from archspec.spec import ArchSpec
 from archspec.train.batches import StreamBatches, quiet_worker

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.search._engine.defaults import (
     BUDGET_OPTIONS,
     DEFAULT_FIDELITY,

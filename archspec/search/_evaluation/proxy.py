@@ -18,8 +18,8 @@ import torch
 from archspec._util.memo import ContentMemo
 from archspec.errors import SpecError
 from archspec.io.datasets import Dataset
+from archspec.ir.checked import load_spec
 from archspec.ir.graph import build_graph
-from archspec.ir.loader import load_spec
 from archspec.nn import compiler
 from archspec.nn.compiler import compile as compile_spec
 from archspec.search._evaluation.protocols import ProxyProtocol

@@ -30,7 +30,7 @@ from archspec.families.attention.placement import (
     soft_placement,
 )
 from archspec.ir.analysis import analyze
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.search._modes.base import Candidate, RoundResult, RoundsMode, RunContext, SampledMode
 from archspec.search._modes.mask_placement import (
     als_table,
