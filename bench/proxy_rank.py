@@ -81,7 +81,8 @@ def _train(task: dict) -> dict:
     start = time.perf_counter()
     out = {"index": task["index"], "label": task["label"]}
     try:
-        result = train_proxy(load_spec(task["spec"]), _DATA[key], ProxyProtocol(**task["protocol"]), seed=task["seed"])
+        protocol = ProxyProtocol.from_dict(task["protocol"])
+        result = train_proxy(load_spec(task["spec"]), _DATA[key], protocol, seed=task["seed"])
         out["accuracy"], out["history"] = result.accuracy, result.history
     except TrainingFailure as exc:
         out["accuracy"], out["failure"] = None, exc.reason

@@ -168,7 +168,7 @@ class Trainer:
         self.mixup = _mixup(config, num_classes)
         self.teacher = teacher.to(device).eval() if teacher is not None else None
         self.model = wrap(model) if wrap is not None else model
-        self.forward = torch.compile(self.model) if config.compile else self.model
+        self.forward = torch.compile(self.model) if config.torch_compile else self.model
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The training loss of batch ``x`` ``(B, C, H, W)``, ``y`` ``(B,)``: cross-entropy (label-smoothed, or
