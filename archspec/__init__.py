@@ -12,7 +12,7 @@ each node's module built by its block family in :mod:`archspec.families`); docs/
 
 Names are imported on first use (PEP 562), so ``archspec validate`` and static analysis never pay
 for importing torch and timm.  The shipped specs become timm models (``timm.create_model(
-"archspec_mait_tiny_sch2")``) as soon as timm is imported too (:mod:`archspec.timm.registry`).
+"archspec_mait_tiny_sch2")``) as soon as timm is imported too (:mod:`archspec.timm_bridge.registry`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 from archspec._util.lazy import lazy_exports
 from archspec._version import __version__
-from archspec.timm import hook as _timm_hook
+from archspec.timm_bridge import hook as _timm_hook
 
 _EXPORTS = {
-    "ArchSpec": "archspec.spec", "load_spec": "archspec.ir.loader",
+    "ArchSpec": "archspec.spec", "load_spec": "archspec.ir.checked",
     "Analysis": "archspec.ir.analysis", "analyze": "archspec.ir.analysis",
     "Problem": "archspec.errors", "SpecError": "archspec.errors",
     "HeadSpec": "archspec.families.attention.heads",
@@ -35,7 +35,7 @@ _EXPORTS = {
     "quantize": "archspec.deploy.int8", "load_quantized": "archspec.deploy.int8",
     "QuantizedModel": "archspec.deploy.int8",
     "export_onnx": "archspec.deploy.onnx_export",
-    "register": "archspec.timm.registry",
+    "register": "archspec.timm_bridge.registry",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -47,11 +47,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from archspec.families.attention.heads import HeadSpec
     from archspec.io.artifact import load, save
     from archspec.ir.analysis import Analysis, analyze
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.nn.compiler import compile
     from archspec.nn.model import ArchModel
     from archspec.spec import ArchSpec
-    from archspec.timm.registry import register
+    from archspec.timm_bridge.registry import register
 
 
 _timm_hook.install()  # registers the shipped specs with timm once timm is imported (stdlib only here)

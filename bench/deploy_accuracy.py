@@ -30,7 +30,7 @@ import torch
 import archspec
 from archspec.deploy.int8 import calibration_batches
 from archspec.io.datasets import load_data
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.train import TrainConfig, evaluate, train
 
 

@@ -9,7 +9,7 @@ two batch sizes compare and a shared 2-core machine is not oversubscribed).  Cas
 * ``timm`` float32 eager: ``timm.create_model(twin, pretrained=False)``; the baseline (speed 1.00);
 * ``timm compiled``: the same under :func:`archspec.diagnostics.timing.compile_for_inference` (``torch.compile``,
   Inductor, freezing);
-* ``archspec``: the archspec model with the timm model's weights (:mod:`archspec.timm.convert`), eager;
+* ``archspec``: the archspec model with the timm model's weights (:mod:`archspec.timm_bridge.convert`), eager;
 * ``archspec folded``: ``model.fuse()`` (BatchNorms folded into the linears/convs, LeViT sec. 5.3; LeViTs only);
 * ``archspec compiled`` / ``archspec folded compiled``: the two under the same ``torch.compile``;
 * ``archspec int8``: :func:`archspec.quantize` (folded, int8 linears/convs, attention products and softmax in
@@ -57,7 +57,7 @@ from torch.utils.benchmark import Timer
 import archspec
 from archspec.diagnostics.timing import compile_for_inference
 from archspec.io.images import sample_batch
-from archspec.timm.convert import TIMM_EQUIVALENTS, load_timm_weights
+from archspec.timm_bridge.convert import TIMM_EQUIVALENTS, load_timm_weights
 
 MODELS = ["levit_128s", "levit_256", "deit_tiny"]
 

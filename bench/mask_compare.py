@@ -32,7 +32,6 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -41,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def placements(found: Path | None) -> dict:
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.search import apply_placement, attention_layers, placement_heads
 
     sch1 = load_spec("mait_tiny_sch1")
@@ -141,7 +140,7 @@ def add_latency(specs: dict, only: list[str] | None, out: Path) -> int:
         rows.setdefault(name, {"placement": name, "spec": spec.name})["latency_ms"] = runs
         print(f"  {name}: {runs[0]:.2f} / {runs[1]:.2f} ms", flush=True)
     data["rows"] = list(rows.values())
-    data["latency_protocol"] = {**asdict(protocol), "machine": platform.processor() or platform.machine(),
+    data["latency_protocol"] = {**protocol.describe(), "machine": platform.processor() or platform.machine(),
                                 "affinity": sorted(os.sched_getaffinity(0)), "torch": torch.__version__}
     out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -91,7 +91,7 @@ def run_candidate(name: str, spec_name: str, quick: bool, datasets: dict, max_im
     import torch
 
     from archspec.io.datasets import load_data
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.search import (
         ALS_IMAGES,
         MASKS_PROXY_DEFAULTS,

@@ -80,7 +80,7 @@ def found_placement(spec: dict, strategy: str, args, work: Path) -> dict | None:
 
 
 def train(spec_doc: dict, data, protocol, seed: int):
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.search import train_keeping_model
 
     return train_keeping_model(load_spec(spec_doc), data, protocol, seed)[0]

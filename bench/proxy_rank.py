@@ -70,8 +70,8 @@ def _train(task: dict) -> dict:
     import torch
 
     from archspec.io.datasets import load_data
-    from archspec.ir.loader import load_spec
-    from archspec.search import ProxyProtocol, TrialFailure, train_proxy
+    from archspec.ir.checked import load_spec
+    from archspec.search import ProxyProtocol, TrainingFailure, train_proxy
 
     torch.set_num_threads(task["protocol"]["threads"] or 1)
     key = (task["data"], task["image_size"], task["data_seed"], task["max_images"])
@@ -81,9 +81,10 @@ def _train(task: dict) -> dict:
     start = time.perf_counter()
     out = {"index": task["index"], "label": task["label"]}
     try:
-        result = train_proxy(load_spec(task["spec"]), _DATA[key], ProxyProtocol(**task["protocol"]), seed=task["seed"])
+        protocol = ProxyProtocol.from_dict(task["protocol"])
+        result = train_proxy(load_spec(task["spec"]), _DATA[key], protocol, seed=task["seed"])
         out["accuracy"], out["history"] = result.accuracy, result.history
-    except TrialFailure as exc:
+    except TrainingFailure as exc:
         out["accuracy"], out["failure"] = None, exc.reason
     out["seconds"] = round(time.perf_counter() - start, 1)
     return out

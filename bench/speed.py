@@ -4,7 +4,7 @@
 
 Parts (each prints a Markdown table; every case is measured twice, interleaved A B A B, so the noise shows):
 
-* ``timm``: every timm-parity model (same weights via :mod:`archspec.timm.convert`), forward images/s ratio
+* ``timm``: every timm-parity model (same weights via :mod:`archspec.timm_bridge.convert`), forward images/s ratio
   archspec / timm; LeViT also folded (``model.fuse()``, BatchNorm into the linears, LeViT sec. 5.3).
 * ``masks``: ``mait_tiny_sch2`` vs the same model with every mask removed (same weights), at 224/384/512 px:
   forward and training step (forward + backward of the cross-entropy), ratio unmasked time / masked time
@@ -36,8 +36,8 @@ from torch.utils.benchmark import Timer
 
 import archspec
 from archspec.families.attention.module import Attention
-from archspec.ir.loader import load_spec
-from archspec.timm.convert import TIMM_EQUIVALENTS, load_timm_weights
+from archspec.ir.checked import load_spec
+from archspec.timm_bridge.convert import TIMM_EQUIVALENTS, load_timm_weights
 
 PARITY = ["deit_tiny", "convit_tiny", "levit_128s", "levit_256"]
 GPU_BATCH = {224: 256, 384: 64, 512: 32}

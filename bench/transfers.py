@@ -50,7 +50,7 @@ def border_rows(images: torch.Tensor) -> list[dict]:
     import torch.nn.functional as F
 
     import archspec
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.transfer import attention_spec, conv_to_mhsa
 
     conv = archspec.compile("cmhsa_k3_conv_digits").eval()

@@ -2,7 +2,7 @@
 
     python bench/vs_timm.py [--device cpu] [--batch 1] [--repeats 30] [--threads N]
 
-Both models get the same weights (converted with archspec.timm.convert) and the same real photo batch;
+Both models get the same weights (converted with archspec.timm_bridge.convert) and the same real photo batch;
 runs alternate between the two models so drift hits both.  Prints a Markdown table: median ms of each
 and the ratio archspec / timm (1.00 = same speed).  Absolute times mean something only on a GPU.
 """
@@ -18,7 +18,7 @@ import torch
 
 import archspec
 from archspec.io.images import sample_batch
-from archspec.timm.convert import TIMM_EQUIVALENTS, load_timm_weights
+from archspec.timm_bridge.convert import TIMM_EQUIVALENTS, load_timm_weights
 
 
 def _time(model, x, device) -> float:

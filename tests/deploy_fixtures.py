@@ -14,7 +14,7 @@ from torch import nn
 
 import archspec
 from archspec.io.images import sample_batch
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 
 RESOLUTION = 64
 

@@ -14,7 +14,7 @@ from test_resnet import randomise
 
 import archspec
 from archspec.errors import SpecError, format_path
-from archspec.timm.convert import load_timm_weights, to_timm
+from archspec.timm_bridge.convert import load_timm_weights, to_timm
 
 
 def _botnet(size: int) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -1,6 +1,6 @@
 """CaiT and Masked CaiT (MaiT Tab. 4): timm parity of specs/cait_xxs24.yaml, the two block families
 (talking heads, class attention) against timm's modules and their own count rules, where the mask sits,
-the spec checks, the memory estimate, and the import order spec -> graph -> loader."""
+the spec checks, the memory estimate, and the import order spec -> graph -> checked."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from archspec.families.class_attention.module import ClassAttentionBlock
 from archspec.families.talking_heads import rules as talking_heads_rules
 from archspec.families.talking_heads.module import TalkingHeadAttn
 from archspec.ir.graph import build_graph
-from archspec.timm.convert import from_timm, load_timm_weights, to_timm
+from archspec.timm_bridge.convert import from_timm, load_timm_weights, to_timm
 
 CAIT_XXS24_PARAMS = 11_956_264  # timm cait_xxs24_224, pretrained=False (the issue's figure)
 ROOT = Path(__file__).resolve().parent.parent

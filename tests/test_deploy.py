@@ -34,7 +34,7 @@ MIN_COSINE, MAX_RELATIVE = 0.98, 0.2
 @pytest.fixture(scope="module")
 def int8_reference(levit, photos) -> QuantizedModel:
     """int8 LeViT, calibrated on the augmented photos, running the uncompiled reference graph."""
-    return quantize(levit, [augmented(photos)], compile=False)
+    return quantize(levit, [augmented(photos)], torch_compile=False)
 
 
 def _close(int8_logits: torch.Tensor, float_logits: torch.Tensor) -> None:
@@ -55,7 +55,7 @@ def test_int8_logits_close_to_float32_on_real_photos(levit, int8_reference, phot
 @pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 def test_a_bad_calibration_is_caught_by_the_tolerance(levit, photos):
     """The tolerance can fail: activations calibrated on images 20x too dark clip the real ones."""
-    bad = quantize(levit, [augmented(photos) * 0.05], compile=False)
+    bad = quantize(levit, [augmented(photos) * 0.05], torch_compile=False)
     with torch.no_grad(), pytest.raises(AssertionError):
         _close(bad(photos), levit(photos))
 
@@ -98,7 +98,7 @@ def test_int8_save_and_load_rebuild_the_same_model(levit, int8_reference, photos
     archspec.save(int8_reference, tmp_path / "q")
     assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["int8.safetensors", "model.safetensors",
                                                                   "spec.yaml"]
-    loaded = load_quantized(tmp_path / "q", compile=False)
+    loaded = load_quantized(tmp_path / "q", torch_compile=False)
     assert torch.equal(loaded(photos), int8_reference(photos))  # no calibration data needed
     assert loaded.calibration == int8_reference.calibration
     with torch.no_grad():  # the float build is still one
@@ -149,7 +149,7 @@ def test_load_quantized_refuses_a_tampered_calibration_file(levit, int8_referenc
 
     _tampered(tmp_path / "q", **({"tensors": tensors} if damage == "reshaped observer" else {"metadata": meta}))
     with pytest.raises(SpecError, match=message) as info:
-        load_quantized(tmp_path / "q", compile=False)
+        load_quantized(tmp_path / "q", torch_compile=False)
     assert "int8.safetensors" in str(info.value)
 
 
@@ -180,7 +180,7 @@ class _NoWeights(nn.Module):
 ], ids=["data-dependent", "no-weights", "empty", "shapes", "not-tensor", "nan", "bare-tensor"])
 def test_what_cannot_be_quantised_is_refused_clearly(model, batches, message, one_thread):
     with pytest.raises(SpecError, match=message):
-        quantize(model.eval(), batches, compile=False)
+        quantize(model.eval(), batches, torch_compile=False)
 
 
 def test_reduce_range_follows_the_cpu(monkeypatch):
@@ -202,8 +202,8 @@ def test_reduce_range_follows_the_cpu(monkeypatch):
 def test_reduce_range_clamps_every_activation_and_survives_save_and_load(levit, photos, tmp_path, one_thread):
     """With reduce_range every activation is quantised to 0..127 and reads its input clamped to that range (the
     clamp changes no value of the reference graph); the choice is saved, so a load rebuilds the same model."""
-    seven = quantize(levit, [augmented(photos)], compile=False, reduce_range=True)
-    eight = quantize(levit, [augmented(photos)], compile=False, reduce_range=False)
+    seven = quantize(levit, [augmented(photos)], torch_compile=False, reduce_range=True)
+    eight = quantize(levit, [augmented(photos)], torch_compile=False, reduce_range=False)
     target = torch.ops.quantized_decomposed.quantize_per_tensor.default
     for model, top in ((seven, 127), (eight, 255)):
         nodes = [n for n in model.program.graph.nodes if n.target is target]
@@ -215,7 +215,7 @@ def test_reduce_range_clamps_every_activation_and_survives_save_and_load(levit, 
             assert n.args[0].args[1:] == ((q_min - zero_point) * scale, (q_max - zero_point) * scale)
     assert seven.calibration["reduce_range"] is True and eight.calibration["reduce_range"] is False
     archspec.save(seven, tmp_path / "q")
-    loaded = load_quantized(tmp_path / "q", compile=False)
+    loaded = load_quantized(tmp_path / "q", torch_compile=False)
     assert loaded.calibration["reduce_range"] is True and torch.equal(loaded(photos), seven(photos))
     assert not torch.equal(seven(photos), eight(photos))
 
@@ -224,7 +224,7 @@ def test_reduce_range_clamps_every_activation_and_survives_save_and_load(levit, 
 def test_int8_refuses_other_cpus(monkeypatch, levit, photos):
     monkeypatch.setattr("platform.machine", lambda: "aarch64")
     with pytest.raises(SpecError, match="x86-64"):
-        quantize(levit, [photos], compile=False)
+        quantize(levit, [photos], torch_compile=False)
 
 
 def test_calibration_batches_from_a_dataset():
@@ -247,7 +247,7 @@ def test_compiled_int8_agrees_with_the_reference_graph(levit, int8_reference, ph
     """Inductor's oneDNN int8 kernels compute what the reference graph simulates (requantisation rounding
     aside); one batch size (each new one compiles again).  On a CPU without VNNI this needs the 7-bit activations
     and their clamp (measured on an AVX2 VM: relative L2 1.39 with 8 bits, 0.08 with 7 unclamped, 0 clamped)."""
-    compiled = QuantizedModel(int8_reference.program, levit, int8_reference.observers, {}, compile=True)
+    compiled = QuantizedModel(int8_reference.program, levit, int8_reference.observers, {}, torch_compile=True)
     reference, got = int8_reference(photos), compiled(photos)
     assert (got - reference).abs().max().item() <= 0.05 * reference.abs().max().item()
     with torch.no_grad():
@@ -261,7 +261,7 @@ def test_compiled_int8_agrees_with_the_reference_graph(levit, int8_reference, ph
 def test_build_int8_and_compile_end_to_end(tmp_path, capsys, one_thread):
     out = tmp_path / "levit"
     argv = ["build", "levit_128s", "--resolution", "64", "--out", str(out), "--repeats", "1", "--json", "--int8",
-            "--calibration-batches", "1", "--compile"]
+            "--calibration-batches", "1", "--torch-compile"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     int8 = report["int8"]
@@ -272,7 +272,7 @@ def test_build_int8_and_compile_end_to_end(tmp_path, capsys, one_thread):
     assert sorted(p.name for p in out.iterdir()) == ["int8.safetensors", "model.safetensors", "report.json",
                                                      "spec.yaml"]
     photo = load_image(None, (64, 64), 3)
-    loaded = load_quantized(out, compile=False)
+    loaded = load_quantized(out, torch_compile=False)
     assert loaded.summary == int8["ops"]
     assert main(["build", "levit_128s", "--resolution", "64", "--out", str(out), "--repeats", "1"]) == 0  # replaced
     assert not (out / "int8.safetensors").exists()
@@ -282,7 +282,8 @@ def test_build_int8_and_compile_end_to_end(tmp_path, capsys, one_thread):
 @pytest.mark.slow  # PT2E quantisation of LeViT-128S at 64 px: seconds (docs/contributing.md)
 def test_build_compile_failure_is_a_located_message(monkeypatch, tmp_path, capsys, one_thread):
     """A compilation that fails (here: torch.compile's compiled function raising, as Inductor does without a
-    C++ compiler) ends in a message at --compile, exit 2, nothing written -- not a traceback."""
+    C++ compiler) ends in a message at --torch-compile (given here by its alias --compile), exit 2, nothing
+    written -- not a traceback."""
     def broken_compile(*args, **kwargs):
         def run(*a, **k):
             raise RuntimeError("C++ compile error\nno such file: g++")
@@ -293,7 +294,7 @@ def test_build_compile_failure_is_a_located_message(monkeypatch, tmp_path, capsy
     argv = ["build", "levit_128s", "--resolution", "64", "--out", str(out), "--repeats", "1", "--compile"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "--compile: torch.compile failed: C++ compile error" in err and "C++ compiler" in err
+    assert "--torch-compile: torch.compile failed: C++ compile error" in err and "C++ compiler" in err
     assert not out.exists()
 
 
@@ -348,12 +349,33 @@ def test_latency_protocol_compile_is_in_the_cache_key():
     from archspec.cli.search import _latency
     from archspec.search._evaluation.latency import LatencyProtocol
 
-    assert LatencyProtocol(compile=True).key() != LatencyProtocol().key()
+    assert LatencyProtocol(torch_compile=True).key() != LatencyProtocol().key()
     assert "compile" not in LatencyProtocol().key()  # caches written before the option stay valid
     parser = make_parser()
     args = parser.parse_args(["search", "--latency-compile", "--device", "cpu"])
-    assert _latency(args).compile is True
-    assert _latency(parser.parse_args(["search", "--device", "cpu"])).compile is False
+    assert _latency(args).torch_compile is True
+    assert _latency(parser.parse_args(["search", "--device", "cpu"])).torch_compile is False
+
+
+def test_torch_compile_keeps_its_persisted_key_and_build_keeps_the_compile_alias():
+    """Issue 58 renamed the torch.compile settings ``compile`` -> ``torch_compile``: the latency protocol's
+    ``describe()`` (latency tables, summaries, study attributes) still writes ``compile`` and its cache key still
+    ends in ``|compile``; ``from_dict`` reads either key; ``archspec build`` takes ``--torch-compile`` and
+    ``--compile``."""
+    from archspec.cli.app import make_parser
+    from archspec.search._evaluation.latency import LatencyProtocol
+    from archspec.search._tabulation.oracle import TABLES_DIR
+
+    on = LatencyProtocol(torch_compile=True)
+    assert on.key().endswith("|compile") and list(on.describe()) == ["device", "threads", "batch", "warmup",
+                                                                      "repeats", "compile"]
+    assert LatencyProtocol.from_dict(on.describe()) == on == LatencyProtocol.from_dict({"torch_compile": True})
+    shipped = json.loads((TABLES_DIR / "levit_small.latency.json").read_text())["protocol"]
+    assert LatencyProtocol.from_dict(shipped).describe() == shipped == LatencyProtocol().describe()
+    parser = make_parser()
+    for flag in ("--torch-compile", "--compile"):
+        assert parser.parse_args(["build", "deit_tiny", flag]).torch_compile is True
+    assert parser.parse_args(["build", "deit_tiny"]).torch_compile is False
 
 
 @pytest.mark.slow
@@ -364,7 +386,7 @@ def test_measure_latency_compiled(one_thread):
                                "stem": {"kind": "patch", "patch_size": 8},
                                "stages": [{"depth": 1, "dim": 32, "heads": 2}], "head": {"num_classes": 10}})
     cache = LatencyCache(None)
-    protocol = LatencyProtocol(compile=True, warmup=1, repeats=2)
+    protocol = LatencyProtocol(torch_compile=True, warmup=1, repeats=2)
     ms = measure_latency(spec, protocol, cache)
     assert ms > 0 and cache.get(architecture_key(spec), protocol) == ms
     assert cache.get(architecture_key(spec), LatencyProtocol(warmup=1, repeats=2)) is None
@@ -379,6 +401,6 @@ def test_int8_of_a_hybrid_with_attention_in_bottlenecks(photos, one_thread):
     torch.manual_seed(0)
     model = _randomise_batchnorms(archspec.compile(HYBRID))
     x = nn.functional.interpolate(photos, size=(64, 64), mode="bilinear", antialias=True)
-    quantized = quantize(model, [augmented(x)], compile=False)
+    quantized = quantize(model, [augmented(x)], torch_compile=False)
     with torch.no_grad():
         _close(quantized(x), model(x))

@@ -147,18 +147,18 @@ def test_rules_import_no_torch(path):
 
 
 def test_the_path_reads_top_to_bottom():
-    """The spec language imports nothing of the IR or the compiler; graph.py nothing of loader/compiler/model and
+    """The spec language imports nothing of the IR or the compiler; graph.py nothing of checked/compiler/model and
     no family's torch side (the import-linter contract, tests/test_lint.py, checks every layer)."""
     later = ("archspec.ir", "archspec.nn")
     for path in (ROOT / "archspec" / "spec").glob("*.py"):
         assert not {m for m in _imports(path) if m.startswith(later)}, path
     graph = _imports(ROOT / "archspec" / "ir" / "graph.py")
-    later = ("archspec.ir.loader", "archspec.nn")
+    later = ("archspec.ir.checked", "archspec.nn")
     assert not {m for m in graph if m.startswith(later) or m.endswith(TORCH_SIDE[3:]) or m.startswith("torch")}
 
 
 def test_validating_every_shipped_spec_imports_no_torch():
-    code = ("import sys; from archspec.ir.loader import load_spec; from archspec.ir.analysis import analyze; "
+    code = ("import sys; from archspec.ir.checked import load_spec; from archspec.ir.analysis import analyze; "
             "from archspec.spec import shipped_specs; [analyze(load_spec(n)) for n in shipped_specs()]; "
             "print(sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -168,7 +168,7 @@ def test_rebuilding_grid_tables_keeps_the_layer_exact():
 def test_analyze_reports_executed_macs_of_linear_time_heads():
     """Papers' totals unchanged; executed MACs drop by N^2 (qk+v) - window cost for each linear-time head (by hand)."""
     from archspec.ir.analysis import analyze
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
 
     spec = load_spec("mait_tiny_sch2").model_dump(mode="json", exclude_none=True)
     small = analyze(spec)

@@ -51,7 +51,7 @@ COMMANDS = [
     pytest.param(["search", "masks", "--help"], 0, id="search-masks-help"),
     pytest.param(["two-phase", "--help"], 0, id="two-phase-help"),
     pytest.param(["tcnn", "--help"], 0, id="tcnn-help"),
-    pytest.param(["build", "--help"], 0, id="build-help"),  # --int8 / --compile imported nothing at parse time
+    pytest.param(["build", "--help"], 0, id="build-help"),  # --int8 / --torch-compile imported nothing at parse time
     pytest.param(["export", "--help"], 0, id="export-help"),  # nor onnx
 ]
 

@@ -10,7 +10,7 @@ from torch import nn
 
 import archspec
 from archspec.cli import main
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.nn.fuse import count_batchnorms
 
 

@@ -259,7 +259,7 @@ def test_int8_of_gauss_heads_close_to_float(one_thread):
 
     model = _small_gauss_model()
     photos = sample_batch((32, 32))
-    quantized = quantize(model, [augmented(photos)], compile=False)
+    quantized = quantize(model, [augmented(photos)], torch_compile=False)
     with torch.no_grad():
         expected, got = model(photos), quantized(photos)
     cosine = nn.functional.cosine_similarity(got, expected, dim=1)

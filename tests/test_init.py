@@ -1,7 +1,7 @@
 """Fresh models are initialised as timm initialises the same architecture (DeiT/ViT, ConViT, LeViT, CaiT).
 
 For every shipped spec with a timm twin (``TIMM_EQUIVALENTS``), archspec's fresh state dict is renamed to
-timm's keys (:func:`archspec.timm.convert.to_timm`) and compared tensor by tensor with timm's fresh model:
+timm's keys (:func:`archspec.timm_bridge.convert.to_timm`) and compared tensor by tensor with timm's fresh model:
 
 * the deterministic tensors -- the same under two seeds: zero biases, LayerNorm and BatchNorm constants,
   LayerScale, gating, ConViT's local init of ``v`` and ``pos_proj`` -- are the same set, with equal values;
@@ -19,8 +19,8 @@ import timm
 import torch
 
 import archspec
-from archspec.ir.loader import load_spec
-from archspec.timm.convert import TIMM_EQUIVALENTS, to_timm
+from archspec.ir.checked import load_spec
+from archspec.timm_bridge.convert import TIMM_EQUIVALENTS, to_timm
 
 
 def _timm_state(name: str, seed: int) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:

@@ -146,7 +146,7 @@ def test_search_masks_oracle_optuna_searches_the_tables_points(tmp_path, capsys)
     """--strategy optuna on the shipped (partial) mask table: a TPE search by accuracy over the points it holds;
     the best is one of them."""
     from archspec.cli import main
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.search import architecture_key, load_table
 
     out = tmp_path / "run"

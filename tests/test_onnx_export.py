@@ -56,7 +56,7 @@ def test_int8_onnx_computes_the_reference_graph(levit, photos, reduce_range, tmp
 
     if not reduce_range and needs_reduce_range():
         pytest.skip("8-bit activations saturate in ONNX Runtime's int8 kernels on this CPU (no VNNI)")
-    int8 = quantize(levit, [augmented(photos)], compile=False, reduce_range=reduce_range)
+    int8 = quantize(levit, [augmented(photos)], torch_compile=False, reduce_range=reduce_range)
     export_onnx(int8.program, tmp_path / "q.onnx", photos[:2], {"test": True})
     got, expected = run_onnx(ort_session(tmp_path / "q.onnx", threads=1), photos), int8(photos)
     relative = ((got - expected).norm(dim=1) / expected.norm(dim=1)).max().item()

@@ -7,7 +7,7 @@ import timm
 import torch
 
 import archspec
-from archspec.timm.convert import TIMM_EQUIVALENTS, load_timm_weights, to_timm
+from archspec.timm_bridge.convert import TIMM_EQUIVALENTS, load_timm_weights, to_timm
 
 PARITY = ["deit_tiny", "convit_tiny", "levit_128s"]
 

@@ -15,7 +15,7 @@ from macs_reference import reference_macs
 import archspec
 from archspec.errors import SpecError, format_path
 from archspec.nn.model import ArchModel, symbolic_trace
-from archspec.timm.convert import TIMM_EQUIVALENTS, from_timm, load_timm_weights, to_timm
+from archspec.timm_bridge.convert import TIMM_EQUIVALENTS, from_timm, load_timm_weights, to_timm
 
 RESNETS = ["resnet18", "resnet50", "resnet50d", "resnetrs50", "resnext50_32x4d", "resnet26t", "seresnext26d_32x4d"]
 FAST = ["resnet18"]  # the others are ~2-4 s each for the parity test on 2 cores: slow
@@ -116,7 +116,7 @@ def test_grouped_and_tiered_logits_equal_timm_at_64px(name: str, one_thread) -> 
 def test_held_out_timm_resnets_read_and_match(name: str, one_thread) -> None:
     """Held out: timm ResNets no shipped spec names (resnet10t's tiered stem with basic blocks, a ResNeXt-D) read by
     :func:`resnet_spec_from_timm` into a spec; equal parameter count and logits with randomised weights."""
-    from archspec.timm.convert import resnet_spec_from_timm
+    from archspec.timm_bridge.convert import resnet_spec_from_timm
 
     reference = timm.create_model(name, pretrained=False)
     spec = resnet_spec_from_timm(reference, resolution=64, name=name)

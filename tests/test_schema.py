@@ -15,7 +15,7 @@ import yaml
 
 from archspec.cli import main
 from archspec.errors import SpecError
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.spec import SPEC_DIR, shipped_specs
 from archspec.spec.schema import SCHEMA_FILE_NAME, spec_schema
 

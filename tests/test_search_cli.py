@@ -167,7 +167,7 @@ def test_failing_candidates_are_recorded_and_study_goes_on(space_file, tmp_path,
     def flaky(spec, data, protocol, seed=0, report=None, on_model=None):
         calls["n"] += 1
         if calls["n"] == 1:
-            raise proxy.TrialFailure("loss became nan at step 2")
+            raise proxy.TrainingFailure("loss became nan at step 2")
         if calls["n"] == 2:
             raise RuntimeError("boom inside the model")
         if calls["n"] == 3:

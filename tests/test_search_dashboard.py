@@ -11,7 +11,7 @@ import sys
 import pytest
 from test_search_oracle import TINY_SPACE, _table
 
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.search import run_design
 from archspec.search._evaluation.latency import architecture_key
 

@@ -14,7 +14,7 @@ import archspec.nn.compiler as COMPILE_MODULE
 from archspec import SpecError, analyze, load_spec
 from archspec.io.datasets import load_data
 from archspec.search._evaluation.latency import LatencyCache, LatencyProtocol, architecture_key, measure_latency
-from archspec.search._evaluation.proxy import ProxyProtocol, TrialFailure, proxy_spec, train_proxy
+from archspec.search._evaluation.proxy import ProxyProtocol, TrainingFailure, proxy_spec, train_proxy
 
 TINY = load_spec({
     "name": "tiny_proxy", "input": {"channels": 3, "resolution": 224},
@@ -140,7 +140,7 @@ def test_report_may_prune(digits):
 
 
 @pytest.mark.parametrize("kind", ["nan", "error"])
-def test_trial_failures(digits, kind):
+def test_training_failures(digits, kind):
     def break_model(model):
         if kind == "nan":
             model.register_forward_hook(lambda mod, inp, out: out * float("nan"))
@@ -149,7 +149,7 @@ def test_trial_failures(digits, kind):
                 raise RuntimeError("kaboom inside the model")
             model.stem.register_forward_hook(boom)
 
-    with pytest.raises(TrialFailure) as info:
+    with pytest.raises(TrainingFailure) as info:
         train_proxy(TINY, digits, FAST, on_model=break_model)
     assert ("nan" in info.value.reason) if kind == "nan" else ("kaboom" in info.value.reason)
 

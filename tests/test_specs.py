@@ -12,8 +12,8 @@ import torch
 from macs_reference import reference_macs
 
 import archspec
+from archspec.ir.checked import load_spec
 from archspec.ir.graph import build_graph
-from archspec.ir.loader import load_spec
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "specs"
 SPEC_FILES = sorted(SPEC_DIR.glob("*.yaml"))

@@ -229,3 +229,18 @@ def test_import_of_a_file_that_is_not_a_table_names_import_and_writes_nothing(tm
     assert main(["table", "mait_small", "--import", str(bad), "--storage", f"journal:{journal}"]) == 2
     err = capsys.readouterr().err
     assert "--import: line 1: not a table row" in err and "--oracle" not in err and not journal.exists()
+
+
+def test_a_diverged_pair_stores_its_reason_under_the_name_stored_before_the_rename(tmp_path, space, protocol):
+    """The training loop's ``TrainingFailure`` was ``TrialFailure`` (issue 58 renamed it): a failed pair's stored
+    ``fail_reason`` and its log line still say ``TrialFailure``, so studies written before and after read alike."""
+    from archspec.train.failures import TrainingFailure
+
+    def train(spec, seed):
+        raise TrainingFailure("loss became nan at step 3")
+
+    url, lines = f"journal:{tmp_path / 't.journal'}", []
+    tabulate(space, seeds=(0,), designs=1, storage=url, protocol=protocol, train=train, log=lines.append)
+    failed = [t for t in _trials(url) if t.state == optuna.trial.TrialState.FAIL]
+    assert failed and {t.user_attrs["fail_reason"] for t in failed} == {"TrialFailure: loss became nan at step 3"}
+    assert any(line.endswith("failed (TrialFailure: loss became nan at step 3)") for line in lines), lines

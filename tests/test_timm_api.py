@@ -20,11 +20,11 @@ from timm.optim import create_optimizer_v2
 
 import archspec
 from archspec.errors import SpecError
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.nn.compiler import compile
 from archspec.nn.model import FX_LEAF_MODULES, symbolic_trace
 from archspec.spec import shipped_specs
-from archspec.timm.convert import from_timm
+from archspec.timm_bridge.convert import from_timm
 
 ROOT = Path(__file__).resolve().parent.parent
 

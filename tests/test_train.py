@@ -8,7 +8,7 @@ import torch
 import archspec
 from archspec.io.datasets import load_data
 from archspec.search._evaluation import proxy
-from archspec.train import TrainConfig, TrialFailure, resolve_device, train
+from archspec.train import TrainConfig, TrainingFailure, resolve_device, train
 
 TINY = """
 name: t
@@ -62,5 +62,25 @@ def test_devices_and_failures(one_thread, digits):
     model = archspec.compile(TINY)
     with torch.no_grad():
         model.head.weight.fill_(float("nan"))
-    with pytest.raises(TrialFailure, match="loss became nan at step 1"):
+    with pytest.raises(TrainingFailure, match="loss became nan at step 1"):
         train(model, digits, TrainConfig(steps=2, eval_every=1))
+
+
+def test_torch_compile_is_written_and_read_under_its_persisted_key_compile():
+    """Issue 58 renamed ``TrainConfig.compile`` (torch.compile) to ``torch_compile``: ``describe()`` -- run
+    directories, study attributes (the proxy protocol), reports -- still writes ``compile`` in the same place,
+    ``from_dict`` reads either key, and ``archspec train --compile`` sets it."""
+    from archspec.cli.app import make_parser
+    from archspec.cli.train import config_from_args
+    from archspec.search import ProxyProtocol
+
+    config = TrainConfig(torch_compile=True)
+    described = config.describe()
+    assert "torch_compile" not in described and described["compile"] is True
+    assert list(described).index("compile") == list(described).index("clip_grad") + 1  # where the field was
+    assert TrainConfig.from_dict(described) == config == TrainConfig.from_dict({"torch_compile": True})
+    proxy_protocol = ProxyProtocol(torch_compile=True)
+    assert proxy_protocol.describe()["compile"] is True
+    assert ProxyProtocol.from_dict(proxy_protocol.describe()) == proxy_protocol
+    args = make_parser().parse_args(["train", "x", "--compile", "--steps", "20"])
+    assert config_from_args(args).torch_compile is True

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import archspec
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.nn.blocks import Attention, ConvMixer
 from archspec.spec import SPEC_DIR
 from archspec.transfer import (

@@ -9,7 +9,7 @@ import torch
 
 import archspec
 from archspec.cli import main
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.spec import SPEC_DIR
 
 FAST = ["--steps1", "6", "--steps2", "4", "--max-images", "120", "--batch-size", "16", "--warmup1", "2"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from archspec.errors import SpecError, format_path
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 
 
 @dataclass

@@ -49,7 +49,7 @@ MaiT masked heads) into PyTorch models.
   archspec two-phase cmhsa_k3_conv_digits        CMHSA: conv phase, exact transfer to attention, attention phase
   archspec tcnn resnetrs50 --checkpoint W.pth    T-CNN: a timm ResNet's last stage as 9-head GPSA
   archspec train levit_128s --data DIR           train with the seed papers' recipes (torchrun for several)
-  archspec build levit_128s --fuse --int8 --compile   LeViT sec. 5.3 int8, folded and compiled CPU latency
+  archspec build levit_128s --fuse --int8 --torch-compile   LeViT sec. 5.3 int8, folded and compiled CPU latency
   archspec export levit_128s --onnx l.onnx --fuse     ONNX (dynamic batch), checked in ONNX Runtime
 
 A SPEC is a path to a YAML file or the name of a shipped spec.  Exit status: 0 ok, 2 bad input.
@@ -108,7 +108,7 @@ def _add_build_parser(sub) -> None:
                        help="also fold every BatchNorm into its linear/conv (LeViT sec. 5.3) "
                             "and time the folded model; "
                             "the saved weights stay unfolded (model.fuse() after archspec.load)")
-    add_build_options(build)  # --compile, --int8, --calibrate, --calibration-batches (archspec.cli.deploy)
+    add_build_options(build)  # --torch-compile, --int8, --calibrate, --calibration-batches (archspec.cli.deploy)
     build.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     build.add_argument("--max-memory", type=parse_max_memory, metavar="SIZE", help=MAX_MEMORY_HELP)
 
@@ -276,7 +276,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     OUT is checked before any work and written by :func:`archspec.io.builddir.write_build`: a missing OUT or an
     empty directory is filled, an earlier archspec build is replaced atomically, anything else is refused.
-    ``--fuse``, ``--compile`` and ``--int8`` add the folded, compiled and int8 models' figures to the report;
+    ``--fuse``, ``--torch-compile`` and ``--int8`` add the folded, compiled and int8 models' figures to the report;
     ``--int8`` also writes ``int8.safetensors`` (:func:`archspec.deploy.int8.save_quantized`).
 
     Raises:
@@ -309,7 +309,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         logits = model(x)
     timing = measure_forward(model, tuple(x.shape[1:]), device, threads=args.threads, warmup=2, repeats=args.repeats)
     fused = _fused_report(model, x, logits, args) if args.fuse else None
-    compiled = deploy_build.compiled_report(model, x, logits, args) if args.compile else None
+    compiled = deploy_build.compiled_report(model, x, logits, args) if args.torch_compile else None
     int8, quantized = deploy_build.int8_report(model, x, logits, args) if args.int8 else (None, None)
     report = {
         **analysis.to_dict(),
@@ -418,7 +418,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     from archspec._util.units import human
     from archspec.ir.analysis import analyze
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
     from archspec.spec import SPEC_DIR, shipped_specs
 
     table = Table(title=f"shipped specs ({SPEC_DIR})", title_justify="left")

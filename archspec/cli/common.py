@@ -71,7 +71,7 @@ def load_spec_arg(spec_arg: str, resolution: tuple[int, int] | None = None, seed
           max_memory: int | None = None):
     """Load and fully check a spec (after the --resolution/--seed overrides), under the memory limit
     ``max_memory`` bytes (None: the library default, 8 GiB)."""
-    from archspec.ir.loader import load_spec  # the spec parser and the IR: once the arguments parsed
+    from archspec.ir.checked import load_spec  # the spec parser and the IR: once the arguments parsed
 
     spec = load_spec(spec_arg, check=resolution is None and seed is None, max_memory=max_memory)
     if resolution is not None or seed is not None:

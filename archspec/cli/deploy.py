@@ -56,8 +56,9 @@ def add_export_parser(sub) -> argparse.ArgumentParser:
 
 
 def add_build_options(build: argparse.ArgumentParser) -> None:
-    """Add ``--compile``, ``--int8``, ``--calibrate`` and ``--calibration-batches`` to ``archspec build``."""
-    build.add_argument("--compile", action="store_true",
+    """Add ``--torch-compile`` (alias ``--compile``), ``--int8``, ``--calibrate`` and ``--calibration-batches`` to
+    ``archspec build``."""
+    build.add_argument("--torch-compile", "--compile", dest="torch_compile", action="store_true",
                        help="also time the model under torch.compile (Inductor, freezing: weights as constants) "
                             "next to eager (and the folded one with --fuse); the first call compiles (seconds)")
     build.add_argument("--int8", action="store_true",
@@ -111,7 +112,7 @@ def _quantized(args: argparse.Namespace, model, is_dir: bool):
 
     require_backend()
     if is_dir and args.calibrate is None and (Path(args.spec) / INT8_FILE).is_file():
-        return load_quantized(args.spec, compile=False, allow_spec_change=args.allow_spec_change)
+        return load_quantized(args.spec, torch_compile=False, allow_spec_change=args.allow_spec_change)
     try:
         check_source(args.calibrate)
     except SpecError as exc:  # check_source speaks of --data, an option this verb does not have
@@ -119,7 +120,7 @@ def _quantized(args: argparse.Namespace, model, is_dir: bool):
     spec = model.spec
     batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),
                                             args.calibration_batches)
-    return quantize(model, batches, compile=False, description=description)
+    return quantize(model, batches, torch_compile=False, description=description)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

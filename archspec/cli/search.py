@@ -456,7 +456,7 @@ def _latency(args):
     device = parse_device(args.latency_device or args.device, option)
     batch = args.latency_batch if args.latency_batch is not None or device.type == "cuda" else 1
     protocol = LatencyProtocol(device=str(device), threads=args.latency_threads, batch=batch,
-                               compile=bool(getattr(args, "latency_compile", False)))
+                               torch_compile=bool(getattr(args, "latency_compile", False)))
     if getattr(args, "latency_repeats", None):
         protocol = replace(protocol, repeats=args.latency_repeats, warmup=min(protocol.warmup, args.latency_repeats))
     return protocol

@@ -73,7 +73,8 @@ def add_train_parser(sub) -> None:
     g.add_argument("--layer-decay", type=float, metavar="X", help="timm layer-wise lr decay")
     g.add_argument("--clip-grad", type=_positive(float, "--clip-grad"), metavar="NORM")
     g.add_argument("--amp", choices=AMP_MODES, help="auto: bf16 autocast on CUDA, none on CPU")
-    g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    g.add_argument("--compile", dest="torch_compile", action="store_true", default=None,
+                   help="torch.compile the model")
     g.add_argument("--ema-decay", type=float, metavar="D", help="timm ModelEmaV3 decay (e.g. 0.99996)")
     g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes (CUDA)")
     a = p.add_argument_group("augmentation and regularisation (override the recipe)")
@@ -99,7 +100,7 @@ def add_train_parser(sub) -> None:
 
 
 _OVERRIDES = ("epochs", "lr", "weight_decay", "optimizer", "warmup_epochs", "layer_decay", "clip_grad", "amp",
-              "compile", "ema_decay", "smoothing", "mixup", "cutmix", "auto_augment", "reprob", "distill_alpha",
+              "torch_compile", "ema_decay", "smoothing", "mixup", "cutmix", "auto_augment", "reprob", "distill_alpha",
               "workers", "log_every", "checkpoint_every", "device")
 
 
@@ -141,7 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise SpecError.single(("--recipe",), "levit trains with hard distillation and needs --teacher",
                                "give --teacher MODEL|DIR (and --teacher-checkpoint for a timm model), or "
                                "--recipe deit for the same recipe without distillation")
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
 
     build = Path(args.spec).is_dir() and is_build(args.spec)  # as archspec.train.run.is_build_dir
     spec = load_spec(Path(args.spec) / "spec.yaml" if build else args.spec)
@@ -150,7 +151,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from archspec.train.loop import TrialFailure
+    from archspec.train.loop import TrainingFailure
     from archspec.train.run import fit
 
     try:
@@ -160,7 +161,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                          teacher_checkpoint=args.teacher_checkpoint, max_images=args.max_images,
                          progress=not args.quiet and not args.json, tensorboard=args.tensorboard,
                          sync_bn=args.sync_bn)
-    except TrialFailure as exc:
+    except TrainingFailure as exc:
         print(f"archspec train: training failed: {exc.reason}", file=sys.stderr)
         return 1
     except Terminated:

@@ -112,12 +112,12 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
     import torch
 
     from archspec.io.datasets import load_data
-    from archspec.train import TrainConfig, TrialFailure, resolve_device
+    from archspec.train import TrainConfig, TrainingFailure, resolve_device
     from archspec.transfer.cmhsa import DEFAULT_PEAK, TransferError, attention_spec
     from archspec.transfer.two_phase import match_channels, two_phase
 
     _check_args(args)
-    from archspec.ir.loader import load_spec
+    from archspec.ir.checked import load_spec
 
     spec = load_spec(args.spec)
     try:
@@ -143,7 +143,7 @@ def cmd_two_phase(args: argparse.Namespace) -> int:
     try:
         result = two_phase(spec, data, phase1, phase2, peak=DEFAULT_PEAK if args.peak is None else args.peak,
                            seed=args.seed, baseline=not args.no_baseline, progress=not args.json)
-    except (TransferError, TrialFailure) as exc:
+    except (TransferError, TrainingFailure) as exc:
         raise SpecError.single((), str(exc), None, args.spec) from None
     _write(out, result, names)
     report = result.report

@@ -5,7 +5,7 @@ Modules (none imports torch on ``import archspec.deploy``):
 * :mod:`archspec.deploy.int8` -- ``quantize`` / ``load_quantized`` / ``save_quantized``: int8 post-training
   quantisation as LeViT did it, on torchao's PT2E flow, compiled by Inductor;
 * :mod:`archspec.deploy.onnx_export` -- ``export_onnx``: ONNX with a dynamic batch, checked in ONNX Runtime;
-* :mod:`archspec.deploy.build` -- what ``archspec build --compile / --int8`` adds to a build;
+* :mod:`archspec.deploy.build` -- what ``archspec build --torch-compile / --int8`` adds to a build;
 * :mod:`archspec.cli.deploy` -- the ``archspec export`` command line and ``build``'s deployment options
   (torch-free parsers).
 

@@ -1,4 +1,4 @@
-"""What ``archspec build --compile / --int8`` adds to a build: the option checks, the compiled and int8 reports
+"""What ``archspec build --torch-compile / --int8`` adds to a build: the option checks, the compiled and int8 reports
 (ms, seconds of compilation, logit differences) and their lines in the build's summary.
 
 ``archspec.cli.app.cmd_build`` imports this module (and with it torch) when a build runs; the parser needs none of
@@ -21,7 +21,7 @@ __all__ = ["check_options", "compiled_report", "int8_report", "compiled_line", "
 
 
 def check_options(args: argparse.Namespace, device) -> None:
-    """``--int8`` / ``--calibrate`` / ``--calibration-batches`` / ``--compile`` before any work.
+    """``--int8`` / ``--calibrate`` / ``--calibration-batches`` / ``--torch-compile`` before any work.
 
     Raises:
         SpecError: an option without the one it needs, int8 off the CPU, an unknown or missing --calibrate
@@ -48,7 +48,7 @@ def check_options(args: argparse.Namespace, device) -> None:
 def compiled_line(compiled: dict, eager_ms: float) -> str:
     """The build summary's line of :func:`compiled_report` (``eager_ms``: the eager latency, ms)."""
     folded = compiled.get("fused_latency_ms")
-    return (f"torch.compile (--compile, Inductor, freezing): latency {compiled['latency_ms']:.1f} ms "
+    return (f"torch.compile (--torch-compile, Inductor, freezing): latency {compiled['latency_ms']:.1f} ms "
             f"({eager_ms / compiled['latency_ms']:.2f}x eager, max |logit diff| {compiled['max_abs_logit_diff']:.1e})"
             + (f", folded {folded:.1f} ms" if folded is not None else "")
             + f", first call (compilation) {compiled['compile_s']:.0f} s\n")
@@ -66,19 +66,19 @@ def int8_line(int8: dict, eager_ms: float) -> str:
 
 
 def compiled_report(model, x, logits, args) -> dict:
-    """``--compile``: the model (and its folded copy with ``--fuse``) timed under ``torch.compile`` (ms), the first
-    call's seconds (``torch.export`` + Inductor compilation) and the largest |logit difference| from the eager
+    """``--torch-compile``: the model (and its folded copy with ``--fuse``) timed under ``torch.compile`` (ms), the
+    first call's seconds (``torch.export`` + Inductor compilation) and the largest |logit difference| from the eager
     ``logits`` ``(1, classes)`` on the photo ``x`` ``(1, C, H, W)``.
 
     Raises:
-        SpecError: at ``--compile``: torch.compile fails on this machine or model (:func:`first_call`).
+        SpecError: at ``--torch-compile``: torch.compile fails on this machine or model (:func:`first_call`).
     """
     shape, report = tuple(x.shape[1:]), {"backend": "inductor", "options": {"freezing": True}}
     for key, variant in (("", model), ("fused_", model.fuse() if args.fuse else None)):
         if variant is None:
             continue
         compiled = compile_for_inference(variant)
-        seconds, out = first_call(compiled, x, args.threads, "--compile")
+        seconds, out = first_call(compiled, x, args.threads, "--torch-compile")
         report[f"{key}compile_s"] = round(seconds, 2)
         report[f"{key}max_abs_logit_diff"] = (out - logits).abs().max().item()
         report[f"{key}latency_ms"] = round(measure_forward(compiled, shape, x.device, threads=args.threads, warmup=2,

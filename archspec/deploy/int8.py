@@ -306,19 +306,19 @@ class QuantizedModel(nn.Module):
     """
 
     def __init__(self, program: torch.fx.GraphModule, float_model: nn.Module, observers: dict[str, torch.Tensor],
-                 calibration: dict, compile: bool = True):
+                 calibration: dict, torch_compile: bool = True):
         super().__init__()
         self.program = program
         self.spec = getattr(float_model, "spec", None)
         self.observers = observers
         self.calibration = calibration
         self.summary = summarize(program)
-        self.compiled = compile
+        self.compiled = torch_compile
         self.pretrained_cfg = getattr(float_model, "pretrained_cfg", None)
         # plain attributes, not sub-modules: no second copy of the weights in state_dict(), and eval() reaches
         # neither (an exported graph refuses .eval()/.train())
         object.__setattr__(self, "float_model", float_model)
-        object.__setattr__(self, "_runner", compile_int8(program) if compile else program)
+        object.__setattr__(self, "_runner", compile_int8(program) if torch_compile else program)
         self.training = False
 
     def save_build(self, directory: str | os.PathLike) -> Path:
@@ -340,10 +340,10 @@ class QuantizedModel(nn.Module):
 
     def reference(self) -> QuantizedModel:
         """The same int8 model running the uncompiled reference graph (no Inductor; slow, for checks)."""
-        return QuantizedModel(self.program, self.float_model, self.observers, self.calibration, compile=False)
+        return QuantizedModel(self.program, self.float_model, self.observers, self.calibration, torch_compile=False)
 
 
-def quantize(model: nn.Module, calibration_batches: Iterable[Any], *, compile: bool = True,
+def quantize(model: nn.Module, calibration_batches: Iterable[Any], *, torch_compile: bool = True,
              description: dict | None = None, reduce_range: bool | None = None) -> QuantizedModel:
     """int8 post-training quantisation of ``model`` as LeViT did it (sec. 5.3; see the module docstring).
 
@@ -352,7 +352,7 @@ def quantize(model: nn.Module, calibration_batches: Iterable[Any], *, compile: b
         calibration_batches: an iterable of images ``(B, C, H, W)`` float32, normalised as for the float model,
             or of ``(images, labels)`` pairs (a ``DataLoader``); LeViT used "a few batches of training data"
             (:func:`calibration_batches` makes them from a dataset).
-        compile: run the int8 graph through ``torch.compile`` (Inductor, oneDNN int8 kernels: the fast path;
+        torch_compile: run the int8 graph through ``torch.compile`` (Inductor, oneDNN int8 kernels: the fast path;
             compiles at the first call).  ``False``: the reference graph, simulated int8 (slow).
         description: what the batches are (JSON-ready; stored with the model, e.g. the dataset's name).
         reduce_range: 7-bit activations (0..127) so that CPUs without VNNI do not saturate; ``None`` (default):
@@ -384,7 +384,7 @@ def quantize(model: nn.Module, calibration_batches: Iterable[Any], *, compile: b
     converted = clamp_to_quant_range(convert_pt2e(prepared))
     calibration = {"batches": len(batches), "images": sum(len(x) for x in batches),
                    "input_shape": list(batches[0].shape[1:]), "reduce_range": reduce_range, **(description or {})}
-    quantized = QuantizedModel(converted, model, observers, calibration, compile=compile)
+    quantized = QuantizedModel(converted, model, observers, calibration, torch_compile=torch_compile)
     if not quantized.summary["int8"]:
         raise SpecError.single(_OPTION, "the model has no linear or convolution the x86 quantizer can quantise",
                                "nothing would run in int8; run it in float32")
@@ -454,7 +454,7 @@ def _provenance(calibration: dict) -> dict:
             "calibration": calibration}
 
 
-def load_quantized(directory: str | os.PathLike, compile: bool = True,
+def load_quantized(directory: str | os.PathLike, torch_compile: bool = True,
                    allow_spec_change: bool = False) -> QuantizedModel:
     """Rebuild the int8 model saved in ``directory`` (``archspec build --int8`` or :func:`save_quantized`).
 
@@ -512,7 +512,7 @@ def load_quantized(directory: str | os.PathLike, compile: bool = True,
     if not unchanged:
         raise SpecError.single((), "its observer statistics did not load unchanged into this torchao's observers",
                                "calibrate again: `archspec build SPEC --int8 --calibrate DATA`", str(path))
-    return QuantizedModel(converted, float_model, saved, provenance["calibration"], compile=compile)
+    return QuantizedModel(converted, float_model, saved, provenance["calibration"], torch_compile=torch_compile)
 
 
 def _saved_input_shape(provenance: Any, float_model: nn.Module, path: Path) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ LeViT's two protocols (sec. 5.1, "Speed"):
 
 Both report ``ms`` (median per forward of ``batch`` images) and ``images_per_s`` = ``batch / ms * 1000``.
 
-Compiled latency (``archspec build --compile``, ``archspec search --latency-compile``) times the model returned by
+Compiled latency (``archspec build --torch-compile``, ``archspec search --latency-compile``) times the model returned by
 :func:`compile_for_inference` the same way; its first call, which compiles, is a warm-up run and never timed.
 """
 
@@ -205,7 +205,7 @@ def compile_for_inference(model: torch.nn.Module) -> CompiledForInference:
     -> the model's output (logits ``(B, classes)``), equal to eager up to float rounding.
 
     Raises (at the first call of a shape, not here): what ``torch.export`` raises for a model it cannot capture,
-    and Inductor's errors (e.g. no C++ compiler on a CPU); ``archspec build --compile`` turns them into a
+    and Inductor's errors (e.g. no C++ compiler on a CPU); ``archspec build --torch-compile`` turns them into a
     located message (:func:`archspec.deploy.build.first_call`).
     Source: PyTorch ``torch.export`` and ``torch.compile`` (Inductor ``config.freezing``)."""
     return CompiledForInference(model)

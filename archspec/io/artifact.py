@@ -27,7 +27,7 @@ from archspec._version import __version__
 from archspec.errors import SpecError
 from archspec.families.attention.heads import without_unused_new_kinds
 from archspec.io.builddir import normal_mode
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.nn.compiler import compile
 from archspec.nn.model import ArchModel
 from archspec.spec import ArchSpec

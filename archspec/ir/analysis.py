@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.ir.plan import Plan, build_plan
 from archspec.spec import ArchSpec
 

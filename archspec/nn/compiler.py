@@ -19,8 +19,8 @@ from torch import nn
 
 from archspec.errors import SpecError
 from archspec.families import build
+from archspec.ir.checked import load_spec, with_resolution
 from archspec.ir.graph import graph_of
-from archspec.ir.loader import load_spec, with_resolution
 from archspec.ir.plan import build_plan, check_memory
 from archspec.nn.layout import layout_of
 from archspec.nn.model import ArchModel, Stage

@@ -35,7 +35,7 @@ from archspec.families.head.rules import classifier_names
 from archspec.families.shrink.module import ShrinkBlock
 from archspec.families.stem import rules as stems
 from archspec.families.stem.module import IdentityStem
-from archspec.ir.loader import with_resolution
+from archspec.ir.checked import with_resolution
 from archspec.ir.plan import build_plan
 from archspec.nn.fuse import fuse_model
 from archspec.nn.layout import ModelLayout, layout_of
@@ -78,7 +78,7 @@ class ArchModel(nn.Module):
     names follow timm ResNet's with archspec's layout: ``stem.{conv1,bn1,act1,maxpool}`` = timm ``conv1, bn1,
     act1, maxpool``; ``stages.{i}.blocks.{j}`` = timm ``layer{i+1}.{j}``; ``head`` = timm ``fc`` (an
     ``nn.Linear`` with torch's default init, as timm ResNet leaves it); see
-    :func:`archspec.timm.convert.resnet_key_from_timm` for the key mapping.
+    :func:`archspec.timm_bridge.convert.resnet_key_from_timm` for the key mapping.
 
     Args (besides the built parts): ``spec`` the spec it was compiled from, kept as metadata (``model.spec``, as
     timm keeps ``pretrained_cfg``; the model's structure is not read from it); ``layout`` its structure, read from

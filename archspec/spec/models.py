@@ -4,7 +4,7 @@ Step 1 of 3 on the way from YAML to ``nn.Module`` (spec -> :mod:`archspec.ir.pla
 :mod:`archspec.nn.compiler`).  This module checks everything a single field or model can check
 (types, ranges, unknown keys, per-head list lengths, layer ranges); checks that need shapes
 (token grids, mask windows against the grid, head-count arithmetic) happen while the graph is
-built, and :func:`archspec.ir.loader.load_spec` runs both so that a loaded spec is known to compile
+built, and :func:`archspec.ir.checked.load_spec` runs both so that a loaded spec is known to compile
 (:func:`archspec.spec.parsing.parse_spec` is the schema step only; this package imports nothing of the later
 steps).
 

@@ -2,7 +2,7 @@
 :class:`~archspec.spec.models.ArchSpec`, every pydantic error turned into a located problem.
 
 :func:`parse_spec` is the schema step only (types, ranges, unknown keys); the shape checks need the IR and run in
-:func:`archspec.ir.loader.load_spec`, which calls it first.  The shipped specs (:data:`SPEC_DIR`,
+:func:`archspec.ir.checked.load_spec`, which calls it first.  The shipped specs (:data:`SPEC_DIR`,
 :func:`shipped_specs`) are found here too.  Torch-free.
 """
 
@@ -222,8 +222,8 @@ def default_spec_name(stem: str) -> str:
 def parse_spec(source: str | os.PathLike | dict | ArchSpec) -> tuple[ArchSpec, Locator | None]:
     """Read and schema-validate a spec (types, ranges, unknown keys); no shape checks.
 
-    The shape checks need the graph (step 2), so they run in :func:`archspec.ir.loader.load_spec`, which
-    calls this first; that keeps the import order spec -> graph -> loader free of circles.
+    The shape checks need the graph (step 2), so they run in :func:`archspec.ir.checked.load_spec`, which
+    calls this first; that keeps the import order spec -> graph -> checked free of circles.
 
     Args:
         source: a path to a YAML file, the name of a shipped spec (``"mait_tiny_sch2"``), YAML text,

@@ -29,14 +29,14 @@ from archspec._util.lazy import lazy_exports
 
 _EXPORTS = {
     "AUGMENTATIONS": "config", "AMP_MODES": "config", "RECIPES": "config", "TrainConfig": "config", "recipe": "config",
-    "TrainResult": "loop", "Trainer": "loop", "TrialFailure": "failures", "evaluate": "loop", "failure": "failures",
+    "TrainResult": "loop", "Trainer": "loop", "TrainingFailure": "failures", "evaluate": "loop", "failure": "failures",
     "resolve_device": "loop", "run_steps": "loop", "train": "loop",
     "fit": "run", "FitResult": "run",
 }
 
 # A literal list (the API docs read it statically); tests keep it equal to _EXPORTS.
 __all__ = [
-    "AMP_MODES", "AUGMENTATIONS", "FitResult", "RECIPES", "TrainConfig", "TrainResult", "Trainer", "TrialFailure",
+    "AMP_MODES", "AUGMENTATIONS", "FitResult", "RECIPES", "TrainConfig", "TrainResult", "Trainer", "TrainingFailure",
     "evaluate", "failure", "fit", "recipe", "resolve_device", "run_steps", "train",
 ]
 

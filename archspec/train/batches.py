@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
-from archspec.train.failures import TrialFailure
+from archspec.train.failures import TrainingFailure
 
 __all__ = ["SeededSamples", "EpochSampler", "StreamBatches", "TensorBatches", "augment", "quiet_worker"]
 
@@ -67,13 +67,13 @@ class TensorBatches:
     seeded with ``seed``.
 
     Raises:
-        TrialFailure: an empty training set.
+        TrainingFailure: an empty training set.
     """
 
     def __init__(self, split: Any, batch_size: int, augmentation: str, seed: int, device: torch.device):
         images, labels = split.tensors
         if len(labels) == 0:
-            raise TrialFailure("the training set is empty")
+            raise TrainingFailure("the training set is empty")
         self.images, self.labels = images.to(device), labels.to(device)  # once: no host-to-device copy per step
         self.n, self.batch, self.augmentation = len(labels), min(batch_size, len(labels)), augmentation
         self.device = device

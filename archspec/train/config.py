@@ -20,14 +20,20 @@ model EMA (decay 0.99996) that its paper does not list; the ``deit`` recipe leav
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from archspec.errors import SpecError
 
-__all__ = ["AUGMENTATIONS", "AMP_MODES", "RECIPES", "TrainConfig", "check_config", "recipe"]
+__all__ = ["AUGMENTATIONS", "AMP_MODES", "PERSISTED_KEYS", "RECIPES", "TrainConfig", "check_config", "recipe"]
 
 AUGMENTATIONS = ("none", "flip", "crop", "flip+crop")  # the in-memory fast path's tensor augmentation
 AMP_MODES = ("auto", "bf16", "fp16", "off")  # auto: bf16 autocast on CUDA, none on CPU
+# Settings written under another key than their name (TrainConfig.describe: run directories, study attributes,
+# reports) and read back under it (TrainConfig.from_dict): ``torch_compile`` was ``compile`` until issue 58
+# renamed it, and its key stays, so what was written before reads the same.
+PERSISTED_KEYS = {"torch_compile": "compile"}
 
 
 @dataclass
@@ -60,7 +66,7 @@ class TrainConfig:
         ema_decay: timm ``ModelEmaV3`` decay (``None``: no EMA); the EMA is evaluated beside the model.
         amp: ``auto`` (bf16 autocast on CUDA, off on CPU), ``bf16``, ``fp16`` (with a gradient scaler) or ``off``.
         clip_grad: clip the gradient norm to this (``None``: no clipping).
-        compile: ``torch.compile`` the model for training.
+        torch_compile: ``torch.compile`` the model for training (key ``compile`` in :meth:`describe`).
         workers: DataLoader worker processes (streamed data).
         log_every: a progress line every this many steps.
         checkpoint_every: write the checkpoint every this many steps (``None``: at every eval point).
@@ -89,15 +95,21 @@ class TrainConfig:
     ema_decay: float | None = None
     amp: str = "auto"
     clip_grad: float | None = None
-    compile: bool = False
+    torch_compile: bool = False
     workers: int = 2
     log_every: int = 50
     checkpoint_every: int | None = None
     distill_alpha: float = 0.5
 
     def describe(self) -> dict:
-        """JSON-ready dict of every setting."""
-        return asdict(self)
+        """JSON-ready dict of every setting, under its persisted key (:data:`PERSISTED_KEYS`: ``compile``)."""
+        return {PERSISTED_KEYS.get(name, name): value for name, value in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]):
+        """The settings of ``data``: a :meth:`describe` dict (persisted keys) or one keyed by field name."""
+        names = {key: name for name, key in PERSISTED_KEYS.items()}
+        return cls(**{names.get(key, key): value for key, value in data.items()})
 
     def problems(self) -> list[tuple[str, str]]:
         """``(field, message)`` for every invalid setting (empty when valid)."""

@@ -30,14 +30,14 @@ from archspec.diagnostics.timing import parse_device
 from archspec.errors import SpecError
 from archspec.train.batches import TensorBatches
 from archspec.train.config import AUGMENTATIONS, TrainConfig
-from archspec.train.failures import TrialFailure, failure
+from archspec.train.failures import TrainingFailure, failure
 from archspec.train.progress import Progress
 from archspec.train.stop import check
 
 if TYPE_CHECKING:
     from archspec.io.datasets import Dataset
 
-__all__ = ["TrainResult", "Trainer", "TrialFailure", "evaluate", "failure", "resolve_device", "run_steps", "train"]
+__all__ = ["TrainResult", "Trainer", "TrainingFailure", "evaluate", "failure", "resolve_device", "run_steps", "train"]
 
 
 @dataclass
@@ -168,7 +168,7 @@ class Trainer:
         self.mixup = _mixup(config, num_classes)
         self.teacher = teacher.to(device).eval() if teacher is not None else None
         self.model = wrap(model) if wrap is not None else model
-        self.forward = torch.compile(self.model) if config.compile else self.model
+        self.forward = torch.compile(self.model) if config.torch_compile else self.model
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The training loss of batch ``x`` ``(B, C, H, W)``, ``y`` ``(B,)``: cross-entropy (label-smoothed, or
@@ -192,16 +192,16 @@ class Trainer:
         """One optimizer step (the ``step``-th, 1-based); returns the detached loss.
 
         Raises:
-            TrialFailure: a NaN/inf loss (checked at once on CPU, where it costs no sync) or an exception
+            TrainingFailure: a NaN/inf loss (checked at once on CPU, where it costs no sync) or an exception
                 inside the model (out of memory told apart).
         """
         try:
             loss = self.loss(x, y)
             if self.device.type == "cpu" and not torch.isfinite(loss):
-                raise TrialFailure(f"loss became {loss.item()} at step {step}")
+                raise TrainingFailure(f"loss became {loss.item()} at step {step}")
             self.optimizer.zero_grad(set_to_none=True)
             self._backward(loss)
-        except TrialFailure:
+        except TrainingFailure:
             raise
         except (RuntimeError, ValueError, MemoryError, IndexError) as exc:
             raise failure(exc, f"at step {step}") from None
@@ -286,7 +286,7 @@ def run_steps(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tens
     at the end (``evaluate_fn() -> {"accuracy", "val_loss", ...}``).
 
     Raises:
-        TrialFailure: NaN/inf loss, an exception inside the model or the evaluation.
+        TrainingFailure: NaN/inf loss, an exception inside the model or the evaluation.
     """
     hooks = hooks or Hooks()
     config, start_time = trainer.config, time.perf_counter()
@@ -307,7 +307,7 @@ def run_steps(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tens
         since = torch.stack(losses).float().cpu()  # the only host sync of the steps in between
         losses = []
         if not torch.isfinite(since).all():
-            raise TrialFailure(f"loss became {since[~torch.isfinite(since)][0].item()} by step {step}")
+            raise TrainingFailure(f"loss became {since[~torch.isfinite(since)][0].item()} by step {step}")
         recent = (recent + since.tolist())[-20:]
         loss_sum += float(since.double().sum())
         try:
@@ -316,7 +316,7 @@ def run_steps(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tens
         except (RuntimeError, ValueError, MemoryError) as exc:
             raise failure(exc, f"while evaluating at step {step}") from None
         if not math.isfinite(record["val_loss"]):
-            raise TrialFailure(f"validation loss became {record['val_loss']} at step {step}")
+            raise TrainingFailure(f"validation loss became {record['val_loss']} at step {step}")
         history.append((step, record["accuracy"], record["train_loss"]))
         if hooks.report is not None:
             hooks.report(step, record["accuracy"])
@@ -355,7 +355,7 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
             ``loss_sum`` (every step's training loss so far, summed: TSE) and ``lr``.  It may raise, like ``report``.
 
     Raises:
-        TrialFailure: empty training set, NaN/inf loss, an exception inside the model, out of memory.
+        TrainingFailure: empty training set, NaN/inf loss, an exception inside the model, out of memory.
         ValueError: an unknown device or augmentation.
     """
 

@@ -45,7 +45,7 @@ from archspec.errors import SpecError
 from archspec.io.artifact import load, save
 from archspec.io.atomic import atomic_write_text
 from archspec.io.builddir import BUILD, is_build, only_build_files, write_build
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.nn.compiler import compile as compile_spec
 from archspec.spec import ArchSpec
 from archspec.train.batches import StreamBatches, quiet_worker
@@ -370,7 +370,7 @@ def fit(spec: Any, data: str | os.PathLike | None = None, config: TrainConfig | 
             run writing ``out``.  Nothing is written then (and an earlier run in ``out`` is left as it was).
             At ``data`` also during the run: 20 damaged images in a row (the run directory is left as an
             unfinished run, which ``resume`` continues from its last checkpoint or ``restart`` replaces).
-        TrialFailure: training diverged (NaN/inf loss) or the model failed at run time.
+        TrainingFailure: training diverged (NaN/inf loss) or the model failed at run time.
     """
 
     config = config or recipe("short")

@@ -7,10 +7,10 @@ its construction is described) and a conv stage's ``mixer: {kind: gpsa}`` puts i
 stage, so a T-CNN is a spec (``specs/t_resnet50d.yaml``, ``t_resnet50rs.yaml``) that ``archspec build``,
 ``analyze``, :func:`archspec.save` and :func:`archspec.load` take as any other.  From a timm ResNet:
 
-* :func:`tcnn_spec` writes the T-CNN spec of the CNN (:func:`archspec.timm.convert.resnet_spec_from_timm`, then
+* :func:`tcnn_spec` writes the T-CNN spec of the CNN (:func:`archspec.timm_bridge.convert.resnet_spec_from_timm`, then
   ``mixer: {kind: gpsa}`` and BoTNet's ``stride: 1`` on the chosen stages);
 * :func:`tcnn_model` compiles a T-CNN spec and loads the CNN's weights into it
-  (:func:`archspec.timm.convert.load_timm_weights`: every untransformed tensor as is, each transformed 3x3
+  (:func:`archspec.timm_bridge.convert.load_timm_weights`: every untransformed tensor as is, each transformed 3x3
   conv's taps into its GPSA's ``W_out``, eq. 6) -- what ``archspec tcnn`` does and saves;
 * :func:`tcnn` is the older weight surgery on the timm model itself (any timm ResNet, basic blocks included;
   not a spec, so not saved by ``archspec.save``).
@@ -39,7 +39,7 @@ from archspec.families.conv_block.module import inverse_softplus as _inverse_sof
 from archspec.families.conv_block.rules import gpsa_counts
 from archspec.io.artifact import load as load_artifact
 from archspec.nn.compiler import compile as compile_spec
-from archspec.timm.convert import load_timm_weights, resnet_spec_from_timm
+from archspec.timm_bridge.convert import load_timm_weights, resnet_spec_from_timm
 from archspec.train.param_groups import gating_param_groups, transformed_layers
 
 __all__ = ["BETA", "ConvGPSA", "conv_gpsa_macs", "count_macs", "gating_param_groups", "load_tcnn", "tcnn",
@@ -113,7 +113,7 @@ def tcnn(cnn: nn.Module, stages: Sequence[int | str] = (-1,), alpha: float = 1.0
 def tcnn_spec(cnn: nn.Module, stages: Sequence[int | str] = (-1,), alpha: float = 1.0, gating: float = 1.0,
               stride_one: bool = True, resolution: int | tuple[int, int] = 224, name: str = "t_cnn") -> dict:
     """The T-CNN spec of a timm ResNet (a dict for :func:`archspec.load_spec`): the CNN's own spec
-    (:func:`archspec.timm.convert.resnet_spec_from_timm`) with ``mixer: {kind: gpsa, locality_strength: alpha,
+    (:func:`archspec.timm_bridge.convert.resnet_spec_from_timm`) with ``mixer: {kind: gpsa, locality_strength: alpha,
     gating_init: gating}`` on the chosen stages and, with ``stride_one``, their ``stride: 1`` (BoTNet's move,
     sec. 2: the stage then keeps its input map).
 
@@ -154,7 +154,7 @@ def tcnn_spec(cnn: nn.Module, stages: Sequence[int | str] = (-1,), alpha: float 
 def tcnn_model(cnn: nn.Module, spec: Any = None, **spec_options: Any) -> nn.Module:
     """A T-CNN of ``cnn`` built from a spec: :func:`archspec.compile` of ``spec`` (default :func:`tcnn_spec`
     ``(cnn, **spec_options)``; or a shipped T-CNN spec such as ``"t_resnet50d"``), with ``cnn``'s weights loaded
-    by :func:`archspec.timm.convert.load_timm_weights` -- each transformed 3x3 conv's taps into its GPSA's
+    by :func:`archspec.timm_bridge.convert.load_timm_weights` -- each transformed 3x3 conv's taps into its GPSA's
     ``W_out`` (eq. 6), every other tensor as is -- in ``cnn``'s train/eval mode and on its device.
 
     Returns an :class:`archspec.nn.model.ArchModel` (images ``(B, C, H, W)`` -> logits ``(B, num_classes)``) that

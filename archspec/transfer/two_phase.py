@@ -87,7 +87,7 @@ def two_phase(conv_spec: ArchSpec, data: Any, phase1: TrainConfig, phase2: Train
 
     Raises:
         TransferError: the spec has no conv mixer or cannot be transferred.
-        TrialFailure: a run diverged or failed inside the model.
+        TrainingFailure: a run diverged or failed inside the model.
     """
     spec = fit_to_data(conv_spec, data)
     device = resolve_device(phase1.device)
@@ -103,7 +103,8 @@ def two_phase(conv_spec: ArchSpec, data: Any, phase1: TrainConfig, phase2: Train
         if baseline:
             base_model = _compile_seeded(attention_spec(spec), seed)
             steps = phase1.steps + phase2.steps
-            base_config = TrainConfig(**{**phase2.describe(), "steps": steps, "warmup_steps": phase1.warmup_steps})
+            base_config = TrainConfig.from_dict({**phase2.describe(), "steps": steps,
+                                                 "warmup_steps": phase1.warmup_steps})
             base = train(base_model, data, base_config, seed=seed, progress=label("baseline"))
     report = {
         "data": data.describe(), "seed": seed, "peak": peak,

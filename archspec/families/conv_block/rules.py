@@ -70,7 +70,7 @@ class GPSAMixerSpec(StrictModel):
     """T-CNN's GPSA in place of a bottleneck's 3x3 conv (d'Ascoli et al. 2021, sec. 2, eq. 4-7, footnote 1):
     9 heads (one per kernel tap), ``W_val = I`` shared, ``W_out^h`` the tap's filter, explicit zero padding,
     locality ``alpha = softplus_5(alpha~)``, gating ``lambda`` (eq. 7).  Initialised "on the verge of locality"
-    (alpha = lambda = 1); loading a CNN's 3x3 weights into ``W_out`` (archspec.timm.convert.load_timm_weights)
+    (alpha = lambda = 1); loading a CNN's 3x3 weights into ``W_out`` (archspec.timm_bridge.convert.load_timm_weights)
     makes the layer the CNN's conv as alpha and lambda grow."""
 
     kind: Literal["gpsa"] = Field(..., description="'gpsa': T-CNN's 9-head gated positional self-attention on the "

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.search._engine.defaults import (
     BUDGET_OPTIONS,
     DEFAULT_FIDELITY,
@@ -98,8 +98,9 @@ def complete_config(cfg: SearchConfig | None = None, **options: Any) -> SearchCo
     if budgets is None or isinstance(budgets, dict):
         budgets = Budgets(**{k: None if v is None else parse_quantity(v, ("budgets", k))
                              for k, v in (budgets or {}).items()})
-    protocol = cfg.protocol if not isinstance(cfg.protocol, dict | None) else ProxyProtocol(**(cfg.protocol or {}))
-    latency = cfg.latency if not isinstance(cfg.latency, dict | None) else LatencyProtocol(**(cfg.latency or {}))
+    protocol = (cfg.protocol if not isinstance(cfg.protocol, dict | None)
+                else ProxyProtocol.from_dict(cfg.protocol or {}))
+    latency = cfg.latency if not isinstance(cfg.latency, dict | None) else LatencyProtocol.from_dict(cfg.latency or {})
     return replace(cfg, budgets=budgets, protocol=protocol, latency=latency)
 
 

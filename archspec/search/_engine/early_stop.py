@@ -106,7 +106,7 @@ def zero_cost_of(spec: ArchSpec, cfg: SearchConfig, data, oracle=None, names: tu
 
     Raises:
         SpecError: under ``oracle``, the design is not in the table.
-        TrialFailure: the proxy failed (live).
+        TrainingFailure: the proxy failed (live).
     """
     if oracle is not None:
         return oracle.zero_cost(spec, seed=cfg.seed)

@@ -11,7 +11,7 @@ import gc
 import time
 from collections.abc import Callable
 
-from archspec.train.failures import TrialFailure
+from archspec.train.failures import TrainingFailure
 
 __all__ = ["CandidateFailure", "TrialTimeout", "deadline_hook", "fail_reason"]
 
@@ -53,7 +53,7 @@ def fail_reason(exc: BaseException) -> str:
         return exc.reason
     if isinstance(exc, TrialTimeout):
         return str(exc)
-    if isinstance(exc, TrialFailure):
+    if isinstance(exc, TrainingFailure):
         return str(getattr(exc, "reason", exc))[:1000]
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted (Ctrl-C / SIGINT)"

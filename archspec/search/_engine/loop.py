@@ -114,7 +114,7 @@ def _study_attrs(mode: SampledMode, cfg: SearchConfig) -> dict:
     return {
         "mode": mode.label, "space": getattr(mode.space, "name", "space"), "objective": cfg.objective,
         "budgets": cfg.budgets.describe(), "proxy": cfg.protocol.describe(),
-        "latency_protocol": dataclasses.asdict(cfg.latency), "data": cfg.data or "embedded",
+        "latency_protocol": cfg.latency.describe(), "data": cfg.data or "embedded",
         "max_images": cfg.max_images, "seed": cfg.seed, "sampler": cfg.sampler, **mode.study_attrs(),
     }
 
@@ -166,7 +166,7 @@ def _run_summary(mode: str, name: str, info, run_dir: Path, cfg: SearchConfig, d
                                                              if objective.first_trial is not None else cfg.seed),
         "search_seconds": round(search_seconds, 2),
         "data": {**data.describe(), "source": cfg.data or "embedded"},
-        "proxy": cfg.protocol.describe(), "latency_protocol": dataclasses.asdict(cfg.latency),
+        "proxy": cfg.protocol.describe(), "latency_protocol": cfg.latency.describe(),
         "seed": cfg.seed, "sampler": cfg.sampler, "timeout_s": cfg.timeout, "trial_timeout_s": cfg.trial_timeout,
         "notes": notes, "interrupted": interrupted,
         "candidates_per_hour": round(objective.attempted * 3600 / search_seconds, 1) if search_seconds > 0 else None,

@@ -19,6 +19,7 @@ from archspec.ir.analysis import analyze
 from archspec.search._engine.study import mark_worker
 from archspec.search._evaluation.latency_cache import LatencyCache
 from archspec.search._modes.base import Candidate, RoundResult, RoundsMode, RunContext
+from archspec.train.failures import stored_name
 
 __all__ = ["evaluate_round"]
 
@@ -73,7 +74,7 @@ def evaluate_round(run: RunContext, mode: RoundsMode, candidate: Candidate, cach
         run.study.tell(trial, state=TrialState.FAIL)
         raise
     except Exception as exc:  # noqa: BLE001 - recorded on the trial, then reported
-        reason = str(getattr(exc, "reason", "")) or f"{type(exc).__name__}: {exc}"
+        reason = str(getattr(exc, "reason", "")) or f"{stored_name(exc)}: {exc}"
         trial.set_user_attr("fail_reason", reason[:1000])
         run.study.tell(trial, state=TrialState.FAIL)
         run.notes.append(f"{candidate.label} (trial {trial.number}) failed: {reason}")

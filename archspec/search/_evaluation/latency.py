@@ -46,7 +46,7 @@ def measure_latency(spec: ArchSpec, protocol: LatencyProtocol = LatencyProtocol(
         model = compile_spec(spec)
     c, (h, w) = spec.input.channels, spec.input.resolution
     batch = protocol.batch
-    if protocol.compile:  # static shapes: probe the GPU batch eagerly, then compile once at it
+    if protocol.torch_compile:  # static shapes: probe the GPU batch eagerly, then compile once at it
 
         model = model.eval().to(device)
         if batch is None and device.type == "cuda":

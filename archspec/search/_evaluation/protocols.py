@@ -7,8 +7,10 @@ names)."""
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
+from typing import Any
 
 from archspec.errors import SpecError
 from archspec.search._evaluation.scoring import PROXY_SCORES, proxy_score
@@ -83,7 +85,7 @@ class ProxyProtocol(TrainConfig):
         """JSON-ready dict of every setting (``score`` only when it is not "accuracy": a study written before the
         score existed, which ranked by accuracy, records the same protocol and resumes with ``--proxy-score
         accuracy``)."""
-        out = asdict(self)
+        out = super().describe()
         if out["score"] == "accuracy":
             del out["score"]
         return out
@@ -105,9 +107,11 @@ class LatencyProtocol:
     Default = LeViT's CPU protocol: one thread, batch 1, float32; the figure is the median ms of one
     forward pass.  ``device='cuda'`` (or ``'auto'`` on a GPU machine) with ``batch=None`` is LeViT's GPU
     protocol: the largest power-of-two batch that fits, bf16 autocast; the figure is then ms per image
-    (``1000 / images_per_s``) so candidates measured at different batches compare.  ``compile=True`` times the
+    (``1000 / images_per_s``) so candidates measured at different batches compare.  ``torch_compile=True`` times the
     model under ``torch.compile`` (:func:`archspec.diagnostics.timing.compile_for_inference`: Inductor, freezing); its
-    compilation runs before the warm-up and is never timed (``archspec search --latency-compile``).
+    compilation runs before the warm-up and is never timed (``archspec search --latency-compile``).  Its key
+    in :meth:`describe` (latency tables, run summaries, study attributes) and in the cache key stays ``compile``,
+    its name until issue 58.
     """
 
     device: str = "cpu"
@@ -115,7 +119,7 @@ class LatencyProtocol:
     batch: int | None = 1
     warmup: int = 5
     repeats: int = 20
-    compile: bool = False
+    torch_compile: bool = False
 
     def key(self) -> str:
         """Cache key of the protocol on this machine (CPU model and torch version included); ``|compile`` is
@@ -123,11 +127,21 @@ class LatencyProtocol:
         import torch  # noqa: PLC0415 - the torch version is part of the key; the protocol itself is torch-free
 
         return (f"{self.device}|threads={self.threads}|batch={self.batch}|warmup={self.warmup}|repeats={self.repeats}"
-                f"|{_machine()}|torch={torch.__version__}" + ("|compile" if self.compile else ""))
+                f"|{_machine()}|torch={torch.__version__}" + ("|compile" if self.torch_compile else ""))
 
     def describe(self) -> dict:
-        """JSON-ready dict."""
-        return asdict(self)
+        """JSON-ready dict (``torch_compile`` under its persisted key ``compile``)."""
+        return {_LATENCY_KEYS.get(name, name): value for name, value in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LatencyProtocol:
+        """The protocol of ``data``: a :meth:`describe` dict (key ``compile``) or one keyed by field name."""
+        names = {key: name for name, key in _LATENCY_KEYS.items()}
+        return cls(**{names.get(key, key): value for key, value in data.items()})
+
+
+# LatencyProtocol's settings written under another key than their name (as archspec.train.config.PERSISTED_KEYS)
+_LATENCY_KEYS = {"torch_compile": "compile"}
 
 
 @lru_cache(maxsize=1)

@@ -18,19 +18,19 @@ import torch
 from archspec._util.memo import ContentMemo
 from archspec.errors import SpecError
 from archspec.io.datasets import Dataset
+from archspec.ir.checked import load_spec
 from archspec.ir.graph import build_graph
-from archspec.ir.loader import load_spec
 from archspec.nn import compiler
 from archspec.nn.compiler import compile as compile_spec
 from archspec.search._evaluation.protocols import ProxyProtocol
 from archspec.search._evaluation.zero_cost import zero_cost_scores
 from archspec.spec import ArchSpec
-from archspec.train import TrialFailure, failure, train
+from archspec.train import TrainingFailure, failure, train
 
 if TYPE_CHECKING:
     from archspec.search._evaluation.zero_cost import ZeroCostResult
 
-__all__ = ["ProxyGeometry", "ProxyProtocol", "ProxyResult", "TrialFailure", "proxy_geometry", "proxy_spec",
+__all__ = ["ProxyGeometry", "ProxyProtocol", "ProxyResult", "TrainingFailure", "proxy_geometry", "proxy_spec",
            "score_proxy", "stage_grids", "train_proxy"]
 
 
@@ -321,14 +321,14 @@ def train_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, seed: in
         :class:`ProxyResult`, whose ``model`` is the trained model (eval mode).
 
     Raises:
-        TrialFailure: NaN/inf loss, an exception inside the model (with its message), out of memory.
+        TrainingFailure: NaN/inf loss, an exception inside the model (with its message), out of memory.
         SpecError: the spec cannot be adapted to the proxy.
     """
 
     geometry, pspec = _seeded_proxy(spec, data, protocol, seed)
     data = data.at_size(geometry.image_size)
     if len(data.train) == 0:
-        raise TrialFailure("the training set is empty")
+        raise TrainingFailure("the training set is empty")
     with _threads(protocol.threads), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
@@ -363,7 +363,7 @@ def score_proxy(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol, names: t
         ``(ZeroCostResult, ProxyGeometry)``: scores (higher ranks better) and seconds per score.
 
     Raises:
-        TrialFailure: an exception inside the model, or out of memory.
+        TrainingFailure: an exception inside the model, or out of memory.
         SpecError: the spec cannot be adapted to the proxy.
     """
     geometry, pspec = _seeded_proxy(spec, data, protocol, seed)

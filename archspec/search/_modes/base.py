@@ -70,7 +70,7 @@ class SearchMode:
         ``model``...).
 
         Raises:
-            archspec.search.TrialFailure: the candidate could not be trained (the engine records a FAIL).
+            archspec.search.TrainingFailure: the candidate could not be trained (the engine records a FAIL).
         """
 
         kwargs = {} if progress is None else {"progress": progress}

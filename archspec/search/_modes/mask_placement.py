@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from archspec.errors import SpecError, format_path
 from archspec.families.attention.heads import HeadSpec, MaskSpec
 from archspec.families.attention.placement import Placement
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.spec import ArchSpec, ConvStageSpec, spec_to_yaml
 
 __all__ = ["attention_layers", "token_stages", "strip_mask", "with_mask", "apply_placement", "placement_heads",

@@ -16,7 +16,6 @@ an ALS heatmap, als.json and summary.json's mask entries (:class:`PlacementRound
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from archspec.families.attention.placement import (
     soft_placement,
 )
 from archspec.ir.analysis import analyze
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.search._modes.base import Candidate, RoundResult, RoundsMode, RunContext, SampledMode
 from archspec.search._modes.mask_placement import (
     als_table,
@@ -164,7 +163,7 @@ class PlacementRounds(RoundsMode):
             "thresholds": ({"als_high": self.high, "als_low": self.low} if mcfg.strategy == "als"
                            else {"alpha_threshold": mcfg.alpha_threshold}),
             "data": data.describe() if hasattr(data, "describe") else {"name": getattr(data, "name", None)},
-            "proxy": cfg.protocol.describe(), "latency_protocol": dataclasses.asdict(cfg.latency), "seed": cfg.seed,
+            "proxy": cfg.protocol.describe(), "latency_protocol": cfg.latency.describe(), "seed": cfg.seed,
             "notes": run.notes, "interrupted": interrupted, **self.extra,
         }
         empty = self.empty_note(interrupted)

@@ -64,7 +64,7 @@ from archspec.families.attention.placement import (
     normalise_als,
     soft_placement,
 )
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.search._engine.config import (
     MASKS_PROXY_DEFAULTS,
     MASKS_TRIAL_TIMEOUT_S,

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from archspec._util.units import human
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.search._engine.config import GEOMETRY_ATTR
 from archspec.search._report import run_files
 from archspec.search._report.plots import plot_history, plot_pareto

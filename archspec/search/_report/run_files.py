@@ -35,7 +35,7 @@ import yaml
 
 from archspec.errors import SpecError
 from archspec.io.atomic import atomic_savefig, atomic_write_bytes, atomic_write_text, replace_dir
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.spec import ArchSpec, spec_to_yaml
 
 __all__ = [

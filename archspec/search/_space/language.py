@@ -99,8 +99,8 @@ from pydantic import ValidationError
 
 from archspec.errors import Locator, Problem, SpecError
 from archspec.families.attention.heads import MaskSpec
+from archspec.ir.checked import load_spec
 from archspec.ir.graph import build_graph
-from archspec.ir.loader import load_spec
 from archspec.search import DEFAULT_SPACE, SPACES_DIR
 from archspec.search._space.checks import MARKERS, SPACE_KEYS, SPACE_NAME_RE, Checker, is_marker
 from archspec.search._space.sampling import EnumTrial, MinTrial, Sampler, next_prefix

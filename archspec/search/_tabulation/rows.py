@@ -114,7 +114,7 @@ def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol
     a prefix of the full row, which a test compares with a tabulated row for a fraction of the training.
 
     Raises:
-        TrialFailure: the training diverged (non-finite loss), from :func:`archspec.train.loop.run_steps`.
+        TrainingFailure: the training diverged (non-finite loss), from :func:`archspec.train.loop.run_steps`.
     """
     config = train_config(protocol)
     geometry = ProxyProtocol(image_size=protocol["image_size"])

@@ -61,6 +61,7 @@ from archspec.search._engine.study import (
 from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._space.language import SearchSpace, load_space
 from archspec.train.config import check_config
+from archspec.train.failures import stored_name
 
 __all__ = ["REFERENCE_PROTOCOL", "NAMED_POINTS", "SEED_CHECK_DESIGNS", "STATUS_ATTR", "table_protocol",
            "protocol_id", "ordered_points", "tabulate", "TableProgress", "default_storage", "open_table_study",
@@ -458,10 +459,10 @@ def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, spec
         raise
     except Exception as exc:  # noqa: BLE001 - a diverged training fails its pair (tried twice), not the worker
         trial.set_user_attr("failure", "training")
-        trial.set_user_attr("fail_reason", f"{type(exc).__name__}: {str(exc)[:300]}")
+        trial.set_user_attr("fail_reason", f"{stored_name(exc)}: {str(exc)[:300]}")
         study.tell(trial, state=TrialState.FAIL)
         progress.failed += 1
-        log(f"pair {index} seed {seed}: failed ({type(exc).__name__}: {str(exc)[:200]})")
+        log(f"pair {index} seed {seed}: failed ({stored_name(exc)}: {str(exc)[:200]})")
         return
     finally:
         beat.close()

@@ -1,8 +1,9 @@
-"""Loading a spec that is known to compile: the schema (:mod:`archspec.spec`) then the shape checks
-(:mod:`archspec.ir.plan`).
+"""The IR's check of a spec: :func:`load_spec` returns an :class:`~archspec.spec.ArchSpec` (a spec, not IR) that
+passed the schema (:mod:`archspec.spec`) and the IR's shape checks (:mod:`archspec.ir.plan`), so it is known to
+compile.
 
 This module sits after both, so the import order reads top to bottom -- yaml -> spec -> walk -> plan ->
-loader -> compiler -> model -- with no circle (spec.py used to import the graph lazily for these checks).  It
+checked -> compiler -> model -- with no circle (spec.py used to import the graph lazily for these checks).  It
 imports neither torch nor networkx.  :func:`with_resolution` gives a spec at another input size, re-checked
 (the compiler's ``img_size`` and ``ArchModel.set_input_size``).
 """

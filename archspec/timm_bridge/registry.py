@@ -17,7 +17,7 @@ saved at another (square) input size are resampled on the way in (:func:`archspe
 
 Importing this module imports the spec parser and timm's model registry (it is imported when timm is, or by
 :func:`archspec.register`), not archspec's model code (torch-side; imported when a model is built, so ``import
-timm`` does not pay for it).  ``import archspec`` does not import it: :func:`install` (:mod:`archspec.timm.hook`,
+timm`` does not pay for it).  ``import archspec`` does not import it: :func:`install` (:mod:`archspec.timm_bridge.hook`,
 stdlib only) registers the shipped specs right away if timm is already imported, otherwise as soon as it is (a
 one-shot post-import hook on ``sys.meta_path``), so ``archspec validate`` never imports torch, and ``import
 archspec`` not even the spec parser.
@@ -31,11 +31,11 @@ from typing import Any
 from timm.models import build_model_with_cfg, register_model
 
 from archspec.errors import SpecError
-from archspec.ir.loader import load_spec
+from archspec.ir.checked import load_spec
 from archspec.ir.plan import build_plan
 from archspec.nn.layout import layout_of
 from archspec.spec import SPEC_DIR, shipped_specs
-from archspec.timm.hook import install
+from archspec.timm_bridge.hook import install
 
 __all__ = ["PREFIX", "register", "register_shipped", "create_timm_model", "install"]
 

@@ -362,7 +362,7 @@ def resnet_spec_from_timm(model: nn.Module, resolution: int | tuple[int, int] = 
             raise ValueError(f"layer{i}'s attention is {type(se).__name__}; archspec's conv stages have SE only")
         stages.append(entry)
     size = [resolution, resolution] if isinstance(resolution, int) else list(resolution)
-    return {"name": name, "source": f"timm {type(model).__name__} (archspec.timm.convert.resnet_spec_from_timm)",
+    return {"name": name, "source": f"timm {type(model).__name__} (archspec.timm_bridge.convert.resnet_spec_from_timm)",
             "input": {"channels": in_chans, "resolution": size}, "stem": stem,
             "tokens": {"cls_token": "none", "pos_embed": "none"}, "stages": stages,
             "head": {"pool": "mean", "num_classes": model.num_classes}}

@@ -2,7 +2,7 @@
 
 ``import archspec`` installs it (:func:`install`), so it must cost nothing: it imports neither the spec parser
 nor torch nor timm.  When timm is imported -- before or after archspec -- the shipped specs become timm
-models named ``archspec_<spec name>`` (:func:`archspec.timm.registry.register_shipped`, imported then).
+models named ``archspec_<spec name>`` (:func:`archspec.timm_bridge.registry.register_shipped`, imported then).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["install"]
 
-_REGISTRY = "archspec.timm.registry"  # imported when timm is: it needs the spec parser
+_REGISTRY = "archspec.timm_bridge.registry"  # imported when timm is: it needs the spec parser
 
 
 def _register_shipped() -> None:

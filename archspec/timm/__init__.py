@@ -1,4 +1,0 @@
-"""timm interop: the shipped specs as timm models (:mod:`~archspec.timm.registry`) and state-dict conversion
-between timm models and their compiled equivalents (:mod:`~archspec.timm.convert`).
-
-(Inside this package ``import timm`` is the timm library: absolute imports.)"""
