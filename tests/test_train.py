@@ -69,7 +69,7 @@ def test_devices_and_failures(one_thread, digits):
 def test_torch_compile_is_written_and_read_under_its_persisted_key_compile():
     """Issue 58 renamed ``TrainConfig.compile`` (torch.compile) to ``torch_compile``: ``describe()`` -- run
     directories, study attributes (the proxy protocol), reports -- still writes ``compile`` in the same place,
-    ``from_dict`` reads either key, and ``archspec train --compile`` sets it."""
+    ``from_dict`` reads either key, and ``archspec train --torch-compile`` (or its alias ``--compile``) sets it."""
     from archspec.cli.app import make_parser
     from archspec.cli.train import config_from_args
     from archspec.search import ProxyProtocol
@@ -82,5 +82,6 @@ def test_torch_compile_is_written_and_read_under_its_persisted_key_compile():
     proxy_protocol = ProxyProtocol(torch_compile=True)
     assert proxy_protocol.describe()["compile"] is True
     assert ProxyProtocol.from_dict(proxy_protocol.describe()) == proxy_protocol
-    args = make_parser().parse_args(["train", "x", "--compile", "--steps", "20"])
-    assert config_from_args(args).torch_compile is True
+    for flag in ("--torch-compile", "--compile"):  # the flag says which compile; the old one stays an alias
+        args = make_parser().parse_args(["train", "x", flag, "--steps", "20"])
+        assert config_from_args(args).torch_compile is True

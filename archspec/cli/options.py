@@ -44,7 +44,8 @@ SEARCH: dict[Path, str] = {
         ("steps", "--proxy-steps"), ("image_size", "--proxy-size"), ("batch_size", "--proxy-batch"),
         ("lr", "--proxy-lr"), ("threads", "--proxy-threads"), ("score", "--proxy-score"),
         ("min_grid", "--proxy-min-grid"))},
-    **{("latency", name): _flag(f"latency_{name}") for name in ("batch", "threads", "repeats", "compile")},
+    **{("latency", name): _flag(f"latency_{name}") for name in ("batch", "threads", "repeats")},
+    ("latency", "torch_compile"): "--latency-compile",
 }
 
 # ``archspec search masks``: :class:`archspec.search.MaskConfig`'s fields besides the search's.

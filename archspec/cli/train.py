@@ -73,8 +73,8 @@ def add_train_parser(sub) -> None:
     g.add_argument("--layer-decay", type=float, metavar="X", help="timm layer-wise lr decay")
     g.add_argument("--clip-grad", type=_positive(float, "--clip-grad"), metavar="NORM")
     g.add_argument("--amp", choices=AMP_MODES, help="auto: bf16 autocast on CUDA, none on CPU")
-    g.add_argument("--compile", dest="torch_compile", action="store_true", default=None,
-                   help="torch.compile the model")
+    g.add_argument("--torch-compile", "--compile", dest="torch_compile", action="store_true", default=None,
+                   help="torch.compile the model (--compile is an alias)")
     g.add_argument("--ema-decay", type=float, metavar="D", help="timm ModelEmaV3 decay (e.g. 0.99996)")
     g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes (CUDA)")
     a = p.add_argument_group("augmentation and regularisation (override the recipe)")
