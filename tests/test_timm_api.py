@@ -74,6 +74,19 @@ def test_import_archspec_registers_without_importing_torch() -> None:
     assert int(out.stdout) == len(shipped_specs())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["archspec.timm_bridge.registry", "timm", "archspec"])
+def test_the_specs_are_registered_whichever_module_is_imported_first(first: str) -> None:
+    """Importing the registry before timm fired the post-import hook while the registry was half-initialised: a
+    RuntimeWarning and no archspec_* model at all (issue 58's rename found it).  ``-W error`` turns a warning into a
+    failure."""
+    code = (f"import {first}, archspec.timm_bridge.registry, timm; "
+            "print(len(timm.list_models('archspec_*')))")
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert int(out.stdout) == len(shipped_specs())
+
+
 @pytest.mark.parametrize("name", shipped_specs())
 @pytest.mark.slow
 def test_create_model_builds_every_shipped_spec(name: str, one_thread) -> None:

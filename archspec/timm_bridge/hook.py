@@ -13,13 +13,32 @@ import sys
 import warnings
 from typing import Any
 
-__all__ = ["install"]
+__all__ = ["install", "register_if_deferred"]
 
 _REGISTRY = "archspec.timm_bridge.registry"  # imported when timm is: it needs the spec parser
 
 
+_deferred = False  # the hook fired while the registry itself was importing timm; it registers at its end
+
+
 def _register_shipped() -> None:
+    global _deferred
+    registry = sys.modules.get(_REGISTRY)
+    if registry is not None and not hasattr(registry, "register_shipped"):
+        # ``import archspec.timm_bridge.registry`` before timm: its own ``import timm`` fired the hook while it is
+        # half-initialised; calling into it now fails, and the one-shot hook would never register the specs.
+        _deferred = True
+        return
     importlib.import_module(_REGISTRY).register_shipped()
+
+
+def register_if_deferred(register_shipped: Any) -> None:
+    """Called at the end of :mod:`archspec.timm_bridge.registry`'s import: register the shipped specs if the hook
+    fired while that import was under way (it imported timm itself).  Raises nothing of its own."""
+    global _deferred
+    if _deferred:
+        _deferred = False
+        register_shipped()
 
 
 class _RegisterAfterTimm:

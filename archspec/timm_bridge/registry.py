@@ -35,7 +35,7 @@ from archspec.ir.checked import load_spec
 from archspec.ir.plan import build_plan
 from archspec.nn.layout import layout_of
 from archspec.spec import SPEC_DIR, shipped_specs
-from archspec.timm_bridge.hook import install
+from archspec.timm_bridge.hook import install, register_if_deferred
 
 __all__ = ["PREFIX", "register", "register_shipped", "create_timm_model", "install"]
 
@@ -183,3 +183,7 @@ def register_shipped() -> list[str]:
 
     # Read on use, not now: parsing twelve specs would slow down every `import timm` (the suite checks them).
     return [_register(PREFIX + name, os.fspath(SPEC_DIR / f"{name}.yaml")) for name in shipped_specs()]
+
+
+# Imported before timm, this module's own ``import timm`` fired the hook half-way through; register now.
+register_if_deferred(register_shipped)
