@@ -241,7 +241,9 @@ def main(argv=None) -> int:
             runs.append(("replicate", long, args.seed))
         for label, protocol, seed in runs:
             tasks.append({"index": i, "label": label, "spec": spec.model_dump(mode="json"),
-                          "protocol": protocol.describe(),
+                          # describe() leaves out score "accuracy" (old studies' default), which from_dict
+                          # would read back as the default "tse": the worker gets it spelled out
+                          "protocol": {**protocol.describe(), "score": protocol.score},
                           "seed": seed, "data": args.data, "image_size": proxy.image_size, "data_seed": args.seed,
                           "max_images": args.max_images})
     tasks.sort(key=lambda t: t["label"] == "proxy")  # longest first: better packing on the workers
