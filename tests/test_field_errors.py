@@ -23,7 +23,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 # Files not yet converted (issue 58 item 5 goes module by module); each one leaves this set once its messages
 # name fields.
 PENDING = {
-    "deploy/build.py", "deploy/int8.py", "io/artifact.py", "io/builddir.py", "io/data_sources.py", "io/datasets.py",
+    "deploy/build.py", "deploy/int8.py", "io/artifact.py", "io/builddir.py", "io/datasets.py",
     "search/_modes/mask_placement.py", "search/_modes/masks.py", "search/_report/run_files.py",
     "search/_tabulation/exchange.py", "search/_tabulation/mask_replay.py", "search/_tabulation/tabulate.py",
 }
@@ -154,3 +154,34 @@ def test_run_design_names_its_keywords_and_archspec_search_its_flags(tmp_path, c
         "archspec search: error\n--oracle-subset: --oracle-subset needs --oracle TABLE\n"
         "    hint: add --oracle levit_small (or a table file), or drop --oracle-subset\n")
     assert not (tmp_path / "r").exists()
+
+
+DATA_HINT = ("give {0} fashion-mnist, a CIFAR-10/100 directory (cifar-10-batches-py, cifar-100-python), a directory of "
+             "Fashion-MNIST IDX files or an ImageFolder directory (one sub-directory per class), or leave {0} out for "
+             "the built-in digits")
+
+
+def test_a_data_source_is_data_in_python_and_data_or_calibrate_on_the_command_line(tmp_path, capsys):
+    """check_source names the field ``data``; train and search say ``--data``, build and export ``--calibrate``."""
+    import pytest
+
+    from archspec.cli import main
+    from archspec.io.data_sources import check_source
+
+    nope = tmp_path / "nope"
+    with pytest.raises(SpecError) as info:
+        check_source(nope)
+    assert str(info.value) == f"{nope}: data: no such file or directory: {nope}\n    hint: {DATA_HINT.format('`data`')}"
+    assert main(["search", "--data", str(nope), "--out", str(tmp_path / "s")]) == 2
+    assert capsys.readouterr().err == (f"archspec search: error\n{nope}: --data: no such file or directory: {nope}\n"
+                                       f"    hint: {DATA_HINT.format('--data')}\n")
+    assert main(["train", "levit_128s", "--data", str(nope)]) == 2
+    assert capsys.readouterr().err == (f"archspec train: error\n{nope}: --data: no such directory\n"
+                                       f"    hint: {DATA_HINT.format('--data')}\n")
+    for command in (["build", "levit_128s", "--out", str(tmp_path / "b")],
+                    ["export", "levit_128s", "--onnx", str(tmp_path / "m.onnx")]):
+        assert main([*command, "--int8", "--calibrate", str(nope)]) == 2
+        assert capsys.readouterr().err == (f"archspec {command[0]}: error\n"
+                                           f"{nope}: --calibrate: no such file or directory: {nope}\n"
+                                           f"    hint: {DATA_HINT.format('--calibrate')}\n")
+    assert not (tmp_path / "s").exists() and not (tmp_path / "b").exists() and not (tmp_path / "m.onnx").exists()

@@ -13,12 +13,21 @@ from dataclasses import fields
 from archspec.errors import Path
 from archspec.train.config import TrainConfig
 
-__all__ = ["TRAIN_CONFIG", "TRAIN", "SEARCH", "SEARCH_MASKS", "TABLE", "options_for"]
+__all__ = ["TRAIN_CONFIG", "DATA", "CALIBRATE", "OUT", "TRAIN", "SEARCH", "SEARCH_MASKS", "TABLE", "BUILD", "EXPORT",
+           "INSPECT", "TWO_PHASE", "TCNN", "options_for"]
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
+
+# The data set (:mod:`archspec.io.data_sources`, :func:`archspec.io.datasets.load_data`): ``--data`` and
+# ``--max-images`` where a command trains on it; ``build`` and ``export`` calibrate int8 on it (``--calibrate``).
+DATA: dict[Path, str] = {("data",): "--data", ("max_images",): "--max-images"}
+CALIBRATE: dict[Path, str] = {("data",): "--calibrate"}
+
+# An output directory (:mod:`archspec.io.builddir`): ``out``.
+OUT: dict[Path, str] = {("out",): "--out"}
 
 # ``fit(config=...)``: each TrainConfig field is the option of the same name but two.
 TRAIN_CONFIG: dict[Path, str] = {("config", f.name): {"optimizer": "--opt", "auto_augment": "--aa"}.get(
@@ -58,8 +67,17 @@ SEARCH_MASKS: dict[Path, str] = {
 # search's (its ``protocol.<field>`` problems are renamed by archspec.cli.table itself).
 TABLE: dict[Path, str] = {**TRAIN_CONFIG, ("storage",): "--storage", ("data",): "--data"}
 
+# ``archspec build`` (OUT; ``--int8``'s calibration data), ``export`` (its calibration data), ``inspect`` (OUT),
+# ``two-phase`` (OUT, data) and ``tcnn`` (OUT).
+BUILD: dict[Path, str] = {**OUT, **CALIBRATE}
+EXPORT: dict[Path, str] = {**CALIBRATE}
+INSPECT: dict[Path, str] = {**OUT}
+TWO_PHASE: dict[Path, str] = {**OUT, **DATA}
+TCNN: dict[Path, str] = {**OUT}
+
 _TABLES: dict[str, dict[Path, str]] = {"train": TRAIN, "search": SEARCH, "search masks": SEARCH_MASKS,
-                                       "table": TABLE}
+                                       "table": TABLE, "build": BUILD, "export": EXPORT, "inspect": INSPECT,
+                                       "two-phase": TWO_PHASE, "tcnn": TCNN}
 
 
 def options_for(command: str | None, mode: str | None = None) -> dict[Path, str]:
