@@ -23,7 +23,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 # Files not yet converted (issue 58 item 5 goes module by module); each one leaves this set once its messages
 # name fields.
 PENDING = {
-    "deploy/build.py", "deploy/int8.py", "io/artifact.py", "io/builddir.py",
+    "deploy/build.py", "deploy/int8.py", "io/artifact.py",
     "search/_modes/mask_placement.py", "search/_modes/masks.py", "search/_report/run_files.py",
     "search/_tabulation/exchange.py", "search/_tabulation/mask_replay.py", "search/_tabulation/tabulate.py",
 }
@@ -185,3 +185,22 @@ def test_a_data_source_is_data_in_python_and_data_or_calibrate_on_the_command_li
                                            f"{nope}: --calibrate: no such file or directory: {nope}\n"
                                            f"    hint: {DATA_HINT.format('--calibrate')}\n")
     assert not (tmp_path / "s").exists() and not (tmp_path / "b").exists() and not (tmp_path / "m.onnx").exists()
+
+
+def test_an_output_directory_is_out_in_python_and_out_flag_on_the_command_line(tmp_path, capsys):
+    """check_out names the parameter ``out``; build, inspect and tcnn say ``--out``."""
+    import pytest
+
+    from archspec.cli import main
+    from archspec.io.builddir import check_out
+
+    afile = tmp_path / "thesis.tex"
+    afile.write_text("x")
+    with pytest.raises(SpecError) as info:
+        check_out(afile)
+    assert str(info.value) == f"{afile}: out: exists and is not a directory\n    hint: choose another `out`"
+    for command in (["build", "levit_128s"], ["inspect", "levit_128s"], ["tcnn", "resnet18"]):
+        assert main([*command, "--out", str(afile)]) == 2
+        assert capsys.readouterr().err == (f"archspec {command[0]}: error\n{afile}: --out: exists and is not a "
+                                           f"directory\n    hint: choose another --out\n")
+    assert afile.read_text() == "x"
