@@ -64,8 +64,10 @@ SEARCH_MASKS: dict[Path, str] = {
 }
 
 # ``archspec table``: its proxy's training settings are checked as a TrainConfig; its storage and data are the
-# search's (its ``protocol.<field>`` problems are renamed by archspec.cli.table itself).
-TABLE: dict[Path, str] = {**TRAIN_CONFIG, ("storage",): "--storage", ("data",): "--data", ("seeds",): "--seeds"}
+# search's (its ``protocol.<field>`` problems are renamed by archspec.cli.table itself); ``export_table``'s ``out``
+# is ``--export``, ``import_table``'s ``table`` ``--import``.
+TABLE: dict[Path, str] = {**TRAIN_CONFIG, ("storage",): "--storage", ("data",): "--data", ("seeds",): "--seeds",
+                          ("out",): "--export", ("table",): "--import"}
 
 # ``archspec build`` (OUT; ``--int8``'s calibration data), ``export`` (its calibration data), ``inspect`` (OUT),
 # ``two-phase`` (OUT, data) and ``tcnn`` (OUT).
