@@ -13,8 +13,8 @@ from dataclasses import fields
 from archspec.errors import Path
 from archspec.train.config import TrainConfig
 
-__all__ = ["TRAIN_CONFIG", "DATA", "CALIBRATE", "OUT", "TRAIN", "SEARCH", "SEARCH_MASKS", "TABLE", "BUILD", "EXPORT",
-           "INSPECT", "TWO_PHASE", "TCNN", "options_for"]
+__all__ = ["TRAIN_CONFIG", "DATA", "CALIBRATE", "INT8", "OUT", "TRAIN", "SEARCH", "SEARCH_MASKS", "TABLE", "BUILD",
+           "EXPORT", "INSPECT", "TWO_PHASE", "TCNN", "options_for"]
 
 
 def _flag(name: str) -> str:
@@ -25,6 +25,11 @@ def _flag(name: str) -> str:
 # ``--max-images`` where a command trains on it; ``build`` and ``export`` calibrate int8 on it (``--calibrate``).
 DATA: dict[Path, str] = {("data",): "--data", ("max_images",): "--max-images"}
 CALIBRATE: dict[Path, str] = {("data",): "--calibrate"}
+
+# int8 (:mod:`archspec.deploy.int8`): ``quantize``'s ``calibration_batches`` and ``load_calibration``'s ``source`` come
+# from ``--calibrate``; a problem of the quantisation itself is at ``int8``; its hints suggest ``fuse``.
+INT8: dict[Path, str] = {("int8",): "--int8", ("calibration_batches",): "--calibrate", ("source",): "--calibrate",
+                         ("fuse",): "--fuse"}
 
 # An output directory (:mod:`archspec.io.builddir`): ``out``.
 OUT: dict[Path, str] = {("out",): "--out"}
@@ -71,8 +76,8 @@ TABLE: dict[Path, str] = {**TRAIN_CONFIG, ("storage",): "--storage", ("data",): 
 
 # ``archspec build`` (OUT; ``--int8``'s calibration data), ``export`` (its calibration data), ``inspect`` (OUT),
 # ``two-phase`` (OUT, data) and ``tcnn`` (OUT).
-BUILD: dict[Path, str] = {**OUT, **CALIBRATE}
-EXPORT: dict[Path, str] = {**CALIBRATE}
+BUILD: dict[Path, str] = {**OUT, **CALIBRATE, **INT8, ("compile",): "--compile"}
+EXPORT: dict[Path, str] = {**CALIBRATE, **INT8}
 INSPECT: dict[Path, str] = {**OUT}
 TWO_PHASE: dict[Path, str] = {**OUT, **DATA}
 TCNN: dict[Path, str] = {**OUT}
