@@ -81,6 +81,16 @@ class SpecError(ValueError):
                                   p.hint.replace(old, new) if p.hint else p.hint, p.file, p.line, p.column)
                           for p in self.problems])
 
+    def renamed(self, old: str, new: str) -> SpecError:
+        """A copy that names the field ``new`` where this one names ``old``: the first part of a path, and the
+        code-quoted name (`` `old` ``) in message and hint.  For a helper whose callers call one value by two names
+        (:func:`archspec.search.load_table` reads the search's ``oracle``, ``import_table`` its ``table``)."""
+        def rename(text: str | None) -> str | None:
+            return None if text is None else text.replace(f"`{old}`", f"`{new}`")
+
+        return SpecError([Problem((new, *p.path[1:]) if p.path and p.path[0] == old else p.path, rename(p.message),
+                                  rename(p.hint), p.file, p.line, p.column) for p in self.problems])
+
     def with_options(self, options: Mapping[Path, str]) -> SpecError:
         """A copy for the command line: where a problem's path starts with a field path of ``options``
         (``("budgets", "macs")``), the option it maps to (``"--budget-flops"``) takes that part's place, and the

@@ -70,7 +70,7 @@ def test_a_python_caller_is_told_the_budget_field_and_the_command_line_its_flag(
 def test_mode_two_defaults_apply_under_a_partial_search_dict(tmp_path):
     with pytest.raises(SpecError) as info:  # a bad strategy is refused before anything is written
         search.run_masks(spec=load_spec(TINY_MAIT), strategy="greedy", search={"out": tmp_path / "m"})
-    assert info.value.problems[0].path == ("--strategy",) and not (tmp_path / "m").exists()
+    assert info.value.problems[0].path == ("strategy",) and not (tmp_path / "m").exists()
 
 
 @pytest.mark.slow

@@ -73,7 +73,7 @@ def test_fashion_mnist_missing_says_how_to_install(tmp_path, monkeypatch):
     with pytest.raises(SpecError) as info:
         load_data("fashion-mnist", 28)
     problem = info.value.problems[0]
-    assert problem.path == ("--data",) and "not installed" in problem.message
+    assert problem.path == ("data",) and "not installed" in problem.message
     assert "apt-get install dataset-fashion-mnist" in problem.hint
 
 
@@ -133,7 +133,7 @@ def test_cifar_with_a_foreign_pickle_is_refused_before_unpickling(tmp_path, monk
     (folder / "test_batch").write_bytes(pickle.dumps({"data": Evil(), "labels": [0]}))
     with pytest.raises(SpecError) as info:
         load_data(tmp_path, 16)
-    assert info.value.problems[0].path == ("--data",) and "test_batch" in info.value.problems[0].message
+    assert info.value.problems[0].path == ("data",) and "test_batch" in info.value.problems[0].message
     assert "MD5" in info.value.problems[0].message
 
 

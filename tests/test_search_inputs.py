@@ -220,5 +220,5 @@ def test_storage_refuses_foreign_files_but_accepts_its_own(tmp_path):
 def test_load_data_refuses_one_image():
     from archspec.io.datasets import load_data
 
-    with pytest.raises(SpecError, match="--max-images"):
+    with pytest.raises(SpecError, match="max_images"):
         load_data(None, image_size=16, max_images=1)

@@ -83,7 +83,7 @@ def test_bad_data_paths(tmp_path, make):
     with pytest.raises(SpecError) as info:
         load_data(path, 16)
     problem = info.value.problems[0]
-    assert problem.path == ("--data",) and problem.file == str(path)
+    assert problem.path == ("data",) and problem.file == str(path)
 
 
 # --------------------------------------------------------------------------------------- proxy

@@ -25,7 +25,7 @@ from archspec.cli.common import (
     parse_max_memory,
     parse_resolution,
 )
-from archspec.cli.deploy import add_build_options, add_export_parser
+from archspec.cli.deploy import add_build_options, add_export_parser, check_build_options
 from archspec.cli.options import options_for
 from archspec.cli.search import add_search_parser
 from archspec.cli.table import add_table_parser
@@ -298,7 +298,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise SpecError.single(("--threads",), f"needs at least 1 thread, got {args.threads}")
     device = parse_device(args.device)
-    deploy_build.check_options(args, device)
+    check_build_options(args, device)
     spec = load_spec_arg(args.spec, args.resolution, args.seed, max_memory=args.max_memory)
     out = Path(args.out) if args.out else Path("build") / spec.name
     builddir.check_out(out)  # refuse an OUT that is not ours before any work

@@ -16,7 +16,7 @@ from archspec.cli.common import load_artifact_arg, load_spec_arg, parse_resoluti
 from archspec.errors import SpecError
 from archspec.io.builddir import INT8_FILE
 
-__all__ = ["add_build_options", "add_export_parser", "cmd_export"]
+__all__ = ["add_build_options", "add_export_parser", "check_build_options", "cmd_export"]
 
 EXPORT_DESCRIPTION = """\
 Export SPEC (random initialisation from its seed) or a build directory DIR (its weights) to ONNX with a dynamic
@@ -73,6 +73,32 @@ def add_build_options(build: argparse.ArgumentParser) -> None:
                        help="--int8: calibrate on N batches of 32 training images (default 4; LeViT: 'a few batches')")
 
 
+def check_build_options(args: argparse.Namespace, device) -> None:
+    """``archspec build``'s ``--int8`` / ``--calibrate`` / ``--calibration-batches`` before any work (``device``:
+    the torch device of ``--device``).  Imports torch only with ``--int8``.
+
+    Raises:
+        SpecError: an option without the one it needs, int8 off the CPU, an unknown or missing --calibrate
+            source, a machine that cannot run int8 (:func:`archspec.deploy.int8.require_backend`).
+    """
+    if not args.int8:
+        for option, given in (("--calibrate", args.calibrate is not None),
+                              ("--calibration-batches", args.calibration_batches != 4)):
+            if given:
+                raise SpecError.single((option,), "applies only with --int8", f"add --int8, or drop {option}")
+        return
+    if device.type != "cpu":
+        raise SpecError.single(("--int8",), f"int8 runs on the CPU (oneDNN kernels), not on {device}",
+                               "use --device cpu with --int8")
+    if args.calibration_batches < 1:
+        raise SpecError.single(("--calibration-batches",), f"needs at least 1 batch, got {args.calibration_batches}")
+    from archspec.deploy.int8 import require_backend
+    from archspec.io.data_sources import check_source
+
+    require_backend()  # at `int8`, check_source at `data`: main names them --int8 and --calibrate
+    check_source(args.calibrate)
+
+
 def _check_options(args: argparse.Namespace, is_dir: bool) -> None:
     if not args.int8:
         for option, given in (("--calibrate", args.calibrate is not None),
@@ -113,10 +139,7 @@ def _quantized(args: argparse.Namespace, model, is_dir: bool):
     require_backend()
     if is_dir and args.calibrate is None and (Path(args.spec) / INT8_FILE).is_file():
         return load_quantized(args.spec, torch_compile=False, allow_spec_change=args.allow_spec_change)
-    try:
-        check_source(args.calibrate)
-    except SpecError as exc:  # check_source speaks of --data, an option this verb does not have
-        raise exc.as_option("--data", "--calibrate") from None
+    check_source(args.calibrate)  # at `data`: main() maps it to --calibrate for export (archspec.cli.options)
     spec = model.spec
     batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),
                                             args.calibration_batches)

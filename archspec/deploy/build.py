@@ -1,5 +1,6 @@
-"""What ``archspec build --torch-compile / --int8`` adds to a build: the option checks, the compiled and int8 reports
-(ms, seconds of compilation, logit differences) and their lines in the build's summary.
+"""What ``archspec build --torch-compile / --int8`` adds to a build: the compiled and int8 reports (ms, seconds of
+compilation, logit differences) and their lines in the build's summary (the option checks are
+:func:`archspec.cli.deploy.check_build_options`).
 
 ``archspec.cli.app.cmd_build`` imports this module (and with it torch) when a build runs; the parser needs none of
 it (``archspec build --help`` stays torch-free).
@@ -7,42 +8,15 @@ it (``archspec build --help`` stays torch-free).
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
-from archspec.deploy.int8 import BACKEND, load_calibration, quantize, require_backend
+from archspec.deploy.int8 import BACKEND, load_calibration, quantize
 from archspec.diagnostics.timing import compile_for_inference, measure_forward
 from archspec.errors import SpecError
-from archspec.io.data_sources import check_source
 
-__all__ = ["check_options", "compiled_report", "int8_report", "compiled_line", "int8_line", "first_call"]
-
-
-def check_options(args: argparse.Namespace, device) -> None:
-    """``--int8`` / ``--calibrate`` / ``--calibration-batches`` / ``--torch-compile`` before any work.
-
-    Raises:
-        SpecError: an option without the one it needs, int8 off the CPU, an unknown or missing --calibrate
-            source, a machine that cannot run int8 (:func:`archspec.deploy.int8.require_backend`).
-    """
-    if not args.int8:
-        for option, given in (("--calibrate", args.calibrate is not None),
-                              ("--calibration-batches", args.calibration_batches != 4)):
-            if given:
-                raise SpecError.single((option,), "applies only with --int8", f"add --int8, or drop {option}")
-        return
-    if device.type != "cpu":
-        raise SpecError.single(("--int8",), f"int8 runs on the CPU (oneDNN kernels), not on {device}",
-                               "use --device cpu with --int8")
-    if args.calibration_batches < 1:
-        raise SpecError.single(("--calibration-batches",), f"needs at least 1 batch, got {args.calibration_batches}")
-    require_backend()
-    try:
-        check_source(args.calibrate)
-    except SpecError as exc:  # check_source speaks of --data, an option this verb does not have
-        raise exc.as_option("--data", "--calibrate") from None
+__all__ = ["compiled_report", "int8_report", "compiled_line", "int8_line", "first_call"]
 
 
 def compiled_line(compiled: dict, eager_ms: float) -> str:
@@ -71,14 +45,14 @@ def compiled_report(model, x, logits, args) -> dict:
     ``logits`` ``(1, classes)`` on the photo ``x`` ``(1, C, H, W)``.
 
     Raises:
-        SpecError: at ``--torch-compile``: torch.compile fails on this machine or model (:func:`first_call`).
+        SpecError: at ``torch_compile``: torch.compile fails on this machine or model (:func:`first_call`).
     """
     shape, report = tuple(x.shape[1:]), {"backend": "inductor", "options": {"freezing": True}}
     for key, variant in (("", model), ("fused_", model.fuse() if args.fuse else None)):
         if variant is None:
             continue
         compiled = compile_for_inference(variant)
-        seconds, out = first_call(compiled, x, args.threads, "--torch-compile")
+        seconds, out = first_call(compiled, x, args.threads, "torch_compile")
         report[f"{key}compile_s"] = round(seconds, 2)
         report[f"{key}max_abs_logit_diff"] = (out - logits).abs().max().item()
         report[f"{key}latency_ms"] = round(measure_forward(compiled, shape, x.device, threads=args.threads, warmup=2,
@@ -106,7 +80,7 @@ def first_call(model, x, threads: int, option: str):
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise SpecError.single((option,), f"torch.compile failed: {reason}",
                                "Inductor's CPU backend needs a C++ compiler (g++ or clang) on PATH; "
-                               f"or leave out {option}") from None
+                               f"or leave out `{option}`") from None
     finally:
         torch.set_num_threads(before)
 
@@ -117,13 +91,13 @@ def int8_report(model, x, logits, args):
     Returns ``(report, QuantizedModel)``.
 
     Raises:
-        SpecError: at ``--calibrate`` (the data), ``--int8`` (what :func:`archspec.deploy.int8.quantize` refuses;
-            a compilation that fails, :func:`first_call`)."""
+        SpecError: at ``source`` (the data), ``calibration_batches`` or ``int8`` (what
+            :func:`archspec.deploy.int8.quantize` refuses; a compilation that fails, :func:`first_call`)."""
     spec = model.spec
     batches, description = load_calibration(args.calibrate, spec.input.channels, tuple(spec.input.resolution),
                                             args.calibration_batches)
     quantized = quantize(model, batches, description=description)
-    seconds, out = first_call(quantized, x, args.threads, "--int8")
+    seconds, out = first_call(quantized, x, args.threads, "int8")
     diff = (out - logits).abs().max().item()
     report = {
         "backend": BACKEND, "calibration": quantized.calibration, "ops": quantized.summary,

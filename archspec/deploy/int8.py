@@ -65,7 +65,8 @@ BACKEND = "torchao PT2E (X86InductorQuantizer: int8 per-channel weights, uint8 p
 MAX_BATCH = 4096  # upper bound of the exported graph's dynamic batch dimension
 _OBSERVER = "activation_post_process_"
 META_INT8 = "archspec_int8"
-_OPTION = ("--int8",)
+_OPTION = ("int8",)  # a problem of int8 quantisation itself (``--int8`` on the command line)
+_BATCHES = ("calibration_batches",)  # quantize's parameter (the data of ``--calibrate`` on the command line)
 _QUANTIZABLE = ("linear", "conv1d", "conv2d", "conv3d")
 _FLOAT_KEPT = ("matmul", "bmm", "baddbmm", "scaled_dot_product_attention", "softmax", "_softmax", "layer_norm",
                "gelu", "hardswish")
@@ -92,7 +93,7 @@ def _torchao() -> SimpleNamespace:
                            get_default_x86_inductor_quantization_config=get_default_x86_inductor_quantization_config)
 
 
-def require_backend(option: str = "--int8") -> None:
+def require_backend(option: str = "int8") -> None:
     """Check that this machine can run the x86 int8 path: an x86-64 CPU, oneDNN (mkldnn) and torchao.
 
     Raises:
@@ -101,7 +102,7 @@ def require_backend(option: str = "--int8") -> None:
     machine = platform.machine().lower()
     if machine not in ("x86_64", "amd64"):
         raise SpecError.single((option,), f"int8 runs on x86-64 CPUs (oneDNN kernels through Inductor); this machine "
-                                          f"is {machine}", "run the float32 model (add --fuse) on this machine")
+                                          f"is {machine}", "run the float32 model (add `fuse`) on this machine")
     if not torch.backends.mkldnn.is_available():
         raise SpecError.single((option,), "this torch build has no oneDNN (mkldnn), which the x86 int8 kernels need",
                                "install the standard torch wheel from PyPI")
@@ -117,7 +118,7 @@ def _first_tensor(batch: Any, index: int) -> torch.Tensor:
     if isinstance(batch, (tuple, list)) and batch:
         batch = batch[0]
     if not isinstance(batch, torch.Tensor):
-        raise SpecError.single(("--calibrate",), f"calibration batch {index} is a {type(batch).__name__}, not a tensor",
+        raise SpecError.single(_BATCHES, f"calibration batch {index} is a {type(batch).__name__}, not a tensor",
                                "pass (B, C, H, W) image tensors or (images, labels) pairs")
     return batch
 
@@ -125,22 +126,22 @@ def _first_tensor(batch: Any, index: int) -> torch.Tensor:
 def _collect(batches: Iterable[Any], shape: tuple[int, ...] | None) -> list[torch.Tensor]:
     """The calibration batches as float32 CPU tensors of one ``(C, H, W)`` shape, checked."""
     if isinstance(batches, torch.Tensor):
-        raise SpecError.single(("--calibrate",), "calibration_batches is one tensor, not an iterable of batches",
+        raise SpecError.single(_BATCHES, "calibration_batches is one tensor, not an iterable of batches",
                                "pass [images] or a DataLoader; a (B, C, H, W) tensor alone is ambiguous")
     out = []
     for i, batch in enumerate(batches):
         x = _first_tensor(batch, i)
         if x.ndim != 4 or (shape is not None and tuple(x.shape[1:]) != tuple(shape)):
             want = f"(B, {', '.join(map(str, shape))})" if shape else "(B, C, H, W)"
-            raise SpecError.single(("--calibrate",), f"calibration batch {i} has shape {tuple(x.shape)}; the model "
+            raise SpecError.single(_BATCHES, f"calibration batch {i} has shape {tuple(x.shape)}; the model "
                                                      f"takes {want}", "resize the images to the model's input size")
         if not x.is_floating_point() or not torch.isfinite(x).all():
-            raise SpecError.single(("--calibrate",), f"calibration batch {i} is not finite floating-point images",
+            raise SpecError.single(_BATCHES, f"calibration batch {i} is not finite floating-point images",
                                    "normalise the images as for the float model")
         shape = tuple(x.shape[1:])
         out.append(x.detach().to("cpu", torch.float32))
     if not out:
-        raise SpecError.single(("--calibrate",), "no calibration batches",
+        raise SpecError.single(_BATCHES, "no calibration batches",
                                "LeViT calibrates on a few batches of training data; pass at least one")
     return out
 
@@ -156,7 +157,7 @@ def _export(folded: nn.Module, example: torch.Tensor) -> torch.fx.GraphModule:
     specialised to 1).
 
     Raises:
-        SpecError: at ``--int8``: torch.export cannot capture the model (the first line of its reason).
+        SpecError: at ``int8``: torch.export cannot capture the model (the first line of its reason).
     """
     if example.shape[0] < 2:
         example = example.expand(2, *example.shape[1:]).contiguous()
@@ -165,7 +166,7 @@ def _export(folded: nn.Module, example: torch.Tensor) -> torch.fx.GraphModule:
             folded(example[:2])
     except Exception as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise SpecError.single(("--calibrate",), f"the model fails on a calibration batch: {reason}",
+        raise SpecError.single(_BATCHES, f"the model fails on a calibration batch: {reason}",
                                "calibrate on images of the model's input size and channels") from None
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     try:
@@ -175,7 +176,7 @@ def _export(folded: nn.Module, example: torch.Tensor) -> torch.fx.GraphModule:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise SpecError.single(_OPTION, f"torch.export cannot capture this model for PT2E quantisation: {reason}",
                                "int8 needs a model torch.export can trace with a dynamic batch (no data-dependent "
-                               "Python control flow); run it in float32 (add --fuse)") from None
+                               "Python control flow); run it in float32 (add `fuse`)") from None
     return program.module()
 
 
@@ -364,8 +365,8 @@ def quantize(model: nn.Module, calibration_batches: Iterable[Any], *, torch_comp
 
     Raises:
         SpecError: what cannot be quantised, with the reason: a non-x86 CPU, torch without oneDNN, torchao
-            missing (at ``--int8``); no calibration batches, batches of the wrong shape or not finite (at
-            ``--calibrate``); a model torch.export cannot capture; a model with no linear or convolution.
+            missing (at ``int8``); no calibration batches, batches of the wrong shape or not finite (at
+            ``calibration_batches``); a model torch.export cannot capture; a model with no linear or convolution.
     """
     require_backend()
     batches = _collect(calibration_batches, _input_shape(model))
@@ -416,15 +417,15 @@ def load_calibration(source: str | os.PathLike | None, channels: int, resolution
     14 GB).  Returns ``(batches, description)``, the description JSON-ready (data set, source, seed).
 
     Raises:
-        SpecError: at ``--calibrate``: what :func:`archspec.io.datasets.load_data` raises.
+        SpecError: at ``source``: what :func:`archspec.io.datasets.load_data` raises (at its ``data``).
     """
 
 
     pool = max(2, math.ceil(batches * batch_size / 0.75))  # every source keeps >= 75% of its images for training
     try:
         data = load_data(source, max(resolution), seed=seed, max_images=pool)
-    except SpecError as exc:  # load_data speaks of --data, an option build and export do not have
-        raise exc.as_option("--data", "--calibrate") from None
+    except SpecError as exc:  # load_data speaks of `data`, this function's `source`
+        raise exc.renamed("data", "source") from None
     out = calibration_batches(data, channels, resolution, batches, batch_size, seed)
     return out, {"data": data.name, "source": str(source or "digits"), "seed": seed}
 

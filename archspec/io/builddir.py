@@ -81,7 +81,7 @@ def staging_prefix(name: str, tag: str = "", suffix: str = "", extra: int = _RAN
     When that prefix, ``extra`` more characters (tempfile's random part) and ``suffix`` would pass
     :data:`NAME_MAX` bytes, the ``<name>`` part is ``name`` cut to fit (at a character boundary) plus ``~``
     and 8 hex digits of its SHA-1, so the sibling still tells which ``name`` it belongs to: a 240-character
-    ``--out`` gets a staging sibling as a short one does.  Raises nothing.
+    ``out`` gets a staging sibling as a short one does.  Raises nothing.
     """
     full = f".{name}.{tag}"
     room = NAME_MAX - extra - len(suffix.encode("utf-8", "surrogateescape"))
@@ -107,7 +107,7 @@ def normal_mode(directory: bool) -> int:
 
 
 def _out_error(out: Path, message: str, hint: str | None = None) -> SpecError:
-    return SpecError.single(("--out",), message, hint, str(out))
+    return SpecError.single(("out",), message, hint, str(out))
 
 
 def _has_marker(report: Path) -> bool:
@@ -151,7 +151,7 @@ def check_out(out: str | os.PathLike, layout: Layout = BUILD) -> str:
     archspec output of this ``layout``: replaced).
 
     Raises:
-        SpecError: on ``--out``, naming the path, when OUT is a link, not a directory, unreadable, or a
+        SpecError: on ``out``, naming the path, when OUT is a link, not a directory, unreadable, or a
             directory holding anything that is not an archspec build.
     """
     out = Path(out)
@@ -179,13 +179,13 @@ def _entries(out: Path) -> list[str] | None:
         raise _out_error(out, f"cannot inspect it: {exc.strerror or exc}") from None
     if stat.S_ISLNK(mode):
         raise _out_error(out, "is a symbolic link; archspec replaces build directories whole and will not follow one",
-                         "give the real directory with --out")
+                         "give the real directory with `out`")
     if not stat.S_ISDIR(mode):
-        raise _out_error(out, "exists and is not a directory", "choose another --out")
+        raise _out_error(out, "exists and is not a directory", "choose another `out`")
     try:
         return sorted(os.listdir(out))
     except OSError as exc:
-        raise _out_error(out, f"cannot list it: {exc.strerror or exc}", "choose another --out") from None
+        raise _out_error(out, f"cannot list it: {exc.strerror or exc}", "choose another `out`") from None
 
 
 def check_group_out(out: str | os.PathLike, members: tuple[str, ...] | list[str], layout: Layout = BUILD) -> None:
@@ -196,7 +196,7 @@ def check_group_out(out: str | os.PathLike, members: tuple[str, ...] | list[str]
     an archspec build).  Nothing is written.
 
     Raises:
-        SpecError: on ``--out``, naming the path: OUT is a link, not a directory, unreadable, or holds
+        SpecError: on ``out``, naming the path: OUT is a link, not a directory, unreadable, or holds
             anything else (a user's file, another directory, a member that is not an archspec build).
     """
     out = Path(out)
@@ -206,14 +206,14 @@ def check_group_out(out: str | os.PathLike, members: tuple[str, ...] | list[str]
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise _out_error(out, f"holds {shown}, which archspec did not write here (it writes only "
                               f"{', '.join(m + '/' for m in members)})",
-                         "choose another --out, or move its contents away yourself; archspec never deletes what "
+                         "choose another `out`, or move its contents away yourself; archspec never deletes what "
                          "it did not write")
     for name in names:
         check_out(out / name, layout)
 
 
 def _not_ours(out: Path, names: list[str], layout: Layout = BUILD) -> SpecError:
-    hint = "choose another --out, or move its contents away yourself; archspec never deletes what it did not write"
+    hint = "choose another `out`, or move its contents away yourself; archspec never deletes what it did not write"
     if set(names) <= layout.files and only_build_files(out, layout):
         return _out_error(out, f"holds {', '.join(names)} but is not marked as an archspec build "
                                f"(its {layout.report} has "
@@ -348,7 +348,7 @@ def write_build(out: str | os.PathLike, fill: Callable[[Path], None], report: di
     """Write a build to ``out`` by the rules in the module docstring.
 
     Args:
-        out: the output directory (``--out``).
+        out: the output directory (``--out`` on the command line).
         fill: writes ``spec.yaml`` and ``model.safetensors`` into the directory it is given.
         report: the report; written as ``report.json`` (``layout.report``) with the marker added.
         layout: the files the directory holds (default: ``archspec build``'s).

@@ -53,7 +53,7 @@ from archspec.io.images import read_image
 __all__ = ["Dataset", "load_data", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".webp", ".tif", ".tiff")
-_OPTION = ("--data",)
+_OPTION = ("data",)  # the field of a data problem: `data` to fit and SearchConfig, `source` here
 _CIFAR_MAX_BYTES = 200_000_000  # a CIFAR-10 batch is 31 MB, CIFAR-100 train 155 MB; never hash a huge file
 _MAX_CLASSES = 1000  # a label beyond this would build an absurd classifier head
 
@@ -263,7 +263,7 @@ def fashion_mnist_arrays(source: Path) -> tuple[np.ndarray, np.ndarray, np.ndarr
     torchvision reads with ``download=False``; the folder is removed afterwards.
 
     Raises:
-        SpecError: at ``--data``: missing, oversized or malformed IDX files, image and label files of
+        SpecError: at ``data``: missing, oversized or malformed IDX files, image and label files of
             different lengths.
     """
 
@@ -319,7 +319,7 @@ def _load_image(path: Path, image_size: int) -> np.ndarray:
     """One image as ``(image_size, image_size, 3)`` float32 in [0, 1], read by :func:`archspec.io.images.read_image`.
 
     Raises:
-        SpecError: on ``--data``: the file cannot be decoded, is not a regular file, or is a
+        SpecError: on ``data``: the file cannot be decoded, is not a regular file, or is a
             decompression bomb (more pixels than Pillow's ``Image.MAX_IMAGE_PIXELS``).
     """
 
@@ -390,15 +390,16 @@ def load_data(source: str | os.PathLike | None, image_size: int, seed: int = 0,
         :class:`Dataset` with images ``(N, C, image_size, image_size)`` float32, normalised per channel.
 
     Raises:
-        SpecError: at ``--data``: Fashion-MNIST not installed (with the apt line), a missing path, a file
+        SpecError: at ``data``: Fashion-MNIST not installed (with the apt line), a missing path, a file
             instead of a directory, no images, unreadable or undecodable files, decompression bombs, FIFOs
             or devices among the files, CIFAR files that are not the published ones, malformed IDX files --
-            with the offending path as the file.
+            with the offending path as the file (``data``: the field that ``source`` is to :func:`archspec.train.fit`
+            and :class:`archspec.search.SearchConfig`); at ``max_images``: fewer than 2.
     """
     if not isinstance(image_size, int) or image_size < 1:
         raise data_error(f"image size must be a positive integer, got {image_size!r}", None, None)
     if max_images is not None and max_images < 2:
-        raise SpecError.single(("--max-images",),
+        raise SpecError.single(("max_images",),
                                f"must be at least 2 (a train and a validation image), got {max_images}")
     if source is None or str(source) == "digits":
         return _digits(image_size, seed, max_images)

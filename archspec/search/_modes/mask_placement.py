@@ -120,7 +120,8 @@ def parse_window(text: str, option: str) -> tuple[int, int]:
     """``"3x5"`` -> ``(3, 5)`` (rows, cols patches).
 
     Raises:
-        SpecError: at ``option``: not ``RxC`` with odd sides.
+        SpecError: at ``option`` (the field ``window`` or ``windows`` of :class:`~archspec.search.MaskConfig`):
+            not ``RxC`` with odd sides.
     """
     try:
         return MaskSpec(window=text).window
@@ -135,14 +136,14 @@ def first_spec(spec: ArchSpec, strategy: str, window: tuple[int, int]) -> ArchSp
     """The spec the first training round of ``als`` / ``soft`` trains.
 
     Raises:
-        SpecError: the masks do not fit ``spec`` (e.g. ``--window 99x99`` on a 14 x 14 token grid).
+        SpecError: the masks do not fit ``spec`` (e.g. ``window="99x99"`` on a 14 x 14 token grid).
     """
     try:
         if strategy == "soft":
             return apply_placement(spec, soft_heads(spec, window))
         return apply_placement(spec, placement_heads(spec, head0_placement(spec), window))
     except SpecError as exc:
-        raise SpecError([dataclasses.replace(p, path=("--window",), file=None, line=None, column=None,
+        raise SpecError([dataclasses.replace(p, path=("window",), file=None, line=None, column=None,
                                              message=f"{window[0]}x{window[1]} masks do not fit {spec.name!r}: "
                                                      f"{format_path(p.path)}: {p.message}")
                          for p in exc.problems]) from None

@@ -5,19 +5,19 @@ Three strategies (Li et al. 2022, "MaiT"):
 ``als`` -- the placement strategy of sec. 4.2, driven by the Attention Locality Score (eq. 3,
     :func:`archspec.diagnostics.metrics.layer_als`, on held-out images):
 
-    1. round 1: a hard mask (``--window``, 3x3) on head 0 of every attention layer, every other mask
+    1. round 1: a hard mask (``window``, 3x3) on head 0 of every attention layer, every other mask
        removed; proxy-train; ALS per layer and head;
     2. assignment, per layer ``l`` from head 0's score ``a = ALS[l][0]``:
-       ``a >= --als-high`` (default 0.8, "close to 1") -> mask every head of the layer;
-       ``a <= --als-low`` (default 0.2, "close to 0") -> remove the mask;
+       ``a >= als_high`` (default 0.8, "close to 1") -> mask every head of the layer;
+       ``a <= als_low`` (default 0.2, "close to 0") -> remove the mask;
        otherwise ("close to 0.5") -> keep head 0's mask only;
        ``a`` is the ALS *above uniform attention*, ``(ALS - u) / (1 - u)`` with ``u`` the score of a
-       uniform map on the layer's grid (:func:`uniform_baselines`; ``--als-raw`` decides on the raw
-       ALS instead).  On MaiT's 14x14 grid ``u`` = 0.05 and both agree; on a small proxy grid ``u``
-       is large (0.37 on 4x4 with a 3x3 window) and the raw score would call uniform heads local;
-    3. rounds 2.. (``--rounds``, default 2: the paper's "2-3 training iterations"): proxy-train the
+       uniform map on the layer's grid (:func:`uniform_baselines`; ``normalise=False``, ``--als-raw`` on the
+       command line, decides on the raw ALS instead).  On MaiT's 14x14 grid ``u`` = 0.05 and both agree; on a
+       small proxy grid ``u`` is large (0.37 on 4x4 with a 3x3 window) and the raw score would call uniform heads local;
+    3. rounds 2.. (``rounds``, default 2: the paper's "2-3 training iterations"): proxy-train the
        current placement, recompute ALS, and calibrate: a masked head whose own ALS is
-       ``<= --als-low`` loses its mask.  Stops early once the placement no longer changes.
+       ``<= als_low`` loses its mask.  Stops early once the placement no longer changes.
 
     Thresholds: the paper says only "close to 1 / 0.5 / 0".  0.8 is the level the paper reports for
     the locally-attending first layers (MaiT-T ALS "over 0.8/0.9" in layers 0-7, sec. 5.4, A.2) and
@@ -31,7 +31,7 @@ Three strategies (Li et al. 2022, "MaiT"):
 
 ``soft`` -- sec. 4.3: every head of every attention layer gets a soft mask (non-neighbour logits
     scaled by a learned ``alpha = sigmoid(a)``, initial 0.5); proxy-train; then a head whose learned
-    alpha is below ``--alpha-threshold`` (it learned to suppress non-neighbours: local) gets a hard
+    alpha is below ``alpha_threshold`` (it learned to suppress non-neighbours: local) gets a hard
     mask of the window, the others none (global).
 
 Each strategy is a client of the engine's contract (:mod:`archspec.search._modes.base`), in
@@ -128,7 +128,7 @@ def _masks_search_config(search: Any) -> SearchConfig:
     protocol = options.pop("protocol", None)
     if isinstance(protocol, dict | None):
         protocol = {**MASKS_PROXY_DEFAULTS, **(protocol or {})}
-    # a placement search returns one placement, not a front: no --verify re-training (design search only)
+    # a placement search returns one placement, not a front: no `verify` re-training (design search only)
     defaults = {"objective": "accuracy", "trial_timeout": MASKS_TRIAL_TIMEOUT_S, "fidelity": "none", "verify": 0}
     return complete_config(None, **{**defaults, **options, "protocol": protocol})
 
@@ -161,7 +161,7 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
     if not attention_layers(spec):
         raise SpecError.single(("SPEC",), f"spec {spec.name!r} has no attention layer to place masks in", None, source)
     if mcfg.strategy not in ("als", "optuna", "soft"):
-        raise SpecError.single(("--strategy",), f"unknown strategy {mcfg.strategy!r}", "als, optuna or soft")
+        raise SpecError.single(("strategy",), f"unknown strategy {mcfg.strategy!r}", "als, optuna or soft")
     cfg = mcfg.search
     name = cfg.study_name or f"masks-{spec.name}-{mcfg.strategy}"[:80]
     if mcfg.strategy == "optuna":
@@ -169,28 +169,28 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
     high = DEFAULT_ALS_HIGH if mcfg.als_high is None else mcfg.als_high
     low = DEFAULT_ALS_LOW if mcfg.als_low is None else mcfg.als_low
     if not 0.0 <= low < high <= 1.0:
-        raise SpecError.single(("--als-low",), f"need 0 <= --als-low < --als-high <= 1, got {low:g} and {high:g}")
+        raise SpecError.single(("als_low",), f"need 0 <= `als_low` < `als_high` <= 1, got {low:g} and {high:g}")
     if not 0.0 < mcfg.alpha_threshold < 1.0:
-        raise SpecError.single(("--alpha-threshold",), f"alpha lies in (0, 1); got {mcfg.alpha_threshold:g}")
-    window = parse_window(mcfg.window, "--window")
+        raise SpecError.single(("alpha_threshold",), f"alpha lies in (0, 1); got {mcfg.alpha_threshold:g}")
+    window = parse_window(mcfg.window, "window")
     first_spec(spec, mcfg.strategy, window)  # a window that does not fit the token grid fails here
     strategy = AlsPlacement if mcfg.strategy == "als" else SoftPlacement
-    # run_rounds checks --data and --out, then decodes every image: nothing is written before they pass.
+    # run_rounds checks `data` and `out`, then decodes every image: nothing is written before they pass.
     return run_rounds(strategy(spec, mcfg, window, high, low), cfg, name)
 
 
 
 
 def _run_optuna(spec: ArchSpec, mcfg: MaskConfig, name: str) -> SearchOutcome:
-    """``--strategy optuna``: the engine's sampled search
+    """``strategy="optuna"``: the engine's sampled search
     (:class:`~archspec.search._modes.mask_strategies.OptunaPlacement`) over
     :func:`~archspec.search._space.language.mask_placement_space`, objective proxy accuracy.
 
     Raises:
-        SpecError: a bad ``--windows`` entry, or any input the engine refuses.
+        SpecError: a bad ``windows`` entry, or any input the engine refuses.
     """
     for w in mcfg.windows:
-        parse_window(w, "--windows")
+        parse_window(w, "windows")
     space = mask_placement_space(spec, windows=tuple(mcfg.windows), max_masked=mcfg.max_masked)
     cfg = dataclasses.replace(mcfg.search, objective="accuracy")
     summary_extra = {"strategy": "optuna", "spec": spec.name, "windows": list(mcfg.windows),

@@ -1,10 +1,10 @@
 """Run directories of ``archspec search``: the marker, emitted specs with provenance (atomic writes:
 :mod:`archspec.io.atomic`, re-exported here).
 
-Layout of ``runs/<study-name>/`` (or ``--out``)::
+Layout of ``runs/<study-name>/`` (or the config's ``out``; ``--out`` on the command line)::
 
-    .archspec-run             empty marker: this directory is archspec's (a non-empty --out without one is refused)
-    study.db                  Optuna storage (SQLite, unless --storage points elsewhere)
+    .archspec-run             empty marker: this directory is archspec's (a non-empty `out` without one is refused)
+    study.db                  Optuna storage (SQLite, unless `storage` points elsewhere)
     latency.json              latency cache: median ms per (architecture, protocol)
     best.yaml                 the chosen spec (most accurate Pareto point / best trial / final mask placement)
     pareto/<rank>_trial<N>.yaml   mode 1, multi-objective: one spec per Pareto point, rank 0 = most accurate
@@ -63,15 +63,15 @@ def check_run_dir(out: Path) -> None:
     """
     out = Path(out).expanduser()
     if os.path.lexists(out) and not out.is_dir():
-        raise SpecError.single(("--out",), "exists and is not a directory", None, str(out))
+        raise SpecError.single(("out",), "exists and is not a directory", None, str(out))
     if not out.is_dir():
         return
     try:
         entries = {p.name for p in out.iterdir()}
     except OSError as exc:
-        raise SpecError.single(("--out",), f"cannot read the directory: {exc.strerror}", None, str(out)) from None
+        raise SpecError.single(("out",), f"cannot read the directory: {exc.strerror}", None, str(out)) from None
     if entries and not entries.intersection(_RUN_FILES):
-        raise SpecError.single(("--out",), "is a directory with files that archspec did not write",
+        raise SpecError.single(("out",), "is a directory with files that archspec did not write",
                                "give a new or empty directory, or the run directory of an earlier search", str(out))
 
 
@@ -87,7 +87,7 @@ def prepare_run_dir(out: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         (out / RUN_MARKER).touch()
     except OSError as exc:
-        raise SpecError.single(("--out",), f"cannot create the run directory: {exc.strerror}", None, str(out)) from None
+        raise SpecError.single(("out",), f"cannot create the run directory: {exc.strerror}", None, str(out)) from None
     return out
 
 

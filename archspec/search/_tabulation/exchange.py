@@ -72,12 +72,12 @@ def export_table(space: str | SearchSpace, out: str | os.PathLike, *, storage: s
     protocol = protocol or table_protocol(space)
     path = Path(out).expanduser()
     if path.suffix != ".jsonl":
-        raise SpecError.single(("--export",), "a table file ends in .jsonl", f"e.g. {space.name}.jsonl", str(out))
+        raise SpecError.single(("out",), "a table file ends in .jsonl", f"e.g. {space.name}.jsonl", str(out))
     meta_path = path.with_suffix(".meta.json")
     _check_overwrite(path, meta_path, protocol, str(out))
     rows = study_rows(space, storage, protocol)
     if not rows:
-        raise SpecError.single(("--export",), f"the table of {space.name} has no trained pair yet", None, str(out))
+        raise SpecError.single(("out",), f"the table of {space.name} has no trained pair yet", None, str(out))
     old_meta = _read_json(meta_path) if meta_path.is_file() else {}
     commits = list(dict.fromkeys([*old_meta.get("commits", []), *(r.get("commit") for r in rows if r.get("commit"))]))
     row_machines = sorted({r["machine"] for r in rows if r.get("machine")} | set(old_meta.get("row_machines", [])))
@@ -95,10 +95,10 @@ def _check_overwrite(path: Path, meta_path: Path, protocol: dict, name: str) -> 
     if not path.exists() and not meta_path.exists():
         return
     if path.exists() and not path.is_file():
-        raise SpecError.single(("--export",), "not a regular file", None, name)
+        raise SpecError.single(("out",), "not a regular file", None, name)
     meta = _read_json(meta_path) if meta_path.is_file() else None
     if not isinstance(meta, dict) or meta.get("protocol_id") != protocol_id(protocol):
-        raise SpecError.single(("--export",), "the file exists and is not a table of this protocol (archspec "
+        raise SpecError.single(("out",), "the file exists and is not a table of this protocol (archspec "
                                "overwrites only a table it wrote: same protocol_id in its .meta.json sidecar)",
                                "export to a new file", name)
 
@@ -131,12 +131,12 @@ def import_table(space: str | SearchSpace, table: str | os.PathLike, *, storage:
     try:
         source = load_table(table)
     except SpecError as exc:  # the loader speaks of the search's `oracle`, its other reader
-        raise exc.as_option("oracle", "--import") from None
+        raise exc.renamed("oracle", "table") from None
     pid = protocol_id(protocol)
     lines = _row_lines(Path(table))
     foreign = sorted({r.get("protocol_id") for r in lines} - {pid}, key=str)
     if foreign:
-        raise SpecError.single(("--import",), f"rows of another protocol ({', '.join(map(str, foreign))}; this "
+        raise SpecError.single(("table",), f"rows of another protocol ({', '.join(map(str, foreign))}; this "
                                f"table's is {pid})", None, str(table))
     del source
     study, _ = open_table_study(space, protocol, storage, create=True)

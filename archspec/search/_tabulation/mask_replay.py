@@ -2,7 +2,7 @@
 
 A mask table (``archspec table SPACE`` on a ``kind: masks`` space such as ``mait_small``) holds, for every placement
 point and seed, the learning curve and MaiT's ALS (eq. 3) of every layer and head at every curve step.  That is all
-``--strategy als`` reads of a trained model (:func:`archspec.search.run_masks`), so the rule can run on the table: each
+``strategy="als"`` reads of a trained model (:func:`archspec.search.run_masks`), so the rule can run on the table: each
 "training" of a placement is the table row of one seed, drawn per replay and per point exactly as design replays
 draw theirs (:meth:`~archspec.search._tabulation.oracle.OracleTable.seed_of`), and the placement it returns is scored on
 the reference seeds that did not answer it (the leak-free reading of issue 54).
@@ -73,7 +73,7 @@ def mask_groups(params: dict[str, Any]) -> dict[str, tuple[int, list[int]]]:
     for name in params:
         match = _GROUP.match(name)
         if match is None:
-            raise SpecError.single(("--oracle",), f"parameter {name!r} is not a per-group mask count",
+            raise SpecError.single(("oracle",), f"parameter {name!r} is not a per-group mask count",
                                    "a mask table of a kind: masks space (e.g. mait_small)", name)
         stage, first, last = (int(g) for g in match.groups())
         out[name] = (stage, list(range(first, last + 1)))
@@ -89,7 +89,7 @@ def als_at(row: dict, steps: int) -> dict[str, list[float]]:
     """
     als = row.get("als")
     if not als:
-        raise SpecError.single(("--oracle",), "the table's rows hold no ALS", "a table of a kind: masks space")
+        raise SpecError.single(("oracle",), "the table's rows hold no ALS", "a table of a kind: masks space")
     earlier = [entry for entry in als if entry[0] <= steps]
     return (earlier[-1] if earlier else als[0])[1]
 
@@ -114,14 +114,15 @@ class AlsReplay:
 def replay_als(table, replay_seed: int, steps: int, *, heads: int, grid: tuple[int, int],
                window: tuple[int, int] = (3, 3), num_prefix_tokens: int = 1, high: float = DEFAULT_ALS_HIGH,
                low: float = DEFAULT_ALS_LOW, rounds: int = 2, normalise: bool = True) -> AlsReplay:
-    """``--strategy als`` on a mask table (module docstring): rounds of MaiT's rule, each round's training the row
+    """``strategy="als"`` on a mask table (module docstring): rounds of MaiT's rule, each round's training the row
     of the table seed ``table.seed_of(key, replay_seed)`` at proxy length ``steps``.
 
     Args:
         table: an :class:`archspec.search._tabulation.oracle.OracleTable` of a per-group masks space.
         heads: heads per attention layer (``H``: "mask every head" is ``m = H``).
         grid, window, num_prefix_tokens: the attention grid, the mask window and the class tokens (for ``u``).
-        high, low, rounds, normalise: as ``archspec search masks --als-high/--als-low/--rounds/--als-raw``.
+        high, low, rounds, normalise: as :class:`~archspec.search.MaskConfig`'s ``als_high``, ``als_low``,
+            ``rounds`` and ``normalise``.
 
     Raises:
         SpecError: a point the rule reaches is not in the table (with every reference seed), or the table is not
@@ -137,7 +138,7 @@ def replay_als(table, replay_seed: int, steps: int, *, heads: int, grid: tuple[i
     for r in range(1, rounds + 1):
         key = by_params.get(_signature(counts))
         if key is None:
-            raise SpecError.single(("--oracle",), f"the table lacks the point {counts} (round {r} of the rule)",
+            raise SpecError.single(("oracle",), f"the table lacks the point {counts} (round {r} of the rule)",
                                    "finish the table (archspec table SPACE)", table.file)
         seed = table.seed_of(key, replay_seed)
         row = table.rows[key][seed]
@@ -189,7 +190,7 @@ def table_replay_report(table, replay_seed: int, steps: int, *, window: str = "3
         win = parse_window(window)
         uniform_als((1, 1), win)  # the window's own check: odd sides
     except ValueError as exc:
-        raise SpecError.single(("--window",), str(exc), "e.g. 3x3", window) from None
+        raise SpecError.single(("window",), str(exc), "e.g. 3x3", window) from None
     _, spec = next(iter(load_space(table.space).points()))
     layer = next(row for row in analyze(spec).rows if row.heads)  # heads: one letter a head ('A A A')
     grid = tuple(layer.grid)

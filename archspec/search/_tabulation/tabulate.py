@@ -185,7 +185,7 @@ def _named(space: SearchSpace, params: dict) -> str | None:
 
 def default_storage(space_name: str) -> str:
     """``journal:runs/tables/<space>.journal``: a lock-protected append-only file any number of processes on this
-    machine share (PostgreSQL spreads one table over machines: ``--storage postgresql://...``)."""
+    machine share (PostgreSQL spreads one table over machines: ``storage="postgresql://..."``)."""
     return f"journal:{Path('runs') / 'tables' / f'{space_name}.journal'}"
 
 
@@ -205,7 +205,7 @@ def open_table_study(space: SearchSpace, protocol: dict, storage: str | None,
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a worker's own lines say what it does
     url = storage or default_storage(space.name)
     if not create and not _exists(url):
-        raise SpecError.single(("--storage",), f"no table of {space.name} in {url}",
+        raise SpecError.single(("storage",), f"no table of {space.name} in {url}",
                                f"tabulate it first: archspec table {space.name}")
     if storage is None and create:  # the default storage's folder is archspec's own (runs/tables)
         Path(url[len("journal:"):]).parent.mkdir(parents=True, exist_ok=True)
@@ -220,9 +220,9 @@ def open_table_study(space: SearchSpace, protocol: dict, storage: str | None,
             raise SpecError.single(("protocol",), f"the table of {space.name} in {info.url} was written under another "
                                    f"protocol (fields {', '.join(diff)} differ: "
                                    + "; ".join(f"{k} {old.get(k)!r} there, {protocol.get(k)!r} here" for k in diff)
-                                   + ")", "resume it with the same options, or use another --storage", info.url)
+                                   + ")", "resume it with the same options, or use another `storage`", info.url)
     elif not create:
-        raise SpecError.single(("--storage",), f"no table of {space.name} in {info.url}",
+        raise SpecError.single(("storage",), f"no table of {space.name} in {info.url}",
                                f"tabulate it first: archspec table {space.name}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -379,7 +379,7 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
     protocol = protocol or table_protocol(space)
     for s in seeds:
         if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**32:
-            raise SpecError.single(("--seeds",), f"a seed must be an integer in 0..4294967295, got {s!r}")
+            raise SpecError.single(("seeds",), f"a seed must be an integer in 0..4294967295, got {s!r}")
     points = ordered_points(space)
     if designs is not None:
         points = points[:designs]
@@ -411,11 +411,11 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
 
 def _real_trainer(protocol: dict) -> Callable:
     """``(spec, seed) -> row fields`` with the protocol's training settings checked and its data loaded now, before
-    the worker writes anything: a missing data set or a bad ``--augmentation`` is exit 2 once, not a failed trial
+    the worker writes anything: a missing data set or a bad ``augmentation`` is exit 2 once, not a failed trial
     for every pair.
 
     Raises:
-        SpecError: the data set is not installed, or a training setting is invalid (named as its option).
+        SpecError: the data set is not installed, or a training setting is invalid (named as its config field).
     """
     import torch  # noqa: PLC0415 - the torch half, loaded when pairs are to be trained
 
