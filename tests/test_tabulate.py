@@ -231,6 +231,18 @@ def test_import_of_a_file_that_is_not_a_table_names_import_and_writes_nothing(tm
     assert "--import: line 1: not a table row" in err and "--oracle" not in err and not journal.exists()
 
 
+@pytest.mark.slow
+def test_import_takes_a_shipped_tables_name_as_load_table_does(tmp_path, capsys):
+    """``--import levit_small`` (a shipped table's name, as ``--oracle`` takes it) read the name as a path: a
+    FileNotFoundError traceback after the loader had accepted it.  Every row of the shipped table goes in."""
+    from archspec.cli import main
+
+    journal = tmp_path / "t.journal"
+    assert main(["table", "levit_small", "--import", "levit_small", "--storage", f"journal:{journal}"]) == 0
+    rows = sum(len(seeds) for seeds in load_table("levit_small").rows.values())
+    assert f"imported {rows} rows of levit_small" in capsys.readouterr().out
+
+
 def test_a_diverged_pair_stores_its_reason_under_the_name_stored_before_the_rename(tmp_path, space, protocol):
     """The training loop's ``TrainingFailure`` was ``TrialFailure`` (issue 58 renamed it): a failed pair's stored
     ``fail_reason`` and its log line still say ``TrialFailure``, so studies written before and after read alike."""

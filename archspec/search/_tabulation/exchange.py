@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from archspec.errors import SpecError
 from archspec.search._space.language import SearchSpace, load_space
-from archspec.search._tabulation.oracle import load_table
+from archspec.search._tabulation.oracle import load_table, table_path
 from archspec.search._tabulation.tabulate import (
     STATUS_ATTR,
     machine,
@@ -133,7 +133,7 @@ def import_table(space: str | SearchSpace, table: str | os.PathLike, *, storage:
     except SpecError as exc:  # the loader speaks of the search's `oracle`, its other reader
         raise exc.renamed("oracle", "table") from None
     pid = protocol_id(protocol)
-    lines = _row_lines(Path(table))
+    lines = _row_lines(table_path(table))  # a shipped table's name, as load_table read it
     foreign = sorted({r.get("protocol_id") for r in lines} - {pid}, key=str)
     if foreign:
         raise SpecError.single(("table",), f"rows of another protocol ({', '.join(map(str, foreign))}; this "

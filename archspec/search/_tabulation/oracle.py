@@ -44,7 +44,7 @@ from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._evaluation.protocols import ZeroCostResult
 from archspec.search._tabulation.checks import check_meta, check_row, index_rows, latency_ms, short_curve
 
-__all__ = ["TABLES_DIR", "OracleTable", "load_table", "curve_at"]
+__all__ = ["TABLES_DIR", "OracleTable", "load_table", "table_path", "curve_at"]
 
 TABLES_DIR = Path(__file__).resolve().parents[1] / "tables"
 _OPTION = ("oracle",)  # the SearchConfig field (``--oracle`` on the command line)
@@ -277,6 +277,15 @@ def _read_rows(path: Path, name: str) -> list[tuple[int, dict]]:
     return rows
 
 
+def table_path(source: str | os.PathLike) -> Path:
+    """The file :func:`load_table` reads for ``source``: the path, or a shipped table's JSONL for a bare name that is
+    no file here (``levit_small``).  Checks nothing, raises nothing."""
+    path = Path(source).expanduser()
+    if not path.exists() and path.parent == Path(".") and (TABLES_DIR / f"{path.name}.jsonl").is_file():
+        return TABLES_DIR / f"{path.name}.jsonl"
+    return path
+
+
 def load_table(source: str | os.PathLike) -> OracleTable:
     """Read a table: a JSONL path, or the name of a shipped table (``levit_small``).  Its sidecars
     ``<stem>.meta.json`` (protocol) and ``<stem>.latency.json`` (``{"ms": {key: [ms per pass]}}``) are read
@@ -287,10 +296,8 @@ def load_table(source: str | os.PathLike) -> OracleTable:
             that is not JSON or breaks a rule of :mod:`archspec.search._tabulation.checks` (shape, value, a conflicting
             duplicate, another protocol), no rows, a sidecar of the wrong types.
     """
-    path = Path(source).expanduser()
+    path = table_path(source)
     name = str(source)
-    if not path.exists() and path.parent == Path(".") and (TABLES_DIR / f"{path.name}.jsonl").is_file():
-        path = TABLES_DIR / f"{path.name}.jsonl"
     if not path.exists():
         shipped = sorted(p.stem for p in TABLES_DIR.glob("*.jsonl")) if TABLES_DIR.is_dir() else []
         raise _fail("no such table", name, f"shipped tables: {', '.join(shipped) or 'none'}")
