@@ -119,7 +119,7 @@ def test_train_proxy_runs_and_is_deterministic(digits):
     again = train_proxy(TINY, digits, FAST, seed=0)
     assert (again.accuracy, again.train_loss, again.val_loss) == (result.accuracy, result.train_loss, result.val_loss)
     threads = torch.get_num_threads()
-    train_proxy(TINY, digits, ProxyProtocol(**{**FAST.describe(), "steps": 2, "threads": threads + 1}))
+    train_proxy(TINY, digits, ProxyProtocol.from_dict({**FAST.describe(), "steps": 2, "threads": threads + 1}))
     assert torch.get_num_threads() == threads
 
 
