@@ -74,13 +74,6 @@ class SpecError(ValueError):
         """One-problem error."""
         return cls([Problem(tuple(path), message, hint, file, line, column)])
 
-    def as_option(self, old: str, new: str) -> SpecError:
-        """A copy that names the command-line option ``new`` where this one names ``old`` (path and hint): a
-        helper shared by several verbs speaks of ``--data``, ``build --int8`` calls it ``--calibrate``."""
-        return SpecError([Problem((new, *p.path[1:]) if p.path and p.path[0] == old else p.path, p.message,
-                                  p.hint.replace(old, new) if p.hint else p.hint, p.file, p.line, p.column)
-                          for p in self.problems])
-
     def renamed(self, old: str, new: str) -> SpecError:
         """A copy that names the field ``new`` where this one names ``old``: the first part of a path, and the
         code-quoted name (`` `old` ``) in message and hint.  For a helper whose callers call one value by two names
@@ -99,10 +92,9 @@ class SpecError(ValueError):
 
         In the text a field is renamed where it is code-quoted only (`` `out` `` or `` `budgets.macs` ``, the
         quotes dropped): a bare name is left alone, as it may be an English word (``out``, ``data``) or a field
-        of a file (a table sidecar's ``protocol.image_size``).  A problem located at a line of a
-        YAML file (a place in a spec or a space) is left as it is: its path is a field of that document (a spec's
-        ``seed``), not a parameter of the call; one at a line of another file (a journal, a table's rows) is
-        renamed."""
+        of a file (a table sidecar's ``protocol.image_size``).  A problem of a YAML file (a place in a spec or a space) is left
+        as it is: its path is a field of that document (a spec's ``seed``), not a parameter of the call; one of
+        another file (a journal, a table's rows) is renamed."""
         def rename(text: str | None) -> str | None:
             if text is None:
                 return None
@@ -113,7 +105,7 @@ class SpecError(ValueError):
 
         problems = []
         for p in self.problems:
-            if p.line is not None and (p.file or "").endswith((".yaml", ".yml")):
+            if (p.file or "").endswith((".yaml", ".yml")):
                 problems.append(p)
                 continue
             path = p.path

@@ -13,7 +13,7 @@ from archspec.errors import Problem, SpecError
 ROOT = Path(__file__).resolve().parents[1]
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")
 # The calls that build an error the user reads, besides any ``raise``.
-ERROR_CALLS = {"single", "Problem", "SpecError", "as_option", "_out_error"}
+ERROR_CALLS = {"single", "Problem", "SpecError", "renamed", "_out_error"}
 # (file relative to archspec/, a piece of the string) -> why a flag may stay in that raised string
 ALLOWED: dict[tuple[str, str], str] = {
     ("train/run.py", "archspec train "): "the hint spells out the command to run: `archspec train SPEC ... --resume`",

@@ -81,17 +81,12 @@ def check_build_options(args: argparse.Namespace, device) -> None:
         SpecError: an option without the one it needs, int8 off the CPU, an unknown or missing --calibrate
             source, a machine that cannot run int8 (:func:`archspec.deploy.int8.require_backend`).
     """
+    _check_int8_options(args)
     if not args.int8:
-        for option, given in (("--calibrate", args.calibrate is not None),
-                              ("--calibration-batches", args.calibration_batches != 4)):
-            if given:
-                raise SpecError.single((option,), "applies only with --int8", f"add --int8, or drop {option}")
         return
     if device.type != "cpu":
         raise SpecError.single(("--int8",), f"int8 runs on the CPU (oneDNN kernels), not on {device}",
                                "use --device cpu with --int8")
-    if args.calibration_batches < 1:
-        raise SpecError.single(("--calibration-batches",), f"needs at least 1 batch, got {args.calibration_batches}")
     from archspec.deploy.int8 import require_backend
     from archspec.io.data_sources import check_source
 
@@ -99,7 +94,8 @@ def check_build_options(args: argparse.Namespace, device) -> None:
     check_source(args.calibrate)
 
 
-def _check_options(args: argparse.Namespace, is_dir: bool) -> None:
+def _check_int8_options(args: argparse.Namespace) -> None:
+    """``--calibrate`` and ``--calibration-batches`` (build and export): only with ``--int8``, at least 1 batch."""
     if not args.int8:
         for option, given in (("--calibrate", args.calibrate is not None),
                               ("--calibration-batches", args.calibration_batches != 4)):
@@ -107,6 +103,10 @@ def _check_options(args: argparse.Namespace, is_dir: bool) -> None:
                 raise SpecError.single((option,), "applies only with --int8", f"add --int8, or drop {option}")
     if args.calibration_batches < 1:
         raise SpecError.single(("--calibration-batches",), f"needs at least 1 batch, got {args.calibration_batches}")
+
+
+def _check_options(args: argparse.Namespace, is_dir: bool) -> None:
+    _check_int8_options(args)
     if is_dir and args.resolution:
         raise SpecError.single(("--resolution",), "applies only to a spec; a build directory keeps its resolution")
     if not is_dir and args.allow_spec_change:

@@ -5,7 +5,7 @@ A table is user input (``archspec search --oracle TABLE``; anyone can write one)
 search
 writes anything, and a writer calls the same functions before it writes a row.  Each refusal is a
 :class:`~archspec.errors.SpecError` at ``oracle`` naming the table file, the line and the field (a writer that
-speaks of another option renames it with :meth:`SpecError.as_option`).
+names the value otherwise renames it with :meth:`SpecError.renamed`).
 
 A row (one JSON line: one design, one seed):
 
