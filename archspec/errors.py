@@ -92,9 +92,9 @@ class SpecError(ValueError):
 
         In the text a field is renamed where it is code-quoted only (`` `out` `` or `` `budgets.macs` ``, the
         quotes dropped): a bare name is left alone, as it may be an English word (``out``, ``data``) or a field
-        of a file (a table sidecar's ``protocol.image_size``).  A problem of a YAML file (a place in a spec or a space) is left
-        as it is: its path is a field of that document (a spec's ``seed``), not a parameter of the call; one of
-        another file (a journal, a table's rows) is renamed."""
+        of a file (a table sidecar's ``protocol.image_size``).  A problem of a YAML file (a place in a spec or a
+        space) is left as it is: its path is a field of that document (a spec's ``seed``), not a parameter of the
+        call; one of another file (a journal, a table's rows) is renamed."""
         def rename(text: str | None) -> str | None:
             if text is None:
                 return None
