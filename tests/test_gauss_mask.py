@@ -71,7 +71,9 @@ HEADS = ["gauss_mask", "mhsa", {"gauss_mask": {"alpha_init": 2.0, "sigma_init": 
 @pytest.mark.parametrize("grid, prefix", [((4, 5), 0), ((3, 3), 1), ((1, 4), 2)])
 def test_gauss_heads_equal_the_equation_forward_and_gradients(impl, grid, prefix, one_thread):
     """Output and the gradients of alpha and sigma equal the float64 re-implementation, on every path: the default
-    plan, the dense reference, and SDPA with the bias as its float attn_mask (the CUDA path, forced on CPU)."""
+    plan, the dense path, and SDPA with the bias as its float attn_mask (the CUDA path, forced on CPU).  With no
+    mask or GPSA head the dense path also calls SDPA (no explicit logits), so "dense" repeats "sdpa" here: the
+    explicit-logits path with a Gaussian head (mask or GPSA beside it) is not compared with the equation yet."""
     torch.manual_seed(0)
     layer = Attention(32, HEADS, grid, num_prefix_tokens=prefix)
     with torch.no_grad():  # learned values away from the init, one amplitude negative
@@ -160,6 +162,11 @@ def test_spec_builds_with_the_papers_parameter_count():
     n = sum(p.numel() for p in model.parameters())
     assert round(n / 1e6, 1) == 2.7
     assert n == model.analysis.graph["params"]
+    plain = archspec.load_spec("gauss_mask_tiny").model_dump()
+    plain["stages"][0]["attention"] = "mhsa"
+    heads = plain["stages"][0]["heads"]
+    depth = plain["stages"][0]["depth"]
+    assert n - sum(p.numel() for p in archspec.compile(plain).parameters()) == 2 * heads * depth
     names = model.no_weight_decay()
     assert {f"stages.0.blocks.{b}.attn.gauss_{w}" for b in range(9) for w in ("alpha", "sigma")} <= names
 
