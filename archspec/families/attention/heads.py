@@ -78,8 +78,8 @@ class HeadSpec(StrictModel):
     rel_bias: RelBiasSpec | None = Field(None, description="Additive relative position bias (LeViT / CMHSA).")
     mask: MaskSpec | None = Field(None, description="MaiT attention mask.")
     gauss_mask: GaussMaskSpec | None = Field(
-        None, description="Learned Gaussian locality bias alpha exp(-d^2 / (2 (sigma^2 + 1e-5))) on the logits, two parameters "
-        "per head (GMM-Mask, arXiv 2309.05375; shorthand gauss_mask).")
+        None, description="Learned Gaussian locality bias alpha exp(-d^2 / (2 (sigma^2 + 1e-5))) on the logits, two "
+        "parameters per head (GMM-Mask, arXiv 2309.05375; shorthand gauss_mask).")
     rel_logits: RelLogitsSpec | None = Field(
         None, description="BoTNet's relative position logits q . R[offset] (Srinivas et al. 2021; shorthand "
         "botnet_rel); in a bottleneck's attention mixer only.")

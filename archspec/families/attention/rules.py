@@ -290,8 +290,8 @@ def _logit_terms(heads: Sequence[HeadSpec], n: int, n_patches: int) -> tuple[int
 
 def buffers(shape: AttentionShape) -> int:
     """Bytes of a layer's non-parameter tensors after its first eval forward under ``attn_impl='auto'``: each head
-    kind's tables (:func:`.gpsa.tables`, :func:`.rel_bias.tables`, :func:`.mask.tables`, :func:`.gauss_mask.tables`) and the eval-mode caches
-    of :class:`~.module.Attention` (:func:`caches`)."""
+    kind's tables (:func:`.gpsa.tables`, :func:`.rel_bias.tables`, :func:`.mask.tables`,
+    :func:`.gauss_mask.tables`) and the eval-mode caches of :class:`~.module.Attention` (:func:`caches`)."""
     n = shape.n_tokens
     return sum(kind.tables(shape.heads, n, n - shape.n_prefix) for kind in KINDS) + caches(shape)
 
