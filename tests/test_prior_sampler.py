@@ -154,3 +154,19 @@ def test_strata_on_a_space_that_cannot_be_listed_is_refused_at_sampler(tmp_path,
     err = capsys.readouterr().err
     assert rc == 2 and "--sampler" in err and "cannot be listed" in err, err
     assert not out.exists()
+
+
+def test_a_design_whose_zero_cost_score_fails_is_ranked_last_and_the_look_goes_on():
+    """A live look scores every design; one that runs out of memory or diverges while scored used to fail the look,
+    and every later trial asked for it again.  It is ranked last (-inf), with no seconds."""
+    from types import SimpleNamespace
+
+    from archspec.search._evaluation.priors import _score
+    from archspec.train.failures import TrainingFailure
+
+    def failing(spec):
+        raise TrainingFailure("out of memory scoring the largest design")
+
+    assert _score(None, None, SimpleNamespace(zc_score="naswot"), failing) == (-math.inf, 0.0)
+    scored = SimpleNamespace(scores={"naswot": 3.5}, seconds={"naswot": 0.25})
+    assert _score(None, None, SimpleNamespace(zc_score="naswot"), lambda spec: (scored, None)) == (3.5, 0.25)

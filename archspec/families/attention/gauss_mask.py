@@ -36,7 +36,8 @@ named):
 Counts: 2 parameters per head; 0 MACs (an elementwise bias built per forward in training, once in eval, on the
 ``(N_p, N_p)`` distance table, independent of the batch: the papers' convention for biases and masks, as
 :mod:`.rel_bias`).  The torch side is :class:`archspec.families.attention.module.Attention` (``gauss_alpha``,
-``gauss_sigma``, the distance buffer ``gauss_dist2``; the bias joins :meth:`~archspec.families.attention.module.Attention.position_bias`).
+``gauss_sigma``, the distance buffer ``gauss_dist2``; the bias joins
+:meth:`~archspec.families.attention.module.Attention.position_bias`).
 """
 
 from __future__ import annotations

@@ -14,16 +14,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from archspec._util.memory import format_bytes
 from archspec._util.units import human
 from archspec.errors import SpecError
 from archspec.ir.plan import DEFAULT_MAX_MEMORY, Plan, build_plan, check_memory
 from archspec.spec import ArchSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 __all__ = ["parse_quantity", "Budgets", "StaticCheck", "static_check", "training_memory",
            "TRAINING_STATE_FACTOR"]

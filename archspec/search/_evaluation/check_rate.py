@@ -23,6 +23,9 @@ def static_check_rate(space: SearchSpace, budgets: Budgets, n: int = 200, seed: 
 
     Each candidate is a full ``space.sample`` (which validates the point with ``load_spec``) and a
     static check; a point that fails validation still counts (it was rejected).
+
+    Raises:
+        ValueError: ``n`` < 1.
     """
     if n < 1:
         raise ValueError("n must be >= 1")

@@ -21,6 +21,7 @@ from typing import Any
 from archspec.search._engine.prior_sampler import ScoredCandidate
 from archspec.search._evaluation.budget import static_check
 from archspec.search._evaluation.latency_cache import architecture_key
+from archspec.train.failures import TrainingFailure
 
 __all__ = ["prior_candidates", "MAX_PRIOR_POINTS"]
 
@@ -61,11 +62,15 @@ def prior_candidates(space, cfg, data, oracle, latency_of: Callable[[Any], float
 
 
 def _score(spec, check, cfg, zero_cost_of) -> tuple[float, float]:
-    """``(score, seconds)``: ``cfg.zc_score`` at the search's seed (``-inf`` when not finite)."""
+    """``(score, seconds)``: ``cfg.zc_score`` at the search's seed (``-inf`` when not finite, or when scoring fails
+    with a :class:`~archspec.train.failures.TrainingFailure` or a RuntimeError such as out of memory)."""
     name = cfg.zc_score
     if name in ("params", "macs"):
         return float(check.params if name == "params" else check.macs), 0.0
-    result, _ = zero_cost_of(spec)
+    try:
+        result, _ = zero_cost_of(spec)
+    except (TrainingFailure, RuntimeError):  # one design that cannot be scored (out of memory, NaN) is ranked last;
+        return -math.inf, 0.0  # raised, it failed the look, and with it every trial that asked for the look again
     value = result.scores.get(name)
     value = -math.inf if value is None or not math.isfinite(value) else float(value)
     return value, float(result.seconds.get(name, 0.0) or 0.0)
