@@ -146,7 +146,11 @@ def _optimize(study: optuna.Study, objective: CandidateObjective, progress, cfg:
         objective.search_deadline = start + cfg.timeout
     try:
         with progress:
-            study.optimize(objective, n_trials=None, timeout=cfg.timeout, callbacks=[stopper, reserve],
+            if cfg.sampler == "strata":  # the look is part of the search: inside --timeout
+                progress.status("looking at every candidate (latency, zero-cost score)")
+                objective.enqueue_strata(study)
+            left = None if cfg.timeout is None else max(0.0, cfg.timeout - (time.perf_counter() - start))
+            study.optimize(objective, n_trials=None, timeout=left, callbacks=[stopper, reserve],
                            catch=(Exception,), gc_after_trial=False)  # StopRules collects after a trained candidate
     except KeyboardInterrupt:
         interrupted = True

@@ -38,6 +38,7 @@ from archspec.search._engine.config import GEOMETRY_ATTR, SearchConfig
 from archspec.search._engine.early_stop import rung_stops, zero_cost_of, zero_cost_stops
 from archspec.search._engine.failures import CandidateFailure, deadline_hook, fail_reason
 from archspec.search._engine.preflight import first_problem
+from archspec.search._engine.strata import enqueue_strata
 from archspec.search._engine.study import (
     ARCH_KEY_ATTR,
     make_sampler,
@@ -155,15 +156,25 @@ class CandidateObjective:
             return
         self.first_trial = trial.number
         seed = worker_seed(self.cfg.seed, trial.number)
-        if self.cfg.sampler == "strata":  # the look at every candidate: this worker's latency and zero-cost measures
-            look = prior_candidates(self.space, self.cfg, self.data, self.oracle, self.latency_of,
-                                    lambda spec: zero_cost_of(spec, self.cfg, self.data, self.oracle,
-                                                              names=(self.cfg.zc_score,)))
-            n_strata = self.cfg.trials - verify_count(self.cfg.verify, self.cfg.trials)
-            trial.study.sampler = make_sampler("strata", seed, self.n_objectives, candidates=look, n_strata=n_strata)
-        elif seed != self.cfg.seed:
+        if seed != self.cfg.seed:
             trial.study.sampler = make_sampler(self.cfg.sampler, seed, self.n_objectives,
                                                self.cfg.sampler_startup)
+
+    def enqueue_strata(self, study: optuna.Study) -> int:
+        """``--sampler strata``: look at every candidate (this objective's latency and zero-cost measures, so the
+        look reads what the trials read and fills the same latency cache) and queue the best of each cost stratum
+        as the study's next trials (:func:`archspec.search._engine.strata.enqueue_strata`); once per study.
+        Strata: the trained candidates less the verification re-trainings.  Returns the picks queued.
+
+        Raises:
+            SpecError: the space cannot be listed, or (under ``--oracle``) a design or its latency is not in the
+                table.
+        """
+        look = prior_candidates(self.space, self.cfg, self.data, self.oracle, self.latency_of,
+                                lambda spec: zero_cost_of(spec, self.cfg, self.data, self.oracle,
+                                                          names=(self.cfg.zc_score,)))
+        n_strata = max(1, self.cfg.trials - verify_count(self.cfg.verify, self.cfg.trials))
+        return enqueue_strata(study, look, n_strata, self.cfg.seed)
 
     def _constraint(self, trial, key: str, value: float, budget: float | None) -> None:
         if budget is not None:

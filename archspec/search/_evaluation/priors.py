@@ -1,5 +1,6 @@
-"""The look at every candidate that :class:`~archspec.search._engine.prior_sampler.StratifiedPriorSampler` stratifies:
-each point of a finite space with its cost and one zero-cost score, and the CPU the look took.
+"""The look at every candidate that ``--sampler strata`` stratifies
+(:func:`~archspec.search._engine.strata.enqueue_strata`): each point of a finite space with its cost and one
+zero-cost score, and the CPU the look took.
 
 Cost: the candidate's latency in ms (what the search's front is judged on: ``--oracle``'s tabulated latency, else
 :func:`~archspec.search._evaluation.latency.measure_latency` with the run's latency cache), or its MACs when the
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from archspec.search._engine.prior_sampler import ScoredCandidate
+from archspec.search._engine.strata import ScoredCandidate
 from archspec.search._evaluation.budget import static_check
 from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.train.failures import TrainingFailure
@@ -30,9 +31,10 @@ MAX_PRIOR_POINTS = 10_000  # the look lists the space (SearchSpace.points raises
 
 def prior_candidates(space, cfg, data, oracle, latency_of: Callable[[Any], float],
                      zero_cost_of: Callable[[Any], tuple]) -> Callable[[], tuple[list[ScoredCandidate], float]]:
-    """A callable returning ``(candidates, seconds)`` for the sampler: every feasible point of ``space`` as a
-    :class:`ScoredCandidate`, and the CPU seconds of the look (the table's zero-cost seconds under ``oracle``: its
-    latency pass has no seconds, so a replay counts none for latency; else the wall time of the look).
+    """A callable returning ``(candidates, seconds)`` for :func:`~archspec.search._engine.strata.enqueue_strata`:
+    every feasible point of ``space`` as a :class:`ScoredCandidate`, and the CPU seconds of the look (the table's
+    zero-cost seconds under ``oracle``: its latency pass has no seconds, so a replay counts none for latency -- the
+    study's ``prior_candidates`` says how many a live run would measure; else the wall time of the look).
     ``latency_of(spec) -> ms`` and ``zero_cost_of(spec) -> (ZeroCostResult, geometry)`` are the search's own
     measures (:meth:`~archspec.search._engine.objective.CandidateObjective.latency_of`,
     :func:`~archspec.search._engine.early_stop.zero_cost_of`), so the look reads what the trials read.

@@ -1,6 +1,6 @@
-"""The strata sampler (archspec.search._engine.prior_sampler) against hand-computed cases: the bit-reversed order of
-the strata, the best score of each cost bin, its proposals in a plain Optuna study, and on the shipped table the
-designs it trains first computed from the table's rows by hand."""
+"""The strata rule (archspec.search._engine.strata, ``--sampler strata``) against hand-computed cases: the bit-reversed
+order of the strata, the best score of each cost bin, its picks queued in a plain Optuna study (once per study, one
+worker per pick), and on the shipped table the designs it trains first computed from the table's rows by hand."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import numpy as np
 import optuna
 import pytest
 
-from archspec.search._engine.prior_sampler import (
+from archspec.search._engine.strata import (
+    PRIOR_CANDIDATES_ATTR,
     PRIOR_SECONDS_ATTR,
+    STRATA_ATTR,
+    STRATUM_ATTR,
     ScoredCandidate,
-    StratifiedPriorSampler,
     bit_reversed_order,
+    enqueue_strata,
     stratified_picks,
 )
 
@@ -36,34 +39,61 @@ def test_the_best_score_of_each_cost_bin_in_bit_reversed_order():
     assert stratified_picks([], 3, np.random.RandomState(0)) == []
 
 
-def _study(sampler):
+def _study(storage=None, name=None):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.create_study(sampler=sampler, directions=["maximize"])
+    return optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), directions=["maximize"],
+                               storage=storage, study_name=name, load_if_exists=True)
 
 
-def test_the_sampler_proposes_the_picks_then_hands_over():
-    """Six designs x in 0..5 (cost x, score -|x - 4|: bins {0,1}, {2,3}, {4,5} give 1, 4, 3 in order 0, 2, 1 ->
-    1, 4, 3); a design a trial already has is skipped; after the strata, random draws."""
-    looks = []
+def _six_designs(looks: list):
+    """Six designs x in 0..5: cost x, score -|x - 4|; bins {0,1}, {2,3}, {4,5} give 1, 3, 4, visited 0, 2, 1."""
 
     def look():
         looks.append(1)
         return [ScoredCandidate({"x": x}, float(x), -abs(x - 4.0)) for x in range(6)], 1.5
 
-    sampler = StratifiedPriorSampler(look, n_strata=3, seed=0)
-    study = _study(sampler)
+    return look
+
+
+def _objective(trial):
+    return float(trial.suggest_int("x", 0, 5))
+
+
+def test_the_picks_are_queued_once_and_trained_first_then_random_draws():
+    """The picks 1, 4, 3 are queued in that order; a design a trial already has (4, queued by someone else) is not
+    queued again; a second call finds the study done and does not look again; random draws after the queue."""
+    looks = []
+    study = _study()
     study.enqueue_trial({"x": 4})  # another worker's trial already holds the second pick
-    study.optimize(lambda t: float(t.suggest_int("x", 0, 5)), n_trials=1)
-    study.optimize(lambda t: float(t.suggest_int("x", 0, 5)), n_trials=3)
+    assert enqueue_strata(study, _six_designs(looks), n_strata=3, seed=0) == 3
+    assert enqueue_strata(study, _six_designs(looks), n_strata=3, seed=0) == 0  # a resumed run, a second worker
+    study.optimize(_objective, n_trials=4)
     xs = [t.params["x"] for t in study.trials]
-    assert xs[:3] == [4, 1, 3]  # the enqueued one, then picks 1 and 3 (4 is taken)
-    assert looks == [1] and study.user_attrs[PRIOR_SECONDS_ATTR] == 1.5
-    assert 0 <= xs[3] <= 5  # from RandomSampler
+    assert xs[:3] == [4, 1, 3] and 0 <= xs[3] <= 5  # the earlier trial, then picks 1 and 3, then a random draw
+    assert [t.user_attrs.get(STRATUM_ATTR) for t in study.trials[:3]] == [None, 0, 1]
+    assert looks == [1]
+    assert study.user_attrs[PRIOR_SECONDS_ATTR] == 1.5 and study.user_attrs[PRIOR_CANDIDATES_ATTR] == 6
+    assert study.user_attrs[STRATA_ATTR] == 3
+
+
+def test_two_workers_on_one_storage_each_train_a_different_pick(tmp_path):
+    """Two processes' studies on one SQLite storage (two handles, taking turns): the look runs once, and the three
+    picks go one each to whichever worker asks next -- none trained twice (the sampler this replaced kept its
+    assignments per process, so two workers could both train the first stratum's pick)."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    looks = []
+    first, second = _study(storage, "s"), _study(storage, "s")
+    assert enqueue_strata(first, _six_designs(looks), n_strata=3, seed=0) == 3
+    assert enqueue_strata(second, _six_designs(looks), n_strata=3, seed=0) == 0
+    for worker in (first, second, first):
+        worker.optimize(_objective, n_trials=1)
+    xs = [t.params["x"] for t in first.trials]
+    assert xs == [1, 4, 3] and looks == [1]
 
 
 def test_bad_strata_refused():
     with pytest.raises(ValueError, match="n_strata"):
-        StratifiedPriorSampler(lambda: ([], 0.0), n_strata=0)
+        enqueue_strata(_study(), lambda: ([], 0.0), n_strata=0, seed=0)
 
 
 @pytest.mark.slow
@@ -95,6 +125,7 @@ def test_on_the_table_the_first_trials_are_the_strata_computed_from_the_rows(tmp
     assert got in (picks(1), picks(-1))
     zc_seconds = sum(table.rows[k][table.seed_of(k, seed)]["zc_seconds"]["naswot"] for k in keys)
     assert out.study.user_attrs[PRIOR_SECONDS_ATTR] == pytest.approx(zc_seconds, abs=0.01)
+    assert out.study.user_attrs[PRIOR_CANDIDATES_ATTR] == len(keys)
 
 
 @pytest.mark.slow
@@ -122,17 +153,6 @@ def test_a_live_strata_search_trains_the_best_of_each_latency_stratum(tmp_path):
                if t.user_attrs.get("status") == "trained"]
     assert len(trained) == 2 and trained[1] == (2, 32) and trained[0] in ((1, 32), (2, 16)), trained
     assert study.user_attrs[PRIOR_SECONDS_ATTR] > 0  # four latencies measured
-
-
-def test_an_unattached_sampler_answers_as_random_draws_on_a_study_with_history():
-    """A resumed study or a second worker asks its first trial with a relative search space before archspec's
-    objective attaches the look: the sampler without candidates must then sample (as its random `then`), not fail."""
-    study = _study(optuna.samplers.RandomSampler(seed=0))
-    study.optimize(lambda t: float(t.suggest_int("x", 0, 5)), n_trials=2)
-    study.sampler = StratifiedPriorSampler(None, n_strata=3, seed=1)
-    study.optimize(lambda t: float(t.suggest_int("x", 0, 5)), n_trials=2)
-    assert len(study.trials) == 4 and all(0 <= t.params["x"] <= 5 for t in study.trials)
-    assert PRIOR_SECONDS_ATTR not in study.user_attrs
 
 
 def test_strata_on_a_space_that_cannot_be_listed_is_refused_at_sampler(tmp_path, capsys):
