@@ -166,8 +166,9 @@ METHODS = {
     "front mutation, 6 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 6, "fidelity": "none", **TSE},
     "front mutation, 10 start-up, TSE proxy": {"sampler": "front", "sampler_startup": 10, "fidelity": "none",
                                                **TSE},
-    # free looks first (archspec.search._engine.prior_sampler): the best zero-cost score of each of 20 latency strata,
-    # then random draws; the look's zero-cost seconds count (study attribute prior_seconds)
+    # free looks first (archspec.search._engine.strata): the best zero-cost score of each of 20 latency strata queued,
+    # then random draws; the look's zero-cost seconds count (study attribute prior_seconds), and at equal CPU also
+    # --latency-seconds per candidate looked at (study attribute prior_candidates)
     "strata, NASWOT, TSE proxy": {"sampler": "strata", "zc_score": "naswot", "fidelity": "none", **TSE},
     "strata, SynFlow, TSE proxy": {"sampler": "strata", "zc_score": "synflow", "fidelity": "none", **TSE},
     # with a MAC budget (`--budget-flops 20M`): every trained candidate is under it (over-budget samples are
@@ -254,7 +255,8 @@ class Truth:
         return cost
 
 
-def trace(study, truth: Truth, seed: int, steps: int, macs_budget: float) -> list[dict]:
+def trace(study, truth: Truth, seed: int, steps: int, macs_budget: float,
+          latency_seconds: float = 0.0) -> list[dict]:
     """The search as it went, one entry per finished trial: cumulative simulated seconds, trained count, and
     the front it would report then (Pareto by proxy accuracy and latency), scored leak-free on the table's
     reference -- each design on the reference seeds that did not answer its proxy (:meth:`Truth.held_out`):
@@ -262,8 +264,12 @@ def trace(study, truth: Truth, seed: int, steps: int, macs_budget: float) -> lis
     (by proxy) under ``macs_budget``."""
     import optuna
 
-    # a sampler that looks at every candidate first (--sampler strata) pays for the look before its first trial
-    out, seconds, trained, answered = [], float(getattr(study, "user_attrs", {}).get("prior_seconds", 0.0)), [], {}
+    # a sampler that looks at every candidate first (--sampler strata) pays for the look before its first trial: the
+    # tabulated zero-cost seconds, and what a live run spends measuring each candidate's latency (a replay reads it
+    # from the table for free; ``latency_seconds`` per candidate, measured by ``latency-cost``)
+    attrs = getattr(study, "user_attrs", {})
+    look = float(attrs.get("prior_seconds", 0.0)) + latency_seconds * int(attrs.get("prior_candidates", 0))
+    out, seconds, trained, answered = [], look, [], {}
     for t in sorted(study.trials, key=lambda t: t.number):
         seconds += truth.trial_cost(t, seed, steps)
         if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("status") in ("trained", "reused"):
@@ -286,19 +292,23 @@ def trace(study, truth: Truth, seed: int, steps: int, macs_budget: float) -> lis
 
 
 def simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget: float,
-             methods: dict | None = None, objective: str = "pareto", first_seed: int = 0) -> dict:
+             methods: dict | None = None, objective: str = "pareto", first_seed: int = 0,
+             latency_seconds: float = 0.0) -> dict:
     """Every method, ``repeats`` times (seeds ``first_seed`` .. ``first_seed + repeats - 1``: each replay draws
     its own table seed per design, :meth:`archspec.search._tabulation.oracle.OracleTable.seed_of`), each a real
     ``archspec
     search --oracle --oracle-subset`` of ``trials`` trained candidates with ``steps``-step proxies, on an in-memory
     storage: their traces.  ``--oracle-subset`` keeps every method to the designs the table holds (all of the space
-    once the table is complete; a point it lacks is infeasible for every method alike)."""
+    once the table is complete; a point it lacks is infeasible for every method alike).  ``latency_seconds``: CPU
+    seconds a live run spends measuring one candidate's latency, charged per candidate a strata look measured
+    (:func:`trace`)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as frozen:
         snapshot = snapshot_table(table_path, Path(frozen))
-        out = _simulate(snapshot, repeats, trials, steps, macs_budget, methods, objective, first_seed)
-    return {**out, "table": table_path}
+        out = _simulate(snapshot, repeats, trials, steps, macs_budget, methods, objective, first_seed,
+                        latency_seconds)
+    return {**out, "table": table_path, "latency_seconds": latency_seconds}
 
 
 def snapshot_table(table_path: str, into: Path) -> str:
@@ -319,7 +329,7 @@ def snapshot_table(table_path: str, into: Path) -> str:
 
 
 def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budget: float, methods: dict | None,
-              objective: str, first_seed: int = 0) -> dict:
+              objective: str, first_seed: int = 0, latency_seconds: float = 0.0) -> dict:
     import tempfile
 
     from archspec.search import load_table, run_design
@@ -339,7 +349,7 @@ def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budge
                                      trials=n_trials, timeout=None,
                                      trial_timeout=None, protocol=protocol, seed=seed, storage="memory",
                                      out=Path(tmp) / "run", progress=False, **options)
-            runs.append(trace(outcome.study, truth, seed, steps, macs_budget))
+            runs.append(trace(outcome.study, truth, seed, steps, macs_budget, latency_seconds))
         results[name] = runs
     return {"table": table_path, "designs": len(truth.accuracy), "seeds": table.seeds, "objective": objective,
             "repeats": repeats, "first_seed": first_seed, "trials": trials, "steps": steps,
@@ -471,19 +481,72 @@ def paired_test(a_runs: list, b_runs: list, seconds: float) -> dict:
 
 
 def null_check(table_path: str, method: str, repeats: int, trials: int, steps: int, macs_budget: float,
-               objective: str = "pareto", second_seed: int = 100_000) -> dict:
+               objective: str = "pareto", second_seed: int = 100_000, latency_seconds: float = 0.0) -> dict:
     """The replay protocol's calibration: ``method`` against itself, ``repeats`` replays with seeds ``0..`` against
     ``repeats`` with seeds ``second_seed..`` (each replay draws its own table seed per design), compared as any two
     methods are (:func:`paired_test`).  A calibrated protocol gives p < 0.05 in about 5 % of 20-repeat batches."""
     options = {method: METHODS[method]}
-    first = simulate(table_path, repeats, trials, steps, macs_budget, methods=options, objective=objective)
+    first = simulate(table_path, repeats, trials, steps, macs_budget, methods=options, objective=objective,
+                     latency_seconds=latency_seconds)
     second = simulate(table_path, repeats, trials, steps, macs_budget, methods=options, objective=objective,
-                      first_seed=second_seed)
+                      first_seed=second_seed, latency_seconds=latency_seconds)
     a, b = first["methods"][method], second["methods"][method]
     seconds = float(np.median([run[-1]["seconds"] for run in b]))
     return {"table": table_path, "method": method, "repeats": repeats, "trials": trials, "steps": steps,
             "seeds": [[0, repeats - 1], [second_seed, second_seed + repeats - 1]], "budget_seconds": seconds,
             "test": paired_test(a, b, seconds)}
+
+
+PLANES = ("hv_latency", "hv_macs")
+
+
+def holm(pvalues: dict) -> dict:
+    """Holm's step-down adjustment (Holm 1979) of ``{name: p}``: sorted ascending, the i-th of m is multiplied by
+    ``m - i`` (i from 0), capped at 1, and made monotone (never below the one before it).  Controls the
+    family-wise error rate over the whole family at the nominal level."""
+    order = sorted(pvalues, key=lambda k: pvalues[k])
+    out, running = {}, 0.0
+    for i, name in enumerate(order):
+        running = max(running, min(1.0, (len(order) - i) * pvalues[name]))
+        out[name] = running
+    return out
+
+
+def choose(result: dict, null: dict, alpha: float = 0.01, null_rate: float = 0.08,
+           best_margin: float = 0.002) -> dict:
+    """docs/search-works.md's pre-registered rule ("How the default will be chosen"), applied to a ``simulate``
+    result (its ``paired_tests`` against the baseline) and a ``null`` result of the baseline against itself:
+
+    1. the protocol is broken -- nothing chosen -- when the null gives p < 0.05 in more than ``null_rate`` of
+       20-replay batches in any plane and reading;
+    2. each candidate's one-sided paired p at equal CPU in both planes, Holm-adjusted over every candidate and
+       plane together;
+    3. a candidate qualifies when both adjusted p < ``alpha`` and its median best design under the MAC budget at
+       equal CPU is at most ``best_margin`` below the baseline's;
+    4. of those, the one with the largest mean over the two planes of (its median HV - the baseline's) at equal
+       CPU; none: the baseline stays.
+    Raises KeyError when ``result`` has no paired tests (a ``simulate`` JSON written before them)."""
+    rates = {name: v["batch20_rate_p05"] for name, v in null["test"].items()}
+    broken = {name: r for name, r in rates.items() if r > null_rate}
+    tests = result["paired_tests"]
+    raw = {(m, plane): tests[m][f"{plane}_at_budget"]["wilcoxon_p"] for m in tests for plane in PLANES}
+    adjusted = holm({f"{m} | {plane}": p for (m, plane), p in raw.items()})
+    methods = result["comparison"]["methods"]
+    base_best = methods[result["baseline"]]["best_under_budget_at_budget"]["median"]
+    rows = {}
+    for m in tests:
+        best = methods[m]["best_under_budget_at_budget"]["median"]
+        gains = [tests[m][f"{p}_at_budget"]["median"] - tests[m][f"{p}_at_budget"]["baseline_median"] for p in PLANES]
+        adj = {p: adjusted[f"{m} | {p}"] for p in PLANES}
+        best_ok = best is not None and base_best is not None and best >= base_best - best_margin
+        rows[m] = {"p": {p: raw[(m, p)] for p in PLANES}, "p_holm": adj, "hv_gain": dict(zip(PLANES, gains)),
+                   "best_under_budget": best, "baseline_best_under_budget": base_best,
+                   "qualifies": (not broken) and all(v < alpha for v in adj.values()) and best_ok}
+    qualified = [m for m, r in rows.items() if r["qualifies"]]
+    chosen = max(qualified, key=lambda m: float(np.mean(list(rows[m]["hv_gain"].values())))) if qualified else None
+    return {"baseline": result["baseline"], "null_rates": rates, "protocol_broken": bool(broken),
+            "candidates": rows, "chosen": chosen or result["baseline"], "replaced": chosen is not None,
+            "alpha": alpha, "null_rate": null_rate, "best_margin": best_margin}
 
 
 def plot(result: dict, path: str, field: str = "hv_latency") -> None:
@@ -623,12 +686,21 @@ def _headroom_plane(value, keys, first, proxies, trials, draws, rng, best) -> di
 # --- priors: which free look would choose the designs to train (issue 54 item 3), from the table alone ---------------
 
 def stratified_choice(keys: list[str], cost: dict[str, float], score: dict[str, float] | None, n: int, rng) -> list:
-    """``n`` designs: ``keys`` sorted by ``cost`` (ties in random order) split into ``n`` bins of equal count, from each
-    the design with the largest ``score`` (``None``: a random one).  A rule that spreads the trained designs over
+    """``n`` designs by the shipped strata rule (:func:`archspec.search._engine.strata.stratified_picks`, what
+    ``--sampler strata`` queues): ``keys`` sorted by ``cost`` split into ``n`` bins of equal count, from each the
+    design with the largest ``score`` (``None``: a random one -- random scores); ties broken as the search breaks
+    them, with a generator seeded from ``rng`` (a ``random.Random``).  A rule that spreads the trained designs over
     the cost axis a front is judged on, and uses a free look to choose within each bin."""
-    order = sorted(keys, key=lambda k: (cost[k], rng.random()))
-    bins = [list(b) for b in np.array_split(order, n)]
-    return [rng.choice(b) if score is None else max(b, key=lambda k: score[k]) for b in bins]
+    from archspec.search._engine.strata import ScoredCandidate, stratified_picks
+
+    values = {k: rng.random() for k in keys} if score is None else score
+    candidates = [ScoredCandidate({"key": k}, float(cost[k]), float(values[k])) for k in keys]
+    return [c.params["key"] for c in stratified_picks(candidates, n, np.random.RandomState(rng.randrange(2 ** 32)))]
+
+
+def _finite(value) -> float:
+    """A tabulated zero-cost score as the search ranks it: ``-inf`` when missing or not finite (0.0 stays 0.0)."""
+    return -math.inf if value is None or not math.isfinite(value) else float(value)
 
 
 def priors(table_path: str, rules: dict[str, tuple[str, str | None]], repeats: int, trials: int, steps: int,
@@ -665,7 +737,7 @@ def priors(table_path: str, rules: dict[str, tuple[str, str | None]], repeats: i
         values["random draws"].append(hv(rng.sample(keys, trials), answered))
         for name, (cost, zc) in rules.items():
             costs = truth.latency if cost == "latency" else truth.macs
-            score = None if zc is None else {k: table.rows[k][zc_at[k]]["zc"].get(zc) or -math.inf for k in keys}
+            score = None if zc is None else {k: _finite(table.rows[k][zc_at[k]]["zc"].get(zc)) for k in keys}
             values[name].append(hv(stratified_choice(keys, costs, score, trials, rng), answered))
     base = np.array(values["random draws"])
     out = {}
@@ -677,6 +749,33 @@ def priors(table_path: str, rules: dict[str, tuple[str, str | None]], repeats: i
                      for i, plane in enumerate(("hv_latency", "hv_macs"))}
     return {"table": table_path, "designs": len(keys), "seeds": seeds, "repeats": repeats, "trials": trials,
             "steps": steps, "zc_seed": zc_seed, "rules": out}
+
+
+def latency_cost(space_name: str, designs: int, seed: int = 0) -> dict:
+    """CPU seconds a live ``--sampler strata`` look pays per candidate for its latency: ``designs`` points of the
+    space drawn at random (seeded), each measured twice from scratch with the search's default
+    :class:`~archspec.search.LatencyProtocol` (no cache: what the look does for a design it has not seen), timed
+    with ``time.process_time`` (this process's CPU, so other work on the machine counts less than in wall time).
+    Returns both rounds' per-design seconds and their means; the equal-CPU reading of a strata replay charges the
+    mean times the candidates it looked at (``simulate --latency-seconds``)."""
+    import random
+    import time
+
+    from archspec.search import LatencyProtocol, load_space, measure_latency
+
+    points = [spec for _, spec in load_space(space_name).points()]
+    chosen = random.Random(seed).sample(points, min(designs, len(points)))
+    rounds = []
+    for _ in range(2):
+        seconds = []
+        for spec in chosen:
+            start = time.process_time()
+            measure_latency(spec, LatencyProtocol())
+            seconds.append(time.process_time() - start)
+        rounds.append(seconds)
+    return {"space": space_name, "designs": len(chosen), "points": len(points), "seed": seed,
+            "protocol": LatencyProtocol().describe(), "seconds": rounds,
+            "mean_seconds": [float(np.mean(r)) for r in rounds]}
 
 
 PRIOR_RULES = {
@@ -715,6 +814,9 @@ def main(argv=None) -> int:
                      help="pareto (default; needs the table's latency pass) or accuracy")
     sim.add_argument("--baseline", default="random sampling", choices=list(METHODS), metavar="NAME",
                      help="the method every other is tested against (default: random sampling)")
+    sim.add_argument("--latency-seconds", type=float, default=0.0,
+                     help="CPU seconds a live run spends measuring one candidate's latency (`latency-cost`), charged "
+                          "per candidate a strata look measured (default 0: the look's zero-cost seconds only)")
     sim.add_argument("--json", default="search_works_simulate.json")
     sim.add_argument("--plot", default=None, help="PNG of the anytime hypervolume (accuracy, latency)")
     head = sub.add_parser("headroom", help="what any sampler could gain over random sampling, from the table alone")
@@ -743,7 +845,36 @@ def main(argv=None) -> int:
                      help="read each design's zero-cost score at the seed that answers its proxy (default, "
                           "leak-free) or every design's at one seed per replay (leaks: to show the difference)")
     pri.add_argument("--json", default=None, help="also write the result here")
+    cho = sub.add_parser("choose", help="the pre-registered rule of docs/search-works.md on simulate + null JSON")
+    cho.add_argument("--simulate", required=True, help="JSON of `simulate` (every candidate against the baseline)")
+    cho.add_argument("--null", required=True, help="JSON of `null` (the baseline against itself)")
+    cho.add_argument("--json", default=None, help="also write the decision here")
+    lat = sub.add_parser("latency-cost", help="CPU seconds per candidate a live strata look spends on latency")
+    lat.add_argument("--space", default="levit_small")
+    lat.add_argument("--designs", type=int, default=20)
+    lat.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
+    if args.cmd == "choose":
+        decision = choose(json.loads(Path(args.simulate).read_text()), json.loads(Path(args.null).read_text()))
+        broken = " -- PROTOCOL BROKEN, nothing chosen" if decision["protocol_broken"] else ""
+        print("null: p < 0.05 in " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in decision["null_rates"].items())
+              + " of 20-replay batches" + broken)
+        for name, row in decision["candidates"].items():
+            print(f"  {name}: " + "; ".join(
+                f"{p} gain {row['hv_gain'][p]:+.4f}, p {row['p'][p]:.3g}, Holm {row['p_holm'][p]:.3g}" for p in PLANES)
+                + f"; best under the MAC budget {row['best_under_budget']} vs {row['baseline_best_under_budget']}"
+                + (" -- qualifies" if row["qualifies"] else ""))
+        print(f"default: {decision['chosen']}" + ("" if decision["replaced"] else " (the baseline stays)"))
+        if args.json:
+            Path(args.json).write_text(json.dumps(decision, indent=1) + "\n")
+        return 0
+    if args.cmd == "latency-cost":
+        result = latency_cost(args.space, args.designs)
+        print(f"{result['designs']} of {result['points']} designs of {args.space}, {result['protocol']}: "
+              + ", ".join(f"round {i + 1}: {m:.3f} s per design" for i, m in enumerate(result["mean_seconds"])))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        return 0
     if args.cmd == "priors":
         from archspec.search import ProxyProtocol
 
@@ -794,7 +925,7 @@ def main(argv=None) -> int:
         baseline = args.baseline
         chosen.setdefault(baseline, METHODS[baseline])  # the baseline of every comparison
         result = simulate(args.table, args.repeats, args.trials, steps, args.macs_budget, methods=chosen,
-                          objective=args.objective)
+                          objective=args.objective, latency_seconds=args.latency_seconds)
         result["baseline"] = baseline
         result["comparison"] = compare(result, baseline)
         base = result["methods"][baseline]

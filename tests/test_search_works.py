@@ -292,3 +292,60 @@ def test_priors_read_each_designs_zero_cost_score_at_the_seed_that_answers_it(wo
     leaky = works.priors("t", rules, 60, 8, 100, zc_seed="one")["rules"]["best synflow"]
     assert fair["hv_latency"]["p"] > 0.05
     assert leaky["hv_latency"]["p"] < 0.01
+
+
+def test_holm_by_hand(works):
+    """m = 3: sorted 0.01, 0.03, 0.04 -> 0.03, 0.06, max(0.06, 0.04) = 0.06 (monotone); capped at 1."""
+    got = works.holm({"a": 0.01, "b": 0.04, "c": 0.03})
+    assert got == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
+    assert works.holm({"a": 0.6, "b": 0.7}) == pytest.approx({"a": 1.0, "b": 1.0})
+
+
+def _decision_inputs(rates: float = 0.05):
+    """Two candidates against baseline B.  Four p sorted: C 0.0001, A 0.001, A 0.002, C 0.2, times 4, 3, 2, 1 ->
+    A 0.003 / 0.004 (gains +0.03 / +0.01, best under budget 0.776 vs B's 0.777: within 0.002), C 0.0004 / 0.2."""
+    def test(p, gain):
+        return {"wilcoxon_p": p, "median": 0.5 + gain, "baseline_median": 0.5}
+
+    paired = {"A": {"hv_latency_at_budget": test(0.001, 0.03), "hv_macs_at_budget": test(0.002, 0.01)},
+              "C": {"hv_latency_at_budget": test(0.0001, 0.05), "hv_macs_at_budget": test(0.2, 0.0)}}
+    best = {"A": 0.776, "C": 0.79, "B": 0.777}
+    result = {"baseline": "B", "paired_tests": paired,
+              "comparison": {"methods": {m: {"best_under_budget_at_budget": {"median": v}} for m, v in best.items()}}}
+    null = {"test": {f"{p}_{r}": {"batch20_rate_p05": rates} for p in ("hv_latency", "hv_macs")
+                     for r in ("final", "at_budget")}}
+    return result, null
+
+
+def test_the_pre_registered_rule_by_hand(works):
+    result, null = _decision_inputs()
+    decision = works.choose(result, null)
+    rows = decision["candidates"]
+    assert rows["A"]["p_holm"] == pytest.approx({"hv_latency": 0.003, "hv_macs": 0.004})
+    assert rows["C"]["p_holm"] == pytest.approx({"hv_latency": 0.0004, "hv_macs": 0.2})
+    assert rows["A"]["qualifies"] and not rows["C"]["qualifies"]
+    assert decision["chosen"] == "A" and decision["replaced"] and not decision["protocol_broken"]
+    result["comparison"]["methods"]["A"]["best_under_budget_at_budget"]["median"] = 0.7745  # 0.0025 below B
+    decision = works.choose(result, null)
+    assert decision["chosen"] == "B" and not decision["replaced"]
+
+
+def test_a_null_run_over_eight_percent_breaks_the_protocol(works):
+    result, null = _decision_inputs(rates=0.09)
+    decision = works.choose(result, null)
+    assert decision["protocol_broken"] and decision["chosen"] == "B"
+    assert not any(row["qualifies"] for row in decision["candidates"].values())
+
+
+def test_the_bench_strata_rule_is_the_shipped_one(works):
+    """Six designs, cost 1..6, scores favour 2, 3 and 6 in bins {1,2} {3,4} {5,6}: the bench's rule returns the shipped
+    picks (bins visited 0, 2, 1); with no score, one design of each bin."""
+    import random
+
+    keys = [f"k{c}" for c in range(1, 7)]
+    cost = {f"k{c}": float(c) for c in range(1, 7)}
+    score = {"k1": 0.1, "k2": 0.5, "k3": 0.9, "k4": 0.2, "k5": 0.3, "k6": 0.4}
+    assert works.stratified_choice(keys, cost, score, 3, random.Random(0)) == ["k2", "k6", "k3"]
+    picks = works.stratified_choice(keys, cost, None, 3, random.Random(0))
+    assert sorted((int(k[1:]) + 1) // 2 for k in picks) == [1, 2, 3]
+    assert works._finite(0.0) == 0.0 and works._finite(None) == float("-inf")
