@@ -698,6 +698,10 @@ def stratified_choice(keys: list[str], cost: dict[str, float], score: dict[str, 
     return [c.params["key"] for c in stratified_picks(candidates, n, np.random.RandomState(rng.randrange(2 ** 32)))]
 
 
+NULL_RULE = "random draws again (null)"  # priors' null: random draws on replays seeded NULL_SEED_OFFSET + r
+NULL_SEED_OFFSET = 100_000
+
+
 def _finite(value) -> float:
     """A tabulated zero-cost score as the search ranks it: ``-inf`` when missing or not finite (0.0 stays 0.0)."""
     return -math.inf if value is None or not math.isfinite(value) else float(value)
@@ -711,7 +715,9 @@ def priors(table_path: str, rules: dict[str, tuple[str, str | None]], repeats: i
     at another seed than the proxy's can share its initialisation with a held-out seed, and that is a leak -- it made
     SynFlow look far ahead on the partial table: ``zc_seed="one"`` reads every design's score at one seed drawn per
     replay, the leaky way, to show it); the front is Pareto by the proxy (TSE at ``steps``) and latency,
-    scored leak-free (:meth:`Truth.held_out`) in both planes.  Paired one-sided Wilcoxon against random draws."""
+    scored leak-free (:meth:`Truth.held_out`) in both planes.  Paired one-sided Wilcoxon against random draws, and
+    the share of 20-replay batches at p < 0.05 (:func:`batch_rate`); the null :data:`NULL_RULE`, random draws on
+    replays of their own, shows the false-positive rate of both."""
     import random
 
     from scipy.stats import wilcoxon
@@ -728,13 +734,16 @@ def priors(table_path: str, rules: dict[str, tuple[str, str | None]], repeats: i
         return [hypervolume_2d([truth.normalised(k, c, truth.held_out(k, answered[k])) for k in front], (1.0, 1.0))
                 for c in ("latency", "macs")]
 
-    values: dict[str, list] = {name: [] for name in ["random draws", *rules]}
+    values: dict[str, list] = {name: [] for name in ["random draws", NULL_RULE, *rules]}
     for rep in range(seed, seed + repeats):
         rng = random.Random(rep)
         answered = {k: rng.choice(seeds) for k in keys}
         one = rng.choice(seeds)
         zc_at = answered if zc_seed == "answer" else dict.fromkeys(keys, one)
         values["random draws"].append(hv(rng.sample(keys, trials), answered))
+        again = random.Random(NULL_SEED_OFFSET + rep)  # the null: random draws on replays of their own
+        answered_again = {k: again.choice(seeds) for k in keys}
+        values[NULL_RULE].append(hv(again.sample(keys, trials), answered_again))
         for name, (cost, zc) in rules.items():
             costs = truth.latency if cost == "latency" else truth.macs
             score = None if zc is None else {k: _finite(table.rows[k][zc_at[k]]["zc"].get(zc)) for k in keys}
@@ -745,7 +754,9 @@ def priors(table_path: str, rules: dict[str, tuple[str, str | None]], repeats: i
         v = np.array(v)
         out[name] = {plane: {"median": float(np.median(v[:, i])),
                              "p": (None if name == "random draws" else
-                                   float(wilcoxon(v[:, i], base[:, i], alternative="greater").pvalue))}
+                                   float(wilcoxon(v[:, i], base[:, i], alternative="greater").pvalue)),
+                             "batch20_rate_p05": (None if name == "random draws" else
+                                                  batch_rate(list(v[:, i]), list(base[:, i])))}
                      for i, plane in enumerate(("hv_latency", "hv_macs"))}
     return {"table": table_path, "designs": len(keys), "seeds": seeds, "repeats": repeats, "trials": trials,
             "steps": steps, "zc_seed": zc_seed, "rules": out}
@@ -885,7 +896,9 @@ def main(argv=None) -> int:
               f"proxy at {result['steps']} steps; median HV (one-sided paired Wilcoxon p vs random):")
         for name, planes in result["rules"].items():
             print(f"  {name}: " + "; ".join(
-                f"{plane} {v['median']:.4f}" + ("" if v["p"] is None else f" (p {v['p']:.2g})")
+                f"{plane} {v['median']:.4f}" + ("" if v["p"] is None else
+                                                 f" (p {v['p']:.2g}; 20-replay batches p < 0.05: "
+                                                 f"{100 * v['batch20_rate_p05']:.1f} %)")
                 for plane, v in planes.items()))
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
