@@ -29,10 +29,10 @@ from .tables import (
     check_grid,
     conv_kernel_offsets,
     gpsa_rel_indices,
-    grid_positions,
     levit_bias_idxs,
     resample_bias_table,
     signed_bias_idxs,
+    squared_distances,
 )
 
 __all__ = ["PositionTermsMixin", "cache_usable", "may_cache"]
@@ -117,9 +117,7 @@ class PositionTermsMixin:
         if self.gpsa_heads:
             self.register_buffer("rel_indices", gpsa_rel_indices(self.grid).to(device), persistent=False)
         if self.gauss_heads:  # squared patch distances d_ij^2 (row and column offsets in patches), float32
-            pos = grid_positions(self.grid).to(torch.float32)
-            dist2 = (pos[:, :, None] - pos[:, None, :]).pow(2).sum(dim=0)
-            self.register_buffer("gauss_dist2", dist2.to(device), persistent=False)
+            self.register_buffer("gauss_dist2", squared_distances(self.grid).to(device), persistent=False)
         if self.mask_heads:
             masks = [window_mask(self.grid, specs[i].mask.window, p) for i in self.mask_heads]
             self.register_buffer("attn_masks", torch.stack(masks).to(device), persistent=False)  # (n_mask, N, N) bool
@@ -183,8 +181,9 @@ class PositionTermsMixin:
 
             ``b_h[i, j] = gauss_alpha_h * exp(-d_ij^2 / (2 (gauss_sigma_h^2 + 1e-5)))``
 
-        with ``d_ij^2`` the squared distance between patches ``i`` and ``j`` in patch units (``gauss_dist2``), in
-        logit units; the heads in head order.  Differentiable in ``gauss_alpha`` and ``gauss_sigma``.
+        with ``d_ij^2`` the squared distance between patches ``i`` and ``j`` in patch units (``gauss_dist2``,
+        :func:`~archspec.families.attention.tables.squared_distances`), in logit units; the heads in head order.
+        Differentiable in ``gauss_alpha`` and ``gauss_sigma``.
 
         Raises:
             ValueError: when the layer has no Gaussian head.
