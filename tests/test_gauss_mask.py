@@ -97,6 +97,22 @@ def test_gauss_heads_equal_the_equation_forward_and_gradients(impl, grid, prefix
         assert layer.gauss_sigma.grad[row].item() == pytest.approx(sigma[h].grad.item(), rel=1e-4, abs=1e-6)
 
 
+def test_training_forward_builds_the_bias_once_for_all_head_groups(monkeypatch):
+    """Training, heads on three paths (SDPA, GPSA, dense: the soft mask): one forward builds the position bias once,
+    not once per group; the next forward builds it again (a training bias is not cached)."""
+    gpsa = {"gpsa": {"conv_init": False}}
+    layer = Attention(40, ["gauss_mask", gpsa, "soft_mask", "gauss_mask", "mhsa"], (4, 4)).train()
+    assert [key[0] for key, _ in layer._groups] == ["sdpa", "gpsa", "dense"]
+    builds = []
+    build = layer._build_position_bias
+    monkeypatch.setattr(layer, "_build_position_bias", lambda: builds.append(1) or build())
+    x = torch.randn(2, 16, 40)
+    layer(x).sum().backward()
+    assert len(builds) == 1 and layer._forward_memo is None
+    layer(x)
+    assert len(builds) == 2
+
+
 def test_hand_computed_3x3_probabilities():
     """Zero content logits on a 3x3 grid: the centre patch's attention is exp(b) normalised, with b = 5 on itself,
     5 e^{-1/2} on its 4 edge neighbours and 5 e^{-1} on its 4 corners (alpha 5, sigma 1: sigma^2 + 1e-5 in the

@@ -128,6 +128,7 @@ class PositionTermsMixin:
         self._plan_paths()
 
     def _drop_caches(self) -> None:
+        self._forward_memo: dict | None = None  # set only while one forward runs several head groups
         self._bias_cache: Tensor | None = None
         self._zero_cache: Tensor | None = None
         self._qkv_cache: tuple[Tensor, Tensor | None] | None = None
@@ -138,16 +139,35 @@ class PositionTermsMixin:
     def position_bias(self) -> Tensor | None:
         """Additive position bias of every head, ``(H, N, N)``: relative-bias tables plus Gaussian biases
         (:meth:`gauss_bias`), zero outside the patch-patch block and for heads without either; or ``None`` when no
-        head has one."""
+        head has one.
+
+        Built at most once per forward: in eval mode it is cached (a constant); in training a forward that runs
+        several head groups shares one build between them (:meth:`_open_forward_memo`)."""
         if not (self.abs_bias_heads or self.signed_bias_heads or self.gauss_heads):
             return None
+        memo = self._forward_memo
+        if memo is not None and "bias" in memo:
+            return memo["bias"]
         # In eval mode the bias is a constant: build it once per device, as timm's LeViT does.
         if (not self.training and cache_usable(self._bias_cache)
                 and self._bias_cache.device == self.attention_bias_device):
             return self._bias_cache
         bias = self._build_position_bias()
         self._bias_cache = bias.detach() if may_cache(self.training) else None
+        if memo is not None:
+            memo["bias"] = bias
         return bias
+
+    def _open_forward_memo(self) -> bool:
+        """Open the memo that lets the head groups of one forward share one :meth:`position_bias` and one
+        :meth:`_additive_mask` per dtype (in training both are otherwise rebuilt per call, autograd graph included);
+        the caller closes it (``_forward_memo = None``) when the forward's groups are done.  Returns whether it was
+        opened: never under ``torch.compile`` (tracing must not store tensors on the module; the compiled graph
+        de-duplicates the builds itself).  Raises nothing."""
+        if is_compiling():
+            return False
+        self._forward_memo = {}
+        return True
 
     @property
     def attention_bias_device(self) -> torch.device:
@@ -238,7 +258,11 @@ class PositionTermsMixin:
     def _additive_mask(self, dtype: torch.dtype) -> Tensor | None:
         """Additive float mask ``(H, N, N)`` for SDPA: relative biases, ``-inf`` on strict non-neighbours; or None.
 
-        Cached in eval mode per dtype and device (it is a constant then)."""
+        Cached in eval mode per dtype and device (it is a constant then); shared by the head groups of one forward
+        in training (:meth:`_open_forward_memo`)."""
+        memo = self._forward_memo
+        if memo is not None and ("additive", dtype) in memo:
+            return memo["additive", dtype]
         cached = self._additive_cache
         if not self.training and cache_usable(cached) and cached.dtype == dtype:  # _apply drops it on a device move
             return cached
@@ -251,6 +275,8 @@ class PositionTermsMixin:
             mask = torch.zeros(block.shape, dtype=dtype, device=block.device) if mask is None else mask
             mask = mask.masked_fill(block, float("-inf"))
         self._additive_cache = mask.detach() if may_cache(self.training) and mask is not None else None
+        if memo is not None:
+            memo["additive", dtype] = mask
         return mask
 
     # ------------------------------------------------------------------ resolution
