@@ -113,6 +113,28 @@ def test_training_forward_builds_the_bias_once_for_all_head_groups(monkeypatch):
     assert len(builds) == 2
 
 
+@pytest.mark.parametrize("heads, prefix, scattered", [(["gauss_mask"] * 4, 1, False), (["gauss_mask"] * 4, 0, False),
+                                                       (HEADS, 1, True), (HEADS, 0, True)])
+def test_bias_with_prefix_pads_or_scatters_without_a_new_index_per_forward(heads, prefix, scattered, monkeypatch):
+    """Every head Gaussian: the layer's bias is the Gaussian heads' own, zero rows and columns for the prefix, no
+    index buffer.  Mixed heads: added at the registered non-persistent ``gauss_head_idx`` (not in the state dict).
+    Either way the bias equals the hand-computed one and building it makes no index tensor (``torch.tensor``)."""
+    layer = Attention(32, heads, (3, 3), num_prefix_tokens=prefix).train()
+    buffers = dict(layer.named_buffers())
+    assert ("gauss_head_idx" in buffers) == scattered and "gauss_head_idx" not in layer.state_dict()
+    if scattered:
+        assert buffers["gauss_head_idx"].tolist() == layer.gauss_heads
+    monkeypatch.setattr(torch, "tensor", None)  # any torch.tensor(...) call in the build raises
+    bias = layer.position_bias()
+    monkeypatch.undo()
+    specs = coerce_heads(heads)
+    for h, spec in enumerate(specs):
+        g = spec.gauss_mask
+        expected = (_bias_by_hand((3, 3), prefix, g.alpha_init, g.sigma_init) if g is not None
+                    else torch.zeros(prefix + 9, prefix + 9, dtype=torch.float64))
+        assert (bias[h].double() - expected).abs().max().item() < 1e-6
+
+
 def test_hand_computed_3x3_probabilities():
     """Zero content logits on a 3x3 grid: the centre patch's attention is exp(b) normalised, with b = 5 on itself,
     5 e^{-1/2} on its 4 edge neighbours and 5 e^{-1} on its 4 corners (alpha 5, sigma 1: sigma^2 + 1e-5 in the

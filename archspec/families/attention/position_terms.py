@@ -180,9 +180,9 @@ class PositionTermsMixin:
         p = self.num_prefix_tokens
         if p == 0 and len(self.abs_bias_heads) == self.num_heads and not self.gauss_heads:  # LeViT: every head
             return self.attention_biases[:, self.attention_bias_idxs]                       # biased, no prefix
-        tables = self.abs_bias_heads or self.signed_bias_heads
-        if p == 0 and len(self.gauss_heads) == self.num_heads and not tables:
-            return self.gauss_bias()  # every head Gaussian, no prefix: the bias itself, no scatter
+        if self.gauss_heads and not self.gauss_scattered:  # every head Gaussian and nothing else: the bias itself,
+            gauss = self.gauss_bias()                          # zero rows / columns for the prefix, no scatter
+            return F.pad(gauss, (p, 0, p, 0)) if p else gauss
         ref = (self.attention_biases if self.abs_bias_heads
                else self.signed_biases if self.signed_bias_heads else self.gauss_alpha)
         bias = ref.new_zeros(self.num_heads, self.num_tokens, self.num_tokens)
@@ -192,7 +192,7 @@ class PositionTermsMixin:
             bias[self.signed_bias_heads, p:, p:] = self.signed_biases[:, self.signed_bias_idxs]
         if self.gauss_heads:  # added: a head may carry a relative bias and a Gaussian one
             gauss = F.pad(self.gauss_bias(), (p, 0, p, 0))
-            bias = bias.index_add(0, torch.tensor(self.gauss_heads, device=bias.device), gauss.to(bias.dtype))
+            bias = bias.index_add(0, self.gauss_head_idx, gauss.to(bias.dtype))
         return bias
 
     def gauss_bias(self) -> Tensor:
