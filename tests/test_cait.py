@@ -206,6 +206,27 @@ def test_spec_mistakes_are_located_problems(change, where, text):
         [(format_path(p.path), p.message, p.hint) for p in info.value.problems]
 
 
+@pytest.mark.parametrize("head, kinds", [
+    ("mhsa", set()), ("mask", {"mask"}), ("soft_mask", {"mask"}), ("gpsa", {"gpsa"}), ("levit_bias", {"rel_bias"}),
+    ("gauss_mask", {"gauss_mask"}), ("botnet_rel", {"rel_logits"}),
+    ({"gauss_mask": {}, "mask": {}}, {"gauss_mask", "mask"}),
+])
+def test_talking_heads_take_plain_and_masked_heads_by_their_kinds(head, kinds):
+    """HeadSpec.kinds names a head's kinds; talking heads take those in HEAD_KINDS (masks) only, every other kind
+    refused by the stage rule and by the module with their messages (a kind added later is refused until taken)."""
+    spec = HeadSpec.model_validate(head)
+    assert spec.kinds == kinds and spec.is_plain == (not kinds)
+    problems = talking_heads_rules.stage_problems("layernorm", None, None, None, [HeadSpec(), spec], ("at",))
+    if kinds <= {"mask"}:
+        assert problems == []
+        TalkingHeadAttn(32, ["mhsa", spec], (2, 2))
+        return
+    assert problems == [(("at",), "talking-heads attention takes plain (mhsa) and masked heads only, got head kinds "
+                         f"{spec.letter}", "use mhsa, mask, soft_mask or strict_mask heads in this stage")]
+    with pytest.raises(ValueError, match=f"supports plain and masked heads only; head 1 is '{spec.letter}'"):
+        TalkingHeadAttn(32, ["mhsa", spec], (2, 2))
+
+
 def test_yaml_mistake_names_file_and_line(tmp_path):
     path = tmp_path / "bad.yaml"
     text = (ROOT / "specs" / "cait_xxs24.yaml").read_text().replace("cls_token: 24", "cls_token: 23")

@@ -174,6 +174,7 @@ def test_validating_every_shipped_spec_imports_no_torch():
     (["strict_mask", "signed_bias", {"gpsa": {}, "mask": {}}, "soft_mask"], (6, 6), 0, "layernorm"),
     (["gauss_mask", "mhsa", {"gauss_mask": {}, "mask": {}}, "strict_mask"], (4, 4), 1, "layernorm"),
     (["gauss_mask"] * 2, (4, 4), 0, "batchnorm"),
+    (["gauss_mask"] * 2, (4, 4), 1, "layernorm"),  # every head Gaussian, a class token: no head-index buffer
 ])
 def test_attention_buffer_rule_is_the_modules_bytes(heads, grid, prefix, norm, one_thread):
     """The rule's buffer bytes equal, to the byte, the layer's buffers plus the caches its first eval forward builds

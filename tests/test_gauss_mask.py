@@ -43,9 +43,26 @@ def _d2_by_hand(grid):
                           for j in range(rows * cols)] for i in range(rows * cols)], dtype=torch.float64)
 
 
-def _reference(layer: Attention, x: torch.Tensor, alpha: dict, sigma: dict) -> torch.Tensor:
+def _neighbours(grid, prefix, window):
+    """MaiT's window by hand, ``(N, N)`` bool: patches within ``window // 2`` rows and columns; prefix tokens are
+    neighbours of every token, both ways (mask_terms.window_mask's stated reading)."""
+    rows, cols = grid
+    n = prefix + rows * cols
+
+    def near(i, j):
+        if i < prefix or j < prefix:
+            return True
+        (ri, ci), (rj, cj) = divmod(i - prefix, cols), divmod(j - prefix, cols)
+        return abs(ri - rj) <= window[0] // 2 and abs(ci - cj) <= window[1] // 2
+
+    return torch.tensor([[near(i, j) for j in range(n)] for i in range(n)])
+
+
+def _reference(layer: Attention, x: torch.Tensor, alpha: dict, sigma: dict, masks: dict | None = None) -> torch.Tensor:
     """The layer's output recomputed from its projection weights in float64: ``softmax(q k^T / sqrt(d) + b) v``
-    per head, ``b`` from ``alpha[h]``, ``sigma[h]`` (tensors, so gradients reach them) for the Gaussian heads."""
+    per head, ``b`` from ``alpha[h]``, ``sigma[h]`` (tensors, so gradients reach them) for the Gaussian heads.
+    ``masks[h] = (mode, window, a)``: MaiT's mask on the (biased) logits of head ``h``, non-neighbours set to 0
+    (``'hard'``, eq. 2) or scaled by ``a`` (``'soft'``, eq. 4)."""
     B, N, C = x.shape
     H, d, p = layer.num_heads, layer.qk_dim, layer.num_prefix_tokens
     x = x.double()
@@ -59,6 +76,10 @@ def _reference(layer: Attention, x: torch.Tensor, alpha: dict, sigma: dict) -> t
         if h in alpha:
             gauss = alpha[h] * torch.exp(-d2 / (2.0 * (sigma[h] ** 2 + EPS)))
             logits = logits + nn.functional.pad(gauss, (p, 0, p, 0))
+        if masks and h in masks:
+            mode, window, a = masks[h]
+            far = logits * a if mode == "soft" else torch.zeros_like(logits)
+            logits = torch.where(_neighbours(layer.grid, p, window), logits, far)
         heads.append(logits.softmax(dim=-1) @ v[:, :, h])
     out = torch.cat(heads, dim=-1)
     return out @ layer.proj.weight.double().T + layer.proj.bias.double()
@@ -73,7 +94,7 @@ def test_gauss_heads_equal_the_equation_forward_and_gradients(impl, grid, prefix
     """Output and the gradients of alpha and sigma equal the float64 re-implementation, on every path: the default
     plan, the dense path, and SDPA with the bias as its float attn_mask (the CUDA path, forced on CPU).  With no
     mask or GPSA head the dense path also calls SDPA (no explicit logits), so "dense" repeats "sdpa" here: the
-    explicit-logits path with a Gaussian head (mask or GPSA beside it) is not compared with the equation yet."""
+    explicit-logits path is the next test's."""
     torch.manual_seed(0)
     layer = Attention(32, HEADS, grid, num_prefix_tokens=prefix)
     with torch.no_grad():  # learned values away from the init, one amplitude negative
@@ -95,6 +116,83 @@ def test_gauss_heads_equal_the_equation_forward_and_gradients(impl, grid, prefix
     for row, h in enumerate((0, 2, 3)):
         assert layer.gauss_alpha.grad[row].item() == pytest.approx(alpha[h].grad.item(), rel=1e-4, abs=1e-6)
         assert layer.gauss_sigma.grad[row].item() == pytest.approx(sigma[h].grad.item(), rel=1e-4, abs=1e-6)
+
+
+EXPLICIT = ["gauss_mask", "soft_mask",
+            {"gauss_mask": {"alpha_init": 2.0, "sigma_init": 0.7}, "mask": {"window": "3x5"}}, "mhsa"]
+
+
+@pytest.mark.parametrize("impl", ["auto", "dense"])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_gauss_heads_on_the_explicit_logits_path_equal_the_equation(impl, prefix, one_thread):
+    """Gaussian heads where the layer forms explicit ``(B, H, N, N)`` logits (the dense reference, not SDPA), against
+    the float64 re-implementation (bias on the patch-patch block only, prefix rows and columns unbiased, then MaiT's
+    mask).  "dense": the soft-mask head puts every head, both Gaussian ones included, on explicit logits.  "auto":
+    the head with a Gaussian bias and a hard 3x5 mask is itself on the explicit path (its mask acts on the biased
+    logits), beside the SDPA heads.  Output and the gradients of alpha and sigma agree."""
+    torch.manual_seed(0)
+    grid = (3, 4)
+    layer = Attention(32, EXPLICIT, grid, num_prefix_tokens=prefix).set_attn_impl(impl)
+    assert layer.explicit_logits
+    if impl == "auto":
+        assert (("dense",), [1, 2]) in layer._groups
+    with torch.no_grad():
+        layer.gauss_alpha.copy_(torch.tensor([3.0, -1.5]))
+        layer.gauss_sigma.copy_(torch.tensor([1.3, 0.6]))
+        layer.mask_alpha_logit.fill_(math.log(0.3 / 0.7))  # soft alpha 0.3
+        for lin in (layer.qk, layer.v):
+            lin.weight.mul_(20.0)
+    x = torch.randn(2, prefix + grid[0] * grid[1], 32)
+    alpha = {h: torch.tensor(a, dtype=torch.float64, requires_grad=True) for h, a in zip((0, 2), (3.0, -1.5))}
+    sigma = {h: torch.tensor(s, dtype=torch.float64, requires_grad=True) for h, s in zip((0, 2), (1.3, 0.6))}
+    masks = {1: ("soft", (3, 3), 0.3), 2: ("hard", (3, 5), None)}
+    expected = _reference(layer, x, alpha, sigma, masks)
+    weight = torch.linspace(-1, 1, expected.numel()).view_as(expected)
+    (expected * weight).sum().backward()
+    out = layer(x)
+    (out * weight.float()).sum().backward()
+    assert (out.double() - expected).abs().max().item() < 1e-5
+    for row, h in enumerate((0, 2)):
+        assert layer.gauss_alpha.grad[row].item() == pytest.approx(alpha[h].grad.item(), rel=1e-4, abs=1e-6)
+        assert layer.gauss_sigma.grad[row].item() == pytest.approx(sigma[h].grad.item(), rel=1e-4, abs=1e-6)
+
+
+def test_training_forward_builds_the_bias_once_for_all_head_groups(monkeypatch):
+    """Training, heads on three paths (SDPA, GPSA, dense: the soft mask): one forward builds the position bias once,
+    not once per group; the next forward builds it again (a training bias is not cached)."""
+    gpsa = {"gpsa": {"conv_init": False}}
+    layer = Attention(40, ["gauss_mask", gpsa, "soft_mask", "gauss_mask", "mhsa"], (4, 4)).train()
+    assert [key[0] for key, _ in layer._groups] == ["sdpa", "gpsa", "dense"]
+    builds = []
+    build = layer._build_position_bias
+    monkeypatch.setattr(layer, "_build_position_bias", lambda: builds.append(1) or build())
+    x = torch.randn(2, 16, 40)
+    layer(x).sum().backward()
+    assert len(builds) == 1 and layer._forward_memo is None
+    layer(x)
+    assert len(builds) == 2
+
+
+@pytest.mark.parametrize("heads, prefix, scattered", [(["gauss_mask"] * 4, 1, False), (["gauss_mask"] * 4, 0, False),
+                                                       (HEADS, 1, True), (HEADS, 0, True)])
+def test_bias_with_prefix_pads_or_scatters_without_a_new_index_per_forward(heads, prefix, scattered, monkeypatch):
+    """Every head Gaussian: the layer's bias is the Gaussian heads' own, zero rows and columns for the prefix, no
+    index buffer.  Mixed heads: added at the registered non-persistent ``gauss_head_idx`` (not in the state dict).
+    Either way the bias equals the hand-computed one and building it makes no index tensor (``torch.tensor``)."""
+    layer = Attention(32, heads, (3, 3), num_prefix_tokens=prefix).train()
+    buffers = dict(layer.named_buffers())
+    assert ("gauss_head_idx" in buffers) == scattered and "gauss_head_idx" not in layer.state_dict()
+    if scattered:
+        assert buffers["gauss_head_idx"].tolist() == layer.gauss_heads
+    monkeypatch.setattr(torch, "tensor", None)  # any torch.tensor(...) call in the build raises
+    bias = layer.position_bias()
+    monkeypatch.undo()
+    specs = coerce_heads(heads)
+    for h, spec in enumerate(specs):
+        g = spec.gauss_mask
+        expected = (_bias_by_hand((3, 3), prefix, g.alpha_init, g.sigma_init) if g is not None
+                    else torch.zeros(prefix + 9, prefix + 9, dtype=torch.float64))
+        assert (bias[h].double() - expected).abs().max().item() < 1e-6
 
 
 def test_hand_computed_3x3_probabilities():

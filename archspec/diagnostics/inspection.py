@@ -38,7 +38,7 @@ from archspec.diagnostics.metrics import (
     nonlocality,
     patch_window_mask,
 )
-from archspec.families.attention.tables import grid_positions
+from archspec.families.attention.tables import squared_distances
 from archspec.io.builddir import Layout
 from archspec.io.images import load_image, sample_batch
 
@@ -151,8 +151,7 @@ def _plot_similarity(path: Path, name: str, runs: list[dict]) -> None:
 
 def _uniform_distance(grid: tuple[int, int]) -> float:
     """ConViT eq. 8's nonlocality of uniform attention on ``grid``: the mean distance between two patches."""
-    pos = grid_positions(grid).double()  # (2, P)
-    return float((pos[:, :, None] - pos[:, None, :]).pow(2).sum(0).sqrt().mean())
+    return float(squared_distances(grid).double().sqrt().mean())
 
 
 def write_plots(report: dict, directory: str | Path, name: str) -> None:

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from archspec.families.attention.mask_terms import window_mask
 from archspec.families.attention.module import Attention
-from archspec.families.attention.tables import grid_positions
+from archspec.families.attention.tables import squared_distances
 from archspec.families.conv_block.module import ConvGPSA
 from archspec.families.talking_heads.module import TalkingHeadAttn
 
@@ -221,8 +221,7 @@ def nonlocality(attn: Tensor, grid: tuple[int, int], num_prefix_tokens: int = 0)
     if attn.dim() != 4 or attn.shape[-2:] != (n, n):
         raise ValueError(f"attn must be (B, H, {n}, {n}) for grid {rows}x{cols} and {num_prefix_tokens} prefix "
                          f"tokens, got {tuple(attn.shape)}")
-    pos = grid_positions((rows, cols)).to(attn.device, attn.dtype)  # (2, P)
-    dist = (pos[:, :, None] - pos[:, None, :]).pow(2).sum(0).sqrt()  # (P, P)
+    dist = squared_distances((rows, cols)).to(attn.device, attn.dtype).sqrt()  # (P, P)
     p = num_prefix_tokens
     patch = attn[:, :, p:, p:]
     return (patch * dist).sum(dim=-1).mean(dim=(0, 2))

@@ -33,10 +33,11 @@ named):
 5. **No weight decay** on ``gauss_alpha`` / ``gauss_sigma``, as archspec treats every position parameter (the
    authors' AdamW decays all parameters).
 
-Counts: 2 parameters per head; 0 MACs (an elementwise bias built per forward in training, once in eval, on the
-``(N_p, N_p)`` distance table, independent of the batch: the papers' convention for biases and masks, as
+Counts: 2 parameters per head; 0 MACs (an elementwise bias built once per forward in training, once in eval, on
+the ``(N_p, N_p)`` distance table, independent of the batch: the papers' convention for biases and masks, as
 :mod:`.rel_bias`).  The torch side is :class:`archspec.families.attention.module.Attention` (``gauss_alpha``,
-``gauss_sigma``, the distance buffer ``gauss_dist2``; the bias joins
+``gauss_sigma``, the distance buffer ``gauss_dist2`` and, where not every head is Gaussian, the head indices
+``gauss_head_idx``, :func:`scattered`; the bias joins
 :meth:`~archspec.families.attention.module.Attention.position_bias`).
 """
 
@@ -48,8 +49,8 @@ from pydantic import Field
 
 from archspec._util.pydantic_base import StrictModel
 
-__all__ = ["GaussMaskSpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "params", "macs", "tables", "problems",
-           "NO_WEIGHT_DECAY", "SIGMA_EPS", "DEFAULT_ALPHA", "DEFAULT_SIGMA"]
+__all__ = ["GaussMaskSpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "params", "macs", "tables", "scattered",
+           "problems", "NO_WEIGHT_DECAY", "SIGMA_EPS", "DEFAULT_ALPHA", "DEFAULT_SIGMA"]
 
 FIELD = "gauss_mask"
 SHORTHANDS = {"gauss_mask": {"gauss_mask": {}}}
@@ -58,7 +59,7 @@ NO_WEIGHT_DECAY = frozenset({"gauss_alpha", "gauss_sigma"})  # position paramete
 #: the authors' ``sigma ** 2 + 1e-5`` (models/gmm.py): a width of 0 stays finite
 SIGMA_EPS = 1e-5
 DEFAULT_ALPHA, DEFAULT_SIGMA = 5.0, 1.0
-F32 = 4
+F32, I64 = 4, 8
 
 
 class GaussMaskSpec(StrictModel):
@@ -106,10 +107,22 @@ def macs(heads: Sequence, grid: tuple[int, int]) -> int:
     return 0
 
 
+def scattered(heads: Sequence) -> bool:
+    """Whether a layer adds its Gaussian biases into a wider ``(H, N, N)`` bias by head index (the module's
+    ``gauss_head_idx``): it has a Gaussian head, and another head is not Gaussian or a head also has a relative-bias
+    table.  Otherwise (every head Gaussian, nothing else) the layer's bias is the Gaussian one itself, zero-padded for
+    prefix tokens.  Raises nothing."""
+    n = _count(heads)
+    return bool(n) and (n < len(heads) or any(getattr(h, "rel_bias", None) is not None for h in heads))
+
+
 def tables(heads: Sequence, n_tokens: int, n_patches: int) -> int:
-    """Bytes of the constant squared-distance table ``gauss_dist2``, float32 ``(N_p, N_p)``, one per layer with a
-    Gaussian head (the eval-mode bias cache is the layer's, :func:`archspec.families.attention.rules.caches`)."""
-    return F32 * n_patches * n_patches if _count(heads) else 0
+    """Bytes of the constant tables of a layer with a Gaussian head: the squared-distance table ``gauss_dist2``,
+    float32 ``(N_p, N_p)``, and, when the layer adds the Gaussian biases by head index (:func:`scattered`), the int64
+    indices ``gauss_head_idx`` ``(n_gauss,)`` (the eval-mode bias cache is the layer's,
+    :func:`archspec.families.attention.rules.caches`)."""
+    n = _count(heads)
+    return (F32 * n_patches * n_patches + (I64 * n if scattered(heads) else 0)) if n else 0
 
 
 def problems(heads: Sequence, grid: tuple[int, int], n_prefix: int, where: tuple) -> list[tuple[tuple, str, str]]:

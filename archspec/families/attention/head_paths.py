@@ -148,11 +148,18 @@ class HeadPathsMixin:
         return self._compiled_plan if is_compiling() else (self._groups, self._head_order)
 
     def _group_outputs(self, q: Tensor, k: Tensor, v: Tensor, groups) -> list[Tensor]:
-        """One ``(B, len(heads), N, v_dim)`` output per group of :meth:`_plan`."""
+        """One ``(B, len(heads), N, v_dim)`` output per group of :meth:`_plan`; several groups share one position
+        bias and additive mask (:meth:`~.position_terms.PositionTermsMixin._open_forward_memo`)."""
         if len(groups) == 1:
             return [self._group_forward(*groups[0], q, k, v)]
-        return [self._group_forward(key, heads, self._heads(q, heads), self._heads(k, heads), self._heads(v, heads))
-                for key, heads in groups]
+        opened = self._open_forward_memo()
+        try:
+            return [self._group_forward(key, heads, self._heads(q, heads), self._heads(k, heads),
+                                        self._heads(v, heads))
+                    for key, heads in groups]
+        finally:
+            if opened:
+                self._forward_memo = None
 
     def _uses_dense(self) -> bool:
         """The dense reference runs: ``attn_impl == 'dense'``, or attention dropout active in training (the fast

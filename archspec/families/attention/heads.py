@@ -114,9 +114,16 @@ class HeadSpec(StrictModel):
         return parts or "A"
 
     @property
+    def kinds(self) -> frozenset[str]:
+        """The head kinds this head composes, by field name (``gpsa``, ``rel_bias``, ``mask``, ``gauss_mask``,
+        ``rel_logits``: :data:`KINDS`' ``FIELD``); empty for plain MHSA.  What a family that takes only some kinds
+        checks against, so that a new kind is refused there until it is supported.  Raises nothing."""
+        return frozenset(kind.FIELD for kind in KINDS if getattr(self, kind.FIELD) is not None)
+
+    @property
     def is_plain(self) -> bool:
         """True for plain content attention (no GPSA, bias, mask or Gaussian bias)."""
-        return all(getattr(self, kind.FIELD) is None for kind in KINDS)
+        return not self.kinds
 
 
 #: head kinds added after digests and keys were stored (saved builds, the search tables): a head that does not use

@@ -45,7 +45,7 @@ from timm.models.levit import LinearNorm
 from torch import Tensor, nn
 
 from ..activations import activation
-from . import gpsa
+from . import gauss_mask, gpsa
 from .head_paths import HeadPathsMixin
 from .heads import HeadSpec, coerce_heads
 from .mask import alpha_to_logit
@@ -84,7 +84,10 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
     * Gaussian bias (GMM-Mask, Li & Zhang, arXiv 2309.05375; authors' ``models/gmm.py`` with one Gaussian per head):
       ``gauss_alpha`` and ``gauss_sigma`` ``(n_gauss,)``, the bias ``alpha exp(-d^2 / (2 (sigma^2 + 1e-5)))`` on the
       patch-patch logits from the non-persistent squared-distance buffer ``gauss_dist2`` ``(H*W, H*W)`` (patch
-      units); added to the logits (our choice: the authors' code multiplies them), prefix tokens unbiased.
+      units); added to the logits (our choice: the authors' code multiplies them), prefix tokens unbiased.  When
+      every head is Gaussian (and none has a relative bias) the layer's bias is that of the Gaussian heads,
+      zero-padded for the prefix; otherwise it is added at the heads of the non-persistent index buffer
+      ``gauss_head_idx`` ``(n_gauss,)``.
     * Masks: MaiT eq. 2 (hard), eq. 4 (soft, ``mask_alpha_logit`` per soft head, ``alpha = sigmoid``),
       strict (``-inf``, our named option).  Prefix tokens are neighbours of everything (see
       :func:`archspec.families.attention.mask_terms.window_mask`).
@@ -171,6 +174,7 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
                                   if h.rel_bias is not None and h.rel_bias.table == "signed"]
         self.gpsa_heads = [i for i, h in enumerate(specs) if h.gpsa is not None]
         self.gauss_heads = [i for i, h in enumerate(specs) if h.gauss_mask is not None]
+        self.gauss_scattered = gauss_mask.scattered(specs)
         self.mask_heads = [i for i, h in enumerate(specs) if h.mask is not None]
         self.hard_heads = [i for i in self.mask_heads if specs[i].mask.mode == "hard"]
         self.soft_heads = [i for i in self.mask_heads if specs[i].mask.mode == "soft"]
@@ -224,6 +228,8 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
         if self.gauss_heads:
             self.gauss_alpha = nn.Parameter(torch.zeros(len(self.gauss_heads)))
             self.gauss_sigma = nn.Parameter(torch.zeros(len(self.gauss_heads)))
+        if self.gauss_scattered:  # where the Gaussian biases are added into the layer's (H, N, N) bias
+            self.register_buffer("gauss_head_idx", torch.tensor(self.gauss_heads, dtype=torch.long), persistent=False)
 
     # ------------------------------------------------------------------ init
     @torch.no_grad()

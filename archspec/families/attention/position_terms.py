@@ -29,10 +29,10 @@ from .tables import (
     check_grid,
     conv_kernel_offsets,
     gpsa_rel_indices,
-    grid_positions,
     levit_bias_idxs,
     resample_bias_table,
     signed_bias_idxs,
+    squared_distances,
 )
 
 __all__ = ["PositionTermsMixin", "cache_usable", "may_cache"]
@@ -117,9 +117,7 @@ class PositionTermsMixin:
         if self.gpsa_heads:
             self.register_buffer("rel_indices", gpsa_rel_indices(self.grid).to(device), persistent=False)
         if self.gauss_heads:  # squared patch distances d_ij^2 (row and column offsets in patches), float32
-            pos = grid_positions(self.grid).to(torch.float32)
-            dist2 = (pos[:, :, None] - pos[:, None, :]).pow(2).sum(dim=0)
-            self.register_buffer("gauss_dist2", dist2.to(device), persistent=False)
+            self.register_buffer("gauss_dist2", squared_distances(self.grid).to(device), persistent=False)
         if self.mask_heads:
             masks = [window_mask(self.grid, specs[i].mask.window, p) for i in self.mask_heads]
             self.register_buffer("attn_masks", torch.stack(masks).to(device), persistent=False)  # (n_mask, N, N) bool
@@ -130,6 +128,7 @@ class PositionTermsMixin:
         self._plan_paths()
 
     def _drop_caches(self) -> None:
+        self._forward_memo: dict | None = None  # set only while one forward runs several head groups
         self._bias_cache: Tensor | None = None
         self._zero_cache: Tensor | None = None
         self._qkv_cache: tuple[Tensor, Tensor | None] | None = None
@@ -140,16 +139,35 @@ class PositionTermsMixin:
     def position_bias(self) -> Tensor | None:
         """Additive position bias of every head, ``(H, N, N)``: relative-bias tables plus Gaussian biases
         (:meth:`gauss_bias`), zero outside the patch-patch block and for heads without either; or ``None`` when no
-        head has one."""
+        head has one.
+
+        Built at most once per forward: in eval mode it is cached (a constant); in training a forward that runs
+        several head groups shares one build between them (:meth:`_open_forward_memo`)."""
         if not (self.abs_bias_heads or self.signed_bias_heads or self.gauss_heads):
             return None
+        memo = self._forward_memo
+        if memo is not None and "bias" in memo:
+            return memo["bias"]
         # In eval mode the bias is a constant: build it once per device, as timm's LeViT does.
         if (not self.training and cache_usable(self._bias_cache)
                 and self._bias_cache.device == self.attention_bias_device):
             return self._bias_cache
         bias = self._build_position_bias()
         self._bias_cache = bias.detach() if may_cache(self.training) else None
+        if memo is not None:
+            memo["bias"] = bias
         return bias
+
+    def _open_forward_memo(self) -> bool:
+        """Open the memo that lets the head groups of one forward share one :meth:`position_bias` and one
+        :meth:`_additive_mask` per dtype (in training both are otherwise rebuilt per call, autograd graph included);
+        the caller closes it (``_forward_memo = None``) when the forward's groups are done.  Returns whether it was
+        opened: never under ``torch.compile`` (tracing must not store tensors on the module; the compiled graph
+        de-duplicates the builds itself).  Raises nothing."""
+        if is_compiling():
+            return False
+        self._forward_memo = {}
+        return True
 
     @property
     def attention_bias_device(self) -> torch.device:
@@ -162,9 +180,9 @@ class PositionTermsMixin:
         p = self.num_prefix_tokens
         if p == 0 and len(self.abs_bias_heads) == self.num_heads and not self.gauss_heads:  # LeViT: every head
             return self.attention_biases[:, self.attention_bias_idxs]                       # biased, no prefix
-        tables = self.abs_bias_heads or self.signed_bias_heads
-        if p == 0 and len(self.gauss_heads) == self.num_heads and not tables:
-            return self.gauss_bias()  # every head Gaussian, no prefix: the bias itself, no scatter
+        if self.gauss_heads and not self.gauss_scattered:  # every head Gaussian and nothing else: the bias itself,
+            gauss = self.gauss_bias()                          # zero rows / columns for the prefix, no scatter
+            return F.pad(gauss, (p, 0, p, 0)) if p else gauss
         ref = (self.attention_biases if self.abs_bias_heads
                else self.signed_biases if self.signed_bias_heads else self.gauss_alpha)
         bias = ref.new_zeros(self.num_heads, self.num_tokens, self.num_tokens)
@@ -174,7 +192,7 @@ class PositionTermsMixin:
             bias[self.signed_bias_heads, p:, p:] = self.signed_biases[:, self.signed_bias_idxs]
         if self.gauss_heads:  # added: a head may carry a relative bias and a Gaussian one
             gauss = F.pad(self.gauss_bias(), (p, 0, p, 0))
-            bias = bias.index_add(0, torch.tensor(self.gauss_heads, device=bias.device), gauss.to(bias.dtype))
+            bias = bias.index_add(0, self.gauss_head_idx, gauss.to(bias.dtype))
         return bias
 
     def gauss_bias(self) -> Tensor:
@@ -183,8 +201,9 @@ class PositionTermsMixin:
 
             ``b_h[i, j] = gauss_alpha_h * exp(-d_ij^2 / (2 (gauss_sigma_h^2 + 1e-5)))``
 
-        with ``d_ij^2`` the squared distance between patches ``i`` and ``j`` in patch units (``gauss_dist2``), in
-        logit units; the heads in head order.  Differentiable in ``gauss_alpha`` and ``gauss_sigma``.
+        with ``d_ij^2`` the squared distance between patches ``i`` and ``j`` in patch units (``gauss_dist2``,
+        :func:`~archspec.families.attention.tables.squared_distances`), in logit units; the heads in head order.
+        Differentiable in ``gauss_alpha`` and ``gauss_sigma``.
 
         Raises:
             ValueError: when the layer has no Gaussian head.
@@ -239,7 +258,11 @@ class PositionTermsMixin:
     def _additive_mask(self, dtype: torch.dtype) -> Tensor | None:
         """Additive float mask ``(H, N, N)`` for SDPA: relative biases, ``-inf`` on strict non-neighbours; or None.
 
-        Cached in eval mode per dtype and device (it is a constant then)."""
+        Cached in eval mode per dtype and device (it is a constant then); shared by the head groups of one forward
+        in training (:meth:`_open_forward_memo`)."""
+        memo = self._forward_memo
+        if memo is not None and ("additive", dtype) in memo:
+            return memo["additive", dtype]
         cached = self._additive_cache
         if not self.training and cache_usable(cached) and cached.dtype == dtype:  # _apply drops it on a device move
             return cached
@@ -252,6 +275,8 @@ class PositionTermsMixin:
             mask = torch.zeros(block.shape, dtype=dtype, device=block.device) if mask is None else mask
             mask = mask.masked_fill(block, float("-inf"))
         self._additive_cache = mask.detach() if may_cache(self.training) and mask is not None else None
+        if memo is not None:
+            memo["additive", dtype] = mask
         return mask
 
     # ------------------------------------------------------------------ resolution

@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["check_grid", "grid_positions", "gpsa_rel_indices", "levit_bias_idxs", "signed_bias_idxs",
-           "conv_kernel_offsets",
-           "resample_bias_table"]
+__all__ = ["check_grid", "grid_positions", "squared_distances", "gpsa_rel_indices", "levit_bias_idxs",
+           "signed_bias_idxs", "conv_kernel_offsets", "resample_bias_table"]
 
 
 def check_grid(grid: tuple[int, int]) -> tuple[int, int]:
@@ -54,11 +53,34 @@ def grid_positions(grid: tuple[int, int], stride: int = 1) -> Tensor:
     return torch.stack([rr.flatten(), cc.flatten()])
 
 
+def squared_distances(grid: tuple[int, int]) -> Tensor:
+    """Squared distance ``d_ij^2 = (row_i - row_j)^2 + (col_i - col_j)^2`` between patches ``i`` and ``j`` of a
+    row-major grid, in patch units (squared).
+
+    The one table behind GMM-Mask's Gaussian bias ``exp(-d_ij^2 / (2 sigma^2))`` (Li & Zhang, arXiv 2309.05375;
+    authors' ``models/gmm.py``, ``dx^2 + dy^2``), the third GPSA channel ``dx^2 + dy^2`` (ConViT eq. 5, timm
+    ``convit.GPSA.get_rel_indices``) and, square-rooted, ConViT's nonlocality distance ``||delta_ij||`` (eq. 8).
+
+    Args:
+        grid: ``(H, W)`` patch grid.
+
+    Returns:
+        float32 Tensor ``(H*W, H*W)``, symmetric, 0 on the diagonal; whole numbers, exact in float32 (up to
+        ``2^24``).
+
+    Raises:
+        ValueError: for a grid side < 1.
+    """
+    pos = grid_positions(grid).to(torch.float32)
+    return (pos[:, :, None] - pos[:, None, :]).pow(2).sum(dim=0)
+
+
 def gpsa_rel_indices(grid: tuple[int, int]) -> Tensor:
     """GPSA relative encodings ``r_ij`` between query ``i`` and key ``j`` (ConViT eq. 5).
 
     Channel order follows timm ``convit.GPSA.get_rel_indices``: ``[dx, dy, dx^2 + dy^2]`` with
-    ``dx = col_j - col_i`` and ``dy = row_j - row_i`` (key position minus query position).
+    ``dx = col_j - col_i`` and ``dy = row_j - row_i`` (key position minus query position); the last channel is
+    :func:`squared_distances`.
     For square grids the result equals ``timm``'s ``rel_indices[0]`` exactly; non-square grids use
     the same definition on a row-major ``H x W`` grid.
 
@@ -74,7 +96,7 @@ def gpsa_rel_indices(grid: tuple[int, int]) -> Tensor:
     pos = grid_positions(grid).to(torch.float32)
     d = pos[:, None, :] - pos[:, :, None]  # (2, Nq, Nk): key minus query
     dy, dx = d[0], d[1]
-    return torch.stack([dx, dy, dx ** 2 + dy ** 2], dim=-1)
+    return torch.stack([dx, dy, squared_distances(grid)], dim=-1)
 
 
 def levit_bias_idxs(grid: tuple[int, int], stride: int = 1) -> Tensor:

@@ -246,9 +246,8 @@ class BotShape:
 
     @property
     def timm(self) -> bool:
-        return all(h.rel_logits is not None and h.gpsa is None and h.rel_bias is None and h.mask is None
-                   and h.gauss_mask is None
-                   for h in self.heads)
+        """Every head is ``botnet_rel`` and nothing else: the layer is timm's ``BottleneckAttn``."""
+        return all(h.kinds == {rel_logits.FIELD} for h in self.heads)
 
     @property
     def qk_dim(self) -> int:
@@ -401,9 +400,9 @@ def _attention_problems(stage: ConvStageSpec, index: int, grid: tuple[int, int])
                         "floor where the shortcut's strided conv rounds up (the two maps would differ)",
                         "use an input resolution that leaves even sides here, or stride: 1"))
     kinds = mixer.kinds()
-    botnet = [h.rel_logits is not None for h in kinds]
+    botnet = [rel_logits.FIELD in h.kinds for h in kinds]
     where = at + (("head_kinds",) if mixer.head_kinds is not None else ("attention",))
-    if any(botnet) and not all(h.rel_logits is not None and h.letter == "B" for h in kinds):
+    if any(botnet) and not all(h.kinds == {rel_logits.FIELD} for h in kinds):
         out.append((where, "botnet_rel heads are timm's BottleneckAttn, whose layer has no room for other kinds: "
                     "every head of a layer is botnet_rel, or none is",
                     "make every head botnet_rel, or use mhsa / levit_bias / signed_bias / masks / gpsa"))

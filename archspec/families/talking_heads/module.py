@@ -33,14 +33,14 @@ from torch import Tensor, nn
 from ..attention.heads import HeadSpec, coerce_heads
 from ..attention.mask import alpha_to_logit
 from ..attention.mask_terms import apply_mask_terms, mask_terms, window_mask
-from .rules import TalkingHeadsShape
+from .rules import TalkingHeadsShape, unsupported_kinds
 
 __all__ = ["TalkingHeadAttn", "build"]
 
 
 def _check_heads(specs: Sequence[HeadSpec]) -> None:
     for i, h in enumerate(specs):
-        if h.gpsa is not None or h.rel_bias is not None or h.gauss_mask is not None:
+        if unsupported_kinds(h):
             raise ValueError(f"talking-heads attention supports plain and masked heads only; head {i} is {h.letter!r}")
 
 

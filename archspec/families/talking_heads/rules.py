@@ -12,12 +12,23 @@ from dataclasses import dataclass
 
 from archspec._util.memory import BOOL, F32, NodeMemory
 
+from ..attention import mask
 from ..attention.heads import HeadSpec
 from ..attention.mask import NO_WEIGHT_DECAY as _MASK_NO_WEIGHT_DECAY
 
-__all__ = ["TalkingHeadsShape", "counts", "memory", "label", "stage_problems", "NO_WEIGHT_DECAY"]
+__all__ = ["TalkingHeadsShape", "counts", "memory", "label", "stage_problems", "NO_WEIGHT_DECAY", "HEAD_KINDS",
+           "unsupported_kinds"]
 
 NO_WEIGHT_DECAY = _MASK_NO_WEIGHT_DECAY  # soft masks' alphas
+#: the head kinds (:attr:`HeadSpec.kinds <archspec.families.attention.heads.HeadSpec.kinds>`) talking heads take
+#: besides plain MHSA: MaiT masks, applied after ``proj_l``; every other kind, a new one included, is refused
+HEAD_KINDS = frozenset({mask.FIELD})
+
+
+def unsupported_kinds(head: HeadSpec) -> frozenset[str]:
+    """The kinds of ``head`` that talking-heads attention does not take (not in :data:`HEAD_KINDS`); empty for a
+    plain or masked head.  Raises nothing."""
+    return head.kinds - HEAD_KINDS
 
 
 @dataclass(frozen=True)
@@ -48,8 +59,7 @@ def stage_problems(norm: str, head_dim: int | None, key_dim: int | None, attn_ra
     if head_dim is not None or key_dim is not None or attn_ratio is not None:
         out.append((at, "talking-heads attention uses a head dim of dim / heads (timm CaiT)",
                     "remove head_dim, key_dim and attn_ratio from this stage"))
-    other = sorted({h.letter for h in heads
-                    if h.gpsa is not None or h.rel_bias is not None or h.gauss_mask is not None})
+    other = sorted({h.letter for h in heads if unsupported_kinds(h)})
     if other:
         out.append((at, f"talking-heads attention takes plain (mhsa) and masked heads only, got head kinds "
                     f"{', '.join(other)}", "use mhsa, mask, soft_mask or strict_mask heads in this stage"))
