@@ -349,3 +349,29 @@ def test_the_bench_strata_rule_is_the_shipped_one(works):
     picks = works.stratified_choice(keys, cost, None, 3, random.Random(0))
     assert sorted((int(k[1:]) + 1) // 2 for k in picks) == [1, 2, 3]
     assert works._finite(0.0) == 0.0 and works._finite(None) == float("-inf")
+
+
+def test_every_live_method_is_the_replayed_one(works, tmp_path):
+    """bench/search_live.py's methods parse as `archspec search` command lines, and each one that
+    bench/search_works.py also replays runs with the same sampler, start-up draws, zero-cost score and proxy score
+    (a live check of a method must run what the replays measured)."""
+    from archspec.cli.app import make_parser
+
+    spec = importlib.util.spec_from_file_location("search_live", ROOT / "bench" / "search_live.py")
+    live = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(live)
+    parser = make_parser()
+    for name in live.METHODS:
+        args = parser.parse_args(live.command(name, tmp_path / "o", 0, 540.0, [])[3:])
+        replayed = works.METHODS.get(name)
+        if replayed is None or name == "archspec default":
+            continue
+        assert args.sampler == replayed.get("sampler"), name
+        assert args.fidelity == replayed.get("fidelity", args.fidelity), name
+        if "sampler_startup" in replayed:
+            assert args.sampler_startup == replayed["sampler_startup"], name
+        if "zc_score" in replayed:
+            assert args.zc_score == replayed["zc_score"], name
+        assert (args.proxy_score or "accuracy") == replayed.get("protocol", {}).get("score", "accuracy"), name
+        if args.sampler == "strata":
+            assert args.strata == 20, name  # the replays' 20 trained candidates

@@ -190,3 +190,32 @@ def test_a_design_whose_zero_cost_score_fails_is_ranked_last_and_the_look_goes_o
     assert _score(None, None, SimpleNamespace(zc_score="naswot"), failing) == (-math.inf, 0.0)
     scored = SimpleNamespace(scores={"naswot": 3.5}, seconds={"naswot": 0.25})
     assert _score(None, None, SimpleNamespace(zc_score="naswot"), lambda spec: (scored, None)) == (3.5, 0.25)
+
+
+def test_strata_sets_how_many_designs_are_picked_first(tmp_path):
+    """A replay on the shipped table with --strata 3 and 5 trials: the first three trials are the queued picks
+    (strata 0, 2, 1 in bit-reversed order), the last two random draws; the study says 3 strata."""
+    from archspec.search import run_design
+
+    out = run_design(space="levit_small", oracle="levit_small", oracle_subset=True, objective="pareto", trials=5,
+                     timeout=None, trial_timeout=None, protocol={"steps": 120, "score": "tse"}, seed=1,
+                     storage="memory", out=tmp_path / "run", progress=False, sampler="strata", zc_score="naswot",
+                     fidelity="none", verify=0, strata=3)
+    trials = sorted(out.study.trials, key=lambda t: t.number)
+    assert [t.user_attrs.get(STRATUM_ATTR) for t in trials] == [0, 2, 1, None, None]
+    assert out.study.user_attrs[STRATA_ATTR] == 3
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--sampler", "strata", "--strata", "0"], "--strata"),
+    (["--strata", "3"], "--strata"),
+])
+def test_bad_strata_option_is_refused_before_anything_is_written(tmp_path, capsys, args, says):
+    from archspec.cli import main
+
+    out = tmp_path / "run"
+    rc = main(["search", "--space", "levit_small", "--oracle", "levit_small", "--oracle-subset", "--out", str(out),
+               "--trials", "2", "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and "Traceback" not in err, err
+    assert not out.exists()

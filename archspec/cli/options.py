@@ -53,7 +53,7 @@ SEARCH: dict[Path, str] = {
     **{(name,): _flag(name) for name in (
         "study_name", "out", "storage", "objective", "trials", "timeout", "seed", "sampler", "sampler_startup", "space",
         "data", "max_images", "prune", "fidelity", "eta", "zc_score", "min_steps", "trial_timeout", "oracle",
-        "oracle_subset", "verify")},
+        "oracle_subset", "verify", "strata")},
     ("budgets", "macs"): "--budget-flops", ("budgets", "params"): "--budget-params",
     ("budgets", "latency_ms"): "--budget-latency", ("budgets", "memory"): "--max-memory",
     **{("protocol", name): option for name, option in (
@@ -66,7 +66,7 @@ SEARCH: dict[Path, str] = {
 
 # ``archspec search masks``: :class:`archspec.search.MaskConfig`'s fields besides the search's.
 _DESIGN_ONLY = ("--objective", "--space", "--prune", "--fidelity", "--eta", "--zc-score", "--min-steps", "--verify",
-                "--proxy-score", "--budget-flops", "--budget-params", "--budget-latency", "--max-memory")
+                "--strata", "--proxy-score", "--budget-flops", "--budget-params", "--budget-latency", "--max-memory")
 SEARCH_MASKS: dict[Path, str] = {
     **{path: option for path, option in SEARCH.items() if option not in _DESIGN_ONLY},
     **{(name,): _flag(name) for name in ("strategy", "rounds", "als_high", "als_low", "window", "windows", "max_masked",

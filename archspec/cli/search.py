@@ -317,6 +317,9 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
     obj.add_argument("--zc-score", choices=ZERO_COST_RANKINGS, default="synflow",
                      help="what the zero-cost rung ranks by (default synflow: Abdelfattah et al. 2021's best on "
                           "NAS-Bench-201); every score is recorded on each trial")
+    obj.add_argument("--strata", type=_positive_int("--strata"), default=None, metavar="N",
+                     help="with --sampler strata: how many cost strata, one design trained from each first "
+                          "(default: --trials less --verify; name it when --timeout ends the run before --trials)")
     obj.add_argument("--eta", type=_positive_int("--eta", 2), default=3, metavar="N",
                      help="multi-fidelity reduction factor (default 3)")
     obj.add_argument("--min-steps", type=_positive_int("--min-steps"), metavar="N",
@@ -479,6 +482,7 @@ def _config(args, **overrides):
         zc_score=getattr(args, "zc_score", "synflow"),
         min_steps=getattr(args, "min_steps", None), oracle=getattr(args, "oracle", None),
         oracle_subset=getattr(args, "oracle_subset", False), verify=getattr(args, "verify", 0),
+        strata=getattr(args, "strata", None),
     )
     if args.study_name is not None:
         from archspec.search import validate_study_name

@@ -79,6 +79,7 @@ class SearchConfig:
     oracle: Any = None                              # a table (path or shipped name): answers instead of training
     oracle_subset: bool = False                     # search only the table's designs (others: infeasible)
     verify: int = DEFAULT_VERIFY                    # front designs re-trained with a second seed (0: none)
+    strata: int | None = None                       # sampler "strata": cost strata (None: trials less verify)
 
 
 def complete_config(cfg: SearchConfig | None = None, **options: Any) -> SearchConfig:

@@ -164,7 +164,8 @@ class CandidateObjective:
         """``--sampler strata``: look at every candidate (this objective's latency and zero-cost measures, so the
         look reads what the trials read and fills the same latency cache) and queue the best of each cost stratum
         as the study's next trials (:func:`archspec.search._engine.strata.enqueue_strata`); once per study.
-        Strata: the trained candidates less the verification re-trainings.  Returns the picks queued.
+        Strata: ``cfg.strata``, or by default the trained candidates less the verification re-trainings (a run
+        cut by ``--timeout`` with a large ``--trials`` should name them).  Returns the picks queued.
 
         Raises:
             SpecError: the space cannot be listed, or (under ``--oracle``) a design or its latency is not in the
@@ -173,7 +174,7 @@ class CandidateObjective:
         look = prior_candidates(self.space, self.cfg, self.data, self.oracle, self.latency_of,
                                 lambda spec: zero_cost_of(spec, self.cfg, self.data, self.oracle,
                                                           names=(self.cfg.zc_score,)))
-        n_strata = max(1, self.cfg.trials - verify_count(self.cfg.verify, self.cfg.trials))
+        n_strata = self.cfg.strata or max(1, self.cfg.trials - verify_count(self.cfg.verify, self.cfg.trials))
         return enqueue_strata(study, look, n_strata, self.cfg.seed)
 
     def _constraint(self, trial, key: str, value: float, budget: float | None) -> None:

@@ -150,8 +150,8 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     ``oracle``), the study's sampler and the :class:`~archspec.search._tabulation.oracle.OracleTable` (or ``None``).
 
     Raises:
-        SpecError: the first bad input (trials, timeout, sampler start-up, seed, fidelity, budgets, space, oracle,
-            data, ``out``, ``storage``).
+        SpecError: the first bad input (trials, timeout, sampler start-up, seed, fidelity, strata -- below 1, or
+            without the strata sampler --, budgets, space, oracle, data, ``out``, ``storage``).
     """
     if cfg.trials < 1:
         raise SpecError.single(("trials",), f"needs at least 1 trial, got {cfg.trials}")
@@ -163,6 +163,11 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     check_fidelity(cfg)
     check_budgets_feasible(space, cfg.budgets)
     check_space_valid(space, seed=cfg.seed)
+    if cfg.strata is not None and cfg.strata < 1:
+        raise SpecError.single(("strata",), f"needs at least 1 stratum, got {cfg.strata}")
+    if cfg.strata is not None and cfg.sampler != "strata":
+        raise SpecError.single(("strata",), f"applies to the strata sampler, not {cfg.sampler!r}",
+                               "add --sampler strata, or drop --strata")
     if cfg.sampler == "strata":
         check_strata_space(space)
     oracle = check_oracle(cfg, space, n_objectives)
