@@ -211,6 +211,8 @@ class Truth:
         lats = list(self.latency.values()) or [1.0]
         self.bounds = {"accuracy": (min(accs), max(accs)), "macs": (min(macs), max(macs)),
                        "latency": (min(lats), max(lats))}
+        self.flat_costs = sorted(c for c in ("macs", "latency") if self.bounds[c][0] == self.bounds[c][1]
+                                 and (c == "macs" or self.latency))
 
     def hand_designs(self) -> dict[str, str]:
         """``{hand design name: architecture key}`` of the seed papers' designs the table holds (rows' ``hand``)."""
@@ -235,7 +237,9 @@ class Truth:
         clo, chi = self.bounds[cost]
         value = self.macs[key] if cost == "macs" else self.latency[key]
         acc = self.accuracy[key] if accuracy is None else accuracy
-        return (1 - (acc - lo) / (hi - lo), (value - clo) / (chi - clo))
+        # a flat cost (every design the same: mask placements have equal MACs) puts every design at 0 on that axis:
+        # the plane's hypervolume is then the best front design's accuracy alone (``flat_costs`` says so)
+        return (1 - (acc - lo) / (hi - lo), (value - clo) / (chi - clo) if chi > clo else 0.0)
 
     def trial_cost(self, trial, seed: int, steps: int) -> float:
         """Simulated CPU seconds a trial spent: the table's training seconds up to the step it reached (the
@@ -353,7 +357,7 @@ def _simulate(table_path: str, repeats: int, trials: int, steps: int, macs_budge
         results[name] = runs
     return {"table": table_path, "designs": len(truth.accuracy), "seeds": table.seeds, "objective": objective,
             "repeats": repeats, "first_seed": first_seed, "trials": trials, "steps": steps,
-            "macs_budget": macs_budget,
+            "macs_budget": macs_budget, "flat_costs": truth.flat_costs,
             "bounds": truth.bounds, "hand": hand_summary(truth, macs_budget), "methods": results}
 
 
@@ -949,6 +953,9 @@ def main(argv=None) -> int:
             plot(result, args.plot)
         print(f"{result['designs']} designs, reference seeds {result['seeds']}; each method {args.repeats} x "
               f"{args.trials} trained; at the common budget {result['comparison']['budget_seconds']:.0f} simulated s:")
+        if result["flat_costs"]:
+            print(f"  every design has the same {' and '.join(result['flat_costs'])}: that plane's hypervolume is the "
+                  "best front design's accuracy alone, not a trade-off")
         hand = result["hand"]
         print(f"  hand designs ({', '.join(hand['designs'])}): hv_latency {hand['hv_latency']:.4f}, hv_macs "
               f"{hand['hv_macs']:.4f}, best under {args.macs_budget:g} MACs {hand['best_under_budget']}")

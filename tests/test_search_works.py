@@ -375,3 +375,17 @@ def test_every_live_method_is_the_replayed_one(works, tmp_path):
         assert (args.proxy_score or "accuracy") == replayed.get("protocol", {}).get("score", "accuracy"), name
         if args.sampler == "strata":
             assert args.strata == 20, name  # the replays' 20 trained candidates
+
+
+def test_a_flat_cost_plane_scores_the_best_accuracy_alone(works):
+    """Mask placements have equal MACs: every design sits at 0 on that axis (no division by a zero span), and the
+    plane's hypervolume is 1 - the best front design's normalised error; ``flat_costs`` names the plane."""
+    from types import SimpleNamespace
+
+    rows = {k: {0: {"final_accuracy": acc, "macs": 5_000_000}} for k, acc in (("a", 0.6), ("b", 0.7), ("c", 0.8))}
+    table = SimpleNamespace(seeds=[0], tabulated={"a", "b", "c"}, rows=rows, latency_ms={})
+    truth = works.Truth(table)
+    assert truth.flat_costs == ["macs"]
+    assert truth.normalised("b", "macs") == pytest.approx((0.5, 0.0))
+    points = [truth.normalised(k, "macs") for k in ("a", "b")]
+    assert works.hypervolume_2d(points, (1.0, 1.0)) == pytest.approx(0.5)  # b's accuracy alone
