@@ -57,7 +57,9 @@ class HeadPathsMixin:
     def _probs(self, q: Tensor, k: Tensor, heads: list[int] | None = None) -> Tensor:
         """Explicit (dense reference) path: final attention probabilities ``(B, h, N, N)`` before dropout.
 
-        ``q``, ``k`` hold the heads ``heads`` (all heads when None), in that order."""
+        ``q``, ``k`` hold the heads ``heads`` (all heads when None), in that order.  The GPSA heads among them are
+        mixed with their positional attention (ConViT eq. 5-7), written back at their positions: on all heads at
+        the ``gpsa_head_idx`` buffer ``(n_gpsa,)``."""
         heads = list(range(self.num_heads)) if heads is None else heads
         attn = (q @ k.transpose(-2, -1)) * self.scale
         bias = self.position_bias()
@@ -67,16 +69,20 @@ class HeadPathsMixin:
         attn = apply_mask_terms(attn, *terms).softmax(dim=-1)
         local = [pos for pos, h in enumerate(heads) if h in self.gpsa_heads]
         if local:
-            rows = [self.gpsa_heads.index(heads[pos]) for pos in local]
-            pos_attn = self.positional_attention()[rows].to(attn.dtype)
-            gate = self.gating()[rows].to(attn.dtype).view(1, -1, 1, 1)
+            pos_attn, gate = self.positional_attention(), self.gating()
+            if len(local) < len(self.gpsa_heads):  # some GPSA heads only: their rows
+                rows = [self.gpsa_heads.index(heads[pos]) for pos in local]
+                pos_attn, gate = pos_attn[rows], gate[rows]
+            pos_attn, gate = pos_attn.to(attn.dtype), gate.to(attn.dtype).view(1, -1, 1, 1)
             content = attn if len(local) == len(heads) else attn[:, local]
             mixed = (1.0 - gate) * content + gate * pos_attn
             mixed = mixed / mixed.sum(dim=-1, keepdim=True)
             if len(local) == len(heads):
                 attn = mixed
-            else:
-                attn = attn.index_copy(1, torch.tensor(local, device=attn.device), mixed)
+            else:  # write the mixed heads back; among all heads (0..H-1) they are at the buffer gpsa_head_idx
+                index = (self.gpsa_head_idx if len(heads) == self.num_heads
+                         else torch.tensor(local, device=attn.device))
+                attn = attn.index_copy(1, index, mixed)
         return attn
 
     def _dense_forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
