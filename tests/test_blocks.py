@@ -270,6 +270,26 @@ def test_conv_init_values_and_pos_proj_rows_mixed_layer():
     assert attn.pos_proj.weight[attn.gpsa_heads.index(2)].abs().max() < 0.1  # trunc_normal(.02)
 
 
+def test_training_forward_builds_gpsa_positional_attention_once_for_both_gpsa_paths():
+    """Training, a GPSA head on the GPSA path and a hard-masked one on the explicit-logits path (plus an SDPA head):
+    one forward computes softmax(pos_proj(r)) (ConViT eq. 5) once for both, not once per path; the next forward
+    computes it again (a training value is not cached); eval caches it."""
+    gpsa = {"gpsa": {"conv_init": False}}
+    layer = Attention(24, [gpsa, "mhsa", {**gpsa, "mask": {}}], (3, 3)).train()
+    assert [key[0] for key, _ in layer._groups] == ["gpsa", "sdpa", "dense"]
+    builds = []
+    layer.pos_proj.register_forward_hook(lambda *_: builds.append(1))
+    x = torch.randn(2, 9, 24)
+    layer(x).sum().backward()
+    assert len(builds) == 1 and layer._forward_memo is None
+    assert layer.pos_proj.weight.grad.abs().min() > 0  # both heads' rows reached by the shared build
+    layer(x)
+    assert len(builds) == 2
+    layer.eval()
+    layer(x), layer(x)
+    assert len(builds) == 3
+
+
 def test_parameters_only_for_heads_that_use_them():
     attn = Attention(32, ["mhsa", "levit_bias", "gpsa", "soft_mask"], (4, 4))
     shapes = {n: tuple(p.shape) for n, p in attn.named_parameters()}

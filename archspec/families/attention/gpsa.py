@@ -76,7 +76,8 @@ def macs(heads: Sequence, grid: tuple[int, int]) -> int:
 
 def tables(heads: Sequence, n_tokens: int, n_patches: int) -> int:
     """Bytes of GPSA's constant tables in a layer: the relative indices ``r_ij`` ``(N_p, N_p, 3)`` float32 and the
-    int64 indices of the GPSA heads."""
+    int64 indices of the GPSA heads ``gpsa_head_idx`` ``(n_gpsa,)`` (where the explicit-logits reference writes the
+    gated heads back among all heads)."""
     n_gpsa = _count(heads)
     return F32 * 3 * n_patches * n_patches + I64 * n_gpsa if n_gpsa else 0
 

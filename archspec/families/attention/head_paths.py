@@ -57,7 +57,9 @@ class HeadPathsMixin:
     def _probs(self, q: Tensor, k: Tensor, heads: list[int] | None = None) -> Tensor:
         """Explicit (dense reference) path: final attention probabilities ``(B, h, N, N)`` before dropout.
 
-        ``q``, ``k`` hold the heads ``heads`` (all heads when None), in that order."""
+        ``q``, ``k`` hold the heads ``heads`` (all heads when None), in that order.  The GPSA heads among them are
+        mixed with their positional attention (ConViT eq. 5-7), written back at their positions: on all heads at
+        the ``gpsa_head_idx`` buffer ``(n_gpsa,)``."""
         heads = list(range(self.num_heads)) if heads is None else heads
         attn = (q @ k.transpose(-2, -1)) * self.scale
         bias = self.position_bias()
@@ -67,16 +69,20 @@ class HeadPathsMixin:
         attn = apply_mask_terms(attn, *terms).softmax(dim=-1)
         local = [pos for pos, h in enumerate(heads) if h in self.gpsa_heads]
         if local:
-            rows = [self.gpsa_heads.index(heads[pos]) for pos in local]
-            pos_attn = self.positional_attention()[rows].to(attn.dtype)
-            gate = self.gating()[rows].to(attn.dtype).view(1, -1, 1, 1)
+            pos_attn, gate = self.positional_attention(), self.gating()
+            if len(local) < len(self.gpsa_heads):  # some GPSA heads only: their rows
+                rows = [self.gpsa_heads.index(heads[pos]) for pos in local]
+                pos_attn, gate = pos_attn[rows], gate[rows]
+            pos_attn, gate = pos_attn.to(attn.dtype), gate.to(attn.dtype).view(1, -1, 1, 1)
             content = attn if len(local) == len(heads) else attn[:, local]
             mixed = (1.0 - gate) * content + gate * pos_attn
             mixed = mixed / mixed.sum(dim=-1, keepdim=True)
             if len(local) == len(heads):
                 attn = mixed
-            else:
-                attn = attn.index_copy(1, torch.tensor(local, device=attn.device), mixed)
+            else:  # write the mixed heads back; among all heads (0..H-1) they are at the buffer gpsa_head_idx
+                index = (self.gpsa_head_idx if len(heads) == self.num_heads
+                         else torch.tensor(local, device=attn.device))
+                attn = attn.index_copy(1, index, mixed)
         return attn
 
     def _dense_forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -108,10 +114,8 @@ class HeadPathsMixin:
             mask = self._heads(mask, heads, dim=0)
         if kind == "gpsa":
             rows = [self.gpsa_heads.index(h) for h in heads]
-            gpsa_all = len(rows) == len(self.gpsa_heads)
-            pos, gate = self.positional_attention(), self.gating()
-            return gpsa_attention(q, k, v, pos if gpsa_all else pos[rows], gate if gpsa_all else gate[rows],
-                                  self.scale, mask)
+            pos, gate = self._heads(self.positional_attention(), rows, dim=0), self._heads(self.gating(), rows, dim=0)
+            return gpsa_attention(q, k, v, pos, gate, self.scale, mask)
         if kind == "flex":
             return self._flex_forward(heads, q, k, v)
         if mask is not None and not self._masked_sdpa_fused:
@@ -133,13 +137,14 @@ class HeadPathsMixin:
             scale = scale.index_copy(0, torch.tensor(soft, device=q.device, dtype=torch.long), alpha[rows].to(q.dtype))
         bias = self.position_bias()
         return flex_masked_attention(q, k, v, self.scale, self.attn_masks[sel], scale,
-                                     None if bias is None else bias[heads].to(q.dtype))
+                                     None if bias is None else self._heads(bias, heads, dim=0).to(q.dtype))
 
     def _heads(self, t: Tensor, heads: list[int], dim: int = 1) -> Tensor:
-        """The heads ``heads`` of ``t`` along ``dim`` (``(B, H, N, d)``: 1; ``(H, N, N)`` tables: 0; ``H = num_heads``):
-        a view (no copy) when they are contiguous, ``t`` itself when they are all heads in order."""
+        """The heads ``heads`` of ``t`` along ``dim`` (``(B, H, N, d)``: 1; ``(H, N, N)`` tables: 0; also the rows of
+        a per-GPSA-head tensor, ``(n_gpsa, ...)``): a view (no copy, no index tensor) when they are contiguous, ``t``
+        itself when they are all of ``dim`` in order; otherwise an ``index_select`` (one small index tensor)."""
         if heads == list(range(heads[0], heads[-1] + 1)):
-            return t if len(heads) == self.num_heads else t.narrow(dim, heads[0], len(heads))
+            return t if len(heads) == t.shape[dim] else t.narrow(dim, heads[0], len(heads))
         return t.index_select(dim, torch.tensor(heads, device=t.device))
 
     def _plan(self) -> tuple[list[tuple[tuple, list[int]]], list[int] | None]:

@@ -75,7 +75,9 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
     * MHSA: timm ``vision_transformer.Attention`` (layernorm family; ``qkv`` split into ``qk`` and ``v``).
     * GPSA: ConViT eq. 5-7, timm ``convit.GPSA`` (names ``qk``, ``v``, ``proj``, ``pos_proj``, ``gating_param``).
       The positional scores ``softmax(pos_proj(r))`` are computed once per forward on the ``(N, N, 3)``
-      relative indices, *not* expanded over the batch: ``N * N * 3 * n_gpsa`` MACs independent of ``B``.
+      relative indices, *not* expanded over the batch: ``N * N * 3 * n_gpsa`` MACs independent of ``B``.  The
+      non-persistent buffer ``gpsa_head_idx`` ``(n_gpsa,)`` holds the GPSA heads' indices (where the dense
+      reference writes the gated heads back).
     * LeViT attention bias on absolute offsets: LeViT eq. 1, timm ``levit.Attention``
       (names ``attention_biases`` ``(n_bias_heads, H*W)`` and non-persistent buffer ``attention_bias_idxs``).
       With ``norm='batchnorm'`` the projections are timm ``LinearNorm`` as in ``levit.Attention``

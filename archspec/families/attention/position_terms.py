@@ -159,11 +159,11 @@ class PositionTermsMixin:
         return bias
 
     def _open_forward_memo(self) -> bool:
-        """Open the memo that lets the head groups of one forward share one :meth:`position_bias` and one
-        :meth:`_additive_mask` per dtype (in training both are otherwise rebuilt per call, autograd graph included);
-        the caller closes it (``_forward_memo = None``) when the forward's groups are done.  Returns whether it was
-        opened: never under ``torch.compile`` (tracing must not store tensors on the module; the compiled graph
-        de-duplicates the builds itself).  Raises nothing."""
+        """Open the memo that lets the head groups of one forward share one :meth:`position_bias`, one
+        :meth:`_additive_mask` per dtype and one :meth:`positional_attention` (in training each is otherwise rebuilt
+        per call, autograd graph included); the caller closes it (``_forward_memo = None``) when the forward's
+        groups are done.  Returns whether it was opened: never under ``torch.compile`` (tracing must not store
+        tensors on the module; the compiled graph de-duplicates the builds itself).  Raises nothing."""
         if is_compiling():
             return False
         self._forward_memo = {}
@@ -241,7 +241,10 @@ class PositionTermsMixin:
 
         Computed on the ``(N, N, 3)`` relative indices once, not per batch element
         (``N * N * 3 * n_gpsa`` MACs).  It does not depend on the input, so in eval mode it is cached
-        (dropped by ``train()``, ``load_state_dict`` and :meth:`_build_grid_tables`).
+        (dropped by ``train()``, ``load_state_dict`` and :meth:`_build_grid_tables`); in training a forward whose
+        GPSA heads run on two paths (the GPSA path and the explicit-logits path of the hard/soft-masked ones) shares
+        one build, autograd graph included, between them (:meth:`_open_forward_memo`): both take rows of this same
+        all-heads tensor.
 
         Raises:
             ValueError: when the layer has no GPSA head.
@@ -250,9 +253,14 @@ class PositionTermsMixin:
             raise ValueError("this attention layer has no GPSA head")
         cached = self._positional_cache
         if not self.training and cache_usable(cached) and cached.device == self.pos_proj.weight.device:
-            return cached
+            return cached  # before the memo: an eval forward's second path keeps the detached cache, as it did
+        memo = self._forward_memo
+        if memo is not None and "positional" in memo:
+            return memo["positional"]
         pos = self.pos_proj(self.rel_indices.to(self.pos_proj.weight.dtype)).permute(2, 0, 1).softmax(dim=-1)
         self._positional_cache = pos.detach() if may_cache(self.training) else None
+        if memo is not None:
+            memo["positional"] = pos
         return pos
 
     def _additive_mask(self, dtype: torch.dtype) -> Tensor | None:
