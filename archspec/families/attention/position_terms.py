@@ -145,13 +145,15 @@ class PositionTermsMixin:
         several head groups shares one build between them (:meth:`_open_forward_memo`)."""
         if not (self.abs_bias_heads or self.signed_bias_heads or self.gauss_heads):
             return None
-        memo = self._forward_memo
-        if memo is not None and "bias" in memo:
-            return memo["bias"]
-        # In eval mode the bias is a constant: build it once per device, as timm's LeViT does.
+        # In eval mode the bias is a constant: build it once per device, as timm's LeViT does.  The eval cache comes
+        # before the forward memo, so that an eval forward with grad enabled differentiates what it did before the
+        # memo existed (the first path's build; later paths the detached cache).
         if (not self.training and cache_usable(self._bias_cache)
                 and self._bias_cache.device == self.attention_bias_device):
             return self._bias_cache
+        memo = self._forward_memo
+        if memo is not None and "bias" in memo:
+            return memo["bias"]
         bias = self._build_position_bias()
         self._bias_cache = bias.detach() if may_cache(self.training) else None
         if memo is not None:
@@ -268,12 +270,12 @@ class PositionTermsMixin:
 
         Cached in eval mode per dtype and device (it is a constant then); shared by the head groups of one forward
         in training (:meth:`_open_forward_memo`)."""
-        memo = self._forward_memo
-        if memo is not None and ("additive", dtype) in memo:
-            return memo["additive", dtype]
         cached = self._additive_cache
         if not self.training and cache_usable(cached) and cached.dtype == dtype:  # _apply drops it on a device move
             return cached
+        memo = self._forward_memo  # after the eval cache, as in position_bias
+        if memo is not None and ("additive", dtype) in memo:
+            return memo["additive", dtype]
         mask = self.position_bias()
         if mask is not None:
             mask = mask.to(dtype)
