@@ -850,6 +850,8 @@ def main(argv=None) -> int:
     null.add_argument("--trials", type=int, default=20)
     null.add_argument("--steps", type=int, default=None, help="proxy steps (default: the search's default)")
     null.add_argument("--macs-budget", type=float, default=20e6)
+    null.add_argument("--objective", choices=("pareto", "accuracy"), default="pareto",
+                      help="pareto (default; needs the table's latency pass) or accuracy")
     null.add_argument("--json", default="search_works_null.json")
     pri = sub.add_parser("priors", help="free looks (cost bins, zero-cost scores) choosing the trained designs")
     pri.add_argument("--table", default=str(DEFAULT_TABLE))
@@ -911,7 +913,7 @@ def main(argv=None) -> int:
         from archspec.search import ProxyProtocol
 
         result = null_check(args.table, args.method, args.repeats, args.trials, args.steps or ProxyProtocol().steps,
-                            args.macs_budget)
+                            args.macs_budget, objective=args.objective)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"{args.method} against itself, {args.repeats} paired replays x {args.trials} trained:")
         _print_test(result["test"])
