@@ -793,6 +793,43 @@ def latency_cost(space_name: str, designs: int, seed: int = 0) -> dict:
             "mean_seconds": [float(np.mean(r)) for r in rounds]}
 
 
+def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7, draws: int = 2000,
+               seed: int = 0, min_seeds: int = 2) -> dict:
+    """Will a seed check pass?  From a table's rows: the pooled within-design SD of final top-1 across seeds
+    (``ddof=1``, over designs with at least ``min_seeds`` seeds) and the between-design SD of the true means (variance
+    components: the variance of the designs' seed means less the within variance over their seed count); then, under
+    a normal model with those two SDs, the Kendall tau between two disjoint ``k``-seed means of ``designs`` designs,
+    ``draws`` times (seeded): its median and how often it reaches ``bar``.  The seed check's own tau measures the
+    same thing on the real rows; this predicts it from fewer of them (and checks itself on a finished table)."""
+    from archspec.search import load_table
+
+    table = load_table(table_path) if isinstance(table_path, str | Path) else table_path  # or a loaded table
+    finals = {key: [float(row["final_accuracy"]) for row in by.values()] for key, by in table.rows.items()}
+    finals = {key: v for key, v in finals.items() if len(v) >= max(2, min_seeds)}
+    within = float(np.mean([np.var(v, ddof=1) for v in finals.values()]))
+    counts = np.array([len(v) for v in finals.values()], float)
+    means = np.array([np.mean(v) for v in finals.values()])
+    between = float(max(0.0, np.var(means, ddof=1) - within * float(np.mean(1.0 / counts))))
+    # the designs' true means: their seed means shrunk towards the grand mean so that their spread is the
+    # between-design SD (keeps the shape -- a few far worse designs, as levit_small has -- that a normal draw loses)
+    shrink = math.sqrt(between / float(np.var(means, ddof=1))) if np.var(means) > 0 else 0.0
+    shrunk = means.mean() + shrink * (means - means.mean())
+    rng = np.random.default_rng(seed)
+    taus = {"normal": [], "empirical": []}
+    for _ in range(draws):
+        for model in taus:
+            mu = (rng.normal(0.0, math.sqrt(between), designs) if model == "normal"
+                  else rng.choice(shrunk, size=designs, replace=True))
+            a, b = (mu + rng.normal(0.0, math.sqrt(within / k), designs) for _ in range(2))
+            taus[model].append(float(kendalltau(a, b)[0]))
+    return {"table": str(getattr(table, "file", table_path)), "designs_read": len(finals),
+            "rows_read": int(counts.sum()),
+            "within_sd": math.sqrt(within), "between_sd": math.sqrt(between), "designs": designs, "k": k,
+            "bar": bar, "models": {m: {"predicted_tau_median": float(np.median(t)),
+                                       "p_tau_at_least_bar": float(np.mean(np.array(t) >= bar))}
+                                   for m, t in taus.items()}}
+
+
 PRIOR_RULES = {
     "latency bins, random in each": ("latency", None),
     "latency bins, best SynFlow": ("latency", "synflow"),
@@ -862,6 +899,11 @@ def main(argv=None) -> int:
                      help="read each design's zero-cost score at the seed that answers its proxy (default, "
                           "leak-free) or every design's at one seed per replay (leaks: to show the difference)")
     pri.add_argument("--json", default=None, help="also write the result here")
+    pw = sub.add_parser("seed-power", help="predict a seed check's Kendall tau from the rows (variance components)")
+    pw.add_argument("--table", default=str(DEFAULT_TABLE))
+    pw.add_argument("--designs", type=int, default=24)
+    pw.add_argument("--k", type=int, default=3, help="seeds per mean (default 3)")
+    pw.add_argument("--min-seeds", type=int, default=2, help="read only designs with this many seeds (default 2)")
     cho = sub.add_parser("choose", help="the pre-registered rule of docs/search-works.md on simulate + null JSON")
     cho.add_argument("--simulate", required=True, help="JSON of `simulate` (every candidate against the baseline)")
     cho.add_argument("--null", required=True, help="JSON of `null` (the baseline against itself)")
@@ -871,6 +913,14 @@ def main(argv=None) -> int:
     lat.add_argument("--designs", type=int, default=20)
     lat.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
+    if args.cmd == "seed-power":
+        r = seed_power(args.table, args.designs, args.k, min_seeds=args.min_seeds)
+        print(f"{r['table']}: {r['designs_read']} designs, {r['rows_read']} rows; within-design seed SD "
+              f"{100 * r['within_sd']:.2f} points, between-design SD {100 * r['between_sd']:.2f} points; predicted "
+              f"tau of two {args.k}-seed means over {args.designs} designs: " + "; ".join(
+                  f"{m} means: median {v['predicted_tau_median']:.2f}, P(tau >= {r['bar']}) "
+                  f"{v['p_tau_at_least_bar']:.3f}" for m, v in r["models"].items()))
+        return 0
     if args.cmd == "choose":
         decision = choose(json.loads(Path(args.simulate).read_text()), json.loads(Path(args.null).read_text()))
         broken = " -- PROTOCOL BROKEN, nothing chosen" if decision["protocol_broken"] else ""

@@ -389,3 +389,22 @@ def test_a_flat_cost_plane_scores_the_best_accuracy_alone(works):
     assert truth.normalised("b", "macs") == pytest.approx((0.5, 0.0))
     points = [truth.normalised(k, "macs") for k in ("a", "b")]
     assert works.hypervolume_2d(points, (1.0, 1.0)) == pytest.approx(0.5)  # b's accuracy alone
+
+
+def test_seed_power_by_hand(works):
+    """Thirty designs, three seeds.  Means 0.50 .. 0.79 and seed noise of +-0.0001: within SD 0.0001, the 3-seed
+    means rank alike -- predicted tau 1.  One mean for all and noise of +-0.01 (seeds -1, 0, +1 times it): within SD
+    0.01, between SD 0 -- predicted tau about 0."""
+    from types import SimpleNamespace
+
+    def table(mean, noise):
+        return SimpleNamespace(file="t", rows={f"d{i}": {s: {"final_accuracy": mean(i) + noise * (s - 1)}
+                                                         for s in range(3)} for i in range(30)})
+
+    sharp = works.seed_power(table(lambda i: 0.5 + 0.01 * i, 0.0001), draws=200)
+    assert sharp["within_sd"] == pytest.approx(0.0001) and sharp["between_sd"] == pytest.approx(0.0880, abs=1e-3)
+    assert sharp["models"]["normal"]["predicted_tau_median"] > 0.99
+    flat = works.seed_power(table(lambda i: 0.7, 0.01), draws=200)
+    assert flat["within_sd"] == pytest.approx(0.01) and flat["between_sd"] == 0.0
+    assert abs(flat["models"]["normal"]["predicted_tau_median"]) < 0.1 and flat["models"]["normal"][
+        "p_tau_at_least_bar"] == 0.0
