@@ -167,7 +167,7 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
         raise SpecError.single(("strata",), f"needs at least 1 stratum, got {cfg.strata}")
     if cfg.strata is not None and cfg.sampler != "strata":
         raise SpecError.single(("strata",), f"applies to the strata sampler, not {cfg.sampler!r}",
-                               "add --sampler strata, or drop --strata")
+                               "set `sampler` to 'strata', or leave `strata` unset")
     if cfg.sampler == "strata":
         check_strata_space(space)
     oracle = check_oracle(cfg, space, n_objectives)
