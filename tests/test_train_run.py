@@ -101,6 +101,24 @@ def test_resume_after_kill_9_is_bit_for_bit(folder, spec_file, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _tail(text, lines: int = 40) -> str:
+    text = text.decode(errors="replace") if isinstance(text, bytes) else (text or "")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def test_a_run_of_several_processes_starts_its_loader_workers_from_a_forkserver():
+    """Forking a loader worker from a rank that has the process group's threads can deadlock the worker; several
+    processes use forkserver, one process keeps the platform default, no workers need none."""
+    from archspec.train.batches import StreamBatches
+
+    def batches(workers, world):
+        return StreamBatches(list(range(8)), None, global_batch=4, seed=0, device=torch.device("cpu"),
+                             workers=workers, rank=0, world=world)
+
+    assert batches(1, 2).worker_context() == "forkserver"
+    assert batches(1, 1).worker_context() is None and batches(0, 2).worker_context() is None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,7 +134,11 @@ def test_torchrun_two_cpu_processes_equal_one_with_the_same_global_batch(folder,
                 "127.0.0.1", "--master_port", str(_free_port()), "-m", "archspec",
                 *_train_cmd(spec_file, folder, tmp_path / "two", *common)[3:]]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(torchrun, check=True, timeout=300, env=env)
+    try:  # the ranks' output, shown if they fail or hang (a hang once left nothing to read)
+        done = subprocess.run(torchrun, timeout=300, env=env, capture_output=True, text=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"torchrun hung for 300 s; its output:\n{_tail(exc.stdout)}\n{_tail(exc.stderr)}")
+    assert done.returncode == 0, _tail(done.stdout) + "\n" + _tail(done.stderr)
     assert json.loads((tmp_path / "two" / "run.json").read_text())["processes"] == 2
     a, b = _weights(tmp_path / "one" / "model"), _weights(tmp_path / "two" / "model")
     # the same batches, gradients averaged by DDP: equal up to float summation order

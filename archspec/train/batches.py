@@ -208,8 +208,18 @@ class StreamBatches:
         loader = DataLoader(self.samples, batch_size=self.global_batch // self.world, sampler=sampler,
                             num_workers=self.workers, pin_memory=self.device.type == "cuda", drop_last=True,
                             persistent_workers=False, generator=torch.Generator().manual_seed(self.seed),
-                            worker_init_fn=quiet_worker if self.workers else None)
+                            worker_init_fn=quiet_worker if self.workers else None,
+                            multiprocessing_context=self.worker_context())
         return iter(loader)
+
+    def worker_context(self) -> str | None:
+        """How the loader starts its workers: ``"forkserver"`` in a run of several processes, else the platform's
+        default (``None``: fork on Linux).  A rank has the process group's threads (gloo's, NCCL's) by the time
+        its loader starts, and a worker forked from a threaded process can inherit a lock some other thread held
+        and wait on it forever -- the rank then waits for its batch, and every other rank in the next collective
+        (a torchrun test hung that way once in CI, both ranks asleep).  forkserver starts workers from a clean
+        process; its cost, a torch import per worker, is paid once per loader.  Raises nothing."""
+        return "forkserver" if self.workers and self.world > 1 else None
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self
