@@ -794,9 +794,10 @@ def latency_cost(space_name: str, designs: int, seed: int = 0) -> dict:
 
 
 def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7, draws: int = 2000,
-               seed: int = 0, min_seeds: int = 2) -> dict:
+               seed: int = 0, min_seeds: int = 2, between_scale: float = 1.0) -> dict:
     """Will a seed check pass?  From a table's rows: the pooled within-design SD of final top-1 across seeds
-    (``ddof=1``, over designs with at least ``min_seeds`` seeds) and the between-design SD of the true means (variance
+    (``ddof=1``, over designs with at least ``min_seeds`` seeds; ``between_scale`` multiplies the between SD: "what
+    if the designs differed that much more") and the between-design SD of the true means (variance
     components: the variance of the designs' seed means less the within variance over their seed count); then, under
     a normal model with those two SDs, the Kendall tau between two disjoint ``k``-seed means of ``designs`` designs,
     ``draws`` times (seeded): its median and how often it reaches ``bar``.  The seed check's own tau measures the
@@ -809,7 +810,7 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
     within = float(np.mean([np.var(v, ddof=1) for v in finals.values()]))
     counts = np.array([len(v) for v in finals.values()], float)
     means = np.array([np.mean(v) for v in finals.values()])
-    between = float(max(0.0, np.var(means, ddof=1) - within * float(np.mean(1.0 / counts))))
+    between = float(max(0.0, np.var(means, ddof=1) - within * float(np.mean(1.0 / counts)))) * between_scale ** 2
     # the designs' true means: their seed means shrunk towards the grand mean so that their spread is the
     # between-design SD (keeps the shape -- a few far worse designs, as levit_small has -- that a normal draw loses)
     shrink = math.sqrt(between / float(np.var(means, ddof=1))) if np.var(means) > 0 else 0.0
@@ -904,6 +905,7 @@ def main(argv=None) -> int:
     pw.add_argument("--designs", type=int, default=24)
     pw.add_argument("--k", type=int, default=3, help="seeds per mean (default 3)")
     pw.add_argument("--min-seeds", type=int, default=2, help="read only designs with this many seeds (default 2)")
+    pw.add_argument("--between-scale", type=float, default=1.0, help="multiply the between-design SD (what if)")
     cho = sub.add_parser("choose", help="the pre-registered rule of docs/search-works.md on simulate + null JSON")
     cho.add_argument("--simulate", required=True, help="JSON of `simulate` (every candidate against the baseline)")
     cho.add_argument("--null", required=True, help="JSON of `null` (the baseline against itself)")
@@ -914,7 +916,7 @@ def main(argv=None) -> int:
     lat.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
     if args.cmd == "seed-power":
-        r = seed_power(args.table, args.designs, args.k, min_seeds=args.min_seeds)
+        r = seed_power(args.table, args.designs, args.k, min_seeds=args.min_seeds, between_scale=args.between_scale)
         print(f"{r['table']}: {r['designs_read']} designs, {r['rows_read']} rows; within-design seed SD "
               f"{100 * r['within_sd']:.2f} points, between-design SD {100 * r['between_sd']:.2f} points; predicted "
               f"tau of two {args.k}-seed means over {args.designs} designs: " + "; ".join(

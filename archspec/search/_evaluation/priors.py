@@ -72,7 +72,7 @@ def _score(spec, check, cfg, zero_cost_of) -> tuple[float, float]:
     try:
         result, _ = zero_cost_of(spec)
     except (TrainingFailure, RuntimeError):  # one design that cannot be scored (out of memory, NaN) is ranked last;
-        return -math.inf, 0.0  # raised, it failed the look, and with it every trial that asked for the look again
+        return -math.inf, 0.0  # raised, it would end the whole look, and with it the search
     value = result.scores.get(name)
     value = -math.inf if value is None or not math.isfinite(value) else float(value)
     return value, float(result.seconds.get(name, 0.0) or 0.0)
