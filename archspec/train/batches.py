@@ -18,6 +18,7 @@ with a ``state_dict`` for checkpoints, so a resumed run draws exactly the batche
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import signal
 from collections.abc import Callable, Iterator
@@ -214,12 +215,14 @@ class StreamBatches:
 
     def worker_context(self) -> str | None:
         """How the loader starts its workers: ``"forkserver"`` in a run of several processes, else the platform's
-        default (``None``: fork on Linux).  A rank has the process group's threads (gloo's, NCCL's) by the time
-        its loader starts, and a worker forked from a threaded process can inherit a lock some other thread held
-        and wait on it forever -- the rank then waits for its batch, and every other rank in the next collective
-        (a torchrun test hung that way once in CI, both ranks asleep).  forkserver starts workers from a clean
-        process; its cost, a torch import per worker, is paid once per loader.  Raises nothing."""
-        return "forkserver" if self.workers and self.world > 1 else None
+        default (``None``: fork on Linux; also where forkserver does not exist, Windows).  A rank has the process
+        group's threads (gloo's, NCCL's) by the time its loader starts, and a worker forked from a threaded process
+        can inherit a lock some other thread held and wait on it forever -- the rank then waits for its batch, and
+        every other rank in the next collective (a torchrun test hung that way once in CI, the forked worker in a
+        futex wait).  forkserver starts workers from a clean process; its cost, a torch import per worker, is paid
+        once per loader.  Raises nothing."""
+        several = self.workers and self.world > 1
+        return "forkserver" if several and "forkserver" in multiprocessing.get_all_start_methods() else None
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self
