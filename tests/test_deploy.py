@@ -12,7 +12,7 @@ import json
 import deploy_fixtures
 import pytest
 import torch
-from deploy_fixtures import RESOLUTION, augmented
+from deploy_fixtures import LEVIT_1_1, RESOLUTION, augmented
 from torch import nn
 
 import archspec
@@ -243,10 +243,14 @@ def test_calibration_batches_from_a_dataset():
 
 
 @pytest.mark.slow
-def test_compiled_int8_agrees_with_the_reference_graph(levit, int8_reference, photos):
+def test_compiled_int8_agrees_with_the_reference_graph(photos, one_thread):
     """Inductor's oneDNN int8 kernels compute what the reference graph simulates (requantisation rounding
     aside); one batch size (each new one compiles again).  On a CPU without VNNI this needs the 7-bit activations
-    and their clamp (measured on an AVX2 VM: relative L2 1.39 with 8 bits, 0.08 with 7 unclamped, 0 clamped)."""
+    and their clamp (measured on an AVX2 VM: relative L2 1.39 with 8 bits, 0.08 with 7 unclamped, 0 clamped).
+    LeViT-128S at depth 1 a stage (5 attention layers of its 11, both shrink attentions): Inductor's compile time
+    grows with the graph (49 s of CPU for the whole model, issue 53), the kernels are the same."""
+    levit = deploy_fixtures.photo_levit(photos, depth=1)
+    int8_reference = quantize(levit, [augmented(photos)], torch_compile=False)
     compiled = QuantizedModel(int8_reference.program, levit, int8_reference.observers, {}, torch_compile=True)
     reference, got = int8_reference(photos), compiled(photos)
     assert (got - reference).abs().max().item() <= 0.05 * reference.abs().max().item()
@@ -259,14 +263,17 @@ def test_compiled_int8_agrees_with_the_reference_graph(levit, int8_reference, ph
 
 @pytest.mark.slow
 def test_build_int8_and_compile_end_to_end(tmp_path, capsys, one_thread):
+    spec = tmp_path / "levit_1_1.yaml"
+    spec.write_text(LEVIT_1_1)
     out = tmp_path / "levit"
-    argv = ["build", "levit_128s", "--resolution", "64", "--out", str(out), "--repeats", "1", "--json", "--int8",
+    argv = ["build", str(spec), "--out", str(out), "--repeats", "1", "--json", "--int8",
             "--calibration-batches", "1", "--torch-compile"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     int8 = report["int8"]
     assert int8["latency_ms"] > 0 and int8["calibration"]["data"] == "digits" and int8["calibration"]["images"] == 32
-    assert int8["ops"]["int8"]["linear"] > 0 and int8["ops"]["float32"]["softmax"] == 11
+    # 1 + 1 blocks and the shrink attention between the stages: 3 softmaxes, each kept in float32
+    assert int8["ops"]["int8"]["linear"] > 0 and int8["ops"]["float32"]["softmax"] == 3
     assert report["compiled"]["latency_ms"] > 0 and report["compiled"]["compile_s"] > 0
     assert report["compiled"]["max_abs_logit_diff"] <= 1e-4 * int8["max_abs_logit"]  # compiled = eager (float32)
     assert sorted(p.name for p in out.iterdir()) == ["int8.safetensors", "model.safetensors", "report.json",
@@ -274,7 +281,7 @@ def test_build_int8_and_compile_end_to_end(tmp_path, capsys, one_thread):
     photo = load_image(None, (64, 64), 3)
     loaded = load_quantized(out, torch_compile=False)
     assert loaded.summary == int8["ops"]
-    assert main(["build", "levit_128s", "--resolution", "64", "--out", str(out), "--repeats", "1"]) == 0  # replaced
+    assert main(["build", str(spec), "--out", str(out), "--repeats", "1"]) == 0  # replaced
     assert not (out / "int8.safetensors").exists()
     assert archspec.load(out).eval()(photo).shape == (1, 1000)
 

@@ -352,6 +352,7 @@ def test_each_replay_draws_each_designs_table_seed_on_its_own(tmp_path):
     assert rows and all(r["oracle_seed"] == str(table.seed_of(r["arch_key"], 5)) for r in rows)
 
 
+@pytest.mark.slow  # retrains the front's best: seconds
 def test_verify_retrains_the_fronts_best_with_another_table_seed_inside_the_trials(tmp_path):
     """--verify 2 with --trials 8: six candidates are searched (the table has four designs: the search trains each
     once), then the best two trained designs are answered
@@ -572,6 +573,7 @@ def test_the_shipped_table_loads_as_before():
     table.check_steps(938)
 
 
+@pytest.mark.slow  # three searches that train proxies (80 steps): seconds
 def test_the_studys_objective_names_say_what_is_optimised(tmp_path):
     """Issue 57: a TSE-ranked search named its first objective "accuracy" while its values were -mean train loss;
     now it is named for the score, the val top-1 stays a trial attribute, and a study created under the old name
