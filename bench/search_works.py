@@ -801,7 +801,9 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
     components: the variance of the designs' seed means less the within variance over their seed count); then, under
     a normal model with those two SDs, the Kendall tau between two disjoint ``k``-seed means of ``designs`` designs,
     ``draws`` times (seeded): its median and how often it reaches ``bar``.  The seed check's own tau measures the
-    same thing on the real rows; this predicts it from fewer of them (and checks itself on a finished table)."""
+    same thing on the real rows; this predicts it from fewer of them (and checks itself on a finished table).
+    Models "normal" / "empirical" treat every seed's deviation as the design's own; "shared seeds, ..." take the
+    seed effects that move every design alike out (:func:`_additive_components`), as the seed check's halves do."""
     from archspec.search import load_table
 
     table = load_table(table_path) if isinstance(table_path, str | Path) else table_path  # or a loaded table
@@ -815,20 +817,65 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
     # between-design SD (keeps the shape -- a few far worse designs, as levit_small has -- that a normal draw loses)
     shrink = math.sqrt(between / float(np.var(means, ddof=1))) if np.var(means) > 0 else 0.0
     shrunk = means.mean() + shrink * (means - means.mean())
+    additive = _additive_components(table, min_seeds)
+    models = {"normal": (between, within, None), "empirical": (between, within, shrunk)}
+    if additive is not None:
+        a_between = additive["between_var"] * between_scale ** 2
+        a_shrink = math.sqrt(a_between / additive["means_var"]) if additive["means_var"] > 0 else 0.0
+        a_means = additive["means"]
+        models["shared seeds, normal"] = (a_between, additive["interaction_var"], None)
+        models["shared seeds, empirical"] = (a_between, additive["interaction_var"],
+                                             a_means.mean() + a_shrink * (a_means - a_means.mean()))
     rng = np.random.default_rng(seed)
-    taus = {"normal": [], "empirical": []}
+    taus = {m: [] for m in models}
     for _ in range(draws):
-        for model in taus:
-            mu = (rng.normal(0.0, math.sqrt(between), designs) if model == "normal"
-                  else rng.choice(shrunk, size=designs, replace=True))
-            a, b = (mu + rng.normal(0.0, math.sqrt(within / k), designs) for _ in range(2))
+        for model, (b_var, noise_var, pool) in models.items():
+            mu = (rng.normal(0.0, math.sqrt(b_var), designs) if pool is None
+                  else rng.choice(pool, size=designs, replace=True))
+            a, b = (mu + rng.normal(0.0, math.sqrt(noise_var / k), designs) for _ in range(2))
             taus[model].append(float(kendalltau(a, b)[0]))
-    return {"table": str(getattr(table, "file", table_path)), "designs_read": len(finals),
-            "rows_read": int(counts.sum()),
-            "within_sd": math.sqrt(within), "between_sd": math.sqrt(between), "designs": designs, "k": k,
-            "bar": bar, "models": {m: {"predicted_tau_median": float(np.median(t)),
-                                       "p_tau_at_least_bar": float(np.mean(np.array(t) >= bar))}
-                                   for m, t in taus.items()}}
+    out = {"table": str(getattr(table, "file", table_path)), "designs_read": len(finals),
+           "rows_read": int(counts.sum()),
+           "within_sd": math.sqrt(within), "between_sd": math.sqrt(between), "designs": designs, "k": k,
+           "bar": bar, "models": {m: {"predicted_tau_median": float(np.median(t)),
+                                      "p_tau_at_least_bar": float(np.mean(np.array(t) >= bar))}
+                                  for m, t in taus.items()}}
+    if additive is not None:
+        out["shared_seeds"] = {"seeds": additive["seeds"], "designs": len(additive["means"]),
+                               "seed_effect_sd": additive["seed_effect_sd"],
+                               "interaction_sd": math.sqrt(additive["interaction_var"]),
+                               "between_sd": math.sqrt(additive["between_var"] * between_scale ** 2)}
+    return out
+
+
+def _additive_components(table, min_seeds: int) -> dict | None:
+    """Variance components of final top-1 under an additive design + seed model, on the designs that hold one
+    common seed set (the most frequent set among designs with at least ``min_seeds`` seeds; at least 3 designs and
+    2 seeds).  A table seed fixes the batches, the augmentation draws and (for equal shapes) the initial weights of
+    every design alike, so part of a seed's effect is shared: it moves every design of a seed-check half together and
+    cancels in the half-means' ranking.  What does not cancel is the design x seed interaction: its mean square
+    ``SS_res / ((n-1)(k-1))`` (two-way ANOVA without replication).  Returns the seeds, the designs' means over them,
+    the SD of the seed main effects, the interaction variance and the between-design variance (the variance of the
+    design means less the interaction variance over the seed count); ``None`` if no such block exists."""
+    from collections import Counter
+
+    held = {key: frozenset(by) for key, by in table.rows.items() if len(by) >= max(2, min_seeds)}
+    if not held:
+        return None
+    seeds = sorted(Counter(held.values()).most_common(1)[0][0])
+    keys = [key for key, s in held.items() if set(seeds) <= s]
+    if len(keys) < 3 or len(seeds) < 2:
+        return None
+    x = np.array([[float(table.rows[key][s]["final_accuracy"]) for s in seeds] for key in keys])
+    n, k = x.shape
+    grand = x.mean()
+    design_means, seed_means = x.mean(axis=1), x.mean(axis=0)
+    residual = x - design_means[:, None] - seed_means[None, :] + grand
+    interaction = float((residual ** 2).sum() / ((n - 1) * (k - 1)))
+    means_var = float(np.var(design_means, ddof=1))
+    return {"seeds": seeds, "means": design_means, "means_var": means_var,
+            "seed_effect_sd": float(np.std(seed_means, ddof=1)), "interaction_var": interaction,
+            "between_var": max(0.0, means_var - interaction / k)}
 
 
 PRIOR_RULES = {
@@ -922,6 +969,11 @@ def main(argv=None) -> int:
               f"tau of two {args.k}-seed means over {args.designs} designs: " + "; ".join(
                   f"{m} means: median {v['predicted_tau_median']:.2f}, P(tau >= {r['bar']}) "
                   f"{v['p_tau_at_least_bar']:.3f}" for m, v in r["models"].items()))
+        if "shared_seeds" in r:
+            sh = r["shared_seeds"]
+            print(f"  shared seed effects ({sh['designs']} designs holding seeds {sh['seeds']}): seed-effect SD "
+                  f"{100 * sh['seed_effect_sd']:.2f}, design x seed interaction SD {100 * sh['interaction_sd']:.2f}, "
+                  f"between-design SD {100 * sh['between_sd']:.2f} points")
         return 0
     if args.cmd == "choose":
         decision = choose(json.loads(Path(args.simulate).read_text()), json.loads(Path(args.null).read_text()))

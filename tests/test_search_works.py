@@ -408,3 +408,24 @@ def test_seed_power_by_hand(works):
     assert flat["within_sd"] == pytest.approx(0.01) and flat["between_sd"] == 0.0
     assert abs(flat["models"]["normal"]["predicted_tau_median"]) < 0.1 and flat["models"]["normal"][
         "p_tau_at_least_bar"] == 0.0
+
+
+def test_seed_power_takes_shared_seed_effects_out_by_hand(works):
+    """Thirty designs 0.0001 apart, six seeds; seed s adds 0.01 * (s - 2.5) to every design (a seed effect shared by
+    all, as a table seed's batches and initial weights are) and design i gets +-0.00005 by the parity of i + s (a
+    small interaction).  Per design the seeds spread by SD 0.0187 (the seed effect), ten times the designs' spread,
+    so the independent-seeds model predicts tau about 0; the additive model's interaction mean square is
+    0.00005^2 * n k / ((n - 1)(k - 1)) = (0.00005 * sqrt(180 / 145))^2, its seed-effect SD 0.0187, and the 3-seed
+    means rank as the designs do: tau about 1."""
+    from types import SimpleNamespace
+
+    rows = {f"d{i}": {s: {"final_accuracy": 0.7 + 0.0001 * i + 0.01 * (s - 2.5) + 0.00005 * (-1) ** (i + s)}
+                      for s in range(6)} for i in range(30)}
+    got = works.seed_power(SimpleNamespace(file="t", rows=rows), draws=200)
+    assert got["within_sd"] == pytest.approx(0.0187, abs=1e-4)
+    assert got["models"]["normal"]["predicted_tau_median"] < 0.2
+    shared = got["shared_seeds"]
+    assert shared["seeds"] == [0, 1, 2, 3, 4, 5] and shared["designs"] == 30
+    assert shared["seed_effect_sd"] == pytest.approx(0.0187, abs=1e-4)
+    assert shared["interaction_sd"] == pytest.approx(0.00005 * (180 / 145) ** 0.5, rel=1e-6)
+    assert got["models"]["shared seeds, normal"]["predicted_tau_median"] > 0.9
