@@ -6,26 +6,32 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
-from archspec.io.images import sample_batch
-
+# torch (and timm, through archspec.io.images) are imported where a fixture or a worker needs them, not here: under
+# pytest-xdist the controller process loads this file too and runs no test, and importing them there cost about 6 s
+# before any worker started (a tenth of the quick subset's wall time, issue 53).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist runs one worker per core (pyproject.toml's addopts: -n logical): each worker computes with one
     # torch thread, and so do the processes its tests start (OMP_NUM_THREADS is inherited).  Two workers of two
     # threads each on 2 cores spin-wait on each other's OpenMP barriers (see _one_thread).
+    import torch
+
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
-def real_images() -> torch.Tensor:
+def real_images():
     """Three real photographs (matplotlib's grace_hopper, scikit-learn's china and flower), (3, 3, 224, 224)."""
+    from archspec.io.images import sample_batch
+
     return sample_batch((224, 224))
 
 
 def _one_thread():
     # Tiny models run many times slower with 2 OpenMP threads on a shared 2-core machine (busy-waiting).
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
