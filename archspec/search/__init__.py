@@ -81,9 +81,9 @@ _EXPORTS = {
     # what a candidate is measured by
     "Budgets": f"{_EVAL}.budget", "parse_quantity": f"{_EVAL}.budget", "static_check": f"{_EVAL}.budget",
     "static_check_rate": f"{_EVAL}.check_rate",
-    "ProxyProtocol": f"{_EVAL}.proxy", "train_proxy": f"{_EVAL}.proxy", "score_proxy": f"{_EVAL}.proxy",
+    "ProxyProtocol": f"{_EVAL}.protocols", "train_proxy": f"{_EVAL}.proxy", "score_proxy": f"{_EVAL}.proxy",
     "TrainingFailure": f"{_EVAL}.proxy",
-    "LatencyProtocol": f"{_EVAL}.latency", "measure_latency": f"{_EVAL}.latency",
+    "LatencyProtocol": f"{_EVAL}.protocols", "measure_latency": f"{_EVAL}.latency",
     "architecture_key": f"{_EVAL}.latency",
     "ZERO_COST_SCORES": f"{_EVAL}.zero_cost", "zero_cost_scores": f"{_EVAL}.zero_cost",
     "PROXY_SCORES": f"{_EVAL}.scoring", "proxy_score": f"{_EVAL}.scoring",
