@@ -39,7 +39,10 @@ WORKER = textwrap.dedent("""
 
     def train(spec, seed):
         calls.append(seed)
-        time.sleep(600 if block_first and len(calls) == 1 else delay)
+        if block_first and len(calls) == 1:
+            open(storage.split(":", 1)[1] + ".training", "w").close()  # past its last write before training
+            time.sleep(600)
+        time.sleep(delay)
         return {"zc": {"naswot": 1.0}, "zc_seconds": {"naswot": 0.0}, "curve": [[10, 0.5, 1.0], [20, 0.6, 0.9]],
                 "tse": [[10, 5.0, 0.1], [20, 9.0, 0.2]], "final_accuracy": 0.6 + seed / 100, "final_val_loss": 0.9,
                 "train_seconds": 0.2, "eval_seconds": 0.0}
@@ -104,13 +107,14 @@ def test_a_worker_killed_mid_pair_loses_only_that_pair_and_another_retrains_it(t
     url = f"journal:{tmp_path / 't.journal'}"
     victim = _worker(url, block_first=True)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait until it is training its first pair
-        running = [t for t in _trials(url) if t.state == optuna.trial.TrialState.RUNNING
-                   and t.user_attrs.get("status") == "training"] if (tmp_path / "t.journal").exists() else []
-        if running:
-            break
-        time.sleep(0.2)
-    assert running, "the worker never started training"
+    # Wait until it trains its first pair, signalled by the stand-in itself: a trial seen "training" in the
+    # journal is not enough, as the worker still writes the pair's parameters after that, and a kill inside
+    # that write leaves Optuna's journal lock behind for its 30 s grace period (the test took 2 s or 32 s).
+    while not (tmp_path / "t.journal.training").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running = [t for t in _trials(url) if t.state == optuna.trial.TrialState.RUNNING
+               and t.user_attrs.get("status") == "training"]
+    assert len(running) == 1, "the worker never started training"
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     survivor = _worker(url)

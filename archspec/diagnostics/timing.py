@@ -22,7 +22,6 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
-from torch._inductor import config
 from torch.utils.benchmark import Timer
 
 from archspec.errors import SpecError
@@ -156,6 +155,9 @@ COMPILE_OPTIONS = {"freezing": True}
 def inductor_options():
     """Context manager setting :data:`COMPILE_OPTIONS` in Inductor's config (``torch._inductor.config.patch``);
     every call of a model compiled for inference runs inside it, since a new batch size recompiles."""
+    # Imported here: torch._inductor costs ~2 s, and every `archspec search` / `train` start imports this module
+    # for parse_device before it can refuse a bad option.
+    from torch._inductor import config  # noqa: PLC0415
 
     return config.patch(COMPILE_OPTIONS)
 
