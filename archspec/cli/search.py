@@ -444,7 +444,7 @@ def _protocol(args, defaults: dict | None = None):
     if "lr" in update and not update["lr"] > 0:
         raise SpecError.single(("--proxy-lr",), f"must be positive, got {update['lr']}")
     if getattr(args, "device", None) is not None:  # --device: proxy training (and latency unless --latency-device)
-        from archspec.diagnostics.timing import parse_device
+        from archspec.diagnostics.devices import parse_device
 
         update["device"] = str(parse_device(args.device, "--device"))
     names = {f.name for f in fields(protocol)}
@@ -452,7 +452,7 @@ def _protocol(args, defaults: dict | None = None):
 
 
 def _latency(args):
-    from archspec.diagnostics.timing import parse_device
+    from archspec.diagnostics.devices import parse_device
     from archspec.search import LatencyProtocol
 
     option = "--latency-device" if args.latency_device else "--device"

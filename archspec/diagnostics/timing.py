@@ -22,45 +22,15 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
+from torch._inductor import config
 from torch.utils.benchmark import Timer
 
-from archspec.errors import SpecError
+from archspec.diagnostics.devices import parse_device, resolve_device
 
 __all__ = ["Latency", "measure_forward", "parse_device", "resolve_device", "MAX_GPU_BATCH", "compile_for_inference",
            "COMPILE_OPTIONS", "CompiledForInference", "inductor_options"]
 
 MAX_GPU_BATCH = 2048  # LeViT's GPU protocol: largest power of two that fits; capped so probing stays short
-
-
-def resolve_device(name: str) -> str:
-    """``'auto'`` -> ``'cuda'`` when a GPU is present, else ``'cpu'``; any other name unchanged."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
-def parse_device(name: str, option: str = "--device") -> torch.device:
-    """A torch device from a command-line value: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` (``mps`` too).
-
-    Raises:
-        SpecError: unknown or unsupported device, or CUDA (or the CUDA device N) asked for where none is
-            available (located at ``option``).
-    """
-    try:
-        device = torch.device(resolve_device(name))
-    except RuntimeError:
-        raise SpecError.single((option,), f"unknown device {name!r}", "use auto, cpu, cuda or cuda:N") from None
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise SpecError.single((option,), f"unsupported device {name!r}", "use auto, cpu, cuda or cuda:N")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise SpecError.single((option,), f"device {name!r}: MPS (Apple GPU) is not available on this machine",
-                               f"use {option} cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SpecError.single((option,), "CUDA is not available on this machine", f"use {option} cpu (or auto)")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise SpecError.single((option,), f"there is no {device} (this machine has {torch.cuda.device_count()} GPU(s))",
-                               f"use {option} cuda:0")
-    return device
 
 
 @dataclass(frozen=True)
@@ -155,9 +125,6 @@ COMPILE_OPTIONS = {"freezing": True}
 def inductor_options():
     """Context manager setting :data:`COMPILE_OPTIONS` in Inductor's config (``torch._inductor.config.patch``);
     every call of a model compiled for inference runs inside it, since a new batch size recompiles."""
-    # Imported here: torch._inductor costs ~2 s, and every `archspec search` / `train` start imports this module
-    # for parse_device before it can refuse a bad option.
-    from torch._inductor import config  # noqa: PLC0415
 
     return config.patch(COMPILE_OPTIONS)
 

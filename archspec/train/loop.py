@@ -26,7 +26,7 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, dispatch_clip_grad
 
-from archspec.diagnostics.timing import parse_device
+from archspec.diagnostics.devices import parse_device
 from archspec.errors import SpecError
 from archspec.train.batches import TensorBatches
 from archspec.train.config import AUGMENTATIONS, TrainConfig
@@ -59,7 +59,7 @@ class TrainResult:
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> ``cuda`` when available else ``cpu``; otherwise ``torch.device(name)``
-    (:func:`archspec.diagnostics.timing.parse_device`, which the timing shares).
+    (:func:`archspec.diagnostics.devices.parse_device`, which the timing shares).
 
     Raises:
         ValueError: an unknown device name, or CUDA asked for but not available.
