@@ -14,8 +14,8 @@ own reproducibility: seed 0 against seed 1, and with 2k seeds the mean of seeds 
 
 For each fidelity: Kendall tau (``scipy.stats.kendalltau``), its p-value, a 95 % bootstrap interval (designs
 resampled with replacement, 1,000 times, seeded; for a mean over seeds, the mean tau of each resample) and its
-cost per design in CPU seconds (the table's training seconds up to that step, the zero-cost score's seconds, 0 for
-counts).
+cost per design in CPU seconds (the table's training seconds up to that step, per span the least of the design's
+seeds: ``archspec.search._tabulation.oracle.design_seconds``; the zero-cost score's seconds; 0 for counts).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
-from archspec.search import PROXY_SCORES
+from archspec.search import PROXY_SCORES, design_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TABLE = ROOT / "archspec" / "search" / "tables" / "levit_small.jsonl"
@@ -117,8 +117,9 @@ def fidelity_table(rows: list[dict], seeds: tuple[int, ...] | None = None) -> di
         out["reference_split_means"] = {"seeds_per_half": k, "tau": float(t), "p": float(p),
                                         "ci": list(bootstrap(half_a, half_b))}
     steps = [s for s, *_ in designs[0][seeds[0]]["curve"]]
+    clocks = [dict(design_seconds(d[s] for s in seeds)) for d in designs]  # per span the least of its seeds
     for i, step in enumerate(steps):
-        cost = float(np.mean([d[s]["tse"][i][2] for d in designs for s in seeds]))
+        cost = float(np.mean([c[float(designs[0][seeds[0]]["tse"][i][0])] for c in clocks]))
         out["fidelities"].append({"fidelity": f"val top-1 at step {step}", "cost_s": cost,
                                   **cross_seed(designs, lambda r, i=i: r["curve"][i][1], seeds)})
         out["fidelities"].append({"fidelity": f"TSE (sum of train losses) to step {step}", "cost_s": cost,
@@ -244,18 +245,14 @@ class Truth:
     def trial_cost(self, trial, seed: int, steps: int) -> float:
         """Simulated CPU seconds a trial spent: the table's training seconds up to the step it reached (the
         proxy's last step, or the last rung it reached when stopped there), plus its zero-cost seconds."""
-        from archspec.search import linear_at
-
         ua = trial.user_attrs
         cost = float(ua.get("zero_cost", {}).get("total_seconds", 0.0))
         key = ua.get("arch_key")
         if key not in self.table.rows or "reused_from" in ua:
             return cost
         reached = steps if ua.get("status") == "trained" else max(map(int, ua.get("rungs", {}) or {"0": 0}))
-        if reached:
-            by = self.table.rows[key]
-            row = by.get(ua.get("oracle_seed"), next(iter(by.values())))  # the row that answered this trial
-            cost += linear_at([(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]], reached)
+        if reached:  # the design's training seconds (the least of its rows per span), whichever row answered
+            cost += self.table.training_seconds(key, reached)
         return cost
 
 

@@ -133,6 +133,31 @@ def test_table_answers_are_the_tables_numbers(tmp_path):
         table.train(spec, None, ProxyProtocol(steps=81), seed=0)
 
 
+def test_a_designs_training_seconds_take_each_span_from_its_fastest_row_by_hand(tmp_path):
+    """Seed 0 of design 3 was paused between steps 40 and 80 (60 s for 40 steps), seed 1 between 10 and 20 (25 s
+    for 10); every other span costs 1 s a step.  Per span the least of the two: 10, 10, 20, 40 s -> 10, 20, 40, 80
+    s cumulative, for either seed's replay; 60 steps lie halfway between 40 and 80: 60 s."""
+    path, points = _table(tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    key = architecture_key(points[3][1])
+    slow = {0: [[10, 20.0, 10.0], [20, 40.0, 20.0], [40, 80.0, 40.0], [80, 160.0, 100.0]],
+            1: [[10, 20.0, 10.0], [20, 40.0, 35.0], [40, 80.0, 55.0], [80, 160.0, 95.0]]}
+    for row in rows:
+        if row["key"] == key:
+            row["tse"] = slow[row["seed"]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = load_table(path)
+    from archspec.search._evaluation.proxy import ProxyProtocol
+    from archspec.search._tabulation.oracle import design_seconds
+
+    assert design_seconds(table.rows[key].values()) == [(0.0, 0.0), (10.0, 10.0), (20.0, 20.0), (40.0, 40.0),
+                                                       (80.0, 80.0)]
+    for seed in (0, 1, 2, 3):
+        result = table.train(points[3][1], None, ProxyProtocol(steps=60, eval_every=60), seed=seed)
+        assert result.seconds == pytest.approx(60.0)
+    assert table.training_seconds(architecture_key(points[0][1]), 60) == pytest.approx(60.0)  # unpaused: as is
+
+
 def test_oracle_search_finds_the_tables_best_design(tmp_path, monkeypatch):
     path, points = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7])
     monkeypatch.setattr("archspec.search._evaluation.proxy.train_proxy", None)  # would fail if anything trained

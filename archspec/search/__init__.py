@@ -94,7 +94,7 @@ _EXPORTS = {
     "export_table": f"{_TABLES}.exchange", "import_table": f"{_TABLES}.exchange", "seed_check": f"{_TABLES}.exchange",
     "git_commit": f"{_TABLES}.tabulate", "machine": f"{_TABLES}.tabulate",
     "TABLES_DIR": f"{_TABLES}.oracle", "load_table": f"{_TABLES}.oracle", "curve_at": f"{_TABLES}.oracle",
-    "linear_at": f"{_TABLES}.oracle", "mask_groups": f"{_TABLES}.mask_replay",
+    "linear_at": f"{_TABLES}.oracle", "design_seconds": f"{_TABLES}.oracle", "mask_groups": f"{_TABLES}.mask_replay",
     "table_replay_report": f"{_TABLES}.mask_replay",
     "reference_data": f"{_TABLES}.rows", "train_row": f"{_TABLES}.rows",
     # mask placement (mode 2's parts, for the bench's studies of it)
@@ -120,7 +120,8 @@ __all__ = [
     "zero_cost_scores", "PROXY_SCORES", "proxy_score",
     "print_summary", "jsonable",
     "tabulate", "table_protocol", "study_rows", "export_table", "import_table", "seed_check", "git_commit",
-    "machine", "TABLES_DIR", "load_table", "curve_at", "linear_at", "mask_groups", "table_replay_report",
+    "machine", "TABLES_DIR", "load_table", "curve_at", "linear_at", "design_seconds", "mask_groups",
+    "table_replay_report",
     "reference_data", "train_row",
     "attention_layers", "apply_placement", "placement_heads", "head0_placement", "soft_heads", "ALS_IMAGES",
     "layer_scores", "learned_alphas", "uniform_baselines", "train_keeping_model",

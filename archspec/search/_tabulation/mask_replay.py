@@ -94,12 +94,6 @@ def als_at(row: dict, steps: int) -> dict[str, list[float]]:
     return (earlier[-1] if earlier else als[0])[1]
 
 
-def _cost(row: dict, steps: int) -> float:
-    """Training seconds of the row up to ``steps`` (its TSE column's clock at the last step ``<= steps``)."""
-    earlier = [entry for entry in row.get("tse", []) if entry[0] <= steps]
-    return float(earlier[-1][2]) if earlier else 0.0
-
-
 @dataclass
 class AlsReplay:
     """One replay of MaiT's rule: the point it returns (``counts``: masked heads per group parameter), the rounds
@@ -143,7 +137,7 @@ def replay_als(table, replay_seed: int, steps: int, *, heads: int, grid: tuple[i
         seed = table.seed_of(key, replay_seed)
         row = table.rows[key][seed]
         out.answered[key] = seed
-        out.seconds += _cost(row, steps)
+        out.seconds += table.training_seconds(key, steps)  # the design's cost, whichever seed answered
         scores = _group_scores(als_at(row, steps), groups, u if normalise else 0.0)
         flags = {name: [h < m for h in range(heads)] for name, m in counts.items()}
         if r == 1:

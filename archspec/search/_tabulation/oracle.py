@@ -34,6 +34,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -44,7 +45,7 @@ from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._evaluation.protocols import ZeroCostResult
 from archspec.search._tabulation.checks import check_meta, check_row, index_rows, latency_ms, short_curve
 
-__all__ = ["TABLES_DIR", "OracleTable", "load_table", "table_path", "curve_at"]
+__all__ = ["TABLES_DIR", "OracleTable", "load_table", "table_path", "curve_at", "design_seconds"]
 
 TABLES_DIR = Path(__file__).resolve().parents[1] / "tables"
 _OPTION = ("oracle",)  # the SearchConfig field (``--oracle`` on the command line)
@@ -104,6 +105,8 @@ class OracleTable:
     latency_ms: dict[str, float]
     meta: dict
     lines: dict[tuple[str, int], int] = field(default_factory=dict)
+    _seconds_curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict, init=False, repr=False,
+                                                                   compare=False)
 
     def __post_init__(self) -> None:
         check_meta(self.meta, "", f"{Path(self.file).stem}.meta.json", self.file)
@@ -155,6 +158,19 @@ class OracleTable:
                         "or finish the table (archspec table SPACE)")
         return self.rows[key][self.seed_of(key, seed)]
 
+    def training_seconds(self, key: str, steps: float) -> float:
+        """Simulated CPU seconds of training design ``key`` for ``steps`` steps: :func:`design_seconds` of all its
+        rows (every seed), linear between tabulated steps.  The same for every seed of the design: the cost of
+        a design, not of one run's interruptions.
+
+        Raises:
+            KeyError: ``key`` has no row.
+        """
+        curve = self._seconds_curves.get(key)
+        if curve is None:
+            curve = self._seconds_curves[key] = design_seconds(self.rows[key].values())
+        return linear_at(curve, steps)
+
     def check_steps(self, steps: int) -> None:
         """Raises :class:`SpecError` at ``protocol.steps`` when ``steps`` lies past the curve of any row (each row is
         checked: a row whose curve ends early would otherwise answer with its last point)."""
@@ -191,8 +207,7 @@ class OracleTable:
         k = protocol.steps
         accuracy, loss_sum = curve_at(row, k)
         val_loss = _interpolate([(float(s), float(v)) for s, _, v in row["curve"]], k)
-        seconds = [(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]]
-        cost = linear_at(seconds, k)  # training seconds up to step k (evaluation excluded)
+        cost = self.training_seconds(architecture_key(spec), k)  # training seconds to step k (evaluation excluded)
         return OracleResult(accuracy=accuracy, val_loss=val_loss, train_loss=loss_sum / k, steps=k, seconds=cost,
                             history=history, loss_sum=loss_sum, score=history[-1][1], oracle_seed=int(row["seed"]))
 
@@ -251,6 +266,32 @@ def curve_at(row: dict, step: float) -> tuple[float, float]:
     accuracy = _interpolate([(float(s), float(a)) for s, a, _ in row["curve"]], step)
     loss_sum = linear_at([(0.0, 0.0)] + [(float(s), float(total)) for s, total, _ in row["tse"]], step)
     return accuracy, loss_sum
+
+
+def design_seconds(rows: Iterable[dict]) -> list[tuple[float, float]]:
+    """One design's training seconds as a cumulative curve ``[(step, seconds)]`` from ``(0, 0)``, at the steps of
+    its rows' ``tse`` column: each span between two tabulated steps costs the least that any of the rows spent on
+    it.
+
+    Why the least: a row's clock is wall-clock (``time.perf_counter`` in the worker), so a worker that was paused
+    or crowded during a span (stopped for a timing run, another job beside it) recorded that span longer, never
+    shorter; of 664 levit_small rows, 31 have a span over 5x their own median rate.  The minimum over repeats is
+    the usual estimate of compute time under such one-sided noise (Python's ``timeit`` reports it for the same
+    reason).  Spans at steps that not every row holds are left out (the rows of one table share them).
+
+    Raises:
+        ValueError: no rows.
+    """
+    rows = list(rows)
+    if not rows:
+        raise ValueError("design_seconds needs at least one row")
+    clocks = [{0.0: 0.0, **{float(s): float(t) for s, _, t in row["tse"]}} for row in rows]
+    steps = sorted(set.intersection(*(set(c) for c in clocks)))  # starts with 0.0
+    curve = [(0.0, 0.0)]
+    for before, step in zip(steps, steps[1:]):
+        span = min(c[step] - c[before] for c in clocks)
+        curve.append((step, curve[-1][1] + span))
+    return curve
 
 
 def linear_at(points: list[tuple[float, float]], x: float) -> float:
