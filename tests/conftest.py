@@ -54,10 +54,10 @@ def one_thread_module():
 # pytest-xdist hands out whole files (--dist loadfile) in collection order (--no-loadscope-reorder), so starting
 # with these lets the many short files fill the other workers' time: one long file started last would leave
 # every other worker idle at the end.  The other files keep pytest's order.
-LONGEST_FIRST = ("test_search_table.py", "test_deploy.py", "test_cli.py", "test_onnx_export.py", "test_docs.py",
-                 "test_train_run.py", "test_search_cli.py", "test_search_study.py", "test_search_storage.py",
-                 "test_search_postgres.py", "test_compile.py", "test_train_safety.py", "test_search_oracle.py",
-                 "test_search_fidelity.py", "test_resnet.py", "test_timm_api.py")
+LONGEST_FIRST = ("test_search_table.py", "test_deploy.py", "test_cli.py", "test_train_run.py", "test_docs.py",
+                 "test_onnx_export.py", "test_search_postgres.py", "test_train_safety.py", "test_timm_api.py",
+                 "test_search_cli.py", "test_search_study.py", "test_search_distinct.py", "test_resnet.py",
+                 "test_search_oracle.py", "test_search_storage.py", "test_search_fidelity.py", "test_compile.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
