@@ -790,6 +790,27 @@ def latency_cost(space_name: str, designs: int, seed: int = 0) -> dict:
             "mean_seconds": [float(np.mean(r)) for r in rounds]}
 
 
+def design_costs(table_path, steps: tuple[int, ...] = (120, 200, 938)) -> dict:
+    """What the oracle's cost rule (``OracleTable.training_seconds``: per span the least of a design's rows) charges
+    against the mean of the design's reference seeds' own clocks (the rule before 2026-11-28), at each of ``steps``:
+    the ratio's median, 5th percentile and minimum over the designs, and both sums in seconds."""
+    from archspec.search import linear_at, load_table
+
+    table = load_table(table_path) if isinstance(table_path, str | Path) else table_path
+    keys = sorted(table.tabulated)
+    out = {"designs": len(keys), "seeds": table.seeds, "steps": {}}
+    for k in steps:
+        new = np.array([table.training_seconds(key, k) for key in keys])
+        old = np.array([np.mean([linear_at([(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in
+                                                           table.rows[key][seed]["tse"]], k) for seed in table.seeds])
+                        for key in keys])
+        ratio = new / old
+        out["steps"][k] = {"median_ratio": float(np.median(ratio)), "p5_ratio": float(np.percentile(ratio, 5)),
+                           "min_ratio": float(ratio.min()), "sum_old_s": float(old.sum()),
+                           "sum_new_s": float(new.sum())}
+    return out
+
+
 def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7, draws: int = 2000,
                seed: int = 0, min_seeds: int = 2, between_scale: float = 1.0) -> dict:
     """Will a seed check pass?  From a table's rows: the pooled within-design SD of final top-1 across seeds
@@ -954,6 +975,9 @@ def main(argv=None) -> int:
     cho.add_argument("--simulate", required=True, help="JSON of `simulate` (every candidate against the baseline)")
     cho.add_argument("--null", required=True, help="JSON of `null` (the baseline against itself)")
     cho.add_argument("--json", default=None, help="also write the decision here")
+    cst = sub.add_parser("costs", help="the oracle's per-design cost rule against the seeds' own clocks")
+    cst.add_argument("--table", default=str(DEFAULT_TABLE))
+    cst.add_argument("--steps", type=int, nargs="+", default=[120, 200, 938])
     lat = sub.add_parser("latency-cost", help="CPU seconds per candidate a live strata look spends on latency")
     lat.add_argument("--space", default="levit_small")
     lat.add_argument("--designs", type=int, default=20)
@@ -971,6 +995,13 @@ def main(argv=None) -> int:
             print(f"  shared seed effects ({sh['designs']} designs holding seeds {sh['seeds']}): seed-effect SD "
                   f"{100 * sh['seed_effect_sd']:.2f}, design x seed interaction SD {100 * sh['interaction_sd']:.2f}, "
                   f"between-design SD {100 * sh['between_sd']:.2f} points")
+        return 0
+    if args.cmd == "costs":
+        r = design_costs(args.table, tuple(args.steps))
+        for k, v in r["steps"].items():
+            print(f"step {k}, {r['designs']} designs (seeds {r['seeds']}): charged / mean of the seeds' clocks median "
+                  f"{v['median_ratio']:.3f}, 5th percentile {v['p5_ratio']:.3f}, min {v['min_ratio']:.3f}; sum "
+                  f"{v['sum_old_s']:,.0f} -> {v['sum_new_s']:,.0f} s")
         return 0
     if args.cmd == "choose":
         decision = choose(json.loads(Path(args.simulate).read_text()), json.loads(Path(args.null).read_text()))

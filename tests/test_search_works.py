@@ -429,3 +429,21 @@ def test_seed_power_takes_shared_seed_effects_out_by_hand(works):
     assert shared["seed_effect_sd"] == pytest.approx(0.0187, abs=1e-4)
     assert shared["interaction_sd"] == pytest.approx(0.00005 * (180 / 145) ** 0.5, rel=1e-6)
     assert got["models"]["shared seeds, normal"]["predicted_tau_median"] > 0.9
+
+
+def test_design_costs_compare_the_cost_rule_with_the_seeds_clocks_by_hand(works):
+    """Design a: seed 0 spends 10 s a span, seed 1 30 s on the first span (paused) and 10 s on the second.  Charged
+    to step 20: 10 + 10 = 20 s against the seeds' mean clock (20 + 40) / 2 = 30 s -> 0.667.  Design b: both seeds
+    5 s a span -> 10 s either way, 1.0.  Median 0.833; sums 40 -> 30 s."""
+    from archspec.search._tabulation.oracle import OracleTable
+
+    def row(key, seed, clock):
+        return {"key": key, "seed": seed, "curve": [[10, 0.5, 1.0], [20, 0.6, 0.9]], "final_accuracy": 0.6,
+                "tse": [[10, 2.0, clock[0]], [20, 4.0, clock[1]]]}
+
+    rows = {"a": {0: row("a", 0, (10.0, 20.0)), 1: row("a", 1, (30.0, 40.0))},
+            "b": {0: row("b", 0, (5.0, 10.0)), 1: row("b", 1, (5.0, 10.0))}}
+    table = OracleTable(file="hand.jsonl", space="hand", rows=rows, latency_ms={}, meta={})
+    got = works.design_costs(table, (20,))["steps"][20]
+    assert got["median_ratio"] == pytest.approx((2 / 3 + 1) / 2) and got["min_ratio"] == pytest.approx(2 / 3)
+    assert got["sum_old_s"] == pytest.approx(40.0) and got["sum_new_s"] == pytest.approx(30.0)
