@@ -260,3 +260,13 @@ def test_a_diverged_pair_stores_its_reason_under_the_name_stored_before_the_rena
     failed = [t for t in _trials(url) if t.state == optuna.trial.TrialState.FAIL]
     assert failed and {t.user_attrs["fail_reason"] for t in failed} == {"TrialFailure: loss became nan at step 3"}
     assert any(line.endswith("failed (TrialFailure: loss became nan at step 3)") for line in lines), lines
+
+
+def test_the_eta_reads_the_median_pair_so_one_stopped_pair_does_not_swell_it():
+    """Pairs of 400, 6,100 (its worker stopped for an hour) and 320 s; 20 left on 2 workers: the median 400 s ->
+    20 x 400 / 2 = 4,000 s (the mean, 2,273 s a pair, would say 22,733 s)."""
+    from archspec.search._tabulation.tabulate import TableProgress
+
+    progress = TableProgress(wanted=36, left=20, seconds=[400.0, 6100.0, 320.0])
+    assert progress.eta_s(2) == pytest.approx(4000.0)
+    assert TableProgress(wanted=1).eta_s(1) is None

@@ -35,6 +35,7 @@ import math
 import os
 import platform
 import random
+import statistics
 import subprocess
 import threading
 import time
@@ -339,10 +340,12 @@ class TableProgress:
     given_up: list[tuple[str, int]] = field(default_factory=list)
 
     def eta_s(self, workers: int) -> float | None:
-        """Seconds until the request is done at this worker's mean pace, shared by ``workers`` workers."""
+        """Seconds until the request is done at this worker's median seconds per pair, shared by ``workers``
+        workers.  The median, not the mean: one pair whose worker was stopped for an hour (SIGSTOP, a suspended
+        laptop) would otherwise multiply the ETA of every later line (a pilot's went from 2 h 40 min to 13 h)."""
         if not self.seconds:
             return None
-        return self.left * (sum(self.seconds) / len(self.seconds)) / max(1, workers)
+        return self.left * statistics.median(self.seconds) / max(1, workers)
 
 
 def _fmt_eta(seconds: float | None) -> str:
