@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -790,6 +791,14 @@ def latency_cost(space_name: str, designs: int, seed: int = 0) -> dict:
             "mean_seconds": [float(np.mean(r)) for r in rounds]}
 
 
+def paused_row(row: dict, factor: float = 5.0) -> bool:
+    """Whether one of the row's spans (between two tabulated steps, from step 0) took over ``factor`` times the row's
+    median seconds per step: its worker was stopped or crowded there."""
+    points = [(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in row["tse"]]
+    rates = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(points, points[1:])]
+    return max(rates) > factor * statistics.median(rates)
+
+
 def design_costs(table_path, steps: tuple[int, ...] = (120, 200, 938)) -> dict:
     """What the oracle's cost rule (``OracleTable.training_seconds``: per span the least of a design's rows) charges
     against the mean of the design's reference seeds' own clocks (the rule before 2026-11-28), at each of ``steps``:
@@ -798,7 +807,9 @@ def design_costs(table_path, steps: tuple[int, ...] = (120, 200, 938)) -> dict:
 
     table = load_table(table_path) if isinstance(table_path, str | Path) else table_path
     keys = sorted(table.tabulated)
-    out = {"designs": len(keys), "seeds": table.seeds, "steps": {}}
+    rows = [row for by_seed in table.rows.values() for row in by_seed.values()]
+    out = {"designs": len(keys), "seeds": table.seeds, "rows": len(rows),
+           "paused_rows": sum(paused_row(row) for row in rows), "steps": {}}
     for k in steps:
         new = np.array([table.training_seconds(key, k) for key in keys])
         old = np.array([np.mean([linear_at([(0.0, 0.0)] + [(float(s), float(t)) for s, _, t in
@@ -998,6 +1009,7 @@ def main(argv=None) -> int:
         return 0
     if args.cmd == "costs":
         r = design_costs(args.table, tuple(args.steps))
+        print(f"{r['paused_rows']} of {r['rows']} rows have a span over 5x their median seconds per step")
         for k, v in r["steps"].items():
             print(f"step {k}, {r['designs']} designs (seeds {r['seeds']}): charged / mean of the seeds' clocks median "
                   f"{v['median_ratio']:.3f}, 5th percentile {v['p5_ratio']:.3f}, min {v['min_ratio']:.3f}; sum "

@@ -447,3 +447,10 @@ def test_design_costs_compare_the_cost_rule_with_the_seeds_clocks_by_hand(works)
     got = works.design_costs(table, (20,))["steps"][20]
     assert got["median_ratio"] == pytest.approx((2 / 3 + 1) / 2) and got["min_ratio"] == pytest.approx(2 / 3)
     assert got["sum_old_s"] == pytest.approx(40.0) and got["sum_new_s"] == pytest.approx(30.0)
+
+
+def test_a_paused_row_has_a_span_over_five_times_its_median_rate_by_hand(works):
+    """Spans of 1, 1 and 10 s a step: median 1, 10 > 5 -> paused; 1, 1 and 4 s a step: 4 < 5 -> not."""
+    paused = {"tse": [[10, 1.0, 10.0], [20, 2.0, 20.0], [30, 3.0, 120.0]]}
+    steady = {"tse": [[10, 1.0, 10.0], [20, 2.0, 20.0], [30, 3.0, 60.0]]}
+    assert works.paused_row(paused) and not works.paused_row(steady)

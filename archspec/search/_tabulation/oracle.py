@@ -275,7 +275,8 @@ def design_seconds(rows: Iterable[dict]) -> list[tuple[float, float]]:
 
     Why the least: a row's clock is wall-clock (``time.perf_counter`` in the worker), so a worker that was paused
     or crowded during a span (stopped for a timing run, another job beside it) recorded that span longer, never
-    shorter; of 664 levit_small rows, 31 have a span over 5x their own median rate.  The minimum over repeats is
+    shorter (``python bench/search_works.py costs`` counts the rows with a span over 5x their own median rate:
+    32 of levit_small's 668 at 3308ed8).  The minimum over repeats is
     the usual estimate of compute time under such one-sided noise (Python's ``timeit`` reports it for the same
     reason).  Spans at steps that not every row holds are left out (the rows of one table share them).
 
