@@ -19,6 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+import archspec
 from archspec.errors import SpecError
 from archspec.search._space.language import load_space
 from archspec.search._tabulation.exchange import export_table, import_table, study_rows
@@ -202,6 +203,21 @@ def test_the_seed_check_order_is_a_random_draw_then_the_named_points(space):
     after = [tuple(p.values()) for _, p, _ in order[24:24 + len(named - head)]]
     assert set(after) == named - head  # the named points the random draw missed come right after it
 
+
+def test_the_grid14_pilot_is_mait_smalls_placements_at_patch_2_with_macs_by_hand():
+    """bench/pilots/mait_grid14.yaml (docs/search-works.md's next pilot): the same 64 placements in the same order
+    as mait_small, every point one model of 197 tokens (14x14 + class) at width 48.  MACs by hand, per layer:
+    qkv 3 N C^2 + QK^T N^2 C + AV N^2 C + proj N C^2 + MLP 8 N C^2 (N 197, C 48) = 9,172,320, six layers
+    55,033,920, plus the patch embedding 196 x 48 x 4 and the classifier 48 x 10: 55,072,032."""
+    pilot = load_space(ROOT / "bench" / "pilots" / "mait_grid14.yaml")
+    points = list(pilot.points())
+    assert [p for p, _ in points] == [p for p, _ in load_space("mait_small").points()]
+    n, c = 14 * 14 + 1, 48
+    per_layer = 3 * n * c * c + 2 * n * n * c + n * c * c + 8 * n * c * c
+    want = 6 * per_layer + 196 * c * 4 + c * 10
+    assert want == 55_072_032
+    for _, spec in (points[0], points[-1]):  # no masks, every head masked: a mask adds no MACs
+        assert archspec.analyze(spec).macs == want
 
 def test_the_cli_exports_and_reports_what_the_study_holds(tmp_path, space, protocol, capsys):
     """``archspec table --export`` writes the study's rows (exit 0, a line saying how many) and ``--report`` prints
