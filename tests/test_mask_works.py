@@ -106,6 +106,7 @@ def test_the_wilcoxon_pairs_by_replay_seed_not_by_order(works):
         works.paired_vs(a, {0: 0.7})
 
 
+@pytest.mark.slow  # 1.5-3.4 s in the quick subset (docs/contributing.md: over a second is slow)
 def test_every_strategy_is_scored_on_its_held_out_seeds(works, tmp_path):
     """The synthetic table by hand.  Fixed schemes (mean of seeds, +0.001 from the offsets): none 0.701, all 0.716,
     Sch.1-like 0.706, Sch.2-like 0.711; best fixed: all.  Table's best: 3/3/0, 0.719.  Seed error SD / sqrt(3).

@@ -40,6 +40,7 @@ def _largest_windows(spec) -> list[tuple[int, int]]:
     return out
 
 
+@pytest.mark.slow  # 1.5-3.4 s in the quick subset (docs/contributing.md: over a second is slow)
 def test_default_space_proxies_keep_every_stage_grid(digits):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     protocol = ProxyProtocol()

@@ -53,6 +53,7 @@ def test_cross_seed_compares_with_the_mean_of_the_other_seeds(works):
     assert got["tau"] == pytest.approx((4 / 6 + 2 * 5 / 30 ** 0.5) / 3, abs=1e-9)
 
 
+@pytest.mark.slow  # 1.5-3.4 s in the quick subset (docs/contributing.md: over a second is slow)
 def test_the_interval_of_a_mean_over_seeds_resamples_designs_not_pooled_pairs(works):
     """Two seeds that measured exactly the same: the mean tau is one seed's tau, so its interval must be that
     seed's own design bootstrap.  Pooling both seeds' pairs into one sample of 2n would narrow it (each design
@@ -262,6 +263,7 @@ def test_stratified_choice_takes_the_best_score_of_each_cost_bin(works):
     assert drawn[0] in "abc" and drawn[1] in "def"
 
 
+@pytest.mark.slow  # 1.5-3.4 s in the quick subset (docs/contributing.md: over a second is slow)
 def test_priors_read_each_designs_zero_cost_score_at_the_seed_that_answers_it(works, monkeypatch):
     """The leak-free rule: a design's zero-cost score is the one of the row whose seed answers its proxy.  A table
     whose score is a seed's final accuracy (a perfect 'lucky init' detector) must give the rule nothing over random

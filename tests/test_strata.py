@@ -192,6 +192,7 @@ def test_a_design_whose_zero_cost_score_fails_is_ranked_last_and_the_look_goes_o
     assert _score(None, None, SimpleNamespace(zc_score="naswot"), lambda spec: (scored, None)) == (3.5, 0.25)
 
 
+@pytest.mark.slow  # 1.5-3.4 s in the quick subset (docs/contributing.md: over a second is slow)
 def test_strata_sets_how_many_designs_are_picked_first(tmp_path):
     """A replay on the shipped table with --strata 3 and 5 trials: the first three trials are the queued picks
     (strata 0, 2, 1 in bit-reversed order), the last two random draws; the study says 3 strata."""

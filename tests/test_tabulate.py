@@ -179,6 +179,7 @@ def test_export_never_overwrites_a_file_archspec_did_not_write(tmp_path, space, 
     assert mine.read_text() == "my own notes\n"
 
 
+@pytest.mark.slow  # 1.5-3.4 s in the quick subset (docs/contributing.md: over a second is slow)
 def test_the_shipped_levit_small_table_goes_through_a_study_byte_for_byte(tmp_path):
     shipped = TABLES_DIR / "levit_small.jsonl"
     copy = tmp_path / "in" / "levit_small.jsonl"
