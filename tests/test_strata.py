@@ -137,9 +137,9 @@ def test_a_live_strata_search_trains_the_best_of_each_latency_stratum(tmp_path):
     two latency strata are the two fastest and the two slowest designs by the latencies the run measured (its
     latency.json), each stratum's pick is its larger design, the faster stratum trained first (bit-reversed order:
     0, 1).  The strata are computed here from the measured latencies, not assumed: these designs' CPU latencies
-    differ by microseconds, and on a clean-clone run depth 2 x 16 measured faster than depth 1 x 32
-    (2026-11-28).  Depth 2 x 32, the largest, is the pick of whichever stratum holds it; depth 1 x 16, the
-    smallest, never is."""
+    differ by microseconds, and on a clean-clone run (2026-11-28) depth 2 x 32, the most MACs, measured among
+    the two fastest and was trained first.  Depth 2 x 32, the largest, is the pick of whichever stratum holds it;
+    depth 1 x 16, the smallest, never is."""
     import yaml
     from search_fixtures import TINY_SPACE
 
