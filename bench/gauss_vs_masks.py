@@ -2,14 +2,17 @@
 
     python bench/gauss_vs_masks.py                       # trains what is missing, then prints the comparison
     python bench/gauss_vs_masks.py --seeds 0 1 2 --out gauss_vs_masks.jsonl
+    python bench/gauss_vs_masks.py --steps 938 --table bench/pilots/mait_small_s938.rows.jsonl   # the 938-step run
 
 Three designs of the mait_small space's model (a 6-layer DeiT at 28 px, 3 heads, Fashion-MNIST; see
 archspec/search/spaces/mait_small.yaml): no masks (the space's point 0/0/0), every head with MaiT's hard 3x3 mask
 (point 3/3/3), and every head ``gauss_mask`` (archspec/families/attention/gauss_mask.py: a learned Gaussian decay
 of the logits with distance, GMM-Mask arXiv 2309.05375, initialised local) -- the third is no point of the space.
-Each is trained under the table's own protocol (``archspec.search.table_protocol``: 2,000 training images, 938
-steps, final top-1 on the 10,000 test images) at every seed given; a row the shipped mask table already holds for a
-design and seed is read, not trained again.  Rows go to ``--out`` as they finish (a killed run resumes from it).
+Each is trained under the table's own protocol (``archspec.search.table_protocol``: 2,000 training images, 1,876
+steps since the seed-check pilot, final top-1 on the 10,000 test images; ``--steps 938`` for the protocol it had
+before, warm-up 5 % and the curve's last step following) at every seed given; a row the table (``--table``, the
+shipped mask table by default) holds for a design and seed under that very protocol is read, not trained again.
+Rows go to ``--out`` as they finish (a killed run resumes from it).
 """
 
 from __future__ import annotations
@@ -43,21 +46,37 @@ def designs() -> dict[str, object]:
     return {"none": none, "hard 3x3, every head": hard, "gauss_mask, every head": gauss}
 
 
-def tabulated_rows() -> dict:
-    """The shipped mait_small table's rows ``{architecture key: {seed: row}}`` (empty if it is not shipped)."""
-    path = TABLES_DIR / "mait_small.jsonl"
-    return load_table(path).rows if path.is_file() else {}
+def tabulated_rows(path: Path, protocol: dict) -> dict:
+    """A mask table's rows ``{architecture key: {seed: row}}``, empty if there is no such file or its protocol is
+    not ``protocol`` (rows of another protocol are other measurements)."""
+    if not path.is_file():
+        return {}
+    table = load_table(path)
+    return table.rows if table.meta.get("protocol") == protocol else {}
+
+
+def protocol_for(steps: int | None) -> dict:
+    """The mask table's protocol, or the same at ``steps`` (5 % warm-up, the reference curve cut at ``steps``)."""
+    space = load_space("mait_small")
+    if steps is None:
+        return table_protocol(space)
+    curve = [s for s in (25, 50, 100, 200, 400, 800, 1600) if s < steps] + [steps]
+    return table_protocol(space, steps=steps, warmup_steps=max(1, round(0.05 * steps)), curve_steps=curve)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="gauss_vs_masks.jsonl", help="rows, one per (design, seed); resumed")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the mask table's)")
+    parser.add_argument("--table", default=str(TABLES_DIR / "mait_small.jsonl"),
+                        help="rows read instead of trained where the protocol matches (default: the shipped table)")
     args = parser.parse_args(argv)
-    protocol = table_protocol(load_space("mait_small"))
+    protocol = protocol_for(args.steps)
     out = Path(args.out)
-    done = {(r["label"], r["seed"]): r for r in map(json.loads, out.read_text().splitlines())} if out.is_file() else {}
-    data, table = None, tabulated_rows()
+    rows = map(json.loads, out.read_text().splitlines()) if out.is_file() else []
+    done = {(r["label"], r["seed"]): r for r in rows if r.get("steps", 938) == protocol["steps"]}  # this protocol's
+    data, table = None, tabulated_rows(Path(args.table), protocol)
     for label, spec in designs().items():
         key = architecture_key(spec)
         for seed in args.seeds:
@@ -68,7 +87,8 @@ def main(argv=None) -> int:
             if row is None:
                 data = data or reference_data(protocol)
                 row = train_row(spec, *data, protocol, seed=seed)
-            row = {"label": label, "key": key, "seed": seed, "final_accuracy": row["final_accuracy"],
+            row = {"label": label, "key": key, "seed": seed, "steps": protocol["steps"],
+                   "final_accuracy": row["final_accuracy"],
                    "train_seconds": row["train_seconds"], "from_table": from_table}
             done[(label, seed)] = row
             with out.open("a") as f:

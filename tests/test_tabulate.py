@@ -287,3 +287,41 @@ def test_the_eta_reads_the_median_pair_so_one_stopped_pair_does_not_swell_it():
     progress = TableProgress(wanted=36, left=20, seconds=[400.0, 6100.0, 320.0])
     assert progress.eta_s(2) == pytest.approx(4000.0)
     assert TableProgress(wanted=1).eta_s(1) is None
+
+
+def test_a_spaces_own_protocol_fields_come_between_the_reference_and_the_flags():
+    """mait_small.yaml's ``protocol:`` (1,876 steps, 94 warm-up, its curve) replaces those reference fields and keeps
+    the others; a caller's override wins over both.  By hand against REFERENCE_PROTOCOL."""
+    from archspec.search._tabulation.tabulate import REFERENCE_PROTOCOL
+
+    protocol = table_protocol(load_space("mait_small"))
+    assert (protocol["steps"], protocol["warmup_steps"]) == (1876, 94)
+    assert protocol["curve_steps"] == [25, 50, 100, 200, 400, 800, 1600, 1876]
+    assert {k: v for k, v in protocol.items() if k not in ("space", "als", "steps", "warmup_steps", "curve_steps")} \
+        == {k: v for k, v in REFERENCE_PROTOCOL.items() if k not in ("steps", "warmup_steps", "curve_steps")}
+    assert table_protocol(load_space("levit_small"))["steps"] == REFERENCE_PROTOCOL["steps"] == 938  # none given
+    assert table_protocol(load_space("mait_small"), steps=20, curve_steps=[10, 20])["steps"] == 20
+
+
+@pytest.mark.parametrize(("protocol", "field", "message"), [
+    ("{stepz: 100}", "protocol.stepz", "unknown protocol field 'stepz'"),
+    ("{steps: 100}", "protocol.curve_steps", "must be increasing positive step numbers ending at steps (100)"),
+    ("[100]", "protocol", "protocol must be a mapping of table-protocol fields"),
+])
+def test_a_bad_protocol_in_a_space_file_is_located_there_and_writes_nothing(tmp_path, capsys, protocol, field,
+                                                                              message):
+    """``archspec table FILE`` with a bad ``protocol:``: exit 2, the file, the line of the protocol and the field,
+    no traceback, no storage made."""
+    from archspec.cli import main
+
+    text = (TABLES_DIR.parent / "spaces" / "mait_small.yaml").read_text()
+    start = text.index("protocol:\n")
+    end = text.index("spec:\n", start)
+    path = tmp_path / "my_space.yaml"
+    path.write_text(text[:start] + f"protocol: {protocol}\n" + text[end:])
+    line = text[:start].count("\n") + 1
+    journal = tmp_path / "t.journal"
+    assert main(["table", str(path), "--storage", f"journal:{journal}", "--designs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:{line}" in err and field in err and message in err, err
+    assert "Traceback" not in err and not journal.exists()

@@ -79,9 +79,10 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def _as_flag(problem: Problem) -> Problem:
-    """A problem at ``protocol.<field>`` named by its flag (``--curve-steps``)."""
+    """A problem at ``protocol.<field>`` named by its flag (``--curve-steps``); one located in the space file
+    (its own ``protocol:``) stays there."""
     path = tuple(problem.path)
-    if len(path) == 2 and path[0] == "protocol" and path[1] in _PROTOCOL_FLAGS.values():
+    if len(path) == 2 and path[0] == "protocol" and path[1] in _PROTOCOL_FLAGS.values() and problem.file is None:
         return Problem((f"--{str(path[1]).replace('_', '-')}",), problem.message, problem.hint, problem.file,
                        problem.line, problem.column)
     return problem

@@ -20,7 +20,7 @@ from archspec.spec import ArchSpec, ConvStageSpec, StageSpec
 
 MARKERS = ("choice", "int", "float", "ref")
 _MARKER_OPTIONS = {"choice": {"share"}, "ref": set(), "int": {"step", "log"}, "float": {"step", "log"}}
-SPACE_KEYS = ("name", "kind", "description", "spec")
+SPACE_KEYS = ("name", "kind", "description", "protocol", "spec")
 _HEADS_MIX_KEYS = ("base", "masked", "window", "group", "per_layer")
 SPACE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _Scalar = (str, int, float, bool, type(None))

@@ -1,10 +1,12 @@
 """Search spaces: an architecture spec in which any value may be a choice or a range.
 
-A space is a YAML document with four top-level keys::
+A space is a YAML document with these top-level keys::
 
     name: levit_family          # letters, digits, '_', '.', '-'
     kind: design                # 'design' (architecture search) or 'masks' (MaiT mask placement)
     description: free text      # optional
+    protocol: {steps: 1876}     # optional: fields of the table protocol its ground truth is trained under
+                                # (``archspec table``; the rest are the reference protocol's), not read by search
     spec:                       # an archspec spec (see archspec.spec) whose values may be markers
 
 Markers -- a mapping with exactly one of these keys replaces any value of the spec:
@@ -116,23 +118,28 @@ class SearchSpace:
         name: the space's name.
         kind: ``"design"`` (architecture search) or ``"masks"`` (MaiT mask placement).
         description: free text or ``None``.
+        protocol: the space's table-protocol fields (``{}`` when it names none); checked and applied by
+            :func:`archspec.search.table_protocol`, which locates a bad field in the space file.
         file: where it was read from (``None`` for a dict).
         document: the validated space document (``spec`` holds the markers).
     """
 
     def __init__(self, name: str, kind: Literal["design", "masks"], document: dict, locator: Locator | None = None,
-                 file: str | None = None, description: str | None = None):
+                 file: str | None = None, description: str | None = None, protocol: dict | None = None):
         self.name = name
         self.kind = kind
         self.document = document
         self.description = description
+        self.protocol = dict(protocol or {})
         self.file = file
         self._locator = locator
 
     def __repr__(self) -> str:
         return f"SearchSpace(name={self.name!r}, kind={self.kind!r}, file={self.file!r})"
 
-    def _located(self, exc: SpecError) -> SpecError:
+    def locate(self, exc: SpecError) -> SpecError:
+        """``exc`` with each problem that has no file placed in the space file (line and column of its path).
+        Raises nothing."""
         err = exc.located(self._locator) if self._locator is not None else exc
         return SpecError([p if p.file else Problem(p.path, p.message, p.hint, self.file or "<space>", p.line, p.column)
                           for p in err.problems])
@@ -152,7 +159,7 @@ class SearchSpace:
         try:
             doc = sampler.document(self.document["spec"])
         except SpecError as exc:
-            raise self._located(exc) from None
+            raise self.locate(exc) from None
         try:
             return load_spec(doc)
         except SpecError as exc:
@@ -172,7 +179,7 @@ class SearchSpace:
                 hint = (p.hint + "; " if p.hint else "") + f"drawn: {drawn}" if drawn else p.hint
                 problems.append(Problem(ypath, f"sampled point is invalid: {p.message} "
                                                f"(at spec {'.'.join(map(str, path))})", hint))
-            raise self._located(SpecError(problems)) from None
+            raise self.locate(SpecError(problems)) from None
 
     def smallest(self) -> ArchSpec:
         """The point with the smallest value of every numeric choice and range (first of non-numeric choices).
@@ -236,7 +243,7 @@ class SearchSpace:
                 Sampler(trial).document(self.document["spec"])
             except SpecError as exc:
                 if any("continuous float range" in p.message for p in exc.problems):
-                    raise self._located(exc) from None
+                    raise self.locate(exc) from None
             count += 1
             prefix = next_prefix(trial)
             if prefix is None:
@@ -252,7 +259,7 @@ def _from_document(data: Any, locator: Locator | None, file: str | None) -> Sear
     checker = Checker()
     if not isinstance(data, dict):
         raise SpecError.single((), f"a search space must be a mapping, got {type(data).__name__}",
-                               "top-level keys: name, kind, description, spec", file)
+                               "top-level keys: name, kind, description, protocol, spec", file)
     for key in data:
         if key not in SPACE_KEYS:
             checker.unknown((), key, SPACE_KEYS)
@@ -265,6 +272,10 @@ def _from_document(data: Any, locator: Locator | None, file: str | None) -> Sear
     description = data.get("description")
     if description is not None and not isinstance(description, str):
         checker.add(("description",), "description must be text")
+    protocol = data.get("protocol")
+    if protocol is not None and not (isinstance(protocol, dict) and all(isinstance(k, str) for k in protocol)):
+        checker.add(("protocol",), "protocol must be a mapping of table-protocol fields",
+                    "e.g. protocol: {steps: 1876, warmup_steps: 94, curve_steps: [25, 100, 400, 1600, 1876]}")
     spec = data.get("spec")
     if spec is None:
         checker.add(("spec",) if "spec" in data else (), "missing required key 'spec'",
@@ -279,7 +290,7 @@ def _from_document(data: Any, locator: Locator | None, file: str | None) -> Sear
         err = SpecError(checker.problems)
         err = err.located(locator) if locator is not None else err
         raise SpecError([Problem(p.path, p.message, p.hint, p.file or file, p.line, p.column) for p in err.problems])
-    space = SearchSpace(name, kind, data, locator, file, description)
+    space = SearchSpace(name, kind, data, locator, file, description, protocol)
     space.smallest()  # every space has at least one valid point; errors come back located
     return space
 

@@ -124,24 +124,35 @@ _INT_FIELDS = ("image_size", "train_images", "curve_val_images", "final_val_imag
 
 def table_protocol(space: SearchSpace, **overrides: Any) -> dict[str, Any]:
     """The protocol a table of ``space`` is written under: :data:`REFERENCE_PROTOCOL` with ``space`` set, the
-    ALS record for mask-placement spaces, then ``overrides`` (``None`` values ignored).
+    ALS record for mask-placement spaces, then the space file's own ``protocol:`` fields (mait_small trains 1,876
+    steps: docs/search-works.md), then ``overrides`` (``None`` values ignored).
 
     Raises:
         SpecError: an unknown field, a non-positive count, curve steps that are not increasing or do not end at
-            ``steps``, a learning rate or weight decay that is not finite and >= 0.
+            ``steps``, a learning rate or weight decay that is not finite and >= 0 -- located at the space file's
+            ``protocol.<field>`` when the space's own fields are at fault, at ``protocol.<field>`` otherwise.
     """
     protocol: dict[str, Any] = {"space": space.name, **REFERENCE_PROTOCOL}
     if space.kind == "masks":
         protocol["als"] = dict(ALS_PROTOCOL)
-    for key, value in overrides.items():
+    try:
+        _apply(protocol, space.protocol)
+    except SpecError as exc:
+        raise space.locate(exc) from None
+    _apply(protocol, overrides)
+    return protocol
+
+
+def _apply(protocol: dict[str, Any], fields: dict[str, Any]) -> None:
+    """Set ``fields`` (``None`` values ignored) in ``protocol`` and check the result; raises SpecError."""
+    for key, value in fields.items():
         if value is None:
             continue
-        if key not in protocol:
+        if key not in protocol or key == "space":
             raise SpecError.single(("protocol", key), f"unknown protocol field {key!r}",
-                                   f"fields: {', '.join(sorted(protocol))}")
+                                   f"fields: {', '.join(sorted(k for k in protocol if k != 'space'))}")
         protocol[key] = value
     _check_protocol(protocol)
-    return protocol
 
 
 def _check_protocol(p: dict) -> None:
