@@ -5,6 +5,7 @@
     python bench/search_works.py simulate --repeats 20     # archspec search vs random etc. on the oracle
     python bench/search_works.py headroom --score tse --steps 200   # what any sampler could add to random draws
     python bench/search_works.py priors                    # cost bins + zero-cost scores choosing what to train
+    python bench/search_works.py cost-bins --bins 4        # TSE and val top-1 ranking designs of similar cost
 
 The reference is each design's final accuracy (all 10,000 test images) after the full protocol, averaged over the
 table's seeds.  A fidelity measured on one seed's run is compared with the mean final accuracy of the *other*
@@ -822,6 +823,58 @@ def design_costs(table_path, steps: tuple[int, ...] = (120, 200, 938)) -> dict:
     return out
 
 
+def cost_binned(proxy: np.ndarray, reference: np.ndarray, cost: np.ndarray, bins: int) -> dict:
+    """How a proxy ranks designs of similar cost.  ``proxy``, ``reference``, ``cost``: ``(D,)`` per design.  The
+    designs fall into ``bins`` quantile bins of ``cost`` (``np.quantile`` edges; equal costs share a bin):
+    ``{"tau": Kendall tau of proxy against reference within each bin of more than 3 designs, averaged weighted by
+    the bin's size, "regret": mean over non-empty bins of (reference of the proxy's best) - (the bin's best
+    reference), <= 0, in the reference's units}``.  Raises nothing."""
+    edges = np.quantile(cost, np.linspace(0, 1, bins + 1))
+    index = np.clip(np.searchsorted(edges, cost, side="right") - 1, 0, bins - 1)
+    taus, sizes, regrets = [], [], []
+    for b in np.unique(index):
+        inside = index == b
+        regrets.append(float(reference[inside][np.argmax(proxy[inside])] - reference[inside].max()))
+        if inside.sum() > 3:
+            taus.append(float(kendalltau(proxy[inside], reference[inside])[0]))
+            sizes.append(int(inside.sum()))
+    return {"tau": float(np.average(taus, weights=sizes)) if taus else None, "regret": float(np.mean(regrets))}
+
+
+def cost_bins(table_path: str, step: int, bins: int) -> dict:
+    """TSE and val top-1 at ``step`` (each seed's curve, linear in log step) against the mean final top-1 of the
+    table's other reference seeds, over all designs and within ``bins`` cost bins of MACs and of latency (the
+    table's latency pass, mean of its passes): :func:`cost_binned` per seed, averaged over seeds; also each
+    proxy's and the reference's Kendall tau with MACs.  Why val top-1's fronts can beat TSE's though TSE ranks the
+    table better (docs/search-works.md, "The proxy score, asked of the mask table").  Raises nothing of its own."""
+    from archspec.search._tabulation.oracle import curve_at, load_table
+
+    table = load_table(table_path)
+    keys, seeds = sorted(table.tabulated), table.seeds
+    costs = {"macs": np.array([table.rows[k][seeds[0]]["macs"] for k in keys], float)}
+    if table.latency_ms:
+        costs["latency"] = np.array([table.latency_ms[k] for k in keys], float)
+
+    def proxy(score: str, seed: int) -> np.ndarray:
+        at = [curve_at(table.rows[k][seed], step) for k in keys]
+        return np.array([acc if score == "accuracy" else -tse for acc, tse in at])
+
+    def reference(seed: int) -> np.ndarray:
+        return np.array([np.mean([table.rows[k][s]["final_accuracy"] for s in seeds if s != seed]) for k in keys])
+
+    full = np.array([np.mean([table.rows[k][s]["final_accuracy"] for s in seeds]) for k in keys])
+    out = {"table": table_path, "designs": len(keys), "seeds": seeds, "step": step, "bins": bins,
+           "tau_with_macs": {"reference": float(kendalltau(full, costs["macs"])[0])}, "scores": {}}
+    for score in ("tse", "accuracy"):
+        out["tau_with_macs"][score] = float(np.mean([kendalltau(proxy(score, s), costs["macs"])[0] for s in seeds]))
+        per = {"all": [cost_binned(proxy(score, s), reference(s), costs["macs"], 1) for s in seeds]}
+        per.update({cost: [cost_binned(proxy(score, s), reference(s), values, bins) for s in seeds]
+                    for cost, values in costs.items()})
+        out["scores"][score] = {where: {f: float(np.mean([r[f] for r in rs])) for f in ("tau", "regret")}
+                                for where, rs in per.items()}
+    return out
+
+
 def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7, draws: int = 2000,
                seed: int = 0, min_seeds: int = 2, between_scale: float = 1.0) -> dict:
     """Will a seed check pass?  From a table's rows: the pooled within-design SD of final top-1 across seeds
@@ -993,7 +1046,24 @@ def main(argv=None) -> int:
     lat.add_argument("--space", default="levit_small")
     lat.add_argument("--designs", type=int, default=20)
     lat.add_argument("--json", default=None, help="also write the result here")
+    cb = sub.add_parser("cost-bins", help="TSE and val top-1 ranking designs of similar cost (quantile bins)")
+    cb.add_argument("--table", default=str(DEFAULT_TABLE))
+    cb.add_argument("--step", type=int, default=120, help="proxy steps (default 120, the search's)")
+    cb.add_argument("--bins", type=int, default=4, help="quantile bins of each cost (default 4)")
+    cb.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
+    if args.cmd == "cost-bins":
+        r = cost_bins(args.table, args.step, args.bins)
+        print(f"{r['designs']} designs, seeds {r['seeds']}; proxies at step {r['step']}, each seed against the mean "
+              f"final top-1 of the other seeds; Kendall tau with MACs: " +
+              ", ".join(f"{name} {v:.3f}" for name, v in r["tau_with_macs"].items()))
+        for score, where in r["scores"].items():
+            parts = [f"{'all designs' if w == 'all' else f'{args.bins} {w} bins'}: tau {v['tau']:.3f}, regret "
+                     f"{100 * v['regret']:.2f} points" for w, v in where.items()]
+            print(f"  {score}: " + "; ".join(parts))
+        if args.json:
+            Path(args.json).write_text(json.dumps(r, indent=1) + "\n")
+        return 0
     if args.cmd == "seed-power":
         r = seed_power(args.table, args.designs, args.k, min_seeds=args.min_seeds, between_scale=args.between_scale)
         print(f"{r['table']}: {r['designs_read']} designs, {r['rows_read']} rows; within-design seed SD "

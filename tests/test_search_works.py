@@ -456,3 +456,18 @@ def test_a_paused_row_has_a_span_over_five_times_its_median_rate_by_hand(works):
     paused = {"tse": [[10, 1.0, 10.0], [20, 2.0, 20.0], [30, 3.0, 120.0]]}
     steady = {"tse": [[10, 1.0, 10.0], [20, 2.0, 20.0], [30, 3.0, 60.0]]}
     assert works.paused_row(paused) and not works.paused_row(steady)
+
+
+def test_cost_binned_ranks_within_quantile_bins_by_hand(works):
+    """Twelve designs of costs 1..12 in 3 quantile bins of four.  References 0.1..0.4 in each bin; the proxy ranks
+    bin 1 right (tau 1, regret 0), bin 2 backwards (tau -1, its pick 0.1 against 0.4: -0.3), and swaps the top two
+    of bin 3 (5 of 6 pairs concordant: tau 2/3, pick 0.3: -0.1).  Size-weighted tau 2/9, mean regret -0.4/3.
+    In 4 bins every bin holds three designs, too few for a tau."""
+    import numpy as np
+
+    reference = np.array([0.1, 0.2, 0.3, 0.4] * 3)
+    proxy = np.array([1, 2, 3, 4, 4, 3, 2, 1, 1, 2, 4, 3], float)
+    cost = np.arange(1, 13, dtype=float)
+    got = works.cost_binned(proxy, reference, cost, 3)
+    assert got["tau"] == pytest.approx(2 / 9) and got["regret"] == pytest.approx(-0.4 / 3)
+    assert works.cost_binned(proxy, reference, cost, 4)["tau"] is None
