@@ -875,6 +875,38 @@ def cost_bins(table_path: str, step: int, bins: int) -> dict:
     return out
 
 
+def front_planes(table_path: str, step: int, trials: int = 20, draws: int = 2000, seed: int = 0) -> dict:
+    """Random draws of ``trials`` designs, each answered by a seed drawn per design (TSE or val top-1 at ``step``),
+    the reported front chosen by (proxy, latency) -- what ``archspec search`` reports -- or by (proxy, MACs), each
+    scored leak-free (:meth:`Truth.held_out`) in both planes: ``{score: {front: {"hv_latency", "hv_macs", "size",
+    "median_macs"}}}``, medians over ``draws``.  Shows how much of a proxy's MACs-plane hypervolume depends on the
+    front being chosen in the latency plane.  No Optuna; needs the table's latency pass.  Raises nothing of its
+    own."""
+    from archspec.search._tabulation.oracle import curve_at, load_table
+
+    table = load_table(table_path)
+    truth, rng = Truth(table), np.random.default_rng(seed)
+    keys = sorted(truth.accuracy)
+    got: dict = {score: {plane: {f: [] for f in ("hv_latency", "hv_macs", "size", "median_macs")}
+                         for plane in ("latency", "macs")} for score in ("tse", "accuracy")}
+    for _ in range(draws):
+        chosen = list(rng.choice(keys, size=trials, replace=False))
+        answered = {k: int(rng.choice(table.seeds)) for k in chosen}
+        at = {k: curve_at(table.rows[k][answered[k]], step) for k in chosen}
+        for score, planes in got.items():
+            proxy = {k: at[k][0] if score == "accuracy" else -at[k][1] for k in chosen}
+            for plane, out in planes.items():
+                values = truth.latency if plane == "latency" else truth.macs
+                front = pareto([(proxy[k], values[k], k) for k in chosen])
+                for cost in ("latency", "macs"):
+                    points = [truth.normalised(k, cost, truth.held_out(k, answered[k])) for k in front]
+                    out[f"hv_{cost}"].append(hypervolume_2d(points, (1.0, 1.0)))
+                out["size"].append(len(front))
+                out["median_macs"].append(float(np.median([truth.macs[k] for k in front])))
+    return {score: {plane: {f: float(np.median(v)) for f, v in out.items()} for plane, out in planes.items()}
+            for score, planes in got.items()}
+
+
 def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7, draws: int = 2000,
                seed: int = 0, min_seeds: int = 2, between_scale: float = 1.0) -> dict:
     """Will a seed check pass?  From a table's rows: the pooled within-design SD of final top-1 across seeds
@@ -1050,9 +1082,12 @@ def main(argv=None) -> int:
     cb.add_argument("--table", default=str(DEFAULT_TABLE))
     cb.add_argument("--step", type=int, default=120, help="proxy steps (default 120, the search's)")
     cb.add_argument("--bins", type=int, default=4, help="quantile bins of each cost (default 4)")
+    cb.add_argument("--draws", type=int, default=2000, help="random draws of 20 designs for the fronts (default 2000)")
     cb.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
     if args.cmd == "cost-bins":
+        from archspec.search._tabulation.oracle import load_table
+
         r = cost_bins(args.table, args.step, args.bins)
         print(f"{r['designs']} designs, seeds {r['seeds']}; proxies at step {r['step']}, each seed against the mean "
               f"final top-1 of the other seeds; Kendall tau with MACs: " +
@@ -1061,6 +1096,13 @@ def main(argv=None) -> int:
             parts = [f"{'all designs' if w == 'all' else f'{args.bins} {w} bins'}: tau {v['tau']:.3f}, regret "
                      f"{100 * v['regret']:.2f} points" for w, v in where.items()]
             print(f"  {score}: " + "; ".join(parts))
+        if load_table(args.table).latency_ms:
+            r["fronts"] = front_planes(args.table, args.step, draws=args.draws)
+            print(f"  fronts of 20 random draws ({args.draws} draws), chosen in one plane, scored in both (medians):")
+            for score, planes in r["fronts"].items():
+                for plane, v in planes.items():
+                    print(f"    {score}, front by {plane}: HV latency {v['hv_latency']:.4f}, HV MACs "
+                          f"{v['hv_macs']:.4f}, {v['size']:.0f} designs, median {v['median_macs'] / 1e6:.1f} M MACs")
         if args.json:
             Path(args.json).write_text(json.dumps(r, indent=1) + "\n")
         return 0
