@@ -847,7 +847,7 @@ def cost_bins(table_path: str, step: int, bins: int) -> dict:
     table's latency pass, mean of its passes): :func:`cost_binned` per seed, averaged over seeds; also each
     proxy's and the reference's Kendall tau with MACs.  Why val top-1's fronts can beat TSE's though TSE ranks the
     table better (docs/search-works.md, "The proxy score, asked of the mask table").  Raises nothing of its own."""
-    from archspec.search._tabulation.oracle import curve_at, load_table
+    from archspec.search import curve_at, load_table
 
     table = load_table(table_path)
     keys, seeds = sorted(table.tabulated), table.seeds
@@ -882,7 +882,7 @@ def front_planes(table_path: str, step: int, trials: int = 20, draws: int = 2000
     "median_macs"}}}``, medians over ``draws``.  Shows how much of a proxy's MACs-plane hypervolume depends on the
     front being chosen in the latency plane.  No Optuna; needs the table's latency pass.  Raises nothing of its
     own."""
-    from archspec.search._tabulation.oracle import curve_at, load_table
+    from archspec.search import curve_at, load_table
 
     table = load_table(table_path)
     truth, rng = Truth(table), np.random.default_rng(seed)
@@ -1086,7 +1086,7 @@ def main(argv=None) -> int:
     cb.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
     if args.cmd == "cost-bins":
-        from archspec.search._tabulation.oracle import load_table
+        from archspec.search import load_table
 
         r = cost_bins(args.table, args.step, args.bins)
         print(f"{r['designs']} designs, seeds {r['seeds']}; proxies at step {r['step']}, each seed against the mean "
