@@ -1086,8 +1086,6 @@ def main(argv=None) -> int:
     cb.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
     if args.cmd == "cost-bins":
-        from archspec.search import load_table
-
         r = cost_bins(args.table, args.step, args.bins)
         print(f"{r['designs']} designs, seeds {r['seeds']}; proxies at step {r['step']}, each seed against the mean "
               f"final top-1 of the other seeds; Kendall tau with MACs: " +
@@ -1096,7 +1094,7 @@ def main(argv=None) -> int:
             parts = [f"{'all designs' if w == 'all' else f'{args.bins} {w} bins'}: tau {v['tau']:.3f}, regret "
                      f"{100 * v['regret']:.2f} points" for w, v in where.items()]
             print(f"  {score}: " + "; ".join(parts))
-        if load_table(args.table).latency_ms:
+        if "latency" in r["scores"]["tse"]:  # the table has a latency pass
             r["fronts"] = front_planes(args.table, args.step, draws=args.draws)
             print(f"  fronts of 20 random draws ({args.draws} draws), chosen in one plane, scored in both (medians):")
             for score, planes in r["fronts"].items():
