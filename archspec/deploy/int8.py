@@ -7,7 +7,8 @@ float32.  :func:`quantize` does the same with **torchao's PT2E flow** (``torchao
 the PyTorch docs name as the successor of ``torch.ao.quantization`` ("pt2e quantization has been migrated to
 torchao"; PyTorch 2.15 no longer ships ``torch.ao.quantization.quantize_pt2e``):
 
-1. fold every BatchNorm into its linear / conv (:func:`archspec.nn.fuse.fuse_model`, LeViT sec. 5.3);
+1. fold every BatchNorm into its linear / conv (:func:`archspec.nn.fuse.fuse_model`, LeViT sec. 5.3); one with
+   nothing to fold into (BoTNet's, after timm's ``BottleneckAttn``) becomes its per-channel affine map;
 2. capture the folded model with ``torch.export`` (batch dimension dynamic);
 3. ``prepare_pt2e`` with ``X86InductorQuantizer``'s default static config: int8 weights, symmetric per output
    channel (``PerChannelMinMaxObserver``), uint8 activations per tensor (``HistogramObserver``) -- 7 bits
@@ -199,12 +200,45 @@ def needs_reduce_range() -> bool:
     return not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags)
 
 
+class _ChannelAffine(nn.Module):
+    """An eval-mode ``nn.BatchNorm2d`` as the per-channel affine map it computes: ``(B, C, H, W) -> x * scale +
+    shift``, ``scale = gamma / sqrt(var + eps)``, ``shift = beta - mean * scale`` (buffers ``(C, 1, 1)``)."""
+
+    def __init__(self, bn: nn.BatchNorm2d):
+        super().__init__()
+        gamma = bn.weight if bn.weight is not None else torch.ones_like(bn.running_var)
+        beta = bn.bias if bn.bias is not None else torch.zeros_like(bn.running_mean)
+        scale = gamma.detach() / torch.sqrt(bn.running_var + bn.eps)
+        self.register_buffer("scale", scale[:, None, None].clone())
+        self.register_buffer("shift", (beta.detach() - bn.running_mean * scale)[:, None, None].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.shift
+
+
+def _batchnorms_as_affine(folded: nn.Module) -> int:
+    """Replace, in place, each ``nn.BatchNorm2d`` that :func:`fuse_model` left (timm's ``BottleneckAttn`` in a
+    BoTNet block has no output layer to fold its ``bn2`` into) by its per-channel affine map; returns how many.
+    Why: with any BatchNorm op left in the graph, torchao's ``convert_pt2e`` looks for QAT conv -> BatchNorm
+    pairs by tracing 96 pattern graphs with ``torch.export`` (about 18 s of CPU on a 2-core VM, issue 53), pairs
+    that post-training quantisation of a folded model never has.  The quantizer annotates neither op, so the
+    observers are the same; the int8 logits of tests/test_fuse.py's hybrid were bit-identical either way."""
+    replaced = 0
+    for module in list(folded.modules()):
+        for name, child in list(module._modules.items()):
+            if type(child) is nn.BatchNorm2d and child.running_mean is not None and child.running_var is not None:
+                module._modules[name] = _ChannelAffine(child)
+                replaced += 1
+    return replaced
+
+
 def _prepare(model: nn.Module, example: torch.Tensor, reduce_range: bool) -> tuple[torch.fx.GraphModule, nn.Module]:
     """Fold, export and insert the observers (7-bit activations with ``reduce_range``): ``(prepared graph,
     folded float model)``."""
     ao = _torchao()
 
     folded = fuse_model(model).cpu()  # LeViT sec. 5.3: BatchNorms folded before quantisation (a copy, eval mode)
+    _batchnorms_as_affine(folded)
     config = ao.get_default_x86_inductor_quantization_config(reduce_range=reduce_range)
     quantizer = ao.X86InductorQuantizer().set_global(config)
     return ao.prepare_pt2e(_export(folded, example), quantizer), folded
