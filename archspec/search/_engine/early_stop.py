@@ -170,9 +170,10 @@ class StopRules:
         self.objective, self.n, self.on_done = objective, n, on_done
 
     def __call__(self, study: optuna.Study, trial) -> None:
-        # Free the candidate's model and optimiser now (Optuna's gc_after_trial, but a full collection
-        # costs ~0.3 s with torch loaded: skipped for samples that never built a model, and under --oracle,
-        # where no candidate builds one -- it was a third of an oracle replay's CPU).
+        # Free the candidate's model and optimiser now (Optuna's gc_after_trial).  A full collection of the
+        # whole heap costs ~0.3 s with torch loaded; the search loop freezes what lived before it (loop._optimize),
+        # so this walks only the objects made since.  Skipped for samples that never built a model, and under
+        # --oracle, where no candidate builds one.
         built = self.objective.oracle is None
         if built and trial.user_attrs.get("status") not in ("infeasible", "reused", "duplicate"):
             gc.collect()
