@@ -419,7 +419,7 @@ def test_int8_of_a_hybrid_with_attention_in_bottlenecks(photos, one_thread):
 
 def test_a_batchnorm_left_after_folding_becomes_the_affine_map_it_computes():
     """By hand: eval-mode BatchNorm2d is ``(x - mean) / sqrt(var + eps) * gamma + beta`` per channel."""
-    from archspec.deploy.int8 import _batchnorms_as_affine
+    from archspec.deploy.int8 import _freeze_batchnorms
 
     torch.manual_seed(0)
     bn = nn.BatchNorm2d(3, eps=1e-3).eval()
@@ -429,7 +429,8 @@ def test_a_batchnorm_left_after_folding_becomes_the_affine_map_it_computes():
         bn.weight.copy_(torch.tensor([1.5, -2.0, 0.5]))
         bn.bias.copy_(torch.tensor([0.1, 0.2, -0.3]))
     model = nn.Sequential(nn.Identity(), bn, nn.Sequential(nn.BatchNorm2d(3, track_running_stats=False)))
-    assert _batchnorms_as_affine(model) == 1  # no running statistics: it normalises by the batch, left alone
+    assert _freeze_batchnorms(model) == 1  # no running statistics: it normalises by the batch, left alone
+    assert not isinstance(model[1], nn.BatchNorm2d)  # no batch_norm op left for torchao's QAT pattern search
     x = torch.randn(2, 3, 4, 5)
     mean, var = torch.tensor([0.5, -1.0, 2.0]), torch.tensor([4.0, 0.25, 1.0])
     gamma, beta = torch.tensor([1.5, -2.0, 0.5]), torch.tensor([0.1, 0.2, -0.3])

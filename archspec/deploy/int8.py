@@ -8,7 +8,8 @@ the PyTorch docs name as the successor of ``torch.ao.quantization`` ("pt2e quant
 torchao"; PyTorch 2.15 no longer ships ``torch.ao.quantization.quantize_pt2e``):
 
 1. fold every BatchNorm into its linear / conv (:func:`archspec.nn.fuse.fuse_model`, LeViT sec. 5.3); one with
-   nothing to fold into (BoTNet's, after timm's ``BottleneckAttn``) becomes its per-channel affine map;
+   nothing to fold into (BoTNet's, after timm's ``BottleneckAttn``) is frozen to its per-channel affine map
+   (``timm.layers.freeze_batch_norm_2d``);
 2. capture the folded model with ``torch.export`` (batch dimension dynamic);
 3. ``prepare_pt2e`` with ``X86InductorQuantizer``'s default static config: int8 weights, symmetric per output
    channel (``PerChannelMinMaxObserver``), uint8 activations per tensor (``HistogramObserver``) -- 7 bits
@@ -45,6 +46,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from timm.layers import freeze_batch_norm_2d
 from torch import nn
 
 from archspec._version import __version__
@@ -200,36 +202,22 @@ def needs_reduce_range() -> bool:
     return not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags)
 
 
-class _ChannelAffine(nn.Module):
-    """An eval-mode ``nn.BatchNorm2d`` as the per-channel affine map it computes: ``(B, C, H, W) -> x * scale +
-    shift``, ``scale = gamma / sqrt(var + eps)``, ``shift = beta - mean * scale`` (buffers ``(C, 1, 1)``)."""
-
-    def __init__(self, bn: nn.BatchNorm2d):
-        super().__init__()
-        gamma = bn.weight if bn.weight is not None else torch.ones_like(bn.running_var)
-        beta = bn.bias if bn.bias is not None else torch.zeros_like(bn.running_mean)
-        scale = gamma.detach() / torch.sqrt(bn.running_var + bn.eps)
-        self.register_buffer("scale", scale[:, None, None].clone())
-        self.register_buffer("shift", (beta.detach() - bn.running_mean * scale)[:, None, None].clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.scale + self.shift
-
-
-def _batchnorms_as_affine(folded: nn.Module) -> int:
-    """Replace, in place, each ``nn.BatchNorm2d`` that :func:`fuse_model` left (timm's ``BottleneckAttn`` in a
-    BoTNet block has no output layer to fold its ``bn2`` into) by its per-channel affine map; returns how many.
-    Why: with any BatchNorm op left in the graph, torchao's ``convert_pt2e`` looks for QAT conv -> BatchNorm
-    pairs by tracing 96 pattern graphs with ``torch.export`` (about 18 s of CPU on a 2-core VM, issue 53), pairs
-    that post-training quantisation of a folded model never has.  The quantizer annotates neither op, so the
-    observers are the same; the int8 logits of tests/test_fuse.py's hybrid were bit-identical either way."""
-    replaced = 0
+def _freeze_batchnorms(folded: nn.Module) -> int:
+    """Swap, in place, each BatchNorm2d that :func:`fuse_model` left (timm's ``BottleneckAttn`` in a BoTNet block
+    has no output layer to fold its ``bn2`` into) for timm's frozen one (``timm.layers.freeze_batch_norm_2d``:
+    torchvision's ``FrozenBatchNorm2d``, ``(B, C, H, W) -> x * scale + shift`` from the running statistics, no
+    batch_norm op); returns how many.  A BatchNorm without running statistics normalises by the batch and is left
+    alone (timm's function would fail on it).  Why: with any batch_norm op left in the graph, torchao's
+    ``convert_pt2e`` looks for QAT conv -> BatchNorm pairs by tracing 96 pattern graphs with ``torch.export`` (about
+    18 s of CPU on a 2-core VM, issue 53), pairs that post-training quantisation of a folded model never has.  The
+    quantizer annotates neither op, so the observers are the same."""
+    frozen = 0
     for module in list(folded.modules()):
-        for name, child in list(module._modules.items()):
-            if type(child) is nn.BatchNorm2d and child.running_mean is not None and child.running_var is not None:
-                module._modules[name] = _ChannelAffine(child)
-                replaced += 1
-    return replaced
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.BatchNorm2d) and child.running_mean is not None and child.running_var is not None:
+                setattr(module, name, freeze_batch_norm_2d(child))
+                frozen += 1
+    return frozen
 
 
 def _prepare(model: nn.Module, example: torch.Tensor, reduce_range: bool) -> tuple[torch.fx.GraphModule, nn.Module]:
@@ -238,7 +226,7 @@ def _prepare(model: nn.Module, example: torch.Tensor, reduce_range: bool) -> tup
     ao = _torchao()
 
     folded = fuse_model(model).cpu()  # LeViT sec. 5.3: BatchNorms folded before quantisation (a copy, eval mode)
-    _batchnorms_as_affine(folded)
+    _freeze_batchnorms(folded)
     config = ao.get_default_x86_inductor_quantization_config(reduce_range=reduce_range)
     quantizer = ao.X86InductorQuantizer().set_global(config)
     return ao.prepare_pt2e(_export(folded, example), quantizer), folded
