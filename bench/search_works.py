@@ -2,6 +2,7 @@
 
     python bench/search_works.py fidelity                  # Kendall tau of every fidelity, on the shipped table
     python bench/search_works.py fidelity --table T.jsonl --json out.json
+    python bench/search_works.py fidelity --table mait_small   # a mask table: also MaiT's rule as a score
     python bench/search_works.py simulate --repeats 20     # archspec search vs random etc. on the oracle
     python bench/search_works.py headroom --score tse --steps 200   # what any sampler could add to random draws
     python bench/search_works.py priors                    # cost bins + zero-cost scores choosing what to train
@@ -66,7 +67,8 @@ def bootstrap(xs, ys, n: int = 1000, seed: int = 0) -> tuple[float, float]:
 def bootstrap_mean(xs_by_seed, ys_by_seed, n: int = 1000, seed: int = 0) -> tuple[float, float]:
     """95 % percentile interval of the mean over seeds of Kendall tau(xs[a], ys[a]): the designs are resampled with
     replacement, the same resample for every seed a (so the interval is about designs, as the mean tau is; pooling
-    the seeds' pairs into one sample would count each design once per seed)."""
+    the seeds' pairs into one sample would count each design once per seed).  ``(nan, nan)`` where no resample
+    gives a tau (a value every design shares)."""
     rng = np.random.default_rng(seed)
     xs = np.asarray(xs_by_seed, float)  # (seeds, designs)
     ys = np.asarray(ys_by_seed, float)
@@ -76,6 +78,8 @@ def bootstrap_mean(xs_by_seed, ys_by_seed, n: int = 1000, seed: int = 0) -> tupl
         t = np.mean([_tau(x[idx], y[idx]) for x, y in zip(xs, ys)])
         if np.isfinite(t):
             taus.append(t)
+    if not taus:  # a fidelity every design shares (a mask table's MACs): no tau to resample
+        return math.nan, math.nan
     return float(np.percentile(taus, 2.5)), float(np.percentile(taus, 97.5))
 
 
@@ -97,9 +101,10 @@ def cross_seed(designs, value, seeds: tuple[int, ...] = (0, 1)) -> dict:
     return {"tau": float(np.mean(taus)), "p": float(np.exp(np.mean(np.log(ps)))), "ci": [low, high]}
 
 
-def fidelity_table(rows: list[dict], seeds: tuple[int, ...] | None = None) -> dict:
+def fidelity_table(rows: list[dict], seeds: tuple[int, ...] | None = None, als: dict | None = None) -> dict:
     """Every fidelity's tau against the reference, with its cost (see the module docstring), on the designs that
-    hold every seed of ``seeds`` (default: :func:`common_seeds`)."""
+    hold every seed of ``seeds`` (default: :func:`common_seeds`).  ``als`` (a mask table's ``{"heads": H, "u":
+    uniform ALS}``, :func:`als_geometry`): also MaiT's rule as a score at every curve step (:func:`rule_fidelities`)."""
     seeds = tuple(seeds) if seeds else common_seeds(rows)
     designs = paired_designs(rows, seeds)
     if len(designs) < 4:
@@ -126,6 +131,8 @@ def fidelity_table(rows: list[dict], seeds: tuple[int, ...] | None = None) -> di
                                   **cross_seed(designs, lambda r, i=i: r["curve"][i][1], seeds)})
         out["fidelities"].append({"fidelity": f"TSE (sum of train losses) to step {step}", "cost_s": cost,
                                   **cross_seed(designs, lambda r, i=i: -r["tse"][i][1], seeds)})
+    if als is not None:
+        out["fidelities"].extend(rule_fidelities(designs, seeds, steps, clocks, **als))
     for name in sorted(designs[0][seeds[0]]["zc"]):
         cost = float(np.mean([d[s].get("zc_seconds", {}).get(name, 0.0) for d in designs for s in seeds]))
         out["fidelities"].append({"fidelity": f"zero-cost {name}", "cost_s": cost,
@@ -137,6 +144,54 @@ def fidelity_table(rows: list[dict], seeds: tuple[int, ...] | None = None) -> di
         out["fidelities"].append({"fidelity": name, "cost_s": 0.0, "tau": float(t), "p": float(p),
                                   "ci": list(bootstrap(x, mean_final))})
     return out
+
+
+def rule_fidelities(designs: list[dict[int, dict]], seeds: tuple[int, ...], steps: list[int], clocks: list[dict],
+                    heads: int, u: float) -> list[dict]:
+    """MaiT's rule as a fidelity of a mask table (issue 52's "fidelity of ALS"): at each curve step, every design
+    scored by :func:`archspec.search.rule_score` from the round-1 row (every group one masked head: the row the
+    rule's first round reads) *of the same seed*, against the mean final top-1 of the other seeds
+    (:func:`cross_seed`).  One training ranks every design, so its cost is the round-1 design's seconds to that
+    step (per span the least of its seeds, as every cost here).  No round-1 design among ``designs``: nothing."""
+    from archspec.search import rule_score
+
+    index = next((i for i, d in enumerate(designs) if set(d[seeds[0]]["params"].values()) == {1}), None)
+    if index is None:
+        return []
+    round1 = designs[index]
+    out = []
+    for step in steps:
+        cost = float(clocks[index][float(round1[seeds[0]]["tse"][steps.index(step)][0])])
+        out.append({"fidelity": f"MaiT's rule score, ALS of the round-1 row at step {step}", "cost_s": cost,
+                    **cross_seed(designs, lambda r, t=step: rule_score(round1[r["seed"]], t, r["params"],
+                                                                       heads=heads, u=u), seeds)})
+    return out
+
+
+def als_geometry(table_file: Path) -> dict | None:
+    """``{"heads": H, "u": uniform ALS}`` of a mask table from its ``.meta.json`` sidecar (the space and the ALS
+    window of its protocol), or None for a table whose rows hold no ALS or that has no sidecar."""
+    from archspec.families.attention.mask import parse_window
+    from archspec.search import mask_geometry, uniform_als
+
+    meta = table_file.with_suffix(".meta.json")
+    if not meta.is_file():
+        return None
+    protocol = json.loads(meta.read_text()).get("protocol", {})
+    if "als" not in protocol:
+        return None
+    heads, grid, prefix = mask_geometry(protocol["space"])
+    return {"heads": heads, "u": uniform_als(grid, parse_window(protocol["als"]["window"]), prefix)}
+
+
+def table_file(table: str) -> Path:
+    """A table's JSONL from a path or a shipped table's name (``mait_small``)."""
+    from archspec.search import TABLES_DIR
+
+    path = Path(table).expanduser()
+    if not path.exists() and path.parent == Path(".") and (TABLES_DIR / f"{path.name}.jsonl").is_file():
+        return TABLES_DIR / f"{path.name}.jsonl"
+    return path
 
 
 # ------------------------------------------------------------------------------------------- search methods
@@ -320,11 +375,7 @@ def snapshot_table(table_path: str, into: Path) -> str:
     original (reading it twice mid-merge gave a design the truth lacked: a KeyError)."""
     import shutil
 
-    from archspec.search import TABLES_DIR
-
-    path = Path(table_path).expanduser()
-    if not path.exists() and path.parent == Path(".") and (TABLES_DIR / f"{path.name}.jsonl").is_file():
-        path = TABLES_DIR / f"{path.name}.jsonl"
+    path = table_file(table_path)
     for suffix in (".jsonl", ".meta.json", ".latency.json"):
         if path.with_suffix(suffix).is_file():
             shutil.copyfile(path.with_suffix(suffix), into / f"{path.stem}{suffix}")
@@ -1233,8 +1284,9 @@ def main(argv=None) -> int:
                 _print_test(result["paired_tests"][name], indent="      ")
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
         return 0
-    rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()]
-    result = fidelity_table(rows, args.seeds)
+    path = table_file(args.table)
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    result = fidelity_table(rows, args.seeds, als_geometry(path) if any("als" in r for r in rows) else None)
     print(markdown(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -11,7 +11,14 @@ import torch
 
 from archspec.diagnostics.metrics import attention_locality_score, patch_window_mask
 from archspec.errors import SpecError
-from archspec.search._tabulation.mask_replay import als_at, mask_groups, replay_als, uniform_als
+from archspec.search._tabulation.mask_replay import (
+    als_at,
+    mask_geometry,
+    mask_groups,
+    replay_als,
+    rule_score,
+    uniform_als,
+)
 from archspec.search._tabulation.oracle import TABLES_DIR, OracleTable
 
 GROUPS = ("stages.0.heads_mix.masked.0-1", "stages.0.heads_mix.masked.2-3", "stages.0.heads_mix.masked.4-5")
@@ -158,3 +165,23 @@ def test_search_masks_oracle_optuna_searches_the_tables_points(tmp_path, capsys)
     assert summary["best"].endswith("best.yaml")
     best = architecture_key(load_spec(out / "best.yaml"))
     assert best in load_table(partial).tabulated
+
+
+def test_the_rules_score_of_a_placement_by_hand():
+    """Round-1 row with head 0 above uniform at 0.9 / 0.5 / 0.1 per group; thresholds 0.8 / 0.2 centre the score at
+    0.5: placement 3/1/0 scores 3/3 * 0.4 + 1/3 * 0 + 0 = 0.4, placement 0/2/3 scores 0 + 0 + 3/3 * -0.4 = -0.4,
+    and 1/1/1 (the round-1 point itself) 1/3 * (0.4 + 0 - 0.4) = 0.  With thresholds 0.9 / 0.5 (centre 0.7) 3/1/0
+    scores 0.2 - 0.2 / 3."""
+    row = _row((1, 1, 1), _layers([[0.9, 0.0, 0.0], [0.5, 0.0, 0.0], [0.1, 0.0, 0.0]]), 0)
+    score = lambda counts, **kw: rule_score(row, 100, dict(zip(GROUPS, counts)), heads=3, u=U, **kw)  # noqa: E731
+    assert score((3, 1, 0)) == pytest.approx(0.4)
+    assert score((0, 2, 3)) == pytest.approx(-0.4)
+    assert score((1, 1, 1)) == pytest.approx(0.0, abs=1e-12)
+    assert score((3, 1, 0), high=0.9, low=0.5) == pytest.approx(0.2 - 0.2 / 3)
+    # the ALS read is the last curve step <= steps: at step 50 every layer is 0 raw, below uniform -> clipped to 0
+    assert rule_score(row, 60, dict(zip(GROUPS, (3, 1, 0))), heads=3, u=U) == pytest.approx(4 / 3 * -0.5)
+
+
+def test_the_geometry_of_mait_small_is_its_spec():
+    """mait_small (archspec/search/spaces/mait_small.yaml): 28 px, patch 4 -> a 7x7 grid, 3 heads, one class token."""
+    assert mask_geometry("mait_small") == (3, (7, 7), 1)

@@ -471,3 +471,47 @@ def test_cost_binned_ranks_within_quantile_bins_by_hand(works):
     got = works.cost_binned(proxy, reference, cost, 3)
     assert got["tau"] == pytest.approx(2 / 9) and got["regret"] == pytest.approx(-0.4 / 3)
     assert works.cost_binned(proxy, reference, cost, 4)["tau"] is None
+
+
+def test_the_rules_fidelity_reads_the_round1_row_of_the_same_seed_by_hand(works):
+    """Six placements of mait_small's three groups, the same final top-1 at every seed (0.7 + 0.01 m_0-1 + 0.001
+    m_2-3).  The round-1 row (1/1/1) puts head 0 of group 0-1 at 0.9 above uniform at seeds 0 and 2, at 0.1 at seed
+    1, every other group at 0.5 (the centre of 0.8 / 0.2): the rule's score is +-0.4 m_0-1 / 3, so seeds 0 and 2
+    rank as m_0-1 does and seed 1 the reverse -- mean tau = tau(m_0-1, finals) / 3.  Its cost is the round-1
+    design's seconds to the step (10 s at step 100)."""
+    from scipy.stats import kendalltau
+
+    groups = ("stages.0.heads_mix.masked.0-1", "stages.0.heads_mix.masked.2-3", "stages.0.heads_mix.masked.4-5")
+    u = 361 / 49 / 50
+    points = [(1, 1, 1), (0, 0, 0), (2, 1, 0), (3, 0, 2), (0, 3, 3), (2, 2, 2)]
+    finals = [0.7 + 0.01 * m0 + 0.001 * m1 for m0, m1, _ in points]
+
+    def row(counts, final, seed):
+        head0 = 0.1 if (counts == (1, 1, 1) and seed == 1) else 0.9
+        als = {f"0.{layer}": [u + (head0 if layer < 2 else 0.5) * (1 - u), u, u] for layer in range(6)}
+        return {"key": "k" + "".join(map(str, counts)), "seed": seed, "params": dict(zip(groups, counts)),
+                "final_accuracy": final, "curve": [[50, 0.5, 1.0], [100, 0.6, 0.9]],
+                "tse": [[50, 40.0, 5.0], [100, 70.0, 10.0]], "als": [[50, als], [100, als]], "zc": {},
+                "macs": 1, "n_params": 1}
+
+    rows = [row(c, f, s) for s in (0, 1, 2) for c, f in zip(points, finals)]
+    result = works.fidelity_table(rows, (0, 1, 2), als={"heads": 3, "u": u})
+    rule = {f["fidelity"]: f for f in result["fidelities"] if f["fidelity"].startswith("MaiT's rule")}
+    expected, _ = kendalltau([m0 for m0, _, _ in points], finals)
+    at_100 = rule["MaiT's rule score, ALS of the round-1 row at step 100"]
+    assert at_100["tau"] == pytest.approx(expected / 3, abs=1e-12)
+    assert at_100["cost_s"] == pytest.approx(10.0)
+    assert rule["MaiT's rule score, ALS of the round-1 row at step 50"]["cost_s"] == pytest.approx(5.0)
+    without = works.fidelity_table([r for r in rows if r["key"] != "k111"], (0, 1, 2), als={"heads": 3, "u": u})
+    assert not [f for f in without["fidelities"] if f["fidelity"].startswith("MaiT's rule")]
+
+
+def test_a_mask_tables_geometry_comes_from_its_sidecar(works, tmp_path):
+    """The shipped mait_small sidecar names its space and 3x3 window: 3 heads, u of a 7x7 grid with a class token;
+    a table without a sidecar, or whose protocol records no ALS, has none."""
+    shipped = works.table_file("mait_small")
+    assert shipped.name == "mait_small.jsonl" and shipped.is_file()
+    assert works.als_geometry(shipped) == {"heads": 3, "u": pytest.approx(361 / 49 / 50)}
+    assert works.als_geometry(tmp_path / "t.jsonl") is None
+    (tmp_path / "t.meta.json").write_text(json.dumps({"protocol": {"space": "levit_small"}}))
+    assert works.als_geometry(tmp_path / "t.jsonl") is None

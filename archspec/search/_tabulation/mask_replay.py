@@ -38,7 +38,8 @@ from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_
 from archspec.ir.analysis import analyze
 from archspec.search._space.language import load_space
 
-__all__ = ["uniform_als", "mask_groups", "als_at", "AlsReplay", "replay_als", "table_replay_report"]
+__all__ = ["uniform_als", "mask_groups", "als_at", "mask_geometry", "rule_score", "AlsReplay", "replay_als",
+           "table_replay_report"]
 
 _GROUP = re.compile(r"stages\.(\d+)\.heads_mix\.masked\.(\d+)-(\d+)$")  # the per-group choice of a masks space
 
@@ -94,6 +95,45 @@ def als_at(row: dict, steps: int) -> dict[str, list[float]]:
     return (earlier[-1] if earlier else als[0])[1]
 
 
+def mask_geometry(space: str) -> tuple[int, tuple[int, int], int]:
+    """``(heads per attention layer, attention grid (rows, cols), class tokens)`` of a masks space's first point,
+    from its static analysis (every point of a masks space shares them: a mask changes no shape).
+
+    Raises:
+        SpecError: ``space`` is not a shipped space or a readable space file (:func:`load_space`).
+    """
+    _, spec = next(iter(load_space(space).points()))
+    layer = next(row for row in analyze(spec).rows if row.heads)  # heads: one letter a head ('A A A')
+    grid = (int(layer.grid[0]), int(layer.grid[1]))
+    return len(layer.heads.split()), grid, layer.tokens - grid[0] * grid[1]
+
+
+def rule_score(round1_row: dict, steps: int, params: dict[str, int], *, heads: int, u: float,
+               high: float = DEFAULT_ALS_HIGH, low: float = DEFAULT_ALS_LOW) -> float:
+    """MaiT's assignment rule (sec. 4.2 step 2) read as a score of any placement, for ranking a mask table's points.
+
+    ``round1_row`` is the table row the rule's first round reads (head 0 masked in every layer: every group
+    ``m = 1``); ``a_g`` is head 0's ALS above uniform attention in group ``g`` at the last curve step ``<= steps``
+    (as :func:`replay_als` reads it, ``u`` the layer's uniform ALS).  The rule masks every head of a group where
+    ``a_g >= high`` and none where ``a_g <= low``; its continuous form, a choice of archspec's (MaiT ranks nothing),
+    rewards masked heads where head 0 was local and charges them where it was not, centred half-way between the
+    thresholds::
+
+        score = sum_g  m_g / heads * (a_g - (high + low) / 2)
+
+    with ``m_g`` the placement's masked heads in group ``g`` (``params``).  Unitless; larger = more as MaiT's rule
+    would place masks.
+
+    Raises:
+        SpecError: ``params`` is not a per-group mask point, or the row holds no ALS.
+        KeyError: a group's layer has no ALS in the row.
+    """
+    groups = mask_groups(params)
+    a = group_als(als_at(round1_row, steps), groups, u)
+    centre = (high + low) / 2.0
+    return float(sum(m / heads * (a[name][0] - centre) for name, m in params.items()))
+
+
 @dataclass
 class AlsReplay:
     """One replay of MaiT's rule: the point it returns (``counts``: masked heads per group parameter), the rounds
@@ -138,7 +178,7 @@ def replay_als(table, replay_seed: int, steps: int, *, heads: int, grid: tuple[i
         row = table.rows[key][seed]
         out.answered[key] = seed
         out.seconds += table.training_seconds(key, steps)  # the design's cost, whichever seed answered
-        scores = _group_scores(als_at(row, steps), groups, u if normalise else 0.0)
+        scores = group_als(als_at(row, steps), groups, u if normalise else 0.0)
         flags = {name: [h < m for h in range(heads)] for name, m in counts.items()}
         if r == 1:
             new_flags, decisions = assign_from_als(flags, scores, high, low)
@@ -154,10 +194,10 @@ def replay_als(table, replay_seed: int, steps: int, *, heads: int, grid: tuple[i
     return out
 
 
-def _group_scores(als: dict[str, list[float]], groups: dict[str, tuple[int, list[int]]],
-                  u: float) -> dict[str, list[float]]:
+def group_als(als: dict[str, list[float]], groups: dict[str, tuple[int, list[int]]],
+              u: float) -> dict[str, list[float]]:
     """Per group, head by head: the mean ALS of its layers, above uniform attention ``(ALS - u) / (1 - u)``
-    clipped to [0, 1] (``u = 0``: the raw ALS)."""
+    clipped to [0, 1] (``u = 0``: the raw ALS).  Raises KeyError: a group's layer missing from ``als``."""
     out = {}
     for name, (stage, layers) in groups.items():
         per_layer = [als[f"{stage}.{layer}"] for layer in layers]
@@ -185,11 +225,8 @@ def table_replay_report(table, replay_seed: int, steps: int, *, window: str = "3
         uniform_als((1, 1), win)  # the window's own check: odd sides
     except ValueError as exc:
         raise SpecError.single(("window",), str(exc), "e.g. 3x3", window) from None
-    _, spec = next(iter(load_space(table.space).points()))
-    layer = next(row for row in analyze(spec).rows if row.heads)  # heads: one letter a head ('A A A')
-    grid = tuple(layer.grid)
-    replay = replay_als(table, replay_seed, steps, heads=len(layer.heads.split()), grid=grid, window=win,
-                        num_prefix_tokens=layer.tokens - grid[0] * grid[1],
+    heads, grid, prefix = mask_geometry(table.space)
+    replay = replay_als(table, replay_seed, steps, heads=heads, grid=grid, window=win, num_prefix_tokens=prefix,
                         high=DEFAULT_ALS_HIGH if high is None else high, low=DEFAULT_ALS_LOW if low is None else low,
                         rounds=rounds, normalise=normalise)
     key = {_signature(next(iter(rows.values()))["params"]): k for k, rows in table.rows.items()}.get(
