@@ -14,9 +14,11 @@ many heads carry MaiT's hard mask) is read once, copied first so that every repl
   :func:`archspec.search.table_replay_report` at replay seed ``r``, ``--steps`` proxy steps (default the masks
   proxy's 400), 2 rounds, window 3x3, the default thresholds; each round's training one table row, the seed that
   answers each point drawn per replay (``OracleTable.seed_of``).  CPU: the training seconds of the rows it read.
-* ``soft`` -- not replayable: a mask table holds hard-mask rows only, and ``--strategy soft`` trains every head
-  soft-masked, which no row holds (``archspec search masks --oracle TABLE --strategy soft`` refuses for the same
-  reason).  Reported as such, never simulated.
+* ``soft`` -- MaiT sec. 4.3 (``archspec search masks --oracle TABLE --strategy soft``): its one training, every
+  head soft-masked, is the table's soft-mask row (``<table>.soft.jsonl``, written by ``bench/soft_rows.py``) of the
+  seed drawn per replay; heads whose learned alpha is below 0.5 at ``--steps`` get the hard mask.  Scored on every
+  reference seed (it never trains the point it returns).  CPU: the soft model's training seconds.  Without the
+  sidecar: reported as not replayable, never simulated.
 * ``optuna`` -- as ``archspec search masks --oracle TABLE --strategy optuna`` runs it (a design search of the
   table's space, objective accuracy, TPE with the CLI's default start-up draws, its default 12 trials), but ranked
   by TSE as the issue asks (the proxy score ``tse``: minus the mean training loss, ``bench/search_works.py``'s
@@ -74,8 +76,8 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_TABLE = "mait_small"
 OPTUNA_TRIALS = 12  # `archspec search masks --strategy optuna`'s default trials (archspec/cli/search.py)
 MIN_REPLAYS = 50    # issue 55 item 1: ">= 50 oracle replays"
-SOFT_REASON = ("a mask table holds hard-mask rows; --strategy soft trains every head soft-masked, which no row holds "
-               "(archspec search masks --oracle TABLE --strategy soft refuses for the same reason)")
+SOFT_REASON = ("the table has no soft-mask rows for every reference seed (<table>.soft.jsonl, bench/soft_rows.py): "
+               "--strategy soft trains every head soft-masked, which no point of the table is")
 SEED_ERROR_DEFINITION = ("the table's median over its points of the per-point sample SD (ddof 1) of final top-1 "
                          "across the reference seeds, divided by sqrt(number of reference seeds)")
 
@@ -217,6 +219,24 @@ def replay_als(table, truth, by_params: dict, groups: list[str], replay: int, st
                    rounds=len(report["rounds"]))
 
 
+def replay_soft(table, truth, by_params: dict, groups: list[str], replay: int, steps: int) -> dict:
+    """One replay of ``--strategy soft`` (:func:`archspec.search.table_replay_report` on the table's soft-mask rows),
+    scored on every reference seed: the strategy trains the soft-mask model, never the point it returns.
+
+    Raises:
+        Refused: it returns a point the table lacks.
+    """
+    from archspec.search import table_replay_report
+
+    report = table_replay_report(table, replay, steps, strategy="soft")
+    key = by_params.get(_signature(report["placement"]))
+    if key is None:
+        raise Refused(f"soft returned the point {label(report['placement'], groups)}, which the table lacks with "
+                      f"every reference seed (replay seed {replay}): finish the table")
+    return _scored(truth, key, None, groups, replay, float(report["simulated_seconds"]),
+                   soft_seed=report["rounds"][0]["seed"])
+
+
 def replay_search(table_path: str, table, truth, groups: list[str], replay: int, steps: int, trials: int,
                   sampler: str) -> dict:
     """One replay of a design search of the table's space (``sampler``, ranked by TSE, ``trials`` trained
@@ -323,11 +343,16 @@ def measure(table_source: str, replays: int, steps: int, trials: int, first_seed
         runs = {"als": [replay_als(table, truth, by_params, groups, r, steps) for r in seeds],
                 "optuna": [replay_search(snapshot, table, truth, groups, r, steps, trials, "tpe") for r in seeds],
                 "random": [replay_search(snapshot, table, truth, groups, r, steps, trials, "random") for r in seeds]}
+        soft = set(table.seeds) <= set(table.soft_rows)
+        if soft:
+            runs["soft"] = [replay_soft(table, truth, by_params, groups, r, steps) for r in seeds]
         points = sum(1 for _ in load_space(table.space).points())
     strategies = {
         "als": {"replayable": True,
                 "description": f"MaiT's rule, 2 rounds, ALS at {steps} steps (table_replay_report)"},
-        "soft": {"replayable": False, "reason": SOFT_REASON},
+        "soft": ({"replayable": True, "description": f"MaiT's soft masks, alpha < 0.5 at {steps} steps "
+                                                      "(the table's soft-mask rows)"} if soft
+                 else {"replayable": False, "reason": SOFT_REASON}),
         "optuna": {"replayable": True, "description": f"TPE, {trials} trials, ranked by TSE at {steps} steps"},
         "random": {"replayable": True, "description": f"random draws (the design search's default sampler), "
                                                       f"{trials} trials, ranked by TSE at {steps} steps"},

@@ -376,7 +376,7 @@ def snapshot_table(table_path: str, into: Path) -> str:
     import shutil
 
     path = table_file(table_path)
-    for suffix in (".jsonl", ".meta.json", ".latency.json"):
+    for suffix in (".jsonl", ".meta.json", ".latency.json", ".soft.jsonl"):
         if path.with_suffix(suffix).is_file():
             shutil.copyfile(path.with_suffix(suffix), into / f"{path.stem}{suffix}")
     return str(into / f"{path.stem}.jsonl")

@@ -16,6 +16,7 @@ from archspec.search._tabulation.mask_replay import (
     mask_geometry,
     mask_groups,
     replay_als,
+    replay_soft,
     rule_score,
     uniform_als,
 )
@@ -136,7 +137,6 @@ def test_search_masks_oracle_prints_the_rounds_the_placement_and_the_fixed_schem
 
 
 @pytest.mark.parametrize("argv, field", [
-    (["search", "masks", "--oracle", "mait_small", "--strategy", "soft"], "--strategy"),  # no soft-mask rows
     (["search", "masks", "convit_tiny", "--oracle", "mait_small"], "SPEC"),  # the table's space is the spec
     (["search", "masks"], "SPEC"),
     (["search", "masks", "--oracle", "mait_small", "--window", "2x2"], "--window"),  # windows are centred: odd
@@ -185,3 +185,112 @@ def test_the_rules_score_of_a_placement_by_hand():
 def test_the_geometry_of_mait_small_is_its_spec():
     """mait_small (archspec/search/spaces/mait_small.yaml): 28 px, patch 4 -> a 7x7 grid, 3 heads, one class token."""
     assert mask_geometry("mait_small") == (3, (7, 7), 1)
+
+
+# ------------------------------------------------------------------------------ --strategy soft on a mask table
+def _soft_row(seed: int, alphas_at_100: dict[str, list], key: str = "soft", seconds: float = 10.0) -> dict:
+    return {"key": key, "seed": seed, "params": {}, "macs": 1, "n_params": 1, "final_accuracy": 0.7, "zc": {},
+            "curve": [[50, 0.5, 1.0], [100, 0.6, 0.9]], "tse": [[50, 40.0, seconds / 2], [100, 70.0, seconds]],
+            "alphas": [[50, {f"0.{l}": [0.5, 0.5, 0.5] for l in range(6)}], [100, alphas_at_100]]}
+
+
+SOFT_ALPHAS = {"0.0": [0.2, 0.4, 0.9], "0.1": [0.4, 0.2, 0.9],     # group 0-1: means 0.3, 0.3, 0.9
+               "0.2": [0.6, 0.7, 0.45], "0.3": [0.5, 0.7, 0.45],   # group 2-3: means 0.55, 0.7, 0.45
+               "0.4": [0.8, None, 0.1], "0.5": [0.8, None, 0.1]}   # group 4-5: 0.8, no alpha, 0.1
+
+
+def test_soft_replay_by_hand():
+    """Threshold 0.5: group 0-1 has two heads below (0.3, 0.3), group 2-3 one (0.45), group 4-5 one (0.1; the head
+    without an alpha stays global): point 2/1/1.  Threshold 0.6: group 2-3 gains its 0.55 head: 2/2/1.  At step 60
+    every alpha is still 0.5, not below 0.5: 0/0/0.  Its cost is the soft model's seconds to the step (10 s at
+    100, 5 s at 50, 7.5 s at 75)."""
+    table = _table({(1, 1, 1): _layers([[0.5] * 3] * 3)})
+    table.soft_rows = {s: _soft_row(s, SOFT_ALPHAS) for s in (0, 1, 2)}
+    replay = replay_soft(table, 0, 100)
+    assert replay.counts == dict(zip(GROUPS, (2, 1, 1))) and replay.seconds == pytest.approx(10.0)
+    assert replay.answered == {} and replay.rounds[0]["alphas"][GROUPS[2]] == [0.8, None, 0.1]
+    assert replay_soft(table, 0, 100, threshold=0.6).counts == dict(zip(GROUPS, (2, 2, 1)))
+    assert replay_soft(table, 0, 60).counts == dict(zip(GROUPS, (0, 0, 0)))
+    assert replay_soft(table, 0, 75).seconds == pytest.approx(7.5)
+    table.soft_rows = {0: table.soft_rows[0], 1: table.soft_rows[1]}  # seed 2 missing
+    with pytest.raises(SpecError, match="no soft-mask rows for seeds"):
+        replay_soft(table, 0, 100)
+
+
+def _mask_table_files(tmp_path: Path, soft: list[dict] | None) -> Path:
+    """A table file shaped like mait_small's: points 1/1/1 and 2/1/1 at seeds 0-2 (2/1/1: 0.74 + 0.01 seed), and
+    ``soft`` rows as its soft-mask sidecar."""
+    from archspec.search import architecture_key, load_space
+
+    template = json.loads((TABLES_DIR / "mait_small.jsonl").read_text().splitlines()[0])
+    points = {tuple(p[g] for g in GROUPS): (p, spec) for p, spec in load_space("mait_small").points()}
+    lines = []
+    for counts, hand, acc in (((1, 1, 1), "Sch.1-like", 0.70), ((2, 1, 1), None, 0.74)):
+        params, spec = points[counts]
+        lines += [json.dumps(dict(template, key=architecture_key(spec), params=params, seed=seed, hand=hand,
+                                  final_accuracy=acc + 0.01 * seed)) for seed in (0, 1, 2)]
+    table = tmp_path / "masks.jsonl"
+    table.write_text("\n".join(lines) + "\n")
+    meta = json.loads((TABLES_DIR / "mait_small.meta.json").read_text())
+    (tmp_path / "masks.meta.json").write_text(json.dumps({**meta, "reference_seeds": [0, 1, 2]}))
+    if soft is not None:
+        steps = [step for step, _ in template["als"]]
+        rows = [dict(template, key="soft-model", params={}, seed=r["seed"], hand=None,
+                     alphas=[[step, r["alphas"][-1][1]] for step in steps]) for r in soft]
+        (tmp_path / "masks.soft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return table
+
+
+def test_search_masks_oracle_soft_reads_the_soft_rows(tmp_path, capsys):
+    """`archspec search masks --oracle T --strategy soft`: the sidecar's alphas (SOFT_ALPHAS at every step) give
+    2/1/1, never trained by the strategy, so scored on every reference seed: 0.7500; without the sidecar, exit 2
+    naming --strategy, nothing written."""
+    from archspec.cli import main
+    from archspec.search import load_table
+
+    table = _mask_table_files(tmp_path, [_soft_row(s, SOFT_ALPHAS) for s in (0, 1, 2)])
+    assert sorted(load_table(table).soft_rows) == [0, 1, 2]
+    assert main(["search", "masks", "--oracle", str(table), "--strategy", "soft"]) == 0
+    out = capsys.readouterr().out
+    assert "trained every head soft-masked" in out
+    assert "placement: 0-1=2 2-3=1 4-5=1; reference top-1 0.7500 (seeds [0, 1, 2])" in out
+    (tmp_path / "masks.soft.jsonl").unlink()
+    before = sorted(tmp_path.iterdir())
+    assert main(["search", "masks", "--oracle", str(table), "--strategy", "soft"]) == 2
+    assert "--strategy" in capsys.readouterr().err and sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.pop("alphas"), "line 2: field alphas: a soft-mask row must hold the learned alphas"),
+    (lambda r: r.update(protocol_id="other"), "line 2: field protocol_id"),
+    (lambda r: r.update(key="another-model"), "one soft-mask model"),
+    (lambda r: r["alphas"][0][1].update({"0.0": [1.5, 0.5, 0.5]}), r"line 2: field alphas\[0\]\.0\.0")])
+def test_a_bad_soft_sidecar_is_refused_naming_it_and_the_line(tmp_path, change, message):
+    from archspec.search import load_table
+
+    table = _mask_table_files(tmp_path, [_soft_row(s, SOFT_ALPHAS) for s in (0, 1, 2)])
+    sidecar = tmp_path / "masks.soft.jsonl"
+    rows = [json.loads(line) for line in sidecar.read_text().splitlines()]
+    change(rows[1])
+    sidecar.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SpecError, match=message) as info:
+        load_table(table)
+    assert "masks.soft.jsonl" in str(info.value)
+
+
+def test_a_soft_masked_model_has_its_alphas_read_and_a_hard_one_none():
+    """The row writer's alpha reader: mait_small's model with every head soft-masked starts every alpha at
+    sigmoid(logit(0.5)) = 0.5 (MaiT sec. 4.3's init, archspec's alpha_init); a hard-masked point has no alpha."""
+    from archspec.nn.compiler import compile as compile_spec
+    from archspec.search import apply_placement, load_space, soft_heads
+    from archspec.search._tabulation.rows import _alpha_reader
+
+    points = {tuple(p[g] for g in GROUPS): spec for p, spec in load_space("mait_small").points()}
+    hard = points[(3, 3, 3)]
+    soft = apply_placement(points[(0, 0, 0)], soft_heads(points[(0, 0, 0)], (3, 3)))
+    read = _alpha_reader(compile_spec(soft))
+    assert read is not None
+    alphas = read(compile_spec(soft))
+    assert sorted(alphas) == [f"0.{layer}" for layer in range(6)]
+    assert all(values == [0.5, 0.5, 0.5] for values in alphas.values())
+    assert _alpha_reader(compile_spec(hard)) is None

@@ -153,6 +153,26 @@ def test_every_strategy_is_scored_on_its_held_out_seeds(works, tmp_path):
     assert "soft: not replayable" in text and "fewer than 50 replays" in text
 
 
+@pytest.mark.slow  # measure() runs the two searches too: seconds
+def test_soft_is_replayed_from_the_soft_rows_and_scored_on_every_seed(works, tmp_path):
+    """A soft-mask sidecar beside the synthetic table: alphas 0.1 on every head of layers 0-1, 0.1 / 0.1 / 0.9 in
+    layers 2-3, 0.9 in 4-5 -> 3/2/0 in every replay (base 0.716, mean of seeds 0.717), never trained by the
+    strategy, so scored on all three seeds; its CPU is the soft model's 400 s to step 400."""
+    table_file = _write_table(tmp_path / "masks.jsonl")
+    template = json.loads(table_file.read_text().splitlines()[0])
+    alphas = {f"0.{l}": [0.1, 0.1, 0.1] if l < 2 else [0.1, 0.1, 0.9] if l < 4 else [0.9] * 3 for l in range(6)}
+    rows = [dict(template, key="soft-model", params={}, seed=seed, alphas=[[s, alphas] for s, *_ in template["curve"]])
+            for seed in (0, 1, 2)]
+    (tmp_path / "masks.soft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = works.measure(str(table_file), replays=2, steps=400, trials=4)
+    soft = result["strategies"]["soft"]
+    assert soft["replayable"] is True and "vs_als" in soft
+    for run in soft["runs"]:
+        assert run["label"] == "3/2/0" and run["reference_seeds"] == [0, 1, 2]
+        assert run["reference_accuracy"] == pytest.approx(0.717) and run["seconds"] == pytest.approx(400.0)
+    assert "soft: not replayable" not in works.text(result)
+
+
 def test_refusals_exit_2_with_a_message(works, tmp_path, capsys):
     """A table without Sch.2-like's point, and a design table (levit_small, shipped), are refused."""
     table_file = _write_table(tmp_path / "masks.jsonl", skip=((2, 1, 0),))

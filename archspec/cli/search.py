@@ -372,8 +372,9 @@ def _add_masks_parser(modes) -> None:
 
 def _masks_on_table(args: argparse.Namespace) -> int:
     """``archspec search masks --oracle TABLE``: the strategy replayed on a mask table (issue 52).  ``als``: MaiT's
-    rule, each round's training a row of the table (:func:`archspec.search.table_replay_report`); ``optuna``: a
-    search of the table's points by accuracy (mode 1 on the table's space, TPE); ``soft`` has no rows to read."""
+    rule, each round's training a row of the table (:func:`archspec.search.table_replay_report`); ``soft``: the
+    table's soft-mask rows (``<table>.soft.jsonl``) as its one training; ``optuna``: a search of the table's points
+    by accuracy (mode 1 on the table's space, TPE)."""
     from archspec.search import MASKS_PROXY_DEFAULTS, load_table, mask_groups, run_design, table_replay_report
 
     table = load_table(args.oracle)
@@ -382,17 +383,19 @@ def _masks_on_table(args: argparse.Namespace) -> int:
         raise SpecError.single(("SPEC",), f"with --oracle the table's space ({table.space}) is the spec",
                                "drop SPEC", args.spec)
     steps = getattr(args, "steps", None) or MASKS_PROXY_DEFAULTS["steps"]
-    if args.strategy == "soft":
-        raise SpecError.single(("--strategy",), "a mask table holds hard-mask rows; --strategy soft trains every "
-                                                "head soft-masked, which no row holds", "--strategy als or optuna")
+    if args.strategy == "soft" and not table.soft_rows:
+        raise SpecError.single(("--strategy",), "this mask table has no soft-mask rows: --strategy soft trains every "
+                                                "head soft-masked, which no point of the table is",
+                               f"a {Path(table.file).stem}.soft.jsonl beside the table, or --strategy als or optuna")
     if args.strategy == "optuna":
         trials = args.trials if getattr(args, "trials", None) is not None else 12
         cfg = _config(args, objective="accuracy", trials=trials, timeout=None, space=table.space,
                       sampler="tpe", protocol=_protocol(args, {**MASKS_PROXY_DEFAULTS, "steps": steps}),
                       oracle=args.oracle)
         return _report(_run(run_design, cfg), args)
-    report = table_replay_report(table, args.seed, steps, window=args.window, high=args.als_high,
-                                 low=args.als_low, rounds=args.rounds, normalise=not args.als_raw)
+    report = table_replay_report(table, args.seed, steps, strategy=args.strategy, window=args.window,
+                                 high=args.als_high, low=args.als_low, rounds=args.rounds, normalise=not args.als_raw,
+                                 alpha_threshold=args.alpha_threshold)
     print(json.dumps(report, indent=2) if args.json else report["text"])
     return 0
 

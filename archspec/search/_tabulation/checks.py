@@ -22,8 +22,10 @@ Across rows (:func:`index_rows`): one row per (design, seed), or identical repea
 
 Sidecars: ``<stem>.meta.json`` (:func:`check_meta`: ``protocol`` an object with text ``space`` and positive
 integer ``image_size`` / ``channels`` / ``num_classes``, text ``protocol_id``, ``reference_seeds`` a non-empty list
-of integers) and ``<stem>.latency.json`` (:func:`latency_ms`: ``ms`` maps a design key to a positive finite ms
-or a non-empty list of them, one per pass).
+of integers), ``<stem>.latency.json`` (:func:`latency_ms`: ``ms`` maps a design key to a positive finite ms
+or a non-empty list of them, one per pass) and, for a mask table, ``<stem>.soft.jsonl``: rows of one model with
+MaiT's soft mask on every head (not a point of the space), each a row as above plus ``alphas``
+(:func:`alphas_problem`), one design, the table's protocol.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ import re
 
 from archspec.errors import SpecError
 
-__all__ = ["REQUIRED_FIELDS", "row_problem", "check_row", "index_rows", "short_curve", "check_meta", "latency_ms",
-           "json_line_of"]
+__all__ = ["REQUIRED_FIELDS", "row_problem", "check_row", "alphas_problem", "index_rows", "short_curve", "check_meta",
+           "latency_ms", "json_line_of"]
 
 REQUIRED_FIELDS = ("key", "seed", "params", "macs", "n_params", "curve", "tse", "final_accuracy", "zc")
 _OPTION = ("oracle",)  # the SearchConfig field (``--oracle`` on the command line)
@@ -153,6 +155,26 @@ def check_row(row, line: int, name: str) -> None:
     problem = row_problem(row)
     if problem:
         raise _fail(f"line {line}: {problem}", name, _WRITER)
+
+
+def alphas_problem(row: dict) -> str | None:
+    """What is wrong with a soft-mask row's ``alphas`` (``None`` when nothing): it must be ``[[step, {"stage.layer":
+    [alpha per head, a fraction, or null for a head without a soft mask]}], ...]`` at the row's curve steps."""
+    alphas = row.get("alphas")
+    if not isinstance(alphas, list) or not alphas:
+        return ("field alphas: a soft-mask row must hold the learned alphas, a non-empty list of "
+                "[step, {layer: [alpha]}]")
+    if [a[0] if isinstance(a, list) and a else None for a in alphas] != [t[0] for t in row["curve"]]:
+        return "field alphas: must be at the curve's steps"
+    for i, entry in enumerate(alphas):
+        layers = entry[1] if len(entry) == 2 else None
+        if not isinstance(layers, dict) or not layers:
+            return f"field alphas[{i}]: must be [step, {{layer: [alpha per head]}}], not {_shown(entry)}"
+        for layer, values in layers.items():
+            if not isinstance(values, list) or not all(v is None or (_number(v) and 0.0 <= v <= 1.0) for v in values):
+                return (f"field alphas[{i}].{layer}: must be a list of alphas in [0, 1] or null, "
+                        f"not {_shown(values)}")
+    return None
 
 
 def index_rows(rows: list[tuple[int, dict]], protocol_id: str | None,

@@ -37,9 +37,10 @@ from archspec.families.attention.mask import parse_window
 from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW, assign_from_als, calibrate
 from archspec.ir.analysis import analyze
 from archspec.search._space.language import load_space
+from archspec.search._tabulation.oracle import design_seconds, linear_at
 
 __all__ = ["uniform_als", "mask_groups", "als_at", "mask_geometry", "rule_score", "AlsReplay", "replay_als",
-           "table_replay_report"]
+           "replay_soft", "table_replay_report"]
 
 _GROUP = re.compile(r"stages\.(\d+)\.heads_mix\.masked\.(\d+)-(\d+)$")  # the per-group choice of a masks space
 
@@ -91,8 +92,14 @@ def als_at(row: dict, steps: int) -> dict[str, list[float]]:
     als = row.get("als")
     if not als:
         raise SpecError.single(("oracle",), "the table's rows hold no ALS", "a table of a kind: masks space")
-    earlier = [entry for entry in als if entry[0] <= steps]
-    return (earlier[-1] if earlier else als[0])[1]
+    return _entry_at(als, steps)
+
+
+def _entry_at(entries: list, steps: int):
+    """The value of ``[[step, value], ...]`` at the last step ``<= steps`` (the first entry's if every step is
+    later)."""
+    earlier = [entry for entry in entries if entry[0] <= steps]
+    return (earlier[-1] if earlier else entries[0])[1]
 
 
 def mask_geometry(space: str) -> tuple[int, tuple[int, int], int]:
@@ -210,25 +217,78 @@ def _signature(params: dict[str, Any] | Sequence) -> tuple:
     return tuple(sorted(dict(params).items()))
 
 
-def table_replay_report(table, replay_seed: int, steps: int, *, window: str = "3x3", high: float | None = None,
-                        low: float | None = None, rounds: int = 2, normalise: bool = True) -> dict[str, Any]:
-    """``archspec search masks --oracle TABLE --strategy als``: :func:`replay_als` with the geometry of the table's
-    space (heads, attention grid, class tokens from its first point's static analysis), the returned point's
-    reference top-1 on the seeds that did not answer it, the named fixed schemes' (mean of every reference seed)
-    beside it, and a text report (``"text"``).  Accuracies in 0..1, seconds of simulated training.
+def replay_soft(table, replay_seed: int, steps: int, *, threshold: float = 0.5) -> AlsReplay:
+    """``strategy="soft"`` on a mask table (MaiT sec. 4.3): its one training, the soft-mask model with every head
+    soft-masked, is the table's soft-mask row (:attr:`OracleTable.soft_rows`) of the seed drawn for this replay
+    (``table.seed_of``, as every design's); each head whose learned alpha at the last curve step ``<= steps`` is
+    below ``threshold`` gets a hard mask.  A table point is per group, so this replay decides per group on the
+    mean alpha of its layers, head by head (as :func:`replay_als` reads ALS; a head without an alpha stays
+    global): the group's count is its heads below ``threshold`` (the space masks heads 0..m-1 and heads are
+    exchangeable, so a count is the placement).  Its cost is the soft model's training seconds to ``steps``.
 
     Raises:
-        SpecError: as :func:`replay_als`; a window that is not ``RxC``.
+        SpecError: the table has no soft-mask rows for every reference seed, or is not a per-group masks table.
     """
-    try:
-        win = parse_window(window)
-        uniform_als((1, 1), win)  # the window's own check: odd sides
-    except ValueError as exc:
-        raise SpecError.single(("window",), str(exc), "e.g. 3x3", window) from None
-    heads, grid, prefix = mask_geometry(table.space)
-    replay = replay_als(table, replay_seed, steps, heads=heads, grid=grid, window=win, num_prefix_tokens=prefix,
-                        high=DEFAULT_ALS_HIGH if high is None else high, low=DEFAULT_ALS_LOW if low is None else low,
-                        rounds=rounds, normalise=normalise)
+    soft = table.soft_rows
+    if not soft or not set(table.seeds) <= set(soft):
+        raise SpecError.single(("oracle",), f"the table has no soft-mask rows for seeds {table.seeds} (has "
+                               f"{sorted(soft)}): --strategy soft reads the model it trains, every head soft-masked",
+                               f"a {Path(table.file).stem}.soft.jsonl beside the table (bench/soft_rows.py)",
+                               table.file)
+    key = next(iter(soft.values()))["key"]
+    seed = table.seed_of(key, replay_seed)
+    groups = mask_groups(next(iter(next(iter(table.rows.values())).values()))["params"])
+    alphas = _entry_at(soft[seed]["alphas"], steps)
+    means, counts = {}, {}
+    for name, (stage, layers) in groups.items():
+        per_layer = [alphas[f"{stage}.{layer}"] for layer in layers]
+        means[name] = [None if None in values else sum(values) / len(values) for values in zip(*per_layer)]
+        counts[name] = sum(1 for a in means[name] if a is not None and a < threshold)
+    seconds = linear_at(design_seconds(soft.values()), steps)
+    return AlsReplay(counts=counts, seconds=seconds, rounds=[
+        {"round": 1, "point": "every head soft-masked", "key": key, "seed": seed, "alphas": means,
+         "decisions": {name: f"alphas {_fmt(means[name])} < {threshold:g}: {counts[name]} masked" for name in groups},
+         "next": dict(counts)}])
+
+
+def _fmt(values: list[float | None]) -> str:
+    return "[" + ", ".join("-" if v is None else f"{v:.2f}" for v in values) + "]"
+
+
+def table_replay_report(table, replay_seed: int, steps: int, *, strategy: str = "als", window: str = "3x3",
+                        high: float | None = None, low: float | None = None, rounds: int = 2, normalise: bool = True,
+                        alpha_threshold: float = 0.5) -> dict[str, Any]:
+    """``archspec search masks --oracle TABLE --strategy als`` (or ``soft``): :func:`replay_als` with the geometry
+    of the table's space (heads, attention grid, class tokens from its first point's static analysis), or
+    :func:`replay_soft` at ``alpha_threshold``; the returned point's reference top-1 on the seeds that did not
+    answer it (every reference seed where the strategy never trained the point, as soft never does), the named
+    fixed schemes' (mean of every reference seed) beside it, and a text report (``"text"``).  Accuracies in 0..1,
+    seconds of simulated training.
+
+    Raises:
+        SpecError: as :func:`replay_als` / :func:`replay_soft`; a window that is not ``RxC``.
+    """
+    if strategy == "soft":
+        replay = replay_soft(table, replay_seed, steps, threshold=alpha_threshold)
+        header = (f"MaiT's soft masks (--strategy soft) on the table {table.space} ({Path(table.file).name}): "
+                  f"replay seed {replay_seed}, learned alphas at the last curve step <= {steps}")
+    else:
+        try:
+            win = parse_window(window)
+            uniform_als((1, 1), win)  # the window's own check: odd sides
+        except ValueError as exc:
+            raise SpecError.single(("window",), str(exc), "e.g. 3x3", window) from None
+        heads, grid, prefix = mask_geometry(table.space)
+        replay = replay_als(table, replay_seed, steps, heads=heads, grid=grid, window=win, num_prefix_tokens=prefix,
+                            high=DEFAULT_ALS_HIGH if high is None else high,
+                            low=DEFAULT_ALS_LOW if low is None else low, rounds=rounds, normalise=normalise)
+        header = (f"MaiT's rule (--strategy als) on the table {table.space} ({Path(table.file).name}): replay seed "
+                  f"{replay_seed}, ALS at the last curve step <= {steps}, each round's training one row")
+    return _report(table, replay, replay_seed, steps, header)
+
+
+def _report(table, replay: AlsReplay, replay_seed: int, steps: int, header: str) -> dict[str, Any]:
+    """:func:`table_replay_report`'s scoring and text for a finished replay."""
     key = {_signature(next(iter(rows.values()))["params"]): k for k, rows in table.rows.items()}.get(
         _signature(replay.counts))
     seeds = table.seeds
@@ -241,10 +301,10 @@ def table_replay_report(table, replay_seed: int, steps: int, *, window: str = "3
         if first.get("hand"):
             fixed[first["hand"]] = sum(table.rows[k][s]["final_accuracy"] for s in seeds) / len(seeds)
     label = " ".join(f"{name.rsplit('.', 1)[-1]}={m}" for name, m in sorted(replay.counts.items()))
-    lines = [f"MaiT's rule (--strategy als) on the table {table.space} ({Path(table.file).name}): replay seed "
-             f"{replay_seed}, ALS at the last curve step <= {steps}, each round's training one row"]
+    lines = [header]
     for r in replay.rounds:
-        point = " ".join(f"{n.rsplit('.', 1)[-1]}={m}" for n, m in sorted(r["point"].items()))
+        point = (r["point"] if isinstance(r["point"], str)
+                 else " ".join(f"{n.rsplit('.', 1)[-1]}={m}" for n, m in sorted(r["point"].items())))
         lines.append(f"  round {r['round']}: trained {point} (table seed {r['seed']})")
         lines.extend(f"    {name.rsplit('.', 1)[-1]}: {text}" for name, text in sorted(r["decisions"].items()))
     shown = "not tabulated" if reference is None else f"{reference:.4f} (seeds {held_out})"

@@ -43,7 +43,14 @@ from typing import Any
 from archspec.errors import SpecError
 from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._evaluation.protocols import ZeroCostResult
-from archspec.search._tabulation.checks import check_meta, check_row, index_rows, latency_ms, short_curve
+from archspec.search._tabulation.checks import (
+    alphas_problem,
+    check_meta,
+    check_row,
+    index_rows,
+    latency_ms,
+    short_curve,
+)
 
 __all__ = ["TABLES_DIR", "OracleTable", "load_table", "table_path", "curve_at", "design_seconds"]
 
@@ -97,6 +104,8 @@ class OracleTable:
         latency_ms: ``{architecture key: ms}`` (empty before the latency pass).
         meta: the sidecar's protocol, machine and commits (``{}`` if there is none).
         lines: ``{(architecture key, seed): line of its row in the file}`` (empty for a table built in memory).
+        soft_rows: ``{seed: row}`` of a mask table's soft-mask model (``<stem>.soft.jsonl``; empty without one):
+            what ``archspec search masks --oracle TABLE --strategy soft`` reads.
     """
 
     file: str
@@ -105,6 +114,7 @@ class OracleTable:
     latency_ms: dict[str, float]
     meta: dict
     lines: dict[tuple[str, int], int] = field(default_factory=dict)
+    soft_rows: dict[int, dict] = field(default_factory=dict)
     _seconds_curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict, init=False, repr=False,
                                                                    compare=False)
 
@@ -359,7 +369,33 @@ def load_table(source: str | os.PathLike) -> OracleTable:
     latency_path = path.with_suffix(".latency.json")
     latency = latency_ms(*_sidecar(latency_path, name), latency_path.name, name)
     space = meta.get("protocol", {}).get("space", path.stem)
-    return OracleTable(file=name, space=space, rows=by_key, latency_ms=latency, meta=meta, lines=lines)
+    return OracleTable(file=name, space=space, rows=by_key, latency_ms=latency, meta=meta, lines=lines,
+                       soft_rows=_soft_rows(path.with_suffix(".soft.jsonl"), meta.get("protocol_id"), by_key, name))
+
+
+def _soft_rows(path: Path, protocol_id: str | None, points: dict, name: str) -> dict[int, dict]:
+    """``{seed: row}`` of a mask table's soft-mask sidecar (``{}`` when there is none).
+
+    Raises:
+        SpecError: at ``oracle``, naming the sidecar and line: a row that breaks the row rules or has no valid
+            ``alphas`` (:func:`~archspec.search._tabulation.checks.alphas_problem`), another protocol, rows of more
+            than one design or of a point of the space.
+    """
+    if not path.is_file():
+        return {}
+    where = f"{name}'s sidecar {path.name}"
+    try:
+        rows = _read_rows(path, where)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read: {getattr(exc, 'strerror', None) or exc}", where) from None
+    for line, row in rows:
+        problem = alphas_problem(row)
+        if problem:
+            raise _fail(f"line {line}: {problem}", where, "soft-mask rows are what bench/soft_rows.py writes")
+    by_key, _ = index_rows(rows, protocol_id, where)
+    if len(by_key) > 1 or set(by_key) & set(points):
+        raise _fail("must hold the rows of one soft-mask model, which is no point of the space", where)
+    return next(iter(by_key.values()), {})
 
 
 def _sidecar(path: Path, name: str) -> tuple[dict, str]:

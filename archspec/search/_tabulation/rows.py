@@ -17,7 +17,10 @@ measurement:
   (:func:`archspec.search._evaluation.proxy.score_proxy`);
 * ALS (protocols with ``als``): MaiT eq. 3 per layer and head at every curve step, on the first ``als.images``
   curve-validation images with the protocol's window (:func:`archspec.search._modes.mask_scores.layer_scores`, what
-  ``archspec search masks --strategy als`` reads of a trained model).
+  ``archspec search masks --strategy als`` reads of a trained model);
+* soft-mask alphas (models with MaiT's soft mask, sec. 4.3): each head's learned ``alpha`` at every curve step
+  (:func:`archspec.search._modes.mask_scores.learned_alphas`, what ``--strategy soft`` reads), so that a mask table's
+  soft-mask rows (``<table>.soft.jsonl``) let the strategy run on the table.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from archspec.io.datasets import Dataset, load_data
 from archspec.nn.compiler import compile as compile_spec
 from archspec.search._evaluation.proxy import ProxyProtocol, proxy_spec, score_proxy
 from archspec.search._evaluation.zero_cost import ZERO_COST_SCORES
-from archspec.search._modes.mask_scores import layer_scores
+from archspec.search._modes.mask_scores import layer_scores, learned_alphas
 from archspec.spec import ArchSpec
 from archspec.train.batches import TensorBatches
 from archspec.train.config import TrainConfig
@@ -98,6 +101,19 @@ def _als_reader(protocol: dict, data_curve: Dataset):
     return read
 
 
+def _alpha_reader(model):
+    """``model -> {"stage.layer": [alpha per head, None for a head without a soft mask]}`` for a model with MaiT's
+    soft mask on any head (sec. 4.3), else ``None``."""
+    if not any(a is not None for values in learned_alphas(model).values() for a in values):
+        return None
+
+    def read(trained) -> dict[str, list[float | None]]:
+        return {f"{s}.{l}": [None if a is None else round(a, 4) for a in values]
+                for (s, l), values in sorted(learned_alphas(trained).items())}
+
+    return read
+
+
 class _StopAfter(Exception):
     """Raised by the step hook once ``stop_after`` steps have run (the protocol's schedule is left unchanged)."""
 
@@ -106,7 +122,8 @@ def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol
               stop_after: int | None = None) -> dict[str, Any]:
     """Train ``spec`` once under ``protocol`` with ``seed``: ``{"curve": [[step, val top-1, val loss]], "tse":
     [[step, sum of training losses, training seconds]], "als": [[step, {"stage.layer": [ALS per head]}]] (ALS
-    protocols only), "final_accuracy", "final_val_loss", "train_seconds", "eval_seconds"}``.  Accuracies in 0..1,
+    protocols only), "alphas": [[step, {"stage.layer": [soft-mask alpha per head or None]}]] (models with a soft
+    mask only), "final_accuracy", "final_val_loss", "train_seconds", "eval_seconds"}``.  Accuracies in 0..1,
     seconds of CPU wall time.
 
     ``stop_after=K`` runs only the protocol's first K steps (same learning-rate schedule, same batches) and returns
@@ -124,8 +141,8 @@ def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol
     batches = TensorBatches(data_curve.train, config.batch_size, config.augmentation, seed, torch.device("cpu"))
     trainer = Trainer(model, config, torch.device("cpu"), num_classes=data_curve.num_classes)
     points = set(protocol["curve_steps"])
-    read_als = _als_reader(protocol, data_curve)
-    curve, tse, als = [], [], []
+    read_als, read_alphas = _als_reader(protocol, data_curve), _alpha_reader(model)
+    curve, tse, als, alphas = [], [], [], []
     state = {"loss_sum": 0.0, "eval_s": 0.0, "last": time.perf_counter(), "train_s": 0.0}
 
     def on_step(step: int, loss) -> None:
@@ -136,6 +153,8 @@ def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol
             acc, val_loss = evaluate(model, data_curve)
             if read_als is not None:
                 als.append([step, read_als(model)])
+            if read_alphas is not None:
+                alphas.append([step, read_alphas(model)])
             state["eval_s"] += time.perf_counter() - start
             curve.append([step, acc, round(val_loss, 5)])
             tse.append([step, round(state["loss_sum"], 4), round(state["train_s"], 2)])
@@ -156,6 +175,8 @@ def train_row(spec: ArchSpec, data_curve: Dataset, data_final: Dataset, protocol
     row = {"curve": curve, "tse": tse}
     if read_als is not None:
         row["als"] = als
+    if read_alphas is not None:
+        row["alphas"] = alphas
     if result is None:
         row.update({"final_accuracy": None, "final_val_loss": None, "train_seconds": round(state["train_s"], 2),
                     "eval_seconds": round(state["eval_s"], 2)})
