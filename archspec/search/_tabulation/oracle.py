@@ -340,13 +340,14 @@ def table_path(source: str | os.PathLike) -> Path:
 
 def load_table(source: str | os.PathLike) -> OracleTable:
     """Read a table: a JSONL path, or the name of a shipped table (``levit_small``).  Its sidecars
-    ``<stem>.meta.json`` (protocol) and ``<stem>.latency.json`` (``{"ms": {key: [ms per pass]}}``) are read
-    when present.
+    ``<stem>.meta.json`` (protocol), ``<stem>.latency.json`` (``{"ms": {key: [ms per pass]}}``) and a mask table's
+    ``<stem>.soft.jsonl`` (the soft-mask model's rows, :attr:`OracleTable.soft_rows`) are read when present.
 
     Raises:
         SpecError: at ``oracle``: no such file or shipped table, a directory, over 64 MB, unreadable, a line
             that is not JSON or breaks a rule of :mod:`archspec.search._tabulation.checks` (shape, value, a conflicting
-            duplicate, another protocol), no rows, a sidecar of the wrong types.
+            duplicate, another protocol), no rows, a sidecar of the wrong types, a soft-mask sidecar that breaks
+            the row rules or holds no alphas.
     """
     path = table_path(source)
     name = str(source)
