@@ -4,6 +4,7 @@ schemes and the table's best placement.
     python bench/mask_works.py                                  # the shipped mait_small table, 50 replays
     python bench/mask_works.py --table T/mait_small.jsonl --replays 50 --json mask_works.json
     python bench/mask_works.py --table mait_small --replays 200 --first-seed 0 --steps 400 --trials 12
+    python bench/mask_works.py --replays 200 --null             # also each strategy against itself (false positives)
 
 A mask table (``archspec table SPACE`` on a ``kind: masks`` space such as ``mait_small``: per group of layers, how
 many heads carry MaiT's hard mask) is read once, copied first so that every replay reads the same rows
@@ -76,6 +77,7 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_TABLE = "mait_small"
 OPTUNA_TRIALS = 12  # `archspec search masks --strategy optuna`'s default trials (archspec/cli/search.py)
 MIN_REPLAYS = 50    # issue 55 item 1: ">= 50 oracle replays"
+NULL_OFFSET = 100_000  # --null: replay seeds r + NULL_OFFSET against r, as search_works' null check pairs them
 SOFT_REASON = ("the table has no soft-mask rows for every reference seed (<table>.soft.jsonl, bench/soft_rows.py): "
                "--strategy soft trains every head soft-masked, which no point of the table is")
 SEED_ERROR_DEFINITION = ("the table's median over its points of the per-point sample SD (ddof 1) of final top-1 "
@@ -314,8 +316,10 @@ def paired_vs(a: dict[int, float], b: dict[int, float]) -> dict:
             "wilcoxon_p": p, "batch20_rate_p05": WORKS.batch_rate(x, y)}
 
 
-def measure(table_source: str, replays: int, steps: int, trials: int, first_seed: int = 0) -> dict:
-    """Issue 55 item 1 on a mask table (module docstring): every strategy, ``replays`` replays.
+def measure(table_source: str, replays: int, steps: int, trials: int, first_seed: int = 0,
+            null: bool = False) -> dict:
+    """Issue 55 item 1 on a mask table (module docstring): every strategy, ``replays`` replays.  ``null``: also each
+    strategy against itself (:data:`NULL_OFFSET`), the paired test's false-positive rate (``"null"`` per strategy).
 
     Raises:
         Refused: not a mask table, a fixed scheme missing, a point the rule returns missing.
@@ -340,12 +344,14 @@ def measure(table_source: str, replays: int, steps: int, trials: int, first_seed
         best_key = max(truth.accuracy, key=lambda k: (truth.accuracy[k], k))
         best_params = table.rows[best_key][table.seeds[0]]["params"]
         seeds = list(range(first_seed, first_seed + replays))
-        runs = {"als": [replay_als(table, truth, by_params, groups, r, steps) for r in seeds],
-                "optuna": [replay_search(snapshot, table, truth, groups, r, steps, trials, "tpe") for r in seeds],
-                "random": [replay_search(snapshot, table, truth, groups, r, steps, trials, "random") for r in seeds]}
         soft = set(table.seeds) <= set(table.soft_rows)
+        replay = {"als": lambda r: replay_als(table, truth, by_params, groups, r, steps),
+                  "optuna": lambda r: replay_search(snapshot, table, truth, groups, r, steps, trials, "tpe"),
+                  "random": lambda r: replay_search(snapshot, table, truth, groups, r, steps, trials, "random")}
         if soft:
-            runs["soft"] = [replay_soft(table, truth, by_params, groups, r, steps) for r in seeds]
+            replay["soft"] = lambda r: replay_soft(table, truth, by_params, groups, r, steps)
+        runs = {name: [run(r) for r in seeds] for name, run in replay.items()}
+        nulls = {name: [run(r + NULL_OFFSET) for r in seeds] for name, run in replay.items()} if null else {}
         points = sum(1 for _ in load_space(table.space).points())
     strategies = {
         "als": {"replayable": True,
@@ -358,11 +364,18 @@ def measure(table_source: str, replays: int, steps: int, trials: int, first_seed
                                                       f"{trials} trials, ranked by TSE at {steps} steps"},
     }
     als = {r["replay"]: r["reference_accuracy"] for r in runs["als"]}
+    for name, again in nulls.items():
+        first = {r["replay"]: r["reference_accuracy"] for r in runs[name]}
+        strategies[name]["null"] = paired_vs({r["replay"] - NULL_OFFSET: r["reference_accuracy"] for r in again},
+                                             first)
     for name, done in runs.items():
         strategies[name]["summary"] = summarise(done, threshold, best_key)
         strategies[name]["runs"] = done
         if name != "als":
             strategies[name]["vs_als"] = paired_vs({r["replay"]: r["reference_accuracy"] for r in done}, als)
+    adjusted = WORKS.holm({name: s["vs_als"]["wilcoxon_p"] for name, s in strategies.items() if "vs_als" in s})
+    for name, p in adjusted.items():
+        strategies[name]["vs_als"]["holm_p"] = p
     from archspec.search import DEFAULT_SAMPLER
 
     return {"table": str(table_source), "space": table.space, "designs": len(truth.accuracy), "space_points": points,
@@ -374,6 +387,31 @@ def measure(table_source: str, replays: int, steps: int, trials: int, first_seed
             "table_best": {"key": best_key, "placement": best_params, "label": label(best_params, groups),
                            "reference_accuracy": truth.accuracy[best_key], "seeds": truth.finals[best_key]},
             "strategies": strategies}
+
+
+def choose(result: dict, alpha: float = 0.05, null_rate: float = 0.08, target: float = 0.8) -> dict:
+    """docs/search-works.md's pre-registered rule for the default of ``search masks`` ("How the default of `search
+    masks` will be chosen"), applied to a :func:`measure` result run with ``null``: broken when any strategy's
+    null gives p < 0.05 in more than ``null_rate`` of 20-replay batches; otherwise the candidates whose
+    Holm-adjusted p against ``als`` is below ``alpha`` qualify, and the one with the highest median held-out
+    reference accuracy (ties: the lower median CPU) becomes the default, else ``als`` stays.  Every strategy's share
+    of replays at least as good as the best fixed scheme is set against the issue's ``target``.
+
+    Raises:
+        ValueError: the result has no null runs (``measure(..., null=True)``).
+    """
+    replayed = {name: s for name, s in result["strategies"].items() if s["replayable"]}
+    if any("null" not in s for s in replayed.values()):
+        raise ValueError("the rule reads the null runs first: measure with null=True (--null)")
+    rates = {name: s["null"]["batch20_rate_p05"] for name, s in replayed.items()}
+    targets = {name: s["summary"]["share_at_least_best_fixed"] >= target for name, s in replayed.items()}
+    if any(rate > null_rate for rate in rates.values()):
+        return {"broken": True, "null_rates": rates, "default": None, "qualified": [], "meets_target": targets}
+    qualified = [name for name, s in replayed.items() if "vs_als" in s and s["vs_als"]["holm_p"] < alpha]
+    default = min(qualified, key=lambda n: (-replayed[n]["summary"]["reference_accuracy"]["median"],
+                                            replayed[n]["summary"]["seconds"]["median"]), default="als")
+    return {"broken": False, "null_rates": rates, "default": default, "qualified": qualified,
+            "meets_target": targets}
 
 
 def text(result: dict) -> str:
@@ -411,12 +449,23 @@ def text(result: dict) -> str:
                      f"{v['replays']} ({100 * v['share_at_least_best_fixed']:.0f} %); {v['table_best']}/"
                      f"{v['replays']}; {cpu['median']:.0f} s [{cpu['iqr'][0]:.0f}-{cpu['iqr'][1]:.0f}]")
         lines.append("    placements: " + ", ".join(f"{k} x{n}" for k, n in v["placements"].items()))
+        if "null" in s:
+            t = s["null"]
+            lines.append(f"    null (against itself at replay seeds +{NULL_OFFSET:,}): one-sided Wilcoxon p "
+                         f"{t['wilcoxon_p']:.3g}; 20-replay batches with p < 0.05: {100 * t['batch20_rate_p05']:.1f} %")
         if "vs_als" in s:
             t = s["vs_als"]
             lines.append(f"    against als, paired by replay: {t['wins']} wins / {t['losses']} losses / {t['ties']} "
                          f"ties, median difference {t['median_difference']:+.4f}, one-sided Wilcoxon p (above als) "
-                         f"{t['wilcoxon_p']:.3g}; 20-replay batches with p < 0.05: "
+                         f"{t['wilcoxon_p']:.3g} (Holm {t['holm_p']:.3g}); 20-replay batches with p < 0.05: "
                          f"{100 * t['batch20_rate_p05']:.1f} %")
+    if all("null" in s for s in result["strategies"].values() if s["replayable"]):
+        c = choose(result)
+        lines.append("the pre-registered rule: " + ("broken (a null over 8 % of batches): nothing chosen"
+                                                    if c["broken"] else
+                                                    f"default {c['default']} (qualified: {c['qualified'] or 'none'})")
+                     + "; at least as good as the best fixed scheme in >= 80 % of replays: "
+                     + ", ".join(f"{n} {'yes' if ok else 'no'}" for n, ok in c["meets_target"].items()))
     return "\n".join(lines)
 
 
@@ -435,13 +484,16 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=OPTUNA_TRIALS,
                         help=f"trained candidates of optuna and random (default {OPTUNA_TRIALS}: --strategy optuna's)")
     parser.add_argument("--json", default=None, help="also write the result here (every replay included)")
+    parser.add_argument("--null", action="store_true",
+                        help=f"also each strategy against itself at replay seeds +{NULL_OFFSET:,} (the paired test's "
+                             "false-positive rate; twice the replays)")
     args = parser.parse_args(argv)
     if args.replays < 1 or args.trials < 1 or args.steps < 1:
         parser.error("--replays, --trials and --steps must be positive")
     from archspec.errors import SpecError
 
     try:
-        result = measure(args.table, args.replays, args.steps, args.trials, args.first_seed)
+        result = measure(args.table, args.replays, args.steps, args.trials, args.first_seed, null=args.null)
     except (Refused, SpecError) as exc:
         print(f"mask_works: error: {exc}", file=sys.stderr)
         return 2

@@ -173,6 +173,62 @@ def test_soft_is_replayed_from_the_soft_rows_and_scored_on_every_seed(works, tmp
     assert "soft: not replayable" not in works.text(result)
 
 
+@pytest.mark.slow  # measure() runs the two searches twice: seconds
+def test_the_null_pairs_each_strategy_with_itself_at_other_replay_seeds(works, tmp_path):
+    """--null: als at replay seeds 100,000 and 100,001 against 0 and 1.  It returns 3/1/0 every time (finals 0.714,
+    0.720, 0.711), held out the seed that answered it in round 2, so each side's accuracy is the mean of the two
+    other seeds -- by hand from table.seed_of; wins and losses follow."""
+    from archspec.search import load_table
+
+    table_file = _write_table(tmp_path / "masks.jsonl")
+    result = works.measure(str(table_file), replays=2, steps=400, trials=2, null=True)
+    table, finals = load_table(table_file), [0.714, 0.720, 0.711]
+    key = result["strategies"]["als"]["runs"][0]["key"]
+
+    def held_out(replay):
+        answered = table.seed_of(key, replay)
+        return sum(f for s, f in enumerate(finals) if s != answered) / 2
+
+    diffs = [held_out(r + works.NULL_OFFSET) - held_out(r) for r in (0, 1)]
+    null = result["strategies"]["als"]["null"]
+    assert null["n"] == 2 and (null["wins"], null["losses"]) == (sum(d > 1e-12 for d in diffs),
+                                                                sum(d < -1e-12 for d in diffs))
+    assert all("null" in result["strategies"][name] for name in ("optuna", "random"))
+    assert "null (against itself at replay seeds +100,000)" in works.text(result)
+
+
+def _strategy(median, cpu, share, null_rate, holm_p=None):
+    out = {"replayable": True, "summary": {"reference_accuracy": {"median": median}, "seconds": {"median": cpu},
+                                           "share_at_least_best_fixed": share},
+           "null": {"batch20_rate_p05": null_rate}}
+    if holm_p is not None:
+        out["vs_als"] = {"holm_p": holm_p}
+    return out
+
+
+def test_the_pre_registered_masks_rule_by_hand(works):
+    """Of three candidates against als, random (Holm 0.01) and optuna (0.04) qualify, soft (0.2) does not; optuna
+    and random tie on median accuracy, random is cheaper: random.  Only optuna reaches 80 %.  A null at 9 % breaks
+    the test; a result without nulls is refused; none qualifying leaves als."""
+    result = {"strategies": {
+        "als": _strategy(0.760, 300, 0.50, 0.05),
+        "soft": _strategy(0.770, 150, 0.70, 0.05, holm_p=0.2),
+        "optuna": _strategy(0.765, 2000, 0.85, 0.06, holm_p=0.04),
+        "random": _strategy(0.765, 1800, 0.79, 0.04, holm_p=0.01)}}
+    got = works.choose(result)
+    assert (got["broken"], got["default"], sorted(got["qualified"])) == (False, "random", ["optuna", "random"])
+    assert got["meets_target"] == {"als": False, "soft": False, "optuna": True, "random": False}
+    result["strategies"]["soft"]["null"]["batch20_rate_p05"] = 0.09
+    assert works.choose(result)["broken"] is True and works.choose(result)["default"] is None
+    result["strategies"]["soft"]["null"]["batch20_rate_p05"] = 0.05
+    for name in ("optuna", "random"):
+        result["strategies"][name]["vs_als"]["holm_p"] = 0.5
+    assert works.choose(result)["default"] == "als"
+    del result["strategies"]["als"]["null"]
+    with pytest.raises(ValueError, match="null"):
+        works.choose(result)
+
+
 def test_refusals_exit_2_with_a_message(works, tmp_path, capsys):
     """A table without Sch.2-like's point, and a design table (levit_small, shipped), are refused."""
     table_file = _write_table(tmp_path / "masks.jsonl", skip=((2, 1, 0),))
