@@ -3,6 +3,7 @@
     python bench/gauss_vs_masks.py                       # trains what is missing, then prints the comparison
     python bench/gauss_vs_masks.py --seeds 0 1 2 --out gauss_vs_masks.jsonl
     python bench/gauss_vs_masks.py --steps 938 --table bench/pilots/mait_small_s938.rows.jsonl   # the 938-step run
+    python bench/gauss_vs_masks.py --only "gauss_mask, every head"   # its rows now, the table's points from the table
 
 Three designs of the mait_small space's model (a 6-layer DeiT at 28 px, 3 heads, Fashion-MNIST; see
 archspec/search/spaces/mait_small.yaml): no masks (the space's point 0/0/0), every head with MaiT's hard 3x3 mask
@@ -71,6 +72,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the mask table's)")
     parser.add_argument("--table", default=str(TABLES_DIR / "mait_small.jsonl"),
                         help="rows read instead of trained where the protocol matches (default: the shipped table)")
+    parser.add_argument("--only", nargs="+", default=None, choices=list(designs()), metavar="LABEL",
+                        help="train only these designs (e.g. 'gauss_mask, every head' while the table's workers "
+                             "train its points); the others are read from the table or --out where there")
     args = parser.parse_args(argv)
     protocol = protocol_for(args.steps)
     out = Path(args.out)
@@ -84,6 +88,8 @@ def main(argv=None) -> int:
                 continue
             row = table.get(key, {}).get(seed)
             from_table = row is not None
+            if row is None and args.only is not None and label not in args.only:
+                continue
             if row is None:
                 data = data or reference_data(protocol)
                 row = train_row(spec, *data, protocol, seed=seed)
