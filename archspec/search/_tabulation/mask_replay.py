@@ -232,7 +232,7 @@ def replay_soft(table, replay_seed: int, steps: int, *, threshold: float = 0.5) 
     soft = table.soft_rows
     if not soft or not set(table.seeds) <= set(soft):
         raise SpecError.single(("oracle",), f"the table has no soft-mask rows for seeds {table.seeds} (has "
-                               f"{sorted(soft)}): --strategy soft reads the model it trains, every head soft-masked",
+                               f"{sorted(soft)}): the soft strategy reads the model it trains, every head soft-masked",
                                f"a {Path(table.file).stem}.soft.jsonl beside the table (bench/soft_rows.py)",
                                table.file)
     key = next(iter(soft.values()))["key"]
