@@ -473,7 +473,7 @@ def test_cost_binned_ranks_within_quantile_bins_by_hand(works):
     assert works.cost_binned(proxy, reference, cost, 4)["tau"] is None
 
 
-def test_the_rules_fidelity_reads_the_round1_row_of_the_same_seed_by_hand(works):
+def test_the_rules_fidelity_reads_the_round1_row_of_the_same_seed_by_hand(works, monkeypatch):
     """Six placements of mait_small's three groups, the same final top-1 at every seed (0.7 + 0.01 m_0-1 + 0.001
     m_2-3).  The round-1 row (1/1/1) puts head 0 of group 0-1 at 0.9 above uniform at seeds 0 and 2, at 0.1 at seed
     1, every other group at 0.5 (the centre of 0.8 / 0.2): the rule's score is +-0.4 m_0-1 / 3, so seeds 0 and 2
@@ -494,6 +494,7 @@ def test_the_rules_fidelity_reads_the_round1_row_of_the_same_seed_by_hand(works)
                 "tse": [[50, 40.0, 5.0], [100, 70.0, 10.0]], "als": [[50, als], [100, als]], "zc": {},
                 "macs": 1, "n_params": 1}
 
+    monkeypatch.setattr(works, "bootstrap_mean", lambda *args: (0.0, 0.0))  # the interval is tested on its own
     rows = [row(c, f, s) for s in (0, 1, 2) for c, f in zip(points, finals)]
     result = works.fidelity_table(rows, (0, 1, 2), als={"heads": 3, "u": u})
     rule = {f["fidelity"]: f for f in result["fidelities"] if f["fidelity"].startswith("MaiT's rule")}
@@ -504,6 +505,15 @@ def test_the_rules_fidelity_reads_the_round1_row_of_the_same_seed_by_hand(works)
     assert rule["MaiT's rule score, ALS of the round-1 row at step 50"]["cost_s"] == pytest.approx(5.0)
     without = works.fidelity_table([r for r in rows if r["key"] != "k111"], (0, 1, 2), als={"heads": 3, "u": u})
     assert not [f for f in without["fidelities"] if f["fidelity"].startswith("MaiT's rule")]
+
+
+def test_a_fidelity_every_design_shares_has_no_interval(works):
+    """A mask table's MACs (the same for every placement): no resample gives a tau, so the interval is (nan, nan)
+    rather than an error."""
+    import math
+
+    low, high = works.bootstrap_mean([[1.0, 1.0, 1.0, 1.0]], [[0.1, 0.2, 0.3, 0.4]], n=20)
+    assert math.isnan(low) and math.isnan(high)
 
 
 def test_a_mask_tables_geometry_comes_from_its_sidecar(works, tmp_path):
