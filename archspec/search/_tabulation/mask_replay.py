@@ -1,4 +1,5 @@
-"""MaiT's mask-placement rule replayed on a mask table (issue 52: `search masks` on the table in seconds), torch-free.
+"""MaiT's mask-placement strategies replayed on a mask table (issue 52: `search masks` on a table in seconds),
+torch-free.
 
 A mask table (``archspec table SPACE`` on a ``kind: masks`` space such as ``mait_small``) holds, for every placement
 point and seed, the learning curve and MaiT's ALS (eq. 3) of every layer and head at every curve step.  That is all
@@ -22,6 +23,11 @@ point is per group, so this replay decides per group on the group's ALS -- the m
 
 The uniform baseline ``u`` of a layer (:func:`uniform_als`) is what :func:`archspec.search._modes.mask_scores.
 uniform_baselines` computes on a model, from the grid alone.
+
+MaiT sec. 4.3 (``strategy="soft"``, :func:`replay_soft`) trains one model that is no point of the space, every head
+soft-masked; a mask table's soft-mask sidecar holds its rows (learned alphas at every curve step), so it replays the
+same way.  :func:`rule_score` reads the rule's first round as a score of every placement (the table's "fidelity of
+ALS").
 """
 
 from __future__ import annotations
