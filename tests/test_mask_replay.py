@@ -294,3 +294,14 @@ def test_a_soft_masked_model_has_its_alphas_read_and_a_hard_one_none():
     assert sorted(alphas) == [f"0.{layer}" for layer in range(6)]
     assert all(values == [0.5, 0.5, 0.5] for values in alphas.values())
     assert _alpha_reader(compile_spec(hard)) is None
+
+
+def test_a_soft_mask_sidecar_is_no_shipped_table():
+    """mait_small.soft.jsonl is a sidecar: not listed among the shipped tables, not loadable by the bare name."""
+    from archspec.search import load_table
+    from archspec.search._tabulation.oracle import shipped_tables
+
+    assert (TABLES_DIR / "mait_small.soft.jsonl").is_file()
+    assert shipped_tables() == ["levit_small", "mait_small"]
+    with pytest.raises(SpecError, match="no such table"):
+        load_table("mait_small.soft")

@@ -333,9 +333,17 @@ def table_path(source: str | os.PathLike) -> Path:
     """The file :func:`load_table` reads for ``source``: the path, or a shipped table's JSONL for a bare name that is
     no file here (``levit_small``).  Checks nothing, raises nothing."""
     path = Path(source).expanduser()
-    if not path.exists() and path.parent == Path(".") and (TABLES_DIR / f"{path.name}.jsonl").is_file():
+    if not path.exists() and path.parent == Path(".") and path.name in shipped_tables():
         return TABLES_DIR / f"{path.name}.jsonl"
     return path
+
+
+def shipped_tables() -> list[str]:
+    """The names of the shipped tables (``levit_small``, ...): the JSONL files of :data:`TABLES_DIR`, without the
+    sidecars that are JSONL too (``mait_small.soft.jsonl``).  Raises nothing."""
+    if not TABLES_DIR.is_dir():
+        return []
+    return sorted(p.stem for p in TABLES_DIR.glob("*.jsonl") if "." not in p.stem)
 
 
 def load_table(source: str | os.PathLike) -> OracleTable:
@@ -352,7 +360,7 @@ def load_table(source: str | os.PathLike) -> OracleTable:
     path = table_path(source)
     name = str(source)
     if not path.exists():
-        shipped = sorted(p.stem for p in TABLES_DIR.glob("*.jsonl")) if TABLES_DIR.is_dir() else []
+        shipped = shipped_tables()
         raise _fail("no such table", name, f"shipped tables: {', '.join(shipped) or 'none'}")
     if not path.is_file():
         raise _fail("not a regular file", name)
