@@ -21,6 +21,23 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 @pytest.fixture(scope="session")
+def bench_module():
+    """``load(name)``: ``bench/<name>.py`` loaded as a module (the bench scripts are not a package), each call a
+    fresh copy."""
+    import importlib.util
+    from pathlib import Path
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "bench" /
+                                                      f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+@pytest.fixture(scope="session")
 def real_images():
     """Three real photographs (matplotlib's grace_hopper, scikit-learn's china and flower), (3, 3, 224, 224)."""
     from archspec.io.images import sample_batch

@@ -4,7 +4,6 @@ the held-out scoring of every strategy on a synthetic complete mask table, and t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -19,11 +18,8 @@ SD = math.sqrt((0.001 ** 2 + 0.005 ** 2 + 0.004 ** 2) / 2)  # sample SD of OFFSE
 
 
 @pytest.fixture(scope="module")
-def works():
-    spec = importlib.util.spec_from_file_location("mask_works", ROOT / "bench" / "mask_works.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def works(bench_module):
+    return bench_module("mask_works")
 
 
 def _base(counts) -> float:

@@ -3,7 +3,6 @@ anytime look-up that the search-vs-random comparison rests on."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,11 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def works():
-    spec = importlib.util.spec_from_file_location("search_works", ROOT / "bench" / "search_works.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def works(bench_module):
+    return bench_module("search_works")
 
 
 def test_hypervolume_2d_by_hand(works):
@@ -124,7 +120,7 @@ def test_headroom_by_hand(works):
     assert got["best_under_budget"]["best"] == 0.85 and got["best_under_budget"]["all_designs_proxy"] == 0.85
 
 
-def test_a_live_runs_front_is_its_own_then_scored_on_the_table(tmp_path):
+def test_a_live_runs_front_is_its_own_then_scored_on_the_table(bench_module, tmp_path):
     """bench/search_live.py: the front is chosen by the run's proxy (score, latency) -- here A (0.9, 1 ms) and
     C (0.95, 3 ms); B (0.8, 2 ms) is dominated, a reused copy of C adds nothing -- and then scored by the table's
     reference: A and C are the hand test's A (acc 0.7, 10 MACs) and B (acc 0.8, 30 MACs), so 4/9 as there; under
@@ -133,9 +129,7 @@ def test_a_live_runs_front_is_its_own_then_scored_on_the_table(tmp_path):
 
     from archspec.search._tabulation.oracle import OracleTable
 
-    spec = importlib.util.spec_from_file_location("search_live", ROOT / "bench" / "search_live.py")
-    live = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(live)
+    live = bench_module("search_live")
     works = live._works()
     designs = {"A": (0.7, 10, 1.0), "C": (0.8, 30, 3.0), "B": (0.9, 20, 2.0), "D": (0.6, 40, 4.0)}
     rows = {k: {0: {"final_accuracy": acc, "macs": macs}} for k, (acc, macs, _) in designs.items()}
@@ -173,7 +167,7 @@ def test_a_simulation_reads_a_snapshot_of_the_table_not_the_file_being_merged(wo
     assert (shipped / "levit_small.latency.json").read_bytes() == (TABLES_DIR / "levit_small.latency.json").read_bytes()
 
 
-def test_the_live_proxies_rank_and_resample_by_hand(tmp_path):
+def test_the_live_proxies_rank_and_resample_by_hand(bench_module, tmp_path):
     """bench/search_live.py --proxies: designs A, B, C (reference 0.7 / 0.8 / 0.9, MACs 10 / 20 / 30, 1 / 2 / 3 ms;
     D, 0.6 at 40 MACs and 4 ms, widens the bounds and is not trained live).  Live val top-1 0.5 / 0.6 / 0.4 ranks
     them at tau (1 - 2) / 3; TSE -1.0 / -0.9 / -0.8 at tau 1.  Scaled to the bounds (0.6..0.9, 1..4 ms) A is
@@ -184,9 +178,7 @@ def test_the_live_proxies_rank_and_resample_by_hand(tmp_path):
 
     from archspec.search._tabulation.oracle import OracleTable
 
-    spec = importlib.util.spec_from_file_location("search_live", ROOT / "bench" / "search_live.py")
-    live = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(live)
+    live = bench_module("search_live")
     works = live._works()
     trained = {"A": (0.7, 10, 1.0, 0.5, 120.0), "B": (0.8, 20, 2.0, 0.6, 108.0), "C": (0.9, 30, 3.0, 0.4, 96.0)}
     rows = {k: {0: {"final_accuracy": acc, "macs": macs, "n_params": macs, "curve": [[120, top1, 0.0]],
@@ -353,15 +345,13 @@ def test_the_bench_strata_rule_is_the_shipped_one(works):
     assert works._finite(0.0) == 0.0 and works._finite(None) == float("-inf")
 
 
-def test_every_live_method_is_the_replayed_one(works, tmp_path):
+def test_every_live_method_is_the_replayed_one(bench_module, works, tmp_path):
     """bench/search_live.py's methods parse as `archspec search` command lines, and each one that
     bench/search_works.py also replays runs with the same sampler, start-up draws, zero-cost score and proxy score
     (a live check of a method must run what the replays measured)."""
     from archspec.cli.app import make_parser
 
-    spec = importlib.util.spec_from_file_location("search_live", ROOT / "bench" / "search_live.py")
-    live = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(live)
+    live = bench_module("search_live")
     parser = make_parser()
     for name in live.METHODS:
         args = parser.parse_args(live.command(name, tmp_path / "o", 0, 540.0, [])[3:])

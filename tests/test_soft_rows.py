@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,11 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def soft_rows():
-    spec = importlib.util.spec_from_file_location("soft_rows", ROOT / "bench" / "soft_rows.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def soft_rows(bench_module):
+    return bench_module("soft_rows")
 
 
 def test_the_soft_model_is_the_unmasked_point_with_every_head_soft_masked(soft_rows):
