@@ -212,6 +212,10 @@ def test_soft_replay_by_hand():
     assert replay_soft(table, 0, 100, threshold=0.6).counts == dict(zip(GROUPS, (2, 2, 1)))
     assert replay_soft(table, 0, 60).counts == dict(zip(GROUPS, (0, 0, 0)))
     assert replay_soft(table, 0, 75).seconds == pytest.approx(7.5)
+    other_model = {k: v for k, v in SOFT_ALPHAS.items() if k != "0.5"}  # a sidecar of another model: no layer 5
+    table.soft_rows = {s: _soft_row(s, other_model) for s in (0, 1, 2)}
+    with pytest.raises(SpecError, match=r"no alphas for layers \['0.5'\]"):
+        replay_soft(table, 0, 100)
     table.soft_rows = {0: table.soft_rows[0], 1: table.soft_rows[1]}  # seed 2 missing
     with pytest.raises(SpecError, match="no soft-mask rows for seeds"):
         replay_soft(table, 0, 100)

@@ -233,7 +233,8 @@ def replay_soft(table, replay_seed: int, steps: int, *, threshold: float = 0.5) 
     exchangeable, so a count is the placement).  Its cost is the soft model's training seconds to ``steps``.
 
     Raises:
-        SpecError: the table has no soft-mask rows for every reference seed, or is not a per-group masks table.
+        SpecError: the table has no soft-mask rows for every reference seed, a row lacks a group's layer, or the
+            table is not a per-group masks table.
     """
     soft = table.soft_rows
     if not soft or not set(table.seeds) <= set(soft):
@@ -247,6 +248,10 @@ def replay_soft(table, replay_seed: int, steps: int, *, threshold: float = 0.5) 
     alphas = _entry_at(soft[seed]["alphas"], steps)
     means, counts = {}, {}
     for name, (stage, layers) in groups.items():
+        missing = [f"{stage}.{layer}" for layer in layers if f"{stage}.{layer}" not in alphas]
+        if missing:
+            raise SpecError.single(("oracle",), f"the soft-mask row of seed {seed} has no alphas for layers {missing}",
+                                   "soft-mask rows of this table's model (bench/soft_rows.py)", table.file)
         per_layer = [alphas[f"{stage}.{layer}"] for layer in layers]
         means[name] = [None if None in values else sum(values) / len(values) for values in zip(*per_layer)]
         counts[name] = sum(1 for a in means[name] if a is not None and a < threshold)
