@@ -13,8 +13,9 @@ records another) at each seed the sidecar lacks, and appends each row as it fini
 (``alphas``) and no zero-cost scores (``zc`` empty: nothing reads them of this model).  Then ``archspec search masks
 --oracle TABLE --strategy soft`` and ``bench/mask_works.py`` replay the strategy on the table.
 
-A pair costs what a table pair does (about 10 minutes of a core on this project's VM at 1,876 steps).  Exit 2 with
-a message when the table or its protocol sidecar is missing or records another protocol.
+mait_small's three took 742-809 s of training each at 1,876 steps, one thread beside two table workers on this
+project's 2-core VM.  Exit 2 with a message when the table or its protocol sidecar is missing, unreadable or records
+another protocol, or the soft-mask rows already there are not rows.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import sys
 from pathlib import Path
 
+from archspec.errors import SpecError
 from archspec.search import (
     TABLES_DIR,
     apply_placement,
@@ -55,9 +57,12 @@ def checked_protocol(table: Path) -> tuple[object, dict, str]:
     meta_path = table.with_suffix(".meta.json")
     if not table.is_file() or not meta_path.is_file():
         raise SystemExit(f"{table}: no such table with a .meta.json sidecar (archspec table SPACE --export FILE)")
-    meta = json.loads(meta_path.read_text())
-    space = load_space(meta["protocol"]["space"])
-    if meta["protocol"] != table_protocol(space) or "als" not in meta["protocol"]:
+    try:
+        meta = json.loads(meta_path.read_text())
+        space = load_space(meta["protocol"]["space"])
+    except (json.JSONDecodeError, KeyError, TypeError, SpecError) as exc:
+        raise SystemExit(f"{meta_path}: not a table's protocol sidecar ({type(exc).__name__}: {exc})") from None
+    if meta["protocol"] != table_protocol(space) or "als" not in meta["protocol"] or "protocol_id" not in meta:
         raise SystemExit(f"{meta_path}: its protocol is not the mask space {space.name}'s table protocol of this "
                          "checkout: soft-mask rows must be trained under the table's own protocol")
     return space, meta["protocol"], meta["protocol_id"]
@@ -80,8 +85,12 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(protocol["threads"])
     out = table.with_suffix(".soft.jsonl")
-    done = {json.loads(line)["seed"] for line in out.read_text().splitlines() if line.strip()} if out.is_file() \
-        else set()
+    try:
+        done = {json.loads(line)["seed"] for line in out.read_text().splitlines() if line.strip()} if out.is_file() \
+            else set()
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        print(f"soft_rows: {out}: not soft-mask rows ({type(exc).__name__}: {exc}); nothing appended", file=sys.stderr)
+        return 2
     spec = soft_spec(space)
     key, counts, host = architecture_key(spec), analyze(spec), machine()
     data = None

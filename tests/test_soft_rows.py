@@ -39,3 +39,19 @@ def test_a_table_of_another_protocol_or_without_a_sidecar_is_refused(soft_rows, 
     assert soft_rows.main(["--table", str(table)]) == 2
     assert "not the mask space mait_small's table protocol" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl", "t.meta.json"]
+
+
+def test_unreadable_sidecars_are_refused_without_appending(soft_rows, tmp_path, capsys):
+    """A protocol sidecar that is not JSON, and soft-mask rows already there that are not rows: exit 2, a message
+    naming the file, nothing written."""
+    table = tmp_path / "t.jsonl"
+    table.write_text("{}\n")
+    (tmp_path / "t.meta.json").write_text("not json")
+    assert soft_rows.main(["--table", str(table)]) == 2
+    assert "t.meta.json: not a table's protocol sidecar" in capsys.readouterr().err
+    shipped_meta = ROOT / "archspec" / "search" / "tables" / "mait_small.meta.json"
+    (tmp_path / "t.meta.json").write_text(shipped_meta.read_text())
+    (tmp_path / "t.soft.jsonl").write_text("garbage\n")
+    assert soft_rows.main(["--table", str(table)]) == 2
+    assert "t.soft.jsonl: not soft-mask rows" in capsys.readouterr().err
+    assert (tmp_path / "t.soft.jsonl").read_text() == "garbage\n"
