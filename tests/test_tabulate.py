@@ -225,6 +225,20 @@ def test_the_grid14_pilot_is_mait_smalls_placements_at_patch_2_with_macs_by_hand
     for _, spec in (points[0], points[-1]):  # no masks, every head masked: a mask adds no MACs
         assert archspec.analyze(spec).macs == want
 
+def test_the_nopos_pilot_is_mait_smalls_placements_without_the_position_embedding_by_hand():
+    """bench/pilots/mait_nopos.yaml (docs/search-works.md, "No position embedding"): the same 64 placements in the
+    same order as mait_small, every point mait_small's model less its learned position embedding -- 50 tokens
+    (7x7 + class) x width 96 = 4,800 parameters fewer, the same MACs (adding the embedding is no
+    multiply-accumulate) -- so the protocol's rows differ from mait_small's only by where position can enter."""
+    pilot = load_space(ROOT / "bench" / "pilots" / "mait_nopos.yaml")
+    points, base = list(pilot.points()), list(load_space("mait_small").points())
+    assert [p for p, _ in points] == [p for p, _ in base]
+    for (_, spec), (_, ref) in ((points[0], base[0]), (points[-1], base[-1])):
+        assert spec.tokens.pos_embed == "none"
+        ours, theirs = archspec.analyze(spec), archspec.analyze(ref)
+        assert (ours.macs, ours.params) == (theirs.macs, theirs.params - (7 * 7 + 1) * 96)
+
+
 def test_the_cli_exports_and_reports_what_the_study_holds(tmp_path, space, protocol, capsys):
     """``archspec table --export`` writes the study's rows (exit 0, a line saying how many) and ``--report`` prints
     the seed check of the same rows (two seeds of three points: single-seed tau over 3 designs)."""
