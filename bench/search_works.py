@@ -7,6 +7,8 @@
     python bench/search_works.py headroom --score tse --steps 200   # what any sampler could add to random draws
     python bench/search_works.py priors                    # cost bins + zero-cost scores choosing what to train
     python bench/search_works.py cost-bins --bins 4        # TSE and val top-1 ranking designs of similar cost
+    python bench/search_works.py seed-power --table mait_small   # predict a seed check's tau from fewer rows
+    python bench/search_works.py mask-effects --table mait_small # how far masked heads move top-1 (additive fit)
 
 The reference is each design's final accuracy (all 10,000 test images) after the full protocol, averaged over the
 table's seeds.  A fidelity measured on one seed's run is compared with the mean final accuracy of the *other*
@@ -1043,6 +1045,39 @@ def _additive_components(table, min_seeds: int) -> dict | None:
             "between_var": max(0.0, means_var - interaction / k)}
 
 
+def mask_effects(table_path) -> dict:
+    """How much does a mask-placement space's choice move final top-1?  Ordinary least squares on every row of a
+    table: final top-1 (points) = a seed's own effect + sum over the space's integer parameters (masked heads per
+    layer group) of a slope times the parameter.  Returns each parameter's slope (points per masked head), the
+    residual SD (points, ``n - p`` degrees of freedom: the seed noise plus what the additive model misses), and what
+    the fit implies for the space: the range of its fitted values over every combination of the values the table
+    holds (``range``: the most any placement can gain on another, if the effects add) and their SD (``grid_sd``:
+    the between-design SD the seed check would see on the whole space).  A seed check needs a between-design SD of
+    about 1.3 points at an interaction of 0.79 (docs/search-works.md); a space whose whole range is smaller cannot
+    reach it however its points are chosen.  Raises ValueError if the table has fewer rows than parameters."""
+    import itertools
+
+    from archspec.search import load_table
+
+    table = load_table(table_path) if isinstance(table_path, str | Path) else table_path
+    rows = [row for by in table.rows.values() for row in by.values()]
+    names = sorted(rows[0]["params"]) if rows else []
+    seeds = sorted({int(row["seed"]) for row in rows})
+    x = np.array([[float(int(row["seed"]) == s) for s in seeds] + [float(row["params"][n]) for n in names]
+                  for row in rows])
+    y = np.array([100.0 * float(row["final_accuracy"]) for row in rows])
+    if len(rows) <= x.shape[1]:
+        raise ValueError(f"{len(rows)} rows cannot fit {x.shape[1]} effects")
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    residual = y - x @ coef
+    slopes = dict(zip(names, (float(c) for c in coef[len(seeds):])))
+    values = [sorted({float(row["params"][n]) for row in rows}) for n in names]
+    grid = np.array([sum(slopes[n] * v for n, v in zip(names, combo)) for combo in itertools.product(*values)])
+    return {"table": str(getattr(table, "file", table_path)), "rows": len(rows), "seeds": seeds,
+            "slopes": slopes, "residual_sd": float(math.sqrt((residual ** 2).sum() / (len(rows) - x.shape[1]))),
+            "range": float(grid.max() - grid.min()), "grid_sd": float(np.std(grid, ddof=1)) if grid.size > 1 else 0.0}
+
+
 PRIOR_RULES = {
     "latency bins, random in each": ("latency", None),
     "latency bins, best SynFlow": ("latency", "synflow"),
@@ -1118,6 +1153,8 @@ def main(argv=None) -> int:
     pw.add_argument("--k", type=int, default=3, help="seeds per mean (default 3)")
     pw.add_argument("--min-seeds", type=int, default=2, help="read only designs with this many seeds (default 2)")
     pw.add_argument("--between-scale", type=float, default=1.0, help="multiply the between-design SD (what if)")
+    eff = sub.add_parser("mask-effects", help="how far a mask space's choices move top-1 (additive fit, points)")
+    eff.add_argument("--table", required=True)
     cho = sub.add_parser("choose", help="the pre-registered rule of docs/search-works.md on simulate + null JSON")
     cho.add_argument("--simulate", required=True, help="JSON of `simulate` (every candidate against the baseline)")
     cho.add_argument("--null", required=True, help="JSON of `null` (the baseline against itself)")
@@ -1154,6 +1191,14 @@ def main(argv=None) -> int:
                           f"{v['hv_macs']:.4f}, {v['size']:.0f} designs, median {v['median_macs'] / 1e6:.1f} M MACs")
         if args.json:
             Path(args.json).write_text(json.dumps(r, indent=1) + "\n")
+        return 0
+    if args.cmd == "mask-effects":
+        got = mask_effects(table_file(args.table))
+        print(f"{got['table']}: {got['rows']} rows, seeds {got['seeds']}; final top-1 (points) = seed effect + slopes:")
+        for name, slope in got["slopes"].items():
+            print(f"  {name}: {slope:+.3f} points per unit")
+        print(f"residual SD {got['residual_sd']:.2f} points; fitted range over the space {got['range']:.2f} points, "
+              f"fitted SD over the space {got['grid_sd']:.2f} points")
         return 0
     if args.cmd == "seed-power":
         r = seed_power(args.table, args.designs, args.k, min_seeds=args.min_seeds, between_scale=args.between_scale)

@@ -423,6 +423,25 @@ def test_seed_power_takes_shared_seed_effects_out_by_hand(works):
     assert got["models"]["shared seeds, normal"]["predicted_tau_median"] > 0.9
 
 
+def test_mask_effects_recover_additive_slopes_by_hand(works):
+    """Nine placements (a, b in 0..2) at two seeds, final top-1 = 0.5 + 0.01 a + 0.002 b + 0.003 seed exactly:
+    slopes 1.0 and 0.2 points per masked head, residual 0, fitted range 2 x 1.0 + 2 x 0.2 = 2.4 points, and the
+    fitted SD over the 3 x 3 grid sqrt((2/3 + 0.04 x 2/3) x 9/8) = 0.8832 points.  With one row less than effects
+    (4: two seeds, two slopes) it refuses."""
+    from types import SimpleNamespace
+
+    rows = {f"{a}{b}": {s: {"seed": s, "params": {"a": a, "b": b},
+                            "final_accuracy": 0.5 + 0.01 * a + 0.002 * b + 0.003 * s} for s in (0, 1)}
+            for a in range(3) for b in range(3)}
+    got = works.mask_effects(SimpleNamespace(file="t", rows=rows))
+    assert got["slopes"] == pytest.approx({"a": 1.0, "b": 0.2}) and got["seeds"] == [0, 1]
+    assert got["residual_sd"] == pytest.approx(0.0, abs=1e-9) and got["rows"] == 18
+    assert got["range"] == pytest.approx(2.4) and got["grid_sd"] == pytest.approx(0.8832, abs=1e-4)
+    few = {k: rows[k] for k in ("00", "11")}
+    with pytest.raises(ValueError, match="4 rows cannot fit 4 effects"):
+        works.mask_effects(SimpleNamespace(file="t", rows=few))
+
+
 def test_design_costs_compare_the_cost_rule_with_the_seeds_clocks_by_hand(works):
     """Design a: seed 0 spends 10 s a span, seed 1 30 s on the first span (paused) and 10 s on the second.  Charged
     to step 20: 10 + 10 = 20 s against the seeds' mean clock (20 + 40) / 2 = 30 s -> 0.667.  Design b: both seeds
