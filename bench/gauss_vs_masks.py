@@ -4,6 +4,7 @@
     python bench/gauss_vs_masks.py --seeds 0 1 2 --out gauss_vs_masks.jsonl
     python bench/gauss_vs_masks.py --steps 938 --table bench/pilots/mait_small_s938.rows.jsonl   # the 938-step run
     python bench/gauss_vs_masks.py --only "gauss_mask, every head"   # its rows now, the table's points from the table
+    python bench/gauss_vs_masks.py --space bench/pilots/mait_nopos.yaml --seeds 0 --only none "hard 3x3, every head"
 
 Three designs of the mait_small space's model (a 6-layer DeiT at 28 px, 3 heads, Fashion-MNIST; see
 archspec/search/spaces/mait_small.yaml): no masks (the space's point 0/0/0), every head with MaiT's hard 3x3 mask
@@ -35,13 +36,14 @@ from archspec.search import (
 )
 
 
-def designs() -> dict[str, object]:
-    """``{label: spec}``: none (0/0/0), hard 3x3 everywhere (3/3/3) and gauss_mask everywhere."""
-    space = load_space("mait_small")
+def designs(space_name: str = "mait_small") -> dict[str, object]:
+    """``{label: spec}`` of a mask space whose points are masked-head counts per group (mait_small's and its
+    pilots'): none (0/0/0), hard 3x3 everywhere (3/3/3) and gauss_mask everywhere."""
+    space = load_space(space_name)
     points = {tuple(params.values()): spec for params, spec in space.points()}
     none, hard = points[(0, 0, 0)], points[(3, 3, 3)]
     doc = none.model_dump(mode="json", exclude_none=True)
-    doc["name"] = "mait_small_gauss"
+    doc["name"] = f"{space.name}_gauss"
     doc["stages"][0]["attention"] = "gauss_mask"
     gauss = type(none).model_validate(doc)
     return {"none": none, "hard 3x3, every head": hard, "gauss_mask, every head": gauss}
@@ -56,9 +58,9 @@ def tabulated_rows(path: Path, protocol: dict) -> dict:
     return table.rows if table.meta.get("protocol") == protocol else {}
 
 
-def protocol_for(steps: int | None) -> dict:
+def protocol_for(steps: int | None, space_name: str = "mait_small") -> dict:
     """The mask table's protocol, or the same at ``steps`` (5 % warm-up, the reference curve cut at ``steps``)."""
-    space = load_space("mait_small")
+    space = load_space(space_name)
     if steps is None:
         return table_protocol(space)
     curve = [s for s in (25, 50, 100, 200, 400, 800, 1600) if s < steps] + [steps]
@@ -68,6 +70,9 @@ def protocol_for(steps: int | None) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--space", default="mait_small",
+                        help="a mask space whose points count masked heads per group (default mait_small; a pilot's "
+                             "YAML such as bench/pilots/mait_nopos.yaml)")
     parser.add_argument("--out", default="gauss_vs_masks.jsonl", help="rows, one per (design, seed); resumed")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the mask table's)")
     parser.add_argument("--table", default=str(TABLES_DIR / "mait_small.jsonl"),
@@ -76,12 +81,14 @@ def main(argv=None) -> int:
                         help="train only these designs (e.g. 'gauss_mask, every head' while the table's workers "
                              "train its points); the others are read from the table or --out where there")
     args = parser.parse_args(argv)
-    protocol = protocol_for(args.steps)
+    protocol = protocol_for(args.steps, args.space)
+    space_name = protocol["space"]
     out = Path(args.out)
     rows = map(json.loads, out.read_text().splitlines()) if out.is_file() else []
-    done = {(r["label"], r["seed"]): r for r in rows if r.get("steps", 938) == protocol["steps"]}  # this protocol's
+    done = {(r["label"], r["seed"]): r for r in rows  # this protocol's (rows before --space are mait_small's)
+            if r.get("steps", 938) == protocol["steps"] and r.get("space", "mait_small") == space_name}
     data, table = None, tabulated_rows(Path(args.table), protocol)
-    for label, spec in designs().items():
+    for label, spec in designs(args.space).items():
         key = architecture_key(spec)
         for seed in args.seeds:
             if (label, seed) in done:
@@ -93,7 +100,7 @@ def main(argv=None) -> int:
             if row is None:
                 data = data or reference_data(protocol)
                 row = train_row(spec, *data, protocol, seed=seed)
-            row = {"label": label, "key": key, "seed": seed, "steps": protocol["steps"],
+            row = {"label": label, "key": key, "seed": seed, "space": space_name, "steps": protocol["steps"],
                    "final_accuracy": row["final_accuracy"],
                    "train_seconds": row["train_seconds"], "from_table": from_table}
             done[(label, seed)] = row
@@ -101,7 +108,7 @@ def main(argv=None) -> int:
                 f.write(json.dumps(row) + "\n")
             print(f"{label} seed {seed}: {row['final_accuracy']:.4f} ({row['train_seconds']:.0f} s)", flush=True)
     print(f"final top-1 on 10,000 test images, seeds {args.seeds} (mean, min-max):")
-    for label in designs():
+    for label in designs(args.space):
         accs = [done[(label, s)]["final_accuracy"] for s in args.seeds if (label, s) in done]
         if accs:
             print(f"  {label}: {statistics.mean(accs):.4f} ({min(accs):.4f}-{max(accs):.4f}), {len(accs)} seeds")
