@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
+from archspec.errors import SpecError
 from archspec.search import PROXY_SCORES, design_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1054,7 +1055,11 @@ def mask_effects(table_path) -> dict:
     holds (``range``: the most any placement can gain on another, if the effects add) and their SD (``grid_sd``:
     the between-design SD the seed check would see on the whole space).  A seed check needs a between-design SD of
     about 1.3 points at an interaction of 0.79 (docs/search-works.md); a space whose whole range is smaller cannot
-    reach it however its points are chosen.  Raises ValueError if the table has fewer rows than parameters."""
+    reach it however its points are chosen.
+
+    Raises:
+        ValueError: the table holds no more rows than effects to fit, or a parameter that is not a number (a design
+            space's, such as levit_small's)."""
     import itertools
 
     from archspec.search import load_table
@@ -1063,11 +1068,14 @@ def mask_effects(table_path) -> dict:
     rows = [row for by in table.rows.values() for row in by.values()]
     names = sorted(rows[0]["params"]) if rows else []
     seeds = sorted({int(row["seed"]) for row in rows})
-    x = np.array([[float(int(row["seed"]) == s) for s in seeds] + [float(row["params"][n]) for n in names]
-                  for row in rows])
+    if len(rows) <= len(seeds) + len(names):
+        raise ValueError(f"{len(rows)} rows cannot fit {len(seeds) + len(names)} effects")
+    try:
+        x = np.array([[float(int(row["seed"]) == s) for s in seeds] + [float(row["params"][n]) for n in names]
+                      for row in rows])
+    except (TypeError, ValueError):
+        raise ValueError(f"parameters {names} are not all numbers: not a mask-placement table") from None
     y = np.array([100.0 * float(row["final_accuracy"]) for row in rows])
-    if len(rows) <= x.shape[1]:
-        raise ValueError(f"{len(rows)} rows cannot fit {x.shape[1]} effects")
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     residual = y - x @ coef
     slopes = dict(zip(names, (float(c) for c in coef[len(seeds):])))
@@ -1193,7 +1201,14 @@ def main(argv=None) -> int:
             Path(args.json).write_text(json.dumps(r, indent=1) + "\n")
         return 0
     if args.cmd == "mask-effects":
-        got = mask_effects(table_file(args.table))
+        try:
+            got = mask_effects(table_file(args.table))
+        except SpecError as exc:  # a table that is missing or unreadable (the message names the file)
+            print(f"search_works.py mask-effects: {exc}", file=sys.stderr)
+            return 2
+        except ValueError as exc:  # too few rows, or no mask table
+            print(f"search_works.py mask-effects: {args.table}: {exc}", file=sys.stderr)
+            return 2
         print(f"{got['table']}: {got['rows']} rows, seeds {got['seeds']}; final top-1 (points) = seed effect + slopes:")
         for name, slope in got["slopes"].items():
             print(f"  {name}: {slope:+.3f} points per unit")

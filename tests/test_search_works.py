@@ -427,7 +427,7 @@ def test_mask_effects_recover_additive_slopes_by_hand(works):
     """Nine placements (a, b in 0..2) at two seeds, final top-1 = 0.5 + 0.01 a + 0.002 b + 0.003 seed exactly:
     slopes 1.0 and 0.2 points per masked head, residual 0, fitted range 2 x 1.0 + 2 x 0.2 = 2.4 points, and the
     fitted SD over the 3 x 3 grid sqrt((2/3 + 0.04 x 2/3) x 9/8) = 0.8832 points.  With one row less than effects
-    (4: two seeds, two slopes) it refuses."""
+    (4: two seeds, two slopes) it refuses, as it does an empty table and one whose parameters are not numbers."""
     from types import SimpleNamespace
 
     rows = {f"{a}{b}": {s: {"seed": s, "params": {"a": a, "b": b},
@@ -440,6 +440,11 @@ def test_mask_effects_recover_additive_slopes_by_hand(works):
     few = {k: rows[k] for k in ("00", "11")}
     with pytest.raises(ValueError, match="4 rows cannot fit 4 effects"):
         works.mask_effects(SimpleNamespace(file="t", rows=few))
+    with pytest.raises(ValueError, match="0 rows cannot fit 0 effects"):
+        works.mask_effects(SimpleNamespace(file="t", rows={}))
+    design_rows = {k: {s: {**row, "params": {"a": "mhsa", "b": 1}} for s, row in by.items()} for k, by in rows.items()}
+    with pytest.raises(ValueError, match="not a mask-placement table"):
+        works.mask_effects(SimpleNamespace(file="t", rows=design_rows))
 
 
 def test_design_costs_compare_the_cost_rule_with_the_seeds_clocks_by_hand(works):

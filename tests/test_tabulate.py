@@ -225,6 +225,7 @@ def test_the_grid14_pilot_is_mait_smalls_placements_at_patch_2_with_macs_by_hand
     for _, spec in (points[0], points[-1]):  # no masks, every head masked: a mask adds no MACs
         assert archspec.analyze(spec).macs == want
 
+
 def test_the_nopos_pilot_is_mait_smalls_placements_without_the_position_embedding_by_hand():
     """bench/pilots/mait_nopos.yaml (docs/search-works.md, "No position embedding"): the same 64 placements in the
     same order as mait_small, every point mait_small's model less its learned position embedding -- 50 tokens
