@@ -299,6 +299,25 @@ def test_a_diverged_pair_stores_its_reason_under_the_name_stored_before_the_rena
     assert any(line.endswith("failed (TrialFailure: loss became nan at step 3)") for line in lines), lines
 
 
+def test_a_progress_line_counts_the_pairs_other_workers_finished_meanwhile(tmp_path, space, protocol):
+    """Worker B claims a pair; while it trains, worker A (run inside B's stand-in, so the order is fixed) takes and
+    finishes another. 6 pairs wanted: A's line is [1/6] with 5 left; B's, after its own, is [2/6] with 4 left --
+    two done in the storage, where counting down its own look would print [1/6] again."""
+    url = f"journal:{tmp_path / 't.journal'}"
+    lines_a, lines_b = [], []
+
+    def train_b(spec, seed):
+        tabulate(space, seeds=SEEDS, designs=DESIGNS, storage=url, protocol=protocol, max_pairs=1, train=_fake,
+                 log=lines_a.append)
+        return _fake(spec, seed)
+
+    progress = tabulate(space, seeds=SEEDS, designs=DESIGNS, storage=url, protocol=protocol, max_pairs=1,
+                        train=train_b, log=lines_b.append)
+    assert lines_a[-1].startswith("[1/6]") and "; 5 left," in lines_a[-1]
+    assert lines_b[-1].startswith("[2/6]") and "; 4 left," in lines_b[-1]
+    assert (progress.trained, progress.left) == (1, 4)
+
+
 def test_the_eta_reads_the_median_pair_so_one_stopped_pair_does_not_swell_it():
     """Pairs of 400, 6,100 (its worker stopped for an hour) and 320 s; 20 left on 2 workers: the median 400 s ->
     20 x 400 / 2 = 4,000 s (the mean, 2,273 s a pair, would say 22,733 s)."""

@@ -341,7 +341,9 @@ class _Heartbeat:
 # ----------------------------------------------------------------------------------------------- the worker
 @dataclass
 class TableProgress:
-    """What a worker did: pairs trained here, pairs left in its request, failures, and its seconds per pair."""
+    """What a worker did: pairs trained here, pairs of its request not yet done by any worker (``left``, read from
+    the storage after each pair, so that a line counts the other workers' pairs too), failures, and its seconds
+    per pair."""
 
     wanted: int
     trained: int = 0
@@ -349,6 +351,7 @@ class TableProgress:
     left: int = 0
     seconds: list[float] = field(default_factory=list)
     given_up: list[tuple[str, int]] = field(default_factory=list)
+    pending: set[tuple[str, int]] = field(default_factory=set, repr=False)  # the request less given-up pairs
 
     def eta_s(self, workers: int) -> float | None:
         """Seconds until the request is done at this worker's median seconds per pair, shared by ``workers``
@@ -414,7 +417,8 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
         skip = _given_up(trials) - done
         covered = _covered(trials)
         _enqueue(study, [w for w in wanted if (w[2], w[3]) not in covered | skip])
-        progress.left = len(wanted_pairs - done - skip)
+        progress.pending = wanted_pairs - skip
+        progress.left = len(progress.pending - done)
         progress.given_up = sorted(skip & wanted_pairs)
         trial = _pop(study, wanted_pairs - skip)
         if trial is None:
@@ -485,9 +489,13 @@ def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, spec
     trial.set_user_attr(STATUS_ATTR, "trained")
     study.tell(trial, row["final_accuracy"])
     progress.trained += 1
-    progress.left = max(0, progress.left - 1)
     progress.seconds.append(time.perf_counter() - start)
-    workers = 1 + sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    # Counted from the storage, not this worker's last look: the others finished pairs meanwhile (two workers
+    # that counted down on their own both printed [27/48] for the 28th pair).
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+    done = {p for t in trials if t.state == TrialState.COMPLETE and (p := trial_pair(t))}
+    progress.left = len(progress.pending - done)
+    workers = 1 + sum(1 for t in trials if t.state == TrialState.RUNNING)
     log(f"[{progress.wanted - progress.left}/{progress.wanted}] {index:3d} seed {seed} {row['label']}: "
         f"{row['final_accuracy']:.4f} ({row['train_seconds']:.0f} s train, {row['eval_seconds']:.0f} s eval); "
         f"{progress.left} left, {_fmt_eta(progress.eta_s(workers))} with {workers} worker(s)")
