@@ -265,6 +265,11 @@ def trial_pair(trial: optuna.trial.FrozenTrial) -> tuple[str, int] | None:
     return (key, seed) if isinstance(key, str) and isinstance(seed, int) else None
 
 
+def _completed(trials: Iterable[optuna.trial.FrozenTrial]) -> set[tuple[str, int]]:
+    """Pairs with a COMPLETE trial (a row in the table)."""
+    return {p for t in trials if t.state == TrialState.COMPLETE and (p := trial_pair(t)) is not None}
+
+
 def _covered(trials: Iterable[optuna.trial.FrozenTrial]) -> set[tuple[str, int]]:
     """Pairs with a trial that is done, running or queued."""
     return {p for t in trials if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
@@ -413,7 +418,7 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
     while max_pairs is None or progress.trained < max_pairs:
         fail_zombie_trials(study)
         trials = study.get_trials(deepcopy=False)
-        done = {p for t in trials if t.state == TrialState.COMPLETE and (p := trial_pair(t))}
+        done = _completed(trials)
         skip = _given_up(trials) - done
         covered = _covered(trials)
         _enqueue(study, [w for w in wanted if (w[2], w[3]) not in covered | skip])
@@ -493,7 +498,7 @@ def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, spec
     # Counted from the storage, not this worker's last look: the others finished pairs meanwhile (two workers
     # that counted down on their own both printed [27/48] for the 28th pair).
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-    done = {p for t in trials if t.state == TrialState.COMPLETE and (p := trial_pair(t))}
+    done = _completed(trials)
     progress.left = len(progress.pending - done)
     workers = 1 + sum(1 for t in trials if t.state == TrialState.RUNNING)
     log(f"[{progress.wanted - progress.left}/{progress.wanted}] {index:3d} seed {seed} {row['label']}: "
