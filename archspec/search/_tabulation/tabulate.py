@@ -425,7 +425,7 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
         progress.pending = wanted_pairs - skip
         progress.left = len(progress.pending - done)
         progress.given_up = sorted(skip & wanted_pairs)
-        trial = _pop(study, wanted_pairs - skip)
+        trial = _pop(study, progress.pending)
         if trial is None:
             break
         _run_pair(study, trial, space, specs, protocol, train, progress, log, commit)
