@@ -961,8 +961,19 @@ def front_planes(table_path: str, step: int, trials: int = 20, draws: int = 2000
             for score, planes in got.items()}
 
 
+def top1_at(row: dict, step: int | None) -> float:
+    """A row's final top-1 (10,000 test images) or, with ``step``, its curve's top-1 at that step (the protocol's
+    ``curve_val_images``).  Raises ValueError when the row's curve has no such step."""
+    if step is None:
+        return float(row["final_accuracy"])
+    for at, acc, *_ in row["curve"]:
+        if at == step:
+            return float(acc)
+    raise ValueError(f"no curve point at step {step} (curve steps: {[c[0] for c in row['curve']]})")
+
+
 def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7, draws: int = 2000,
-               seed: int = 0, min_seeds: int = 2, between_scale: float = 1.0) -> dict:
+               seed: int = 0, min_seeds: int = 2, between_scale: float = 1.0, step: int | None = None) -> dict:
     """Will a seed check pass?  From a table's rows: the pooled within-design SD of final top-1 across seeds
     (``ddof=1``, over designs with at least ``min_seeds`` seeds; ``between_scale`` multiplies the between SD: "what
     if the designs differed that much more") and the between-design SD of the true means (variance
@@ -971,11 +982,13 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
     ``draws`` times (seeded): its median and how often it reaches ``bar``.  The seed check's own tau measures the
     same thing on the real rows; this predicts it from fewer of them (and checks itself on a finished table).
     Models "normal" / "empirical" treat every seed's deviation as the design's own; "shared seeds, ..." take the
-    seed effects that move every design alike out (:func:`_additive_components`), as the seed check's halves do."""
+    seed effects that move every design alike out (:func:`_additive_components`), as the seed check's halves do.
+    ``step`` reads the curve's top-1 at that step instead of final top-1 (:func:`top1_at`: where in training the
+    noise is made); raises ValueError when a row has no such curve point."""
     from archspec.search import load_table
 
     table = load_table(table_path) if isinstance(table_path, str | Path) else table_path  # or a loaded table
-    finals = {key: [float(row["final_accuracy"]) for row in by.values()] for key, by in table.rows.items()}
+    finals = {key: [top1_at(row, step) for row in by.values()] for key, by in table.rows.items()}
     finals = {key: v for key, v in finals.items() if len(v) >= max(2, min_seeds)}
     within = float(np.mean([np.var(v, ddof=1) for v in finals.values()]))
     counts = np.array([len(v) for v in finals.values()], float)
@@ -985,7 +998,7 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
     # between-design SD (keeps the shape -- a few far worse designs, as levit_small has -- that a normal draw loses)
     shrink = math.sqrt(between / float(np.var(means, ddof=1))) if np.var(means) > 0 else 0.0
     shrunk = means.mean() + shrink * (means - means.mean())
-    additive = _additive_components(table, min_seeds)
+    additive = _additive_components(table, min_seeds, step)
     models = {"normal": (between, within, None), "empirical": (between, within, shrunk)}
     if additive is not None:
         a_between = additive["between_var"] * between_scale ** 2
@@ -1016,7 +1029,7 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
     return out
 
 
-def _additive_components(table, min_seeds: int) -> dict | None:
+def _additive_components(table, min_seeds: int, step: int | None = None) -> dict | None:
     """Variance components of final top-1 under an additive design + seed model, on the designs that hold one
     common seed set (the most frequent set among designs with at least ``min_seeds`` seeds; at least 3 designs and
     2 seeds).  A table seed fixes the batches, the augmentation draws and (for equal shapes) the initial weights of
@@ -1024,7 +1037,8 @@ def _additive_components(table, min_seeds: int) -> dict | None:
     cancels in the half-means' ranking.  What does not cancel is the design x seed interaction: its mean square
     ``SS_res / ((n-1)(k-1))`` (two-way ANOVA without replication).  Returns the seeds, the designs' means over them,
     the SD of the seed main effects, the interaction variance and the between-design variance (the variance of the
-    design means less the interaction variance over the seed count); ``None`` if no such block exists."""
+    design means less the interaction variance over the seed count); ``None`` if no such block exists.  ``step``:
+    the curve's top-1 at that step instead of final top-1 (:func:`top1_at`)."""
     from collections import Counter
 
     held = {key: frozenset(by) for key, by in table.rows.items() if len(by) >= max(2, min_seeds)}
@@ -1034,7 +1048,7 @@ def _additive_components(table, min_seeds: int) -> dict | None:
     keys = [key for key, s in held.items() if set(seeds) <= s]
     if len(keys) < 3 or len(seeds) < 2:
         return None
-    x = np.array([[float(table.rows[key][s]["final_accuracy"]) for s in seeds] for key in keys])
+    x = np.array([[top1_at(table.rows[key][s], step) for s in seeds] for key in keys])
     n, k = x.shape
     grand = x.mean()
     design_means, seed_means = x.mean(axis=1), x.mean(axis=0)
@@ -1161,6 +1175,8 @@ def main(argv=None) -> int:
     pw.add_argument("--k", type=int, default=3, help="seeds per mean (default 3)")
     pw.add_argument("--min-seeds", type=int, default=2, help="read only designs with this many seeds (default 2)")
     pw.add_argument("--between-scale", type=float, default=1.0, help="multiply the between-design SD (what if)")
+    pw.add_argument("--step", type=int, default=None,
+                    help="read the curve's top-1 at this step (curve val images) instead of final top-1")
     eff = sub.add_parser("mask-effects", help="how far a mask space's choices move top-1 (additive fit, points)")
     eff.add_argument("--table", required=True)
     cho = sub.add_parser("choose", help="the pre-registered rule of docs/search-works.md on simulate + null JSON")
@@ -1216,7 +1232,12 @@ def main(argv=None) -> int:
               f"fitted SD over the space {got['grid_sd']:.2f} points")
         return 0
     if args.cmd == "seed-power":
-        r = seed_power(args.table, args.designs, args.k, min_seeds=args.min_seeds, between_scale=args.between_scale)
+        try:
+            r = seed_power(args.table, args.designs, args.k, min_seeds=args.min_seeds,
+                           between_scale=args.between_scale, step=args.step)
+        except ValueError as exc:  # --step that a row's curve does not hold
+            print(f"search_works.py seed-power: {args.table}: {exc}", file=sys.stderr)
+            return 2
         print(f"{r['table']}: {r['designs_read']} designs, {r['rows_read']} rows; within-design seed SD "
               f"{100 * r['within_sd']:.2f} points, between-design SD {100 * r['between_sd']:.2f} points; predicted "
               f"tau of two {args.k}-seed means over {args.designs} designs: " + "; ".join(

@@ -423,6 +423,25 @@ def test_seed_power_takes_shared_seed_effects_out_by_hand(works):
     assert got["models"]["shared seeds, normal"]["predicted_tau_median"] > 0.9
 
 
+def test_seed_power_reads_a_curve_step_by_hand(works):
+    """``step`` reads the curve's top-1 at that step instead of final top-1: rows whose final top-1 is pure seed
+    noise but whose step-2 curve point is the shared-seeds case above (tau about 1 there, about 0 at the end),
+    and a step the curves lack is refused by name."""
+    from types import SimpleNamespace
+
+    rows = {f"d{i}": {s: {"final_accuracy": 0.7 + 0.01 * (-1) ** (i + s) * (s % 3),
+                          "curve": [[1, 0.1, 2.0], [2, 0.7 + 0.0001 * i + 0.01 * (s - 2.5) + 0.00005 * (-1) ** (i + s),
+                                                  1.0]]}
+                      for s in range(6)} for i in range(30)}
+    table = SimpleNamespace(file="t", rows=rows)
+    at2 = works.seed_power(table, draws=200, step=2)
+    assert at2["shared_seeds"]["interaction_sd"] == pytest.approx(0.00005 * (180 / 145) ** 0.5, rel=1e-6)
+    assert at2["models"]["shared seeds, normal"]["predicted_tau_median"] > 0.9
+    assert works.seed_power(table, draws=200)["models"]["shared seeds, normal"]["predicted_tau_median"] < 0.3
+    with pytest.raises(ValueError, match="no curve point at step 3"):
+        works.seed_power(table, draws=200, step=3)
+
+
 def test_mask_effects_recover_additive_slopes_by_hand(works):
     """Nine placements (a, b in 0..2) at two seeds, final top-1 = 0.5 + 0.01 a + 0.002 b + 0.003 seed exactly:
     slopes 1.0 and 0.2 points per masked head, residual 0, fitted range 2 x 1.0 + 2 x 0.2 = 2.4 points, and the

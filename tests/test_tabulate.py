@@ -240,6 +240,22 @@ def test_the_nopos_pilot_is_mait_smalls_placements_without_the_position_embeddin
         assert (ours.macs, ours.params) == (theirs.macs, theirs.params - (7 * 7 + 1) * 96)
 
 
+def test_the_conv_stem_probe_is_the_nopos_pilot_behind_levits_conv_stem_by_hand():
+    """bench/pilots/mait_nopos_conv.yaml (docs/search-works.md, "A conv stem"): the nopos pilot's 64 placements
+    in the same order behind LeViT's conv stem (3x3 stride-2 convs 1 -> 48 -> 96, no conv bias, BatchNorm after
+    each) instead of the 4x4 patch embedding (16 x 96 weights + 96 biases).  By hand: parameters
+    9 x 48 + 2 x 48 + 9 x 48 x 96 + 2 x 96 - (16 x 96 + 96) = 40,560 more; MACs 14 x 14 x 48 x 9 (conv 1) +
+    7 x 7 x 96 x 48 x 9 (conv 2) - 7 x 7 x 96 x 16 (the patch embedding) = 2,041,536 more."""
+    probe = list(load_space(ROOT / "bench" / "pilots" / "mait_nopos_conv.yaml").points())
+    base = list(load_space(ROOT / "bench" / "pilots" / "mait_nopos.yaml").points())
+    assert [p for p, _ in probe] == [p for p, _ in base]
+    for (_, spec), (_, ref) in ((probe[0], base[0]), (probe[-1], base[-1])):
+        assert (spec.stem.kind, spec.tokens.pos_embed) == ("conv", "none")
+        ours, theirs = archspec.analyze(spec), archspec.analyze(ref)
+        assert ours.params - theirs.params == 9 * 48 + 2 * 48 + 9 * 48 * 96 + 2 * 96 - (16 * 96 + 96) == 40_560
+        assert ours.macs - theirs.macs == 14 * 14 * 48 * 9 + 7 * 7 * 96 * 48 * 9 - 7 * 7 * 96 * 16 == 2_041_536
+
+
 def test_the_cli_exports_and_reports_what_the_study_holds(tmp_path, space, protocol, capsys):
     """``archspec table --export`` writes the study's rows (exit 0, a line saying how many) and ``--report`` prints
     the seed check of the same rows (two seeds of three points: single-seed tau over 3 designs)."""
