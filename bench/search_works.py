@@ -1016,6 +1016,7 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
             a, b = (mu + rng.normal(0.0, math.sqrt(noise_var / k), designs) for _ in range(2))
             taus[model].append(float(kendalltau(a, b)[0]))
     out = {"table": str(getattr(table, "file", table_path)), "designs_read": len(finals),
+           "mean_top1": float(np.mean([a for v in finals.values() for a in v])),
            "rows_read": int(counts.sum()),
            "within_sd": math.sqrt(within), "between_sd": math.sqrt(between), "designs": designs, "k": k,
            "bar": bar, "models": {m: {"predicted_tau_median": float(np.median(t)),
@@ -1238,7 +1239,8 @@ def main(argv=None) -> int:
         except ValueError as exc:  # --step that a row's curve does not hold
             print(f"search_works.py seed-power: {args.table}: {exc}", file=sys.stderr)
             return 2
-        print(f"{r['table']}: {r['designs_read']} designs, {r['rows_read']} rows; within-design seed SD "
+        print(f"{r['table']}: {r['designs_read']} designs, {r['rows_read']} rows, mean top-1 {r['mean_top1']:.3f}"
+              + (f" at step {args.step}" if args.step is not None else "") + "; within-design seed SD "
               f"{100 * r['within_sd']:.2f} points, between-design SD {100 * r['between_sd']:.2f} points; predicted "
               f"tau of two {args.k}-seed means over {args.designs} designs: " + "; ".join(
                   f"{m} means: median {v['predicted_tau_median']:.2f}, P(tau >= {r['bar']}) "

@@ -437,6 +437,7 @@ def test_seed_power_reads_a_curve_step_by_hand(works):
     at2 = works.seed_power(table, draws=200, step=2)
     assert at2["shared_seeds"]["interaction_sd"] == pytest.approx(0.00005 * (180 / 145) ** 0.5, rel=1e-6)
     assert at2["models"]["shared seeds, normal"]["predicted_tau_median"] > 0.9
+    assert at2["mean_top1"] == pytest.approx(0.7 + 0.0001 * 14.5)  # the seed effects and parities average out
     assert works.seed_power(table, draws=200)["models"]["shared seeds, normal"]["predicted_tau_median"] < 0.3
     with pytest.raises(ValueError, match="no curve point at step 3"):
         works.seed_power(table, draws=200, step=3)
