@@ -9,6 +9,7 @@ what the command imports is what a user pays for.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -147,43 +148,74 @@ def test_a_bad_train_option_is_refused_before_the_spec_parser_and_torch(tmp_path
     assert not [m for m in report["loaded"] if m in HEAVY], report
 
 
-def _fastest_seconds(first: list[str], second: list[str], runs: int) -> tuple[float, float]:
-    """The fastest of ``runs`` runs of each command, the two interleaved: whatever else the machine runs (the other
-    test worker) only adds time, so the minimum is the estimate it disturbs least, and interleaving gives both
-    commands the same moments."""
-    times: tuple[list[float], list[float]] = ([], [])
+# A fixed unit of pure-Python work, run in a fresh interpreter like the commands: compiling and executing 400
+# small classes five times, then a 200,000-entry dict -- the kind of work an import is (unmarshal, exec, class
+# bodies), in Python and the standard library only, so it changes with the machine and not with pydantic or rich.
+# It prints its own seconds (interpreter start-up excluded).
+CALIBRATION = (
+    "import time\nstart = time.perf_counter()\n"
+    "src = '\\n'.join(f'class C{i}:\\n    a{i} = {i}\\n    def f(self, x): return x + {i}' for i in range(400))\n"
+    "for _ in range(5): exec(compile(src, 'calibration', 'exec'), {})\n"
+    "table = {str(i): i * i for i in range(200_000)}\n"
+    "print(time.perf_counter() - start)"
+)
+
+
+def _user_env(cache: Path) -> dict[str, str]:
+    """The environment a user's shell gives a command: bytecode written and reused (here under ``cache``, so the
+    checkout gets no ``__pycache__``).  A ``PYTHONDONTWRITEBYTECODE=1`` environment -- this project's CI machine
+    has one -- made every run compile archspec's ~60 modules from source again, 0.1-0.2 s no user pays twice."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(cache)
+    return env
+
+
+def _fastest_seconds(argv: list[str], runs: int, env: dict[str, str]) -> tuple[float, float]:
+    """(fastest of ``runs`` runs of ``argv``, fastest of ``runs`` calibration units), the two interleaved after one
+    unrecorded run that writes the bytecode: whatever else the machine runs (the other test worker) only adds
+    time, so the minimum is the estimate it disturbs least, and interleaving gives both the same moments."""
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, env=env)
+    took, unit = [], []
     for _ in range(runs):
-        for argv, got in zip((first, second), times):
-            start = time.perf_counter()
-            subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
-            got.append(time.perf_counter() - start)
-    return min(times[0]), min(times[1])
+        start = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, env=env)
+        took.append(time.perf_counter() - start)
+        unit.append(float(subprocess.run([sys.executable, "-c", CALIBRATION], capture_output=True, text=True,
+                                         timeout=120, env=env, check=True).stdout))
+    return min(took), min(unit)
 
 
-# command -> at most this many seconds, fastest of 5 runs interleaved with `python -c pass`.  A ratio to the empty
-# interpreter did not carry between machines: CI's `python -c pass` took 0.011 s (here 0.025-0.03 s) while the
-# standard-library imports every CLI needs (argparse, pathlib, logging) did not shrink with it, so `--help` read 10x
-# there and 4x here at about the same 0.11 s.  An absolute ceiling is what the user feels ("well under a second");
-# each is 2.5x or more above what 2 busy cores measure (issue 58: import 0.04 s, --help 0.07-0.10 s, a bad --data
-# 0.10 s, validate 0.27 s, list 0.32 s, schema 0.21 s -- the last three after the IR's plan took networkx off the
-# read-only commands and libyaml parses the specs), and below what one heavy import costs (torch alone is over 1 s).
-FRONT_DOOR_SECONDS = [
-    pytest.param(["-c", "import archspec"], 0.15, id="import-archspec"),
-    pytest.param(["-m", "archspec", "--help"], 0.3, id="help"),
-    pytest.param(["-m", "archspec", "search", "--help"], 0.3, id="search-help"),
-    pytest.param(["-m", "archspec", "train", "levit_128s", "--data", "/no/such/data"], 0.3, id="train-bad-data"),
-    pytest.param(["-m", "archspec", "validate", str(SPECS / "mait_tiny_sch2.yaml")], 0.7, id="validate"),
-    pytest.param(["-m", "archspec", "list"], 0.8, id="list"),  # 32 shipped specs parsed, checked and counted
-    pytest.param(["-m", "archspec", "schema"], 0.55, id="schema"),
+# command -> (at most this many seconds, or at most this many calibration units, whichever is larger), fastest of 5
+# runs.  The seconds are what the user feels ("well under a second"); each is 2.5x or more above what 2 busy cores
+# measured at issue 58 (import 0.04 s, --help 0.07-0.10 s, a bad --data 0.10 s, validate 0.27 s, list 0.32 s,
+# schema 0.21 s), and below what one heavy import costs (torch alone is over 1 s).  A ratio to the empty
+# interpreter did not carry between machines (CI's `python -c pass` at 0.011 s read --help at 10x, here 4x), and
+# seconds alone failed on a slow day: stop 75's CI read validate 0.721 s and schema 0.720 s with the code unchanged
+# since they passed, and this VM, about twice as slow as usual that week, read the same 0.6-0.9 s at the commit
+# that set the ceilings.  So a slow machine is allowed the units.  Measured on that VM, idle and with both cores
+# busy (calibration 0.17-0.29 s): import 0.40-0.64 units, --help 0.57-0.62, search --help 0.76-0.90, a bad --data
+# 0.68-0.96, validate 2.3-2.9, list 3.0-3.5, schema 1.5-2.8 (`python -m pytest -n 0 tests/test_front_door.py -k
+# ceiling -s` prints them); each unit
+# ceiling is about twice the most measured, so a command that doubles its work fails on any machine.
+FRONT_DOOR_CEILINGS = [
+    pytest.param(["-c", "import archspec"], 0.15, 1.5, id="import-archspec"),
+    pytest.param(["-m", "archspec", "--help"], 0.3, 2.0, id="help"),
+    pytest.param(["-m", "archspec", "search", "--help"], 0.3, 2.0, id="search-help"),
+    pytest.param(["-m", "archspec", "train", "levit_128s", "--data", "/no/such/data"], 0.3, 2.0, id="train-bad-data"),
+    pytest.param(["-m", "archspec", "validate", str(SPECS / "mait_tiny_sch2.yaml")], 0.7, 5.5, id="validate"),
+    pytest.param(["-m", "archspec", "list"], 0.8, 7.0, id="list"),  # 32 shipped specs parsed, checked and counted
+    pytest.param(["-m", "archspec", "schema"], 0.55, 5.5, id="schema"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args, ceiling", FRONT_DOOR_SECONDS)
-def test_front_door_answers_within_its_ceiling(args, ceiling):
-    empty, took = _fastest_seconds([sys.executable, "-c", "pass"], [sys.executable, *args], 5)
-    assert took <= ceiling, (f"{' '.join(args)}: {took:.3f} s, over {ceiling} s "
-                             f"({took / max(empty, 1e-3):.1f}x `python -c pass` at {empty:.3f} s)")
+@pytest.mark.parametrize("args, seconds, units", FRONT_DOOR_CEILINGS)
+def test_front_door_answers_within_its_ceiling(args, seconds, units, tmp_path):
+    took, unit = _fastest_seconds([sys.executable, *args], 5, _user_env(tmp_path / "pycache"))
+    print(f"{' '.join(args)}: {took:.3f} s, {took / unit:.2f} units of {unit:.3f} s")
+    assert took <= max(seconds, units * unit), (
+        f"{' '.join(args)}: {took:.3f} s, over {seconds} s and over {units} calibration units "
+        f"({took / unit:.2f} units of {unit:.3f} s)")
 
 
 def test_no_help_text_shows_restructuredtext_markup():
