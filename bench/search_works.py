@@ -973,7 +973,8 @@ def top1_at(row: dict, step: int | None) -> float:
 
 
 def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7, draws: int = 2000,
-               seed: int = 0, min_seeds: int = 2, between_scale: float = 1.0, step: int | None = None) -> dict:
+               seed: int = 0, min_seeds: int = 2, between_scale: float = 1.0, step: int | None = None,
+               distinct: bool = False) -> dict:
     """Will a seed check pass?  From a table's rows: the pooled within-design SD of final top-1 across seeds
     (``ddof=1``, over designs with at least ``min_seeds`` seeds; ``between_scale`` multiplies the between SD: "what
     if the designs differed that much more") and the between-design SD of the true means (variance
@@ -984,7 +985,11 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
     Models "normal" / "empirical" treat every seed's deviation as the design's own; "shared seeds, ..." take the
     seed effects that move every design alike out (:func:`_additive_components`), as the seed check's halves do.
     ``step`` reads the curve's top-1 at that step instead of final top-1 (:func:`top1_at`: where in training the
-    noise is made); raises ValueError when a row has no such curve point."""
+    noise is made); raises ValueError when a row has no such curve point.  The empirical models draw the
+    ``designs`` true means from the designs read, with replacement: where fewer designs were read than are drawn,
+    some pairs share a true mean and rank at random, which pulls the median down (about 0.03 on a 12-point pilot);
+    ``distinct`` draws them without replacement (every pair distinct, as a real seed check's designs are) and
+    raises ValueError when ``designs`` exceeds the designs read."""
     from archspec.search import load_table
 
     table = load_table(table_path) if isinstance(table_path, str | Path) else table_path  # or a loaded table
@@ -1007,12 +1012,15 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
         models["shared seeds, normal"] = (a_between, additive["interaction_var"], None)
         models["shared seeds, empirical"] = (a_between, additive["interaction_var"],
                                              a_means.mean() + a_shrink * (a_means - a_means.mean()))
+    if distinct and designs > len(means):
+        raise ValueError(f"--distinct draws {designs} designs without replacement from the {len(means)} read: "
+                         f"use --designs {len(means)} or fewer")
     rng = np.random.default_rng(seed)
     taus = {m: [] for m in models}
     for _ in range(draws):
         for model, (b_var, noise_var, pool) in models.items():
             mu = (rng.normal(0.0, math.sqrt(b_var), designs) if pool is None
-                  else rng.choice(pool, size=designs, replace=True))
+                  else rng.choice(pool, size=designs, replace=not distinct))
             a, b = (mu + rng.normal(0.0, math.sqrt(noise_var / k), designs) for _ in range(2))
             taus[model].append(float(kendalltau(a, b)[0]))
     out = {"table": str(getattr(table, "file", table_path)), "designs_read": len(finals),
@@ -1178,6 +1186,8 @@ def main(argv=None) -> int:
     pw.add_argument("--between-scale", type=float, default=1.0, help="multiply the between-design SD (what if)")
     pw.add_argument("--step", type=int, default=None,
                     help="read the curve's top-1 at this step (curve val images) instead of final top-1")
+    pw.add_argument("--distinct", action="store_true",
+                    help="empirical models: draw the designs without replacement (--designs at most those read)")
     eff = sub.add_parser("mask-effects", help="how far a mask space's choices move top-1 (additive fit, points)")
     eff.add_argument("--table", required=True)
     cho = sub.add_parser("choose", help="the pre-registered rule of docs/search-works.md on simulate + null JSON")
@@ -1235,8 +1245,8 @@ def main(argv=None) -> int:
     if args.cmd == "seed-power":
         try:
             r = seed_power(args.table, args.designs, args.k, min_seeds=args.min_seeds,
-                           between_scale=args.between_scale, step=args.step)
-        except ValueError as exc:  # --step that a row's curve does not hold
+                           between_scale=args.between_scale, step=args.step, distinct=args.distinct)
+        except ValueError as exc:  # --step that a row's curve does not hold, --distinct beyond the designs read
             print(f"search_works.py seed-power: {args.table}: {exc}", file=sys.stderr)
             return 2
         print(f"{r['table']}: {r['designs_read']} designs, {r['rows_read']} rows, mean top-1 {r['mean_top1']:.3f}"

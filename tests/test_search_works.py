@@ -423,6 +423,23 @@ def test_seed_power_takes_shared_seed_effects_out_by_hand(works):
     assert got["models"]["shared seeds, normal"]["predicted_tau_median"] > 0.9
 
 
+def test_seed_power_draws_distinct_designs_by_hand(works):
+    """Twelve designs 0.01 apart, three seeds of +-0.0001: every pair of distinct designs ranks alike, so drawn
+    without replacement (``distinct``) the 12 designs' empirical tau is 1 in every draw; drawn with replacement, a
+    pair that drew one design twice has equal true means and ranks at random, so some draws fall below 1.  Drawing
+    13 designs without replacement from 12 is refused by name."""
+    from types import SimpleNamespace
+
+    table = SimpleNamespace(file="t", rows={f"d{i}": {s: {"final_accuracy": 0.5 + 0.01 * i + 0.0001 * (s - 1)}
+                                                      for s in range(3)} for i in range(12)})
+    distinct = works.seed_power(table, designs=12, draws=200, distinct=True)["models"]["empirical"]
+    assert distinct["predicted_tau_median"] == pytest.approx(1.0) and distinct["p_tau_at_least_bar"] == 1.0
+    drawn = works.seed_power(table, designs=12, draws=200)["models"]["empirical"]
+    assert drawn["predicted_tau_median"] < 0.99
+    with pytest.raises(ValueError, match="--distinct draws 13 designs without replacement from the 12 read"):
+        works.seed_power(table, designs=13, draws=200, distinct=True)
+
+
 def test_seed_power_reads_a_curve_step_by_hand(works):
     """``step`` reads the curve's top-1 at that step instead of final top-1: rows whose final top-1 is pure seed
     noise but whose step-2 curve point is the shared-seeds case above (tau about 1 there, about 0 at the end),
