@@ -1012,9 +1012,10 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
         models["shared seeds, normal"] = (a_between, additive["interaction_var"], None)
         models["shared seeds, empirical"] = (a_between, additive["interaction_var"],
                                              a_means.mean() + a_shrink * (a_means - a_means.mean()))
-    if distinct and designs > len(means):
-        raise ValueError(f"--distinct draws {designs} designs without replacement from the {len(means)} read: "
-                         f"use --designs {len(means)} or fewer")
+    smallest = min(len(pool) for _, _, pool in models.values() if pool is not None)  # shared seeds: maybe fewer
+    if distinct and designs > smallest:
+        raise ValueError(f"--distinct draws {designs} designs without replacement from the {smallest} read: "
+                         f"use --designs {smallest} or fewer")
     rng = np.random.default_rng(seed)
     taus = {m: [] for m in models}
     for _ in range(draws):
