@@ -427,7 +427,8 @@ def test_seed_power_draws_distinct_designs_by_hand(works):
     """Twelve designs 0.01 apart, three seeds of +-0.0001: every pair of distinct designs ranks alike, so drawn
     without replacement (``distinct``) the 12 designs' empirical tau is 1 in every draw; drawn with replacement, a
     pair that drew one design twice has equal true means and ranks at random, so some draws fall below 1.  Drawing
-    13 designs without replacement from 12 is refused by name."""
+    13 designs without replacement from 12 is refused by name, and so are 12 once one design lacks a seed the others
+    hold (the shared-seeds model then reads 11)."""
     from types import SimpleNamespace
 
     table = SimpleNamespace(file="t", rows={f"d{i}": {s: {"final_accuracy": 0.5 + 0.01 * i + 0.0001 * (s - 1)}
@@ -438,6 +439,9 @@ def test_seed_power_draws_distinct_designs_by_hand(works):
     assert drawn["predicted_tau_median"] < 0.99
     with pytest.raises(ValueError, match="--distinct draws 13 designs without replacement from the 12 read"):
         works.seed_power(table, designs=13, draws=200, distinct=True)
+    del table.rows["d11"][2]  # d11 lacks seed 2: the shared-seeds model reads 11 designs holding seeds 0-2
+    with pytest.raises(ValueError, match="--distinct draws 12 designs without replacement from the 11 read"):
+        works.seed_power(table, designs=12, draws=200, distinct=True)
 
 
 def test_seed_power_reads_a_curve_step_by_hand(works):
