@@ -987,7 +987,7 @@ def seed_power(table_path: str, designs: int = 24, k: int = 3, bar: float = 0.7,
     ``step`` reads the curve's top-1 at that step instead of final top-1 (:func:`top1_at`: where in training the
     noise is made); raises ValueError when a row has no such curve point.  The empirical models draw the
     ``designs`` true means from the designs read, with replacement: where fewer designs were read than are drawn,
-    some pairs share a true mean and rank at random, which pulls the median down (about 0.03 on a 12-point pilot);
+    some pairs share a true mean and rank at random, which pulls the median down (0.03-0.07 on the 12-point pilots);
     ``distinct`` draws them without replacement (every pair distinct, as a real seed check's designs are) and
     raises ValueError when ``designs`` exceeds the designs read."""
     from archspec.search import load_table
