@@ -18,10 +18,21 @@ from archspec.search._evaluation import proxy
 from archspec.search._modes.mask_placement import token_stages
 from archspec.spec import ArchSpec
 
-__all__ = ["ALS_IMAGES", "attention_modules", "layer_scores", "uniform_baselines", "learned_alphas",
+__all__ = ["ALS_IMAGES", "als_images", "attention_modules", "layer_scores", "uniform_baselines", "learned_alphas",
            "train_keeping_model"]
 
 ALS_IMAGES = 128  # held-out images the ALS is averaged over
+
+
+def als_images(data, result) -> torch.Tensor:
+    """The first :data:`ALS_IMAGES` validation images at the input size the proxy in ``result`` was trained at.
+
+    ``data`` is the search's dataset, decoded at ``protocol.image_size``; the proxy's input size is its geometry's
+    (:func:`archspec.search._evaluation.proxy.proxy_spec`: the size that gives the candidate its token grid, which is
+    ``protocol.image_size`` only by chance -- 64 px for MaiT's 224 px specs at ``min_grid`` 8, 32 px for a 32 px
+    spec), so the images are resized to it (``Dataset.at_size``, kept for reuse).  Returns ``(n, C, H, W)``.
+    """
+    return data.at_size(result.geometry.image_size).val.tensors[0][:ALS_IMAGES]
 
 
 def attention_modules(model) -> dict[tuple[int, int], Any]:

@@ -42,7 +42,7 @@ from archspec.search._modes.mask_placement import (
     provenance_free_yaml,
     soft_heads,
 )
-from archspec.search._modes.mask_scores import ALS_IMAGES, layer_scores, learned_alphas, uniform_baselines
+from archspec.search._modes.mask_scores import als_images, layer_scores, learned_alphas, uniform_baselines
 from archspec.search._report import plots, results, run_files
 from archspec.spec import ArchSpec
 
@@ -58,25 +58,24 @@ class OptunaPlacement(SampledMode):
 
     def __init__(self, space, attrs: dict):
         self.space, self.attrs = space, attrs
-        self.images = None  # the held-out images, taken from the data of the first training
+        self.data = None  # the search's data, kept from the first training for the ALS images
 
     def study_attrs(self) -> dict:
         return self.attrs
 
     def train(self, spec, data, protocol, seed=0, report=None, on_model=None, progress=None):
-        """The default training, keeping the first :data:`~archspec.search._modes.mask_scores.ALS_IMAGES` validation
-        images for the ALS."""
-        if self.images is None:
-            self.images = data.val.tensors[0][:ALS_IMAGES]
+        """The default training, keeping the data for the ALS images
+        (:func:`~archspec.search._modes.mask_scores.als_images`)."""
+        self.data = data
         return super().train(spec, data, protocol, seed=seed, report=report, on_model=on_model, progress=progress)
 
     def after_train(self, trial, spec, result) -> None:
         """ALS per layer and head of the trained model on the trial (user attr ``als``); never fails the trial."""
         model = getattr(result, "model", None)
-        if model is None or self.images is None:
+        if model is None or self.data is None:
             return
         try:
-            scores = layer_scores(model, self.images, (3, 3))
+            scores = layer_scores(model, als_images(self.data, result), (3, 3))
             trial.set_user_attr("als", {f"{s}.{l}": v for (s, l), v in scores.items()})
         except Exception:  # noqa: BLE001 - ALS is a diagnostic; never fail a trained trial over it
             pass
@@ -128,7 +127,6 @@ class PlacementRounds(RoundsMode):
 
     def start(self, run: RunContext) -> None:
         super().start(run)
-        self.x_val = run.data.val.tensors[0][:ALS_IMAGES]
         self.rounds_dir = run.run_dir / "rounds"
         self.chance = 1.0 / max(run.data.num_classes, 1)
 
@@ -139,7 +137,7 @@ class PlacementRounds(RoundsMode):
 
     def after_train(self, trial, spec, result) -> dict:
         """ALS per layer and head (user attr ``als``) and the layers' uniform baselines; returns the ALS."""
-        scores = layer_scores(result.model, self.x_val, self.window)
+        scores = layer_scores(result.model, als_images(self.run.data, result), self.window)
         self.baselines.update(uniform_baselines(result.model, self.window))
         trial.set_user_attr("als", {f"{s}.{l}": v for (s, l), v in scores.items()})
         return scores
