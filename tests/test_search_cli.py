@@ -310,3 +310,57 @@ def test_sampler_startup_reaches_the_sampler_and_a_negative_one_exits_2(space_fi
     assert _search(space_file, tmp_path / "bad", "--sampler-startup", "-1") == 2
     assert "--sampler-startup" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+# ----------------------------------------------------------------------------------- says something at once
+ANNOUNCE_PROBE = """
+import sys
+import archspec.cli.search as cli
+def announce(cfg, what, budgets=True):
+    print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+    real(cfg, what, budgets)
+    raise SystemExit(0)
+real, cli._announce = cli._announce, announce
+from archspec.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow  # two fresh interpreters (archspec's torch-free imports): about a second each
+@pytest.mark.parametrize("argv, needles", [
+    (["search", "--budget-flops", "1G", "--storage", "postgresql://me:s3cret@db.example/studies"],
+     ["over space levit_family (default)", "MACs <= 1.00G", "data digits (embedded)", "16 trials",
+      "proxy 120 steps", "postgresql://me:***@db.example/studies"]),
+    (["search", "masks", "mait_tiny_sch2", "--strategy", "soft", "--trials", "3", "--data", "fashion-mnist"],
+     ["masks mait_tiny_sch2 --strategy soft", "data fashion-mnist", "3 trials", "SQLite in runs/<study>/study.db"]),
+])
+def test_search_says_what_it_will_do_before_importing_torch(argv, needles):
+    """Issue 80.8: `archspec search` printed nothing for its first 100 s (trial 0's result was its first line).  The
+    announcement (space or spec, budgets, data, trials, proxy, storage with its password masked) comes before torch
+    is imported -- before the seconds of imports, data decoding and the first training."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", ANNOUNCE_PROBE, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    first, announcement = done.stderr.splitlines()[:2]
+    assert first == "torch imported: False"
+    for needle in needles:
+        assert needle in announcement, (needle, announcement)
+    assert "s3cret" not in done.stderr
+
+
+@pytest.mark.slow  # a 1-trial search trains its proxy: seconds
+def test_search_shows_the_running_trial_in_a_log(space_file, tmp_path, capsys):
+    """In a log (stdout not a terminal, no live bar) the running trial's state and its training's progress lines
+    come on stderr as they happen, labelled by trial; stdout keeps one line per finished trial."""
+    fast = [a for a in FAST if a != "--no-progress"]
+    assert main(["search", "--space", str(space_file), "--out", str(tmp_path / "r"), "--study-name", "t",
+                 "--fidelity", "none", "--trials", "1", *fast]) == 0
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert err[0].startswith("archspec search over space tiny_space: no budget; ")
+    statuses = [line for line in err if line.startswith("trial 0: ")]
+    assert statuses[:2] == ["trial 0: latency", "trial 0: training"]
+    assert any(line.startswith("trial 0: step 3/3  loss ") for line in statuses)  # the training loop's own line
+    assert captured.out.splitlines()[0].startswith("trial 0 COMPLETE acc=")

@@ -85,3 +85,24 @@ def test_torch_compile_is_written_and_read_under_its_persisted_key_compile():
     for flag in ("--torch-compile", "--compile"):  # the flag says which compile; the old one stays an alias
         args = make_parser().parse_args(["train", "x", flag, "--steps", "20"])
         assert config_from_args(args).torch_compile is True
+
+
+def test_progress_prints_by_steps_and_after_log_seconds_without_a_line(monkeypatch):
+    """A line every ``log_every`` steps and at the last; with ``log_seconds`` also when that long passed since the
+    last line (a search's slow first proxy shows its pace before step 50).  The clock is driven by hand."""
+    import io
+
+    from archspec.train import progress as progress_module
+
+    # one second a call: the constructor reads 0; each step reads once to test for an overdue line, and a line once
+    for log_seconds, expected in ((None, [5, 7]), (3.0, [3, 5, 7]), (1.0, [1, 2, 3, 4, 5, 6, 7])):
+        clock = iter(float(t) for t in range(1000))
+        monkeypatch.setattr(progress_module.time, "perf_counter", lambda c=clock: next(c))
+        stream = io.StringIO()
+        shown = progress_module.Progress(7, 0, 8, log_every=5, bar=False, stream=stream, label="trial 0",
+                                         log_seconds=log_seconds)
+        for step in range(1, 8):
+            shown.on_step(step, 1.0, 1e-3)
+        lines = stream.getvalue().splitlines()
+        assert [int(line.split()[3].split("/")[0]) for line in lines] == expected, lines
+        assert all(line.startswith("trial 0: step ") for line in lines)

@@ -11,11 +11,13 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 
+from archspec._util.units import human
 from archspec.cli.common import whole_number as _positive_int
 from archspec.errors import SpecError
 from archspec.search import (
@@ -446,10 +448,6 @@ def _protocol(args, defaults: dict | None = None):
         update["min_grid"] = None if args.proxy_min_grid == "real" else args.proxy_min_grid
     if "lr" in update and not update["lr"] > 0:
         raise SpecError.single(("--proxy-lr",), f"must be positive, got {update['lr']}")
-    if getattr(args, "device", None) is not None:  # --device: proxy training (and latency unless --latency-device)
-        from archspec.diagnostics.devices import parse_device
-
-        update["device"] = str(parse_device(args.device, "--device"))
     names = {f.name for f in fields(protocol)}
     return replace(protocol, **{k: v for k, v in update.items() if k in names})
 
@@ -468,11 +466,28 @@ def _latency(args):
     return protocol
 
 
-def _config(args, **overrides):
+def _with_devices(args, cfg):
+    """``cfg`` with ``--device`` (the proxy's; the latency's too unless ``--latency-device``) and ``--latency-device``
+    parsed and checked: imports torch.
+
+    Raises:
+        SpecError: an unknown or unavailable device, naming the option.
+    """
+    protocol = cfg.protocol
+    if getattr(args, "device", None) is not None:
+        from archspec.diagnostics.devices import parse_device
+
+        protocol = replace(protocol, device=str(parse_device(args.device, "--device")))
+    return replace(cfg, protocol=protocol, latency=_latency(args))
+
+
+def _config(args, devices: bool = True, **overrides):
+    """The :class:`SearchConfig` of the command line, ``overrides`` replacing fields; ``devices=False`` leaves the
+    devices unparsed and the latency protocol unset (torch-free, for :func:`_announce`; :func:`_with_devices` next)."""
     from archspec.search import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS, SearchConfig
 
     cfg = SearchConfig(
-        budgets=_budgets(args), protocol=_protocol(args), latency=_latency(args),
+        budgets=_budgets(args), protocol=_protocol(args), latency=None,
         study_name=args.study_name, out=Path(args.out) if args.out else None, storage=args.storage,
         objective=getattr(args, "objective", "pareto"),
         trials=args.trials or DEFAULT_TRIALS,
@@ -491,7 +506,8 @@ def _config(args, **overrides):
         from archspec.search import validate_study_name
 
         validate_study_name(args.study_name)
-    return replace(cfg, **overrides)
+    cfg = replace(cfg, **overrides)
+    return _with_devices(args, cfg) if devices else cfg
 
 
 def _report(outcome, args) -> int:
@@ -515,9 +531,32 @@ def cmd_search(args: argparse.Namespace) -> int:
     """Mode 1 handler (``--list``: the space's points)."""
     if getattr(args, "list", False):
         return list_points(args.space, args.json)
-    from archspec.search import run_design
+    cfg = _config(args, devices=False)  # torch-free, so the announcement comes at once
+    _announce(cfg, f"over space {Path(cfg.space).stem if cfg.space else 'levit_family (default)'}")
+    from archspec.search import run_design  # imports torch
 
-    return _report(_run(run_design, _config(args)), args)
+    return _report(_run(run_design, _with_devices(args, cfg)), args)
+
+
+def _announce(cfg, what: str, budgets: bool = True) -> None:
+    """One line on stderr, before anything slow (importing torch, decoding every image, the first training): what
+    the search will do -- the space or spec, budgets, data, trials, proxy and storage (its password masked).  The
+    first trial's result comes minutes later; progress lines follow while it trains."""
+    b = cfg.budgets
+    limits = [f"{label} <= {human(value)}{unit}" for label, value, unit in
+              (("MACs", b.macs, ""), ("params", b.params, ""), ("latency", b.latency_ms, " ms")) if value is not None]
+    limits = (", ".join(limits) or "no budget") + "; " if budgets else ""
+    p = cfg.protocol
+    storage = _masked_url(cfg.storage) if cfg.storage else f"SQLite in {cfg.out or 'runs/<study>'}/study.db"
+    timeout = f", timeout {cfg.timeout:g} s" if cfg.timeout else ""
+    print(f"archspec search {what}: {limits}data {cfg.data or 'digits (embedded)'}; "
+          f"{cfg.trials} trials{timeout}; proxy {p.steps} steps at up to {p.image_size} px; storage {storage} "
+          "(loading torch and the data...)", file=sys.stderr, flush=True)
+
+
+def _masked_url(url: str) -> str:
+    """``url`` with a password after ``user:`` replaced by ``***`` (``postgresql://u:***@host/db``)."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", str(url))
 
 
 def list_points(space_source: str | None, as_json: bool) -> int:
@@ -547,7 +586,7 @@ def list_points(space_source: str | None, as_json: bool) -> int:
 
 def cmd_search_masks(args: argparse.Namespace) -> int:
     """Mode 2 handler."""
-    from archspec.search import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S, MaskConfig, run_masks
+    from archspec.search import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S
 
     if getattr(args, "oracle", None):
         return _masks_on_table(args)
@@ -566,8 +605,11 @@ def cmd_search_masks(args: argparse.Namespace) -> int:
     timeout = args.timeout if args.timeout is not None else None
     trials = args.trials if args.trials is not None else (12 if args.strategy == "optuna" else DEFAULT_TRIALS)
     cfg = _config(args, objective="accuracy", trials=trials, timeout=timeout, space=None,
-                  protocol=_protocol(args, MASKS_PROXY_DEFAULTS),
+                  protocol=_protocol(args, MASKS_PROXY_DEFAULTS), devices=False,
                   trial_timeout=args.trial_timeout if args.trial_timeout is not None else MASKS_TRIAL_TIMEOUT_S)
+    _announce(cfg, f"masks {args.spec} --strategy {args.strategy}", budgets=False)
+    cfg = _with_devices(args, cfg)  # imports torch
+    from archspec.search import MaskConfig, run_masks
     windows = tuple(w.strip() for w in args.windows.split(",") if w.strip())
     mcfg = MaskConfig(search=cfg, spec=args.spec, strategy=args.strategy, rounds=args.rounds,
                       als_high=args.als_high, als_low=args.als_low, window=args.window, windows=windows,

@@ -37,7 +37,12 @@ from archspec.train.stop import check
 if TYPE_CHECKING:
     from archspec.io.datasets import Dataset
 
-__all__ = ["TrainResult", "Trainer", "TrainingFailure", "evaluate", "failure", "resolve_device", "run_steps", "train"]
+__all__ = ["TrainResult", "Trainer", "TrainingFailure", "evaluate", "failure", "resolve_device", "run_steps", "train",
+           "PROGRESS_SECONDS"]
+
+#: With a ``progress`` label, :func:`train` prints a line at least this often (seconds), not only every
+#: ``log_every`` steps: a search's proxy (or a mask round) that takes minutes shows its pace from the start.
+PROGRESS_SECONDS = 10.0
 
 
 @dataclass
@@ -348,8 +353,9 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
             ``optuna.TrialPruned``), which propagates.
         param_groups: optimizer parameter groups (each may carry its own ``lr``, e.g. T-CNN's gating); the
             schedule scales every group's lr by the same factor.  Default: timm's weight-decay groups.
-        progress: a label to print progress lines under (every ``config.log_every`` steps and each
-            evaluation, on stderr: :class:`archspec.train.progress.Progress`); ``None``: silent.
+        progress: a label to print progress lines under (every ``config.log_every`` steps, after
+            :data:`PROGRESS_SECONDS` without one, and each evaluation, on stderr:
+            :class:`archspec.train.progress.Progress`); ``None``: silent.
         on_eval: called as ``on_eval(step, record)`` after ``report`` at every eval point; ``record`` holds
             ``accuracy``, ``val_loss``, ``train_loss`` (the mean over the steps since the previous eval point),
             ``loss_sum`` (every step's training loss so far, summed: TSE) and ``lr``.  It may raise, like ``report``.
@@ -374,7 +380,7 @@ def train(model: torch.nn.Module, data: Dataset, config: TrainConfig, seed: int 
 
 
         shown = Progress(config.steps, 0, batches.batch, log_every=config.log_every, bar=False, stream=sys.stderr,
-                         label=progress)
+                         label=progress, log_seconds=PROGRESS_SECONDS)
         hooks.on_step = lambda step, loss: shown.on_step(step, loss, trainer.lr())
 
         def show_and_call(step: int, record: dict) -> None:

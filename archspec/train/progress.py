@@ -43,13 +43,16 @@ class Progress:
         tensorboard: also write TensorBoard scalars into ``run_dir/tensorboard`` (needs ``tensorboard``).
         stream: where lines go (default stdout).
         label: a prefix of every line (``phase 1: step 50/200 ...``).
+        log_seconds: also a line when this many seconds passed since the last one (``None``: by steps only); the
+            search's trainings use it, so a slow first candidate shows its pace before its 50th step.
     """
 
     def __init__(self, total: int, start: int, images_per_step: int, *, steps_per_epoch: int | None = None,
                  log_every: int = 50, run_dir: Path | None = None, enabled: bool = True, bar: bool | None = None,
-                 tensorboard: bool = False, stream: Any = None, label: str = ""):
+                 tensorboard: bool = False, stream: Any = None, label: str = "", log_seconds: float | None = None):
         self.total, self.start, self.images_per_step = total, start, images_per_step
         self.steps_per_epoch, self.log_every, self.run_dir, self.enabled = steps_per_epoch, log_every, run_dir, enabled
+        self.log_seconds = log_seconds
         self.stream = stream or sys.stdout
         self.bar = self.stream.isatty() if bar is None else bar
         self.t0 = self.t_last = time.perf_counter()
@@ -78,12 +81,14 @@ class Progress:
                 f"ETA {format_seconds(eta)}")
 
     def on_step(self, step: int, loss: Any, lr: float) -> None:
-        """After step ``step``: advance the bar; every ``log_every`` steps (and the last) a line."""
+        """After step ``step``: advance the bar; every ``log_every`` steps (and the last, and after ``log_seconds``
+        without one) a line."""
         if not self.enabled:
             return
         if self._rich is not None:
             self._rich.update(self._task, completed=step)
-        if step % self.log_every and step != self.total:
+        overdue = self.log_seconds is not None and time.perf_counter() - self.t_last >= self.log_seconds
+        if step % self.log_every and step != self.total and not overdue:
             return
         text = self.line(step, float(loss), lr)
         if self._rich is not None:

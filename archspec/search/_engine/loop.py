@@ -218,6 +218,7 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     objective = CandidateObjective(mode, data, cfg, LatencyCache(run_dir / "latency.json"), len(directions),
                                    on_status=progress.status, oracle=oracle)
     objective.rungs = rungs
+    objective.training_progress = progress.lines
     k = verify_count(cfg.verify, cfg.trials)
     interrupted, search_seconds = _optimize(study, objective, progress, cfg, notes, k)
     notes += stop_notes(objective, cfg, interrupted, search_seconds)

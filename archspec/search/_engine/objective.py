@@ -87,6 +87,9 @@ class CandidateObjective:
         self.train_fn = oracle.train if oracle is not None else mode.train
         self.n_objectives = n_objectives
         self.on_status = on_status or (lambda text: None)
+        # the training loop's own progress lines on stderr (step, loss, images/s, ETA) under "trial N": set by the
+        # engine where no live bar shows the trial's state (a log or pipe), so a first training of minutes is seen
+        self.training_progress = False
         self.attempted = 0             # candidates that reached training (the --trials count)
         self.infeasible = 0
         self.consecutive_infeasible = 0
@@ -299,12 +302,14 @@ class CandidateObjective:
                     raise optuna.TrialPruned(f"pruned at step {step} ({self.score_name} {value:.3f})")
 
         train = self.train_fn
+        shown = {"progress": f"trial {trial.number}"} if self.training_progress and self.oracle is None else {}
         deadline, why = self._deadline(start)
         if not math.isfinite(deadline):
-            return train(spec, self.data, self.cfg.protocol, seed=self.cfg.seed, report=report_step)
+            return train(spec, self.data, self.cfg.protocol, seed=self.cfg.seed, report=report_step, **shown)
         hook = deadline_hook(deadline, lambda: f"{why} (after {time.perf_counter() - start:.0f}s)")
         try:
-            return train(spec, self.data, self.cfg.protocol, seed=self.cfg.seed, report=report_step, on_model=hook)
+            return train(spec, self.data, self.cfg.protocol, seed=self.cfg.seed, report=report_step, on_model=hook,
+                         **shown)
         finally:
             hook.active = False
 

@@ -112,9 +112,12 @@ class ProgressDisplay:
         return False
 
     def status(self, text: str) -> None:
-        """Show ``text`` (e.g. ``trial 3: training``) on the bar; nothing in line mode."""
+        """Show ``text`` (e.g. ``trial 3: training``) on the bar; in line mode a line on stderr (stdout keeps one line
+        per finished trial), so a log shows what a trial of minutes is doing."""
         if self.progress is not None:
             self.progress.update(self.task, info=self._info(text))
+        elif self.lines:
+            print(text, file=sys.stderr, flush=True)
 
     def done(self, trial, attempted: int) -> None:
         """Record a finished trial: best accuracy, fastest latency, failures; print its line in line mode."""
