@@ -487,9 +487,10 @@ def test_import_refuses_rows_whose_designs_are_no_points_of_the_space(tmp_path, 
     lines = (TABLES_DIR / "mait_small.jsonl").read_text().splitlines()[:3]
     meta = (TABLES_DIR / "mait_small.meta.json").read_text()
     journal = tmp_path / "t.journal"
+    second = json.loads(lines[1])["key"][:12]
     for edit, words in ((lambda r: r.update(key="0" * 64), "design 000000000000 is no point of space mait_small"),
                         (lambda r: r["params"].update({"stages.0.heads_mix.masked.0-1": 9}),
-                         "its params are not those of the point its key names")):
+                         f"design {second}: its params are not those of the point its key names")):
         rows = [json.loads(line) for line in lines]
         edit(rows[1])
         table = tmp_path / "mine.jsonl"
@@ -514,14 +515,41 @@ def test_a_worker_whose_every_pair_fails_stops_says_so_and_exits_1(tmp_path, mon
             raise RuntimeError("Input height (16) doesn't match model (8).")
         return train
 
-    monkeypatch.setattr(tabulate_module, "_real_trainer", lambda protocol, specs=None: failing(protocol))
+    monkeypatch.setattr(tabulate_module, "_real_trainer", lambda protocol, points: failing(protocol))
     url = f"journal:{tmp_path / 't.journal'}"
     flags = ["--storage", url, "--steps", "20", "--curve-steps", "10", "20", "--warmup-steps", "2"]
     assert main(["table", "mait_small", *flags, "--designs", "8", "--seeds", "0"]) == 1
     out = capsys.readouterr().out
-    assert "trained nothing: the first 4 pairs all failed (RuntimeError: Input height (16) doesn't match" in out, out
+    assert "trained nothing here: 4 tries, every one failed (the first: RuntimeError: Input height (16) doesn't " \
+           "match model (8).); stopped" in out, out
     failed = [t for t in _trials(url) if t.state == optuna.trial.TrialState.FAIL]
     assert len(failed) == 4
+
+    def first_only(protocol):
+        calls = []
+
+        def train(spec, seed):
+            calls.append(seed)
+            if len(calls) > 1:
+                raise RuntimeError("diverged")
+            return _fake(spec, seed)
+        return train
+
+    monkeypatch.setattr(tabulate_module, "_real_trainer", lambda protocol, points: first_only(protocol))
+    other = f"journal:{tmp_path / 'u.journal'}"
+    assert main(["table", "mait_small", *flags[2:], "--storage", other, "--designs", "3", "--seeds", "0"]) == 0
+    assert "trained 1 pairs here (4 failed)" in capsys.readouterr().out  # 2 pairs x 2 tries
+
+
+def test_the_sidecar_never_holds_a_storage_password(tmp_path, space, protocol):
+    """Issue 80: the export's sidecar records the tabulating command; a PostgreSQL password in its --storage is
+    written ``***`` (as SQLAlchemy hides it)."""
+    url = f"journal:{tmp_path / 't.journal'}"
+    tabulate(space, seeds=(0,), designs=1, storage=url, protocol=protocol, train=_fake, log=lambda s: None)
+    path, _ = export_table(space, tmp_path / "m.jsonl", storage=url, protocol=protocol,
+                           command="archspec table mait_small --storage postgresql://me:pw-42@db.lan/tables")
+    meta = path.with_suffix(".meta.json").read_text()
+    assert "pw-42" not in meta and "postgresql://me:***@db.lan/tables" in meta
 
 
 TINY_MASKS = textwrap.dedent("""\
