@@ -25,6 +25,7 @@ measurement:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterable
@@ -43,10 +44,12 @@ from archspec.search._evaluation.zero_cost import ZERO_COST_SCORES
 from archspec.search._modes.mask_scores import layer_scores, learned_alphas
 from archspec.spec import ArchSpec
 from archspec.train.batches import TensorBatches
-from archspec.train.config import TrainConfig
+from archspec.train.config import TrainConfig, check_config
 from archspec.train.loop import Hooks, Trainer, evaluate, run_steps
+from archspec.train.run import check_optimizer
 
-__all__ = ["stratified", "reference_data", "proxy_size_problem", "train_config", "train_row", "zero_cost_row"]
+__all__ = ["stratified", "reference_data", "proxy_size_problem", "train_config", "check_training", "train_row",
+           "zero_cost_row"]
 
 
 def stratified(labels: np.ndarray, keep: int, seed: int) -> np.ndarray:
@@ -129,6 +132,20 @@ def train_config(protocol: dict) -> TrainConfig:
                        weight_decay=protocol["weight_decay"], optimizer=protocol["optimizer"],
                        warmup_steps=protocol["warmup_steps"], augmentation=protocol["augmentation"],
                        eval_every=protocol["steps"], device="cpu")
+
+
+def check_training(protocol: dict) -> None:
+    """The protocol's training settings as ``archspec train`` checks them (:func:`~archspec.train.config.check_config`
+    of :func:`train_config`, timm's optimizer names), before any pair.
+
+    Raises:
+        SpecError: at ``protocol.<field>`` (a TrainConfig field is the protocol's field of the same name).
+    """
+    try:
+        check_config(train_config(protocol))
+        check_optimizer(protocol["optimizer"])
+    except SpecError as exc:
+        raise SpecError([dataclasses.replace(p, path=("protocol", *p.path[1:])) for p in exc.problems]) from None
 
 
 def _als_reader(protocol: dict, data_curve: Dataset):

@@ -29,7 +29,6 @@ same rows, byte for byte, in the same order.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -66,7 +65,7 @@ from archspec.search._engine.study import (
 )
 from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._space.language import SearchSpace, load_space
-from archspec.train.config import AUGMENTATIONS, check_config
+from archspec.train.config import AUGMENTATIONS
 from archspec.train.failures import stored_name
 
 __all__ = ["REFERENCE_PROTOCOL", "NAMED_POINTS", "SEED_CHECK_DESIGNS", "GIVE_UP_AFTER", "STATUS_ATTR", "table_protocol",
@@ -543,13 +542,8 @@ def _real_trainer(protocol: dict, points: Sequence[tuple[dict, Any]]) -> Callabl
     import torch  # noqa: PLC0415 - the torch half, loaded when pairs are to be trained
 
     from archspec.search._tabulation import rows as table_rows  # noqa: PLC0415 - as above
-    from archspec.train.run import check_optimizer  # noqa: PLC0415 - as above (timm's optimizer names)
 
-    try:
-        check_config(table_rows.train_config(protocol))
-        check_optimizer(protocol["optimizer"])
-    except SpecError as exc:  # a TrainConfig field is the protocol's field of the same name
-        raise SpecError([dataclasses.replace(p, path=("protocol", *p.path[1:])) for p in exc.problems]) from None
+    table_rows.check_training(protocol)
     torch.set_num_threads(protocol["threads"])
     data = table_rows.reference_data(protocol)
     problem = table_rows.proxy_size_problem(points, data[0], protocol)
