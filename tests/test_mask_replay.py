@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from search_fixtures import tiny_masks_space
 
 from archspec.diagnostics.metrics import attention_locality_score, patch_window_mask
 from archspec.errors import SpecError
@@ -410,19 +411,7 @@ def test_mask_groups_of_a_whole_stage_and_of_one_layer():
         mask_groups({"stages.0.heads_mix.masked": 1})
 
 
-WHOLE_STAGE = """\
-name: whole_stage
-kind: masks
-protocol: {steps: 20, warmup_steps: 2, curve_steps: [10, 20]}
-spec:
-  name: whole_stage
-  input: {channels: 1, resolution: 8}
-  stem: {kind: patch, patch_size: 2}
-  tokens: {cls_token: input, pos_embed: learned}
-  stages:
-    - {depth: 2, dim: 16, heads: 2, heads_mix: {base: mhsa, masked: {int: [0, 2]}, window: 3x3}}
-  head: {pool: cls, num_classes: 10}
-"""
+WHOLE_STAGE = tiny_masks_space("{steps: 20, warmup_steps: 2, curve_steps: [10, 20]}", name="whole_stage")
 
 
 def test_a_table_of_a_space_with_one_group_a_stage_replays(tmp_path, capsys):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from search_fixtures import tiny_masks_space
 
 import archspec
 from archspec.errors import SpecError
@@ -552,21 +553,9 @@ def test_the_sidecar_never_holds_a_storage_password(tmp_path, space, protocol):
     assert "pw-42" not in meta and "postgresql://me:***@db.lan/tables" in meta
 
 
-TINY_MASKS = textwrap.dedent("""\
-    name: tiny_masks
-    kind: masks
-    protocol: {data: digits, image_size: IMAGE, train_images: 40, curve_val_images: 20, final_val_images: 20,
-               batch_size: 8, steps: 4, warmup_steps: 1, curve_steps: [2, 4], zero_cost_batch: 8,
-               als: {window: 3x3, images: 8}}
-    spec:
-      name: tiny_masks
-      input: {channels: 1, resolution: 8}
-      stem: {kind: patch, patch_size: 2}
-      tokens: {cls_token: input, pos_embed: learned}
-      stages:
-        - {depth: 2, dim: 16, heads: 2, heads_mix: {base: mhsa, masked: {int: [0, 2]}, window: 3x3}}
-      head: {pool: cls, num_classes: 10}
-    """)
+TINY_MASKS = tiny_masks_space("{data: digits, image_size: IMAGE, train_images: 40, curve_val_images: 20, "
+                              "final_val_images: 20, batch_size: 8, steps: 4, warmup_steps: 1, curve_steps: [2, 4], "
+                              "zero_cost_batch: 8, als: {window: 3x3, images: 8}}")
 
 
 @pytest.mark.slow  # decodes the embedded digits (torch's import and the decoding: about 3 s)
