@@ -444,4 +444,4 @@ def test_a_table_of_a_space_with_one_group_a_stage_replays(tmp_path, capsys):
     assert "placement: masked=1;" in out
     assert main(["search", "masks", "--oracle", str(table)]) == 2
     err = capsys.readouterr().err
-    assert "SPEC: the table tabulates space 'whole_stage', which is no shipped space" in err, err
+    assert f"{table}: SPEC: the table tabulates space 'whole_stage', which is no shipped space" in err, err

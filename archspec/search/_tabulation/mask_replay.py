@@ -134,7 +134,8 @@ def mask_table_space(table, source: str | None = None) -> SearchSpace:
     hint = f"give the space file of {table.space}, or leave `space` out for a shipped table"
     if source is None and table.space not in shipped_spaces():
         raise SpecError.single(("space",), f"the table tabulates space {table.space!r}, which is no shipped space",
-                               f"give its space file as `space` ({', '.join(shipped_spaces())} are shipped)")
+                               f"give its space file as `space` ({', '.join(shipped_spaces())} are shipped)",
+                               table.file)
     try:
         space = load_space(source or table.space)
     except SpecError:
