@@ -485,8 +485,11 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
         and it trained nothing (a wrong input fails every pair: stopped, not tried on every pair twice).
 
     Raises:
-        SpecError: a bad storage, a space that is not finite, a study written under another protocol, a bad seed
-            (negative or over 2**32 - 1), a data set that is not installed -- all before any trial is written.
+        SpecError: a bad storage (``memory``; the default one's ``runs/tables`` that cannot be made), a space that
+            is not finite, a study written under another protocol, a bad seed (negative or over 2**32 - 1), a data
+            set that is not installed, a protocol the data or the space's proxies cannot train (a subset the data
+            cannot give, another image size, an optimizer timm lacks: :func:`_real_trainer`) -- all before any
+            trial is written; a field the space file set is located there.
     """
     space = space if isinstance(space, SearchSpace) else load_space(space)
     protocol = protocol or table_protocol(space)
