@@ -4,10 +4,12 @@ cases."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from search_fixtures import tiny_masks_space
 
 from archspec.diagnostics.metrics import attention_locality_score, patch_window_mask
 from archspec.errors import SpecError
@@ -309,3 +311,137 @@ def test_a_soft_mask_sidecar_is_no_shipped_table():
     assert shipped_tables() == ["levit_small", "mait_small"]
     with pytest.raises(SpecError, match="no such table"):
         load_table("mait_small.soft")
+
+
+# ------------------------------------------------------------------------------ issue 80: a mask table's inputs
+def _edit_table(path: Path, edit) -> None:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    edit(rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _set_als(rows, row: int, entry: int, layer: str, value) -> None:
+    rows[row]["als"][entry][1][layer] = value
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda r: _set_als(r, 1, 0, "0.0", [7.0, 0.5, 0.5]), "line 2: field als[0].0.0: ALS must be a list of fractions "
+                                                         "in [0, 1] (one per head), not [7.0, 0.5, 0.5]"),
+    (lambda r: _set_als(r, 1, 2, "0.4", [0.5, -3.0, 0.5]), "line 2: field als[2].0.4: ALS must be a list of fractions"),
+    (lambda r: _set_als(r, 1, 0, "0.0", "0.5 0.5 0.5"), "line 2: field als[0].0.0: ALS must be a list of fractions"),
+    (lambda r: r[1].update(als="high"), "line 2: field als: must be a non-empty list of [step, {layer: [ALS per "
+                                        "head]}] at the curve's steps"),
+    (lambda r: _set_als(r, 1, 0, "0.3", [0.5, 0.5]), "line 2: field als[0].0.3: 2 heads, where als[0].0.0 has 3"),
+    (lambda r: r[1]["als"][1][1].pop("0.5"), "line 2: field als[1]: layers 0.0, 0.1, 0.2, 0.3, 0.4, not those of "
+                                             "als[0]"),
+])
+def test_a_mask_tables_als_is_checked_by_value(tmp_path, capsys, edit, words):
+    """Issue 80: ALS of 7.0 or -3.0, ALS as text (a TypeError in the replay), a layer with another head count were
+    read without a word; refused by the table's row checks, naming the file, line and field; `search masks
+    --oracle` exits 2 before printing anything."""
+    from archspec.cli import main
+    from archspec.search import load_table
+
+    table = _mask_table_files(tmp_path, None)
+    _edit_table(table, edit)
+    with pytest.raises(SpecError, match=re.escape(words)):
+        load_table(table)
+    assert main(["search", "masks", "--oracle", str(table)]) == 2
+    captured = capsys.readouterr()
+    assert words in captured.err and "Traceback" not in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda r: [x["als"][i][1].pop("0.5") for x in r for i in range(len(x["als"]))],
+     "line 1: field als[0]: no ALS of layer 0.5 (the space's layers: 0.0, 0.1, 0.2, 0.3, 0.4, 0.5)"),
+    (lambda r: [x["als"][i][1].update({k: v[:2] for k, v in x["als"][i][1].items()}) for x in r
+                for i in range(len(x["als"]))],
+     "line 1: field als[0].0.0: 2 heads, where the space's layers have 3"),
+])
+def test_a_mask_table_whose_als_is_not_of_its_space_is_refused(tmp_path, capsys, edit, words):
+    """Issue 80: every row without layer 5's ALS (a KeyError in the replay), or with two heads per layer where
+    mait_small has three (read without a word): exit 2 naming the table, its first row and the field."""
+    from archspec.cli import main
+
+    table = _mask_table_files(tmp_path, None)
+    _edit_table(table, edit)
+    assert main(["search", "masks", "--oracle", str(table)]) == 2
+    err = capsys.readouterr().err
+    assert f"{table}: --oracle: {words}" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv, option, words", [
+    (["--window", "5x5"], "--window", "the table's ALS was measured with 3x3 windows (its protocol's als.window), "
+                                      "not 5x5"),
+    (["--als-low", "0.9", "--als-high", "0.1"], "--als-low", "need 0 <= --als-low < --als-high <= 1, got 0.9 and 0.1"),
+    (["--als-high", "5"], "--als-low", "got 0.2 and 5"),
+    (["--als-low", "-1"], "--als-low", "got -1 and 0.8"),
+    (["--strategy", "soft", "--alpha-threshold", "2"], "--alpha-threshold", "alpha lies in (0, 1); got 2"),
+    (["--strategy", "soft", "--window", "5x5"], "--window", "the table's soft masks were trained with 3x3 windows"),
+])
+def test_search_masks_oracle_refuses_what_the_table_cannot_answer(tmp_path, capsys, argv, option, words):
+    """Issue 80: `search masks --oracle` accepted a window the table's ALS was not measured with, thresholds outside
+    [0, 1] or in the wrong order, an alpha threshold outside (0, 1) -- each refused by live search -- and answered;
+    now the live check (or the table's own protocol) refuses them, exit 2 naming the flag, nothing printed."""
+    from archspec.cli import main
+
+    table = _mask_table_files(tmp_path, [_soft_row(s, SOFT_ALPHAS) for s in (0, 1, 2)])
+    assert main(["search", "masks", "--oracle", str(table), *argv]) == 2
+    captured = capsys.readouterr()
+    assert f"{option}:" in captured.err and words in captured.err and captured.out == "", captured.err
+
+
+@pytest.mark.parametrize("before", [["--budget-flops", "1G"], ["--list"]])
+def test_design_only_options_before_masks_oracle_are_refused(capsys, before):
+    """Issue 80: ``archspec search --budget-flops 1G masks --oracle T`` and ``--list`` were ignored by the replay,
+    where live mask placement refuses them; now refused the same way."""
+    from archspec.cli import main
+
+    assert main(["search", *before, "masks", "--oracle", "mait_small"]) == 2
+    captured = capsys.readouterr()
+    assert f"{before[0]}:" in captured.err and "mode 1" in captured.err and captured.out == ""
+
+
+def test_mask_groups_of_a_whole_stage_and_of_one_layer():
+    """Issue 80: a masks space without ``group`` draws one count for the whole stage (``stages.0.heads_mix.masked``),
+    with ``group: 1`` one per layer (``masked.3``); both are mask tables' parameters (sampling.py's names)."""
+    assert mask_groups({"stages.0.heads_mix.masked": 1}, depths={0: 2}) == {"stages.0.heads_mix.masked": (0, [0, 1])}
+    assert mask_groups({"stages.1.heads_mix.masked.3": 0}) == {"stages.1.heads_mix.masked.3": (1, [3])}
+    with pytest.raises(SpecError, match="the depth of stage 0"):
+        mask_groups({"stages.0.heads_mix.masked": 1})
+
+
+WHOLE_STAGE = tiny_masks_space("{steps: 20, warmup_steps: 2, curve_steps: [10, 20]}", name="whole_stage")
+
+
+def test_a_table_of_a_space_with_one_group_a_stage_replays(tmp_path, capsys):
+    """Issue 80: a kind: masks space whose one group is the whole stage (no ``group``) tabulated, then `search masks
+    --oracle` refused it as "not a mask table".  By hand, on its 4x4 grid with a class token (u = 100 / 16 / 17):
+    round 1 trains masked=1, head 0's raw ALS 0.95 is (0.95 - u) / (1 - u) = 0.92 >= 0.8 above uniform: every
+    head, masked=2; round 2 trains masked=2, head 1's raw ALS 0.1 is below uniform (0 <= 0.2): it loses its mask,
+    masked=1.  The table's space is a file: SPEC names it (without it, exit 2 saying so)."""
+    from archspec.cli import main
+    from archspec.search import export_table, load_space, table_protocol, tabulate
+
+    space_file = tmp_path / "whole_stage.yaml"
+    space_file.write_text(WHOLE_STAGE)
+    space = load_space(str(space_file))
+    als_of = {0: [0.3, 0.3], 1: [0.95, 0.3], 2: [0.95, 0.1]}
+
+    def train(spec, seed):
+        masked = sum(h.mask is not None for h in spec.layer_plans(0)[0].heads)
+        als = {"0.0": als_of[masked], "0.1": als_of[masked]}
+        return {"zc": {}, "zc_seconds": {}, "curve": [[10, 0.5, 1.0], [20, 0.6, 0.9]], "tse": [[10, 5.0, 0.1],
+                [20, 9.0, 0.2]], "als": [[10, als], [20, als]], "final_accuracy": 0.5 + masked / 10 + seed / 100,
+                "final_val_loss": 0.9, "train_seconds": 0.2, "eval_seconds": 0.0}
+
+    url = f"journal:{tmp_path / 't.journal'}"
+    tabulate(space, storage=url, protocol=table_protocol(space), train=train, log=lambda s: None)
+    table, _ = export_table(space, tmp_path / "whole.jsonl", storage=url)
+    assert main(["search", "masks", str(space_file), "--oracle", str(table)]) == 0
+    out = capsys.readouterr().out
+    assert "round 1: trained masked=1" in out and "round 2: trained masked=2" in out, out
+    assert "placement: masked=1;" in out
+    assert main(["search", "masks", "--oracle", str(table)]) == 2
+    err = capsys.readouterr().err
+    assert f"{table}: SPEC: the table tabulates space 'whole_stage', which is no shipped space" in err, err

@@ -644,3 +644,43 @@ def test_the_table_rules_are_torch_free():
             "assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_verify_on_a_table_with_one_reference_seed_says_no_second_seed_exists(tmp_path):
+    """Issue 80: ``--verify`` on a table whose sidecar names one reference seed re-read the same row as its "second
+    seed" and reported rank agreement 1.0 and seed spread 0.0.  Now nothing is re-trained, every trial goes to the
+    search, and a note says there is no second seed."""
+    path, _ = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7])
+    meta = json.loads((tmp_path / "tiny.meta.json").read_text())
+    (tmp_path / "tiny.meta.json").write_text(json.dumps({**meta, "reference_seeds": [0]}))
+    outcome = run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", fidelity="none", trials=4,
+                         verify=2, protocol={"steps": 80, "score": "accuracy"}, out=tmp_path / "run",
+                         progress=False, sampler="random", seed=0)
+    assert "verify" not in outcome.summary
+    assert any("no second seed" in note and "reference seed [0]" in note for note in outcome.summary["notes"]), \
+        outcome.summary["notes"]
+    assert sum(t.user_attrs.get("status") == "trained" for t in outcome.study.trials) == 4  # none kept back
+
+
+def test_strata_on_a_table_without_zero_cost_scores_is_refused(tmp_path, capsys):
+    """Issue 80: ``--sampler strata`` on a table whose rows hold no score of ``--zc-score`` ranked every stratum's
+    candidates at -inf (the first of each stratum) without a word; refused at ``oracle`` (``--oracle``) before
+    the run directory exists.  ``--zc-score params`` needs no table score and runs."""
+    from archspec.cli import main
+
+    path, _ = _table(tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "zc": {}}) + "\n" for r in rows))
+    with pytest.raises(SpecError, match="holds no synflow zero-cost score"):
+        run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", sampler="strata", trials=2,
+                   verify=0, protocol={"steps": 80}, out=tmp_path / "run", progress=False)
+    space = tmp_path / "tiny.yaml"
+    space.write_text(json.dumps(TINY_SPACE))
+    assert main(["search", "--space", str(space), "--oracle", str(path), "--sampler", "strata", "--objective",
+                 "accuracy", "--trials", "2", "--proxy-steps", "80", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "--oracle" in err and "holds no synflow zero-cost score" in err and "--zc-score" in err, err
+    assert not (tmp_path / "run").exists()
+    outcome = run_design(space=TINY_SPACE, oracle=str(path), objective="accuracy", sampler="strata", trials=2,
+                         zc_score="params", verify=0, protocol={"steps": 80}, out=tmp_path / "run", progress=False)
+    assert sum(t.user_attrs.get("status") == "trained" for t in outcome.study.trials) == 2

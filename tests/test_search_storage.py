@@ -175,3 +175,30 @@ def test_read_only_directory_is_refused(work):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "read-only" in proc.stderr, proc.stderr
     assert not (work / "run").exists() and not any(ro.iterdir())
+
+
+# ----------------------------------------------------------------------------------- passwords (issue 80)
+SECRET = "s3cr3t-pw"
+
+
+@pytest.mark.parametrize("url", [
+    f"postgresql+psycopg://archspec:{SECRET}@127.0.0.1:1/tables",  # nothing listens on port 1: refused at once
+    f"postgresql://archspec:{SECRET}@127.0.0.1:1/tables",            # psycopg2, the default driver, is not installed
+    f"postgresql://archspec:{SECRET}@127.0.0.1:notaport/tables",     # malformed: SQLAlchemy's message holds the URL
+])
+def test_a_storage_error_never_prints_the_password(tmp_path, monkeypatch, capsys, url):
+    """Issue 80: a storage that cannot be opened printed its URL with the PostgreSQL password (in ``archspec table`` and
+    ``archspec search``; the success path printed it as ``***``, SQLAlchemy's ``render_as_string(hide_password=True)``).
+    Now the password is ``***`` in every message, the URL otherwise as given."""
+    from archspec.errors import SpecError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError) as info:
+        resolve_storage(url)
+    text = str(info.value)
+    assert SECRET not in text and "archspec:***@127.0.0.1" in text, text
+    for argv in (["table", "mait_small", "--storage", url, "--report"],
+                 ["search", "--space", "levit_small", "--storage", url, "--trials", "1", "--out", "run"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert SECRET not in err and "archspec:***@" in err and "Traceback" not in err, err

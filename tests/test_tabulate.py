@@ -18,6 +18,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from search_fixtures import tiny_masks_space
 
 import archspec
 from archspec.errors import SpecError
@@ -362,6 +363,14 @@ def test_a_spaces_own_protocol_fields_come_between_the_reference_and_the_flags()
     ("{stepz: 100}", "protocol.stepz", "unknown protocol field 'stepz'"),
     ("{steps: 100}", "protocol.curve_steps", "must be increasing positive step numbers ending at steps (100)"),
     ("[100]", "protocol", "protocol must be a mapping of table-protocol fields"),
+    # issue 80: a field of the wrong type was a TypeError traceback (data) or a failure of every pair
+    ("{data: 5}", "protocol.data", "data must be a data set's name or a path (text), got 5"),
+    ("{augmentation: 5}", "protocol.augmentation", "augmentation must be one of none, flip, crop, flip+crop, got 5"),
+    ("{optimizer: 5}", "protocol.optimizer", "optimizer must be a timm optimizer's name (text), got 5"),
+    ("{als: garbage}", "protocol.als", "als must be a mapping {window: RxC, images: N}, got 'garbage'"),
+    ("{als: {window: 2x2, images: 128}}", "protocol.als.window", "window 2x2 has an even side"),
+    ("{als: {window: 3x3, images: 0}}", "protocol.als.images", "als.images must be a positive integer, got 0"),
+    ("{als: {window: 3x3}}", "protocol.als", "als must be a mapping {window: RxC, images: N}"),
 ])
 def test_a_bad_protocol_in_a_space_file_is_located_there_and_writes_nothing(tmp_path, capsys, protocol, field,
                                                                               message):
@@ -380,3 +389,211 @@ def test_a_bad_protocol_in_a_space_file_is_located_there_and_writes_nothing(tmp_
     err = capsys.readouterr().err
     assert f"{path}:{line}" in err and field in err and message in err, err
     assert "Traceback" not in err and not journal.exists()
+
+
+# ----------------------------------------------------------------------------------------------- issue 80
+def _unwritable(directory: Path) -> bool:
+    """``chattr +i`` on ``directory`` (root ignores file modes), else mode 0o555 for others; False where neither
+    makes it unwritable here."""
+    if subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode == 0:
+        return True
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return True
+    return False
+
+
+def _writable_again(directory: Path) -> None:
+    subprocess.run(["chattr", "-i", str(directory)], capture_output=True)
+    directory.chmod(0o755)
+
+
+def test_export_where_the_file_cannot_be_created_is_exit_2_naming_export(tmp_path, space, protocol, capsys):
+    """Issue 80: ``--export afile/x.jsonl`` (a FileExistsError) and ``--export`` into an immutable directory (a
+    PermissionError) were tracebacks; now exit 2 naming --export and the path, the file and directory untouched."""
+    from archspec.cli import main
+
+    url = f"journal:{tmp_path / 't.journal'}"
+    tabulate(space, seeds=(0,), designs=1, storage=url, protocol=protocol, train=_fake, log=lambda s: None)
+    flags = ["--storage", url, "--steps", "20", "--curve-steps", "10", "20", "--warmup-steps", "2"]
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    assert main(["table", "mait_small", *flags, "--export", str(afile / "x.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert f"{afile / 'x.jsonl'}: --export: cannot be created: {afile} is not a directory" in err, err
+    assert "Traceback" not in err and afile.read_text() == "mine\n"
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    if not _unwritable(locked):
+        pytest.skip("no way to make a directory unwritable here")
+    try:
+        assert main(["table", "mait_small", *flags, "--export", str(locked / "x.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert f"{locked / 'x.jsonl'}: --export:" in err and "not writable" in err and "Traceback" not in err, err
+        assert list(locked.iterdir()) == []
+    finally:
+        _writable_again(locked)
+
+
+def test_the_default_storage_where_runs_tables_cannot_be_made_is_exit_2_naming_storage(tmp_path, monkeypatch,
+                                                                                       space, protocol, capsys):
+    """Issue 80: the default storage (journal:runs/tables/SPACE.journal) with a file named ``runs`` in the working
+    directory (NotADirectoryError) or a read-only working directory (PermissionError) was a traceback; now a
+    SpecError at ``storage`` (``--storage`` on the command line), and the file ``runs`` is left as it was."""
+    from archspec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("my notes\n")
+    with pytest.raises(SpecError, match=r"storage: cannot create runs/tables.*runs is not a directory"):
+        tabulate(space, seeds=(0,), designs=1, protocol=protocol, train=_fake, log=lambda s: None)
+    assert main(["table", "mait_small", "--import", "mait_small"]) == 2
+    err = capsys.readouterr().err
+    assert "--storage: cannot create runs/tables" in err and "Traceback" not in err, err
+    assert (tmp_path / "runs").read_text() == "my notes\n"
+    (tmp_path / "runs").unlink()
+    if not _unwritable(tmp_path):
+        pytest.skip("no way to make a directory unwritable here")
+    try:
+        with pytest.raises(SpecError, match=r"storage: cannot create runs/tables.*not writable"):
+            tabulate(space, seeds=(0,), designs=1, protocol=protocol, train=_fake, log=lambda s: None)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        _writable_again(tmp_path)
+
+
+def test_a_table_in_memory_is_refused_before_anything_is_trained(tmp_path, space, protocol, capsys):
+    """Issue 80: ``--storage memory`` trained every pair and lost them all when the worker ended (no export, no
+    report, no other worker can see them); refused at ``storage`` before training."""
+    from archspec.cli import main
+
+    trained = []
+
+    def train(spec, seed):
+        trained.append(seed)
+        return _fake(spec, seed)
+
+    with pytest.raises(SpecError, match="storage: a table in memory is lost when this worker ends"):
+        tabulate(space, seeds=(0,), designs=1, storage="memory", protocol=protocol, train=train, log=lambda s: None)
+    assert trained == []
+    assert main(["table", "mait_small", "--storage", "memory", "--designs", "1"]) == 2
+    assert "--storage: a table in memory is lost" in capsys.readouterr().err
+
+
+def test_import_refuses_rows_whose_designs_are_no_points_of_the_space(tmp_path, space, capsys):
+    """Issue 80: ``--import`` took rows of designs that are no points of the space (a row's key, or its params, of
+    another design); refused at --import naming the line, nothing written.  Three rows of the shipped mait_small
+    table, the second with another key, then with the params of another point."""
+    from archspec.cli import main
+
+    lines = (TABLES_DIR / "mait_small.jsonl").read_text().splitlines()[:3]
+    meta = (TABLES_DIR / "mait_small.meta.json").read_text()
+    journal = tmp_path / "t.journal"
+    second = json.loads(lines[1])["key"][:12]
+    for edit, words in ((lambda r: r.update(key="0" * 64), "design 000000000000 is no point of space mait_small"),
+                        (lambda r: r["params"].update({"stages.0.heads_mix.masked.0-1": 9}),
+                         f"design {second}: its params are not those of the point its key names")):
+        rows = [json.loads(line) for line in lines]
+        edit(rows[1])
+        table = tmp_path / "mine.jsonl"
+        table.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        table.with_suffix(".meta.json").write_text(meta)
+        with pytest.raises(SpecError, match=f"line 2: {words}"):
+            import_table(space, table, storage=f"journal:{journal}")
+        assert main(["table", "mait_small", "--import", str(table), "--storage", f"journal:{journal}"]) == 2
+        err = capsys.readouterr().err
+        assert f"{table}: --import: line 2: {words}" in err and not journal.exists(), err
+
+
+def test_a_worker_whose_every_pair_fails_stops_says_so_and_exits_1(tmp_path, monkeypatch, space, capsys):
+    """Issue 80: a worker that trained nothing (every pair failed: the input is wrong) printed its lines and exited
+    0.  Now it stops after four failures with no pair trained (not every pair of the space twice) and exits 1,
+    saying why; one pair trained before a failure is a worker that works (exit 0)."""
+    from archspec.cli import main
+    from archspec.search._tabulation import tabulate as tabulate_module
+
+    def failing(protocol):
+        def train(spec, seed):
+            raise RuntimeError("Input height (16) doesn't match model (8).")
+        return train
+
+    monkeypatch.setattr(tabulate_module, "_real_trainer", lambda protocol, points: failing(protocol))
+    url = f"journal:{tmp_path / 't.journal'}"
+    flags = ["--storage", url, "--steps", "20", "--curve-steps", "10", "20", "--warmup-steps", "2"]
+    assert main(["table", "mait_small", *flags, "--designs", "8", "--seeds", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "trained nothing here: 4 tries, every one failed (the first: RuntimeError: Input height (16) doesn't " \
+           "match model (8).); stopped" in out, out
+    failed = [t for t in _trials(url) if t.state == optuna.trial.TrialState.FAIL]
+    assert len(failed) == 4
+
+    def first_only(protocol):
+        calls = []
+
+        def train(spec, seed):
+            calls.append(seed)
+            if len(calls) > 1:
+                raise RuntimeError("diverged")
+            return _fake(spec, seed)
+        return train
+
+    monkeypatch.setattr(tabulate_module, "_real_trainer", lambda protocol, points: first_only(protocol))
+    other = f"journal:{tmp_path / 'u.journal'}"
+    assert main(["table", "mait_small", *flags[2:], "--storage", other, "--designs", "3", "--seeds", "0"]) == 0
+    assert "trained 1 pairs here (4 failed)" in capsys.readouterr().out  # 2 pairs x 2 tries
+
+
+def test_the_sidecar_never_holds_a_storage_password(tmp_path, space, protocol):
+    """Issue 80: the export's sidecar records the tabulating command; a PostgreSQL password in its --storage is
+    written ``***`` (as SQLAlchemy hides it)."""
+    url = f"journal:{tmp_path / 't.journal'}"
+    tabulate(space, seeds=(0,), designs=1, storage=url, protocol=protocol, train=_fake, log=lambda s: None)
+    path, _ = export_table(space, tmp_path / "m.jsonl", storage=url, protocol=protocol,
+                           command="archspec table mait_small --storage postgresql://me:pw-42@db.lan/tables")
+    meta = path.with_suffix(".meta.json").read_text()
+    assert "pw-42" not in meta and "postgresql://me:***@db.lan/tables" in meta
+
+
+TINY_MASKS = tiny_masks_space("{data: digits, image_size: IMAGE, train_images: 40, curve_val_images: 20, "
+                              "final_val_images: 20, batch_size: 8, steps: 4, warmup_steps: 1, curve_steps: [2, 4], "
+                              "zero_cost_batch: 8, als: {window: 3x3, images: 8}}")
+
+
+@pytest.mark.slow  # decodes the embedded digits (torch's import and the decoding: about 3 s)
+@pytest.mark.parametrize("image, flags, words", [
+    (8, ["--train-images", "5"], "--train-images: 5 images cannot hold one of each of the 10 classes"),
+    (8, ["--train-images", "100000"], "--train-images: 100000 images of 10 classes is 10000 of each; the training "
+                                      "images of digits hold 139 of their smallest class"),
+    (8, ["--train-images", "45"], "--train-images: 45 is not a multiple of the 10 classes"),
+    (16, [], "protocol.image_size: the proxy of tiny_masks trains at 8 px, not the protocol's 16"),
+])
+def test_a_protocol_the_data_or_the_space_cannot_train_is_refused_before_any_pair(tmp_path, capsys, image, flags,
+                                                                                   words):
+    """Issue 80: ``--train-images 5`` on 10 classes (an empty subset), ``protocol: {image_size: 16}`` on an 8 px spec
+    (every pair failed on a shape) were exit 0 with every pair failed; ``--train-images 100000`` on digits' 1,437
+    training images recorded 100,000 in the protocol.  Now exit 2 before the study exists, naming the flag (or the
+    space file's field).  Digits' smallest training class holds 139 images (np.bincount of its labels)."""
+    from archspec.cli import main
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_MASKS.replace("IMAGE", str(image)))
+    journal = tmp_path / "t.journal"
+    assert main(["table", str(path), "--storage", f"journal:{journal}", *flags]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and not journal.exists(), err
+    if image == 16:
+        assert f"{path}:3" in err  # the line of protocol: in the space file
+
+
+@pytest.mark.slow  # decodes the embedded digits
+def test_an_optimizer_timm_does_not_have_is_refused_before_any_pair(tmp_path, capsys):
+    """Issue 80: ``protocol: {optimizer: adamx}`` failed every pair (timm's ValueError); refused as ``archspec train``
+    refuses it, at the space file's ``protocol.optimizer``."""
+    from archspec.cli import main
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_MASKS.replace("IMAGE", "8").replace("data: digits,", "data: digits, optimizer: adamx,"))
+    journal = tmp_path / "t.journal"
+    assert main(["table", str(path), "--storage", f"journal:{journal}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:3" in err and "protocol.optimizer: 'adamx' is not a timm optimizer" in err, err
+    assert not journal.exists()

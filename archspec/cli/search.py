@@ -341,7 +341,8 @@ def _add_masks_parser(modes) -> None:
     masks = modes.add_parser("masks", help="MaiT mask placement for SPEC (--strategy als|optuna|soft)",
                              description=MASKS_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     masks.add_argument("spec", metavar="SPEC", nargs="?", default=None,
-                       help="YAML file or shipped spec name (see `archspec list`); none with --oracle")
+                       help="YAML file or shipped spec name (see `archspec list`); with --oracle: none, or the "
+                            "space file of a table whose space is not shipped")
     masks.add_argument("--oracle", metavar="TABLE", default=argparse.SUPPRESS,
                        help="replay the strategy on a mask table (`archspec table` of a kind: masks space, e.g. "
                             "mait_small) instead of training: als reads each round's ALS from a row of the table, "
@@ -377,13 +378,13 @@ def _masks_on_table(args: argparse.Namespace) -> int:
     rule, each round's training a row of the table (:func:`archspec.search.table_replay_report`); ``soft``: the
     table's soft-mask rows (``<table>.soft.jsonl``) as its one training; ``optuna``: a search of the table's points
     by accuracy (mode 1 on the table's space, TPE)."""
-    from archspec.search import MASKS_PROXY_DEFAULTS, load_table, mask_groups, run_design, table_replay_report
+    from archspec.search import MASKS_PROXY_DEFAULTS, load_table, mask_table_space, run_design, table_replay_report
 
     table = load_table(args.oracle)
-    mask_groups(next(iter(next(iter(table.rows.values())).values()))["params"])  # a mask table, or exit 2 here
-    if args.spec is not None and args.spec != table.space:
-        raise SpecError.single(("SPEC",), f"with --oracle the table's space ({table.space}) is the spec",
-                               "drop SPEC", args.spec)
+    try:  # a mask table of SPEC (a space file) or of a shipped space, or exit 2 here
+        space = mask_table_space(table, args.spec)
+    except SpecError as exc:
+        raise exc.renamed("space", "SPEC") from None
     steps = getattr(args, "steps", None) or MASKS_PROXY_DEFAULTS["steps"]
     if args.strategy == "soft" and not table.soft_rows:
         raise SpecError.single(("--strategy",), "this mask table has no soft-mask rows: --strategy soft trains every "
@@ -391,13 +392,13 @@ def _masks_on_table(args: argparse.Namespace) -> int:
                                f"a {Path(table.file).stem}.soft.jsonl beside the table, or --strategy als or optuna")
     if args.strategy == "optuna":
         trials = args.trials if getattr(args, "trials", None) is not None else 12
-        cfg = _config(args, objective="accuracy", trials=trials, timeout=None, space=table.space,
+        cfg = _config(args, objective="accuracy", trials=trials, timeout=None, space=space.file,
                       sampler="tpe", protocol=_protocol(args, {**MASKS_PROXY_DEFAULTS, "steps": steps}),
                       oracle=args.oracle)
         return _report(_run(run_design, cfg), args)
     report = table_replay_report(table, args.seed, steps, strategy=args.strategy, window=args.window,
                                  high=args.als_high, low=args.als_low, rounds=args.rounds, normalise=not args.als_raw,
-                                 alpha_threshold=args.alpha_threshold)
+                                 alpha_threshold=args.alpha_threshold, space=space)
     print(json.dumps(report, indent=2) if args.json else report["text"])
     return 0
 
@@ -588,13 +589,7 @@ def cmd_search_masks(args: argparse.Namespace) -> int:
     """Mode 2 handler."""
     from archspec.search import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S
 
-    if getattr(args, "oracle", None):
-        return _masks_on_table(args)
-    if args.spec is None:
-        raise SpecError.single(("SPEC",), "missing: the spec whose masks to place", "archspec search masks SPEC")
-    if getattr(args, "oracle_subset", False):
-        raise SpecError.single(("--oracle-subset",), "applies to a replay on a table", "add --oracle TABLE")
-    if getattr(args, "list", None):  # design-search only: masks train the given spec
+    if getattr(args, "list", None):  # design-search only: masks train the given spec (or replay a table)
         raise SpecError.single(("--list",), "--list applies to mode 1 (design search), not to masks",
                                "drop it, or run `archspec search --space ... --list`")
     if (getattr(args, "budget_flops", None) or getattr(args, "budget_params", None)
@@ -602,6 +597,12 @@ def cmd_search_masks(args: argparse.Namespace) -> int:
         raise SpecError.single(("--budget-flops",), "budgets apply to mode 1 (design); mask placement keeps the "
                                                     "architecture, so its MACs barely change",
                                "drop the budget options, or run `archspec search --budget-flops ...`")
+    if getattr(args, "oracle", None):
+        return _masks_on_table(args)
+    if args.spec is None:
+        raise SpecError.single(("SPEC",), "missing: the spec whose masks to place", "archspec search masks SPEC")
+    if getattr(args, "oracle_subset", False):
+        raise SpecError.single(("--oracle-subset",), "applies to a replay on a table", "add --oracle TABLE")
     timeout = args.timeout if args.timeout is not None else None
     trials = args.trials if args.trials is not None else (12 if args.strategy == "optuna" else DEFAULT_TRIALS)
     cfg = _config(args, objective="accuracy", trials=trials, timeout=timeout, space=None,

@@ -20,8 +20,9 @@ protocol, each (point, seed) one trial.
     archspec table mait_small --export mait_small.jsonl             # the table --oracle reads
 
 Any number of `archspec table` processes on one --storage share the work (a journal file on one machine,
-PostgreSQL across machines).  Exit status: 0 ok (also when nothing was left to train), 2 bad input, 130
-interrupted (the pair in progress is trained again by the next worker).
+PostgreSQL across machines).  Exit status: 0 ok (also when nothing was left to train), 1 this worker trained
+nothing and every pair it tried failed (it stops after 4 such tries), 2 bad input, 130 interrupted (the pair in
+progress is trained again by the next worker).
 """
 
 # command-line flag -> protocol field (archspec.search.table_protocol's reference protocol); their defaults are the
@@ -110,6 +111,11 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     progress = tab.tabulate(space, seeds=args.seeds, designs=args.designs, storage=args.storage, protocol=protocol,
                             max_pairs=args.max_pairs, log=lambda line: print(line, flush=True))
+    if progress.failed and not progress.trained:
+        print(f"trained nothing here: {progress.failed} tries, every one failed (the first: {progress.reasons[0]})"
+              + ("; stopped" if progress.stopped else "") + ". The input (data, protocol, space) is likely wrong; "
+              "each pair's reason is its trial's fail_reason", flush=True)
+        return 1
     print(f"trained {progress.trained} pairs here ({progress.failed} failed); {progress.left} of "
           f"{progress.wanted} left" + (f"; gave up on {len(progress.given_up)} pairs that failed twice"
                                        if progress.given_up else ""))

@@ -106,6 +106,30 @@ def normal_mode(directory: bool) -> int:
     return (0o777 if directory else 0o666) & ~mask
 
 
+def writable_dir(directory: Path) -> bool:
+    """Whether this process may create entries in ``directory``: ``access(2)`` with W_OK and X_OK, which also
+    answers no for an immutable (``chattr +i``) directory or a read-only file system, even to root."""
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def uncreatable(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be created, or ``None``: its nearest existing ancestor is not a directory
+    (``"runs is not a directory"``), or (``path`` missing) is a directory this process may not write (checked by
+    :func:`writable_dir`, before anything is made: an ``mkdir`` there is a NotADirectoryError or PermissionError
+    half-way through a command).  Raises nothing."""
+    path = Path(path)
+    parent = path
+    while True:
+        parent = parent.parent
+        if os.path.lexists(parent) or parent == parent.parent:
+            break
+    if parent.exists() and not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.path.lexists(path) and parent.is_dir() and not writable_dir(parent):
+        return f"{parent} is not writable (permissions, a read-only or immutable directory)"
+    return None
+
+
 def _out_error(out: Path, message: str, hint: str | None = None) -> SpecError:
     return SpecError.single(("out",), message, hint, str(out))
 

@@ -97,6 +97,7 @@ _EXPORTS = {
     "linear_at": f"{_TABLES}.oracle", "design_seconds": f"{_TABLES}.oracle", "mask_groups": f"{_TABLES}.mask_replay",
     "table_replay_report": f"{_TABLES}.mask_replay", "mask_geometry": f"{_TABLES}.mask_replay",
     "rule_score": f"{_TABLES}.mask_replay", "uniform_als": f"{_TABLES}.mask_replay",
+    "mask_table_space": f"{_TABLES}.mask_replay", "mask_depths": f"{_TABLES}.mask_replay",
     "reference_data": f"{_TABLES}.rows", "train_row": f"{_TABLES}.rows",
     # mask placement (mode 2's parts, for the bench's studies of it)
     "attention_layers": f"{_MODES}.mask_placement", "apply_placement": f"{_MODES}.mask_placement",
@@ -122,7 +123,7 @@ __all__ = [
     "print_summary", "jsonable",
     "tabulate", "table_protocol", "study_rows", "export_table", "import_table", "seed_check", "git_commit",
     "machine", "TABLES_DIR", "load_table", "curve_at", "linear_at", "design_seconds", "mask_groups",
-    "table_replay_report", "mask_geometry", "rule_score", "uniform_als",
+    "table_replay_report", "mask_geometry", "rule_score", "uniform_als", "mask_table_space", "mask_depths",
     "reference_data", "train_row",
     "attention_layers", "apply_placement", "placement_heads", "head0_placement", "soft_heads", "ALS_IMAGES",
     "layer_scores", "learned_alphas", "uniform_baselines", "train_keeping_model",

@@ -44,7 +44,7 @@ from archspec._version import __version__
 from archspec.errors import SpecError
 from archspec.io.artifact import load, save
 from archspec.io.atomic import atomic_write_text
-from archspec.io.builddir import BUILD, is_build, only_build_files, write_build
+from archspec.io.builddir import BUILD, is_build, only_build_files, uncreatable, writable_dir, write_build
 from archspec.ir.checked import load_spec
 from archspec.nn.compiler import compile as compile_spec
 from archspec.spec import ArchSpec
@@ -69,7 +69,7 @@ from archspec.train.teacher import load_teacher
 with try_import() as _fcntl:  # POSIX only: no lock where it does not exist
     import fcntl
 
-__all__ = ["FitResult", "fit", "RUN_MARKER", "prepare_run_dir"]
+__all__ = ["FitResult", "fit", "RUN_MARKER", "prepare_run_dir", "check_optimizer"]
 
 RUN_MARKER = "run.json"
 _RUN_FILES = {RUN_MARKER, "spec.yaml", "checkpoint.pt", "metrics.csv", "metrics.jsonl", "summary.json", "model",
@@ -113,27 +113,6 @@ def _out_error(out: Path, message: str, hint: str | None = None, option: str = "
     return SpecError.single((option,), message, hint, str(out))
 
 
-def _writable_parent(out: Path) -> None:
-    """Refuse an ``out`` that cannot be created: its nearest existing ancestor is not a directory, or (``out``
-    missing) is not writable."""
-    parent = out
-    while True:
-        parent = parent.parent
-        if os.path.lexists(parent) or parent == parent.parent:
-            break
-    if parent.exists() and not parent.is_dir():
-        raise _out_error(out, f"cannot be created: {parent} is not a directory", "give another `out`")
-    if not os.path.lexists(out) and parent.is_dir() and not _writable(parent):
-        raise _out_error(out, f"cannot be created: {parent} is not writable (permissions, a read-only or immutable "
-                              "directory)", "give a writable `out`")
-
-
-def _writable(directory: Path) -> bool:
-    """Whether this process may create entries in ``directory``: ``access(2)`` with W_OK and X_OK, which also
-    answers no for an immutable (``chattr +i``) directory or a read-only file system, even to root."""
-    return os.access(directory, os.W_OK | os.X_OK)
-
-
 def prepare_run_dir(out: Path, resume: bool, restart: bool = False) -> str:
     """Check ``out`` before any work (see the module docstring); writes nothing.
 
@@ -150,7 +129,9 @@ def prepare_run_dir(out: Path, resume: bool, restart: bool = False) -> str:
                                "`resume` continues the run in `out`; `restart` replaces it")
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise _out_error(out, "exists and is not a directory; archspec leaves it untouched")
-    _writable_parent(out)
+    blocked = uncreatable(out)
+    if blocked is not None:
+        raise _out_error(out, f"cannot be created: {blocked}", "give another `out`")
     try:
         entries = os.listdir(out) if out.exists() else []
     except OSError as exc:
@@ -160,7 +141,7 @@ def prepare_run_dir(out: Path, resume: bool, restart: bool = False) -> str:
         raise _out_error(out, "is a directory archspec did not write; it is left untouched",
                          "give a missing or empty directory" + (" (`resume` continues only a run archspec wrote)"
                                                                 if resume else ""))
-    if out.is_dir() and not _writable(out):  # found before the data are read, not as a PermissionError mid-run
+    if out.is_dir() and not writable_dir(out):  # found before the data are read, not as a PermissionError mid-run
         raise _out_error(out, "is not writable (permissions, a read-only or immutable directory); nothing was "
                               "written", "give a writable `out`")
     finished = ours and (out / "summary.json").exists()
@@ -281,6 +262,14 @@ def _reseed(seed: int, rank: int, step: int) -> None:
     random.seed(s)
 
 
+def check_optimizer(name: str) -> None:
+    """Raise SpecError at ``config.optimizer`` unless timm's optimizer factory knows ``name`` (``lookahead_adamw``
+    is timm's ``adamw`` behind Lookahead)."""
+    if name.lower().split("_")[-1] not in list_optimizers():
+        raise SpecError.single(("config", "optimizer"), f"{name!r} is not a timm optimizer",
+                               "e.g. adamw, sgd, lamb, lion; timm.optim.list_optimizers() names them all")
+
+
 def _check(config: TrainConfig, seed: int) -> None:
     """Every setting, the optimizer name and auto-augment policy as timm reads them, and the seed.
 
@@ -291,9 +280,7 @@ def _check(config: TrainConfig, seed: int) -> None:
 
 
     check_config(config)
-    if config.optimizer.lower().split("_")[-1] not in list_optimizers():  # timm: "lookahead_adamw" -> adamw
-        raise SpecError.single(("config", "optimizer"), f"{config.optimizer!r} is not a timm optimizer",
-                               "e.g. adamw, sgd, lamb, lion; timm.optim.list_optimizers() names them all")
+    check_optimizer(config.optimizer)
     if config.auto_augment is not None:
         check_auto_augment(config.auto_augment)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:

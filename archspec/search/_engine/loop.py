@@ -85,7 +85,13 @@ from archspec.search._engine.study import worker_seed
 from archspec.search._evaluation.check_rate import static_check_rate
 from archspec.search._evaluation.latency_cache import LatencyCache
 from archspec.search._evaluation.scoring import objective_name
-from archspec.search._evaluation.verify import TimeReserve, mark_ties, verify_count, verify_front
+from archspec.search._evaluation.verify import (
+    TimeReserve,
+    mark_ties,
+    verify_count,
+    verify_front,
+    without_second_seed,
+)
 from archspec.search._modes.base import RoundsMode, RunContext, SampledMode
 from archspec.search._report import results, run_files
 from archspec.search._report.progress import ProgressDisplay
@@ -205,6 +211,7 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     # keeps the names it was created with (open_study sets them on a new study only).
     metric_names = [objective_name(getattr(cfg.protocol, "score", "accuracy"))] + (["latency_ms"] if multi else [])
     data, sampler, oracle = preflight(mode.space, cfg, name, len(directions))
+    cfg, verify_note = without_second_seed(cfg, oracle)
     # how fast the space samples and checks (the summary's figure); an oracle replay measures nothing real, and this
     # was a third of its CPU (issue 54: 200-replay comparisons in minutes)
     rate = static_check_rate(mode.space, cfg.budgets, n=200, seed=cfg.seed) if oracle is None else None
@@ -212,7 +219,7 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     rungs, pruner = fidelity_plan(cfg, multi)
     cfg = _with_eval_points(cfg, attrs, rungs, multi)
     run_dir, info, study = open_run(cfg, name, directions, metric_names, attrs, sampler, pruner)
-    notes = settings_notes(study, attrs) + zombie_notes(study)
+    notes = settings_notes(study, attrs) + zombie_notes(study) + ([verify_note] if verify_note else [])
 
     progress = ProgressDisplay(cfg.trials, cfg.progress, len(directions), cfg.timeout)
     objective = CandidateObjective(mode, data, cfg, LatencyCache(run_dir / "latency.json"), len(directions),

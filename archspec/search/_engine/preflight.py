@@ -232,10 +232,31 @@ def check_oracle(cfg: SearchConfig, space, n_objectives: int):
                                f"e.g. {missing[0]}", f"finish it (archspec table {space.name}), or "
                                "search only the designs it holds (`oracle_subset`)",
                                str(cfg.oracle))
+    if (cfg.sampler == "strata" or cfg.fidelity == "zc") and cfg.zc_score not in ("params", "macs"):
+        _check_oracle_scores(table, cfg.zc_score, str(cfg.oracle))
     if n_objectives == 2 or cfg.budgets.latency_ms is not None:
         _check_oracle_latency(table, [(params, key) for params, key in points if key in tabulated], space.name,
                               str(cfg.oracle))
     return table
+
+
+def _check_oracle_scores(table, score: str, file: str) -> None:
+    """Every tabulated row holds the zero-cost ``score`` that the strata sampler or the zero-cost rung ranks by
+    (``null`` is a score that failed and ranks last; a missing one would rank a design last without a word, or
+    fail the rung).
+
+    Raises:
+        SpecError: at ``oracle``: rows without ``score``, naming how many and the first one's line.
+    """
+    rows = [(key, seed, row) for key in sorted(table.tabulated) for seed, row in table.rows[key].items()]
+    lacking = [(key, seed) for key, seed, row in rows if score not in row["zc"]]
+    if not lacking:
+        return
+    line = table.lines.get(lacking[0])
+    where = "" if len(lacking) == len(rows) else f" ({len(lacking)} of its {len(rows)} rows, e.g. line {line})"
+    raise SpecError.single(("oracle",), f"the table holds no {score} zero-cost score{where}: the strata sampler "
+                           "and the zero-cost rung rank by it", "rank by `zc_score` params or macs (no table score "
+                           "needed), or tabulate the scores (archspec table records synflow, naswot, grad_norm)", file)
 
 
 def _check_oracle_latency(table, searched: list[tuple[dict, str]], space: str, file: str) -> None:

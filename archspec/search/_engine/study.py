@@ -55,9 +55,9 @@ from archspec.search._engine.config import (  # torch-free: the command line rea
 from archspec.search._engine.front_sampler import FrontMutationSampler
 
 __all__ = [
-    "StorageInfo", "check_storage", "resolve_storage", "open_study", "make_sampler", "SAMPLERS", "fail_zombie_trials",
-    "fail_trial", "mark_worker", "worker_seed", "validate_study_name", "HEARTBEAT_INTERVAL_S", "ARCH_KEY_ATTR",
-    "same_architecture", "reused_attrs",
+    "StorageInfo", "check_storage", "hide_password", "resolve_storage", "open_study", "make_sampler", "SAMPLERS",
+    "fail_zombie_trials", "fail_trial", "mark_worker", "worker_seed", "validate_study_name", "HEARTBEAT_INTERVAL_S",
+    "ARCH_KEY_ATTR", "same_architecture", "reused_attrs",
 ]
 
 STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,80}$")
@@ -82,8 +82,19 @@ class StorageInfo:
     path: Path | None = None  # file of a sqlite / journal storage
 
 
+_PASSWORD = re.compile(r"(?P<user>://[^:/?#@\s]*:)[^/\s]*@")  # scheme://user:PASSWORD@host
+
+
+def hide_password(text: str) -> str:
+    """``text`` with the password of every storage URL in it (``postgresql://user:PASSWORD@host/db``) written
+    ``***``, as SQLAlchemy's ``URL.render_as_string(hide_password=True)`` writes it: what a message may print of a
+    URL the user gave, or of a driver's error that quotes it.  Raises nothing."""
+    return _PASSWORD.sub(r"\g<user>***@", text)
+
+
 def _storage_error(url: str, message: str, hint: str | None = None) -> SpecError:
-    return SpecError.single(("storage",), f"cannot open storage {url!r}: {message}", hint)
+    return SpecError.single(("storage",), f"cannot open storage {hide_password(url)!r}: {hide_password(message)}",
+                            hint)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ row of the table, never the same one again.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any
@@ -27,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from archspec.search._report.results import spec_of_trial
 
-__all__ = ["verify_count", "TimeReserve", "front_to_verify", "verify_front", "mark_ties"]
+__all__ = ["verify_count", "without_second_seed", "TimeReserve", "front_to_verify", "verify_front", "mark_ties"]
 
 
 def verify_count(verify: int, trials: int | None) -> int:
@@ -76,6 +77,18 @@ def front_to_verify(study: optuna.Study, multi: bool, k: int) -> list[FrozenTria
         trained = [t for t in trained if t.number in on_front]
     trained.sort(key=lambda t: (-t.values[0], t.number))
     return trained[:k]
+
+
+def without_second_seed(cfg: Any, oracle: Any) -> tuple[Any, str | None]:
+    """``(cfg, note)``: under an ``oracle`` whose table has one reference seed there is no second seed -- every
+    replay seed draws the same row, and a verification would read it again (rank agreement 1, spread 0, of one
+    row) -- so ``cfg.verify`` becomes 0 (every trial goes to the search) and ``note`` says why; otherwise ``cfg``
+    as it is and ``None``.  Raises nothing."""
+    if oracle is None or not cfg.verify or len(oracle.seeds) >= 2:
+        return cfg, None
+    note = (f"no verification (--verify {cfg.verify}): the table has one reference seed {oracle.seeds}, so there is "
+            "no second seed to train the front's best again with; every trial went to the search")
+    return dataclasses.replace(cfg, verify=0), note
 
 
 def _second_seed(seed: int, key: str, oracle: Any, answered: int | None) -> int:

@@ -15,13 +15,13 @@ from pydantic import ValidationError
 
 from archspec.errors import SpecError, format_path
 from archspec.families.attention.heads import HeadSpec, MaskSpec
-from archspec.families.attention.placement import Placement
+from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW, Placement
 from archspec.ir.checked import load_spec
 from archspec.spec import ArchSpec, ConvStageSpec, spec_to_yaml
 
 __all__ = ["attention_layers", "token_stages", "strip_mask", "with_mask", "apply_placement", "placement_heads",
-           "head0_placement", "soft_heads", "first_spec", "parse_window", "layer_label", "als_table",
-           "placement_json", "provenance_free_yaml"]
+           "head0_placement", "soft_heads", "first_spec", "parse_window", "rule_thresholds", "layer_label",
+           "als_table", "placement_json", "provenance_free_yaml"]
 
 
 def attention_layers(spec: ArchSpec) -> list[tuple[int, int, list[HeadSpec]]]:
@@ -130,6 +130,24 @@ def parse_window(text: str, option: str) -> tuple[int, int]:
                                f"invalid window {text!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}",
                                "e.g. 3x3, 3x5, 5x5 (odd sides)") from None
 
+
+
+def rule_thresholds(als_high: float | None, als_low: float | None, alpha_threshold: float) -> tuple[float, float]:
+    """``(high, low)``: MaiT's ALS thresholds (sec. 4.2; ``None`` -> :data:`~archspec.families.attention.placement.
+    DEFAULT_ALS_HIGH` / ``DEFAULT_ALS_LOW``), checked with the soft strategy's ``alpha_threshold`` (sec. 4.3): what
+    live placement and its replay on a table both accept.
+
+    Raises:
+        SpecError: at ``als_low``: not ``0 <= low < high <= 1`` (ALS is a fraction of attention); at
+            ``alpha_threshold``: not in (0, 1) (a sigmoid's range).
+    """
+    high = DEFAULT_ALS_HIGH if als_high is None else als_high
+    low = DEFAULT_ALS_LOW if als_low is None else als_low
+    if not 0.0 <= low < high <= 1.0:
+        raise SpecError.single(("als_low",), f"need 0 <= `als_low` < `als_high` <= 1, got {low:g} and {high:g}")
+    if not 0.0 < alpha_threshold < 1.0:
+        raise SpecError.single(("alpha_threshold",), f"alpha lies in (0, 1); got {alpha_threshold:g}")
+    return high, low
 
 
 def first_spec(spec: ArchSpec, strategy: str, window: tuple[int, int]) -> ArchSpec:

@@ -83,6 +83,7 @@ from archspec.search._modes.mask_placement import (
     parse_window,
     placement_heads,
     provenance_free_yaml,
+    rule_thresholds,
     token_stages,
 )
 from archspec.search._modes.mask_scores import ALS_IMAGES, layer_scores, train_keeping_model, uniform_baselines
@@ -166,12 +167,7 @@ def run_masks(mcfg: MaskConfig | None = None, /, **options: Any) -> SearchOutcom
     name = cfg.study_name or f"masks-{spec.name}-{mcfg.strategy}"[:80]
     if mcfg.strategy == "optuna":
         return _run_optuna(spec, mcfg, name)
-    high = DEFAULT_ALS_HIGH if mcfg.als_high is None else mcfg.als_high
-    low = DEFAULT_ALS_LOW if mcfg.als_low is None else mcfg.als_low
-    if not 0.0 <= low < high <= 1.0:
-        raise SpecError.single(("als_low",), f"need 0 <= `als_low` < `als_high` <= 1, got {low:g} and {high:g}")
-    if not 0.0 < mcfg.alpha_threshold < 1.0:
-        raise SpecError.single(("alpha_threshold",), f"alpha lies in (0, 1); got {mcfg.alpha_threshold:g}")
+    high, low = rule_thresholds(mcfg.als_high, mcfg.als_low, mcfg.alpha_threshold)
     window = parse_window(mcfg.window, "window")
     first_spec(spec, mcfg.strategy, window)  # a window that does not fit the token grid fails here
     strategy = AlsPlacement if mcfg.strategy == "als" else SoftPlacement

@@ -15,6 +15,8 @@ A row (one JSON line: one design, one seed):
 * ``tse``: ``[[step, sum of training losses up to step, training seconds up to step], ...]`` at the curve's
   steps: both >= 0 and non-decreasing (a sum of non-negative losses, a clock);
 * ``final_accuracy`` in [0, 1]; ``zc``: score name -> number or ``null`` (a score that failed);
+* ``als`` (a mask table's rows, optional): ``[[step, {"stage.layer": [ALS per head]}], ...]`` at the curve's steps,
+  each ALS a fraction in [0, 1], the same layers and heads at every step (:func:`als_problem`);
 * ``protocol_id`` (optional text): the protocol the row was trained under.
 
 Every number is finite (JSON's ``NaN`` / ``Infinity`` and overflowing literals such as ``1e309`` are refused).
@@ -36,8 +38,8 @@ import re
 
 from archspec.errors import SpecError
 
-__all__ = ["REQUIRED_FIELDS", "row_problem", "check_row", "alphas_problem", "index_rows", "short_curve", "check_meta",
-           "latency_ms", "json_line_of"]
+__all__ = ["REQUIRED_FIELDS", "row_problem", "check_row", "als_problem", "alphas_problem", "index_rows",
+           "short_curve", "check_meta", "latency_ms", "json_line_of"]
 
 REQUIRED_FIELDS = ("key", "seed", "params", "macs", "n_params", "curve", "tse", "final_accuracy", "zc")
 _OPTION = ("oracle",)  # the SearchConfig field (``--oracle`` on the command line)
@@ -146,7 +148,44 @@ def row_problem(row) -> str | None:
         return problem
     if [t[0] for t in row["curve"]] != [t[0] for t in row["tse"]]:
         return "field tse: curve and tse must have the same steps"
-    return _curve_problem(row["curve"]) or _tse_problem(row["tse"]) or _zc_problem(row["zc"])
+    return (_curve_problem(row["curve"]) or _tse_problem(row["tse"]) or _zc_problem(row["zc"])
+            or (als_problem(row) if "als" in row else None))
+
+
+def als_problem(row: dict) -> str | None:
+    """What is wrong with a mask table row's ``als`` (``None`` when nothing): ``[[step, {"stage.layer": [ALS per
+    head]}], ...]`` at the row's curve steps, each ALS a fraction in [0, 1] (MaiT eq. 3: a share of attention),
+    every layer of an entry with as many heads as its first, every entry with the first entry's layers."""
+    problem = _series_problem(row, "als", "ALS", lambda v: _number(v) and 0.0 <= v <= 1.0,
+                              "ALS must be a list of fractions in [0, 1] (one per head)")
+    if problem:
+        return problem
+    als = row["als"]
+    for i, (_, layers) in enumerate(als):
+        first, heads = next(iter(layers.items()))
+        for layer, values in layers.items():
+            if len(values) != len(heads):
+                return f"field als[{i}].{layer}: {len(values)} heads, where als[{i}].{first} has {len(heads)}"
+        if i and set(layers) != set(als[0][1]):
+            return f"field als[{i}]: layers {', '.join(sorted(layers))}, not those of als[0]"
+    return None
+
+
+def _series_problem(row: dict, name: str, what: str, valid, rule: str) -> str | None:
+    """The shape ``als`` and ``alphas`` share: ``[[step, {layer: [value per head]}], ...]`` at the row's curve
+    steps, each value ``valid`` (``rule`` says what is not)."""
+    series = row[name]
+    if (not isinstance(series, list) or not series
+            or [a[0] if isinstance(a, list) and a else None for a in series] != [t[0] for t in row["curve"]]):
+        return f"field {name}: must be a non-empty list of [step, {{layer: [{what} per head]}}] at the curve's steps"
+    for i, entry in enumerate(series):
+        layers = entry[1] if len(entry) == 2 else None
+        if not isinstance(layers, dict) or not layers:
+            return f"field {name}[{i}]: must be [step, {{layer: [{what} per head]}}], not {_shown(entry)}"
+        for layer, values in layers.items():
+            if not isinstance(values, list) or not values or not all(valid(v) for v in values):
+                return f"field {name}[{i}].{layer}: {rule}, not {_shown(values)}"
+    return None
 
 
 def check_row(row, line: int, name: str) -> None:
@@ -160,21 +199,11 @@ def check_row(row, line: int, name: str) -> None:
 def alphas_problem(row: dict) -> str | None:
     """What is wrong with a soft-mask row's ``alphas`` (``None`` when nothing): it must be ``[[step, {"stage.layer":
     [alpha per head, a fraction, or null for a head without a soft mask]}], ...]`` at the row's curve steps."""
-    alphas = row.get("alphas")
-    if not isinstance(alphas, list) or not alphas:
+    if not row.get("alphas"):
         return ("field alphas: a soft-mask row must hold the learned alphas, a non-empty list of "
                 "[step, {layer: [alpha]}]")
-    if [a[0] if isinstance(a, list) and a else None for a in alphas] != [t[0] for t in row["curve"]]:
-        return "field alphas: must be at the curve's steps"
-    for i, entry in enumerate(alphas):
-        layers = entry[1] if len(entry) == 2 else None
-        if not isinstance(layers, dict) or not layers:
-            return f"field alphas[{i}]: must be [step, {{layer: [alpha per head]}}], not {_shown(entry)}"
-        for layer, values in layers.items():
-            if not isinstance(values, list) or not all(v is None or (_number(v) and 0.0 <= v <= 1.0) for v in values):
-                return (f"field alphas[{i}].{layer}: must be a list of alphas in [0, 1] or null, "
-                        f"not {_shown(values)}")
-    return None
+    return _series_problem(row, "alphas", "alpha", lambda v: v is None or (_number(v) and 0.0 <= v <= 1.0),
+                           "must be a list of alphas in [0, 1] or null")
 
 
 def index_rows(rows: list[tuple[int, dict]], protocol_id: str | None,

@@ -20,12 +20,16 @@ import optuna
 from optuna.trial import TrialState
 
 from archspec.errors import SpecError
+from archspec.io.builddir import uncreatable, writable_dir
+from archspec.search._engine.study import hide_password
+from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._space.language import SearchSpace, load_space
 from archspec.search._tabulation.oracle import load_table, table_path
 from archspec.search._tabulation.tabulate import (
     STATUS_ATTR,
     machine,
     open_table_study,
+    ordered_points,
     protocol_id,
     table_protocol,
     trial_pair,
@@ -74,6 +78,7 @@ def export_table(space: str | SearchSpace, out: str | os.PathLike, *, storage: s
     if path.suffix != ".jsonl":
         raise SpecError.single(("out",), "a table file ends in .jsonl", f"e.g. {space.name}.jsonl", str(out))
     meta_path = path.with_suffix(".meta.json")
+    _check_writable(path, str(out))
     _check_overwrite(path, meta_path, protocol, str(out))
     rows = study_rows(space, storage, protocol)
     if not rows:
@@ -83,12 +88,25 @@ def export_table(space: str | SearchSpace, out: str | os.PathLike, *, storage: s
     row_machines = sorted({r["machine"] for r in rows if r.get("machine")} | set(old_meta.get("row_machines", [])))
     meta = {"protocol": protocol, "protocol_id": protocol_id(protocol),
             "reference_seeds": list(old_meta.get("reference_seeds", reference_seeds)),
-            "command": command or old_meta.get("command") or f"archspec table {space.name}",
+            "command": hide_password(command or old_meta.get("command") or f"archspec table {space.name}"),
             "machine": old_meta.get("machine") or machine(), "commits": commits, "row_machines": row_machines}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-    _atomic_write(meta_path, json.dumps({**old_meta, **meta}, indent=1) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+        _atomic_write(meta_path, json.dumps({**old_meta, **meta}, indent=1) + "\n")
+    except OSError as exc:  # a disk that filled, a directory made read-only since the check
+        raise SpecError.single(("out",), f"cannot write it: {exc.strerror or exc}", None, str(out)) from None
     return path, len(rows)
+
+
+def _check_writable(path: Path, name: str) -> None:
+    """Refuse an ``out`` archspec cannot write before the study is read: a missing folder under a file (``afile/
+    x.jsonl``), or a folder it may not write (the table and its sidecar are replaced by a rename there)."""
+    blocked = uncreatable(path)
+    if blocked is None and path.exists() and not writable_dir(path.parent):
+        blocked = f"{path.parent} is not writable (permissions, a read-only or immutable directory)"
+    if blocked is not None:
+        raise SpecError.single(("out",), f"cannot be created: {blocked}", "give another `out`", name)
 
 
 def _check_overwrite(path: Path, meta_path: Path, protocol: dict, name: str) -> None:
@@ -138,6 +156,7 @@ def import_table(space: str | SearchSpace, table: str | os.PathLike, *, storage:
     if foreign:
         raise SpecError.single(("table",), f"rows of another protocol ({', '.join(map(str, foreign))}; this "
                                f"table's is {pid})", None, str(table))
+    _check_points(space, lines, source.lines, str(table))
     del source
     study, _ = open_table_study(space, protocol, storage, create=True)
     have = {p for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if (p := trial_pair(t))}
@@ -153,6 +172,26 @@ def import_table(space: str | SearchSpace, table: str | os.PathLike, *, storage:
                         "import_line": n, STATUS_ATTR: "trained"}))
     study.add_trials(new)
     return len(new)
+
+
+def _check_points(space: SearchSpace, rows: list[dict], lines: dict[tuple[str, int], int], name: str) -> None:
+    """Every row is of a point of ``space``: its key is a point's architecture key and its params that point's
+    Optuna parameters (``lines``: ``(key, seed)`` -> the row's line, :attr:`OracleTable.lines`).
+
+    Raises:
+        SpecError: at ``table``, naming the file and the first row's line that is of no point.
+    """
+    points = {architecture_key(spec): params for _, params, spec in ordered_points(space)}
+    for row in rows:
+        key, line = row["key"], lines.get((row["key"], row["seed"]))
+        if key not in points:
+            raise SpecError.single(("table",), f"line {line}: design {key[:12]} is no point of space {space.name}",
+                                   f"import a table of {space.name}'s points (what archspec table {space.name} "
+                                   "exports)", name)
+        if row["params"] != points[key]:
+            raise SpecError.single(("table",), f"line {line}: design {key[:12]}: its params are not those of the "
+                                   f"point its key names ({points[key]})", "a row's params and key are one point",
+                                   name)
 
 
 def _row_lines(path: Path) -> list[dict]:

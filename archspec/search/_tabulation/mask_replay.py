@@ -39,16 +39,19 @@ from pathlib import Path
 from typing import Any
 
 from archspec.errors import SpecError
-from archspec.families.attention.mask import parse_window
 from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW, assign_from_als, calibrate
 from archspec.ir.analysis import analyze
-from archspec.search._space.language import load_space
+from archspec.search import SPACES_DIR
+from archspec.search._modes.mask_placement import parse_window, rule_thresholds
+from archspec.search._space.language import SearchSpace, load_space
 from archspec.search._tabulation.oracle import design_seconds, linear_at
+from archspec.spec import ConvStageSpec
 
-__all__ = ["uniform_als", "mask_groups", "als_at", "mask_geometry", "rule_score", "AlsReplay", "replay_als",
-           "replay_soft", "table_replay_report"]
+__all__ = ["uniform_als", "mask_groups", "mask_depths", "mask_table_space", "als_at", "mask_geometry", "rule_score",
+           "AlsReplay", "replay_als", "replay_soft", "table_replay_report", "check_als_rows", "shipped_spaces"]
 
-_GROUP = re.compile(r"stages\.(\d+)\.heads_mix\.masked\.(\d+)-(\d+)$")  # the per-group choice of a masks space
+# the per-group choice of a masks space (archspec.search._space.sampling's names): layers a-b, one layer, or the stage
+_GROUP = re.compile(r"stages\.(\d+)\.heads_mix\.masked(?:\.(\d+)(?:-(\d+))?)?$")
 
 
 def uniform_als(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int = 0) -> float:
@@ -70,22 +73,79 @@ def uniform_als(grid: tuple[int, int], window: tuple[int, int], num_prefix_token
     return inside / (rows * cols) / n
 
 
-def mask_groups(params: dict[str, Any]) -> dict[str, tuple[int, list[int]]]:
-    """``{parameter: (stage, [layers])}`` of a masks point's per-group choices (``stages.0.heads_mix.masked.2-3``
-    -> ``(0, [2, 3])``).
+def mask_groups(params: dict[str, Any], depths: dict[int, int] | None = None) -> dict[str, tuple[int, list[int]]]:
+    """``{parameter: (stage, [layers])}`` of a masks point's per-group choices: ``stages.0.heads_mix.masked.2-3``
+    -> ``(0, [2, 3])``, ``masked.3`` (``group: 1``) -> ``(0, [3])``, and ``stages.0.heads_mix.masked`` (no
+    ``group``: one count for the stage) -> ``(0, [0 .. depth - 1])`` with ``depths`` ``{stage: depth}``
+    (:func:`mask_depths`).
 
     Raises:
-        SpecError: a parameter that is not such a choice (the table is not of a per-group masks space).
+        SpecError: a parameter that is not such a choice (the table is not of a per-group masks space), or a
+            whole-stage choice without its stage's depth.
     """
     out = {}
     for name in params:
-        match = _GROUP.match(name)
-        if match is None:
-            raise SpecError.single(("oracle",), f"parameter {name!r} is not a per-group mask count",
-                                   "a mask table of a kind: masks space (e.g. mait_small)", name)
-        stage, first, last = (int(g) for g in match.groups())
-        out[name] = (stage, list(range(first, last + 1)))
+        match = _group_match(name)
+        stage, first, last = int(match[1]), match[2], match[3] or match[2]
+        if first is None and (depths is None or stage not in depths):
+            raise SpecError.single(("oracle",), f"parameter {name!r} masks the whole stage: its layers need the "
+                                   f"depth of stage {stage}", "read the table with its space (`depths`: mask_depths)",
+                                   name)
+        out[name] = (stage, list(range(depths[stage])) if first is None else list(range(int(first), int(last) + 1)))
     return out
+
+
+def _group_match(name: str) -> re.Match:
+    """The match of a per-group mask count's name.  Raises SpecError at ``oracle``: ``name`` is no such count."""
+    match = _GROUP.match(name)
+    if match is None:
+        raise SpecError.single(("oracle",), f"parameter {name!r} is not a per-group mask count",
+                               "a mask table of a kind: masks space (e.g. mait_small)", name)
+    return match
+
+
+def mask_depths(space: str | SearchSpace) -> dict[int, int]:
+    """``{stage: depth}`` of a masks space's token stages (every point shares them: a mask changes no shape).
+
+    Raises:
+        SpecError: ``space`` is not a shipped space or a readable space file (:func:`load_space`).
+    """
+    spec = _first_spec(space)
+    return {i: stage.depth for i, stage in enumerate(spec.stages) if not isinstance(stage, ConvStageSpec)}
+
+
+def _first_spec(space: str | SearchSpace):
+    space = space if isinstance(space, SearchSpace) else load_space(space)
+    return next(iter(space.points()))[1]
+
+
+def mask_table_space(table, source: str | None = None) -> SearchSpace:
+    """The ``kind: masks`` space that ``table`` (an :class:`~archspec.search._tabulation.oracle.OracleTable`)
+    tabulates: ``source`` (a shipped space's name or a space file; default the table's own space, by name), whose
+    name must be the table's, and whose per-group mask counts the table's points are.
+
+    Raises:
+        SpecError: at ``space``: ``source`` is no space or another space's, or (no ``source``) the table's space
+            is no shipped space; at ``oracle``: the table's points are not per-group mask counts.
+    """
+    params = next(iter(next(iter(table.rows.values())).values()))["params"]
+    for name in params:  # a mask table at all, before whose space it is
+        _group_match(name)
+    hint = f"give the space file of {table.space}, or leave `space` out for a shipped table"
+    if source is None and table.space not in shipped_spaces():
+        raise SpecError.single(("space",), f"the table tabulates space {table.space!r}, which is no shipped space",
+                               f"give its space file as `space` ({', '.join(shipped_spaces())} are shipped)",
+                               table.file)
+    try:
+        space = load_space(source or table.space)
+    except SpecError:
+        raise SpecError.single(("space",), f"with a table, the table's space ({table.space}) is the space",
+                               hint, source) from None
+    if space.name != table.space:
+        raise SpecError.single(("space",), f"with a table, the table's space ({table.space}) is the space, not "
+                               f"{space.name!r}", hint, source)
+    mask_groups(params, mask_depths(space))
+    return space
 
 
 def als_at(row: dict, steps: int) -> dict[str, list[float]]:
@@ -108,21 +168,22 @@ def _entry_at(entries: list, steps: int):
     return (earlier[-1] if earlier else entries[0])[1]
 
 
-def mask_geometry(space: str) -> tuple[int, tuple[int, int], int]:
+def mask_geometry(space: str | SearchSpace) -> tuple[int, tuple[int, int], int]:
     """``(heads per attention layer, attention grid (rows, cols), class tokens)`` of a masks space's first point,
     from its static analysis (every point of a masks space shares them: a mask changes no shape).
 
     Raises:
         SpecError: ``space`` is not a shipped space or a readable space file (:func:`load_space`).
     """
-    _, spec = next(iter(load_space(space).points()))
+    spec = _first_spec(space)
     layer = next(row for row in analyze(spec).rows if row.heads)  # heads: one letter a head ('A A A')
     grid = (int(layer.grid[0]), int(layer.grid[1]))
     return len(layer.heads.split()), grid, layer.tokens - grid[0] * grid[1]
 
 
 def rule_score(round1_row: dict, steps: int, params: dict[str, int], *, heads: int, u: float,
-               high: float = DEFAULT_ALS_HIGH, low: float = DEFAULT_ALS_LOW) -> float:
+               high: float = DEFAULT_ALS_HIGH, low: float = DEFAULT_ALS_LOW,
+               depths: dict[int, int] | None = None) -> float:
     """MaiT's assignment rule (sec. 4.2 step 2) read as a score of any placement, for ranking a mask table's points.
 
     ``round1_row`` is the table row the rule's first round reads (head 0 masked in every layer: every group
@@ -137,11 +198,13 @@ def rule_score(round1_row: dict, steps: int, params: dict[str, int], *, heads: i
     with ``m_g`` the placement's masked heads in group ``g`` (``params``).  Unitless; larger = more as MaiT's rule
     would place masks.
 
+    ``depths`` (``{stage: depth}``, :func:`mask_depths`) places a whole-stage count's layers.
+
     Raises:
         SpecError: ``params`` is not a per-group mask point, or the row holds no ALS.
         KeyError: a group's layer has no ALS in the row.
     """
-    groups = mask_groups(params)
+    groups = mask_groups(params, depths)
     a = group_als(als_at(round1_row, steps), groups, u)
     centre = (high + low) / 2.0
     return float(sum(m / heads * (a[name][0] - centre) for name, m in params.items()))
@@ -160,7 +223,8 @@ class AlsReplay:
 
 def replay_als(table, replay_seed: int, steps: int, *, heads: int, grid: tuple[int, int],
                window: tuple[int, int] = (3, 3), num_prefix_tokens: int = 1, high: float = DEFAULT_ALS_HIGH,
-               low: float = DEFAULT_ALS_LOW, rounds: int = 2, normalise: bool = True) -> AlsReplay:
+               low: float = DEFAULT_ALS_LOW, rounds: int = 2, normalise: bool = True,
+               depths: dict[int, int] | None = None) -> AlsReplay:
     """``strategy="als"`` on a mask table (module docstring): rounds of MaiT's rule, each round's training the row
     of the table seed ``table.seed_of(key, replay_seed)`` at proxy length ``steps``.
 
@@ -170,6 +234,7 @@ def replay_als(table, replay_seed: int, steps: int, *, heads: int, grid: tuple[i
         grid, window, num_prefix_tokens: the attention grid, the mask window and the class tokens (for ``u``).
         high, low, rounds, normalise: as :class:`~archspec.search.MaskConfig`'s ``als_high``, ``als_low``,
             ``rounds`` and ``normalise``.
+        depths: ``{stage: depth}`` (:func:`mask_depths`), for a space whose count covers a whole stage.
 
     Raises:
         SpecError: a point the rule reaches is not in the table (with every reference seed), or the table is not
@@ -178,7 +243,7 @@ def replay_als(table, replay_seed: int, steps: int, *, heads: int, grid: tuple[i
     by_params = {_signature(next(iter(rows.values()))["params"]): key for key, rows in table.rows.items()
                  if key in table.tabulated}
     first = next(iter(table.rows.values()))
-    groups = mask_groups(next(iter(first.values()))["params"])
+    groups = mask_groups(next(iter(first.values()))["params"], depths)
     u = uniform_als(grid, window, num_prefix_tokens)
     counts = {name: 1 for name in groups}  # MaiT sec. 4.2 step 1: head 0 of every layer
     out = AlsReplay(counts=dict(counts))
@@ -219,11 +284,17 @@ def group_als(als: dict[str, list[float]], groups: dict[str, tuple[int, list[int
     return out
 
 
+def shipped_spaces() -> list[str]:
+    """The names of the shipped spaces (``levit_small``, ``mait_small``, ...).  Raises nothing."""
+    return sorted(path.stem for path in SPACES_DIR.glob("*.yaml"))
+
+
 def _signature(params: dict[str, Any] | Sequence) -> tuple:
     return tuple(sorted(dict(params).items()))
 
 
-def replay_soft(table, replay_seed: int, steps: int, *, threshold: float = 0.5) -> AlsReplay:
+def replay_soft(table, replay_seed: int, steps: int, *, threshold: float = 0.5,
+                depths: dict[int, int] | None = None) -> AlsReplay:
     """``strategy="soft"`` on a mask table (MaiT sec. 4.3): its one training, the soft-mask model with every head
     soft-masked, is the table's soft-mask row (:attr:`OracleTable.soft_rows`) of the seed drawn for this replay
     (``table.seed_of``, as every design's); each head whose learned alpha at the last curve step ``<= steps`` is
@@ -231,6 +302,7 @@ def replay_soft(table, replay_seed: int, steps: int, *, threshold: float = 0.5) 
     mean alpha of its layers, head by head (as :func:`replay_als` reads ALS; a head without an alpha stays
     global): the group's count is its heads below ``threshold`` (the space masks heads 0..m-1 and heads are
     exchangeable, so a count is the placement).  Its cost is the soft model's training seconds to ``steps``.
+    ``depths`` as :func:`replay_als`'s.
 
     Raises:
         SpecError: the table has no soft-mask rows for every reference seed, a row lacks a group's layer, or the
@@ -244,7 +316,7 @@ def replay_soft(table, replay_seed: int, steps: int, *, threshold: float = 0.5) 
                                table.file)
     key = next(iter(soft.values()))["key"]
     seed = table.seed_of(key, replay_seed)
-    groups = mask_groups(next(iter(next(iter(table.rows.values())).values()))["params"])
+    groups = mask_groups(next(iter(next(iter(table.rows.values())).values()))["params"], depths)
     alphas = _entry_at(soft[seed]["alphas"], steps)
     means, counts = {}, {}
     for name, (stage, layers) in groups.items():
@@ -268,34 +340,79 @@ def _fmt(values: list[float | None]) -> str:
 
 def table_replay_report(table, replay_seed: int, steps: int, *, strategy: str = "als", window: str = "3x3",
                         high: float | None = None, low: float | None = None, rounds: int = 2, normalise: bool = True,
-                        alpha_threshold: float = 0.5) -> dict[str, Any]:
+                        alpha_threshold: float = 0.5, space: str | SearchSpace | None = None) -> dict[str, Any]:
     """``archspec search masks --oracle TABLE --strategy als`` (or ``soft``): :func:`replay_als` with the geometry
-    of the table's space (heads, attention grid, class tokens from its first point's static analysis), or
-    :func:`replay_soft` at ``alpha_threshold``; the returned point's reference top-1 on the seeds that did not
-    answer it (every reference seed where the strategy never trained the point, as soft never does), the named
-    fixed schemes' (mean of every reference seed) beside it, and a text report (``"text"``).  Accuracies in 0..1,
-    seconds of simulated training.
+    of the table's space (heads, attention grid, class tokens from its first point's static analysis; ``space``:
+    its name or file, default the table's own, :func:`mask_table_space`), or :func:`replay_soft` at
+    ``alpha_threshold``; the returned point's reference top-1 on the seeds that did not answer it (every reference
+    seed where the strategy never trained the point, as soft never does), the named fixed schemes' (mean of every
+    reference seed) beside it, and a text report (``"text"``).  Accuracies in 0..1, seconds of simulated training.
+
+    What the table cannot answer is refused as live placement refuses it (thresholds, window), and so is a window
+    other than the one its ALS and soft masks were trained with (the sidecar's ``protocol.als.window``).
 
     Raises:
-        SpecError: as :func:`replay_als` / :func:`replay_soft`; a window that is not ``RxC``.
+        SpecError: as :func:`replay_als` / :func:`replay_soft` / :func:`mask_table_space`; thresholds live placement
+            refuses (:func:`~archspec.search._modes.mask_placement.rule_thresholds`); a window that is not ``RxC``
+            with odd sides, or not the table's; rows whose ALS lacks a layer of the space or has another head count.
     """
+    space = space if isinstance(space, SearchSpace) else mask_table_space(table, space)
+    high, low = rule_thresholds(high, low, alpha_threshold)
+    win = parse_window(window, "window")
+    _check_window(table, window, strategy)
+    depths = mask_depths(space)
     if strategy == "soft":
-        replay = replay_soft(table, replay_seed, steps, threshold=alpha_threshold)
+        replay = replay_soft(table, replay_seed, steps, threshold=alpha_threshold, depths=depths)
         header = (f"MaiT's soft masks (--strategy soft) on the table {table.space} ({Path(table.file).name}): "
                   f"replay seed {replay_seed}, learned alphas at the last curve step <= {steps}")
     else:
-        try:
-            win = parse_window(window)
-            uniform_als((1, 1), win)  # the window's own check: odd sides
-        except ValueError as exc:
-            raise SpecError.single(("window",), str(exc), "e.g. 3x3", window) from None
-        heads, grid, prefix = mask_geometry(table.space)
+        heads, grid, prefix = mask_geometry(space)
+        check_als_rows(table, mask_groups(next(iter(next(iter(table.rows.values())).values()))["params"], depths),
+                       heads)
         replay = replay_als(table, replay_seed, steps, heads=heads, grid=grid, window=win, num_prefix_tokens=prefix,
-                            high=DEFAULT_ALS_HIGH if high is None else high,
-                            low=DEFAULT_ALS_LOW if low is None else low, rounds=rounds, normalise=normalise)
+                            high=high, low=low, rounds=rounds, normalise=normalise, depths=depths)
         header = (f"MaiT's rule (--strategy als) on the table {table.space} ({Path(table.file).name}): replay seed "
                   f"{replay_seed}, ALS at the last curve step <= {steps}, each round's training one row")
     return _report(table, replay, replay_seed, steps, header)
+
+
+def _check_window(table, window: str, strategy: str) -> None:
+    """Refuse a ``window`` that is not the one the table's ALS was measured with (and its soft masks trained with:
+    bench/soft_rows.py reads the same field), where its sidecar names one (``protocol.als.window``)."""
+    als = table.meta.get("protocol", {}).get("als")
+    tabulated = als.get("window") if isinstance(als, dict) else None
+    if tabulated is None or parse_window(str(tabulated), "oracle") == parse_window(window, "window"):
+        return
+    what = "soft masks were trained" if strategy == "soft" else "ALS was measured"
+    raise SpecError.single(("window",), f"the table's {what} with {tabulated} windows (its protocol's als.window), "
+                           f"not {window}", f"leave `window` out, or tabulate with als window {window}", table.file)
+
+
+def check_als_rows(table, groups: dict[str, tuple[int, list[int]]], heads: int) -> None:
+    """Every row of ``table`` holds the ALS :func:`replay_als` reads: each layer of each group (``groups``:
+    :func:`mask_groups`) with ``heads`` values (the rows' own shape, same layers and heads at every step, is
+    :func:`archspec.search._tabulation.checks.als_problem`'s).
+
+    Raises:
+        SpecError: at ``oracle``, naming the table, the row's line and the field: no ALS, a missing layer, another
+            head count.
+    """
+    wanted = [f"{stage}.{layer}" for stage, layers in groups.values() for layer in layers]
+    for key, by_seed in table.rows.items():
+        for seed, row in by_seed.items():
+            line = table.lines.get((key, seed))
+            where = f"line {line}: " if line is not None else ""
+            layers = row["als"][0][1] if row.get("als") else None
+            problem = None
+            if layers is None:
+                problem = "field als: the row holds no ALS (a mask table's rows record it at every curve step)"
+            elif missing := [name for name in wanted if name not in layers]:
+                problem = f"field als[0]: no ALS of layer {missing[0]} (the space's layers: {', '.join(wanted)})"
+            elif len(values := layers[wanted[0]]) != heads:
+                problem = f"field als[0].{wanted[0]}: {len(values)} heads, where the space's layers have {heads}"
+            if problem:
+                raise SpecError.single(("oracle",), where + problem, "rows of this table's space (archspec table)",
+                                       table.file)
 
 
 def _report(table, replay: AlsReplay, replay_seed: int, steps: int, header: str) -> dict[str, Any]:

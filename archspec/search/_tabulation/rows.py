@@ -25,14 +25,17 @@ measurement:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from archspec.errors import SpecError
 from archspec.families.attention.heads import MaskSpec
 from archspec.io.datasets import Dataset, load_data
 from archspec.nn.compiler import compile as compile_spec
@@ -41,10 +44,12 @@ from archspec.search._evaluation.zero_cost import ZERO_COST_SCORES
 from archspec.search._modes.mask_scores import layer_scores, learned_alphas
 from archspec.spec import ArchSpec
 from archspec.train.batches import TensorBatches
-from archspec.train.config import TrainConfig
+from archspec.train.config import TrainConfig, check_config
 from archspec.train.loop import Hooks, Trainer, evaluate, run_steps
+from archspec.train.run import check_optimizer
 
-__all__ = ["stratified", "reference_data", "train_config", "train_row", "zero_cost_row"]
+__all__ = ["stratified", "reference_data", "proxy_size_problem", "train_config", "check_training", "train_row",
+           "zero_cost_row"]
 
 
 def stratified(labels: np.ndarray, keep: int, seed: int) -> np.ndarray:
@@ -57,16 +62,59 @@ def stratified(labels: np.ndarray, keep: int, seed: int) -> np.ndarray:
     return np.sort(np.concatenate(out))
 
 
+def _check_subset(labels: np.ndarray, keep: int, field: str, split: str, data: str) -> None:
+    """Refuse a class-stratified subset of ``keep`` of ``labels`` ``(N,)`` that is not ``keep`` images (what
+    :func:`stratified` would take silently): fewer than one of each class, not a multiple of the classes, more of
+    a class than its smallest holds.
+
+    Raises:
+        SpecError: at ``protocol.<field>``, naming the data set ``data`` and its ``split``.
+    """
+    counts = np.unique(labels, return_counts=True)[1]
+    n, per = len(counts), keep // max(len(counts), 1)
+    if keep < n:
+        raise SpecError.single(("protocol", field), f"{keep} images cannot hold one of each of the {n} classes",
+                               f"at least {n}: a class-stratified subset takes {field} / {n} of each class")
+    if keep % n:
+        raise SpecError.single(("protocol", field), f"{keep} is not a multiple of the {n} classes: a class-stratified "
+                               f"subset takes {per} of each, {per * n} images", f"e.g. {per * n}")
+    if per > counts.min():
+        raise SpecError.single(("protocol", field), f"{keep} images of {n} classes is {per} of each; the {split} "
+                               f"images of {data} hold {counts.min()} of their smallest class",
+                               f"at most {counts.min() * n}")
+
+
+def proxy_size_problem(points: Iterable[tuple[dict, ArchSpec]], data: Dataset, protocol: dict) -> str | None:
+    """Why the protocol's ``image_size`` cannot train the ``(params, spec)`` points (``None`` when it can):
+    :func:`train_row` feeds images of that size to :func:`~archspec.search._evaluation.proxy.proxy_spec`, whose
+    input keeps each stage's token grid and may be another size (an 8 px spec with ``image_size`` 16 failed every
+    pair on the shape).  Raises nothing of its own."""
+    geometry = ProxyProtocol(image_size=protocol["image_size"])
+    for params, spec in points:
+        side = proxy_spec(spec, data, geometry).input.resolution
+        if tuple(side) != (protocol["image_size"],) * 2:
+            return (f"the proxy of {protocol['space']} trains at {side[0]} px, not the protocol's "
+                    f"{protocol['image_size']} (point {params}: the proxy keeps every stage's token grid)")
+    return None
+
+
 def reference_data(protocol: dict) -> tuple[Dataset, Dataset]:
     """``(curve, final)`` views of the protocol's data: the same training subset, validated on the curve subset
     and on the first ``final_val_images`` validation images.
 
     Raises:
-        SpecError: the data set is not installed (:func:`archspec.io.datasets.load_data`).
+        SpecError: the data set is not installed (:func:`archspec.io.datasets.load_data`); at
+            ``protocol.<field>``: a subset the data cannot give (``train_images`` / ``curve_val_images`` that a
+            class-stratified draw would cut short, ``final_val_images`` past the validation images).
     """
     full = load_data(protocol["data"], image_size=protocol["image_size"], seed=0)
     x, y = full.train.tensors
     xv, yv = full.val.tensors
+    _check_subset(y.numpy(), protocol["train_images"], "train_images", "training", full.name)
+    _check_subset(yv.numpy(), protocol["curve_val_images"], "curve_val_images", "validation", full.name)
+    if protocol["final_val_images"] > len(yv):
+        raise SpecError.single(("protocol", "final_val_images"), f"{protocol['final_val_images']} images: the "
+                               f"validation images of {full.name} are {len(yv)}", f"at most {len(yv)}")
     keep = stratified(y.numpy(), protocol["train_images"], seed=0)
     curve = stratified(yv.numpy(), protocol["curve_val_images"], seed=0)
 
@@ -84,6 +132,20 @@ def train_config(protocol: dict) -> TrainConfig:
                        weight_decay=protocol["weight_decay"], optimizer=protocol["optimizer"],
                        warmup_steps=protocol["warmup_steps"], augmentation=protocol["augmentation"],
                        eval_every=protocol["steps"], device="cpu")
+
+
+def check_training(protocol: dict) -> None:
+    """The protocol's training settings as ``archspec train`` checks them (:func:`~archspec.train.config.check_config`
+    of :func:`train_config`, timm's optimizer names), before any pair.
+
+    Raises:
+        SpecError: at ``protocol.<field>`` (a TrainConfig field is the protocol's field of the same name).
+    """
+    try:
+        check_config(train_config(protocol))
+        check_optimizer(protocol["optimizer"])
+    except SpecError as exc:
+        raise SpecError([dataclasses.replace(p, path=("protocol", *p.path[1:])) for p in exc.problems]) from None
 
 
 def _als_reader(protocol: dict, data_curve: Dataset):

@@ -48,23 +48,27 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+from pydantic import ValidationError
 
 from archspec.errors import SpecError
+from archspec.families.attention.heads import MaskSpec
+from archspec.io.builddir import uncreatable
 from archspec.ir.analysis import analyze
 from archspec.search._engine.study import (
     HEARTBEAT_INTERVAL_S,
     StorageInfo,
     check_storage,
     fail_zombie_trials,
+    hide_password,
     mark_worker,
     resolve_storage,
 )
 from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._space.language import SearchSpace, load_space
-from archspec.train.config import check_config
+from archspec.train.config import AUGMENTATIONS
 from archspec.train.failures import stored_name
 
-__all__ = ["REFERENCE_PROTOCOL", "NAMED_POINTS", "SEED_CHECK_DESIGNS", "STATUS_ATTR", "table_protocol",
+__all__ = ["REFERENCE_PROTOCOL", "NAMED_POINTS", "SEED_CHECK_DESIGNS", "GIVE_UP_AFTER", "STATUS_ATTR", "table_protocol",
            "protocol_id", "ordered_points", "tabulate", "TableProgress", "default_storage", "open_table_study",
            "trial_pair", "machine", "git_commit"]
 
@@ -109,6 +113,7 @@ NAMED_POINTS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 SEED_CHECK_DESIGNS = 24  # the first points of the fixed order: the seed check's (six seeds each)
+GIVE_UP_AFTER = 4  # a worker whose first this many tries all failed stops: its input is wrong, not one pair
 STATUS_ATTR = "status"       # trial user attr: "claimed" -> "training" -> "trained"
 
 
@@ -155,10 +160,15 @@ def _apply(protocol: dict[str, Any], fields: dict[str, Any]) -> None:
     _check_protocol(protocol)
 
 
+def _positive_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
 def _check_protocol(p: dict) -> None:
     for key in _INT_FIELDS:
-        if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < 1:
+        if not _positive_int(p[key]):
             raise SpecError.single(("protocol", key), f"{key} must be a positive integer, got {p[key]!r}")
+    _check_words(p)
     for key in ("lr", "weight_decay"):
         if not isinstance(p[key], int | float) or not math.isfinite(p[key]) or p[key] < 0:
             raise SpecError.single(("protocol", key), f"{key} must be a finite number >= 0, got {p[key]!r}")
@@ -167,6 +177,40 @@ def _check_protocol(p: dict) -> None:
             or steps != sorted(set(steps)) or steps[0] < 1 or steps[-1] != p["steps"]):
         raise SpecError.single(("protocol", "curve_steps"), f"curve steps must be increasing positive step numbers "
                                f"ending at steps ({p['steps']}), got {steps!r}", "e.g. 25 50 100 200 400 800 938")
+
+
+def _check_words(p: dict) -> None:
+    """The protocol's text fields and its ALS record by type (a number where a name belongs failed every pair, or
+    was a TypeError): ``data`` and ``optimizer`` text (whether timm has the optimizer is the torch half's check,
+    :func:`_real_trainer`), ``augmentation`` one of the training loop's, ``als`` ``{window: RxC with odd sides,
+    images: N}``."""
+    if not isinstance(p["data"], str) or not p["data"].strip():
+        raise SpecError.single(("protocol", "data"), f"data must be a data set's name or a path (text), got "
+                               f"{p['data']!r}", "e.g. fashion-mnist, digits or a directory of images")
+    if not isinstance(p["optimizer"], str) or not p["optimizer"].strip():
+        raise SpecError.single(("protocol", "optimizer"), f"optimizer must be a timm optimizer's name (text), got "
+                               f"{p['optimizer']!r}", "e.g. adamw or sgd")
+    if p["augmentation"] not in AUGMENTATIONS:
+        raise SpecError.single(("protocol", "augmentation"), f"augmentation must be one of "
+                               f"{', '.join(AUGMENTATIONS)}, got {p['augmentation']!r}")
+    if "als" in p:
+        _check_als(p["als"])
+
+
+def _check_als(als: Any) -> None:
+    """A mask table's ALS record: ``{window: "RxC", images: N}`` (the window of MaiT eq. 3, odd sides)."""
+    if not isinstance(als, dict) or set(als) != set(ALS_PROTOCOL):
+        raise SpecError.single(("protocol", "als"), f"als must be a mapping {{window: RxC, images: N}}, got {als!r}",
+                               "e.g. als: {window: 3x3, images: 128}")
+    if not _positive_int(als["images"]):
+        raise SpecError.single(("protocol", "als", "images"), f"als.images must be a positive integer, got "
+                               f"{als['images']!r}")
+    try:
+        MaskSpec(window=als["window"])
+    except ValidationError as exc:
+        message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise SpecError.single(("protocol", "als", "window"), f"als.window {als['window']!r}: {message}",
+                               "e.g. 3x3 (odd sides: the window is centred on its query)") from None
 
 
 def ordered_points(space: SearchSpace) -> list[tuple[int, dict, Any]]:
@@ -215,12 +259,12 @@ def open_table_study(space: SearchSpace, protocol: dict, storage: str | None,
             (``create=False``), a study written under another protocol.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a worker's own lines say what it does
-    url = storage or default_storage(space.name)
+    url = _table_url(space.name, storage)
     if not create and not _exists(url):
-        raise SpecError.single(("storage",), f"no table of {space.name} in {url}",
+        raise SpecError.single(("storage",), f"no table of {space.name} in {hide_password(url)}",
                                f"tabulate it first: archspec table {space.name}")
     if storage is None and create:  # the default storage's folder is archspec's own (runs/tables)
-        Path(url[len("journal:"):]).parent.mkdir(parents=True, exist_ok=True)
+        _default_folder(make=True)
     check_storage(url)
     info = resolve_storage(url)
     name = study_name(space.name)
@@ -250,6 +294,50 @@ def open_table_study(space: SearchSpace, protocol: dict, storage: str | None,
             raise SpecError.single(("protocol",), f"another worker created the table of {space.name} in {info.url} "
                                    "under another protocol at the same moment", "use the same options", info.url)
     return study, info
+
+
+def _table_url(space_name: str, storage: str | None) -> str:
+    """The table's storage URL (:func:`default_storage` for ``None``).
+
+    Raises:
+        SpecError: at ``storage``: ``memory``, where a table is lost when its worker ends (no export, report or other
+            worker can read its rows).
+    """
+    if storage is not None and storage.strip() == "memory":
+        raise SpecError.single(("storage",), "a table in memory is lost when this worker ends: no export, report or "
+                               "other worker could read its rows",
+                               "give `storage` journal:PATH (workers on one machine) or postgresql://... (several)")
+    return storage or default_storage(space_name)
+
+
+def _default_folder(make: bool) -> None:
+    """Check (and with ``make`` create) ``runs/tables``, the default storage's folder, in the working directory.
+
+    Raises:
+        SpecError: at ``storage``: a file on the way (a file named ``runs``), or a directory this process may not
+            write (a read-only working directory) -- before anything is trained.
+    """
+    folder = Path.cwd() / "runs" / "tables"
+    blocked = uncreatable(folder)
+    if blocked is None and make:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            blocked = exc.strerror or str(exc)
+    if blocked is not None:
+        raise SpecError.single(("storage",), f"cannot create runs/tables, the default storage's folder: {blocked}",
+                               "give a `storage` elsewhere (journal:PATH)")
+
+
+def check_table_storage(space_name: str, storage: str | None) -> None:
+    """What :func:`open_table_study` refuses of ``storage`` before it connects, checked without creating anything
+    (:func:`tabulate` runs it before it loads the data).  Raises SpecError at ``storage``."""
+    url = _table_url(space_name, storage)
+    if storage is None:
+        _default_folder(make=False)
+        if not (Path.cwd() / "runs" / "tables").is_dir():
+            return  # made by the study's first worker: nothing there yet to check
+    check_storage(url)
 
 
 def _exists(url: str) -> bool:
@@ -356,6 +444,8 @@ class TableProgress:
     left: int = 0
     seconds: list[float] = field(default_factory=list)
     given_up: list[tuple[str, int]] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # why each failed pair failed, in order
+    stopped: bool = False  # gave up: :data:`GIVE_UP_AFTER` failures and nothing trained
     pending: set[tuple[str, int]] = field(default_factory=set, repr=False)  # the request less given-up pairs
 
     def eta_s(self, workers: int) -> float | None:
@@ -391,11 +481,15 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
         train: ``(spec, seed) -> row fields`` in place of :mod:`archspec.search._tabulation.rows` (tests).
 
     Returns:
-        :class:`TableProgress` of this worker.
+        :class:`TableProgress` of this worker; ``stopped`` when its first :data:`GIVE_UP_AFTER` tries all failed
+        and it trained nothing (a wrong input fails every pair: stopped, not tried on every pair twice).
 
     Raises:
-        SpecError: a bad storage, a space that is not finite, a study written under another protocol, a bad seed
-            (negative or over 2**32 - 1), a data set that is not installed -- all before any trial is written.
+        SpecError: a bad storage (``memory``; the default one's ``runs/tables`` that cannot be made), a space that
+            is not finite, a study written under another protocol, a bad seed (negative or over 2**32 - 1), a data
+            set that is not installed, a protocol the data or the space's proxies cannot train (a subset the data
+            cannot give, another image size, an optimizer timm lacks: :func:`_real_trainer`) -- all before any
+            trial is written; a field the space file set is located there.
     """
     space = space if isinstance(space, SearchSpace) else load_space(space)
     protocol = protocol or table_protocol(space)
@@ -407,7 +501,11 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
         points = points[:designs]
     keyed = [(i, p, architecture_key(spec), spec) for i, p, spec in points]
     specs = {key: (i, p, spec) for i, p, key, spec in keyed}
-    train = train or _real_trainer(protocol)  # data and settings checked before the study is touched
+    check_table_storage(space.name, storage)  # cheap, before the data are read
+    try:  # data and settings checked before the study is touched
+        train = train or _real_trainer(protocol, [(p, spec) for _, p, _, spec in keyed])
+    except SpecError as exc:
+        raise _in_space_file(space, protocol, exc) from None
     study, info = open_table_study(space, protocol, storage, create=True)
     wanted = [(i, p, key, s) for i, p, key, _ in keyed for s in dict.fromkeys(seeds)]
     wanted_pairs = {(key, s) for _, _, key, s in wanted}
@@ -416,6 +514,9 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
     log(f"table of {space.name} in {info.url}: {len(keyed)} points x {len(set(seeds))} seeds "
         f"(protocol {protocol_id(protocol)})")
     while max_pairs is None or progress.trained < max_pairs:
+        if progress.failed >= GIVE_UP_AFTER and not progress.trained:
+            progress.stopped = True  # every pair failing is the input's fault, not one pair's: say so, stop
+            break
         fail_zombie_trials(study)
         trials = study.get_trials(deepcopy=False)
         done = _completed(trials)
@@ -432,21 +533,26 @@ def tabulate(space: str | SearchSpace, *, seeds: Sequence[int] = (0, 1, 2), desi
     return progress
 
 
-def _real_trainer(protocol: dict) -> Callable:
+def _real_trainer(protocol: dict, points: Sequence[tuple[dict, Any]]) -> Callable:
     """``(spec, seed) -> row fields`` with the protocol's training settings checked and its data loaded now, before
-    the worker writes anything: a missing data set or a bad ``augmentation`` is exit 2 once, not a failed trial
-    for every pair.
+    the worker writes anything: a missing data set, a bad ``augmentation`` or optimizer, a subset the data cannot
+    give, an ``image_size`` the ``(params, spec)`` points' proxies do not train at -- each is exit 2 once, not a
+    failed trial for every pair.
 
     Raises:
-        SpecError: the data set is not installed, or a training setting is invalid (named as its config field).
+        SpecError: the data set is not installed, or a protocol field is invalid (at ``protocol.<field>``).
     """
     import torch  # noqa: PLC0415 - the torch half, loaded when pairs are to be trained
 
     from archspec.search._tabulation import rows as table_rows  # noqa: PLC0415 - as above
 
-    check_config(table_rows.train_config(protocol))
+    table_rows.check_training(protocol)
     torch.set_num_threads(protocol["threads"])
     data = table_rows.reference_data(protocol)
+    problem = table_rows.proxy_size_problem(points, data[0], protocol)
+    if problem is not None:
+        raise SpecError.single(("protocol", "image_size"), problem, "the data are decoded at image_size: give the "
+                               "size the proxy trains at")
 
     def train(spec, seed: int) -> dict:
         data_curve, data_final = data
@@ -455,6 +561,20 @@ def _real_trainer(protocol: dict) -> Callable:
         return row
 
     return train
+
+
+def _in_space_file(space: SearchSpace, protocol: dict, exc: SpecError) -> SpecError:
+    """``exc`` with each problem of a ``protocol.<field>`` whose value is the space file's own (its ``protocol:``)
+    located there, as :func:`table_protocol` locates the fields it checks; the others stay at ``protocol.<field>``
+    (the command line names their flags)."""
+    problems = []
+    for p in exc.problems:
+        path = tuple(p.path)
+        own = len(path) >= 2 and path[0] == "protocol" and path[1] in space.protocol
+        if own and space.protocol[path[1]] == protocol.get(path[1]) and p.file is None:
+            p = space.locate(SpecError([p])).problems[0]
+        problems.append(p)
+    return SpecError(problems)
 
 
 def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, specs: dict, protocol: dict,
@@ -485,7 +605,8 @@ def _run_pair(study: optuna.Study, trial: optuna.Trial, space: SearchSpace, spec
         trial.set_user_attr("fail_reason", f"{stored_name(exc)}: {str(exc)[:300]}")
         study.tell(trial, state=TrialState.FAIL)
         progress.failed += 1
-        log(f"pair {index} seed {seed}: failed ({stored_name(exc)}: {str(exc)[:200]})")
+        progress.reasons.append(f"{stored_name(exc)}: {str(exc)[:200]}")
+        log(f"pair {index} seed {seed}: failed ({progress.reasons[-1]})")
         return
     finally:
         beat.close()
