@@ -11,13 +11,13 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 
 from archspec._util.units import human
+from archspec._util.urls import hide_password
 from archspec.cli.common import whole_number as _positive_int
 from archspec.errors import SpecError
 from archspec.search import (
@@ -548,16 +548,11 @@ def _announce(cfg, what: str, budgets: bool = True) -> None:
               (("MACs", b.macs, ""), ("params", b.params, ""), ("latency", b.latency_ms, " ms")) if value is not None]
     limits = (", ".join(limits) or "no budget") + "; " if budgets else ""
     p = cfg.protocol
-    storage = _masked_url(cfg.storage) if cfg.storage else f"SQLite in {cfg.out or 'runs/<study>'}/study.db"
+    storage = hide_password(cfg.storage) if cfg.storage else f"SQLite in {cfg.out or 'runs/<study>'}/study.db"
     timeout = f", timeout {cfg.timeout:g} s" if cfg.timeout else ""
     print(f"archspec search {what}: {limits}data {cfg.data or 'digits (embedded)'}; "
           f"{cfg.trials} trials{timeout}; proxy {p.steps} steps at up to {p.image_size} px; storage {storage} "
           "(loading torch and the data...)", file=sys.stderr, flush=True)
-
-
-def _masked_url(url: str) -> str:
-    """``url`` with a password after ``user:`` replaced by ``***`` (``postgresql://u:***@host/db``)."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", str(url))
 
 
 def list_points(space_source: str | None, as_json: bool) -> int:

@@ -47,6 +47,7 @@ from optuna.storages import BaseStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import FrozenTrial, TrialState
 
+from archspec._util.urls import hide_password
 from archspec.errors import SpecError
 from archspec.search._engine.config import (  # torch-free: the command line reads them too
     DEFAULT_SAMPLER_STARTUP,
@@ -55,7 +56,7 @@ from archspec.search._engine.config import (  # torch-free: the command line rea
 from archspec.search._engine.front_sampler import FrontMutationSampler
 
 __all__ = [
-    "StorageInfo", "check_storage", "hide_password", "resolve_storage", "open_study", "make_sampler", "SAMPLERS",
+    "StorageInfo", "check_storage", "resolve_storage", "open_study", "make_sampler", "SAMPLERS",
     "fail_zombie_trials", "fail_trial", "mark_worker", "worker_seed", "validate_study_name", "HEARTBEAT_INTERVAL_S",
     "ARCH_KEY_ATTR", "same_architecture", "reused_attrs",
 ]
@@ -80,16 +81,6 @@ class StorageInfo:
     url: str
     kind: str  # "sqlite", "rdb", "journal" or "memory"
     path: Path | None = None  # file of a sqlite / journal storage
-
-
-_PASSWORD = re.compile(r"(?P<user>://[^:/?#@\s]*:)[^/\s]*@")  # scheme://user:PASSWORD@host
-
-
-def hide_password(text: str) -> str:
-    """``text`` with the password of every storage URL in it (``postgresql://user:PASSWORD@host/db``) written
-    ``***``, as SQLAlchemy's ``URL.render_as_string(hide_password=True)`` writes it: what a message may print of a
-    URL the user gave, or of a driver's error that quotes it.  Raises nothing."""
-    return _PASSWORD.sub(r"\g<user>***@", text)
 
 
 def _storage_error(url: str, message: str, hint: str | None = None) -> SpecError:

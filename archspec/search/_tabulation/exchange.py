@@ -19,9 +19,9 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from archspec._util.urls import hide_password
 from archspec.errors import SpecError
 from archspec.io.builddir import uncreatable, writable_dir
-from archspec.search._engine.study import hide_password
 from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._space.language import SearchSpace, load_space
 from archspec.search._tabulation.oracle import load_table, table_path

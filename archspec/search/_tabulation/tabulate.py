@@ -50,6 +50,7 @@ import optuna
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
+from archspec._util.urls import hide_password
 from archspec.errors import SpecError
 from archspec.families.attention.heads import MaskSpec
 from archspec.io.builddir import uncreatable
@@ -59,7 +60,6 @@ from archspec.search._engine.study import (
     StorageInfo,
     check_storage,
     fail_zombie_trials,
-    hide_password,
     mark_worker,
     resolve_storage,
 )
