@@ -22,6 +22,7 @@ from archspec.families.block.rules import BlockShape
 from archspec.families.class_attention.rules import ClassAttentionShape
 from archspec.families.conv_block.rules import ConvBlockShape
 from archspec.families.conv_mixer.rules import ConvMixerShape
+from archspec.families.downsample.rules import DownsampleShape
 from archspec.families.interface.rules import InterfaceShape, TokensToMapShape
 from archspec.families.shrink.rules import ShrinkShape
 from archspec.families.stem.rules import StemShape
@@ -42,6 +43,8 @@ SAMPLES = {
     "block": (BlockShape(32, 15, 3.0, "layernorm", 1e-6, "gelu", 1e-5, 0.0, "attention", _ATTENTION), (1, 15, 32), 15),
     # odd grid: the subsampled grid is ceil(7 / 2) x ceil(5 / 2) = 4 x 3 (LeViT sec. 4.2, timm LevitDownsample)
     "shrink": (ShrinkShape(32, 48, 2, 8, 4.0, 2.0, (7, 5), 2), (1, 35, 32), 12),
+    # Swin's patch merging on an odd grid: zero-padded to 8 x 6, merged to 4 x 3 (timm PatchMerging)
+    "downsample": (DownsampleShape("patch_merging", 16, 24, (7, 5)), (1, 35, 16), 12),
     "class_attention": (ClassAttentionShape(32, 4, 17, 3.0, True, 1e-5), (1, 17, 32), 17),
     "stem": (StemShape("conv", 3, (33, 31), 16, channels=(4, 8, 16)), (1, 3, 33, 31), 20),  # 5 x 4 grid
     # ResNet-D's first block of a strided stage: avg-pool shortcut, SE; an odd map 7 x 5 -> 4 x 3
@@ -65,6 +68,10 @@ MORE = [
                                         "batchnorm", "hardswish")), (1, 16, 32), 16),
     ("stem", StemShape("patch", 3, (32, 24), 20, patch_size=8), (1, 3, 32, 24), 12),
     ("stem", StemShape("identity", 1, (8, 8), 16, patch_size=4), (1, 1, 8, 8), 4),
+    ("stem", StemShape("patch", 3, (32, 24), 20, patch_size=4, norm_eps=1e-5), (1, 3, 32, 24), 48),  # Swin's
+    # NAT's tokenizer: 33 x 31 -> 17 x 16 -> 9 x 8, convs 3 -> 8 -> 16 with bias, then LayerNorm
+    ("stem", StemShape("conv_tokenizer", 3, (33, 31), 16, channels=(8, 16), norm_eps=1e-5), (1, 3, 33, 31), 72),
+    ("downsample", DownsampleShape("conv", 16, 32, (5, 6)), (1, 30, 16), 9),  # NAT's: 5 x 6 -> 3 x 3
     ("stem", StemShape("resnet", 3, (33, 31), 16), (1, 3, 33, 31), 72),  # 7x7 stem: 17 x 16, pooled 9 x 8
     ("stem", StemShape("resnet", 2, (30, 18), 16, stem_width=8, pool="conv"), (1, 2, 30, 18), 40),  # 8 x 5
     ("conv_block", ConvBlockShape("basic", 8, 16, 16, 2, (5, 6), "conv"), (1, 8, 5, 6), 9),

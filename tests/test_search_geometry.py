@@ -161,3 +161,17 @@ def test_pure_resnet_proxy_is_at_the_cap_and_trains(digits):
         assert geometry.image_size == (cap, cap) and geometry.grids == ((cap // 4,) * 2, (cap // 8,) * 2)
     proxy = proxy_spec(spec, digits, ProxyProtocol())
     assert compile(proxy)(torch.randn(2, 3, 64, 64)).shape == (2, digits.num_classes)
+
+
+def test_nat_tokenizer_keeps_its_reduction(digits):
+    """NAT's tokenizer (two stride-2 convs) is kept: the input is 4 x the first grid, its real 56x56 at 224 px (the
+    token grids win over the cap), 7x7 from 28 px with ``min_grid=7``; the conv downsamplers halve from there."""
+    stages = [{"depth": 1, "dim": c, "heads": 2, "attention": "mhsa", **({"downsample": "conv"} if i else {})}
+              for i, c in enumerate((16, 32, 64, 128))]
+    spec = load_spec({"name": "nat_shaped", "stem": {"kind": "conv_tokenizer"}, "stages": stages,
+                      "tokens": {"cls_token": "none", "pos_embed": "none"}, "head": {"pool": "mean"}})
+    geometry, _ = proxy_geometry(spec, digits, ProxyProtocol())
+    assert geometry.image_size == (224, 224) and geometry.grids == ((56, 56), (28, 28), (14, 14), (7, 7))
+    small, _ = proxy_geometry(spec, digits, ProxyProtocol(min_grid=7))
+    assert small.image_size == (28, 28) and small.grids == ((7, 7), (4, 4), (2, 2), (1, 1))
+    assert small.stem == {"kind": "conv_tokenizer"}

@@ -223,7 +223,8 @@ stages:
   - depth: 2
     dim: 64
     heads: 4
-""", "stem.kind", 3, ("unknown stem kind 'convolution'", "'patch', 'conv', 'identity'"), "patch, conv, identity",
+""", "stem.kind", 3, ("unknown stem kind 'convolution'", "'patch', 'conv', 'conv_tokenizer', 'identity'"),
+         "patch, conv, conv_tokenizer, identity",
          count=1),
     Case("stem-kind-missing", """\
 name: t
@@ -233,7 +234,7 @@ stages:
   - depth: 2
     dim: 64
     heads: 4
-""", "stem.kind", 3, "needs a 'kind'", "patch, conv, identity"),
+""", "stem.kind", 3, "needs a 'kind'", "patch, conv, conv_tokenizer, identity"),
     # --- heads, masks, mixers, layer ranges ---------------------------------------------------
     Case("head-kind-unknown", """\
 name: t
@@ -586,6 +587,87 @@ stages:
     shrink:
       stride: 2
 """, "stages[0].shrink", 10, "first stage cannot start with shrinking", "later stage"),
+    # --- hierarchical stages: Swin's patch merging, NAT's conv downsampler ----------------------------
+    Case("downsample-on-first-stage", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4, norm: layernorm}
+tokens: {cls_token: none, pos_embed: none}
+head: {pool: mean, norm: before_pool}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    downsample: patch_merging
+""", "stages[0].downsample", 10, "first stage cannot start with a downsample", "later stage"),
+    Case("downsample-and-shrink", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+tokens: {cls_token: none}
+head: {pool: mean}
+stages:
+  - {depth: 2, dim: 64, heads: 4}
+  - depth: 2
+    dim: 128
+    heads: 4
+    shrink: {key_dim: 16}
+    downsample: {kind: patch_merging}
+""", "stages[1].downsample", 12, "both shrink and downsample", "keep one"),
+    Case("downsample-with-class-token", """\
+name: t
+input: {resolution: 32}
+stem: {kind: conv_tokenizer}
+stages:
+  - {depth: 2, dim: 64, heads: 4}
+  - {depth: 2, dim: 128, heads: 4, downsample: conv}
+""", "stages[1].downsample", 6, ("conv downsampling needs a pure token grid", "class/distillation token"),
+         "cls_token: none"),
+    Case("downsample-on-conv-stage", """\
+name: t
+stem: {kind: resnet}
+stages:
+  - {kind: conv, block: basic, depth: 1, channels: 64}
+  - {kind: conv, block: basic, depth: 1, channels: 128, stride: 2, downsample: {kind: patch_merging}}
+""", "stages[1].downsample", 5, ("conv stage's downsample is its first block's shortcut", "attention stages"),
+         "stride: 2"),
+    Case("downsample-unknown-kind", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+tokens: {cls_token: none}
+head: {pool: mean}
+stages:
+  - {depth: 2, dim: 64, heads: 4}
+  - {depth: 2, dim: 128, heads: 4, downsample: merging}
+""", "stages[1].downsample", 8, "downsample must be one of patch_merging, conv", "NAT"),
+    Case("downsample-opening-a-hybrid", """\
+name: t
+input: {resolution: 64}
+stem: {kind: resnet}
+tokens: {cls_token: none}
+head: {pool: mean}
+stages:
+  - {kind: conv, block: basic, depth: 1, channels: 64}
+  - {depth: 1, dim: 64, heads: 4, downsample: conv}
+""", "stages[1].downsample", 8, "a downsample cannot open it", "from_map"),
+    Case("head-norm-after-pool-with-class-token", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+stages:
+  - {depth: 2, dim: 64, heads: 4}
+head: {pool: cls, norm: after_pool}
+""", "head", 6, "norm: after_pool needs pool: mean", "before_pool"),
+    Case("head-norm-on-batchnorm-head", """\
+name: t
+input: {resolution: 32}
+stem: {kind: conv, channels: [16, 32, 64]}
+tokens: {cls_token: none}
+stages:
+  - {depth: 2, dim: 64, heads: 4, norm: batchnorm, act: hardswish}
+head: {pool: mean, norm: before_pool}
+""", "head.norm", 7, "no final LayerNorm", "remove head.norm"),
     Case("conv-mixer-with-class-token", """\
 name: t
 input: {resolution: 32}
@@ -814,6 +896,17 @@ stages:
     qkv_bias: false
     shrink: {stride: 2, key_dim: 16}
 head: {pool: mean, num_classes: 10, distillation: true}
+""",
+    "swin-nat": """\
+name: rt_swin_nat
+input: {resolution: 40}
+stem: {kind: conv_tokenizer}
+tokens: {cls_token: none, pos_embed: none}
+stages:
+  - {depth: 1, dim: 32, heads: 2, norm_eps: 1.0e-5}
+  - {depth: 1, dim: 64, heads: 2, norm_eps: 1.0e-5, downsample: patch_merging}
+  - {depth: 1, dim: 96, heads: 2, norm_eps: 1.0e-5, downsample: {kind: conv}}
+head: {pool: mean, norm: before_pool, num_classes: 10}
 """,
     "cmhsa": """\
 name: rt_cmhsa

@@ -36,6 +36,7 @@ FAMILIES: dict[str, str] = {
     "conv_mixer": "archspec.families.conv_mixer",
     "block": "archspec.families.block",
     "shrink": "archspec.families.shrink",
+    "downsample": "archspec.families.downsample",  # Swin's patch merging, NAT's conv downsampler
     "class_attention": "archspec.families.class_attention",
     "head": "archspec.families.head",
     "conv_block": "archspec.families.conv_block",  # ResNet residual blocks of conv stages

@@ -10,9 +10,10 @@ module imports neither torch nor networkx.
 
 Records are in execution order (the data path).  Every record carries:
 
-``kind``      one of ``input, stem, embed, insert, shrink, block, class_attn, head`` (a conv net: ``input, stem,
-              block, head``, its blocks of family ``conv_block``, ``tokens`` the map's pixels ``H x W``; a hybrid:
-              its conv stages' blocks, then ``interface`` (map -> tokens), then a token model's nodes)
+``kind``      one of ``input, stem, embed, insert, shrink, downsample, block, class_attn, head`` (a conv net:
+              ``input, stem, block, head``, its blocks of family ``conv_block``, ``tokens`` the map's pixels
+              ``H x W``; a hybrid: its conv stages' blocks, then ``interface`` (map -> tokens), then a token
+              model's nodes)
 ``family``    the block family whose rules counted it (:mod:`archspec.families`); ``shape`` that family's
               typed shape, which :mod:`archspec.nn.compiler` hands to the family's ``build`` (no spec re-read)
 ``name``      module path in the compiled model (``stages.1.blocks.0``)

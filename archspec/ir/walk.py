@@ -31,8 +31,8 @@ _NO_MEMORY = NodeMemory()  # nodes that hold nothing (the input)
 
 STEM, TOKENS, ATTENTION, TALKING_HEADS, CONV_MIXER, CONV_BLOCK = (family_rules(n) for n in (
     "stem", "tokens", "attention", "talking_heads", "conv_mixer", "conv_block"))
-BLOCK, SHRINK, CLASS_ATTENTION, HEAD, INTERFACE = (family_rules(n) for n in (
-    "block", "shrink", "class_attention", "head", "interface"))
+BLOCK, SHRINK, DOWNSAMPLE, CLASS_ATTENTION, HEAD, INTERFACE = (family_rules(n) for n in (
+    "block", "shrink", "downsample", "class_attention", "head", "interface"))
 
 
 def _report_layer(problems: list[Problem], path: tuple, layer: int, text: str, hint: str | None = None) -> None:
@@ -297,6 +297,9 @@ def _build_convnet(b: _Builder) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 def _add_map_head(b: _Builder, grid: tuple[int, int], channels: int) -> None:
     """timm ResNet's head on the last map (a conv net's, or a conv tail's): average pool + classifier, no norm."""
     head = b.spec.head
+    if head.norm is not None:
+        b.problem(("head", "norm"), "a head on a feature map (timm ResNet's) has no final LayerNorm to place",
+                  "remove head.norm")
     shape = HeadShape(channels, grid[0] * grid[1], head.num_classes, False, False, head.pool, final_norm=False)
     b.add_family("head", "head", shape, kind="head", label="avg-pool", tokens=1, grid=(1, 1),
                  dim=head.num_classes or channels, heads="", bn_channels_into_bias=0)
@@ -304,13 +307,15 @@ def _add_map_head(b: _Builder, grid: tuple[int, int], channels: int) -> None:
 
 def _add_interface(b: _Builder, grid: tuple[int, int], channels: int) -> tuple[tuple[int, int], int]:
     """A hybrid's map -> tokens node (family ``interface``) entering the first attention stage; returns the token
-    grid and width.  That stage cannot also open with a shrinking attention (its input is the interface's)."""
+    grid and width.  That stage cannot also open with a shrinking attention or a downsample (its input is the
+    interface's)."""
     i = b.spec.n_conv_stages
     stage = b.spec.stages[i]
-    if stage.shrink is not None:
-        b.problem(("stages", i, "shrink"), "the first attention stage after conv stages takes the map through its "
-                  "interface (from_map); a shrinking attention cannot open it", "remove shrink here; pool the map "
-                  "with from_map: {pool: avg, grid: N} instead")
+    for field, what in (("shrink", "a shrinking attention"), ("downsample", "a downsample")):
+        if getattr(stage, field) is not None:
+            b.problem(("stages", i, field), "the first attention stage after conv stages takes the map through its "
+                      f"interface (from_map); {what} cannot open it", f"remove {field} here; pool the map "
+                      "with from_map: {pool: avg, grid: N} instead")
     shape, found = INTERFACE.plan(stage.from_map, channels, grid, stage.dim, ("stages", i))
     b.problems_of(found)
     out = INTERFACE.out_grid(shape)
@@ -322,7 +327,8 @@ def _add_interface(b: _Builder, grid: tuple[int, int], channels: int) -> tuple[t
 def _add_stem(b: _Builder) -> tuple[tuple[int, int], int]:
     """The stem node (family ``stem``); returns the token grid and width after it."""
     spec = b.spec
-    shape, found = STEM.plan(spec.stem, spec.input.channels, spec.input.resolution, spec.stages[0].dim)
+    shape, found = STEM.plan(spec.stem, spec.input.channels, spec.input.resolution, spec.stages[0].dim,
+                             getattr(spec.stages[0], "norm_eps", 1e-6))
     b.problems_of(found)
     grid = STEM.out_grid(shape)
     b.add_family("stem", "stem", shape, kind="stem", label=STEM.label(shape), tokens=grid[0] * grid[1], grid=grid,
@@ -389,11 +395,18 @@ def _add_stage(b: _Builder, i: int, flow: _Flow, tokens: TokensPlan) -> None:
         b.problem(("stages", i, "from_map"), "from_map applies only to the first attention stage after conv stages "
                   "(where a feature map becomes tokens); this stage receives tokens",
                   "remove from_map here, or put kind: conv stages before this stage")
-    if stage.shrink is not None and not (i == b.spec.n_conv_stages and i > 0):  # a hybrid's: _add_interface
+    opens_hybrid = i == b.spec.n_conv_stages and i > 0  # its transitions are refused by _add_interface
+    if stage.shrink is not None and stage.downsample is not None:
+        b.problem(("stages", i, "downsample"), "a stage opens with one transition, but this one has both shrink "
+                  "and downsample", "keep one: shrink (LeViT) or downsample (Swin, NAT)")
+    elif stage.shrink is not None and not opens_hybrid:
         _add_shrink(b, i, flow)
+    elif stage.downsample is not None and not opens_hybrid:
+        _add_downsample(b, i, flow)
     elif i > b.spec.n_conv_stages and stage.dim != flow.dim:
         b.problem(("stages", i, "dim"), f"width changes from {flow.dim} to {stage.dim} without a transition",
-                  "add 'shrink:' (LeViT shrinking attention) to this stage, or keep the width")
+                  "add 'shrink:' (LeViT shrinking attention) or 'downsample:' (Swin's patch_merging, NAT's conv) "
+                  "to this stage, or keep the width")
         flow.dim = stage.dim
     if stage.head_dim is None and stage.key_dim is None and stage.dim % stage.heads:
         b.problem(("stages", i, "heads"), f"dim {stage.dim} is not divisible by {stage.heads} heads (head dim is "
@@ -430,6 +443,22 @@ def _add_shrink(b: _Builder, i: int, flow: _Flow) -> None:
     b.add_family(f"stages.{i}.downsample", "shrink", shape, kind="shrink", label=f"shrink/{shape.stride}", stage=i,
                  heads=" ".join(["L"] * shape.heads), tokens=out_grid[0] * out_grid[1], grid=out_grid, dim=stage.dim,
                  bn_channels=SHRINK.batchnorm_channels(shape))
+    flow.grid, flow.dim = out_grid, stage.dim
+
+
+def _add_downsample(b: _Builder, i: int, flow: _Flow) -> None:
+    """Swin's patch merging or NAT's conv downsampler entering ``stages[i]`` (family ``downsample``): halves the
+    grid (ceil), changes the width to the stage's; refused on the first stage and with a class token."""
+    stage = b.spec.stages[i]
+    shape, found = DOWNSAMPLE.plan(stage.downsample, flow.dim, stage.dim, flow.grid, flow.n_prefix, i,
+                                   stage.norm_eps)
+    b.problems_of(found)
+    if shape is None:
+        flow.dim = stage.dim  # carry on at the stage's width, to find later problems
+        return
+    out_grid = DOWNSAMPLE.out_grid(shape)
+    b.add_family(f"stages.{i}.downsample", "downsample", shape, kind="downsample", label=DOWNSAMPLE.label(shape),
+                 stage=i, tokens=out_grid[0] * out_grid[1], grid=out_grid, dim=stage.dim)
     flow.grid, flow.dim = out_grid, stage.dim
 
 
@@ -487,8 +516,12 @@ def _add_head(b: _Builder, flow: _Flow) -> None:
     """Final norm, pooling and classifier(s) (family ``head``)."""
     head = b.spec.head
     n_tokens = flow.n_prefix + flow.grid[0] * flow.grid[1]
-    shape = HeadShape(flow.dim, n_tokens, head.num_classes, head.distillation,
-                      b.spec.stages[-1].norm == "batchnorm", head.pool)
+    batchnorm = b.spec.stages[-1].norm == "batchnorm"
+    if batchnorm and head.norm is not None:
+        b.problem(("head", "norm"), "a batchnorm model's head (LeViT's BatchNorm + Linear) has no final LayerNorm "
+                  "to place", "remove head.norm")
+    shape = HeadShape(flow.dim, n_tokens, head.num_classes, head.distillation, batchnorm, head.pool,
+                      norm_before_pool=head.pool == "mean" and head.norm == "before_pool")
     b.add_family("head", "head", shape, kind="head", label=f"{head.pool}-pool", tokens=1, grid=(1, 1),
                  dim=head.num_classes or flow.dim, heads="",
                  bn_channels_into_bias=HEAD.batchnorm_channels_before_linear(shape))

@@ -17,8 +17,9 @@ from archspec.families.attention.tables import (
 from archspec.families.block.module import LevitBlock, TransformerBlock
 from archspec.families.class_attention.module import ClassAttentionBlock, ClassAttn
 from archspec.families.conv_mixer.module import ConvMixer
+from archspec.families.downsample.module import ConvDownsample, TokenPatchMerging
 from archspec.families.shrink.module import ShrinkBlock
-from archspec.families.stem.module import ConvStem, IdentityStem, PatchStem
+from archspec.families.stem.module import ConvStem, ConvTokenizer, IdentityStem, PatchStem
 from archspec.families.talking_heads.module import TalkingHeadAttn
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "ConvMixer", "ZeroPadTokens",
     "grid_positions", "gpsa_rel_indices", "levit_bias_idxs", "signed_bias_idxs", "conv_kernel_offsets",
     "ConvStem", "IdentityStem", "PatchStem",
+    "ConvTokenizer", "TokenPatchMerging", "ConvDownsample",
 ]

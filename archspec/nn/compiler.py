@@ -22,17 +22,19 @@ from archspec.families import build
 from archspec.ir.checked import load_spec, with_resolution
 from archspec.ir.graph import graph_of
 from archspec.ir.plan import build_plan, check_memory
-from archspec.nn.layout import layout_of
+from archspec.nn.layout import TRANSITIONS, layout_of
 from archspec.nn.model import ArchModel, Stage
 from archspec.spec import ArchSpec
 
 
 def _stages(nodes: Sequence[Mapping[str, Any]], n_stages: int) -> list[Stage]:
-    """The model's stages in execution order: each one's shrinking attention and blocks, then CaiT's
-    class-attention stage when the IR has one (it runs after the class token is inserted)."""
+    """The model's stages in execution order: each one's transition (LeViT's shrinking attention, Swin's patch
+    merging or NAT's conv downsampler) and blocks, then CaiT's class-attention stage when the IR has one (it runs
+    after the class token is inserted)."""
     stages = []
     for i in range(n_stages):
-        downsample = [build("shrink", n["shape"]) for n in nodes if n["kind"] == "shrink" and n["stage"] == i]
+        downsample = [build(n["family"], n["shape"]) for n in nodes
+                      if n["kind"] in TRANSITIONS and n["stage"] == i]
         blocks = [build(n["family"], n["shape"]) for n in nodes if n["kind"] == "block" and n["stage"] == i]
         stages.append(Stage(downsample[0] if downsample else None, blocks))
     class_blocks: list[nn.Module] = [build("class_attention", n["shape"]) for n in nodes if n["kind"] == "class_attn"]

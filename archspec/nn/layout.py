@@ -17,7 +17,11 @@ from archspec.families.conv_block import rules as conv_blocks
 from archspec.families.stem import rules as stems
 from archspec.ir.plan import Plan
 
-__all__ = ["ModelLayout", "layout_of"]
+__all__ = ["ModelLayout", "layout_of", "TRANSITIONS"]
+
+#: the node kinds that open a token stage and halve its grid (a stage's ``downsample`` module): LeViT's shrinking
+#: attention (family ``shrink``), Swin's patch merging and NAT's conv downsampler (family ``downsample``)
+TRANSITIONS = ("shrink", "downsample")
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class ModelLayout:
         tail_start: the first stage of a conv tail (conv stages after the token stages); ``n_stages`` when none.
         stage_dims: each stage's width after it (a conv stage's channels).
         stage_strides: each stage's reduction of its input's side: a conv stage's first stride, 2 for a token
-            stage opening with a shrinking attention, else 1.
+            stage opening with a transition (:data:`TRANSITIONS`: a shrinking attention or a downsample), else 1.
         patch_grid: the token grid where the token stages start (the stem's, or a hybrid's interface's; a conv
             net's: the stem's map).
         stem_kind, stem_patch_size, stem_conv_layers, stem_deep: the stem's kind, patch size (None for conv and
@@ -42,7 +46,9 @@ class ModelLayout:
             tokens (class + distillation), their width, the tokens the position embedding covers (0: none).
         has_dist: a distillation token; ``distilled``: a distillation head.
         pool: the head's pooling (``cls`` or ``mean``); ``num_classes``: its classes (0: features only).
-        batchnorm_head: LeViT's BatchNorm classifier; ``norm_eps``: the final LayerNorm's eps (None: no LayerNorm).
+        batchnorm_head: LeViT's BatchNorm classifier; ``norm_eps``: the final LayerNorm's eps (None: no LayerNorm);
+            ``norm_before_pool``: that LayerNorm on every token before a mean pool (timm Swin's ``norm``), not on the
+            pooled features (timm ViT's ``fc_norm``).
         ends_on_map, is_convnet: the model ends on a map (timm ResNet's head); every stage is a conv stage.
     """
 
@@ -70,6 +76,7 @@ class ModelLayout:
     num_classes: int
     batchnorm_head: bool
     norm_eps: float | None
+    norm_before_pool: bool
     ends_on_map: bool
     is_convnet: bool
 
@@ -91,7 +98,7 @@ class ModelLayout:
 
 
 def _stage_of(records: Sequence[Mapping[str, Any]], i: int) -> list[Mapping[str, Any]]:
-    return [n for n in records if n.get("stage") == i and n["kind"] in ("block", "shrink")]
+    return [n for n in records if n.get("stage") == i and n["kind"] in ("block", *TRANSITIONS)]
 
 
 def layout_of(plan: Plan) -> ModelLayout:
@@ -116,7 +123,7 @@ def layout_of(plan: Plan) -> ModelLayout:
         if conv[i]:
             strides.append(stage[0]["shape"].stride)
         else:
-            strides.append(2 if stage[0]["kind"] == "shrink" else 1)
+            strides.append(2 if stage[0]["kind"] in TRANSITIONS else 1)
     token_blocks = [n for n in blocks if n["family"] == "block"]
     head_shape, stem_shape = head["shape"], stem["shape"]
     tokens = embed["tokens_plan"] if embed is not None else None
@@ -136,4 +143,5 @@ def layout_of(plan: Plan) -> ModelLayout:
         distilled=head_shape.distillation, pool=head_shape.pool, num_classes=head_shape.num_classes,
         batchnorm_head=not ends_on_map and head_shape.batchnorm,
         norm_eps=token_blocks[-1]["shape"].norm_eps if layernorm else None,
+        norm_before_pool=head_shape.norm_before_pool,
         ends_on_map=ends_on_map, is_convnet=embed is None)

@@ -30,6 +30,7 @@ from archspec.families.attention.module import Attention, ZeroPadTokens
 from archspec.families.attention.rules import RESAMPLED_TABLES
 from archspec.families.conv_block.module import ConvGPSA, MapAttention
 from archspec.families.conv_mixer.module import ConvMixer
+from archspec.families.downsample.module import ConvDownsample, TokenPatchMerging
 from archspec.families.head.module import build_classifier
 from archspec.families.head.rules import classifier_names
 from archspec.families.shrink.module import ShrinkBlock
@@ -45,7 +46,8 @@ from archspec.spec import ArchSpec
 # the map's size; MapAttention unpacks it) read their input shape in Python (data-dependent control flow for
 # torch.fx), so FX treats them as leaves: timm's feature extractors use this registry; torchvision's take
 # FX_LEAF_MODULES as tracer_kwargs, and symbolic_trace below uses them.
-FX_LEAF_MODULES = (Attention, ConvMixer, IdentityStem, ShrinkBlock, ZeroPadTokens, ConvGPSA, MapAttention)
+FX_LEAF_MODULES = (Attention, ConvMixer, IdentityStem, ShrinkBlock, TokenPatchMerging, ConvDownsample, ZeroPadTokens,
+                   ConvGPSA, MapAttention)
 for _leaf in FX_LEAF_MODULES:
     register_notrace_module(_leaf)
 
@@ -55,7 +57,8 @@ NO_WEIGHT_DECAY_LEAVES = no_weight_decay_leaves()
 
 
 class Stage(nn.Module):
-    """One stage: optional LeViT shrinking attention (``downsample``) then ``blocks``. ``(B, N, C) -> (B, N', C')``."""
+    """One stage: an optional transition ``downsample`` (LeViT's shrinking attention, Swin's patch merging, NAT's
+    conv downsampler) then ``blocks``. ``(B, N, C) -> (B, N', C')``."""
 
     def __init__(self, downsample: nn.Module | None, blocks: Sequence[nn.Module]):
         super().__init__()
@@ -141,11 +144,13 @@ class ArchModel(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, token_dim)) if self.has_dist else None
         self.pos_embed = (nn.Parameter(torch.zeros(1, layout.pos_embed_len, layout.dim_in)) if layout.pos_embed_len
                           else None)
-        # layernorm family as timm ViT: final norm before token pooling, fc_norm after mean pooling
+        # layernorm family as timm ViT: final norm before token pooling, fc_norm after mean pooling; timm Swin (and
+        # NAT): norm on every token, then the mean (head.norm: before_pool)
         layernorm = layout.norm_eps is not None  # timm ResNet's head and LeViT's BatchNorm head have none
         eps, dim_out = layout.norm_eps, layout.dim_out
-        self.norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "token" else nn.Identity()
-        self.fc_norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and self.global_pool == "avg" else nn.Identity()
+        on_tokens = self.global_pool == "token" or layout.norm_before_pool
+        self.norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and on_tokens else nn.Identity()
+        self.fc_norm = nn.LayerNorm(dim_out, eps=eps) if layernorm and not on_tokens else nn.Identity()
         self._init_tokens()
         self.drop_rate = drop_rate
         # timm ViT's head_drop; timm LeViT's NormLinear head has its own dropout (head.drop) instead.

@@ -42,17 +42,25 @@ from archspec.families.attention.heads import GPSASpec, HeadSpec, MaskSpec, RelB
 from archspec.families.attention.rules import check_value_dim
 from archspec.families.class_attention.rules import ClassAttentionSpec
 from archspec.families.conv_block.rules import AttentionMixerSpec, ConvStageSpec, GPSAMixerSpec, SESpec
+from archspec.families.downsample.rules import DownsampleSpec
 from archspec.families.head.rules import HeadOutSpec
 from archspec.families.interface.rules import MapToTokensSpec
 from archspec.families.shrink.rules import ShrinkSpec
-from archspec.families.stem.rules import ConvStemSpec, IdentityStemSpec, PatchStemSpec, ResNetStemSpec, StemSpec
+from archspec.families.stem.rules import (
+    ConvStemSpec,
+    ConvTokenizerStemSpec,
+    IdentityStemSpec,
+    PatchStemSpec,
+    ResNetStemSpec,
+    StemSpec,
+)
 from archspec.families.tokens.rules import TokensSpec
 
 __all__ = [
-    "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec", "TokensSpec",
-    "StageSpec", "ConvStageSpec", "SESpec", "GPSAMixerSpec", "AttentionMixerSpec", "MapToTokensSpec", "AnyStage",
-    "LayerOverride", "MixerSpec", "ShrinkSpec", "HeadOutSpec", "LayerPlan", "ClassAttentionSpec",
-    "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "spec_to_yaml",
+    "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec",
+    "ResNetStemSpec", "TokensSpec", "StageSpec", "ConvStageSpec", "SESpec", "GPSAMixerSpec", "AttentionMixerSpec",
+    "MapToTokensSpec", "AnyStage", "LayerOverride", "MixerSpec", "ShrinkSpec", "DownsampleSpec", "HeadOutSpec",
+    "LayerPlan", "ClassAttentionSpec", "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "spec_to_yaml",
 ]
 
 # Sane caps: a spec must never be able to exhaust memory before a check can stop it.
@@ -236,6 +244,9 @@ class StageSpec(StrictModel):
         default_factory=list, description="Per-layer overrides (non-overlapping ranges)."
     )
     shrink: ShrinkSpec | None = Field(None, description="LeViT shrinking attention at the stage's entry (not stage 0).")
+    downsample: DownsampleSpec | None = Field(
+        None, description="Hierarchical downsampling at the stage's entry (not stage 0, not with shrink, no class "
+        "token): 'patch_merging' (Swin) or 'conv' (NAT); the grid halves (ceil), the width becomes dim.")
     from_map: MapToTokensSpec | None = Field(
         None, description="The first attention stage after conv stages: how their feature map becomes its tokens "
         "(pooling to a grid, 1x1 projection; LeViT sec. 3.2 grafting).  Default: every pixel a token, projected "
@@ -293,7 +304,8 @@ class ArchSpec(StrictModel):
     source: str | None = Field(None, max_length=2000, description="Paper and table the spec follows.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the deterministic initialisation.")
     input: InputSpec = Field(default_factory=InputSpec, description="Input images.")
-    stem: StemSpec = Field(default_factory=PatchStemSpec, description="Stem: patch, conv, identity or resnet.")
+    stem: StemSpec = Field(default_factory=PatchStemSpec,
+                           description="Stem: patch, conv, conv_tokenizer, identity or resnet.")
     tokens: TokensSpec = Field(
         default_factory=TokensSpec, description="Class/distillation tokens and position embedding (left out: a class "
         "token and a learned position embedding; none of either for a conv net, whose stages are all kind: conv)."

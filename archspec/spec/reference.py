@@ -28,6 +28,8 @@ from archspec.spec import (
     ClassAttentionSpec,
     ConvStageSpec,
     ConvStemSpec,
+    ConvTokenizerStemSpec,
+    DownsampleSpec,
     GPSAMixerSpec,
     HeadOutSpec,
     IdentityStemSpec,
@@ -45,9 +47,11 @@ from archspec.spec import (
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("spec (top level)", ArchSpec), ("input", InputSpec), ("stem (kind: patch)", PatchStemSpec),
-    ("stem (kind: conv)", ConvStemSpec), ("stem (kind: identity)", IdentityStemSpec),
+    ("stem (kind: conv)", ConvStemSpec), ("stem (kind: conv_tokenizer)", ConvTokenizerStemSpec),
+    ("stem (kind: identity)", IdentityStemSpec),
     ("stem (kind: resnet)", ResNetStemSpec), ("tokens", TokensSpec),
-    ("stages[]", StageSpec), ("stages[] (kind: conv)", ConvStageSpec), ("stages[].se", SESpec),
+    ("stages[]", StageSpec), ("stages[].downsample", DownsampleSpec),
+    ("stages[] (kind: conv)", ConvStageSpec), ("stages[].se", SESpec),
     ("stages[].mixer (kind: conv stages, gpsa)", GPSAMixerSpec),
     ("stages[].mixer (kind: conv stages, attention)", AttentionMixerSpec),
     ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec),

@@ -2,7 +2,8 @@
 
 pydantic's ``ArchSpec.model_json_schema()`` describes the *validated* models; the loader also accepts
 YAML shorthands that its ``mode='before'`` validators expand (``resolution: 224``, ``range: 0-7``,
-``window: 3x5``, head kinds such as ``mhsa`` or ``mask:3x5``, ``mixer: conv5``, ``cls_token: true``)
+``window: 3x5``, head kinds such as ``mhsa`` or ``mask:3x5``, ``mixer: conv5``, ``downsample: patch_merging``,
+``cls_token: true``)
 and top-level ``x-...`` keys for YAML anchors (as Compose files).  :func:`spec_schema` adds exactly
 those alternatives, so a spec the loader accepts validates against the schema; checks that need shapes
 (mask windows against the grid, head arithmetic) remain ``archspec validate``'s.
@@ -20,6 +21,7 @@ from typing import Any
 
 from archspec.families.attention.heads import HEAD_SHORTHANDS
 from archspec.families.attention.mask import WINDOW_PATTERN
+from archspec.families.downsample.rules import KINDS as DOWNSAMPLE_KINDS
 from archspec.spec import ArchSpec
 
 __all__ = ["SCHEMA_DIALECT", "SCHEMA_ID", "SPACE_SCHEMA_ID", "SCHEMA_FILE_NAME", "SPACE_SCHEMA_FILE_NAME",
@@ -73,7 +75,9 @@ def spec_schema() -> dict[str, Any]:
                           f"{', '.join(_PLAIN_KINDS + _MASK_KINDS)}; a mask kind may name a window: 'mask:3x5'")
     _shorthand_or_mapping(defs, "MixerSpec", r"^\s*(?:attention|(?:token_)?conv\d*)\s*$",
                           "'attention', 'conv<K>' (pixel view) or 'token_conv<K>' (token grid)")
-    for stem in ("PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec"):
+    _shorthand_or_mapping(defs, "DownsampleSpec", rf"^\s*(?:{'|'.join(DOWNSAMPLE_KINDS)})\s*$",
+                          "the kind alone: " + " or ".join(DOWNSAMPLE_KINDS))
+    for stem in ("PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec", "ResNetStemSpec"):
         defs[stem]["required"] = ["kind"]  # the loader needs the tag to choose the stem
     # an attention stage may name its kind (the default); the loader drops it, so the model has no such field
     defs["StageSpec"]["properties"]["kind"] = {"const": "attention", "description": "'attention' (the default): "

@@ -13,6 +13,11 @@ Supported timm families (the blocks archspec mirrors):
   ResNet.
 * ``ByobNet`` BoTNets (``specs/botnet26t.yaml``, timm ``botnet26t_256``): conv stages whose attention mixer is
   timm's ``BottleneckAttn``; :func:`byobnet_key_from_timm` renames the ConvNormAct pairs to ResNet's names.
+* ``SwinTransformer``'s structure (the window attention's own tensors are the window head kind's, not mapped here):
+  ``patch_embed.proj`` / ``patch_embed.norm`` <-> ``stem.proj`` / ``stem.norm`` (a patch stem with ``norm:
+  layernorm``), ``layers.{i}.downsample.{norm,reduction}`` <-> ``stages.{i}.downsample.{norm,reduction}`` (patch
+  merging entering stage ``i``), ``layers.{i}.blocks.{j}`` <-> ``stages.{i}.blocks.{j}``, ``norm`` <-> ``norm``
+  (``head.norm: before_pool``), ``head.fc`` <-> ``head`` (:func:`swin_key_from_timm`).
 * T-CNNs (``specs/t_resnet50d.yaml``, ``t_resnet50rs.yaml``: conv stages with ``mixer: {kind: gpsa}``) load a
   timm ResNet's weights one way (:func:`from_timm`): a transformed block's ``conv2.weight`` becomes its GPSA's
   ``W_out`` (T-CNN eq. 6), and the GPSA's own tensors (W_qry, W_key, W_val = I, centres, locality, gating),
@@ -30,6 +35,8 @@ timm                                  archspec
 ``stages.{s}.blocks.{j}.attn.proj.1`` ``stages.{s}.blocks.{j}.attn.proj.ln`` (LeViT)
 ``blocks.{i}.gamma_{1,2}`` (CaiT)     ``stages.0.blocks.{i}.ls{1,2}.gamma``
 ``blocks_token_only.{j}.*`` (CaiT)    ``stages.{S}.blocks.{j}.*`` (S: the class-attention stage, last)
+``layers.{i}.*`` (Swin)               ``stages.{i}.*``
+``head.fc.*`` (Swin)                  ``head.*``
 ====================================  ==========================================
 
 CaiT's talking-heads ``attn.qkv`` is kept whole (archspec's ``TalkingHeadAttn`` has the same ``qkv``).
@@ -86,6 +93,19 @@ def _cait_from_timm(key: str, model: ArchModel, ours: set[str]) -> str:
     if gamma and key not in ours:
         return f"{gamma['block']}.ls{gamma['n']}.gamma"
     return key
+
+
+_SWIN_LAYER = re.compile(r"^layers\.(\d+)\.")
+_SWIN_HEAD = re.compile(r"^head\.fc\.")
+
+
+def swin_key_from_timm(key: str) -> str:
+    """A timm ``SwinTransformer`` key's stage and head prefixes -> archspec's: ``layers.1.downsample.reduction.weight``
+    -> ``stages.1.downsample.reduction.weight`` (timm 1.0's patch merging opens stage 1, as archspec's downsample
+    does), ``layers.0.blocks.1.mlp.fc1.bias`` -> ``stages.0.blocks.1.mlp.fc1.bias``, ``head.fc.weight`` ->
+    ``head.weight`` (timm's ``ClassifierHead``); other keys unchanged (``patch_embed.*`` is renamed with ViT's)."""
+    key = _SWIN_LAYER.sub(r"stages.\1.", key)
+    return _SWIN_HEAD.sub("head.", key)
 
 
 _RESNET_STEM = re.compile(r"^(conv1|bn1|maxpool)\.")
@@ -184,7 +204,8 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
     """Convert a timm state dict into one that ``model.load_state_dict(..., strict=True)`` accepts.
 
     Args:
-        state_dict: a timm ViT/DeiT, ConViT, LeViT, CaiT or ResNet state dict.
+        state_dict: a timm ViT/DeiT, ConViT, LeViT, CaiT, ResNet or Swin state dict (Swin: the structure's names,
+            :func:`swin_key_from_timm`; the window attention's tensors are the window head kind's).
         model: the compiled archspec equivalent (same spec; see :data:`TIMM_EQUIVALENTS`), or a T-CNN of the
             ResNet (its GPSA blocks take the 3x3 convs' weights as ``W_out``, T-CNN eq. 6, and keep their own
             W_qry, W_key, W_val = I, centres, locality and gating: see the module docstring).
@@ -200,7 +221,7 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
     ours = set(model.state_dict())
     out: dict[str, Tensor] = {}
     for key, value in state_dict.items():
-        key = re.sub(r"^patch_embed\.", "stem.", key)
+        key = swin_key_from_timm(re.sub(r"^patch_embed\.", "stem.", key))
         match = _VIT_BLOCK.match(key)
         if match:
             index = int(match.group(1))
@@ -252,7 +273,7 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
     flat_blocks = any(k.startswith("blocks.") for k in timm_model.state_dict())
     out: dict[str, Tensor] = {}
     for key in timm_model.state_dict():
-        src = re.sub(r"^patch_embed\.", "stem.", key)
+        src = swin_key_from_timm(re.sub(r"^patch_embed\.", "stem.", key))
         if flat_blocks:
             match = _VIT_BLOCK.match(src)
             if match:

@@ -31,12 +31,12 @@ a map twice as large a side as the CNN's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from archspec._util.memory import F32, NodeMemory
-from archspec._util.pydantic_base import DropPathRate, StrictModel
+from archspec._util.pydantic_base import HINT, DropPathRate, StrictModel
 from archspec.families.attention import rel_logits
 from archspec.families.attention.heads import KINDS, HeadSpec
 from archspec.families.attention.rules import AttentionShape, attention_macs_change, head_dims
@@ -174,6 +174,17 @@ class ConvStageSpec(StrictModel):
         "GPSA in every block (T-CNN also moves the stage's stride out, BoTNet's move: write stride: 1); "
         "{kind: attention} BoTNet's multi-head self-attention on the map, any head kinds, in every block or the "
         "blocks of 'layers' (attention at stride 1, then a 2x2 average pool where the block strides).")
+
+    @field_validator("downsample", mode="before")
+    @classmethod
+    def _shortcut_only(cls, value: Any) -> Any:
+        # an attention stage's downsample (Swin's patch merging, NAT's conv) copied onto a conv stage: say why not
+        if isinstance(value, dict) or value == "patch_merging":
+            raise ValueError("a conv stage's downsample is its first block's shortcut, 'conv' or 'avg'; Swin's "
+                             "patch merging and NAT's conv downsampler enter attention stages"
+                             f"{HINT}a conv stage downsamples by its stride (stride: 2); move this downsample to an "
+                             "attention stage")
+        return value
 
     @property
     def dim(self) -> int:

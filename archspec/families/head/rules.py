@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from archspec._util.memory import F32, NodeMemory
-from archspec._util.pydantic_base import StrictModel
+from archspec._util.pydantic_base import HINT, StrictModel
 
 __all__ = ["HeadOutSpec", "HeadShape", "counts", "memory", "batchnorm_channels_before_linear", "classifier_names",
            "NO_WEIGHT_DECAY"]
@@ -31,13 +31,26 @@ class HeadOutSpec(StrictModel):
     distillation: bool = Field(
         False, description="Second (distillation) head, averaged with the first at eval (DeiT / LeViT)."
     )
+    norm: Literal["before_pool", "after_pool"] | None = Field(
+        None, description="Where the final LayerNorm sits: 'before_pool' on every token (timm ViT's norm; Swin and "
+        "NAT: norm, then the average), 'after_pool' on the pooled features (timm ViT's fc_norm, pool: mean only). "
+        "Default: after_pool for pool: mean, before_pool for pool: cls.")
+
+    @model_validator(mode="after")
+    def _norm_after_mean_pool(self) -> HeadOutSpec:
+        if self.norm == "after_pool" and self.pool == "cls":
+            raise ValueError("norm: after_pool needs pool: mean (the class token is taken from the normed tokens)"
+                             f"{HINT}use norm: before_pool, or leave it out")
+        return self
 
 
 @dataclass(frozen=True)
 class HeadShape:
     """The head on ``n_tokens`` tokens of width ``dim``: ``num_classes`` (0: features only), a distillation
     classifier, LeViT's BatchNorm classifier (``batchnorm``), pooling ``pool``; ``final_norm``: the ViT family's
-    LayerNorm (False for a conv net's head: timm ResNet's global average pool + ``fc``)."""
+    LayerNorm (False for a conv net's head: timm ResNet's global average pool + ``fc``); ``norm_before_pool``: that
+    LayerNorm on every token before a mean pool (timm Swin's ``norm``), not on the pooled features (timm ViT's
+    ``fc_norm``)."""
 
     dim: int
     n_tokens: int
@@ -46,6 +59,7 @@ class HeadShape:
     batchnorm: bool
     pool: str
     final_norm: bool = True
+    norm_before_pool: bool = False
 
 
 def counts(shape: HeadShape) -> tuple[int, int]:

@@ -5,6 +5,8 @@ Their torch-free rules (spec models, the one grid rule, counts, memory) are :mod
 
 from __future__ import annotations
 
+from functools import partial
+
 from timm.layers import PatchEmbed
 from timm.models.levit import ConvNorm
 from torch import Tensor, nn
@@ -12,7 +14,7 @@ from torch import Tensor, nn
 from ..activations import activation
 from .rules import StemShape, grid
 
-__all__ = ["PatchStem", "ConvStem", "IdentityStem", "ResNetStem", "build"]
+__all__ = ["PatchStem", "ConvStem", "ConvTokenizer", "IdentityStem", "ResNetStem", "build"]
 
 
 def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
@@ -20,7 +22,9 @@ def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
 
 
 class PatchStem(PatchEmbed):
-    """ViT / ConViT / MaiT patch embedding: timm ``PatchEmbed`` (``proj`` = ``Conv2d(in, dim, P, stride=P)``).
+    """ViT / ConViT / MaiT patch embedding: timm ``PatchEmbed`` (``proj`` = ``Conv2d(in, dim, P, stride=P)``); with
+    ``norm_eps`` Swin's, a LayerNorm ``norm`` on the tokens after it (timm ``SwinTransformer``'s
+    ``PatchEmbed(norm_layer=LayerNorm)``).
 
     Shapes: ``(B, in_chans, H_img, W_img) -> (B, N, dim)``, ``N = (H_img/P)(W_img/P)``;
     ``grid`` = ``(H_img/P, W_img/P)``.
@@ -30,11 +34,13 @@ class PatchStem(PatchEmbed):
         ValueError: if the image size is not divisible by the patch size.
     """
 
-    def __init__(self, in_chans: int, dim: int, patch_size: int, img_size: int | tuple[int, int]) -> None:
+    def __init__(self, in_chans: int, dim: int, patch_size: int, img_size: int | tuple[int, int],
+                 norm_eps: float | None = None) -> None:
         img = _pair(img_size)
         if img[0] % patch_size or img[1] % patch_size:
             raise ValueError(f"image size {img} is not divisible by patch size {patch_size}")
-        super().__init__(img_size=img, patch_size=patch_size, in_chans=in_chans, embed_dim=dim)
+        norm = partial(nn.LayerNorm, eps=norm_eps) if norm_eps is not None else None
+        super().__init__(img_size=img, patch_size=patch_size, in_chans=in_chans, embed_dim=dim, norm_layer=norm)
         self.grid = tuple(self.grid_size)
 
 
@@ -70,6 +76,28 @@ class ConvStem(nn.Sequential):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, C_in, H, W) -> (B, N, C)``."""
         return super().forward(x).flatten(2).transpose(1, 2)
+
+
+class ConvTokenizer(nn.Module):
+    """NAT's overlapping convolutional tokenizer (Hassani et al. 2022, sec. 3.2; the authors' ``ConvTokenizer``,
+    Hugging Face ``NatEmbeddings`` / ``NatPatchEmbeddings``): ``proj`` = two 3x3 stride-2 convs with padding 1 and
+    bias, ``C_in -> channels[0] -> channels[1]`` with no activation between, then ``norm`` = LayerNorm on the
+    tokens.  PyTorch's default conv init (NAT initialises only its Linears).
+
+    Shapes: ``(B, C_in, H, W) -> (B, N, C)`` row-major, each conv mapping a side ``s`` to ``(s - 1) // 2 + 1``.
+    MACs per conv: ``H_out W_out 9 c_in c_out``.
+    """
+
+    def __init__(self, in_chans: int, channels: tuple[int, int], norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        mid, dim = channels
+        self.proj = nn.Sequential(nn.Conv2d(in_chans, mid, kernel_size=3, stride=2, padding=1),
+                                  nn.Conv2d(mid, dim, kernel_size=3, stride=2, padding=1))
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, C_in, H, W) -> (B, N, C)``."""
+        return self.norm(self.proj(x).flatten(2).transpose(1, 2))
 
 
 class IdentityStem(nn.Module):
@@ -141,7 +169,9 @@ class ResNetStem(nn.Module):
 def build(shape: StemShape) -> nn.Module:
     """The module of a :class:`~.rules.StemShape` (raises as the stem classes)."""
     if shape.kind == "patch":
-        return PatchStem(shape.in_chans, shape.dim, shape.patch_size, shape.img_size)
+        return PatchStem(shape.in_chans, shape.dim, shape.patch_size, shape.img_size, shape.norm_eps)
+    if shape.kind == "conv_tokenizer":
+        return ConvTokenizer(shape.in_chans, shape.channels, shape.norm_eps)
     if shape.kind == "identity":
         return IdentityStem(shape.in_chans, shape.patch_size)
     if shape.kind == "resnet":

@@ -1,12 +1,16 @@
 """Stems turning images ``(B, C_in, H, W)`` into tokens: torch-free rules -- spec models, shape, the one
 grid rule, checks, parameters, MACs, memory and the name of the first convolution.
 
-Four kinds: ViT's patch embedding (timm ``PatchEmbed``), LeViT's convolutional stem (sec. 4.2: 3x3
-stride-2 convs with BatchNorm, timm ``levit.Stem16``), CMHSA's identity patch stem (App. B: a token is its
-raw ``P x P x C`` pixels) and ResNet's stem (He et al. 2016, Tab. 1: 7x7 stride-2 conv, BatchNorm, ReLU, 3x3
-stride-2 max-pool; or the deep stem of ResNet-C/D, He et al. 2019 "Bag of Tricks" fig. 2, and ResNet-RS's
-strided-conv pool, Bello et al. 2021 -- timm ``resnet.ResNet``'s stem).  The first three make tokens; the
-ResNet stem makes a feature map ``(B, C, H, W)`` for conv stages.  The modules are in
+Five kinds: ViT's patch embedding (timm ``PatchEmbed``; with ``norm: layernorm`` Swin's, timm
+``swin_transformer.SwinTransformer``'s ``PatchEmbed(norm_layer=LayerNorm)``), LeViT's convolutional stem (sec.
+4.2: 3x3 stride-2 convs with BatchNorm, timm ``levit.Stem16``), NAT's overlapping convolutional tokenizer
+(Hassani et al. 2022, sec. 3.2: two 3x3 stride-2 convs ``C_in -> C/2 -> C`` with bias and no activation between,
+then LayerNorm; the authors' ``ConvTokenizer``, Hugging Face ``NatEmbeddings``), CMHSA's identity patch stem
+(App. B: a token is its raw ``P x P x C`` pixels) and ResNet's stem (He et al. 2016, Tab. 1: 7x7 stride-2 conv,
+BatchNorm, ReLU, 3x3 stride-2 max-pool; or the deep stem of ResNet-C/D, He et al. 2019 "Bag of Tricks" fig. 2,
+and ResNet-RS's strided-conv pool, Bello et al. 2021 -- timm ``resnet.ResNet``'s stem).  The first four make
+tokens; the ResNet stem makes a feature map ``(B, C, H, W)`` for conv stages.  A stem's LayerNorm takes the first
+stage's ``norm_eps`` (Swin and NAT use one epsilon, torch's 1e-5, throughout).  The modules are in
 :mod:`archspec.families.stem.module`.
 """
 
@@ -21,20 +25,25 @@ from pydantic import Field, field_validator
 from archspec._util.memory import F32, NodeMemory
 from archspec._util.pydantic_base import StrictModel
 
-__all__ = ["PatchStemSpec", "ConvStemSpec", "IdentityStemSpec", "ResNetStemSpec", "StemSpec", "StemShape", "plan",
-           "grid", "reduction", "counts", "memory", "batchnorm_channels", "first_conv_name", "NO_WEIGHT_DECAY",
-           "MAX_DIM"]
+__all__ = ["PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec", "ResNetStemSpec", "StemSpec",
+           "StemShape", "plan", "grid", "reduction", "counts", "memory", "batchnorm_channels", "first_conv_name",
+           "NO_WEIGHT_DECAY", "MAX_DIM", "TOKENIZER_LAYERS"]
 
 MAX_DIM = 4096
 NO_WEIGHT_DECAY: frozenset[str] = frozenset()
 DEFAULT_CONV_LAYERS = 4  # LeViT's stem: C/8, C/4, C/2, C
+TOKENIZER_LAYERS = 2  # NAT's tokenizer: C/2, C
 
 
 class PatchStemSpec(StrictModel):
-    """ViT patchify stem: a ``patch_size`` x ``patch_size`` stride-``patch_size`` convolution (timm ``PatchEmbed``)."""
+    """ViT patchify stem: a ``patch_size`` x ``patch_size`` stride-``patch_size`` convolution (timm ``PatchEmbed``),
+    optionally followed by a LayerNorm (Swin)."""
 
     kind: Literal["patch"] = "patch"
     patch_size: int = Field(16, ge=1, le=64, description="Patch side P in pixels; tokens = (H/P) (W/P).")
+    norm: Literal["none", "layernorm"] = Field(
+        "none", description="'layernorm': a LayerNorm on the tokens after the projection (Swin: timm PatchEmbed's "
+        "norm_layer), with the first stage's norm_eps; 'none': ViT's.")
 
 
 class ConvStemSpec(StrictModel):
@@ -54,6 +63,15 @@ class ConvStemSpec(StrictModel):
         if value is not None and any(not 1 <= c <= MAX_DIM for c in value):
             raise ValueError(f"stem channels must be between 1 and {MAX_DIM}")
         return value
+
+
+class ConvTokenizerStemSpec(StrictModel):
+    """NAT's overlapping convolutional tokenizer (Hassani et al. 2022, sec. 3.2): two 3x3 stride-2 convs with bias,
+    ``C_in -> C/2 -> C`` (``C`` the first stage's dim, ``C/2`` floored), no activation between, then a LayerNorm
+    (the first stage's norm_eps); 4x fewer tokens a side (the authors' ``ConvTokenizer``, Hugging Face
+    ``NatEmbeddings``)."""
+
+    kind: Literal["conv_tokenizer"] = "conv_tokenizer"
 
 
 class IdentityStemSpec(StrictModel):
@@ -104,7 +122,8 @@ class ResNetStemSpec(StrictModel):
         return value
 
 
-StemSpec = Annotated[PatchStemSpec | ConvStemSpec | IdentityStemSpec | ResNetStemSpec, Field(discriminator="kind")]
+StemSpec = Annotated[PatchStemSpec | ConvStemSpec | ConvTokenizerStemSpec | IdentityStemSpec | ResNetStemSpec,
+                     Field(discriminator="kind")]
 
 
 @dataclass(frozen=True)
@@ -112,7 +131,9 @@ class StemShape:
     """A stem of ``kind`` from ``in_chans`` channels at ``img_size`` to tokens of width ``dim``: a patch side
     ``patch_size`` (patch, identity) or the conv layers' ``channels`` and ``act`` (conv); for the ResNet stem a
     map of ``dim`` channels, ``stem_width`` the deep stem's first conv width (0: the 7x7 stem), ``stem_mid`` its
-    second conv's (0: ``stem_width``; timm's tiered stem: 32 after 24) and ``pool``."""
+    second conv's (0: ``stem_width``; timm's tiered stem: 32 after 24) and ``pool``; NAT's tokenizer
+    (``conv_tokenizer``) its two convs' ``channels`` ``(C/2, C)``.  ``norm_eps``: the epsilon of a LayerNorm on the
+    tokens after it (Swin's patch stem, NAT's tokenizer); None: no norm."""
 
     kind: str
     in_chans: int
@@ -124,17 +145,19 @@ class StemShape:
     stem_width: int = 0
     pool: str = "max"
     stem_mid: int = 0
+    norm_eps: float | None = None
 
 
 def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv_layers: int = DEFAULT_CONV_LAYERS
          ) -> tuple[int, int]:
     """Token grid ``(H, W)`` a stem makes of an image of ``img_size`` pixels: ``(H / P, W / P)`` for patch and
     identity stems (floor), ``conv_layers`` times ``s -> (s - 1) // 2 + 1`` for the conv stem (3x3, stride 2,
-    padding 1).  Raises nothing."""
+    padding 1), twice for NAT's tokenizer.  Raises nothing."""
     h, w = int(img_size[0]), int(img_size[1])
     if kind == "resnet":  # stride-2 conv (7x7 pad 3 or 3x3 pad 1), then the stride-2 pool (3x3 pad 1)
         return (h - 1) // 4 + 1, (w - 1) // 4 + 1
-    if kind == "conv":
+    if kind in ("conv", "conv_tokenizer"):
+        conv_layers = TOKENIZER_LAYERS if kind == "conv_tokenizer" else conv_layers
         for _ in range(conv_layers):
             h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
         return h, w
@@ -142,26 +165,35 @@ def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv
 
 
 def reduction(kind: str, patch_size: int | None = None, conv_layers: int = DEFAULT_CONV_LAYERS) -> int:
-    """Pixels per token side after the stem: the patch size, or ``2 ** layers`` for the conv stem, 4 for ResNet's."""
-    return 4 if kind == "resnet" else 2 ** conv_layers if kind == "conv" else patch_size
+    """Pixels per token side after the stem: the patch size, or ``2 ** layers`` for the conv stem, 4 for ResNet's and
+    NAT's tokenizer."""
+    if kind in ("resnet", "conv_tokenizer"):
+        return 2 ** TOKENIZER_LAYERS
+    return 2 ** conv_layers if kind == "conv" else patch_size
 
 
 def first_conv_name(kind: str, deep: bool = False) -> str | None:
     """The stem's first convolution, as timm's cfgs name it: ``stem.proj`` for the patch stem (timm ViT's
     ``patch_embed.proj``), ``stem.conv1.linear`` for LeViT's conv stem (timm LeViT's); None for the identity
     stem, which has no weights (its token width is ``channels x patch^2``: another ``in_chans`` is another
-    architecture); ``stem.conv1`` for ResNet's (timm's ``conv1``), ``stem.conv1.0`` for its deep stem."""
+    architecture); ``stem.conv1`` for ResNet's (timm's ``conv1``), ``stem.conv1.0`` for its deep stem;
+    ``stem.proj.0`` for NAT's tokenizer (the authors' ``patch_embed.proj.0``)."""
     if kind == "resnet":
         return "stem.conv1.0" if deep else "stem.conv1"
-    return {"patch": "stem.proj", "conv": "stem.conv1.linear"}.get(kind)
+    return {"patch": "stem.proj", "conv": "stem.conv1.linear", "conv_tokenizer": "stem.proj.0"}.get(kind)
 
 
-def plan(stem: PatchStemSpec | ConvStemSpec | IdentityStemSpec | ResNetStemSpec, in_chans: int,
-         img_size: tuple[int, int], first_dim: int) -> tuple[StemShape, list[tuple[tuple, str, str]]]:
+def plan(stem: PatchStemSpec | ConvStemSpec | ConvTokenizerStemSpec | IdentityStemSpec | ResNetStemSpec,
+         in_chans: int, img_size: tuple[int, int], first_dim: int, norm_eps: float = 1e-6
+         ) -> tuple[StemShape, list[tuple[tuple, str, str]]]:
     """The stem's shape and its problems ``(path, message, hint)``: a patch that does not divide the input, an
-    identity stem whose token width is not the first stage's, conv channels that do not end at it."""
+    identity stem whose token width is not the first stage's, conv channels that do not end at it.  ``norm_eps``:
+    the first stage's, for the stem's LayerNorm (a patch stem with ``norm: layernorm``, NAT's tokenizer)."""
     if stem.kind == "conv":
         return _plan_conv(stem, in_chans, img_size, first_dim)
+    if stem.kind == "conv_tokenizer":  # NAT: C_in -> C/2 -> C (the authors' embed_dim // 2)
+        return StemShape("conv_tokenizer", in_chans, tuple(img_size), first_dim,
+                         channels=(max(first_dim // 2, 1), first_dim), norm_eps=norm_eps), []
     if stem.kind == "resnet":
         width = (stem.stem_width or max(stem.channels // 2, 1)) if stem.deep else 0
         mid = 0
@@ -178,7 +210,8 @@ def plan(stem: PatchStemSpec | ConvStemSpec | IdentityStemSpec | ResNetStemSpec,
     if stem.kind == "identity" and first_dim != dim:
         out.append((("stages", 0, "dim"), f"an identity stem makes tokens of P^2 C = {p}*{p}*{in_chans} = {dim} "
                     f"values, but stages[0].dim is {first_dim}", f"set stages[0].dim: {dim}"))
-    return StemShape(stem.kind, in_chans, tuple(img_size), dim, patch_size=p), out
+    norm = norm_eps if stem.kind == "patch" and stem.norm == "layernorm" else None
+    return StemShape(stem.kind, in_chans, tuple(img_size), dim, patch_size=p, norm_eps=norm), out
 
 
 def _plan_conv(stem: ConvStemSpec, in_chans: int, img_size: tuple[int, int], first_dim: int
@@ -228,9 +261,20 @@ def _resnet_convs(shape: StemShape) -> list[tuple[int, int, int, int, int]]:
 
 def counts(shape: StemShape) -> tuple[int, int]:
     """(params, MACs per image): patch ``C_in P^2 C + C`` and ``N C_in P^2 C``; conv, per layer, ``9 c_in c_out``
-    weights + 2 BatchNorm parameters per channel and ``H_out W_out 9 c_in c_out`` MACs; identity 0 and 0;
-    ResNet, per conv ``k^2 c_in c_out`` weights (no bias) + 2 BatchNorm parameters per channel and
-    ``H_out W_out k^2 c_in c_out`` MACs (the max-pool counts none)."""
+    weights + 2 BatchNorm parameters per channel and ``H_out W_out 9 c_in c_out`` MACs; NAT's tokenizer, per layer,
+    ``9 c_in c_out + c_out`` (weights, bias) and ``H_out W_out 9 c_in c_out`` MACs; identity 0 and 0; ResNet, per
+    conv ``k^2 c_in c_out`` weights (no bias) + 2 BatchNorm parameters per channel and ``H_out W_out k^2 c_in
+    c_out`` MACs (the max-pool counts none).  A LayerNorm on the tokens (``norm_eps`` set) adds ``2 C`` parameters
+    and no MACs."""
+    params, macs = _counts_before_norm(shape)
+    return params + (2 * shape.dim if shape.norm_eps is not None else 0), macs
+
+
+def _counts_before_norm(shape: StemShape) -> tuple[int, int]:
+    if shape.kind == "conv_tokenizer":
+        layers = _conv_layers(shape)
+        return (sum(9 * c * c_out + c_out for c, c_out, _, _ in layers),
+                sum(h * w * 9 * c * c_out for c, c_out, h, w in layers))
     if shape.kind == "resnet":
         convs = _resnet_convs(shape)
         return (sum(k * k * c * o + 2 * o for k, c, o, _, _ in convs),
@@ -248,13 +292,18 @@ def counts(shape: StemShape) -> tuple[int, int]:
 
 def memory(shape: StemShape) -> NodeMemory:
     """Bytes (batch 1, float32): a conv + BatchNorm layer holds its input, the conv output and the BN output at
-    once; the activation between layers makes a third copy (``saved``).  The image itself is counted by the
-    graph (it stays alive for the whole forward)."""
+    once; the activation between layers makes a third copy (``saved``); NAT's tokenizer's convs one copy each; a
+    LayerNorm on the tokens one more copy of them.  The image itself is counted by the graph (it stays alive for
+    the whole forward)."""
+    rows, cols = out_grid(shape)
     if shape.kind == "conv":
         outputs, copies = [h * w * c_out for _, c_out, h, w in _conv_layers(shape)], 2
+    elif shape.kind == "conv_tokenizer":
+        outputs, copies = [h * w * c_out for _, c_out, h, w in _conv_layers(shape)], 1
     else:
-        rows, cols = out_grid(shape)
         outputs, copies = [rows * cols * shape.dim], 1
+    if shape.norm_eps is not None:
+        outputs.append(rows * cols * shape.dim)
     inputs = [0] + outputs[:-1]
     act = max(i + copies * o for i, o in zip(inputs, outputs))
     saved = sum((copies + (1 if shape.kind == "conv" else 0)) * o for o in outputs)
@@ -263,7 +312,10 @@ def memory(shape: StemShape) -> NodeMemory:
 
 def batchnorm_channels(shape: StemShape) -> int:
     """BatchNorm channels ``model.fuse()`` folds away: every conv layer's (conv stem); ResNet's stem: ``bn1``, the deep
-    stem's two inner BatchNorms and the conv pool's (:func:`archspec.nn.fuse.fold_conv_batchnorms`)."""
+    stem's two inner BatchNorms and the conv pool's (:func:`archspec.nn.fuse.fold_conv_batchnorms`); NAT's
+    tokenizer has none."""
+    if shape.kind == "conv_tokenizer":
+        return 0
     if shape.kind != "resnet":
         return sum(shape.channels)
     deep = shape.stem_width + (shape.stem_mid or shape.stem_width) if shape.stem_width else 0
@@ -271,9 +323,13 @@ def batchnorm_channels(shape: StemShape) -> int:
 
 
 def label(shape: StemShape) -> str:
-    """The analysis table's kind: ``patch16``, ``identity16``, ``conv4``, ``resnet``, ``resnet-deep`` or
-    ``resnet-tiered`` (``+convpool``)."""
+    """The analysis table's kind: ``patch16`` (``patch4+ln`` with a LayerNorm), ``identity16``, ``conv4``,
+    ``tokenizer2`` (NAT's), ``resnet``, ``resnet-deep`` or ``resnet-tiered`` (``+convpool``)."""
     if shape.kind == "resnet":
         deep = "-tiered" if shape.stem_mid and shape.stem_mid != shape.stem_width else "-deep"
         return "resnet" + (deep if shape.stem_width else "") + ("+convpool" if shape.pool == "conv" else "")
-    return f"conv{len(shape.channels)}" if shape.kind == "conv" else f"{shape.kind}{shape.patch_size}"
+    if shape.kind == "conv_tokenizer":
+        return f"tokenizer{len(shape.channels)}"
+    if shape.kind == "conv":
+        return f"conv{len(shape.channels)}"
+    return f"{shape.kind}{shape.patch_size}" + ("+ln" if shape.norm_eps is not None else "")

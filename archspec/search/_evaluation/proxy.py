@@ -158,10 +158,16 @@ def _resnet_input(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple[di
     return spec.stem.model_dump(mode="json"), size
 
 
+def _tokenizer_input(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple[dict, tuple[int, int]]:
+    """NAT's tokenizer unchanged (two 3x3 stride-2 convs: its reduction is fixed at 4); input ``target * 4``, which
+    the two convs map to exactly ``target`` (``2m`` pixels -> ``m`` each).  ``cap`` cannot shrink it further."""
+    return spec.stem.model_dump(mode="json"), (4 * target[0], 4 * target[1])
+
+
 # a candidate's proxy (geometry and validated proxy spec) by the candidate's content and the proxy settings
 _PROXIES = ContentMemo(256)
 
-_STEM_RULES = {"conv": _conv_stem, "resnet": _resnet_input}  # patch and identity stems: _patch_stem
+_STEM_RULES = {"conv": _conv_stem, "resnet": _resnet_input, "conv_tokenizer": _tokenizer_input}  # else _patch_stem
 
 
 def _geometry_doc(spec: ArchSpec, data: Dataset, cap: int, target: tuple[int, int]) -> dict:
@@ -261,7 +267,8 @@ def proxy_spec(spec: ArchSpec, data: Dataset, protocol: ProxyProtocol) -> ArchSp
       resolution** (LeViT at 224 px: 14x14 -> 7x7 -> 4x4): a conv stem keeps as many of its last stride-2
       convs ``k`` as fit ``protocol.image_size`` (a 3x3 stride-2 conv halves an even side exactly), and
       the input is ``grid * 2**k`` pixels (LeViT's 4-conv stem -> 2 convs at 56 px); a patch (or identity)
-      stem takes the largest patch ``p`` that fits, at ``grid * p`` pixels.  A ResNet stem (a hybrid's or a
+      stem takes the largest patch ``p`` that fits, at ``grid * p`` pixels; NAT's tokenizer (a fixed 4x
+      reduction) is kept, at ``grid * 4`` pixels.  A ResNet stem (a hybrid's or a
       conv net's) is kept whole and only the input shrinks: to the smallest multiple of ``4 x`` the conv
       stages' strides at which every attention stage keeps its token grid (``from_map: {pool: avg, grid: 14}``
       needs only a 14x14 map: 56 px after the stem alone, 112 px after two ResNet-50 stages; ``pool: none``
