@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import archspec
-from archspec.families.attention.gauss_mask import GaussMaskSpec
 from archspec.families.attention.heads import coerce_heads
+from archspec.families.attention.kinds.gauss_mask import GaussMaskSpec
 from archspec.families.attention.rules import AttentionShape, AttnDims, counts, head_path
 from archspec.nn.blocks import Attention, attention_impl
 
