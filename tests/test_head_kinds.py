@@ -47,8 +47,8 @@ assert HeadSpec.model_validate({"mask": {}, "self_bias": {"init": 2.0}}).letter 
 assert "self_bias" in spec_schema()["$defs"]["HeadSpecMapping"]["properties"]
 assert "self_bias" in NO_WEIGHT_DECAY
 # its path: SDPA takes an additive bias; beside a hard mask the head needs explicit logits
-assert head_path(HeadSpec.model_validate("self_bias"), 12) == ("sdpa",)
-assert head_path(HeadSpec.model_validate({"mask": {}, "self_bias": {}}), 12) == ("dense",)
+assert head_path(HeadSpec.model_validate("self_bias"), (3, 4)) == ("sdpa",)
+assert head_path(HeadSpec.model_validate({"mask": {}, "self_bias": {}}), (3, 4)) == ("dense",)
 with pytest.raises(RuntimeError, match="register head kinds before"):
     register_head_kind(HeadKind(field="late", spec=head_kind_plugin.SelfBiasSpec, description="", shorthands={},
                                 legend={}, letter=lambda s: "", terms=lambda s: frozenset()))

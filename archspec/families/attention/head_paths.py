@@ -33,7 +33,7 @@ class HeadPathsMixin:
     # ------------------------------------------------------------------ path plan
     def _head_path(self, head: int, compiled: bool = False) -> tuple:
         """Path of one head under ``attn_impl`` (not ``'dense'``): the family rules' :func:`~.rules.head_path`."""
-        return head_path(self.head_specs[head], self.num_patches, self.attn_impl, compiled)
+        return head_path(self.head_specs[head], self.grid, self.attn_impl, compiled, self.num_prefix_tokens)
 
     def _plan_paths(self) -> None:
         """Group heads by path (static: head kinds, grid, ``attn_impl``); ``_groups`` lists ``(key, heads)``

@@ -163,19 +163,21 @@ class PositionTermsMixin:
 
     def _build_position_bias(self) -> Tensor:
         """Every kind's ``(heads, b)`` bias parts in one ``(H, N, N)`` tensor: one part over every head in order is the
-        bias itself (zero-padded for the prefix); otherwise the parts are added into zeros, a list of heads by index,
-        a tensor of heads (a registered buffer: no index made per forward) by ``index_add``."""
+        bias itself (a patch-block part zero-padded for the prefix); otherwise the parts are added into zeros, at a
+        list of heads by indexing, at a tensor of heads (a registered buffer: no index made per forward) by
+        ``index_add``."""
         parts = [part for terms in self._bias_terms for part in terms.bias(self)]
-        p = self.num_prefix_tokens
+        p, n = self.num_prefix_tokens, self.num_tokens
         heads, first = parts[0]
         if len(parts) == 1 and isinstance(heads, list) and heads == list(range(self.num_heads)):
-            return F.pad(first, (p, 0, p, 0)) if p else first
-        bias = first.new_zeros(self.num_heads, self.num_tokens, self.num_tokens)
+            return first if first.shape[-1] == n else F.pad(first, (p, 0, p, 0))
+        bias = first.new_zeros(self.num_heads, n, n)
         for heads, part in parts:
-            if isinstance(heads, list):
-                bias[heads, p:, p:] += part
+            if isinstance(heads, list):  # a part over every token, or over the patch block
+                bias[(heads,) if part.shape[-1] == n else (heads, slice(p, None), slice(p, None))] += part
             else:
-                bias = bias.index_add(0, heads, F.pad(part, (p, 0, p, 0)).to(bias.dtype))
+                part = part if part.shape[-1] == n else F.pad(part, (p, 0, p, 0))
+                bias = bias.index_add(0, heads, part.to(bias.dtype))
         return bias
 
     def logit_terms(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None, Tensor | None]:

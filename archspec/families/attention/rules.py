@@ -22,7 +22,7 @@ from archspec._util.memory import F32, NodeMemory
 from archspec._util.pydantic_base import HINT
 
 from .heads import KINDS, HeadSpec
-from .kinds import SDPA_TERMS, path_owner
+from .kinds import SDPA_TERMS, PathContext, path_owner
 
 __all__ = ["AttentionShape", "AttnDims", "head_dims", "check_value_dim", "counts", "memory", "executed_macs",
            "problems", "head_problems", "batchnorm_channels", "label", "head_terms", "attention_macs_change",
@@ -170,7 +170,8 @@ def batchnorm_channels(shape: AttentionShape) -> int:
 
 
 # ----------------------------------------------------------------------------------- paths and executed MACs
-def head_path(head: HeadSpec, num_patches: int, attn_impl: str = "auto", compiled: bool = False) -> tuple:
+def head_path(head: HeadSpec, grid: tuple[int, int], attn_impl: str = "auto", compiled: bool = False,
+              n_prefix: int = 0) -> tuple:
     """The path one head takes in :class:`~.module.Attention` under ``attn_impl`` (not ``'dense'``), as a
     hashable group key: the first of the head's kinds (registry order) whose rule claims it (``("gpsa",)``
     ``(1 - g) SDPA + g P V``; ``("window", (rows, cols))`` the linear-time hard-mask kernel; ``("hard",)`` hard
@@ -178,17 +179,18 @@ def head_path(head: HeadSpec, num_patches: int, attn_impl: str = "auto", compile
     SDPA takes (plain, biased or strict heads, in one SDPA call), else ``("dense",)``, the explicit reference
     formula.
 
-    ``compiled``: the plan while ``torch.compile`` traces the layer (a kind may choose another path then: MaiT's
-    linear-time kernel, which Inductor fuses).  Raises nothing.
+    ``grid``: the layer's (attention) token grid, ``n_prefix`` its prefix tokens; ``compiled``: the plan while
+    ``torch.compile`` traces the layer (a kind may choose another path then: MaiT's linear-time kernel, which
+    Inductor fuses).  Raises nothing.
     """
-    terms = head_terms(head)
+    context = PathContext(head_terms(head), tuple(grid), n_prefix, attn_impl, compiled)
     for kind in KINDS:
         spec = getattr(head, kind.field)
         if spec is not None and kind.path is not None:
-            key = kind.path(spec, terms, num_patches, attn_impl, compiled)
+            key = kind.path(spec, context)
             if key is not None:
                 return key
-    return ("sdpa",) if terms <= SDPA_TERMS else ("dense",)
+    return ("sdpa",) if context.terms <= SDPA_TERMS else ("dense",)
 
 
 def attention_macs_change(heads: Sequence[HeadSpec], qk_dim: int, v_dim: int, grid: tuple[int, int],
@@ -198,7 +200,7 @@ def attention_macs_change(heads: Sequence[HeadSpec], qk_dim: int, v_dim: int, gr
     ``N^2 (qk_dim + v_dim) - window_attention_macs``, GPSA's path adds its ``P @ v``, ``N^2 v_dim``)."""
     change = 0
     for head in heads:
-        key = head_path(head, grid[0] * grid[1])
+        key = head_path(head, grid, n_prefix=n_prefix)
         owner = path_owner(key[0])
         if owner is not None:
             change += owner.path_macs(key, grid, n_prefix, qk_dim, v_dim)
@@ -253,7 +255,7 @@ def caches(shape: AttentionShape) -> int:
     weights of the layernorm family's single projection GEMM."""
     heads, n, dims = shape.heads, shape.n_tokens, shape.dims
     n_patches, h = n - shape.n_prefix, len(heads)
-    paths = frozenset(head_path(head, n_patches)[0] for head in heads)
+    paths = frozenset(head_path(head, shape.attention_grid, n_prefix=shape.n_prefix)[0] for head in heads)
     terms = frozenset().union(*(head_terms(head) for head in heads))
     reads_additive = {"sdpa"}.union(*(kind.additive_mask_paths for kind in KINDS))
     total = F32 * h * n * n if "bias" in terms else 0

@@ -18,6 +18,7 @@ from .registry import (
     SDPA_TERMS,
     TERMS,
     HeadKind,
+    PathContext,
     ShorthandArgument,
     head_kind,
     hosted_by,
@@ -32,5 +33,5 @@ from .registry import (
 from . import gpsa, rel_bias, mask, gauss_mask, rel_logits  # noqa: F401
 # isort: on
 
-__all__ = ["HeadKind", "ShorthandArgument", "KindTerms", "HEAD_KINDS", "register_head_kind", "head_kind",
+__all__ = ["HeadKind", "ShorthandArgument", "PathContext", "KindTerms", "HEAD_KINDS", "register_head_kind", "head_kind",
            "seal_head_kinds", "hosted_by", "path_owner", "TERMS", "SDPA_TERMS", "GENERIC_PATHS", "HOSTS"]

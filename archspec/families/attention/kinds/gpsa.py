@@ -23,7 +23,7 @@ from archspec._util.lazy import lazy_module
 from archspec._util.pydantic_base import HINT, StrictModel
 
 from .layer_terms import KindTerms
-from .registry import SDPA_TERMS, HeadKind, register_head_kind
+from .registry import SDPA_TERMS, HeadKind, PathContext, register_head_kind
 
 if TYPE_CHECKING:  # annotations only
     from torch import Tensor
@@ -153,10 +153,10 @@ def check_heads(heads: Sequence) -> None:
 _PATH_TERMS = SDPA_TERMS | {"positional"}
 
 
-def path(spec: GPSASpec, head_terms: frozenset[str], num_patches: int, attn_impl: str, compiled: bool) -> tuple | None:
+def path(spec: GPSASpec, context: PathContext) -> tuple | None:
     """``("gpsa",)``: ``(1 - g) SDPA(q, k, v) + g (P @ v)`` when the head's content logits need nothing SDPA
     cannot take (a bias, ``-inf``); None (the dense reference) with a hard or soft mask."""
-    return ("gpsa",) if head_terms <= _PATH_TERMS else None
+    return ("gpsa",) if context.terms <= _PATH_TERMS else None
 
 
 def path_macs(key: tuple, grid: tuple[int, int], n_prefix: int, qk_dim: int, v_dim: int) -> int:

@@ -57,9 +57,11 @@ class KindTerms:
 
     # ------------------------------------------------------------------ logit terms (each head of the kind)
     def bias(self, layer: Any) -> list[tuple[Any, Tensor]]:
-        """The kind's additive bias on the patch-patch logits: ``(heads, b)`` parts, ``b`` ``(len(heads), N_p, N_p)``
-        float, ``heads`` the layer's head indices as a list or a long tensor on ``b``'s device (prefix tokens get
-        none).  The layer adds every kind's parts into its ``(H, N, N)`` ``position_bias``.  Default: none."""
+        """The kind's additive bias on the logits: ``(heads, b)`` parts, ``b`` float ``(len(heads), N_p, N_p)`` on the
+        patch-patch block (prefix tokens get none) or ``(len(heads), N, N)`` over every token, ``heads`` the layer's
+        head indices as a list or a long tensor on ``b``'s device (a registered buffer: no index tensor per
+        forward).  The layer adds every kind's parts into its ``(H, N, N)`` ``position_bias`` (built once per forward,
+        cached in eval mode).  Default: none."""
         return []
 
     def zero_pairs(self, layer: Any) -> Tensor | None:

@@ -27,7 +27,7 @@ from archspec._util.lazy import lazy_module
 from archspec._util.pydantic_base import StrictModel
 
 from .layer_terms import KindTerms
-from .registry import HeadKind, ShorthandArgument, register_head_kind
+from .registry import HeadKind, PathContext, ShorthandArgument, register_head_kind
 
 if TYPE_CHECKING:  # annotations only
     from torch import Tensor
@@ -213,7 +213,7 @@ def window_attention_macs(grid: tuple[int, int], window: tuple[int, int], num_pr
     return n_patches * per_patch_query + num_prefix_tokens * n * (qk_dim + v_dim) + n * v_dim
 
 
-def path(spec: MaskSpec, head_terms: frozenset[str], num_patches: int, attn_impl: str, compiled: bool) -> tuple | None:
+def path(spec: MaskSpec, context: PathContext) -> tuple | None:
     """The path of a masked head: a strict mask is SDPA's ``-inf`` (None: the generic paths decide); with
     ``attn_impl='flex'`` a hard or soft mask without GPSA runs on FlexAttention, ``("flex",)``; a hard mask alone
     (no other term) runs linear-time, ``("window", (rows, cols))``, under ``'fast'``, while ``torch.compile``
@@ -222,11 +222,11 @@ def path(spec: MaskSpec, head_terms: frozenset[str], num_patches: int, attn_impl
     :func:`window_path_pays`, else on explicit logits, ``("hard",)``; anything else is the dense reference (None)."""
     if spec.mode == "strict":
         return None
-    if attn_impl == "flex" and "positional" not in head_terms:
+    if context.attn_impl == "flex" and "positional" not in context.terms:
         return ("flex",)
-    if head_terms != {"zero"}:
+    if context.terms != {"zero"}:
         return None
-    if attn_impl == "fast" or compiled or window_path_pays(num_patches, tuple(spec.window)):
+    if context.attn_impl == "fast" or context.compiled or window_path_pays(context.num_patches, tuple(spec.window)):
         return ("window", tuple(spec.window))
     return ("hard",)
 

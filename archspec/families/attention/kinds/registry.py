@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["HeadKind", "ShorthandArgument", "HEAD_KINDS", "register_head_kind", "head_kind", "seal_head_kinds",
-           "hosted_by", "path_owner", "TERMS", "SDPA_TERMS", "GENERIC_PATHS", "HOSTS", "RESERVED_SHORTHANDS",
-           "RESERVED_LETTERS"]
+__all__ = ["HeadKind", "ShorthandArgument", "PathContext", "HEAD_KINDS", "register_head_kind", "head_kind",
+           "seal_head_kinds", "hosted_by", "path_owner", "TERMS", "SDPA_TERMS", "GENERIC_PATHS", "HOSTS",
+           "RESERVED_SHORTHANDS", "RESERVED_LETTERS"]
 
 #: the logit terms a head kind may contribute (module docstring)
 TERMS = frozenset({"bias", "block", "zero", "scale", "positional"})
@@ -73,6 +73,25 @@ def _no_macs_change(key: tuple, grid: tuple[int, int], n_prefix: int, qk_dim: in
 
 def _no_caches(heads: Sequence, paths: frozenset[str], n_tokens: int, n_patches: int) -> int:
     return 0
+
+
+@dataclass(frozen=True)
+class PathContext:
+    """What a kind's path rule sees of a head and its layer: ``terms``, the logit terms of the whole head (every kind
+    it composes: :data:`TERMS`); the layer's token ``grid`` ``(rows, cols)`` and ``n_prefix`` tokens; ``attn_impl``
+    (``auto``, ``fast``, ``flex``; never ``dense``, which takes no path); ``compiled``, whether ``torch.compile`` is
+    tracing the layer (the plan fixed into the graph)."""
+
+    terms: frozenset[str]
+    grid: tuple[int, int]
+    n_prefix: int = 0
+    attn_impl: str = "auto"
+    compiled: bool = False
+
+    @property
+    def num_patches(self) -> int:
+        """``rows * cols``."""
+        return self.grid[0] * self.grid[1]
 
 
 @dataclass(frozen=True)
@@ -117,9 +136,10 @@ class HeadKind:
       ``[a, b]`` pair field (``window: 3`` or ``'3x5'``).
     * ``hashed_when_unused``: whether a head without the kind hashes its ``None`` field into stored digests; True
       only for the kinds older than the stored digests, so that a new kind leaves them unchanged.
-    * ``paths``: the names of the fast paths the kind owns; ``path(spec, terms, num_patches, attn_impl, compiled)
-      -> key | None``: the path of a head of this kind (``terms``: all of the head's), None to leave it to the
-      generic ``sdpa`` / ``dense`` paths or another kind; ``path_macs(key, grid, n_prefix, qk_dim, v_dim)``:
+    * ``paths``: the names of the fast paths the kind owns; ``path(spec, context) -> key | None``: the path of a head
+      of this kind (a hashable key whose first item is one of ``paths``; ``context``: a :class:`PathContext`), None to
+      leave it to the generic ``sdpa`` / ``dense`` paths or another kind -- a fast path chosen at construction, by
+      the kind's own rule of when it pays; ``path_macs(key, grid, n_prefix, qk_dim, v_dim)``:
       executed minus papers' MACs of one head on one of its paths; ``additive_mask_paths``: its paths that read
       the layer's additive (bias + ``-inf``) mask, cached in eval mode.
 
@@ -149,7 +169,7 @@ class HeadKind:
     schema_alternatives: Mapping[str, tuple[dict, ...]] = field(default_factory=dict)
     hashed_when_unused: bool = False
     paths: frozenset[str] = frozenset()
-    path: Callable[[Any, frozenset[str], int, str, bool], tuple | None] | None = None
+    path: Callable[[Any, PathContext], tuple | None] | None = None
     path_macs: Callable[[tuple, tuple[int, int], int, int, int], int] = _no_macs_change
     additive_mask_paths: frozenset[str] = frozenset()
     layer_terms: type | None = None
