@@ -122,10 +122,15 @@ _HEADSPEC_DOC = (
     "YAML accepts a shorthand string (``mhsa``, ``gpsa``, ``mask``, ``soft_mask``, ``strict_mask``,\n"
     "``levit_bias``, ``signed_bias``, ``gauss_mask``; a mask shorthand may carry a window: ``mask:3x5``) or a mapping.")
 
-#: One attention head: MHSA plus any registered head kind, one optional field per kind (registry order).
 HeadSpec: type[HeadSpecBase] = create_model(
     "HeadSpec", __base__=HeadSpecBase, __module__=__name__, __doc__=_HEADSPEC_DOC,
     **{kind.field: (kind.spec | None, Field(None, description=kind.description)) for kind in KINDS})
+"""What one attention head is: MHSA plus any registered head kinds -- a pydantic model (a
+:class:`HeadSpecBase`) with one optional field per kind of :data:`KINDS`, in registry order (``gpsa``, ``rel_bias``,
+``mask``, ``gauss_mask``, ``rel_logits``, then any plug-in), each of its kind's model (``GPSASpec``, ...).
+
+YAML accepts a shorthand string (:data:`HEAD_SHORTHANDS`; ``mask:3x5`` gives a hard mask with a 3x5 window) or a
+mapping.  ``letter`` and ``kinds`` name what a head composes; ``is_plain`` is plain MHSA."""
 
 
 #: head kinds added after digests and keys were stored (saved builds, the search tables): a head that does not use

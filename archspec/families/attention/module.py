@@ -147,6 +147,7 @@ class Attention(*_layer_methods(), PositionTermsMixin, HeadPathsMixin, nn.Module
         # Whether SDPA has a fused kernel for a float attn_mask (CUDA: memory-efficient attention); on CPU the
         # biased / strict heads use the explicit formula instead.  Updated by _apply (.to(), .cuda()).
         self._masked_sdpa_fused = False
+        self.parameter_device = next(self.parameters()).device  # where cached terms belong; updated by _apply
         self._build_grid_tables(self.grid)
         self.reset_parameters()
 
@@ -310,7 +311,8 @@ class Attention(*_layer_methods(), PositionTermsMixin, HeadPathsMixin, nn.Module
     def _apply(self, fn, *args, **kwargs):  # .to() / .cuda() / .half(): the cached constants are stale
         self._drop_caches()
         out = super()._apply(fn, *args, **kwargs)
-        self._masked_sdpa_fused = next(self.parameters()).device.type == "cuda"  # static: set when moved
+        self.parameter_device = next(self.parameters()).device
+        self._masked_sdpa_fused = self.parameter_device.type == "cuda"  # static: set when moved
         return out
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:  # new weights invalidate the eval-mode caches

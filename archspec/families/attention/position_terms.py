@@ -105,10 +105,6 @@ class PositionTermsMixin:
         self._qkv_cache: tuple[Tensor, Tensor | None] | None = None
         self._additive_cache: Tensor | None = None
 
-    def _weight_device(self) -> torch.device:
-        """The device of the layer's projection weights (where its cached terms belong)."""
-        return (self.qk.weight if self.norm == "layernorm" else self.qkv.linear.weight).device
-
     # ------------------------------------------------------------------ caching a term
     def cached_term(self, key: str, build: Callable[[], Tensor], device: torch.device, *,
                     constant: bool = False) -> Tensor:
@@ -159,7 +155,7 @@ class PositionTermsMixin:
         ``None`` when no head has one.  Built at most once per forward, cached in eval mode (:meth:`cached_term`)."""
         if not self._bias_terms:
             return None
-        return self.cached_term("bias", lambda: self._build_position_bias(), self._weight_device())
+        return self.cached_term("bias", lambda: self._build_position_bias(), self.parameter_device)
 
     def _build_position_bias(self) -> Tensor:
         """Every kind's ``(heads, b)`` bias parts in one ``(H, N, N)`` tensor: one part over every head in order is the

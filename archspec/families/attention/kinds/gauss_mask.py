@@ -86,6 +86,9 @@ class GaussMaskSpec(StrictModel):
 
     Details and sources: ``archspec/families/attention/gauss_mask.py``.
     """
+    # (that path is the kind's old home, now kinds/gauss_mask.py: the docstring is the schema's description, which the
+    # search spaces' schema, archspec/search/spaces/archspec-space.schema.json, embeds -- left as it is until it can
+    # be regenerated with them)
 
     alpha_init: float = Field(
         DEFAULT_ALPHA, gt=0, le=100,

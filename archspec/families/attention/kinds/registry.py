@@ -179,7 +179,7 @@ class HeadKind:
 _REGISTRY: dict[str, HeadKind] = {}
 #: field -> kind, in registration order: the order the letters compose in (``PM``, ``LM``) and HeadSpec's fields
 HEAD_KINDS: Mapping[str, HeadKind] = MappingProxyType(_REGISTRY)
-_sealed: list[bool] = [False]
+_SEALED = False  # set by seal_head_kinds, once the spec models are built from the registry
 
 
 def _clashes(kind: HeadKind) -> list[str]:
@@ -211,7 +211,7 @@ def register_head_kind(kind: HeadKind) -> HeadKind:
     """
     if not isinstance(kind, HeadKind):
         raise TypeError(f"register_head_kind takes a HeadKind, got {type(kind).__name__}")
-    if _sealed[0]:
+    if _SEALED:
         raise RuntimeError(f"head kind {kind.field!r} registered after the spec models were built from the registry "
                            "(archspec.families.attention.heads was imported): register head kinds before building "
                            "or loading a spec")
@@ -236,7 +236,8 @@ def head_kind(name: str) -> HeadKind:
 def seal_head_kinds() -> tuple[HeadKind, ...]:
     """The registered kinds, in order, from now on fixed: :mod:`~archspec.families.attention.heads` calls this as
     it builds HeadSpec, after which :func:`register_head_kind` refuses.  Raises nothing."""
-    _sealed[0] = True
+    global _SEALED
+    _SEALED = True
     return tuple(_REGISTRY.values())
 
 
