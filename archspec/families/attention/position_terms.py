@@ -56,11 +56,11 @@ def apply_logit_terms(logits: Tensor, zero: Tensor | None, scale: Tensor | None,
     return logits
 
 
-def _union(masks: list[Tensor]) -> Tensor | None:
+def _union(pairs: list[Tensor]) -> Tensor | None:
     """Logical or of bool ``(H, N, N)`` terms (the one term itself when one kind contributes)."""
     out = None
-    for mask in masks:
-        out = mask if out is None else out | mask
+    for term in pairs:
+        out = term if out is None else out | term
     return out
 
 
@@ -204,18 +204,18 @@ class PositionTermsMixin:
         memo = self._forward_memo  # after the eval cache, as in cached_term
         if memo is not None and ("additive", dtype) in memo:
             return memo["additive", dtype]
-        mask = self.position_bias()
-        if mask is not None:
-            mask = mask.to(dtype)
+        additive = self.position_bias()
+        if additive is not None:
+            additive = additive.to(dtype)
         # only the -inf pairs: the zero and scale terms belong to the explicit paths, not SDPA's mask
         block = _union(self._contributions("blocked_pairs"))
         if block is not None:
-            mask = torch.zeros(block.shape, dtype=dtype, device=block.device) if mask is None else mask
-            mask = mask.masked_fill(block, float("-inf"))
-        self._additive_cache = mask.detach() if may_cache(self.training) and mask is not None else None
+            additive = torch.zeros(block.shape, dtype=dtype, device=block.device) if additive is None else additive
+            additive = additive.masked_fill(block, float("-inf"))
+        self._additive_cache = additive.detach() if may_cache(self.training) and additive is not None else None
         if memo is not None:
-            memo["additive", dtype] = mask
-        return mask
+            memo["additive", dtype] = additive
+        return additive
 
     def gating(self) -> Tensor | None:
         """The weight of positional attention per head that has one ``(n,)`` (ConViT's ``sigmoid(lambda)``), or

@@ -10,10 +10,11 @@ branch on a kind's name.  Shapes: ``H`` heads, ``N = p + N_p`` tokens (``p`` pre
 
 What the layer offers its kinds (its public attributes and methods): ``grid``, ``num_patches``, ``num_tokens``,
 ``num_prefix_tokens``, ``num_heads``, ``head_specs``, ``qk_dim``, ``v_dim``, ``dim``, ``norm``, ``scale``,
-``training``; ``select_heads(t, heads, dim)``; ``position_bias()`` ``(H, N, N)``; ``additive_mask(dtype)`` (bias
-and ``-inf``, ``(H, N, N)``, what SDPA takes); ``logit_terms(dtype)`` (the composed ``(zero, scale, block)``);
-``cached_term(key, build, device, constant=False)`` (a term built once per forward, cached in eval mode);
-``value_rows(head)``; ``register_buffer`` / attribute assignment for its parameters, buffers and modules.
+``training``, ``parameter_device``; ``select_heads(t, heads, dim)``; ``position_bias()`` ``(H, N, N)``;
+``additive_mask(dtype)`` (bias and ``-inf``, ``(H, N, N)``, what SDPA takes); ``logit_terms(dtype)`` (the composed
+``(zero, scale, block)``); ``cached_term(key, build, device, constant=False)`` (a term built once per forward, cached
+in eval mode); ``value_rows(head)``; ``register_buffer`` / attribute assignment for its parameters, buffers and
+modules.
 """
 
 from __future__ import annotations
