@@ -183,7 +183,7 @@ def head_path(head: HeadSpec, grid: tuple[int, int], attn_impl: str = "auto", co
     ``torch.compile`` traces the layer (a kind may choose another path then: MaiT's linear-time kernel, which
     Inductor fuses).  Raises nothing.
     """
-    context = PathContext(head_terms(head), tuple(grid), n_prefix, attn_impl, compiled)
+    context = PathContext(head_terms(head), head.kinds, tuple(grid), n_prefix, attn_impl, compiled)
     for kind in KINDS:
         spec = getattr(head, kind.field)
         if spec is not None and kind.path is not None:

@@ -78,11 +78,13 @@ def _no_caches(heads: Sequence, paths: frozenset[str], n_tokens: int, n_patches:
 @dataclass(frozen=True)
 class PathContext:
     """What a kind's path rule sees of a head and its layer: ``terms``, the logit terms of the whole head (every kind
-    it composes: :data:`TERMS`); the layer's token ``grid`` ``(rows, cols)`` and ``n_prefix`` tokens; ``attn_impl``
+    it composes: :data:`TERMS`), and ``kinds``, those kinds' fields (a kind's own kernel usually takes a head only when
+    it is the head's one kind); the layer's token ``grid`` ``(rows, cols)`` and ``n_prefix`` tokens; ``attn_impl``
     (``auto``, ``fast``, ``flex``; never ``dense``, which takes no path); ``compiled``, whether ``torch.compile`` is
     tracing the layer (the plan fixed into the graph)."""
 
     terms: frozenset[str]
+    kinds: frozenset[str]
     grid: tuple[int, int]
     n_prefix: int = 0
     attn_impl: str = "auto"
