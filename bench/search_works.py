@@ -174,7 +174,7 @@ def rule_fidelities(designs: list[dict[int, dict]], seeds: tuple[int, ...], step
 def als_geometry(table_file: Path) -> dict | None:
     """``{"heads": H, "u": uniform ALS}`` of a mask table from its ``.meta.json`` sidecar (the space and the ALS
     window of its protocol), or None for a table whose rows hold no ALS or that has no sidecar."""
-    from archspec.families.attention.mask import parse_window
+    from archspec.families.attention.kinds.mask import parse_window
     from archspec.search import mask_geometry, uniform_als
 
     meta = table_file.with_suffix(".meta.json")

@@ -42,7 +42,7 @@ from archspec.search import (
 
 def soft_spec(space):
     """The space's unmasked point with MaiT's soft mask on every head (the model ``--strategy soft`` trains)."""
-    from archspec.families.attention.mask import parse_window
+    from archspec.families.attention.kinds.mask import parse_window
 
     none = next(spec for params, spec in space.points() if not any(params.values()))
     window = parse_window(table_protocol(space)["als"]["window"])

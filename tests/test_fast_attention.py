@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from archspec.families.attention.kernels import hard_window_attention, window_tables
+from archspec.families.attention.kinds.mask import window_path_pays
 from archspec.families.attention.mask_terms import window_mask
-from archspec.families.attention.rules import window_path_pays
 from archspec.nn.blocks import Attention, attention_impl, set_attention_impl
 
 BIASED_MASK = {"mask": {"window": [3, 3]}, "rel_bias": {"table": "absolute"}}
@@ -124,13 +124,13 @@ def test_positional_cache_dropped_on_train_and_load():
     layer = _layer(["gpsa"] * 4, (3, 3), 0).eval()
     x = torch.randn(1, 9, 32)
     before = layer(x)
-    assert layer._positional_cache is not None
+    assert layer._term_cache.get("gpsa.positional") is not None
     other = _layer(["gpsa"] * 4, (3, 3), 0, seed=5)
     layer.load_state_dict(other.state_dict())
     torch.testing.assert_close(layer(x), other.eval()(x))
     assert not torch.allclose(before, layer(x))
     layer.train()
-    assert layer._positional_cache is None
+    assert layer._term_cache.get("gpsa.positional") is None
 
 
 @pytest.mark.slow

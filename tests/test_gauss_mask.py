@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import archspec
-from archspec.families.attention.gauss_mask import GaussMaskSpec
 from archspec.families.attention.heads import coerce_heads
+from archspec.families.attention.kinds.gauss_mask import GaussMaskSpec
 from archspec.families.attention.rules import AttentionShape, AttnDims, counts, head_path
 from archspec.nn.blocks import Attention, attention_impl
 
@@ -248,8 +248,8 @@ def test_counts_two_parameters_per_head_and_no_macs():
 def test_paths_letters_and_composition():
     """A Gaussian head is a biased head: SDPA alone, never the linear-time hard-mask kernel; letters compose."""
     gauss, hard_gauss = coerce_heads(["gauss_mask", {"mask": {}, "gauss_mask": {}}])
-    assert head_path(gauss, 400) == ("sdpa",)
-    assert head_path(hard_gauss, 400, "fast") == ("dense",)  # explicit logits: the mask acts on the biased logits
+    assert head_path(gauss, (20, 20)) == ("sdpa",)
+    assert head_path(hard_gauss, (20, 20), "fast") == ("dense",)  # explicit logits: the mask acts on the biased logits
     assert gauss.letter == "D" and hard_gauss.letter == "MD" and not gauss.is_plain
 
 

@@ -300,8 +300,8 @@ def layer_gating(model: nn.Module) -> dict[str, Tensor]:
 def layer_gauss(model: nn.Module) -> dict[str, Tensor]:
     """``{layer: (n_gauss, 2)}`` of every attention layer with ``gauss_mask`` heads: per Gaussian head (head order)
     its amplitude ``alpha`` (logit units) and width ``sigma`` (patches; the bias is ``alpha exp(-d^2 / (2 (sigma^2 +
-    1e-5)))``, GMM-Mask, arXiv 2309.05375, :mod:`archspec.families.attention.gauss_mask`).  ``|sigma|`` is what acts
-    (the bias reads ``sigma^2``).  Empty for models without Gaussian heads.  Raises nothing.
+    1e-5)))``, GMM-Mask, arXiv 2309.05375, :mod:`archspec.families.attention.kinds.gauss_mask`).  ``|sigma|`` is what
+    acts (the bias reads ``sigma^2``).  Empty for models without Gaussian heads.  Raises nothing.
     """
     out: dict[str, Tensor] = {}
     for name, module in model.named_modules():

@@ -15,8 +15,9 @@ family is a folder plus a line here (the checklist is in ``docs/architecture.md`
 ``rules.py`` import no torch, so ``archspec validate`` never does; a family's ``module.py`` is imported the
 first time a model with that family is built.
 
-The attention family's head kinds (MHSA, ConViT's GPSA, LeViT's and CMHSA's relative biases, MaiT's masks)
-are files of ``families/attention/``: see :mod:`archspec.families.attention.heads`.
+The attention family's head kinds (ConViT's GPSA, LeViT's and CMHSA's relative biases, MaiT's masks, ...) are
+modules of ``families/attention/kinds/``, reached through one registry: see
+:mod:`archspec.families.attention.kinds`.
 """
 
 from __future__ import annotations

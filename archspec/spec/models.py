@@ -39,6 +39,7 @@ from pydantic_core import PydanticCustomError
 from archspec._util.pydantic_base import HINT as _HINT
 from archspec._util.pydantic_base import DropPathRate, StrictModel
 from archspec.families.attention.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
+from archspec.families.attention.kinds import HEAD_KINDS
 from archspec.families.attention.rules import check_value_dim
 from archspec.families.class_attention.rules import ClassAttentionSpec
 from archspec.families.conv_block.rules import AttentionMixerSpec, ConvStageSpec, GPSAMixerSpec, SESpec
@@ -180,15 +181,11 @@ class LayerOverride(StrictModel):
 
     @field_validator("heads")
     @classmethod
-    def _one_gating(cls, value: list[HeadSpec] | None) -> list[HeadSpec] | None:
-        # An attention layer has one gating_param tensor for its GPSA heads: trainable or frozen as a whole.
-        gpsa = [(k, h.gpsa.gating_trainable) for k, h in enumerate(value or []) if h.gpsa is not None]
-        if len({flag for _, flag in gpsa}) > 1:
-            frozen = [k for k, flag in gpsa if not flag]
-            raise ValueError(f"GPSA heads of one layer disagree on gating_trainable (frozen: head "
-                             f"{', '.join(map(str, frozen))}; trainable: the other GPSA heads)"
-                             f"{_HINT}the layer's gating parameters are frozen or trained together: set the same "
-                             "gating_trainable on every GPSA head of the layer")
+    def _kind_checks(cls, value: list[HeadSpec] | None) -> list[HeadSpec] | None:
+        # each head kind's check of one layer's heads (GPSA: one gating_param tensor, trainable or frozen as a whole)
+        for kind in HEAD_KINDS.values():
+            if kind.check_heads is not None:
+                kind.check_heads(value or [])
         return value
 
     @model_validator(mode="after")

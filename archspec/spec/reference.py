@@ -12,16 +12,7 @@ import typing
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from archspec.families.attention.heads import (
-    HEAD_SHORTHANDS,
-    GaussMaskSpec,
-    GPSASpec,
-    HeadSpec,
-    MaskSpec,
-    RelBiasSpec,
-    RelLogitsSpec,
-    head_letters_legend,
-)
+from archspec.families.attention.heads import HEAD_SHORTHANDS, KINDS, HeadSpec, head_letters_legend
 from archspec.spec import (
     ArchSpec,
     AttentionMixerSpec,
@@ -56,9 +47,9 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("stages[].mixer (kind: conv stages, attention)", AttentionMixerSpec),
     ("stages[].layers[]", LayerOverride), ("mixer", MixerSpec),
     ("stages[].shrink", ShrinkSpec), ("stages[].from_map", MapToTokensSpec),
-    ("head kind (stages[].attention, layers[].heads[])", HeadSpec), ("gpsa", GPSASpec), ("rel_bias", RelBiasSpec),
-    ("rel_logits", RelLogitsSpec),
-    ("mask", MaskSpec), ("gauss_mask", GaussMaskSpec), ("class_attention", ClassAttentionSpec), ("head", HeadOutSpec),
+    ("head kind (stages[].attention, layers[].heads[])", HeadSpec),
+    *((kind.field, kind.spec) for kind in KINDS),  # each head kind's model, in registry order
+    ("class_attention", ClassAttentionSpec), ("head", HeadOutSpec),
 ]
 
 
@@ -101,6 +92,8 @@ def markdown() -> str:
                          f"{_default(field)} | {desc} |")
         lines.append("")
     shorthands = ", ".join(f"`{k}`" for k in HEAD_SHORTHANDS)
+    arguments = "".join(f"`{arg.example}` gives {arg.meaning}; " for kind in KINDS
+                        if (arg := kind.shorthand_argument) is not None)
     lines += ["## head kind shorthands", "", f"A head may be written as one of {shorthands}; "
-              f"`mask:3x5` gives a hard mask with a 3x5 window. Letters in tables: {head_letters_legend()}.", ""]
+              f"{arguments.removesuffix('; ')}. Letters in tables: {head_letters_legend()}.", ""]
     return "\n".join(lines)

@@ -19,8 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from archspec.families.attention.heads import HEAD_SHORTHANDS
-from archspec.families.attention.mask import WINDOW_PATTERN
+from archspec.families.attention.heads import HEAD_SHORTHANDS, KINDS
 from archspec.families.downsample.rules import KINDS as DOWNSAMPLE_KINDS
 from archspec.spec import ArchSpec
 
@@ -35,10 +34,17 @@ SPACE_SCHEMA_FILE_NAME = "archspec-space.schema.json"
 # Top-level keys the loader ignores: user anchors, ``x-common: &common {...}`` (Compose's convention).
 X_KEY_PATTERN = "^x-"
 
-_MASK_KINDS = sorted(k for k, v in HEAD_SHORTHANDS.items() if "mask" in v)
-_PLAIN_KINDS = sorted(k for k, v in HEAD_SHORTHANDS.items() if "mask" not in v)
-_WINDOW = WINDOW_PATTERN.replace("(", "").replace(")", "")  # the mask kind's pattern, without its groups
-HEAD_SHORTHAND_PATTERN = (rf"^\s*(?:(?:{'|'.join(_PLAIN_KINDS)})|(?:{'|'.join(_MASK_KINDS)})(?::{_WINDOW})?)\s*$")
+# A head shorthand: a plain name, or the name of a kind that takes an argument (``mask``) with its ``:text``.
+_ARGUMENT_KINDS = [kind for kind in KINDS if kind.shorthand_argument is not None]
+_TAKERS = {kind.field: sorted(k for k, v in HEAD_SHORTHANDS.items() if kind.field in v) for kind in _ARGUMENT_KINDS}
+_PLAIN_KINDS = sorted(set(HEAD_SHORTHANDS).difference(*_TAKERS.values()))
+_SHORTHAND_ALTERNATIVES = [f"(?:{'|'.join(_PLAIN_KINDS)})"] + [
+    f"(?:{'|'.join(_TAKERS[kind.field])})(?::{kind.shorthand_argument.pattern.replace('(', '').replace(')', '')})?"
+    for kind in _ARGUMENT_KINDS]  # each argument's pattern without its groups
+HEAD_SHORTHAND_PATTERN = rf"^\s*(?:{'|'.join(_SHORTHAND_ALTERNATIVES)})\s*$"
+_SHORTHAND_TEXT = ", ".join(_PLAIN_KINDS + [name for kind in _ARGUMENT_KINDS for name in _TAKERS[kind.field]])
+_SHORTHAND_TEXT += "".join(f"; a {kind.field} kind may name {kind.shorthand_argument.noun}: "
+                           f"'{kind.shorthand_argument.example}'" for kind in _ARGUMENT_KINDS)
 
 
 def _pair_or(prop: dict[str, Any], *alternatives: dict[str, Any]) -> dict[str, Any]:
@@ -65,14 +71,14 @@ def spec_schema() -> dict[str, Any]:
              {"type": "integer", "description": "square images: H = W"})
     _pair_or(defs["LayerOverride"]["properties"]["range"], {"type": "integer", "minimum": 0},
              {"type": "string", "pattern": r"^\s*\d+\s*(?:-\s*\d+\s*)?$", "description": "'0-7' or '8'"})
-    _pair_or(defs["MaskSpec"]["properties"]["window"], {"type": "integer", "description": "square window"},
-             {"type": "string", "pattern": f"^{_WINDOW}$", "description": "'rows x cols', e.g. '3x5'"})
+    for kind in KINDS:  # a head kind's pair fields the loader also takes in shorthand (a mask's window: 3, '3x5')
+        for name, alternatives in kind.schema_alternatives.items():
+            _pair_or(defs[kind.spec.__name__]["properties"][name], *copy.deepcopy(alternatives))
     defs["MapToTokensSpec"]["properties"]["grid"]["anyOf"].insert(
         0, {"type": "integer", "minimum": 1, "description": "square grid: H = W"})
     defs["TokensSpec"]["properties"]["cls_token"]["anyOf"] += [
         {"type": "boolean", "description": "true = 'input', false = 'none'"}, {"type": "null"}]
-    _shorthand_or_mapping(defs, "HeadSpec", HEAD_SHORTHAND_PATTERN,
-                          f"{', '.join(_PLAIN_KINDS + _MASK_KINDS)}; a mask kind may name a window: 'mask:3x5'")
+    _shorthand_or_mapping(defs, "HeadSpec", HEAD_SHORTHAND_PATTERN, _SHORTHAND_TEXT)
     _shorthand_or_mapping(defs, "MixerSpec", r"^\s*(?:attention|(?:token_)?conv\d*)\s*$",
                           "'attention', 'conv<K>' (pixel view) or 'token_conv<K>' (token grid)")
     _shorthand_or_mapping(defs, "DownsampleSpec", rf"^\s*(?:{'|'.join(DOWNSAMPLE_KINDS)})\s*$",

@@ -1,7 +1,8 @@
-"""The attention family: per-head composable self-attention (MHSA, GPSA, relative biases, MaiT masks).
+"""The attention family: per-head composable self-attention (MHSA plus any registered head kinds).
 
-torch-free: :mod:`.heads` (what a head is, composed from the head kinds :mod:`.gpsa`, :mod:`.rel_bias`,
-:mod:`.mask`) and :mod:`.rules` (shape, checks, counts, executed MACs, memory, paths).  torch:
-:mod:`.module` (:class:`~.module.Attention`, ``build``), :mod:`.kernels` (the fast paths),
+torch-free to import: :mod:`.kinds` (the head kinds, one module each with its rules and its torch half, and their
+registry), :mod:`.heads` (what a head is: :class:`~.heads.HeadSpec`, built from the registry) and :mod:`.rules`
+(shape, checks, counts, executed MACs, memory, paths).  torch: :mod:`.module` (:class:`~.module.Attention`,
+``build``) with its mixins :mod:`.position_terms` and :mod:`.head_paths`, :mod:`.kernels` (the fast kernels),
 :mod:`.mask_terms` (the one mask rule) and :mod:`.tables` (relative-position tables).
 """

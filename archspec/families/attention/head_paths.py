@@ -3,11 +3,12 @@ that ``Attention`` inherits.
 
 What it holds: the per-head path plan (heads grouped by :func:`~archspec.families.attention.rules.head_path` at
 construction, for eager and for ``torch.compile``), the dense reference formula (explicit ``(B, H, N, N)``
-logits with biases, MaiT mask terms and ConViT's GPSA gating, eq. 5-7), each group's exact fast path
-(:mod:`archspec.families.attention.kernels`: one SDPA call for plain / biased / strict heads, GPSA as
-``(1 - g) SDPA + g P V``, hard masks in linear time, FlexAttention), the heads' concatenation back into head
-order, and the training-time output projection per group.  Shapes: q, k ``(B, H, N, qk_dim)``, v
-``(B, H, N, v_dim)``, outputs ``(B, H, N, v_dim)`` (or ``(B, N, C)`` for the per-group projection).
+logits with the kinds' bias and logit terms, then each kind's change of the probabilities, e.g. ConViT's GPSA
+gating, eq. 5-7), the generic SDPA path (plain heads and heads whose terms SDPA takes, in one call), the dispatch
+of a group to the kind that owns its path (``KindTerms.path_forward``: GPSA as ``(1 - g) SDPA + g P V``, MaiT's
+hard masks in linear time, FlexAttention), the heads' concatenation back into head order, and the training-time
+output projection per group.  No branch on a kind.  Shapes: q, k ``(B, H, N, qk_dim)``, v ``(B, H, N, v_dim)``,
+outputs ``(B, H, N, v_dim)`` (or ``(B, N, C)`` for the per-group projection).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .kernels import flex_masked_attention, gpsa_attention, hard_masked_attention, hard_window_attention, is_compiling
-from .mask_terms import apply_mask_terms
+from .kernels import is_compiling
+from .position_terms import apply_logit_terms
 from .rules import head_path
 
 __all__ = ["HeadPathsMixin"]
@@ -25,14 +26,14 @@ __all__ = ["HeadPathsMixin"]
 
 class HeadPathsMixin:
     """Head grouping and forward paths of :class:`~archspec.families.attention.module.Attention` (which sets the
-    head lists, dims, projections and ``attn_impl`` these methods read; the position terms come from
-    :class:`~archspec.families.attention.position_terms.PositionTermsMixin`).
+    dims, projections, ``attn_impl`` and ``_path_terms``, the kind owning each named path, that these methods read;
+    the logit terms come from :class:`~archspec.families.attention.position_terms.PositionTermsMixin`).
     """
 
     # ------------------------------------------------------------------ path plan
     def _head_path(self, head: int, compiled: bool = False) -> tuple:
         """Path of one head under ``attn_impl`` (not ``'dense'``): the family rules' :func:`~.rules.head_path`."""
-        return head_path(self.head_specs[head], self.num_patches, self.attn_impl, compiled)
+        return head_path(self.head_specs[head], self.grid, self.attn_impl, compiled, self.num_prefix_tokens)
 
     def _plan_paths(self) -> None:
         """Group heads by path (static: head kinds, grid, ``attn_impl``); ``_groups`` lists ``(key, heads)``
@@ -57,91 +58,54 @@ class HeadPathsMixin:
     def _probs(self, q: Tensor, k: Tensor, heads: list[int] | None = None) -> Tensor:
         """Explicit (dense reference) path: final attention probabilities ``(B, h, N, N)`` before dropout.
 
-        ``q``, ``k`` hold the heads ``heads`` (all heads when None), in that order.  The GPSA heads among them are
-        mixed with their positional attention (ConViT eq. 5-7), written back at their positions: on all heads at
-        the ``gpsa_head_idx`` buffer ``(n_gpsa,)``."""
+        ``q``, ``k`` hold the heads ``heads`` (all heads when None), in that order: ``softmax(terms(Q K^T s + B))``
+        (:meth:`~.position_terms.PositionTermsMixin.position_bias`, :func:`~.position_terms.apply_logit_terms`),
+        then each kind's change of its heads' probabilities (``KindTerms.mix_probs``: ConViT eq. 5-7)."""
         heads = list(range(self.num_heads)) if heads is None else heads
         attn = (q @ k.transpose(-2, -1)) * self.scale
         bias = self.position_bias()
         if bias is not None:
-            attn = attn + self._heads(bias, heads, dim=0).to(attn.dtype)
-        terms = [None if t is None else self._heads(t, heads, dim=0) for t in self._mask_terms(attn.dtype)]
-        attn = apply_mask_terms(attn, *terms).softmax(dim=-1)
-        local = [pos for pos, h in enumerate(heads) if h in self.gpsa_heads]
-        if local:
-            pos_attn, gate = self.positional_attention(), self.gating()
-            if len(local) < len(self.gpsa_heads):  # some GPSA heads only: their rows
-                rows = [self.gpsa_heads.index(heads[pos]) for pos in local]
-                pos_attn, gate = pos_attn[rows], gate[rows]
-            pos_attn, gate = pos_attn.to(attn.dtype), gate.to(attn.dtype).view(1, -1, 1, 1)
-            content = attn if len(local) == len(heads) else attn[:, local]
-            mixed = (1.0 - gate) * content + gate * pos_attn
-            mixed = mixed / mixed.sum(dim=-1, keepdim=True)
-            if len(local) == len(heads):
-                attn = mixed
-            else:  # write the mixed heads back; among all heads (0..H-1) they are at the buffer gpsa_head_idx
-                index = (self.gpsa_head_idx if len(heads) == self.num_heads
-                         else torch.tensor(local, device=attn.device))
-                attn = attn.index_copy(1, index, mixed)
+            attn = attn + self.select_heads(bias, heads, dim=0).to(attn.dtype)
+        terms = [None if t is None else self.select_heads(t, heads, dim=0) for t in self.logit_terms(attn.dtype)]
+        attn = apply_logit_terms(attn, *terms).softmax(dim=-1)
+        for kind_terms in self._active_terms:
+            attn = kind_terms.mix_probs(self, attn, heads)
         return attn
 
     def _dense_forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Reference path ``(B, H, N, v_dim)``: one explicit softmax over all heads, or one SDPA call."""
         if self.explicit_logits:
             return self.attn_drop(self._probs(q, k)) @ v
-        mask = self._additive_mask(q.dtype)
+        additive = self.additive_mask(q.dtype)
         return F.scaled_dot_product_attention(
             q, k, v,
-            attn_mask=None if mask is None else mask.unsqueeze(0),
+            attn_mask=None if additive is None else additive.unsqueeze(0),
             dropout_p=self.attn_drop_p if self.training else 0.0,
             scale=self.scale,
         )
 
     def _group_forward(self, key: tuple, heads: list[int], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Output ``(B, len(heads), N, v_dim)`` of one group of heads on its path (see :meth:`_head_path`)."""
-        kind = key[0]
-        if kind == "window":
-            prefix = f"window{key[1][0]}x{key[1][1]}_"
-            tables = {name: getattr(self, prefix + name).to(q.dtype) for name in ("outside", "n0")}
-            return hard_window_attention(q, k, v, self.grid, key[1], self.num_prefix_tokens, self.scale, tables)
-        if kind == "dense":
+        """Output ``(B, len(heads), N, v_dim)`` of one group of heads on its path (see :meth:`_head_path`): the
+        explicit reference (``dense``), the kind that owns the path, or SDPA."""
+        if key[0] == "dense":
             return self.attn_drop(self._probs(q, k, heads)) @ v
-        if kind == "hard":
-            zero, _, _ = self._mask_terms(q.dtype)
-            return hard_masked_attention(q, k, v, self._heads(zero, heads, dim=0), self.scale)
-        mask = self._additive_mask(q.dtype)
-        if mask is not None:
-            mask = self._heads(mask, heads, dim=0)
-        if kind == "gpsa":
-            rows = [self.gpsa_heads.index(h) for h in heads]
-            pos, gate = self._heads(self.positional_attention(), rows, dim=0), self._heads(self.gating(), rows, dim=0)
-            return gpsa_attention(q, k, v, pos, gate, self.scale, mask)
-        if kind == "flex":
-            return self._flex_forward(heads, q, k, v)
-        if mask is not None and not self._masked_sdpa_fused:
+        owner = self._path_terms.get(key[0])
+        if owner is not None:
+            return owner.path_forward(self, key, heads, q, k, v)
+        additive = self.additive_mask(q.dtype)
+        if additive is not None:
+            additive = self.select_heads(additive, heads, dim=0)
+        if additive is not None and not self._masked_sdpa_fused:
             # CPU SDPA runs a float attn_mask on its math backend plus a "safe softmax" (where/all per call):
             # the plain formula, as timm's LeViT writes it, is cheaper there.
-            return ((q @ k.transpose(-2, -1)) * self.scale + mask).softmax(dim=-1) @ v
+            return ((q @ k.transpose(-2, -1)) * self.scale + additive).softmax(dim=-1) @ v
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None if mask is None else mask.unsqueeze(0),
+            q, k, v, attn_mask=None if additive is None else additive.unsqueeze(0),
             dropout_p=self.attn_drop_p if self.training else 0.0, scale=self.scale)
 
-    def _flex_forward(self, heads: list[int], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Hard/soft-masked heads (optionally biased) through :func:`flex_masked_attention`."""
-        sel = [self.mask_heads.index(h) for h in heads]
-        scale = torch.zeros(len(heads), dtype=q.dtype, device=q.device)
-        alpha = self.mask_alpha()
-        if alpha is not None:
-            soft = [pos for pos, h in enumerate(heads) if h in self.soft_heads]
-            rows = [self.soft_heads.index(heads[pos]) for pos in soft]
-            scale = scale.index_copy(0, torch.tensor(soft, device=q.device, dtype=torch.long), alpha[rows].to(q.dtype))
-        bias = self.position_bias()
-        return flex_masked_attention(q, k, v, self.scale, self.attn_masks[sel], scale,
-                                     None if bias is None else self._heads(bias, heads, dim=0).to(q.dtype))
-
-    def _heads(self, t: Tensor, heads: list[int], dim: int = 1) -> Tensor:
+    def select_heads(self, t: Tensor, heads: list[int], dim: int = 1) -> Tensor:
         """The heads ``heads`` of ``t`` along ``dim`` (``(B, H, N, d)``: 1; ``(H, N, N)`` tables: 0; also the rows of
-        a per-GPSA-head tensor, ``(n_gpsa, ...)``): a view (no copy, no index tensor) when they are contiguous, ``t``
+        a per-kind tensor, ``(n_kind, ...)``): a view (no copy, no index tensor) when they are contiguous, ``t``
         itself when they are all of ``dim`` in order; otherwise an ``index_select`` (one small index tensor)."""
         if heads == list(range(heads[0], heads[-1] + 1)):
             return t if len(heads) == t.shape[dim] else t.narrow(dim, heads[0], len(heads))
@@ -154,13 +118,13 @@ class HeadPathsMixin:
 
     def _group_outputs(self, q: Tensor, k: Tensor, v: Tensor, groups) -> list[Tensor]:
         """One ``(B, len(heads), N, v_dim)`` output per group of :meth:`_plan`; several groups share one position
-        bias and additive mask (:meth:`~.position_terms.PositionTermsMixin._open_forward_memo`)."""
+        bias, additive mask and kind term (:meth:`~.position_terms.PositionTermsMixin._open_forward_memo`)."""
         if len(groups) == 1:
             return [self._group_forward(*groups[0], q, k, v)]
         opened = self._open_forward_memo()
         try:
-            return [self._group_forward(key, heads, self._heads(q, heads), self._heads(k, heads),
-                                        self._heads(v, heads))
+            return [self._group_forward(key, heads, self.select_heads(q, heads), self.select_heads(k, heads),
+                                        self.select_heads(v, heads))
                     for key, heads in groups]
         finally:
             if opened:
@@ -203,7 +167,7 @@ class HeadPathsMixin:
         weight = self.proj.weight.view(self.dim, self.num_heads, self.v_dim)
         out = None
         for (_, heads), o in zip(groups, self._group_outputs(q, k, v, groups)):
-            w = self._heads(weight, heads, dim=1).reshape(self.dim, len(heads) * self.v_dim)
+            w = self.select_heads(weight, heads, dim=1).reshape(self.dim, len(heads) * self.v_dim)
             part = F.linear(self.proj_act(o.transpose(1, 2).reshape(B, N, -1)), w)
             out = part if out is None else out + part
         return out if self.proj.bias is None else out + self.proj.bias

@@ -1,23 +1,13 @@
 """What one attention head is: MHSA plus any of the head kinds, composed (torch-free).
 
-A head is plain content attention (MHSA) unless it names one or more head kinds, each a file of this
-folder with its spec model and rules:
+A head is plain content attention (MHSA) unless it names one or more head kinds.  The kinds are the registry's
+(:data:`~archspec.families.attention.kinds.HEAD_KINDS`, one module each under :mod:`.kinds`): ConViT's ``gpsa``,
+LeViT's and CMHSA's ``rel_bias``, MaiT's ``mask``, GMM-Mask's ``gauss_mask``, BoTNet's ``rel_logits``, and any kind
+registered before this module is imported.  :class:`HeadSpec` is built from that registry -- one optional field per
+kind, in the order their letters compose (``PM``, ``LM``) -- as are the YAML shorthands (:data:`HEAD_SHORTHANDS`,
+``mask:3x5`` picks a window) and the table letters (:data:`HEAD_LETTERS`).
 
-* ``gpsa``     -- ConViT gated positional self-attention (:mod:`.gpsa`, d'Ascoli et al. 2021, eq. 5-7),
-* ``rel_bias`` -- an additive relative position bias: LeViT's table on absolute offsets or CMHSA's on
-  signed offsets (:mod:`.rel_bias`),
-* ``mask``     -- a MaiT attention mask on the patch grid (:mod:`.mask`, Li et al. 2022, eq. 2 and 4),
-* ``gauss_mask`` -- a learned Gaussian locality bias, two parameters per head (:mod:`.gauss_mask`, GMM-Mask,
-  Li & Zhang, arXiv 2309.05375),
-* ``rel_logits`` -- BoTNet's query-dependent relative position logits (:mod:`.rel_logits`, Srinivas et al. 2021),
-  in a bottleneck's attention mixer only.
-
-They compose: a head may carry a relative bias *and* a mask, or GPSA gating on top of masked
-content attention.  YAML shorthands (``mhsa``, ``gpsa``, ``mask``, ``soft_mask``, ``strict_mask``,
-``levit_bias``, ``signed_bias``, ``gauss_mask``) expand to these models; ``mask:3x5`` picks a window.
-
-:data:`KINDS` lists the kinds in the order their letters compose (``PM``, ``LM``); a new head kind is a
-file here, a line in :data:`KINDS` and its field on :class:`HeadSpec` (see ``docs/architecture.md``).
+Kinds compose: a head may carry a relative bias *and* a mask, or GPSA gating on top of masked content attention.
 """
 
 from __future__ import annotations
@@ -25,35 +15,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
-from archspec._util.pydantic_base import HINT, StrictModel
+from archspec._util.pydantic_base import StrictModel
 
-from . import gauss_mask, gpsa, mask, rel_bias, rel_logits
-from .gauss_mask import FIELD as FIELD_GAUSS
-from .gauss_mask import GaussMaskSpec
-from .gpsa import GPSASpec
-from .mask import MaskSpec
-from .rel_bias import RelBiasSpec
-from .rel_logits import RelLogitsSpec
+from .kinds import HeadKind, seal_head_kinds
+from .kinds.gauss_mask import GaussMaskSpec
+from .kinds.gpsa import GPSASpec
+from .kinds.mask import MaskSpec
+from .kinds.rel_bias import RelBiasSpec
+from .kinds.rel_logits import RelLogitsSpec
 
 __all__ = ["HeadSpec", "GPSASpec", "RelBiasSpec", "RelLogitsSpec", "MaskSpec", "GaussMaskSpec", "KINDS",
            "HEAD_SHORTHANDS", "HEAD_LETTERS", "head_letters_legend", "coerce_heads", "StrictModel",
            "NEW_KINDS", "without_unused_new_kinds"]
 
-#: The head kinds, in the order their letters compose.
-KINDS = (gpsa, rel_bias, mask, gauss_mask, rel_logits)
+#: The head kinds (the registry's, fixed from now on), in the order their letters compose.
+KINDS: tuple[HeadKind, ...] = seal_head_kinds()
 
 HEAD_SHORTHANDS: dict[str, dict[str, Any]] = {"mhsa": {}, "global": {}}
 for _kind in KINDS:
-    HEAD_SHORTHANDS.update(_kind.SHORTHANDS)
+    HEAD_SHORTHANDS.update(_kind.shorthands)
 
 # The letters of HeadSpec.letter, for table legends: A plain MHSA, each kind's own, C class attention (whose
 # heads are not HeadSpecs: CaiT's class-attention blocks, archspec.families.class_attention).
 HEAD_LETTERS: dict[str, str] = {"A": "plain MHSA"}
 for _kind in KINDS:
-    HEAD_LETTERS.update(_kind.LEGEND)
+    HEAD_LETTERS.update(_kind.legend)
 HEAD_LETTERS["C"] = "class attention (CaiT)"
+
+#: the kinds whose shorthands take a ``:text`` argument (``mask:3x5``)
+_ARGUMENT_KINDS = tuple(kind for kind in KINDS if kind.shorthand_argument is not None)
 
 
 def head_letters_legend(used: str | None = None) -> str:
@@ -67,68 +59,83 @@ def head_letters_legend(used: str | None = None) -> str:
         "; composed heads concatenate letters (PM)" if composed else "")
 
 
-class HeadSpec(StrictModel):
-    """What one attention head is: MHSA plus any of GPSA gating, relative bias, a MaiT mask and a Gaussian bias.
+def _expand(value: str) -> dict[str, Any]:
+    """A shorthand (``'mask:3x5'``) as the mapping it stands for.
 
-    YAML accepts a shorthand string (``mhsa``, ``gpsa``, ``mask``, ``soft_mask``, ``strict_mask``,
-    ``levit_bias``, ``signed_bias``, ``gauss_mask``; a mask shorthand may carry a window: ``mask:3x5``) or a mapping.
+    Raises:
+        ValueError: an unknown name, or an argument to a shorthand none of whose kinds takes one.
     """
+    name, _, argument = value.strip().partition(":")
+    if name not in HEAD_SHORTHANDS:
+        known = ", ".join(sorted(HEAD_SHORTHANDS))
+        raise ValueError(f"unknown head kind {name!r}; expected one of {known} or a mapping")
+    expanded = {k: dict(v) for k, v in HEAD_SHORTHANDS[name].items()}
+    if argument:
+        takers = [kind for kind in _ARGUMENT_KINDS if kind.field in expanded]
+        if not takers:
+            hint = "".join(kind.argument_hint for kind in KINDS if kind.field in expanded)
+            which = "; ".join(f"{kind.field} heads take {kind.shorthand_argument.noun}" for kind in _ARGUMENT_KINDS)
+            raise ValueError(f"only {which}, got {value!r}{hint}")
+        expanded[takers[0].field][takers[0].shorthand_argument.field] = argument
+    return expanded
 
-    gpsa: GPSASpec | None = Field(None, description="Gated positional self-attention (ConViT).")
-    rel_bias: RelBiasSpec | None = Field(None, description="Additive relative position bias (LeViT / CMHSA).")
-    mask: MaskSpec | None = Field(None, description="MaiT attention mask.")
-    gauss_mask: GaussMaskSpec | None = Field(
-        None, description="Learned Gaussian locality bias alpha exp(-d^2 / (2 (sigma^2 + 1e-5))) on the logits, two "
-        "parameters per head (GMM-Mask, arXiv 2309.05375; shorthand gauss_mask).")
-    rel_logits: RelLogitsSpec | None = Field(
-        None, description="BoTNet's relative position logits q . R[offset] (Srinivas et al. 2021; shorthand "
-        "botnet_rel); in a bottleneck's attention mixer only.")
+
+class HeadSpecBase(StrictModel):
+    """What every :class:`HeadSpec` has whatever kinds are registered: the shorthand expansion and the head's
+    letters and kinds (its fields are the registry's, added by :class:`HeadSpec`)."""
 
     @model_validator(mode="before")
     @classmethod
     def _expand_shorthand(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            name, _, window = value.strip().partition(":")
-            if name not in HEAD_SHORTHANDS:
-                known = ", ".join(sorted(HEAD_SHORTHANDS))
-                raise ValueError(f"unknown head kind {name!r}; expected one of {known} or a mapping")
-            expanded = {k: dict(v) for k, v in HEAD_SHORTHANDS[name].items()}
-            if window:
-                if "mask" not in expanded:
-                    hint = (f"{HINT}a gauss_mask head has no window: its width is learned; start it wider with "
-                            "{gauss_mask: {sigma_init: 2.0}}") if FIELD_GAUSS in expanded else ""
-                    raise ValueError(f"only mask heads take a window, got {value!r}{hint}")
-                expanded["mask"]["window"] = window
-            return expanded
-        return value
+        return _expand(value) if isinstance(value, str) else value
 
     @property
     def letter(self) -> str:
-        """Letters used in tables (legend: :data:`HEAD_LETTERS`): A plain MHSA, P GPSA, L LeViT bias, R signed
-        (CMHSA) bias, M/S/X hard/soft/strict mask, D Gaussian decay bias.  No 'G', which readers take for GPSA.
+        """Letters used in tables (legend: :data:`HEAD_LETTERS`): A plain MHSA, each kind's own (P GPSA, L LeViT
+        bias, R signed (CMHSA) bias, M/S/X hard/soft/strict mask, D Gaussian decay bias, B BoTNet's logits; no 'G',
+        which readers take for GPSA).
 
-        Composed heads concatenate letters (``PM`` = GPSA over a hard-masked content attention).
+        Composed heads concatenate letters in registry order (``PM`` = GPSA over a hard-masked content attention).
         """
-        parts = "".join(kind.letter(getattr(self, kind.FIELD)) for kind in KINDS
-                        if getattr(self, kind.FIELD) is not None)
+        parts = "".join(kind.letter(getattr(self, kind.field)) for kind in KINDS
+                        if getattr(self, kind.field) is not None)
         return parts or "A"
 
     @property
     def kinds(self) -> frozenset[str]:
         """The head kinds this head composes, by field name (``gpsa``, ``rel_bias``, ``mask``, ``gauss_mask``,
-        ``rel_logits``: :data:`KINDS`' ``FIELD``); empty for plain MHSA.  What a family that takes only some kinds
-        checks against, so that a new kind is refused there until it is supported.  Raises nothing."""
-        return frozenset(kind.FIELD for kind in KINDS if getattr(self, kind.FIELD) is not None)
+        ``rel_logits``: :data:`KINDS`' ``field``); empty for plain MHSA.  What a layer that takes only some kinds
+        checks against (:func:`~archspec.families.attention.kinds.hosted_by`), so that a new kind is refused there
+        until it is supported.  Raises nothing."""
+        return frozenset(kind.field for kind in KINDS if getattr(self, kind.field) is not None)
 
     @property
     def is_plain(self) -> bool:
-        """True for plain content attention (no GPSA, bias, mask or Gaussian bias)."""
+        """True for plain content attention (no head kind)."""
         return not self.kinds
+
+
+#: HeadSpec's description (schema, reference).  Written out, not generated from the registry: the search spaces'
+#: schema (archspec/search/spaces/archspec-space.schema.json) embeds it.
+_HEADSPEC_DOC = (
+    "What one attention head is: MHSA plus any of GPSA gating, relative bias, a MaiT mask and a Gaussian bias.\n\n"
+    "YAML accepts a shorthand string (``mhsa``, ``gpsa``, ``mask``, ``soft_mask``, ``strict_mask``,\n"
+    "``levit_bias``, ``signed_bias``, ``gauss_mask``; a mask shorthand may carry a window: ``mask:3x5``) or a mapping.")
+
+HeadSpec: type[HeadSpecBase] = create_model(
+    "HeadSpec", __base__=HeadSpecBase, __module__=__name__, __doc__=_HEADSPEC_DOC,
+    **{kind.field: (kind.spec | None, Field(None, description=kind.description)) for kind in KINDS})
+"""What one attention head is: MHSA plus any registered head kinds -- a pydantic model (a
+:class:`HeadSpecBase`) with one optional field per kind of :data:`KINDS`, in registry order (``gpsa``, ``rel_bias``,
+``mask``, ``gauss_mask``, ``rel_logits``, then any plug-in), each of its kind's model (``GPSASpec``, ...).
+
+YAML accepts a shorthand string (:data:`HEAD_SHORTHANDS`; ``mask:3x5`` gives a hard mask with a 3x5 window) or a
+mapping.  ``letter`` and ``kinds`` name what a head composes; ``is_plain`` is plain MHSA."""
 
 
 #: head kinds added after digests and keys were stored (saved builds, the search tables): a head that does not use
 #: one is hashed without its field, so what was stored before keeps its digest (:func:`without_unused_new_kinds`)
-NEW_KINDS = (gauss_mask.FIELD,)
+NEW_KINDS = tuple(kind.field for kind in KINDS if not kind.hashed_when_unused)
 
 
 def without_unused_new_kinds(value: Any) -> Any:

@@ -1,7 +1,8 @@
 """Fast attention kernels for the heads of :class:`~archspec.families.attention.module.Attention`.
 
-Each function here is an exact rewrite of the dense reference formula of ``Attention._probs`` (kept in
-``attention.py`` and selectable with ``attn_impl='dense'``) for one group of heads:
+Each function here is an exact rewrite of the dense reference formula of ``Attention._probs`` (selectable with
+``attn_impl='dense'``) for one group of heads; a head kind's torch half lowers its heads to one
+(:mod:`archspec.families.attention.kinds`):
 
 * :func:`hard_window_attention` -- MaiT hard masks (eq. 2) in ``O(N * window)`` time (MaiT sec. 5.3 notes
   hard masks can make attention linear in the number of tokens).  Non-neighbours keep logit 0, so each
@@ -21,8 +22,8 @@ Each function here is an exact rewrite of the dense reference formula of ``Atten
 * :func:`flex_masked_attention` -- hard/soft masks and additive biases as a FlexAttention ``score_mod``
   (fused on CUDA after ``torch.compile``; eager elsewhere, used for the equivalence tests).
 
-Which path a layer takes is decided at construction (see :func:`window_path_pays`), never from tensor
-values in ``forward``.
+Which path a layer takes is decided at construction (the kinds' path rules, e.g.
+:func:`archspec.families.attention.kinds.mask.window_path_pays`), never from tensor values in ``forward``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import flex_attention
 
-from .rules import window_attention_macs, window_path_pays
-
-__all__ = ["window_tables", "hard_window_attention", "hard_masked_attention", "gpsa_attention", "window_path_pays",
-           "window_attention_macs", "flex_masked_attention"]
+__all__ = ["window_tables", "hard_window_attention", "hard_masked_attention", "gpsa_attention", "flex_masked_attention",
+           "is_compiling"]
 
 
 def _dynamo_is_compiling() -> bool:  # torch 2.1 / 2.2, before torch.compiler.is_compiling existed

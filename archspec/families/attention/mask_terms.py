@@ -9,10 +9,11 @@ Three ways to apply it to the (scaled) logits ``S = Q K^T / sqrt(d)`` before the
   scale per head, neighbours keep theirs;
 * strict: non-neighbours get ``-inf`` (not in the paper; a separately named option).
 
-:func:`mask_terms` and :func:`apply_mask_terms` are the one mask rule: both
-:class:`~archspec.families.attention.module.Attention` (dense reference path) and CaiT's
-:class:`~archspec.families.talking_heads.module.TalkingHeadAttn` (after ``proj_l``) apply masks through
-them.  The torch-free rules of the kind (spec, letters, counts, checks) are :mod:`.mask`'s.
+:func:`mask_terms` (with :func:`~archspec.families.attention.position_terms.apply_logit_terms`) is the one mask
+rule: both :class:`~archspec.families.attention.module.Attention` (its mask kind's terms, on the dense reference
+path) and CaiT's :class:`~archspec.families.talking_heads.module.TalkingHeadAttn` (after ``proj_l``) apply masks
+through them.  The kind itself (spec, letters, counts, checks, paths, and its torch half in ``Attention``) is
+:mod:`.kinds.mask`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .mask import alpha_to_logit
+from .kinds.mask import alpha_to_logit
 from .tables import grid_positions
 
-__all__ = ["window_mask", "soft_mask_scale", "mask_terms", "hard_zero", "strict_block", "apply_mask_terms",
+__all__ = ["window_mask", "soft_mask_scale", "mask_terms", "hard_zero", "soft_multiplier", "strict_block",
            "alpha_to_logit"]
 
 
@@ -117,28 +118,28 @@ def mask_terms(num_heads: int, modes: Sequence[str | None], masks: Tensor, alpha
         alpha: ``(n_soft,)`` soft heads' ``alpha`` in head order (``sigmoid`` of ``mask_alpha_logit``).
     """
     zero = hard_zero(num_heads, modes, masks) if zero is None else zero
-    mult = None
+    return zero, soft_multiplier(num_heads, modes, masks, alpha, dtype), strict_block(num_heads, modes, masks)
+
+
+def soft_multiplier(num_heads: int, modes: Sequence[str | None], masks: Tensor, alpha: Tensor | None,
+                    dtype: torch.dtype) -> Tensor | None:
+    """``(H, N, N)`` in ``dtype``: the soft heads' :func:`soft_mask_scale` (MaiT eq. 4), 1 for every other head; None
+    without soft heads.
+
+    Args:
+        num_heads: ``H``; modes: per head, its mask mode or None; masks: bool ``(n_mask, N, N)`` in head order.
+        alpha: ``(n_soft,)`` soft heads' ``alpha`` in head order.
+    """
     soft = [h for h, m in enumerate(modes) if m == "soft"]
-    if soft:
-        masked = [h for h, m in enumerate(modes) if m is not None]
-        n = masks.shape[-1]
-        mult = torch.ones(num_heads, n, n, dtype=dtype, device=masks.device)
-        mult[soft] = soft_mask_scale(masks[[masked.index(h) for h in soft]], alpha.to(dtype))
-    return zero, mult, strict_block(num_heads, modes, masks)
+    if not soft:
+        return None
+    masked = [h for h, m in enumerate(modes) if m is not None]
+    n = masks.shape[-1]
+    mult = torch.ones(num_heads, n, n, dtype=dtype, device=masks.device)
+    mult[soft] = soft_mask_scale(masks[[masked.index(h) for h in soft]], alpha.to(dtype))
+    return mult
 
 
 def strict_block(num_heads: int, modes: Sequence[str | None], masks: Tensor) -> Tensor | None:
     """Bool ``(H, N, N)``: True where a strict-masked head's logit becomes ``-inf``; None without strict heads."""
     return _per_head(num_heads, modes, masks, "strict", invert=True)
-
-
-def apply_mask_terms(logits: Tensor, zero: Tensor | None, mult: Tensor | None, block: Tensor | None) -> Tensor:
-    """MaiT's masks on logits ``(B, H, N, N)`` (the terms broadcast over the batch): hard non-neighbours to 0
-    (eq. 2), soft ones scaled by ``alpha`` (eq. 4), strict ones to ``-inf``; returns the masked logits."""
-    if zero is not None:
-        logits = logits.masked_fill(zero, 0.0)
-    if mult is not None:
-        logits = logits * mult
-    if block is not None:
-        logits = logits.masked_fill(block, float("-inf"))
-    return logits

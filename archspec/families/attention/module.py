@@ -1,30 +1,34 @@
-"""Per-head composable self-attention: MHSA, GPSA, relative position bias and MaiT masks in one layer.
+"""Per-head composable self-attention: MHSA plus any registered head kinds, per head, in one layer.
 
 Each head of an :class:`Attention` layer is described by a
 :class:`~archspec.families.attention.heads.HeadSpec` and computes
 
 1. content logits ``S_h = Q_h K_h^T * qk_dim ** -0.5``;
-2. ``+ B_h`` on the patch-patch block when the head has a relative position bias
-   (LeViT table on absolute offsets, LeViT eq. 1; or CMHSA table on signed offsets, CMHSA eq. 4), and
-   ``+ alpha_h exp(-d^2 / (2 (sigma_h^2 + 1e-5)))`` when it has a Gaussian bias (GMM-Mask, arXiv 2309.05375,
-   one Gaussian per head, added: :mod:`archspec.families.attention.gauss_mask`);
-3. the MaiT mask transform when it has a mask (hard: ``M (.) S``, eq. 2; soft: non-neighbours
-   ``* alpha``, eq. 4; strict: non-neighbours ``-inf``);
+2. ``+ B_h``, the additive bias of its kinds (LeViT's and CMHSA's relative-position tables, GMM-Mask's Gaussian);
+3. its kinds' other logit terms: pairs set to 0 (MaiT's hard mask, eq. 2), scaled (MaiT's soft mask, eq. 4) or
+   set to ``-inf`` (a strict mask);
 4. ``softmax`` over keys;
-5. for GPSA heads, ``A_h = normalize[(1 - sigmoid(lambda_h)) A_h + sigmoid(lambda_h) softmax(v_pos_h . r)]``
-   (ConViT eq. 5-7), with ``lambda_h`` the gating parameter;
+5. its kinds' change of the probabilities (ConViT's GPSA, eq. 5-7:
+   ``A_h = normalize[(1 - sigmoid(lambda_h)) A_h + sigmoid(lambda_h) softmax(v_pos_h . r)]``);
 
 then ``out = proj(proj_act(concat_h(A_h V_h)))``.
 
+Each head kind is one module of :mod:`archspec.families.attention.kinds` holding both its rules and its torch half
+(:class:`~archspec.families.attention.kinds.KindTerms`: its parameters and buffers, the terms above, its fast
+path); the layer builds one torch half per kind it hosts, in registry order, and composes them by looping over
+them -- nothing here names a kind.  A kind may add public methods to the layer (``mask_alpha()``,
+``positional_attention()``, ``gauss_bias()``): the classes its ``HeadKind.layer_methods`` names are bases of
+:class:`Attention`.
+
 That formula is the *dense reference* (``attn_impl='dense'``, :meth:`Attention._probs`).  By default
 (``attn_impl='auto'``) each layer groups its heads at construction and runs each group on an exact faster path
-(:mod:`archspec.families.attention.kernels`): plain / biased / strict heads in one SDPA call, GPSA heads as
-``(1 - g) SDPA + g P V``, hard-masked heads in linear time on grids past the measured crossover.  With attention
-dropout active in training every head takes the dense reference (the fast paths have no dropout on the
-implicit non-neighbour weights).
+(:func:`~archspec.families.attention.rules.head_path`): heads whose terms SDPA takes in one SDPA call, and each
+kind's own paths (GPSA as ``(1 - g) SDPA + g P V``, MaiT's hard masks in linear time on grids past the measured
+crossover: :mod:`archspec.families.attention.kernels`).  With attention dropout active in training every head
+takes the dense reference (the fast paths have no dropout on the implicit non-neighbour weights).
 
 This module holds the layer's construction, q/k/v projection and ``forward``, :func:`build` and the
-:func:`set_attention_impl` / :func:`attention_impl` switches.  ``Attention`` inherits its position terms, grid
+:func:`set_attention_impl` / :func:`attention_impl` switches.  ``Attention`` inherits its logit terms, grid
 tables and caches from :class:`~archspec.families.attention.position_terms.PositionTermsMixin` and its head
 grouping and forward paths from :class:`~archspec.families.attention.head_paths.HeadPathsMixin`;
 :class:`~archspec.families.attention.zero_pad.ZeroPadTokens` (CMHSA App. A.2) lives in ``zero_pad.py`` and is
@@ -45,12 +49,11 @@ from timm.models.levit import LinearNorm
 from torch import Tensor, nn
 
 from ..activations import activation
-from . import gauss_mask, gpsa
 from .head_paths import HeadPathsMixin
-from .heads import HeadSpec, coerce_heads
-from .mask import alpha_to_logit
+from .heads import KINDS, HeadSpec, coerce_heads
+from .kinds import SDPA_TERMS, head_kind
 from .position_terms import PositionTermsMixin, cache_usable, may_cache
-from .rules import AttentionShape
+from .rules import AttentionShape, head_terms
 from .tables import check_grid
 from .zero_pad import ZeroPadTokens
 
@@ -59,42 +62,47 @@ __all__ = ["Attention", "ZeroPadTokens", "build", "coerce_heads", "ATTN_IMPLS", 
 
 #: Attention implementations: ``dense`` the explicit-logits reference formula (every head in one ``(B, H, N, N)``
 #: softmax, or one SDPA call when no head needs explicit logits); ``auto`` each group of heads on its fastest
-#: exact path, hard masks linear-time where :func:`window_path_pays`; ``fast`` the same with the linear-time
-#: hard-mask path on every grid (tests, benchmarks); ``flex`` hard/soft/biased-masked heads through FlexAttention.
+#: exact path (a kind's fast path where its rule says it pays); ``fast`` the kinds' fast paths on every grid
+#: (tests, benchmarks); ``flex`` the kinds' FlexAttention paths.
 ATTN_IMPLS = ("auto", "dense", "fast", "flex")
 
+#: the kinds an Attention layer runs, in registry order
+_HOSTED = tuple(kind for kind in KINDS if "attention" in kind.hosts and kind.layer_terms is not None)
 
-class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
-    """Multi-head self-attention whose heads each compose MHSA, GPSA, a relative bias and a MaiT mask.
+
+def _layer_methods() -> tuple[type, ...]:
+    """The public-method mixins of the hosted kinds, checked for names two of them (or the layer) define.
+
+    Raises:
+        TypeError: a name clash (a kind's method would hide another's).
+    """
+    mixins = tuple(kind.layer_methods for kind in _HOSTED if kind.layer_methods is not None)
+    seen: dict[str, type] = {}
+    for mixin in mixins:
+        for name in vars(mixin):
+            if name.startswith("__"):
+                continue
+            if name in seen or hasattr(nn.Module, name) or hasattr(PositionTermsMixin, name) \
+                    or hasattr(HeadPathsMixin, name):
+                raise TypeError(f"{mixin.__qualname__}.{name} clashes with another head kind's or the layer's")
+            seen[name] = mixin
+    return mixins
+
+
+class Attention(*_layer_methods(), PositionTermsMixin, HeadPathsMixin, nn.Module):
+    """Multi-head self-attention whose heads each compose MHSA with any of the registered head kinds.
 
     Shapes: input ``x`` is ``(B, N, C)`` with ``C = dim`` and ``N = num_prefix_tokens + H_grid * W_grid``
     (prefix = class / distillation tokens first, then patches in row-major order); output ``(B, N, C)``.
 
-    Sources, per mechanism:
-
-    * MHSA: timm ``vision_transformer.Attention`` (layernorm family; ``qkv`` split into ``qk`` and ``v``).
-    * GPSA: ConViT eq. 5-7, timm ``convit.GPSA`` (names ``qk``, ``v``, ``proj``, ``pos_proj``, ``gating_param``).
-      The positional scores ``softmax(pos_proj(r))`` are computed once per forward on the ``(N, N, 3)``
-      relative indices, *not* expanded over the batch: ``N * N * 3 * n_gpsa`` MACs independent of ``B``.  The
-      non-persistent buffer ``gpsa_head_idx`` ``(n_gpsa,)`` holds the GPSA heads' indices (where the dense
-      reference writes the gated heads back).
-    * LeViT attention bias on absolute offsets: LeViT eq. 1, timm ``levit.Attention``
-      (names ``attention_biases`` ``(n_bias_heads, H*W)`` and non-persistent buffer ``attention_bias_idxs``).
-      With ``norm='batchnorm'`` the projections are timm ``LinearNorm`` as in ``levit.Attention``
-      (``qkv`` with per-head layout ``(H, [q, k, v])``, ``proj = Sequential(act, ln)``).
-    * Signed relative bias: CMHSA eq. 4 (``signed_biases`` ``(n_signed_heads, (2H-1)(2W-1))``).
-    * Gaussian bias (GMM-Mask, Li & Zhang, arXiv 2309.05375; authors' ``models/gmm.py`` with one Gaussian per head):
-      ``gauss_alpha`` and ``gauss_sigma`` ``(n_gauss,)``, the bias ``alpha exp(-d^2 / (2 (sigma^2 + 1e-5)))`` on the
-      patch-patch logits from the non-persistent squared-distance buffer ``gauss_dist2`` ``(H*W, H*W)`` (patch
-      units); added to the logits (our choice: the authors' code multiplies them), prefix tokens unbiased.  When
-      every head is Gaussian (and none has a relative bias) the layer's bias is that of the Gaussian heads,
-      zero-padded for the prefix; otherwise it is added at the heads of the non-persistent index buffer
-      ``gauss_head_idx`` ``(n_gauss,)``.
-    * Masks: MaiT eq. 2 (hard), eq. 4 (soft, ``mask_alpha_logit`` per soft head, ``alpha = sigmoid``),
-      strict (``-inf``, our named option).  Prefix tokens are neighbours of everything (see
-      :func:`archspec.families.attention.mask_terms.window_mask`).
-
-    Parameters exist only for heads that use them, so parameter counts are honest.
+    MHSA mirrors timm ``vision_transformer.Attention`` (layernorm family; ``qkv`` split into ``qk`` and ``v``, as
+    timm ``convit.GPSA``); with ``norm='batchnorm'`` the projections are timm ``LinearNorm`` as in
+    ``levit.Attention`` (``qkv`` with per-head layout ``(H, [q, k, v])``, ``proj = Sequential(act, ln)``).  Each head
+    kind adds its own parameters and buffers under the names its source uses (LeViT's ``attention_biases``, ConViT's
+    ``pos_proj`` and ``gating_param``, MaiT's ``mask_alpha_logit``, ...), only for the heads that use it, so
+    parameter counts are honest; its module in :mod:`archspec.families.attention.kinds` states them with their
+    sources.  The kind's torch halves are ``_terms`` (every hosted kind, registry order), ``_active_terms`` (those
+    some head has).
 
     Args:
         dim: token width ``C``.
@@ -111,9 +119,8 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
 
     Raises:
         ValueError: empty ``heads``; ``dim`` not divisible by the head count when ``qk_dim``/``v_dim`` are
-            defaulted; unknown ``norm``; a GPSA head with ``num_prefix_tokens > 0``; a number of
-            conv-initialised GPSA heads that is not a perfect square; GPSA heads of one layer that
-            disagree on ``gating_trainable`` (the layer has a single ``gating_param``).
+            defaulted; unknown ``norm``; a head kind this layer does not run (BoTNet's relative logits); what a
+            kind's torch half refuses (a GPSA head with ``num_prefix_tokens > 0``, ...).
     """
 
     def __init__(
@@ -133,13 +140,14 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
         super().__init__()
         specs = coerce_heads(heads)
         self._set_dims(dim, specs, grid, num_prefix_tokens, qk_dim, v_dim, norm)
-        self._classify_heads(specs)
+        self._check_kinds(specs)
         self._build_projections(qkv_bias, proj_act, attn_drop, proj_drop)
-        self._build_head_parameters()
+        self._attach_kinds(specs)
         self.attn_impl = "auto"
         # Whether SDPA has a fused kernel for a float attn_mask (CUDA: memory-efficient attention); on CPU the
         # biased / strict heads use the explicit formula instead.  Updated by _apply (.to(), .cuda()).
         self._masked_sdpa_fused = False
+        self.parameter_device = next(self.parameters()).device  # where cached terms belong; updated by _apply
         self._build_grid_tables(self.grid)
         self.reset_parameters()
 
@@ -168,27 +176,18 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
         self.scale = self.qk_dim ** -0.5
         self.norm = norm
 
-    def _classify_heads(self, specs: tuple[HeadSpec, ...]) -> None:
-        """Which head does what: python lists of head indices, in head order; checks GPSA's constraints."""
-        self.abs_bias_heads = [i for i, h in enumerate(specs)
-                               if h.rel_bias is not None and h.rel_bias.table == "absolute"]
-        self.signed_bias_heads = [i for i, h in enumerate(specs)
-                                  if h.rel_bias is not None and h.rel_bias.table == "signed"]
-        self.gpsa_heads = [i for i, h in enumerate(specs) if h.gpsa is not None]
-        self.gauss_heads = [i for i, h in enumerate(specs) if h.gauss_mask is not None]
-        self.gauss_scattered = gauss_mask.scattered(specs)
-        self.mask_heads = [i for i, h in enumerate(specs) if h.mask is not None]
-        self.hard_heads = [i for i in self.mask_heads if specs[i].mask.mode == "hard"]
-        self.soft_heads = [i for i in self.mask_heads if specs[i].mask.mode == "soft"]
-        self.strict_heads = [i for i in self.mask_heads if specs[i].mask.mode == "strict"]
-        self._mask_modes = [h.mask.mode if h.mask is not None else None for h in specs]
-        # SDPA handles additive terms only (bias, -inf); hard/soft masks and GPSA need explicit logits.
-        self.explicit_logits = bool(self.gpsa_heads or self.hard_heads or self.soft_heads)
-        for _, message, hint in gpsa.problems(specs, self.grid, self.num_prefix_tokens, ()):  # the IR's own checks
-            raise ValueError(f"{message} ({hint})")
-        self.conv_init_heads = [i for i in self.gpsa_heads if specs[i].gpsa.conv_init]
-        if len({specs[i].gpsa.gating_trainable for i in self.gpsa_heads}) > 1:
-            raise ValueError("GPSA heads of one layer must agree on gating_trainable (one gating_param per layer)")
+    def _check_kinds(self, specs: tuple[HeadSpec, ...]) -> None:
+        """Refuse a head with a kind this layer does not run (one hosted elsewhere: BoTNet's relative logits run in
+        timm's ``BottleneckAttn``)."""
+        hosted = {kind.field for kind in _HOSTED}
+        for i, head in enumerate(specs):
+            other = sorted(head.kinds - hosted)
+            if other:
+                hosts = sorted(set().union(*(head_kind(name).hosts for name in other)))
+                raise ValueError(f"head {i} ({head.letter}) has head kind {', '.join(other)}, which Attention does "
+                                 f"not run (it runs in: {', '.join(hosts)})")
+        # SDPA takes a bias and -inf pairs; any other term needs the explicit logits in the dense reference
+        self.explicit_logits = any(not head_terms(head) <= SDPA_TERMS for head in specs)
 
     def _build_projections(self, qkv_bias: bool, proj_act: type[nn.Module] | None, attn_drop: float,
                            proj_drop: float) -> None:
@@ -211,27 +210,25 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
         self.attn_drop_p = float(attn_drop)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
 
-    def _build_head_parameters(self) -> None:
-        """Per-head extras, only for the heads that use them: bias tables, GPSA's ``pos_proj`` and gating
-        parameter, soft-mask logits."""
-        rows, cols = self.grid
-        if self.abs_bias_heads:
-            self.attention_biases = nn.Parameter(torch.zeros(len(self.abs_bias_heads), rows * cols))
-        if self.signed_bias_heads:
-            self.signed_biases = nn.Parameter(torch.zeros(len(self.signed_bias_heads), (2 * rows - 1) * (2 * cols - 1)))
-        if self.gpsa_heads:
-            n_g = len(self.gpsa_heads)
-            trainable = self.head_specs[self.gpsa_heads[0]].gpsa.gating_trainable  # one value: _classify_heads
-            self.pos_proj = nn.Linear(3, n_g)
-            self.gating_param = nn.Parameter(torch.zeros(n_g), requires_grad=trainable)
-            self.register_buffer("gpsa_head_idx", torch.tensor(self.gpsa_heads, dtype=torch.long), persistent=False)
-        if self.soft_heads:
-            self.mask_alpha_logit = nn.Parameter(torch.zeros(len(self.soft_heads)))
-        if self.gauss_heads:
-            self.gauss_alpha = nn.Parameter(torch.zeros(len(self.gauss_heads)))
-            self.gauss_sigma = nn.Parameter(torch.zeros(len(self.gauss_heads)))
-        if self.gauss_scattered:  # where the Gaussian biases are added into the layer's (H, N, N) bias
-            self.register_buffer("gauss_head_idx", torch.tensor(self.gauss_heads, dtype=torch.long), persistent=False)
+    def _attach_kinds(self, specs: tuple[HeadSpec, ...]) -> None:
+        """One torch half per hosted kind, in registry order (``HeadKind.layer_terms(self, heads)``, with ``heads``
+        the indices of its heads): each registers its parameters, buffers and published head lists on the layer.
+        ``_path_terms`` maps each path a kind owns to its torch half."""
+        heads = [[i for i, h in enumerate(specs) if getattr(h, kind.field) is not None] for kind in _HOSTED]
+        self._terms = tuple(kind.layer_terms(self, of_kind) for kind, of_kind in zip(_HOSTED, heads))
+        self._active_terms = tuple(terms for terms in self._terms if terms.heads)
+        self._bias_terms = tuple(terms for kind, terms in zip(_HOSTED, self._terms)
+                                 if any("bias" in kind.terms(getattr(specs[i], kind.field)) for i in terms.heads))
+        self._path_terms = {name: terms for kind, terms in zip(_HOSTED, self._terms) for name in kind.paths}
+
+    def value_rows(self, head: int) -> tuple[Tensor, slice]:
+        """(weight matrix, row slice) holding head ``head``'s value projection (what ConViT's convolutional init
+        sets to the identity)."""
+        if self.norm == "layernorm":
+            return self.v.weight, slice(head * self.v_dim, (head + 1) * self.v_dim)
+        per = 2 * self.qk_dim + self.v_dim
+        start = head * per + 2 * self.qk_dim
+        return self.qkv.linear.weight, slice(start, start + self.v_dim)
 
     # ------------------------------------------------------------------ init
     @torch.no_grad()
@@ -239,34 +236,19 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
         """Initialise all parameters (deterministic given torch's RNG state).
 
         layernorm family: like timm ViT / ConViT ``_init_weights`` -- ``trunc_normal_(std=.02)`` on every
-        Linear weight (``qk``, ``v``, ``proj``, ``pos_proj``), zero biases.  batchnorm family: timm
-        ``LinearNorm`` defaults (PyTorch Linear init, BN weight 1, ``proj`` BN weight 0), as timm LeViT.
-        Bias tables start at 0 (LeViT / timm); soft-mask logits at ``logit(alpha_init)``; the Gaussian heads'
-        ``gauss_alpha`` / ``gauss_sigma`` at their spec's ``alpha_init`` / ``sigma_init`` (default 5 and 1 patch:
-        local, :mod:`~archspec.families.attention.gauss_mask`); the gating parameter at ``gating_init``.
-        Finally the ConViT convolutional init (eq. 5, timm ``local_init``) of the conv-initialised GPSA heads.
+        Linear weight (``qk``, ``v``, ``proj``), zero biases.  batchnorm family: timm ``LinearNorm`` defaults
+        (PyTorch Linear init, BN weight 1, ``proj`` BN weight 0), as timm LeViT.  Then each kind's own init, in
+        registry order (``KindTerms.reset_parameters``: bias tables at 0, soft-mask logits at ``logit(alpha_init)``,
+        the Gaussian heads' ``alpha_init`` / ``sigma_init``, GPSA's ``pos_proj``, gating and ConViT's convolutional
+        init, which also sets the conv-initialised heads' value rows).
         """
         if self.norm == "layernorm":
             for lin in (self.qk, self.v, self.proj):
                 trunc_normal_(lin.weight, std=0.02)
                 if lin.bias is not None:
                     nn.init.zeros_(lin.bias)
-        if self.abs_bias_heads:
-            self.attention_biases.zero_()
-        if self.signed_bias_heads:
-            # CMHSA does not state an init; we start at 0 like LeViT (the head begins as plain MHSA).
-            self.signed_biases.zero_()
-        if self.soft_heads:
-            self.mask_alpha_logit.copy_(torch.tensor(
-                [alpha_to_logit(self.head_specs[i].mask.alpha_init) for i in self.soft_heads]))
-        if self.gauss_heads:
-            self.gauss_alpha.copy_(torch.tensor([self.head_specs[i].gauss_mask.alpha_init for i in self.gauss_heads]))
-            self.gauss_sigma.copy_(torch.tensor([self.head_specs[i].gauss_mask.sigma_init for i in self.gauss_heads]))
-        if self.gpsa_heads:
-            trunc_normal_(self.pos_proj.weight, std=0.02)
-            nn.init.zeros_(self.pos_proj.bias)
-            self.gating_param.copy_(torch.tensor([self.head_specs[i].gpsa.gating_init for i in self.gpsa_heads]))
-            self._conv_init()
+        for terms in self._active_terms:
+            terms.reset_parameters(self)
 
     # ------------------------------------------------------------------ implementation
     def set_attn_impl(self, impl: str) -> Attention:
@@ -322,14 +304,15 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
         return weight, bias
 
     def train(self, mode: bool = True) -> Attention:
-        """Switch train/eval mode; drops the eval-mode bias, mask and positional-attention caches."""
+        """Switch train/eval mode; drops the eval-mode caches (position bias, additive mask, the kinds' terms)."""
         self._drop_caches()
         return super().train(mode)
 
     def _apply(self, fn, *args, **kwargs):  # .to() / .cuda() / .half(): the cached constants are stale
         self._drop_caches()
         out = super()._apply(fn, *args, **kwargs)
-        self._masked_sdpa_fused = next(self.parameters()).device.type == "cuda"  # static: set when moved
+        self.parameter_device = next(self.parameters()).device
+        self._masked_sdpa_fused = self.parameter_device.type == "cuda"  # static: set when moved
         return out
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:  # new weights invalidate the eval-mode caches
@@ -338,7 +321,7 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
 
     # ------------------------------------------------------------------ API
     def get_attention(self, x: Tensor) -> Tensor:
-        """Final attention probabilities ``(B, H, N, N)`` (after masks and GPSA gating, without dropout).
+        """Final attention probabilities ``(B, H, N, N)`` (after every kind's terms, without dropout).
 
         Args:
             x: ``(B, N, C)``.
@@ -353,9 +336,9 @@ class Attention(PositionTermsMixin, HeadPathsMixin, nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(B, N, C) -> (B, N, C)``.
 
-        Heads are grouped by path at construction (:meth:`_plan_paths`): plain / biased / strict heads in one
-        SDPA call, GPSA heads as ``(1 - g) SDPA + g P V``, hard-masked heads linear-time where it pays, the rest
-        on the explicit-logits reference formula.  ``set_attn_impl('dense')`` selects the reference for all.
+        Heads are grouped by path at construction (:meth:`_plan_paths`): heads whose terms SDPA takes in one SDPA
+        call, the heads a kind claims on its own path, the rest on the explicit-logits reference formula.
+        ``set_attn_impl('dense')`` selects the reference for all.
 
         Raises:
             ValueError: if ``x`` is not ``(B, num_prefix_tokens + H*W, dim)``.

@@ -3,10 +3,11 @@
 :class:`~archspec.families.attention.module.Attention` -- the per-head composable attention of every
 ViT/DeiT/ConViT/MaiT/LeViT/CMHSA block -- is described by an :class:`AttentionShape`, the typed shape an IR
 node carries and :func:`archspec.families.attention.module.build` turns into the module.  What each head
-kind adds (parameters, MACs, buffers, checks) is in its own file (:mod:`.gpsa`, :mod:`.rel_bias`,
-:mod:`.mask`, :mod:`.gauss_mask`); this module composes them with the projections, the attention products and the
-kernel-dependent parts: which path each head takes under ``attn_impl='auto'`` (:func:`head_path`), what that
-path executes (:func:`executed_macs`), and the activation memory of the logit phase (:func:`memory`).
+kind adds (parameters, MACs, buffers, checks, its paths) is in its own module of :mod:`.kinds`, reached only
+through the registry (:data:`~archspec.families.attention.kinds.HEAD_KINDS`); this module composes the kinds with
+the projections, the attention products and the kernel-dependent parts: which path each head takes under
+``attn_impl='auto'`` (:func:`head_path`), what that path executes (:func:`executed_macs`), and the activation
+memory of the logit phase (:func:`memory`), read from the logit terms each head carries (:func:`head_terms`).
 
 MAC convention (the papers' "FLOPs"): every linear counts ``tokens x d_in x d_out``; attention counts
 ``Q K^T`` and ``A V`` as ``N^2 (qk_dim + v_dim)`` per head; softmax, norms, biases and masks count 0.
@@ -17,23 +18,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from archspec._util.memory import BOOL, F32, NodeMemory
+from archspec._util.memory import F32, NodeMemory
 from archspec._util.pydantic_base import HINT
 
-from . import rel_bias
 from .heads import KINDS, HeadSpec
+from .kinds import SDPA_TERMS, PathContext, path_owner
 
 __all__ = ["AttentionShape", "AttnDims", "head_dims", "check_value_dim", "counts", "memory", "executed_macs",
-           "problems", "has_bias",
-           "head_problems", "batchnorm_channels", "label", "window_path_pays", "hard_head_on_window_path",
-           "gpsa_head_on_sdpa_path", "window_attention_macs", "attention_macs_change", "head_path", "buffers", "caches",
-           "NO_WEIGHT_DECAY",
-           "RESAMPLED_TABLES"]
+           "problems", "head_problems", "batchnorm_channels", "label", "head_terms", "attention_macs_change",
+           "head_path", "buffers", "caches", "NO_WEIGHT_DECAY", "RESAMPLED_TABLES"]
 
 #: parameter leaf names an optimizer must not decay (every head kind's)
-NO_WEIGHT_DECAY = frozenset().union(*(kind.NO_WEIGHT_DECAY for kind in KINDS))
-#: learned tables resampled on a grid change: leaf name -> table kind (:func:`.rel_bias.table_grid`)
-RESAMPLED_TABLES = rel_bias.RESAMPLED_TABLES
+NO_WEIGHT_DECAY = frozenset().union(*(kind.no_weight_decay for kind in KINDS))
+#: learned tables resampled on a grid change: leaf name -> table kind (every head kind's)
+RESAMPLED_TABLES = {leaf: table for kind in KINDS for leaf, table in kind.resampled_tables.items()}
 
 
 @dataclass(frozen=True)
@@ -126,6 +124,13 @@ def head_problems(heads: Sequence[HeadSpec], grid: tuple[int, int], n_prefix: in
     return out
 
 
+def head_terms(head: HeadSpec) -> frozenset[str]:
+    """The logit terms a head carries, every kind's (:data:`~archspec.families.attention.kinds.TERMS`: ``bias``,
+    ``block``, ``zero``, ``scale``, ``positional``); empty for plain MHSA.  Raises nothing."""
+    return frozenset().union(*(kind.terms(getattr(head, kind.field)) for kind in KINDS
+                               if getattr(head, kind.field) is not None))
+
+
 # ----------------------------------------------------------------------------------- counts
 def _linear(n_tokens: int, d_in: int, d_out: int, bias: bool, bn: bool = False) -> tuple[int, int]:
     """(params, MACs) of a linear (optionally followed by BatchNorm: 2 d_out params) over N tokens."""
@@ -138,8 +143,7 @@ def counts(shape: AttentionShape) -> tuple[int, int]:
 
     Projections: layernorm family ``qk`` + ``v`` (bias if ``qkv_bias``) and ``proj`` (bias); batchnorm family one
     ``qkv`` and one ``proj`` ``LinearNorm`` (no bias, 2 BatchNorm parameters per channel).  Products
-    ``N^2 H (qk_dim + v_dim)``.  Plus what each head kind adds (:mod:`.gpsa`, :mod:`.rel_bias`, :mod:`.mask`,
-    :mod:`.gauss_mask`).
+    ``N^2 H (qk_dim + v_dim)``.  Plus what each head kind adds (``HeadKind.params`` / ``HeadKind.macs``).
     """
     heads, dims, dim, n = shape.heads, shape.dims, shape.dim, shape.n_tokens
     qk_out, v_out = 2 * len(heads) * dims.qk_dim, len(heads) * dims.v_dim
@@ -166,95 +170,40 @@ def batchnorm_channels(shape: AttentionShape) -> int:
 
 
 # ----------------------------------------------------------------------------------- paths and executed MACs
-# Crossover measured with timings like bench/speed.py --part kernel (2 heads of 64, batch 1, one CPU thread,
-# torch 2.14): the eager window path overtakes the dense path at about 250 patches for a 3x3 window, 350 for 5x5.
-_CROSSOVER_BASE_PATCHES = 200
-_CROSSOVER_PATCHES_PER_WINDOW_CELL = 6
-
-
-def window_path_pays(num_patches: int, window: tuple[int, int]) -> bool:
-    """Whether the linear-time hard-mask path is expected to beat the dense path on CPU (``attn_impl='auto'``).
-
-    Rule (our measurement): ``num_patches >= 200 + 6 * rows * cols`` (3x3: 254 patches, a 16x16 grid and up;
-    5x5: 350).  Below it the window path's ~30 small ops cost more than the ``N^2`` work they save.
-    """
-    rows, cols = window
-    return num_patches >= _CROSSOVER_BASE_PATCHES + _CROSSOVER_PATCHES_PER_WINDOW_CELL * rows * cols
-
-
-def has_bias(head: HeadSpec) -> bool:
-    """Whether a head adds a position bias to its logits: a relative bias table (:mod:`.rel_bias`) or a Gaussian
-    bias (:mod:`.gauss_mask`).  Both join the layer's ``(H, N, N)`` position bias."""
-    return head.rel_bias is not None or head.gauss_mask is not None
-
-
-def hard_head_on_window_path(head: HeadSpec, num_patches: int) -> bool:
-    """Whether a head runs linear-time under ``attn_impl='auto'``: a hard mask without GPSA or a position bias
-    (:func:`has_bias`), on a grid past :func:`window_path_pays`."""
-    head_mask = head.mask
-    return (head_mask is not None and head_mask.mode == "hard" and head.gpsa is None and not has_bias(head)
-            and window_path_pays(num_patches, tuple(head_mask.window)))
-
-
-def gpsa_head_on_sdpa_path(head: HeadSpec) -> bool:
-    """Whether a GPSA head runs as ``(1 - g) SDPA(q, k, v) + g (P @ v)`` (no hard/soft mask on its content)."""
-    return head.gpsa is not None and (head.mask is None or head.mask.mode == "strict")
-
-
-def head_path(head: HeadSpec, num_patches: int, attn_impl: str = "auto", compiled: bool = False) -> tuple:
+def head_path(head: HeadSpec, grid: tuple[int, int], attn_impl: str = "auto", compiled: bool = False,
+              n_prefix: int = 0) -> tuple:
     """The path one head takes in :class:`~.module.Attention` under ``attn_impl`` (not ``'dense'``), as a
-    hashable group key: ``("gpsa",)`` ``(1 - g) SDPA + g P V``; ``("sdpa",)`` plain, biased or strict heads in
-    one SDPA call; ``("flex",)``; ``("window", (rows, cols))`` the linear-time hard-mask kernel; ``("hard",)``
-    hard masks on explicit ``N x N`` logits; ``("dense",)`` the explicit reference formula.
+    hashable group key: the first of the head's kinds (registry order) whose rule claims it (``("gpsa",)``
+    ``(1 - g) SDPA + g P V``; ``("window", (rows, cols))`` the linear-time hard-mask kernel; ``("hard",)`` hard
+    masks on explicit ``N x N`` logits; ``("flex",)``), else ``("sdpa",)`` when every logit term it carries is one
+    SDPA takes (plain, biased or strict heads, in one SDPA call), else ``("dense",)``, the explicit reference
+    formula.
 
-    ``compiled``: the plan while ``torch.compile`` traces the layer.  Inductor fuses the window path's ~30 small
-    ops, after which it beats SDPA on every grid (the kernel alone, compiled: 14x14 grid + class token, 2 heads of
-    64, one CPU thread, torch 2.14, 0.26-0.36 ms vs SDPA's 0.38-0.49 ms; the model-level ratio is
-    ``bench/speed.py --compile``), so plain hard heads take it regardless of size.
+    ``grid``: the layer's (attention) token grid, ``n_prefix`` its prefix tokens; ``compiled``: the plan while
+    ``torch.compile`` traces the layer (a kind may choose another path then: MaiT's linear-time kernel, which
+    Inductor fuses).  Raises nothing.
     """
-    mode = head.mask.mode if head.mask is not None else None
-    if gpsa_head_on_sdpa_path(head):
-        return ("gpsa",)
-    if mode in (None, "strict"):
-        return ("sdpa",)
-    if attn_impl == "flex" and head.gpsa is None:
-        return ("flex",)
-    plain_hard = mode == "hard" and head.gpsa is None and not has_bias(head)
-    if plain_hard and (attn_impl == "fast" or compiled or hard_head_on_window_path(head, num_patches)):
-        return ("window", tuple(head.mask.window))
-    return ("hard",) if plain_hard else ("dense",)
-
-
-def window_attention_macs(grid: tuple[int, int], window: tuple[int, int], num_prefix_tokens: int,
-                          qk_dim: int, v_dim: int) -> int:
-    """MACs of one hard-masked head as the linear-time path executes it, per image.
-
-    Patch queries: ``(prefix + rows * cols) * (qk_dim + v_dim)`` each (border windows counted full: the padded
-    cells are computed, then discarded); prefix queries attend to all ``N`` tokens: ``N (qk_dim + v_dim)``
-    each; plus ``v_dim`` per token for the global value sum.
-    """
-    n_patches = grid[0] * grid[1]
-    n = num_prefix_tokens + n_patches
-    per_patch_query = (num_prefix_tokens + window[0] * window[1]) * (qk_dim + v_dim)
-    return n_patches * per_patch_query + num_prefix_tokens * n * (qk_dim + v_dim) + n * v_dim
+    context = PathContext(head_terms(head), head.kinds, tuple(grid), n_prefix, attn_impl, compiled)
+    for kind in KINDS:
+        spec = getattr(head, kind.field)
+        if spec is not None and kind.path is not None:
+            key = kind.path(spec, context)
+            if key is not None:
+                return key
+    return ("sdpa",) if context.terms <= SDPA_TERMS else ("dense",)
 
 
 def attention_macs_change(heads: Sequence[HeadSpec], qk_dim: int, v_dim: int, grid: tuple[int, int],
                           n_prefix: int) -> int:
-    """Executed minus papers' MACs per image of one attention layer under ``attn_impl='auto'``.
-
-    Each linear-time hard head: ``window_attention_macs - N^2 (qk_dim + v_dim)`` (negative); each GPSA head on the
-    SDPA path: ``+ N^2 v_dim`` (its ``P @ v``).
-    """
-    n_patches = grid[0] * grid[1]
-    n = n_prefix + n_patches
+    """Executed minus papers' MACs per image of one attention layer under ``attn_impl='auto'``: the sum over its
+    heads of what the kind owning each head's path states (:func:`head_path`; MaiT's linear-time heads save
+    ``N^2 (qk_dim + v_dim) - window_attention_macs``, GPSA's path adds its ``P @ v``, ``N^2 v_dim``)."""
     change = 0
     for head in heads:
-        if hard_head_on_window_path(head, n_patches):
-            change += window_attention_macs(grid, tuple(head.mask.window), n_prefix, qk_dim, v_dim)
-            change -= n * n * (qk_dim + v_dim)
-        elif gpsa_head_on_sdpa_path(head):
-            change += n * n * v_dim
+        key = head_path(head, grid, n_prefix=n_prefix)
+        owner = path_owner(key[0])
+        if owner is not None:
+            change += owner.path_macs(key, grid, n_prefix, qk_dim, v_dim)
     return change
 
 
@@ -266,14 +215,16 @@ def executed_macs(shape: AttentionShape) -> int:
 
 # ----------------------------------------------------------------------------------- memory
 def _logit_terms(heads: Sequence[HeadSpec], n: int, n_patches: int) -> tuple[int, int, int]:
-    """(extra ``(H, N, N)`` copies alive in the logit phase, copies saved, GPSA elements ``n_gpsa N_p^2``)."""
+    """(extra ``(H, N, N)`` copies alive in the logit phase, copies saved, positional-attention elements
+    ``n_positional N_p^2``), from the logit terms the heads carry (:func:`head_terms`)."""
     n_heads = len(heads)
-    n_gpsa = sum(h.gpsa is not None for h in heads)
-    modes = {h.mask.mode for h in heads if h.mask is not None}
-    soft, hard, strict = "soft" in modes, "hard" in modes, "strict" in modes
-    bias = any(has_bias(h) for h in heads)
+    per_head = [head_terms(h) for h in heads]
+    terms = frozenset().union(*per_head)
+    n_positional = sum("positional" in t for t in per_head)
+    soft, hard, strict = "scale" in terms, "zero" in terms, "block" in terms
+    bias = "bias" in terms
     logits = n_heads * n * n
-    if n_gpsa or hard or soft:  # explicit softmax path: matmul, scale, bias, mask product, softmax
+    if n_positional or hard or soft:  # explicit softmax path: matmul, scale, bias, mask product, softmax
         alive = 2 * logits + (logits if soft else 0) + (logits if bias else 0) + (logits // 4 if strict else 0)
         saved = (3 + bias + hard + soft + strict) * logits
     elif bias or strict:  # SDPA with a float mask: the mask (built twice for strict) and the kernel's logits
@@ -281,38 +232,35 @@ def _logit_terms(heads: Sequence[HeadSpec], n: int, n_patches: int) -> tuple[int
         saved = 2 * logits + alive
     else:  # SDPA without a mask: the flash kernel keeps no (N, N) tensor; count one to stay conservative
         alive, saved = logits, 2 * logits
-    g = n_gpsa * n_patches * n_patches
-    if n_gpsa:  # positional scores, their softmax, the gated mix and its normalisation (ConViT eq. 5-7)
-        alive = max(alive, logits + 6 * g + (logits if n_gpsa < n_heads else 0))
-        saved += 6 * g + (logits if n_gpsa < n_heads else 0)
+    g = n_positional * n_patches * n_patches
+    if n_positional:  # positional scores, their softmax, the gated mix and its normalisation (ConViT eq. 5-7)
+        alive = max(alive, logits + 6 * g + (logits if n_positional < n_heads else 0))
+        saved += 6 * g + (logits if n_positional < n_heads else 0)
     return alive, saved, g
 
 
 def buffers(shape: AttentionShape) -> int:
     """Bytes of a layer's non-parameter tensors after its first eval forward under ``attn_impl='auto'``: each head
-    kind's tables (:func:`.gpsa.tables`, :func:`.rel_bias.tables`, :func:`.mask.tables`,
-    :func:`.gauss_mask.tables`) and the eval-mode caches of :class:`~.module.Attention` (:func:`caches`)."""
+    kind's tables (``HeadKind.tables``) and the eval-mode caches of :class:`~.module.Attention` (:func:`caches`)."""
     n = shape.n_tokens
     return sum(kind.tables(shape.heads, n, n - shape.n_prefix) for kind in KINDS) + caches(shape)
 
 
 def caches(shape: AttentionShape) -> int:
     """Bytes of the constants :class:`~.module.Attention` caches in its first eval forward (``attn_impl='auto'``),
-    from the paths its heads take (:func:`head_path`): the ``(H, N, N)`` float32 position bias (any head with a
-    relative or Gaussian bias, :func:`has_bias`), the bool ``(H, N, N)`` hard-mask term (hard heads on an explicit
-    path), the float32 ``(H, N, N)`` additive mask of the SDPA paths (biased or strict heads there), GPSA's
-    ``(n_gpsa, N_p, N_p)`` positional attention, and the stacked ``qk`` + ``v`` weights of the layernorm family's
-    single projection GEMM."""
+    from the logit terms its heads carry and the paths they take (:func:`head_path`): the ``(H, N, N)`` float32
+    position bias (a head with a ``bias`` term), the float32 ``(H, N, N)`` additive mask of the paths that read it
+    (``sdpa`` and the kinds' ``additive_mask_paths``, when a head has a ``bias`` or ``block`` term), each kind's own
+    caches (``HeadKind.caches``: MaiT's hard-mask term, GPSA's positional attention), and the stacked ``qk`` + ``v``
+    weights of the layernorm family's single projection GEMM."""
     heads, n, dims = shape.heads, shape.n_tokens, shape.dims
     n_patches, h = n - shape.n_prefix, len(heads)
-    paths = {head_path(head, n_patches)[0] for head in heads}
-    modes = {head.mask.mode for head in heads if head.mask is not None}
-    bias = any(has_bias(head) for head in heads)
-    n_gpsa = sum(head.gpsa is not None for head in heads)
-    total = F32 * h * n * n if bias else 0
-    total += BOOL * h * n * n if "hard" in modes and paths & {"dense", "hard"} else 0
-    total += F32 * h * n * n if (bias or "strict" in modes) and paths & {"sdpa", "gpsa"} else 0
-    total += F32 * n_gpsa * n_patches * n_patches
+    paths = frozenset(head_path(head, shape.attention_grid, n_prefix=shape.n_prefix)[0] for head in heads)
+    terms = frozenset().union(*(head_terms(head) for head in heads))
+    reads_additive = {"sdpa"}.union(*(kind.additive_mask_paths for kind in KINDS))
+    total = F32 * h * n * n if "bias" in terms else 0
+    total += F32 * h * n * n if terms & SDPA_TERMS and paths & reads_additive else 0
+    total += sum(kind.caches(heads, paths, n, n_patches) for kind in KINDS)
     if shape.norm == "layernorm":
         total += F32 * h * (2 * dims.qk_dim + dims.v_dim) * (shape.dim + (1 if shape.qkv_bias else 0))
     return total

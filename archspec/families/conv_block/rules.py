@@ -37,8 +37,8 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from archspec._util.memory import F32, NodeMemory
 from archspec._util.pydantic_base import HINT, DropPathRate, StrictModel
-from archspec.families.attention import rel_logits
 from archspec.families.attention.heads import KINDS, HeadSpec
+from archspec.families.attention.kinds import hosted_by, rel_logits
 from archspec.families.attention.rules import AttentionShape, attention_macs_change, head_dims
 from archspec.families.attention.rules import counts as attention_counts
 
@@ -46,7 +46,8 @@ __all__ = ["SESpec", "GPSAMixerSpec", "AttentionMixerSpec", "ConvStageSpec", "Bo
            "make_divisible", "GPSA_HEADS", "gpsa_head_dim", "gpsa_counts", "gpsa_memory",
            "ConvBlockShape", "se_channels", "plan", "counts", "memory", "out_grid", "batchnorm_channels",
            "batchnorm_channels_into_bias", "label",
-           "head_letters", "strided_grid", "executed_macs", "NO_WEIGHT_DECAY", "EXPANSION", "inner_width"]
+           "head_letters", "strided_grid", "executed_macs", "NO_WEIGHT_DECAY", "EXPANSION", "inner_width",
+           "TIMM_KINDS"]
 
 # ConvGPSA's locality alpha~_h, gating lambda_h and centres Delta_h: positions and mixing weights, decayed by
 # neither ConViT (timm convit's gating_param) nor T-CNN's fine-tuning groups (archspec.transfer.gating_param_groups)
@@ -243,6 +244,15 @@ class ConvBlockShape:
         return inner_width(self.width, self.base_width, self.groups)
 
 
+#: the head kinds timm's ``BottleneckAttn`` runs (BoTNet's relative logits), read from the registry
+TIMM_KINDS = hosted_by("bottleneck_attn")
+
+
+def _in_timm_layer(head: HeadSpec) -> bool:
+    """A head timm's ``BottleneckAttn`` runs: it has kinds, every one of them :data:`TIMM_KINDS`."""
+    return bool(head.kinds) and head.kinds <= TIMM_KINDS
+
+
 @dataclass(frozen=True)
 class BotShape:
     """An attention mixer in a bottleneck: ``dim`` inner channels on a ``grid`` map (the block's input grid: BoTNet
@@ -257,8 +267,9 @@ class BotShape:
 
     @property
     def timm(self) -> bool:
-        """Every head is ``botnet_rel`` and nothing else: the layer is timm's ``BottleneckAttn``."""
-        return all(h.kinds == {rel_logits.FIELD} for h in self.heads)
+        """Every head is ``botnet_rel`` and nothing else (the kinds timm's ``BottleneckAttn`` runs, the registry's
+        ``bottleneck_attn`` host): the layer is timm's ``BottleneckAttn``."""
+        return all(_in_timm_layer(h) for h in self.heads)
 
     @property
     def qk_dim(self) -> int:
@@ -287,7 +298,7 @@ def attention_shape(bot: BotShape):
 def bot_counts(bot: BotShape) -> tuple[int, int]:
     """(params, MACs per image) of an attention mixer.  timm's ``BottleneckAttn``: the 1x1 ``qkv`` conv
     ``C (2 h d + h d_v)`` weights (+ bias) and ``N`` times that in MACs, the tables
-    (:func:`archspec.families.attention.rel_logits.table_params`) and their MACs, ``Q K^T`` and ``A V``
+    (:func:`archspec.families.attention.kinds.rel_logits.table_params`) and their MACs, ``Q K^T`` and ``A V``
     ``h N^2 (d + d_v)``; the average pool 0.  Other layers: the attention family's
     :func:`~archspec.families.attention.rules.counts` on the ``N = H W`` pixels."""
 
@@ -411,9 +422,8 @@ def _attention_problems(stage: ConvStageSpec, index: int, grid: tuple[int, int])
                         "floor where the shortcut's strided conv rounds up (the two maps would differ)",
                         "use an input resolution that leaves even sides here, or stride: 1"))
     kinds = mixer.kinds()
-    botnet = [rel_logits.FIELD in h.kinds for h in kinds]
     where = at + (("head_kinds",) if mixer.head_kinds is not None else ("attention",))
-    if any(botnet) and not all(h.kinds == {rel_logits.FIELD} for h in kinds):
+    if any(h.kinds & TIMM_KINDS for h in kinds) and not all(_in_timm_layer(h) for h in kinds):
         out.append((where, "botnet_rel heads are timm's BottleneckAttn, whose layer has no room for other kinds: "
                     "every head of a layer is botnet_rel, or none is",
                     "make every head botnet_rel, or use mhsa / levit_bias / signed_bias / masks / gpsa"))
@@ -421,7 +431,7 @@ def _attention_problems(stage: ConvStageSpec, index: int, grid: tuple[int, int])
     for layer in range(stage.depth):
         if layer in layers:
             for kind in KINDS:
-                if kind is not rel_logits:
+                if "attention" in kind.hosts:  # the kinds archspec's Attention runs on the pixels
                     out += kind.problems(kinds, g, 0, where)
         if layer == 0:
             g = strided_grid(g, stage.stride)
@@ -589,7 +599,7 @@ def label(shape: ConvBlockShape) -> str:
 
 
 def head_letters(shape: ConvBlockShape) -> str:
-    """The analysis table's heads: nine ``P`` (GPSA, positional: :func:`archspec.families.attention.gpsa.letter`)
+    """The analysis table's heads: nine ``P`` (GPSA, positional: :func:`archspec.families.attention.kinds.gpsa.letter`)
     for a GPSA block, none for a conv block."""
     if shape.bot is not None:
         return " ".join(h.letter for h in shape.bot.heads)

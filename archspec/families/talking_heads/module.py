@@ -31,8 +31,8 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from ..attention.heads import HeadSpec, coerce_heads
-from ..attention.mask import alpha_to_logit
-from ..attention.mask_terms import apply_mask_terms, mask_terms, window_mask
+from ..attention.mask_terms import alpha_to_logit, mask_terms, window_mask
+from ..attention.position_terms import apply_logit_terms
 from .rules import TalkingHeadsShape, unsupported_kinds
 
 __all__ = ["TalkingHeadAttn", "build"]
@@ -115,7 +115,7 @@ class TalkingHeadAttn(nn.Module):
             return logits
         alpha = torch.sigmoid(self.mask_alpha_logit) if self.soft_heads else None
         modes = [h.mask.mode if h.mask is not None else None for h in self.head_specs]
-        return apply_mask_terms(logits, *mask_terms(self.num_heads, modes, self.attn_masks, alpha, logits.dtype))
+        return apply_logit_terms(logits, *mask_terms(self.num_heads, modes, self.attn_masks, alpha, logits.dtype))
 
     def _softmax(self, q: Tensor, k: Tensor) -> Tensor:
         """Per-head probabilities ``softmax(mask(proj_l(q k^T)))`` ``(B, H, N, N)``, rows summing to 1."""

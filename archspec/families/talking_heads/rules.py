@@ -12,17 +12,17 @@ from dataclasses import dataclass
 
 from archspec._util.memory import BOOL, F32, NodeMemory
 
-from ..attention import mask
 from ..attention.heads import HeadSpec
-from ..attention.mask import NO_WEIGHT_DECAY as _MASK_NO_WEIGHT_DECAY
+from ..attention.kinds import head_kind, hosted_by
 
 __all__ = ["TalkingHeadsShape", "counts", "memory", "label", "stage_problems", "NO_WEIGHT_DECAY", "HEAD_KINDS",
            "unsupported_kinds"]
 
-NO_WEIGHT_DECAY = _MASK_NO_WEIGHT_DECAY  # soft masks' alphas
 #: the head kinds (:attr:`HeadSpec.kinds <archspec.families.attention.heads.HeadSpec.kinds>`) talking heads take
-#: besides plain MHSA: MaiT masks, applied after ``proj_l``; every other kind, a new one included, is refused
-HEAD_KINDS = frozenset({mask.FIELD})
+#: besides plain MHSA, read from the registry (the kinds whose hosts name ``talking_heads``): MaiT masks, applied
+#: after ``proj_l``; every other kind, a new one included, is refused
+HEAD_KINDS = hosted_by("talking_heads")
+NO_WEIGHT_DECAY = frozenset().union(*(head_kind(name).no_weight_decay for name in HEAD_KINDS))  # soft masks' alphas
 
 
 def unsupported_kinds(head: HeadSpec) -> frozenset[str]:

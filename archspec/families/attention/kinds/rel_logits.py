@@ -1,4 +1,4 @@
-"""Head kind ``rel_logits``: BoTNet's relative position logits, torch-free rules.
+"""Head kind ``rel_logits``: BoTNet's relative position logits.
 
 Srinivas et al. 2021, "Bottleneck Transformers for Visual Recognition", fig. 4 (the MHSA layer of a BoT block),
 after Bello et al. 2019, "Attention Augmented Convolutional Networks", sec. 3.2.1 (eq. 3): the logit of query
@@ -11,9 +11,10 @@ with learned tables ``R^H`` of ``(2 H - 1, d)`` and ``R^W`` of ``(2 W - 1, d)`` 
 ``scale_pos_embed=False``, which we follow).  Unlike LeViT's or CMHSA's additive bias (:mod:`.rel_bias`), these
 logits depend on the query: ``2 x N x (2 side - 1) x d`` MACs per head on an ``N``-pixel map.
 
-The torch side is timm's own ``BottleneckAttn`` (:mod:`archspec.families.conv_block.module`); the kind runs inside
-a bottleneck's attention mixer (``mixer: {kind: attention}`` of a conv stage) only, where every head of the layer
-is ``botnet_rel`` -- a token stage, or a layer mixing it with other kinds, is refused (located, at validation).
+The torch side is timm's own ``BottleneckAttn`` (:mod:`archspec.families.conv_block.module`), the kind's only
+host (``bottleneck_attn``), so the kind has no torch half of its own: it runs inside a bottleneck's attention
+mixer (``mixer: {kind: attention}`` of a conv stage) only, where every head of the layer is ``botnet_rel`` -- a
+token stage, or a layer mixing it with other kinds, is refused (located, at validation).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from collections.abc import Sequence
 
 from archspec._util.pydantic_base import StrictModel
 
-__all__ = ["RelLogitsSpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "params", "macs", "tables", "problems",
-           "NO_WEIGHT_DECAY", "table_params", "table_macs"]
+from .registry import HeadKind, register_head_kind
+
+__all__ = ["RelLogitsSpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "terms", "params", "macs", "tables",
+           "problems", "NO_WEIGHT_DECAY", "table_params", "table_macs", "KIND"]
 
 FIELD = "rel_logits"
 SHORTHANDS = {"botnet_rel": {"rel_logits": {}}}
@@ -39,6 +42,12 @@ class RelLogitsSpec(StrictModel):
 def letter(spec: RelLogitsSpec) -> str:
     """Table letter: ``B`` (BoTNet)."""
     return "B"
+
+
+def terms(spec: RelLogitsSpec) -> frozenset[str]:
+    """Query-dependent logits, ``q_i . R[offset]``: none of archspec's layer terms (timm's ``BottleneckAttn`` computes
+    them; archspec's layers refuse the kind)."""
+    return frozenset({"relative_logits"})
 
 
 def table_params(grid: tuple[int, int], qk_dim: int) -> int:
@@ -74,3 +83,11 @@ def problems(heads: Sequence, grid: tuple[int, int], n_prefix: int, where: tuple
                  "(mixer: {kind: attention} of a kind: conv stage), with every head of the layer botnet_rel",
                  "use mhsa, levit_bias or signed_bias heads here, or move the layer into a bottleneck stage")]
     return []
+
+
+KIND = register_head_kind(HeadKind(
+    field=FIELD, spec=RelLogitsSpec,
+    description="BoTNet's relative position logits q . R[offset] (Srinivas et al. 2021; shorthand botnet_rel); in a "
+    "bottleneck's attention mixer only.",
+    shorthands=SHORTHANDS, legend=LEGEND, letter=letter, terms=terms, params=params, macs=macs, tables=tables,
+    problems=problems, no_weight_decay=NO_WEIGHT_DECAY, hosts=frozenset({"bottleneck_attn"}), hashed_when_unused=True))

@@ -35,22 +35,34 @@ named):
 
 Counts: 2 parameters per head; 0 MACs (an elementwise bias built once per forward in training, once in eval, on
 the ``(N_p, N_p)`` distance table, independent of the batch: the papers' convention for biases and masks, as
-:mod:`.rel_bias`).  The torch side is :class:`archspec.families.attention.module.Attention` (``gauss_alpha``,
-``gauss_sigma``, the distance buffer ``gauss_dist2`` and, where not every head is Gaussian, the head indices
-``gauss_head_idx``, :func:`scattered`; the bias joins
-:meth:`~archspec.families.attention.module.Attention.position_bias`).
+:mod:`.rel_bias`).  The torch side is :class:`GaussTerms` (``gauss_alpha``, ``gauss_sigma``, the distance buffer
+``gauss_dist2`` and, where not every head is Gaussian, the head indices ``gauss_head_idx``, :func:`scattered`; the
+bias joins :meth:`~archspec.families.attention.module.Attention.position_bias`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from archspec._util.pydantic_base import StrictModel
+from archspec._util.lazy import lazy_module
+from archspec._util.pydantic_base import HINT, StrictModel
 
-__all__ = ["GaussMaskSpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "params", "macs", "tables", "scattered",
-           "problems", "NO_WEIGHT_DECAY", "SIGMA_EPS", "DEFAULT_ALPHA", "DEFAULT_SIGMA"]
+from .layer_terms import KindTerms
+from .registry import HeadKind, register_head_kind
+
+if TYPE_CHECKING:  # annotations only
+    from torch import Tensor
+
+__all__ = ["GaussMaskSpec", "FIELD", "SHORTHANDS", "LEGEND", "letter", "terms", "params", "macs", "tables",
+           "scattered", "problems", "NO_WEIGHT_DECAY", "SIGMA_EPS", "DEFAULT_ALPHA", "DEFAULT_SIGMA", "GaussTerms",
+           "GaussMethods", "KIND"]
+
+torch = lazy_module("torch")
+nn = lazy_module("torch.nn")
+grid_tables = lazy_module("archspec.families.attention.tables")
 
 FIELD = "gauss_mask"
 SHORTHANDS = {"gauss_mask": {"gauss_mask": {}}}
@@ -74,6 +86,9 @@ class GaussMaskSpec(StrictModel):
 
     Details and sources: ``archspec/families/attention/gauss_mask.py``.
     """
+    # (that path is the kind's old home, now kinds/gauss_mask.py: the docstring is the schema's description, which the
+    # search spaces' schema, archspec/search/spaces/archspec-space.schema.json, embeds -- left as it is until it can
+    # be regenerated with them)
 
     alpha_init: float = Field(
         DEFAULT_ALPHA, gt=0, le=100,
@@ -90,6 +105,11 @@ class GaussMaskSpec(StrictModel):
 def letter(spec: GaussMaskSpec) -> str:
     """Table letter: ``D`` (decay; no 'G', which readers take for GPSA)."""
     return "D"
+
+
+def terms(spec: GaussMaskSpec) -> frozenset[str]:
+    """A Gaussian bias adds to the logits: ``bias`` (SDPA takes it as its float mask)."""
+    return frozenset({"bias"})
 
 
 def _count(heads: Sequence) -> int:
@@ -128,3 +148,72 @@ def tables(heads: Sequence, n_tokens: int, n_patches: int) -> int:
 def problems(heads: Sequence, grid: tuple[int, int], n_prefix: int, where: tuple) -> list[tuple[tuple, str, str]]:
     """No shape problems: a Gaussian fits any grid (prefix tokens get no bias)."""
     return []
+
+
+# ----------------------------------------------------------------------------------- torch side
+class GaussTerms(KindTerms):
+    """Gaussian biases in one layer: ``gauss_alpha`` and ``gauss_sigma`` ``(n_gauss,)``, the squared-distance buffer
+    ``gauss_dist2`` ``(N_p, N_p)`` (patch units) and, where the layer adds them by head index (:func:`scattered`),
+    the non-persistent ``gauss_head_idx`` ``(n_gauss,)``.  Publishes ``layer.gauss_heads`` and
+    ``layer.gauss_scattered``."""
+
+    def __init__(self, layer: Any, heads: Sequence[int]) -> None:
+        super().__init__(layer, heads)
+        layer.gauss_heads = self.heads
+        layer.gauss_scattered = scattered(layer.head_specs)
+        if self.heads:
+            layer.gauss_alpha = nn.Parameter(torch.zeros(len(self.heads)))
+            layer.gauss_sigma = nn.Parameter(torch.zeros(len(self.heads)))
+        if layer.gauss_scattered:  # where the Gaussian biases are added into the layer's (H, N, N) bias
+            layer.register_buffer("gauss_head_idx", torch.tensor(self.heads, dtype=torch.long), persistent=False)
+
+    def reset_parameters(self, layer: Any) -> None:
+        """``gauss_alpha`` / ``gauss_sigma`` at each head's ``alpha_init`` / ``sigma_init`` (default 5 and 1 patch:
+        local)."""
+        specs = layer.head_specs
+        layer.gauss_alpha.copy_(torch.tensor([specs[i].gauss_mask.alpha_init for i in self.heads]))
+        layer.gauss_sigma.copy_(torch.tensor([specs[i].gauss_mask.sigma_init for i in self.heads]))
+
+    def build_grid_tables(self, layer: Any, device: Any) -> None:
+        """``gauss_dist2``: squared patch distances ``d_ij^2`` (rows and columns in patches), float32
+        (:func:`~archspec.families.attention.tables.squared_distances`)."""
+        layer.register_buffer("gauss_dist2", grid_tables.squared_distances(layer.grid).to(device), persistent=False)
+
+    def bias(self, layer: Any) -> list[tuple[Any, Tensor]]:
+        """The Gaussian heads' :meth:`~GaussMethods.gauss_bias`, at ``gauss_head_idx`` where the layer scatters it (no
+        index tensor made per forward), else on every head."""
+        return [(layer.gauss_head_idx if layer.gauss_scattered else self.heads, layer.gauss_bias())]
+
+
+class GaussMethods:
+    """What the Gaussian bias adds to :class:`~archspec.families.attention.module.Attention`'s public methods."""
+
+    def gauss_bias(self) -> Tensor:
+        """Gaussian bias of the Gaussian heads, ``(n_gauss, N_p, N_p)`` on the patch-patch block (GMM-Mask,
+        Li & Zhang, arXiv 2309.05375, authors' ``models/gmm.py`` with one Gaussian per head):
+
+            ``b_h[i, j] = gauss_alpha_h * exp(-d_ij^2 / (2 (gauss_sigma_h^2 + 1e-5)))``
+
+        with ``d_ij^2`` the squared distance between patches ``i`` and ``j`` in patch units (``gauss_dist2``,
+        :func:`~archspec.families.attention.tables.squared_distances`), in logit units; the heads in head order.
+        Differentiable in ``gauss_alpha`` and ``gauss_sigma``.
+
+        Raises:
+            ValueError: when the layer has no Gaussian head.
+        """
+        if not self.gauss_heads:
+            raise ValueError("this attention layer has no gauss_mask head")
+        sigma2 = self.gauss_sigma.pow(2) + SIGMA_EPS
+        return self.gauss_alpha.view(-1, 1, 1) * torch.exp(
+            -self.gauss_dist2.to(sigma2.dtype) / (2.0 * sigma2).view(-1, 1, 1))
+
+
+KIND = register_head_kind(HeadKind(
+    field=FIELD, spec=GaussMaskSpec,
+    description="Learned Gaussian locality bias alpha exp(-d^2 / (2 (sigma^2 + 1e-5))) on the logits, two "
+    "parameters per head (GMM-Mask, arXiv 2309.05375; shorthand gauss_mask).",
+    shorthands=SHORTHANDS, legend=LEGEND, letter=letter, terms=terms, params=params, macs=macs, tables=tables,
+    problems=problems, no_weight_decay=NO_WEIGHT_DECAY,
+    argument_hint=f"{HINT}a gauss_mask head has no window: its width is learned; start it wider with "
+    "{gauss_mask: {sigma_init: 2.0}}",
+    layer_terms=GaussTerms, layer_methods=GaussMethods))
