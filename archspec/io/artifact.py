@@ -25,12 +25,12 @@ from safetensors.torch import load_model, save_file, save_model
 
 from archspec._version import __version__
 from archspec.errors import SpecError
-from archspec.families.attention.heads import without_unused_new_kinds
 from archspec.io.builddir import normal_mode
 from archspec.ir.checked import load_spec
 from archspec.nn.compiler import compile
 from archspec.nn.model import ArchModel
 from archspec.spec import ArchSpec
+from archspec.spec.stable import stable_dump
 
 if TYPE_CHECKING:
     from torch import nn
@@ -46,9 +46,10 @@ def spec_digest(spec: ArchSpec) -> str:
 
     Every field counts, ``name`` and ``description`` included: any edit of spec.yaml is detected.  A head kind
     added since a build was saved does not change its digest while no head uses it
-    (:func:`~archspec.families.attention.heads.without_unused_new_kinds`).  Raises nothing.
+    (:func:`~archspec.spec.stable.stable_dump`: nor does a field added since, while the spec does not use it).
+    Raises nothing.
     """
-    dump = without_unused_new_kinds(spec.model_dump(mode="json"))
+    dump = stable_dump(spec)
     canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

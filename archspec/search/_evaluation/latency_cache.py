@@ -14,6 +14,7 @@ from archspec.families.attention.heads import without_unused_new_kinds
 from archspec.io.builddir import staging_prefix
 from archspec.search._evaluation.protocols import LatencyProtocol
 from archspec.spec import ArchSpec, ConvStageSpec
+from archspec.spec.stable import stable_dump
 
 __all__ = ["LatencyCache", "architecture_key"]
 
@@ -27,7 +28,7 @@ def architecture_key(spec: ArchSpec) -> str:
     ``drop_path`` replaced by its resolved per-layer plans, so two spellings of the same layers (one
     override 0-23, or 0-7 plus a default) share a key, whatever their names or init seeds.
     """
-    data = without_unused_new_kinds(spec.model_dump(mode="json", exclude=set(_IGNORED)))
+    data = stable_dump(spec, exclude=set(_IGNORED))
     for i, stage in enumerate(data["stages"]):  # per-layer resolved heads, mixer and drop path: one spelling
         if isinstance(spec.stages[i], ConvStageSpec):  # conv stages have one spelling already
             continue
