@@ -314,16 +314,17 @@ def neighborhood_mask(grid: Sequence[int], kernel: int | Sequence[int],
 
 
 @lru_cache(maxsize=64)
-def _tile_axis(length: int, kernel: int, tile: int):
+def _tile_axis(length: int, kernel: int, tile: int) -> tuple[Tensor, Tensor, Tensor]:
     """One axis of the tiled undilated kernel: query tiles of ``tile`` positions (the last padded; padding
     queries copy the last position's window), each reading a block of ``kb = min(tile + kernel - 1, length)``
     consecutive keys that holds every window of the tile (windows start no earlier than the tile's first one and
     move by at most one position per query).
 
     Returns:
-        ``(n_tiles, kb, block (n_tiles, kb) long key positions, ok (n_tiles, tile, kb) bool, bias (n_tiles, tile,
-        kb) long)``: whether query ``a`` of tile ``t`` attends block key ``c``, and that pair's position on the
-        ``2 kernel - 1`` bias axis (clamped into range where not attended).
+        ``block``: long ``(n_tiles, kb)``, the key positions of each tile's block; ``outside``: float
+        ``(n_tiles, tile, kb)``, 0 where query ``a`` of tile ``t`` attends block key ``c``, ``-inf`` elsewhere;
+        ``bias``: float ``(n_tiles * tile * kb, 2 kernel - 1)``, one-hot rows selecting that pair's place on the
+        bias axis (all zero where not attended), so a bias table reads as an exact matrix product.
     """
     n_tiles, kb = -(-length // tile), min(tile + kernel - 1, length)
     query = [min(r, length - 1) for r in range(n_tiles * tile)]
@@ -333,20 +334,30 @@ def _tile_axis(length: int, kernel: int, tile: int):
                           for t in range(n_tiles)])[:, None] + torch.arange(kb)
     key = block[:, None, :]
     ok = (key >= start) & (key < start + kernel)
-    bias = (bias0 + key - start).clamp(0, 2 * kernel - 2)
-    return n_tiles, kb, block, ok, bias
+    place = torch.where(ok, bias0 + key - start, 2 * kernel - 1)  # 2k - 1: a column dropped below
+    bias = F.one_hot(place.flatten(), 2 * kernel)[:, :-1].float()
+    return block, torch.zeros(ok.shape).masked_fill(~ok, float("-inf")), bias
 
 
 @lru_cache(maxsize=64)
-def _tile_tables(grid: tuple[int, int], kernel: tuple[int, int], tile: tuple[int, int]):
-    """2-D tiles: row and column key blocks, and per tile the bool ``(T_h T_w, kb_h kb_w)`` window mask and the
-    bias index into the flattened ``(2k_h-1)(2k_w-1)`` table, as ``(n_h, n_w, T_h T_w, kb_h kb_w)``."""
-    nr, kbr, block_r, ok_r, bias_r = _tile_axis(grid[0], kernel[0], tile[0])
-    nc, kbc, block_c, ok_c, bias_c = _tile_axis(grid[1], kernel[1], tile[1])
-    shape = (nr, nc, tile[0] * tile[1], kbr * kbc)
-    ok = ok_r[:, None, :, None, :, None] & ok_c[None, :, None, :, None, :]
-    bias = bias_r[:, None, :, None, :, None] * (2 * kernel[1] - 1) + bias_c[None, :, None, :, None, :]
-    return block_r, block_c, ok.reshape(shape), bias.reshape(shape)
+def _tile_outside(grid: tuple[int, int], kernel: tuple[int, int], tile: tuple[int, int]) -> Tensor:
+    """The additive window mask of every tile, ``(n_h, n_w, T_h T_w, kb_h kb_w)``: 0 inside a query's window."""
+    _, out_r, _ = _tile_axis(grid[0], kernel[0], tile[0])
+    _, out_c, _ = _tile_axis(grid[1], kernel[1], tile[1])
+    outside = out_r[:, None, :, None, :, None] + out_c[None, :, None, :, None, :]
+    return outside.reshape(out_r.shape[0], out_c.shape[0], tile[0] * tile[1], -1)
+
+
+def _tile_bias(rpb: Tensor, grid: tuple[int, int], kernel: tuple[int, int], tile: tuple[int, int]) -> Tensor:
+    """The bias of every (query, block key) pair of every tile, ``(heads, 1, n_h, n_w, T_h T_w, kb_h kb_w)``:
+    ``onehot_rows @ rpb[h] @ onehot_cols^T`` (each product sums one non-zero term: exact), whose backward is two
+    matrix products rather than a scatter-add into the table."""
+    block_r, _, onehot_r = _tile_axis(grid[0], kernel[0], tile[0])
+    block_c, _, onehot_c = _tile_axis(grid[1], kernel[1], tile[1])
+    (nr, kbr), (nc, kbc) = block_r.shape, block_c.shape
+    bias = onehot_r.to(rpb) @ rpb @ onehot_c.to(rpb).t()  # (heads, n_h T_h kb_h, n_w T_w kb_w)
+    bias = bias.view(-1, nr, tile[0], kbr, nc, tile[1], kbc).permute(0, 1, 4, 2, 5, 3, 6)
+    return bias.reshape(-1, 1, nr, nc, tile[0] * tile[1], kbr * kbc)
 
 
 def _tiled_na(q: Tensor, k: Tensor, v: Tensor, kernel: tuple[int, int], rpb: Tensor | None,
@@ -356,23 +367,23 @@ def _tiled_na(q: Tensor, k: Tensor, v: Tensor, kernel: tuple[int, int], rpb: Ten
     batched ``(T^2, kb^2)`` logit matrix per tile with the windows as an additive mask (``-inf`` outside) plus the
     bias."""
     B, h, S, rows, cols, d = q.shape
-    tile = (min(NA_TILE, rows), min(NA_TILE, cols))
-    block_r, block_c, ok, bias_index = _tile_tables((rows, cols), kernel, tile)
-    nr, nc = block_r.shape[0], block_c.shape[0]
-    device = q.device
-    mask = torch.zeros(ok.shape, dtype=q.dtype, device=device) if rpb is None else \
-        rpb.to(q.dtype).reshape(h, -1)[:, bias_index.to(device)].unsqueeze(1)  # (h, 1, nr, nc, T^2, kb^2)
-    mask = mask.masked_fill(~ok.to(device), float("-inf"))
+    grid, tile = (rows, cols), (min(NA_TILE, rows), min(NA_TILE, cols))
+    block_r, _, _ = _tile_axis(rows, kernel[0], tile[0])
+    block_c, _, _ = _tile_axis(cols, kernel[1], tile[1])
+    (nr, kbr), (nc, kbc) = block_r.shape, block_c.shape
+    mask = _tile_outside(grid, kernel, tile).to(q)
+    if rpb is not None:
+        mask = mask + _tile_bias(rpb.to(q.dtype), grid, kernel, tile)
     qt = F.pad(q, (0, 0, 0, nc * tile[1] - cols, 0, nr * tile[0] - rows))
     qt = qt.view(B, h, S, nr, tile[0], nc, tile[1], d).permute(0, 1, 2, 3, 5, 4, 6, 7)
     qt = qt.reshape(B, h, S, nr, nc, tile[0] * tile[1], d)
-    rows_idx, cols_idx = block_r.to(device)[:, :, None, None], block_c.to(device)[None, None]
+    rows_idx, cols_idx = block_r.flatten().to(q.device), block_c.flatten().to(q.device)
 
-    def blocks(t: Tensor) -> Tensor:  # (B, h, S, nr, nc, kb_h kb_w, d)
-        t = t[:, :, :, rows_idx, cols_idx].permute(0, 1, 2, 3, 5, 4, 6, 7)
-        return t.reshape(B, h, S, nr, nc, -1, t.shape[-1])
+    def blocks(t: Tensor) -> Tensor:  # (B, h, S, nr, nc, kb_h kb_w, d); index_select's backward is index_add
+        t = t.index_select(3, rows_idx).index_select(4, cols_idx).view(B, h, S, nr, kbr, nc, kbc, -1)
+        return t.permute(0, 1, 2, 3, 5, 4, 6, 7).reshape(B, h, S, nr, nc, kbr * kbc, -1)
 
-    logits = (qt @ blocks(k).transpose(-2, -1)).mul_(scale) + mask
+    logits = torch.matmul(qt, blocks(k).transpose(-2, -1)).mul_(scale) + mask
     out = logits.softmax(dim=-1) @ blocks(v)
     out = out.view(B, h, S, nr, nc, tile[0], tile[1], -1).permute(0, 1, 2, 3, 5, 4, 6, 7)
     return out.reshape(B, h, S, nr * tile[0], nc * tile[1], -1)[:, :, :, :rows, :cols]
