@@ -276,6 +276,14 @@ def test_prefix_tokens_are_refused():
         check_no_prefix_tokens("neighborhood", 2)
 
 
+def test_bias_tables_of_another_shape_are_refused():
+    q, k, v = _qkv((7, 7))  # 2 heads
+    with pytest.raises(ValueError, match=r"rpb must have shape \(2, 5, 5\), got \(2, 7, 7\)"):
+        neighborhood_attention(q, k, v, (7, 7), 3, 2, rpb=torch.zeros(2, 7, 7))
+    with pytest.raises(ValueError, match=r"bias_table must have shape \(25, 2\), got \(2, 25\)"):
+        window_attention(q, k, v, (7, 7), 3, 1, bias_table=torch.zeros(2, 25))  # timm's layout: (entries, heads)
+
+
 @pytest.mark.parametrize("kernel,dilation,grid,message", [
     (4, 1, (8, 8), "kernel 4 must be odd"),
     (1, 1, (8, 8), "kernel 1 must be odd and >= 3"),

@@ -44,7 +44,8 @@ __all__ = ["dense_local_attention", "relative_bias", "swin_window_mask", "swin_p
            "neighborhood_indices", "neighborhood_mask", "neighborhood_attention", "NA_TILE"]
 
 #: query tile side of :func:`neighborhood_attention` (a tile of ``T x T`` queries reads a ``(T + k - 1)^2`` block
-#: of keys); ``bench/local_kernels.py`` measured 7 fastest at 56x56, k 7 (see :func:`neighborhood_attention`)
+#: of keys).  ``bench/local_kernels.py --tiles 4 6 7 8 10`` at 56x56, k 7: 4 to 8 within the machine's noise, 10
+#: slower; 7 also makes each 7x7 sub-grid of DiNAT's dilated layers (56 / 8) exactly one tile.
 NA_TILE = 7
 
 
@@ -55,6 +56,12 @@ def _check_tokens(q: Tensor, grid: tuple[int, int], kind: str) -> None:
         check_no_prefix_tokens(kind, n - n_grid)
     if n != n_grid:
         raise ValueError(f"{kind} attention on a {grid[0]}x{grid[1]} grid needs {n_grid} tokens, got {n}")
+
+
+def _check_table(table: Tensor | None, shape: tuple[int, ...], name: str) -> None:
+    """A bias table of the shape its kind reads (the heads and the window or kernel of the call)."""
+    if table is not None and tuple(table.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(table.shape)}")
 
 
 def relative_bias(table: Tensor, index: Tensor) -> Tensor:
@@ -166,9 +173,10 @@ def swin_padded_kv(k: Tensor, v: Tensor, grid: Sequence[int], window: int | Sequ
 
 
 @lru_cache(maxsize=64)
-def _swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int]):
-    """timm's per-window tables: the additive region mask ``(nW, A, A)`` (``-100`` across regions, None without
-    shift: timm passes ``mask=None``) and ``relative_position_index`` ``(A, A)``, ``A = w_h w_w``."""
+def _swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+                        device: torch.device) -> tuple[Tensor | None, Tensor]:
+    """timm's per-window tables on ``device``: the additive region mask ``(nW, A, A)`` (``-100`` across regions,
+    None without shift: timm passes ``mask=None``) and ``relative_position_index`` ``(A, A)``, ``A = w_h w_w``."""
     rows, cols = swin_axis(grid[0], window[0], shift[0]), swin_axis(grid[1], window[1], shift[1])
     region = torch.tensor(rows.region)[:, None] * 3 + torch.tensor(cols.region)[None]  # timm's cnt = 3 h + w
     windows = region.view(rows.padded // window[0], window[0], cols.padded // window[1], window[1])
@@ -176,11 +184,11 @@ def _swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: t
     mask = None
     if any(shift):
         diff = windows[:, None, :] - windows[:, :, None]
-        mask = torch.zeros(diff.shape).masked_fill(diff != 0, SWIN_MASK_VALUE)
+        mask = torch.zeros(diff.shape).masked_fill(diff != 0, SWIN_MASK_VALUE).to(device)
     wr, wc = torch.meshgrid(torch.arange(window[0]), torch.arange(window[1]), indexing="ij")
     wr, wc = wr.flatten(), wc.flatten()
     index = (wr[:, None] - wr[None] + window[0] - 1) * (2 * window[1] - 1) + (wc[:, None] - wc[None] + window[1] - 1)
-    return mask, index
+    return mask, index.to(device)
 
 
 def _partition(t: Tensor, window: tuple[int, int]) -> Tensor:
@@ -207,8 +215,9 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
     the bottom/right to a multiple of the window (queries with 0, keys/values with ``pad_kv``, as timm pads the
     input of its qkv projection with zeros); partition into windows; per window ``softmax(q k^T scale + B + M) v``
     with ``B`` the ``relative_position_bias_table`` read through ``relative_position_index`` and ``M`` timm's
-    ``-100`` region mask when any shift is non-zero (one SDPA call with the sum as its float mask); reverse the
-    partition, crop the padding, roll back by ``+shift``.  Window and shift are resolved as timm does
+    ``-100`` region mask when any shift is non-zero, in timm's order (``q * scale``, ``@ k^T``, ``+ B``, ``+ M``,
+    softmax, ``@ v``); reverse the partition, crop the padding, roll back by ``+shift``.  Autograd keeps the
+    windows' weights (``N w_h w_w`` per head).  Window and shift are resolved as timm does
     (:func:`~archspec.families.attention.local_rules.resolve_window`: clamped to a smaller grid, shift 0 on an
     axis the window covers).
 
@@ -226,23 +235,26 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
         :func:`swin_padded_kv` (up to rounding and timm's ``-100``).
 
     Raises:
-        ValueError: prefix tokens (``N > H W``), a token count that is not ``H W``, or as ``resolve_window``.
+        ValueError: prefix tokens (``N > H W``), a token count that is not ``H W``, a bias table of another shape,
+        or as ``resolve_window``.
     """
     grid = as_pair(tuple(grid), "grid")
     _check_tokens(q, grid, "window")
     win, sh = resolve_window(grid, window, shift)
     padded = padded_grid(grid, win)
-    mask, index = _swin_window_tables(grid, win, sh)
-    attn_mask = None
-    if bias_table is not None:
-        attn_mask = bias_table.to(q.dtype)[index.to(q.device)].permute(2, 0, 1).unsqueeze(1)  # (heads, 1, A, A)
-    if mask is not None:
-        mask = mask.to(q.device, q.dtype)
-        attn_mask = mask if attn_mask is None else attn_mask + mask  # (heads or 1, nW, A, A)
+    mask, index = _swin_window_tables(grid, win, sh, q.device)
+    _check_table(bias_table, ((2 * win[0] - 1) * (2 * win[1] - 1), q.shape[1]), "bias_table")
     pads = (None, None) if pad_kv is None else pad_kv
-    windows = [_partition(_rolled_padded(t, grid, padded, sh, pad), win)
-               for t, pad in zip((q, k, v), (None, *pads))]
-    out = F.scaled_dot_product_attention(*windows, attn_mask=attn_mask, scale=scale)
+    q_w, k_w, v_w = [_partition(_rolled_padded(t, grid, padded, sh, pad), win)
+                     for t, pad in zip((q, k, v), (None, *pads))]
+    # timm's WindowAttention (its default, non-fused path) in its order.  On CPU it beats SDPA with a float mask
+    # ~3x at 49-token windows (2.6-3.1 ms vs 8.9-10.3 ms for Swin-T's first stage: 3 heads, 64 windows, one thread).
+    attn = (q_w * (q.shape[-1] ** -0.5 if scale is None else scale)) @ k_w.transpose(-2, -1)  # (B, h, nW, A, A)
+    if bias_table is not None:
+        attn = attn + bias_table.to(q.dtype)[index].permute(2, 0, 1).unsqueeze(1)  # (heads, 1, A, A)
+    if mask is not None:
+        attn = attn + mask.to(q.dtype)  # (nW, A, A)
+    out = attn.softmax(dim=-1) @ v_w
     out = _reverse(out, win, padded)[:, :, :grid[0], :grid[1]]
     if any(sh):
         out = torch.roll(out, shifts=sh, dims=(2, 3))
@@ -340,12 +352,14 @@ def _tile_axis(length: int, kernel: int, tile: int) -> tuple[Tensor, Tensor, Ten
 
 
 @lru_cache(maxsize=64)
-def _tile_outside(grid: tuple[int, int], kernel: tuple[int, int], tile: tuple[int, int]) -> Tensor:
-    """The additive window mask of every tile, ``(n_h, n_w, T_h T_w, kb_h kb_w)``: 0 inside a query's window."""
+def _tile_outside(grid: tuple[int, int], kernel: tuple[int, int], tile: tuple[int, int], device: torch.device,
+                  dtype: torch.dtype) -> Tensor:
+    """The additive window mask of every tile, ``(n_h, n_w, T_h T_w, kb_h kb_w)``: 0 inside a query's window,
+    ``-inf`` outside (kept per device and dtype: a few MB at 56x56, not copied on every call)."""
     _, out_r, _ = _tile_axis(grid[0], kernel[0], tile[0])
     _, out_c, _ = _tile_axis(grid[1], kernel[1], tile[1])
     outside = out_r[:, None, :, None, :, None] + out_c[None, :, None, :, None, :]
-    return outside.reshape(out_r.shape[0], out_c.shape[0], tile[0] * tile[1], -1)
+    return outside.reshape(out_r.shape[0], out_c.shape[0], tile[0] * tile[1], -1).to(device, dtype)
 
 
 def _tile_bias(rpb: Tensor, grid: tuple[int, int], kernel: tuple[int, int], tile: tuple[int, int]) -> Tensor:
@@ -371,7 +385,7 @@ def _tiled_na(q: Tensor, k: Tensor, v: Tensor, kernel: tuple[int, int], rpb: Ten
     block_r, _, _ = _tile_axis(rows, kernel[0], tile[0])
     block_c, _, _ = _tile_axis(cols, kernel[1], tile[1])
     (nr, kbr), (nc, kbc) = block_r.shape, block_c.shape
-    mask = _tile_outside(grid, kernel, tile).to(q)
+    mask = _tile_outside(grid, kernel, tile, q.device, q.dtype)
     if rpb is not None:
         mask = mask + _tile_bias(rpb.to(q.dtype), grid, kernel, tile)
     qt = F.pad(q, (0, 0, 0, nc * tile[1] - cols, 0, nr * tile[0] - rows))
@@ -416,8 +430,10 @@ def neighborhood_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int],
     windows all lie in one ``(T + k - 1)^2`` block of keys (fewer at the borders), gathered once per tile, and the
     tile attends it as one small dense matrix product with the windows as a ``-inf`` mask.  That computes
     ``(T + k - 1)^2 / k^2`` times the pairs needed (3.4x at ``T = k = 7``) but as batched matrix products, which
-    beat a per-query gather of ``k^2`` keys on CPU; autograd differentiates it (gather -> scatter-add), keeping
-    the tiles' weights (``O(N (T + k - 1)^2)`` per head, not ``O(N^2)``).
+    beat a per-query gather of ``k^2`` keys on CPU.  The blocks are gathered by ``index_select`` on rows then
+    columns and the bias read as ``onehot_rows @ rpb @ onehot_cols^T`` (exact: one non-zero term per sum), so
+    autograd's backward is ``index_add`` and matrix products, not a scatter-add into the table; it keeps the tiles'
+    weights, ``O(N (T + k - 1)^2)`` per head, not ``O(N^2)``.
 
     Args:
         q, k: ``(B, heads, H W, d)``; v: ``(B, heads, H W, d_v)``.
@@ -431,14 +447,15 @@ def neighborhood_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int],
         rounding.
 
     Raises:
-        ValueError: prefix tokens, a token count that is not ``H W``, or as
+        ValueError: prefix tokens, a token count that is not ``H W``, an ``rpb`` of another shape, or as
         :func:`~archspec.families.attention.local_rules.check_neighborhood`.
     """
     grid = as_pair(tuple(grid), "grid")
     _check_tokens(q, grid, "neighborhood")
     kern, (dh, dw) = check_neighborhood(grid, kernel, dilation)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
     B, h, _, _ = q.shape
+    _check_table(rpb, (h, 2 * kern[0] - 1, 2 * kern[1] - 1), "rpb")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     if (dh, dw) == (1, 1):
         qkv = [t.reshape(B, h, 1, grid[0], grid[1], t.shape[-1]) for t in (q, k, v)]
         return _tiled_na(*qkv, kern, rpb, scale).reshape(B, h, grid[0] * grid[1], -1)
