@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 
 from archspec.families.attention import local_kernels as lk
-from archspec.families.attention.local_rules import resolve_window
+from archspec.families.attention.local_rules import NA_TILE, resolve_window
 
 # name -> (grid, kind, size, dilation or shift, heads, head dim, bias)
 CASES = {
@@ -58,7 +58,7 @@ def _inputs(grid, kind, size, extra, heads, dim, bias):
     return tensors + [torch.randn(heads, 2 * size - 1, 2 * size - 1, generator=gen) * 0.1]
 
 
-def _paths(grid, kind, size, extra, heads) -> tuple[Callable, Callable]:
+def _paths(grid, kind, size, extra, heads, tile) -> tuple[Callable, Callable]:
     """(dense, fast) functions of (q, k, v, table)."""
     if kind == "window":
         allowed, index = lk.swin_window_mask(grid, size, extra)
@@ -74,7 +74,7 @@ def _paths(grid, kind, size, extra, heads) -> tuple[Callable, Callable]:
     allowed, index = lk.neighborhood_mask(grid, size, extra)
 
     def fast(q, k, v, table):
-        return lk.neighborhood_attention(q, k, v, grid, size, extra, rpb=table)
+        return lk.neighborhood_attention(q, k, v, grid, size, extra, rpb=table, tile=tile)
 
     def dense(q, k, v, table):
         if table is None:  # SDPA's boolean mask: no float mask to build
@@ -99,12 +99,12 @@ def _time(fn: Callable, inputs: list, backward: bool, reps: int) -> float:
     return statistics.median(times)
 
 
-def run(cases: dict, rounds: int, reps: int) -> list[dict]:
+def run(cases: dict, rounds: int, reps: int, tile: int = NA_TILE) -> list[dict]:
     """Every case and mode, dense then fast, alternating, ``rounds`` times; one row per (round, case, mode)."""
     prepared = {}
     for name, (grid, kind, size, extra, heads, dim, bias) in cases.items():
         inputs = _inputs(grid, kind, size, extra, heads, dim, bias)
-        dense, fast = _paths(grid, kind, size, extra, heads)
+        dense, fast = _paths(grid, kind, size, extra, heads, tile)
         with torch.no_grad():  # the same output (and a warm-up of both)
             diff = (dense(*inputs) - fast(*inputs)).abs().max().item()
         prepared[name] = (inputs, dense, fast, diff)
@@ -139,11 +139,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} thread, batch 1, fp32")
     rows = []
-    for tile in args.tiles or [lk.NA_TILE]:
-        lk.NA_TILE = tile
+    for tile in args.tiles or [NA_TILE]:
         if args.tiles:
             print(f"neighbourhood tile {tile}")
-        rows += [dict(row, tile=tile) for row in run(cases, rounds, reps)]
+        rows += [dict(row, tile=tile) for row in run(cases, rounds, reps, tile)]
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -31,6 +31,7 @@ from archspec.families.attention.local_kernels import (
 from archspec.families.attention.local_rules import (
     check_neighborhood,
     check_no_prefix_tokens,
+    neighborhood_executed_pairs,
     neighborhood_pairs,
     resolve_window,
     window_attended_pairs,
@@ -89,10 +90,20 @@ def _ours_through_timm_weights(block, x, grid, window, shift):
     ((5, 11), 7, 3),                                         # rows clamped (timm: window 5, no shift), cols padded
 ])
 def test_window_attention_equals_timm_block(grid, window, shift):
+    """Outputs, and gradients of the input and of timm's bias table and qkv weights (bias = padding keys)."""
     block = _timm_block(dim=24, heads=3, grid=grid, window=window, shift=shift)
     x = torch.randn(2, grid[0], grid[1], 24, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        _assert_close(_ours_through_timm_weights(block, x, grid, window, shift), block._attn(x))
+    params = [block.attn.relative_position_bias_table, block.attn.qkv.weight, block.attn.qkv.bias]
+    results = []
+    for fn in (lambda x: _ours_through_timm_weights(block, x, grid, window, shift), block._attn):
+        leaf = x.clone().requires_grad_()
+        out = fn(leaf)
+        results.append((out.detach(), torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(),
+                                                          [leaf, *params])))
+    (ours, ours_grads), (timm, timm_grads) = results
+    _assert_close(ours, timm)
+    for a, b in zip(ours_grads, timm_grads):  # parameter gradients sum over every window: relative to their size
+        _assert_close(a / b.abs().max(), b / b.abs().max())
 
 
 @pytest.mark.parametrize("grid,window,shift", [((5, 11), 7, 3), ((7, 7), 7, 3), ((6, 20), 8, 4), ((9, 9), 4, 2),
@@ -318,3 +329,29 @@ def test_bench_quick_runs_and_paths_agree(bench_module, capsys):
     rows = bench_module("local_kernels").main(["--quick"])
     assert {row["case"] for row in rows} == {"na", "na_nobias", "dina8", "window"}
     assert all(row["max_abs_diff"] < ATOL for row in rows)
+
+
+def _product_macs(fn) -> int:
+    """MACs of the matrix products ``fn`` runs (torch's FlopCounterMode counts 2 FLOPs a MAC)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        fn()
+    return counter.get_total_flops() // 2
+
+
+@pytest.mark.parametrize("grid,kernel,dilation,tile", [((56, 56), 7, 1, 7), ((10, 9), 3, 2, 7), ((13, 11), 5, 2, 4),
+                                                       ((22, 23), 7, 3, 7), ((9, 7), 3, 1, 2)])
+def test_neighborhood_executed_pairs_are_what_the_kernel_multiplies(grid, kernel, dilation, tile):
+    q, k, v = _qkv(grid, heads=2, dim=8, batch=1)
+    macs = _product_macs(lambda: neighborhood_attention(q, k, v, grid, kernel, dilation, tile=tile))
+    assert macs == neighborhood_executed_pairs(grid, kernel, dilation, tile) * 2 * 8 * 2  # QK^T + AV, 2 heads
+    if (grid, tile) == ((56, 56), 7):  # 8 x 8 tiles of 49 queries, each against a 13 x 13 block (moved inside)
+        assert neighborhood_executed_pairs(grid, kernel, dilation, tile) == (8 * 7 * 13) ** 2
+
+
+@pytest.mark.parametrize("grid,window,shift", [((10, 9), 4, 2), ((56, 56), 7, 3), ((5, 11), 7, 3)])
+def test_window_partition_pairs_are_what_the_kernel_multiplies(grid, window, shift):
+    q, k, v = _qkv(grid, heads=2, dim=8, batch=1)
+    macs = _product_macs(lambda: window_attention(q, k, v, grid, window, shift))
+    assert macs == window_partition_pairs(grid, window, shift) * 2 * 8 * 2

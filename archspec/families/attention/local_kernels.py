@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .local_rules import (
+    NA_TILE,
     SWIN_MASK_VALUE,
     NeighborhoodAxis,
     SwinAxis,
@@ -36,17 +37,13 @@ from .local_rules import (
     na_window_start,
     neighborhood_axis,
     padded_grid,
+    residue_lengths,
     resolve_window,
     swin_axis,
 )
 
 __all__ = ["dense_local_attention", "relative_bias", "swin_window_mask", "swin_padded_kv", "window_attention",
-           "neighborhood_indices", "neighborhood_mask", "neighborhood_attention", "NA_TILE"]
-
-#: query tile side of :func:`neighborhood_attention` (a tile of ``T x T`` queries reads a ``(T + k - 1)^2`` block
-#: of keys).  ``bench/local_kernels.py --tiles 4 6 7 8 10`` at 56x56, k 7: 4 to 8 within the machine's noise, 10
-#: slower; 7 also makes each 7x7 sub-grid of DiNAT's dilated layers (56 / 8) exactly one tile.
-NA_TILE = 7
+           "neighborhood_indices", "neighborhood_mask", "neighborhood_attention"]
 
 
 def _check_tokens(q: Tensor, grid: tuple[int, int], kind: str) -> None:
@@ -374,14 +371,14 @@ def _tile_bias(rpb: Tensor, grid: tuple[int, int], kernel: tuple[int, int], tile
     return bias.reshape(-1, 1, nr, nc, tile[0] * tile[1], kbr * kbc)
 
 
-def _tiled_na(q: Tensor, k: Tensor, v: Tensor, kernel: tuple[int, int], rpb: Tensor | None,
-              scale: float) -> Tensor:
+def _tiled_na(q: Tensor, k: Tensor, v: Tensor, kernel: tuple[int, int], rpb: Tensor | None, scale: float,
+              tile: int) -> Tensor:
     """Undilated neighbourhood attention of ``(B, h, S, H, W, d)`` (``S`` independent grids of one shape) by
     tiles: each ``T x T`` tile of queries attends the ``kb_h x kb_w`` block of keys holding all its windows, one
     batched ``(T^2, kb^2)`` logit matrix per tile with the windows as an additive mask (``-inf`` outside) plus the
     bias."""
     B, h, S, rows, cols, d = q.shape
-    grid, tile = (rows, cols), (min(NA_TILE, rows), min(NA_TILE, cols))
+    grid, tile = (rows, cols), (min(tile, rows), min(tile, cols))
     block_r, _, _ = _tile_axis(rows, kernel[0], tile[0])
     block_c, _, _ = _tile_axis(cols, kernel[1], tile[1])
     (nr, kbr), (nc, kbc) = block_r.shape, block_c.shape
@@ -405,16 +402,16 @@ def _tiled_na(q: Tensor, k: Tensor, v: Tensor, kernel: tuple[int, int], rpb: Ten
 
 def _residue_groups(length: int, dilation: int) -> list[tuple[int, int, int]]:
     """Residues mod ``dilation`` grouped by their sub-axis length: ``(first residue, last + 1, length)``."""
-    longest, full = -(-length // dilation), length % dilation or dilation
-    groups = [(0, full, longest)]
-    if full < dilation:
-        groups.append((full, dilation, longest - 1))
+    groups, first = [], 0
+    for count, sub in residue_lengths(length, dilation):
+        groups.append((first, first + count, sub))
+        first += count
     return groups
 
 
 def neighborhood_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], kernel: int | Sequence[int],
                            dilation: int | Sequence[int] = 1, rpb: Tensor | None = None,
-                           scale: float | None = None) -> Tensor:
+                           scale: float | None = None, tile: int = NA_TILE) -> Tensor:
     """NAT / DiNAT neighbourhood attention, exact, in ``O(N k^2)`` (times a tile overhead), forward and backward.
 
     Query ``(i, j)`` attends the ``k_h x k_w`` keys NATTEN assigns it (window start and bias rules of
@@ -426,7 +423,7 @@ def neighborhood_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int],
     How: with dilation ``d`` the grid splits into the ``d_h d_w`` sub-grids of positions congruent mod ``d``, on each
     of which NATTEN's rule is the undilated one (its ``get_window_start`` works in sub-grid units, and its
     ``get_pb_start`` equals the sub-grid offset), so sub-grids of equal shape run as one batch of undilated
-    problems.  An undilated problem runs by tiles of :data:`NA_TILE` ``x`` :data:`NA_TILE` queries: a tile's
+    problems.  An undilated problem runs by tiles of ``tile x tile`` queries: a tile's
     windows all lie in one ``(T + k - 1)^2`` block of keys (fewer at the borders), gathered once per tile, and the
     tile attends it as one small dense matrix product with the windows as a ``-inf`` mask.  That computes
     ``(T + k - 1)^2 / k^2`` times the pairs needed (3.4x at ``T = k = 7``) but as batched matrix products, which
@@ -441,6 +438,8 @@ def neighborhood_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int],
             ``k d <= side``.
         rpb: relative position bias ``(heads, 2 k_h - 1, 2 k_w - 1)`` (Hugging Face's ``rpb``), or None.
         scale: logit scale, default ``d ** -0.5`` (Hugging Face divides the query by ``sqrt(head_dim)``).
+        tile: query tile side (default :data:`~archspec.families.attention.local_rules.NA_TILE`); the pairs it
+            multiplies are :func:`~archspec.families.attention.local_rules.neighborhood_executed_pairs`.
 
     Returns:
         ``(B, heads, H W, d_v)``, equal to :func:`dense_local_attention` on :func:`neighborhood_mask` up to
@@ -458,7 +457,7 @@ def neighborhood_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int],
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if (dh, dw) == (1, 1):
         qkv = [t.reshape(B, h, 1, grid[0], grid[1], t.shape[-1]) for t in (q, k, v)]
-        return _tiled_na(*qkv, kern, rpb, scale).reshape(B, h, grid[0] * grid[1], -1)
+        return _tiled_na(*qkv, kern, rpb, scale, tile).reshape(B, h, grid[0] * grid[1], -1)
     sub = (-(-grid[0] // dh), -(-grid[1] // dw))
     subgrids = [_subgrids(t, grid, (dh, dw), sub) for t in (q, k, v)]  # (B, h, d_h, d_w, H/d_h, W/d_w, d)
     out = q.new_zeros(B, h, dh, dw, sub[0], sub[1], v.shape[-1])
@@ -466,7 +465,7 @@ def neighborhood_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int],
         for c0, c1, cols in _residue_groups(grid[1], dw):
             group = [t[:, :, r0:r1, c0:c1, :rows, :cols].reshape(B, h, -1, rows, cols, t.shape[-1])
                      for t in subgrids]
-            out[:, :, r0:r1, c0:c1, :rows, :cols] = _tiled_na(*group, kern, rpb, scale).view(
+            out[:, :, r0:r1, c0:c1, :rows, :cols] = _tiled_na(*group, kern, rpb, scale, tile).view(
                 B, h, r1 - r0, c1 - c0, rows, cols, -1)
     out = out.permute(0, 1, 4, 2, 5, 3, 6).reshape(B, h, sub[0] * dh, sub[1] * dw, -1)
     return out[:, :, :grid[0], :grid[1]].reshape(B, h, grid[0] * grid[1], -1)

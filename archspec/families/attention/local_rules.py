@@ -31,10 +31,16 @@ from archspec._util.pydantic_base import HINT
 
 __all__ = ["SWIN_MASK_VALUE", "as_pair", "check_no_prefix_tokens", "resolve_window", "padded_grid", "SwinAxis",
            "swin_axis", "window_partition_pairs", "window_attended_pairs", "check_neighborhood", "na_window_start",
-           "na_bias_start", "NeighborhoodAxis", "neighborhood_axis", "neighborhood_pairs"]
+           "na_bias_start", "NeighborhoodAxis", "neighborhood_axis", "neighborhood_pairs", "NA_TILE",
+           "residue_lengths", "neighborhood_executed_pairs"]
 
 #: timm's additive logit between tokens of different shifted-window regions (``get_attn_mask``: ``-100.0``)
 SWIN_MASK_VALUE = -100.0
+#: query tile side of the neighbourhood kernel (``local_kernels.neighborhood_attention``: a tile of ``T x T``
+#: queries reads a ``(T + k - 1)^2`` block of keys).  ``bench/local_kernels.py --tiles 4 6 7 8 10`` at 56x56, k 7:
+#: 4 to 8 within the machine's noise, 10 slower; 7 also makes each 7x7 sub-grid of DiNAT's dilated layers
+#: (56 / 8) exactly one tile.
+NA_TILE = 7
 
 
 def as_pair(value: int | Sequence[int], what: str) -> tuple[int, int]:
@@ -274,3 +280,35 @@ def neighborhood_pairs(grid: Sequence[int], kernel: int | Sequence[int], dilatio
     kern, _ = check_neighborhood(grid, kernel, dilation)
     rows, cols = _grid(grid)
     return rows * cols * kern[0] * kern[1]
+
+
+def residue_lengths(length: int, dilation: int) -> list[tuple[int, int]]:
+    """``(count, sub-axis length)`` of the residues mod ``dilation`` (DiNAT's sub-grids along one axis): the first
+    ``length mod d`` (or all ``d``) residues have ``ceil(length / d)`` positions, the others one fewer."""
+    longest, full = -(-length // dilation), length % dilation or dilation
+    return [(full, longest)] + ([(dilation - full, longest - 1)] if full < dilation else [])
+
+
+def _tiled_axis_pairs(length: int, kernel: int, dilation: int, tile: int) -> int:
+    """Per axis, summed over its sub-axes: (padded query positions) x (keys of a tile's block)."""
+    total = 0
+    for count, sub in residue_lengths(length, dilation):
+        side = min(tile, sub)
+        total += count * -(-sub // side) * side * min(side + kernel - 1, sub)
+    return total
+
+
+def neighborhood_executed_pairs(grid: Sequence[int], kernel: int | Sequence[int],
+                                dilation: int | Sequence[int] = 1, tile: int = NA_TILE) -> int:
+    """(query, key) pairs the tiled kernel multiplies per head (``local_kernels.neighborhood_attention``): on each
+    sub-grid, every query of a ``T x T`` tile (the last tiles padded) against the tile's ``min(T + k - 1, side)``
+    block on each axis -- ``(T + k - 1)^2 / k^2`` times :func:`neighborhood_pairs` in the interior (3.4x at
+    ``T = k = 7``).  Separable: the product of the two axes' sums.  MACs of ``Q K^T`` and ``A V`` are each this
+    times the head dim.
+
+    Raises:
+        ValueError: as :func:`check_neighborhood`.
+    """
+    (kh, kw), (dh, dw) = check_neighborhood(grid, kernel, dilation)
+    rows, cols = _grid(grid)
+    return _tiled_axis_pairs(rows, kh, dh, tile) * _tiled_axis_pairs(cols, kw, dw, tile)
