@@ -97,16 +97,16 @@ def _swin_axes(grid: tuple[int, int], window, shift) -> tuple[SwinAxis, SwinAxis
     return swin_axis(grid[0], win[0], sh[0]), swin_axis(grid[1], win[1], sh[1])
 
 
-def _swin_tokens(rows: SwinAxis, cols: SwinAxis) -> tuple[Tensor, Tensor, Tensor]:
-    """Rolled (row, col) of the queries (grid tokens, original order) and of the keys (grid tokens, then the
-    padding cells in the padded grid's row-major order), and the padding cells' flat index in the padded grid."""
+def _swin_tokens(rows: SwinAxis, cols: SwinAxis) -> tuple[Tensor, Tensor]:
+    """Rolled (row, col) ``(2, N)`` of the queries (grid tokens, original order) and ``(2, N_k)`` of the keys (grid
+    tokens, then the padding cells in the padded grid's row-major order)."""
     qr = torch.tensor(rows.position).repeat_interleave(cols.length)
     qc = torch.tensor(cols.position).repeat(rows.length)
     pr, pc = torch.meshgrid(torch.arange(rows.padded), torch.arange(cols.padded), indexing="ij")
     is_pad = ((pr >= rows.length) | (pc >= cols.length)).flatten()
     pad_cells = is_pad.nonzero().flatten()
     return torch.stack([qr, qc]), torch.stack([torch.cat([qr, pr.flatten()[pad_cells]]),
-                                               torch.cat([qc, pc.flatten()[pad_cells]])]), pad_cells
+                                               torch.cat([qc, pc.flatten()[pad_cells]])])
 
 
 def swin_window_mask(grid: Sequence[int], window: int | Sequence[int],
@@ -116,10 +116,10 @@ def swin_window_mask(grid: Sequence[int], window: int | Sequence[int],
     The same attention as timm's partition (``SwinTransformerBlock._attn``): query ``i`` attends key ``j`` iff
     both fall in the same window of the rolled-then-padded grid and, when any shift is non-zero, in the same region
     of timm's ``img_mask`` (``get_attn_mask``, whose ``-100`` is treated as ``-inf``: ``exp(-100)`` is below fp32
-    resolution unless a masked logit exceeds the largest allowed one by ~80).  When the grid is not a multiple of
-    the window, timm pads it with zero tokens that stay keys (unmasked, ``k``/``v`` = the qkv bias): they are the
-    keys after the ``N`` grid tokens (:func:`swin_padded_kv` appends them).  The window and shift are resolved as
-    timm does (:func:`~archspec.families.attention.local_rules.resolve_window`, clamped to the grid).
+    resolution unless a masked logit exceeds the largest allowed one by more than ~83).  When the grid is not a
+    multiple of the window, timm pads it with zero tokens that stay keys (unmasked, ``k``/``v`` = the qkv bias):
+    they are the keys after the ``N`` grid tokens (:func:`swin_padded_kv` appends them).  The window and shift are
+    resolved as timm does (:func:`~archspec.families.attention.local_rules.resolve_window`, clamped to the grid).
 
     Args:
         grid: ``(H, W)``; window: ``w`` or ``(w_h, w_w)``; shift: ``s`` or ``(s_h, s_w)``, ``0 <= s < w``.
@@ -133,7 +133,7 @@ def swin_window_mask(grid: Sequence[int], window: int | Sequence[int],
         ValueError: as ``resolve_window``.
     """
     rows, cols = _swin_axes(as_pair(tuple(grid), "grid"), window, shift)
-    (qr, qc), (kr, kc), _ = _swin_tokens(rows, cols)
+    (qr, qc), (kr, kc) = _swin_tokens(rows, cols)
 
     def same(axis: SwinAxis, q: Tensor, k: Tensor) -> Tensor:
         win, region = torch.tensor(axis.window), torch.tensor(axis.region)
