@@ -28,26 +28,20 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from archspec.errors import SpecError
+
+# bench/ is no package: its search_works.py (``Truth``, ``pareto``, ``hypervolume_2d``) is found beside this file,
+# whether it runs as a script or a test loads it from its path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import search_works as WORKS  # noqa: E402
+
 PROXY_STEPS = 120  # the search's default proxy (archspec.search.ProxyProtocol.steps)
-
-
-def _search_works():
-    """``bench/search_works.py`` as a module (its ``Truth``, ``pareto``, ``hypervolume_2d``)."""
-    spec = importlib.util.spec_from_file_location("search_works", HERE / "search_works.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-WORKS = _search_works()
 
 # rule -> (what ranks a design: "tse" / "accuracy" at PROXY_STEPS, or "final" at the protocol's end; how many
 # seeds per design it reads; whether the sampler knows that value for every design before choosing what to train)
@@ -136,14 +130,20 @@ def one_draw(truth, keys: list[str], k: int, rng, seconds, steps: int = PROXY_ST
 
 def room(table_path: str, trials: tuple[int, ...], draws: int, seed: int = 0) -> dict:
     """:func:`one_draw` ``draws`` times for each ``k`` in ``trials``: per ``k`` and rule, the median and
-    interquartile range of each measure.  Raises what ``load_table`` raises for a bad table."""
+    interquartile range of each measure.
+
+    Raises:
+        SpecError: a bad table (``load_table``: its file, line and field).
+        ValueError: the table has no latency pass.
+    """
     from archspec.search import load_table
 
     table = load_table(table_path)
     truth = WORKS.Truth(table)
     keys = sorted(truth.accuracy)
     if not truth.latency:
-        raise SystemExit(f"{table_path}: the table has no latency pass (<table>.latency.json)")
+        raise ValueError(f"{table_path}: the table has no latency pass (<table>.latency.json): the search's fronts "
+                         "are chosen by latency")
     rng = np.random.default_rng(seed)
     seconds = functools.cache(table.training_seconds)
     out = {"table": str(table_path), "designs": len(keys), "seeds": table.seeds, "draws": draws, "by_trials": {}}
@@ -179,7 +179,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args(argv)
-    result = room(args.table, tuple(args.trials), args.draws, args.seed)
+    try:
+        result = room(args.table, tuple(args.trials), args.draws, args.seed)
+    except (SpecError, ValueError) as exc:
+        print(f"search_room: error: {exc}", file=sys.stderr)
+        return 2
     print(text(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -73,3 +73,12 @@ def test_the_sampler_that_knows_trains_the_front_first(room):
         knows.append(got["knows every design's final top-1 at one seed"]["hv_latency"])
         drawn.append(got["random designs, one seed's final top-1"]["hv_latency"])
     assert np.mean(np.isclose(knows, 0.5)) > 0.6 and 0.35 < np.mean(np.isclose(drawn, 0.5)) < 0.65
+
+
+def test_a_table_without_latency_or_a_bad_name_is_exit_2(room, capsys):
+    """The fronts are chosen by latency: a table without a latency pass (the shipped mask table) is refused, as is a
+    table that does not exist -- exit 2 and the reason, no traceback."""
+    assert room.main(["--table", "mait_small", "--trials", "2", "--draws", "1"]) == 2
+    assert "no latency pass" in capsys.readouterr().err
+    assert room.main(["--table", "no_such_table", "--draws", "1"]) == 2
+    assert "no such table" in capsys.readouterr().err
