@@ -390,9 +390,9 @@ def measure(table_source: str, replays: int, steps: int, trials: int, first_seed
 
 
 def choose(result: dict, alpha: float = 0.05, null_rate: float = 0.08, target: float = 0.8) -> dict:
-    """docs/search-works.md's pre-registered rule for the default of ``search masks`` ("How the default of `search
-    masks` will be chosen"), applied to a :func:`measure` result run with ``null``: broken when any strategy's
-    null gives p < 0.05 in more than ``null_rate`` of 20-replay batches; otherwise the candidates whose
+    """research/search-works-notebook.md's pre-registered rule for the default of ``search masks`` ("How the default
+    of `search masks` will be chosen"), applied to a :func:`measure` result run with ``null``: broken when any
+    strategy's null gives p < 0.05 in more than ``null_rate`` of 20-replay batches; otherwise the candidates whose
     Holm-adjusted p against ``als`` is below ``alpha`` qualify, and the one with the highest median held-out
     reference accuracy (ties: the lower median CPU) becomes the default, else ``als`` stays.  Every strategy's share
     of replays at least as good as the best fixed scheme is set against the issue's ``target``.

@@ -38,8 +38,9 @@ METHODS = {
     "random sampling": ["--sampler", "random", "--fidelity", "none", "--proxy-score", "accuracy"],
     "TPE, TSE proxy": ["--sampler", "tpe", "--sampler-startup", "6", "--fidelity", "none", "--proxy-score", "tse"],
     "random sampling, TSE proxy": ["--sampler", "random", "--fidelity", "none", "--proxy-score", "tse"],
-    # the candidates of docs/search-works.md's pre-registered choice (issue 54 item 6 runs the chosen one live); a
-    # live run's --trials is unbounded (the budget ends it), so the strata are named: the replays' 20
+    # the candidates of the pre-registered choice (docs/search-works.md, "Today's results"; issue 54 item 6 runs the
+    # chosen one live); a live run's --trials is unbounded (the budget ends it), so the strata are named: the
+    # replays' 20
     "strata, NASWOT, TSE proxy": ["--sampler", "strata", "--strata", "20", "--zc-score", "naswot", "--fidelity",
                                   "none", "--proxy-score", "tse"],
     "strata, SynFlow, TSE proxy": ["--sampler", "strata", "--strata", "20", "--zc-score", "synflow", "--fidelity",

@@ -571,8 +571,9 @@ def holm(pvalues: dict) -> dict:
 
 def choose(result: dict, null: dict, alpha: float = 0.01, null_rate: float = 0.08,
            best_margin: float = 0.002) -> dict:
-    """docs/search-works.md's pre-registered rule ("How the default will be chosen"), applied to a ``simulate``
-    result (its ``paired_tests`` against the baseline) and a ``null`` result of the baseline against itself:
+    """research/search-works-notebook.md's pre-registered rule ("How the default will be chosen"), applied to a
+    ``simulate`` result (its ``paired_tests`` against the baseline) and a ``null`` result of the baseline against
+    itself:
 
     1. the protocol is broken -- nothing chosen -- when the null gives p < 0.05 in more than ``null_rate`` of
        20-replay batches in any plane and reading;
@@ -900,7 +901,7 @@ def cost_bins(table_path: str, step: int, bins: int) -> dict:
     table's other reference seeds, over all designs and within ``bins`` cost bins of MACs and of latency (the
     table's latency pass, mean of its passes): :func:`cost_binned` per seed, averaged over seeds; also each
     proxy's and the reference's Kendall tau with MACs.  Why val top-1's fronts can beat TSE's though TSE ranks the
-    table better (docs/search-works.md, "The proxy score, asked of the mask table").  Raises nothing of its own."""
+    table better (docs/search-works.md, "The proxy score").  Raises nothing of its own."""
     from archspec.search import curve_at, load_table
 
     table = load_table(table_path)
@@ -1078,8 +1079,8 @@ def mask_effects(table_path) -> dict:
     the fit implies for the space: the range of its fitted values over every combination of the values the table
     holds (``range``: the most any placement can gain on another, if the effects add) and their SD (``grid_sd``:
     the between-design SD the seed check would see on the whole space).  A seed check needs a between-design SD of
-    about 1.3 points at an interaction of 0.79 (docs/search-works.md); a space whose whole range is smaller cannot
-    reach it however its points are chosen.
+    about 1.3 points at an interaction of 0.79 (research/search-works-notebook.md); a space whose whole range is
+    smaller cannot reach it however its points are chosen.
 
     Raises:
         ValueError: the table holds no more rows than effects to fit, or a parameter that is not a number (a design
@@ -1191,7 +1192,7 @@ def main(argv=None) -> int:
                     help="empirical models: draw the designs without replacement (--designs at most those read)")
     eff = sub.add_parser("mask-effects", help="how far a mask space's choices move top-1 (additive fit, points)")
     eff.add_argument("--table", required=True)
-    cho = sub.add_parser("choose", help="the pre-registered rule of docs/search-works.md on simulate + null JSON")
+    cho = sub.add_parser("choose", help="the pre-registered rule (docs/search-works.md) on simulate + null JSON")
     cho.add_argument("--simulate", required=True, help="JSON of `simulate` (every candidate against the baseline)")
     cho.add_argument("--null", required=True, help="JSON of `null` (the baseline against itself)")
     cho.add_argument("--json", default=None, help="also write the decision here")

@@ -159,7 +159,7 @@ def test_search_masks_oracle_optuna_searches_the_tables_points(tmp_path, capsys)
     from archspec.ir.checked import load_spec
     from archspec.search import architecture_key, load_table
 
-    partial = str(Path(__file__).resolve().parents[1] / "bench" / "pilots" / "mait_small_s938.rows.jsonl")
+    partial = str(Path(__file__).resolve().parents[1] / "research" / "pilots" / "mait_small_s938.rows.jsonl")
     out = tmp_path / "run"
     assert main(["search", "masks", "--oracle", partial, "--oracle-subset", "--strategy", "optuna",
                  "--trials", "3", "--out", str(out), "--json", "--no-progress"]) == 0

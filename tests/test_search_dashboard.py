@@ -34,8 +34,8 @@ def test_dashboard_shows_each_trials_spec_and_the_objective_names(tmp_path):
     app = optuna_dashboard.wsgi(outcome.summary["storage"])
     study_id = _get(app, "/api/studies")["study_summaries"][0]["study_id"]
     study = _get(app, f"/api/studies/{study_id}")
-    # the default search ranks by TSE: its first objective is named for that, not "accuracy" (issue 57)
-    assert study["objective_names"] == ["score (-mean train loss)", "latency_ms"]
+    # the default search ranks by val top-1 (issue 82): its first objective is named for that (issue 57)
+    assert study["objective_names"] == ["accuracy", "latency_ms"]
     shown = 0
     for trial in study["trials"]:
         attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}

@@ -605,16 +605,50 @@ def test_the_studys_objective_names_say_what_is_optimised(tmp_path):
     still resumes (its names are left as they were)."""
     path, _ = _table(tmp_path, latency=True)
     common = {"space": TINY_SPACE, "oracle": str(path), "fidelity": "none", "progress": False, "sampler": "random"}
-    outcome = run_design(**common, trials=2, protocol={"steps": 80}, out=tmp_path / "run")
+    tse = {"steps": 80, "score": "tse"}
+    outcome = run_design(**common, trials=2, protocol=tse, out=tmp_path / "run")
     assert outcome.study.metric_names == ["score (-mean train loss)", "latency_ms"]
     trained = [t for t in outcome.study.trials if t.user_attrs.get("status") == "trained"]
     assert trained and all(t.values[0] == pytest.approx(-2.0) and 0 < t.user_attrs["accuracy"] <= 1 for t in trained)
     outcome.study.set_metric_names(["accuracy", "latency_ms"])  # as a study written before issue 57 names them
-    resumed = run_design(**common, trials=4, protocol={"steps": 80}, out=tmp_path / "run")
+    resumed = run_design(**common, trials=4, protocol=tse, out=tmp_path / "run")
     assert resumed.study.metric_names == ["accuracy", "latency_ms"] and len(resumed.study.trials) > len(trained)
     by_accuracy = run_design(**common, trials=1, objective="accuracy", protocol={"steps": 80, "score": "accuracy"},
                              out=tmp_path / "acc")
     assert by_accuracy.study.metric_names == ["accuracy"]
+
+
+@pytest.mark.slow  # oracle searches of a few trials: about a second
+def test_a_study_written_under_the_old_default_score_resumes_only_by_it(tmp_path, capsys):
+    """Issue 82 made val top-1 the default proxy score (it was TSE).  A study written under the old default records
+    ``"score": "tse"``; `archspec search` run on it again with the new default is refused -- exit 2, the message
+    naming the study's score and the option that resumes it, not one trial added -- and `--proxy-score tse`
+    resumes it.  A fresh study under the new default ranks by val top-1 and records no score (as the studies from
+    before TSE, which resume unchanged)."""
+    from archspec.cli import main
+
+    path, _ = _table(tmp_path, latency=True)
+    space = tmp_path / "tiny_space.yaml"
+    space.write_text(json.dumps(TINY_SPACE), encoding="utf-8")  # YAML reads JSON
+    old = run_design(space=TINY_SPACE, oracle=str(path), fidelity="none", progress=False, sampler="random", trials=2,
+                     verify=0, protocol={"steps": 80, "score": "tse"}, out=tmp_path / "run", study_name="s")
+    assert old.study.user_attrs["proxy"]["score"] == "tse"
+    before = len(old.study.trials)
+    again = ["search", "--space", str(space), "--oracle", str(path), "--out", str(tmp_path / "run"), "--study-name",
+             "s", "--fidelity", "none", "--sampler", "random", "--verify", "0", "--proxy-steps", "80", "--trials", "4",
+             "--no-progress"]
+    capsys.readouterr()
+    assert main(again) == 2
+    err = capsys.readouterr().err
+    assert "ranks its candidates by tse, this run by accuracy" in err and "resume it with --proxy-score tse" in err, err
+    assert "Traceback" not in err
+    storage = f"sqlite:///{tmp_path / 'run' / 'study.db'}"
+    assert len(optuna.load_study(study_name="s", storage=storage).trials) == before
+    assert main([*again, "--proxy-score", "tse"]) == 0
+    assert len(optuna.load_study(study_name="s", storage=storage).trials) > before
+    new = run_design(space=TINY_SPACE, oracle=str(path), fidelity="none", progress=False, sampler="random", trials=2,
+                     verify=0, protocol={"steps": 80}, out=tmp_path / "new")
+    assert "score" not in new.study.user_attrs["proxy"] and new.study.metric_names == ["accuracy", "latency_ms"]
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # PartialFixedSampler

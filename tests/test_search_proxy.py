@@ -180,8 +180,9 @@ def test_tse_score_is_minus_the_mean_of_every_steps_loss(digits, monkeypatch):
 
 def test_protocol_validation():
     assert ProxyProtocol().describe()["image_size"] == 64
-    assert ProxyProtocol().describe()["score"] == "tse"  # the default since the finished table
-    assert "score" not in ProxyProtocol(score="accuracy").describe()  # studies from before the score resume
+    assert ProxyProtocol().score == "accuracy"  # the default since issue 82 (TSE from the finished table until then)
+    assert "score" not in ProxyProtocol().describe()  # studies from before the score resume
+    assert ProxyProtocol(score="tse").describe()["score"] == "tse"  # and those written while TSE was the default
     with pytest.raises(SpecError):
         ProxyProtocol(augmentation="mixup")
     with pytest.raises(SpecError, match="invalid score"):

@@ -142,8 +142,9 @@ def test_open_study_refuses_other_objectives(tmp_path):
 
 
 def test_open_study_refuses_another_proxy_score(tmp_path):
-    """A study whose candidates are ranked by val top-1 (no recorded score: the only one before TSE) is not
-    resumed by a run ranking by TSE -- the default since the finished table -- nor the other way round."""
+    """A study whose candidates are ranked by val top-1 (no recorded score: the only one before TSE, and the default
+    again since issue 82) is not resumed by a run ranking by TSE -- the default in between -- nor the other way
+    round."""
     info = resolve_storage(None, tmp_path)
     open_study("old", info, ["maximize"], make_sampler("random", 0, 1), attrs={"proxy": {"steps": 120}})
     with pytest.raises(SpecError) as err:

@@ -212,11 +212,11 @@ def test_the_seed_check_order_is_a_random_draw_then_the_named_points(space):
 
 
 def test_the_grid14_pilot_is_mait_smalls_placements_at_patch_2_with_macs_by_hand():
-    """bench/pilots/mait_grid14.yaml (docs/search-works.md's next pilot): the same 64 placements in the same order
-    as mait_small, every point one model of 197 tokens (14x14 + class) at width 48.  MACs by hand, per layer:
-    qkv 3 N C^2 + QK^T N^2 C + AV N^2 C + proj N C^2 + MLP 8 N C^2 (N 197, C 48) = 9,172,320, six layers
-    55,033,920, plus the patch embedding 196 x 48 x 4 and the classifier 48 x 10: 55,072,032."""
-    pilot = load_space(ROOT / "bench" / "pilots" / "mait_grid14.yaml")
+    """research/pilots/mait_grid14.yaml (research/search-works-notebook.md's next pilot): the same 64 placements in the
+    same order as mait_small, every point one model of 197 tokens (14x14 + class) at width 48.  MACs by hand, per layer:
+    qkv 3 N C^2 + QK^T N^2 C + AV N^2 C + proj N C^2 + MLP 8 N C^2 (N 197, C 48) = 9,172,320, six layers 55,033,920,
+    plus the patch embedding 196 x 48 x 4 and the classifier 48 x 10: 55,072,032."""
+    pilot = load_space(ROOT / "research" / "pilots" / "mait_grid14.yaml")
     points = list(pilot.points())
     assert [p for p, _ in points] == [p for p, _ in load_space("mait_small").points()]
     n, c = 14 * 14 + 1, 48
@@ -228,11 +228,11 @@ def test_the_grid14_pilot_is_mait_smalls_placements_at_patch_2_with_macs_by_hand
 
 
 def test_the_nopos_pilot_is_mait_smalls_placements_without_the_position_embedding_by_hand():
-    """bench/pilots/mait_nopos.yaml (docs/search-works.md, "No position embedding"): the same 64 placements in the
-    same order as mait_small, every point mait_small's model less its learned position embedding -- 50 tokens
-    (7x7 + class) x width 96 = 4,800 parameters fewer, the same MACs (adding the embedding is no
+    """research/pilots/mait_nopos.yaml (research/search-works-notebook.md, "No position embedding"): the same 64
+    placements in the same order as mait_small, every point mait_small's model less its learned position embedding -- 50
+    tokens (7x7 + class) x width 96 = 4,800 parameters fewer, the same MACs (adding the embedding is no
     multiply-accumulate) -- so the protocol's rows differ from mait_small's only by where position can enter."""
-    pilot = load_space(ROOT / "bench" / "pilots" / "mait_nopos.yaml")
+    pilot = load_space(ROOT / "research" / "pilots" / "mait_nopos.yaml")
     points, base = list(pilot.points()), list(load_space("mait_small").points())
     assert [p for p, _ in points] == [p for p, _ in base]
     for (_, spec), (_, ref) in ((points[0], base[0]), (points[-1], base[-1])):
@@ -242,13 +242,13 @@ def test_the_nopos_pilot_is_mait_smalls_placements_without_the_position_embeddin
 
 
 def test_the_conv_stem_probe_is_the_nopos_pilot_behind_levits_conv_stem_by_hand():
-    """bench/pilots/mait_nopos_conv.yaml (docs/search-works.md, "A conv stem"): the nopos pilot's 64 placements
-    in the same order behind LeViT's conv stem (3x3 stride-2 convs 1 -> 48 -> 96, no conv bias, BatchNorm after
-    each) instead of the 4x4 patch embedding (16 x 96 weights + 96 biases).  By hand: parameters
-    9 x 48 + 2 x 48 + 9 x 48 x 96 + 2 x 96 - (16 x 96 + 96) = 40,560 more; MACs 14 x 14 x 48 x 9 (conv 1) +
-    7 x 7 x 96 x 48 x 9 (conv 2) - 7 x 7 x 96 x 16 (the patch embedding) = 2,041,536 more."""
-    probe = list(load_space(ROOT / "bench" / "pilots" / "mait_nopos_conv.yaml").points())
-    base = list(load_space(ROOT / "bench" / "pilots" / "mait_nopos.yaml").points())
+    """research/pilots/mait_nopos_conv.yaml (research/search-works-notebook.md, "A conv stem"): the nopos pilot's 64
+    placements in the same order behind LeViT's conv stem (3x3 stride-2 convs 1 -> 48 -> 96, no conv bias, BatchNorm
+    after each) instead of the 4x4 patch embedding (16 x 96 weights + 96 biases).  By hand: parameters 9 x 48 + 2 x 48 +
+    9 x 48 x 96 + 2 x 96 - (16 x 96 + 96) = 40,560 more; MACs 14 x 14 x 48 x 9 (conv 1) + 7 x 7 x 96 x 48 x 9 (conv 2) -
+    7 x 7 x 96 x 16 (the patch embedding) = 2,041,536 more."""
+    probe = list(load_space(ROOT / "research" / "pilots" / "mait_nopos_conv.yaml").points())
+    base = list(load_space(ROOT / "research" / "pilots" / "mait_nopos.yaml").points())
     assert [p for p, _ in probe] == [p for p, _ in base]
     for (_, spec), (_, ref) in ((probe[0], base[0]), (probe[-1], base[-1])):
         assert (spec.stem.kind, spec.tokens.pos_embed) == ("conv", "none")

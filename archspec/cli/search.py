@@ -304,10 +304,10 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
                           "space's other points are infeasible, as if over a budget (for a table still being "
                           "written, or one of a sample of the space)")
     obj.add_argument("--proxy-score", choices=PROXY_SCORES, default=None,
-                     help="what ranks a trained proxy: tse (default: minus its mean training loss over the run, "
-                          "the sum of training losses, TSE, which ranks levit_small's designs far better than val "
-                          "top-1 at equal steps; docs: Does the search work?) or accuracy (its val top-1 at the "
-                          "last step; a study written before TSE became the default ranked by it: resume it with this)")
+                     help="what ranks a trained proxy: accuracy (default: its val top-1 at the last step, whose "
+                          "fronts were larger on levit_small's table; docs: Does the search work?) or tse (minus its "
+                          "mean training loss over the run, the sum of training losses; the default until issue 82: "
+                          "resume a study written then with this)")
     obj.add_argument("--prune", action="store_true",
                      help="with --objective accuracy: stop unpromising trials early (Optuna MedianPruner)")
     obj.add_argument("--fidelity", choices=FIDELITIES, default=DEFAULT_FIDELITY,

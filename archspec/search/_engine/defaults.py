@@ -53,14 +53,16 @@ ZERO_COST_RANKINGS = ("synflow", "naswot", "grad_norm", "params", "macs")
 # all of Fashion-MNIST, real token geometry) SynFlow ranks at tau -0.03, NASWOT -0.12, grad-norm 0.00, #MACs 0.09;
 # on levit_small's table (51 designs) every zero-cost score ranks below a short run's TSE and SynFlow (0.40)
 # below #MACs (0.45), and searches with the SynFlow rung ended with smaller fronts than without it at the same
-# simulated CPU budget (docs/search-works.md).  --fidelity zc keeps the rung for those who want the time it saves.
+# simulated CPU budget (research/search-works-history.md).  --fidelity zc keeps the rung for those who want the time
+# it saves.
 DEFAULT_FIDELITY = "none"
 
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "front", "strata")  # archspec.search._engine.study.make_sampler builds each
-# Random sampling: on levit_small's finished table (150 designs; 20 oracle searches of 20 candidates, 120-step
-# proxies ranked by TSE) its median front is the largest, HV 0.541 (accuracy, latency) and 0.557 (accuracy, MACs)
-# against TPE's 0.537 / 0.502 and TPE with 10 start-up trials 0.516 / 0.518; with 20 candidates multivariate TPE
-# fills its "good" half with the cheapest designs (docs/search-works.md, "The defaults").  --sampler tpe remains.
+# Random sampling: on levit_small's complete table (224 designs), 200 paired oracle searches of 20 candidates with
+# fronts scored on the seeds that did not answer them, no sampler tried (strata, TPE, local search around the front)
+# beat it at equal CPU under the rule fixed before the table was read (docs/search-works.md, "Today's results").
+# With 20 candidates multivariate TPE fills its "good" half with the cheapest designs
+# (research/search-works-notebook.md, "On 90 designs").  --sampler tpe remains.
 DEFAULT_SAMPLER = "random"
 DEFAULT_SAMPLER_STARTUP = 6  # random trials before TPE's or the GP's model (Optuna's n_startup_trials)
 

@@ -17,7 +17,8 @@ once per study (not once per worker), and a resumed run finds the queue where it
 Which cost and which score (and whether this rule beats random draws at all) is for the replays on the finished
 table to say: ``bench/search_works.py priors`` and docs/search-works.md.  A zero-cost score must be computed at the
 seed the candidate then trains with: read at another seed it predicts which initialisation trains well, and a
-replay scored on held-out seeds counts that as skill (docs/search-works.md, "A zero-cost score leaks its seed").
+replay scored on held-out seeds counts that as skill (research/search-works-notebook.md, "A zero-cost score leaks
+its seed").
 
 Torch-free: the candidates come from a callable the engine provides
 (:func:`archspec.search._evaluation.priors.prior_candidates`), called once before the first trial.

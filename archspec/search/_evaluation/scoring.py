@@ -1,10 +1,11 @@
 """What ranks a trained proxy (torch-free: the command line's choices come from here).
 
-* ``accuracy``: its val top-1 at the last step (0..1).
+* ``accuracy`` (the default, :class:`~archspec.search._evaluation.protocols.ProxyProtocol`): its val top-1 at the
+  last step (0..1).
 * ``tse``: minus its mean training loss over the run -- the sum of training losses (TSE; Ru et al. 2021, "Speedy
   Performance Estimation for Neural Architecture Search") divided by the steps, so that at one step count the
-  ranking is TSE's.  On levit_small's table TSE ranks designs far better than the same run's val top-1
-  (docs/search-works.md, "Fidelities").
+  ranking is TSE's.  On levit_small's table TSE ranks single designs better than the same run's val top-1, but
+  fronts chosen by it are smaller (it leans to large models): docs/search-works.md, "The proxy score".
 """
 
 from __future__ import annotations

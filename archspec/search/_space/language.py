@@ -25,7 +25,7 @@ Markers -- a mapping with exactly one of these keys replaces any value of the sp
     alternatives that place a marker at the same path must give it the same kind and, for a choice, the same
     options (checked when the space is loaded); the alternatives must be mappings or lists.  Why: on the
     tabulated ``levit_small`` space, multivariate TPE split by the width label fitted each half on half the
-    trials and did not beat random sampling; see ``docs/search-works.md``.
+    trials and did not beat random sampling; see ``research/search-works-history.md``.
 ``{int: [low, high], step: 1, log: false}``
     Integer range, both ends inclusive.  ``low``/``high`` may be ``{ref: ...}``.
 ``{float: [low, high], step: null, log: false}``

@@ -72,8 +72,8 @@ __all__ = ["REFERENCE_PROTOCOL", "NAMED_POINTS", "SEED_CHECK_DESIGNS", "GIVE_UP_
            "protocol_id", "ordered_points", "tabulate", "TableProgress", "default_storage", "open_table_study",
            "trial_pair", "machine", "git_commit"]
 
-# The reference protocol of the levit_small table (docs/search-works.md says why each choice): Fashion-MNIST at
-# 28 px, a class-stratified 2,000-image subset, AdamW 2e-3 / 0.05, batch 64, 938 steps (30 epochs) with 47 warm-up
+# The reference protocol of the levit_small table (why each choice: research/search-works-notebook.md): Fashion-MNIST
+# at 28 px, a class-stratified 2,000-image subset, AdamW 2e-3 / 0.05, batch 64, 938 steps (30 epochs) with 47 warm-up
 # steps then cosine, crop and flip, one torch thread; curve points geometric plus the end.  Its hash is the shipped
 # table's protocol_id (355be66f46fc with space "levit_small"): keep the keys and values as they are.
 REFERENCE_PROTOCOL: dict[str, Any] = {

@@ -6,7 +6,7 @@
 # on stays behind); every row that comes back is a complete pair, its machine and torch version in the row.
 #
 # Usage, from the repository root (device `run`, carry [".whl", ".fm", ".devrun"]):
-#   bash bench/device_table.sh SPACE SECONDS [archspec table options, e.g. --designs 24 --seeds 0 1 2 3 4 5]
+#   bash research/device_table.sh SPACE SECONDS [archspec table options, e.g. --designs 24 --seeds 0 1 2 3 4 5]
 # Needs, prepared here: .whl/ (optuna, pydantic and their needs as cp312 wheels: the machine has neither),
 # .fm/ (Debian's Fashion-MNIST .gz files: the machine has no apt), .devrun/commit (`git rev-parse --short HEAD`:
 # the copy that travels has no .git).  Writes $OUT/SPACE.jsonl, its .meta.json and $OUT/workers.log.

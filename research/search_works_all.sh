@@ -1,11 +1,11 @@
 #!/bin/bash
-# Every figure of docs/search-works.md that comes from the table, in one run (issue 32), once the table is
+# Every figure of research/search-works-notebook.md that comes from the table, in one run (issue 32), once the table is
 # complete: the seed check, the fidelity table, the search simulations (all methods, the proxy at 120 and 200
 # steps, and at equal simulated CPU), the headroom per proxy, and the anytime plot.  One torch thread per
 # process; about 45 minutes on one core (150 designs).  Results under OUT (default /tmp/search-works), one file per figure:
 #
-#   bash bench/search_works_all.sh                    # the shipped table
-#   TABLE=/tmp/sim/levit_small.jsonl bash bench/search_works_all.sh   # a merged copy (its sidecars beside it)
+#   bash research/search_works_all.sh                    # the shipped table
+#   TABLE=/tmp/sim/levit_small.jsonl bash research/search_works_all.sh   # a merged copy (its sidecars beside it)
 #
 # Each simulation reads a snapshot of TABLE (bench/search_works.py snapshot_table), so a tabulation may go on
 # merging into it; the figures are then those of the rows at each step's start.  JOBS=2 runs the two long
@@ -33,7 +33,7 @@ for score in accuracy tse; do
             --json "$OUT/headroom_${score}_$steps.json" | tee "$OUT/headroom_${score}_$steps.txt"
     done
 done
-# the defaults' comparison at 20 trained candidates (docs/search-works.md, "The defaults"): 200 steps (the plot)
+# the defaults' comparison at 20 trained candidates (research/search-works-notebook.md, "The defaults"): 200 steps (the plot)
 # and 120.  GP is left out: a run with every method spent its last 30+ minutes in Optuna's GPSampler, unfinished
 # (`--methods "GP, TSE proxy"` runs it).
 AT_200=("random sampling" "random sampling, TSE proxy" "TPE, TSE proxy" "TPE, 10 start-up, TSE proxy"

@@ -1,10 +1,11 @@
 """Learned locality against MaiT's hard masks on the mask table's protocol (issue 55 item 3).
 
-    python bench/gauss_vs_masks.py                       # trains what is missing, then prints the comparison
-    python bench/gauss_vs_masks.py --seeds 0 1 2 --out gauss_vs_masks.jsonl
-    python bench/gauss_vs_masks.py --steps 938 --table bench/pilots/mait_small_s938.rows.jsonl   # the 938-step run
-    python bench/gauss_vs_masks.py --only "gauss_mask, every head"   # its rows now, the table's points from the table
-    python bench/gauss_vs_masks.py --space bench/pilots/mait_nopos.yaml --seeds 0 --only none "hard 3x3, every head"
+    python research/gauss_vs_masks.py                # trains what is missing, then prints the comparison
+    python research/gauss_vs_masks.py --seeds 0 1 2 --out gauss_vs_masks.jsonl
+    python research/gauss_vs_masks.py --steps 938 --table research/pilots/mait_small_s938.rows.jsonl  # 938 steps
+    python research/gauss_vs_masks.py --only "gauss_mask, every head"  # its rows now, the table's points from the table
+    python research/gauss_vs_masks.py --space research/pilots/mait_nopos.yaml --seeds 0 \
+        --only none "hard 3x3, every head"
 
 Three designs of the mait_small space's model (a 6-layer DeiT at 28 px, 3 heads, Fashion-MNIST; see
 archspec/search/spaces/mait_small.yaml): no masks (the space's point 0/0/0), every head with MaiT's hard 3x3 mask
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--space", default="mait_small",
                         help="a mask space whose points count masked heads per group (default mait_small; a pilot's "
-                             "YAML such as bench/pilots/mait_nopos.yaml)")
+                             "YAML such as research/pilots/mait_nopos.yaml)")
     parser.add_argument("--out", default="gauss_vs_masks.jsonl", help="rows, one per (design, seed); resumed")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the mask table's)")
     parser.add_argument("--table", default=str(TABLES_DIR / "mait_small.jsonl"),
