@@ -201,8 +201,8 @@ def _check_stage_kinds(b: _Builder) -> bool:
                       f"stages[{tail}]")
     if n_conv and not map_stem:
         b.problem(("stem", "kind"), f"conv stages need the feature map of a resnet stem or a maxxvit stem, not the "
-                  f"tokens of a {spec.stem.kind} stem", "set stem: {kind: resnet} (ResNet's) or {kind: maxxvit} (CoAtNet's, "
-                  "MaxViT's)")
+                  f"tokens of a {spec.stem.kind} stem",
+                  "set stem: {kind: resnet} (ResNet's) or {kind: maxxvit} (CoAtNet's, MaxViT's)")
     if spec.has_conv_tail:
         _check_conv_tail(b)
     if map_stem and n_conv == 0:

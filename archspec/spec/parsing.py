@@ -90,7 +90,8 @@ def _other_stage_hint(key: str, tag: str) -> str | None:
     owners = [name for other, name in _STAGE_NAMES.items() if other != tag and key in _STAGE_TAGS[other].model_fields]
     if not owners:
         return None
-    how = ("an attention stage strides with 'downsample:' (Swin, NAT) or 'shrink:' (LeViT)" if tag == "attention_stage"
+    how = ("write kind: conv (and its block) for a conv stage; an attention stage downsamples with 'downsample:' "
+           "(Swin, NAT) or 'shrink:' (LeViT)" if tag == "attention_stage"
            else f"keys of this stage: {', '.join(sorted(_STAGE_TAGS[tag].model_fields))}")
     return f"{key!r} is a key of {' and '.join(owners)}; {how}"
 
