@@ -244,3 +244,31 @@ def test_bad_mbconv_input_exits_2_located(stages, path, line, text, hint, tmp_pa
     problem = next(p for p in info.value.problems if text in p.message)
     assert format_path(problem.path) == path and problem.line == line and hint in (problem.hint or "")
     assert f"{source}:{line}:{problem.column}: {path}: " in " ".join(err.split())
+
+
+def _conv_part(model: nn.Module, stages: int = 2) -> nn.Module:
+    """A timm MaxxVit's stem and first ``stages`` stages, under their own names."""
+    part = nn.Module()
+    part.stem, part.stages = model.stem, model.stages[:stages]
+    return part
+
+
+@pytest.mark.slow
+def test_fresh_mbconv_weights_follow_timms_init():
+    """A fresh coatnet_0_rw conv side is initialised as timm's ``coatnet_0_rw_224`` (``MaxxVit`` with
+    ``weight_init='vit_eff'``: every conv normal with std ``sqrt(2 / fan_out)``, zero biases, BatchNorms 1 and 0):
+    the seed-independent tensors equal, every random one with timm's mean and std (tests/test_init.py's rule)."""
+    from test_init import init_problems  # noqa: PLC0415 - a test module's helper, on the tests' path
+
+    def theirs(seed: int) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+        torch.manual_seed(seed)
+        part = _conv_part(timm.create_model("coatnet_0_rw_224", pretrained=False))
+        return part, {k: v.clone() for k, v in part.state_dict().items()}
+
+    def ours(seed: int, part: nn.Module) -> dict[str, torch.Tensor]:
+        spec = archspec.load_spec(_conv_spec("coatnet_0_rw", (2, 3), (96, 192), 224))
+        return to_timm(archspec.compile(spec.model_copy(update={"seed": seed})), part)
+
+    part, state = theirs(0)
+    problems = init_problems(state, theirs(1)[1], ours(0, part), ours(1, part))
+    assert not problems, "\n".join(problems)
