@@ -108,7 +108,7 @@ class MBConvStageSpec(ConvStageBase):
     @field_validator("stride_mode", mode="before")
     @classmethod
     def _stride_mode(cls, value: Any) -> Any:
-        if value not in STRIDE_MODES:
+        if not isinstance(value, str) or value not in STRIDE_MODES:
             modes = "; ".join(f"'{k}': {v}" for k, v in STRIDE_MODES.items())
             raise ValueError(f"unknown stride mode {value!r}; an MBConv block strides in one of: {modes}"
                              f"{HINT}use stride_mode: dw, 1x1 or pool")
