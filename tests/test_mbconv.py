@@ -215,6 +215,8 @@ MB = "kind: conv, block: mbconv, depth: 1"
 @pytest.mark.parametrize("stages, path, line, text, hint", [
     (f"  - {{{MB}, channels: 64, stride: 2, stride_mode: avg}}\n", "stages[0].stride_mode", 5,
      "unknown stride mode 'avg'", "stride_mode: dw, 1x1 or pool"),
+    (f"  - {{{MB}, channels: 64, stride: 2, stride_mode: [dw]}}\n", "stages[0].stride_mode", 5,
+     "unknown stride mode ['dw']", "stride_mode: dw, 1x1 or pool"),  # a list or a mapping: not a TypeError
     (f"  - {{{MB}, channels: 64, stride: 2, kernel: 4}}\n", "stages[0].kernel", 5, "kernel 4 is even", "odd kernel"),
     (f"  - {{{MB}, channels: 32}}\n  - {{depth: 1, dim: 32, heads: 2, stride_mode: pool}}\n", "stages[1].stride_mode",
      6, "unknown key 'stride_mode'", "MBConv stages (kind: conv, block: mbconv)"),
