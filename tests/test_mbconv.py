@@ -208,6 +208,23 @@ def test_an_mbconv_stage_takes_attention_stages_after_it(one_thread):
     assert kinds == [("stages.1.blocks.0", "mbconv"), ("interface", "interface"), ("stages.2.blocks.0", "block")]
 
 
+@pytest.mark.parametrize("body", [
+    # ResNet's stem and blocks, then an MBConv stage (its strided shortcut projects 16 -> 32)
+    "stem: {kind: resnet, channels: 16}\nstages:\n  - {kind: conv, block: basic, depth: 1, channels: 16}\n"
+    "  - {kind: conv, block: mbconv, depth: 1, channels: 32, stride: 2, se: {}}\nhead: {num_classes: 5}\n",
+    # a conv tail: a ViT stage's tokens become a map for MBConv stages
+    "stem: {kind: patch, patch_size: 8}\ntokens: {cls_token: none, pos_embed: learned}\nstages:\n"
+    "  - {depth: 1, dim: 32, heads: 2}\n  - {kind: conv, block: mbconv, depth: 2, channels: 48, stride: 2, "
+    "stride_mode: pool}\nhead: {pool: mean, num_classes: 5}\n",
+])
+def test_mbconv_stages_sit_wherever_conv_stages_do(body, one_thread):
+    """MBConv stages beside ResNet's blocks and as a conv tail: the plan's parameters are the model's, and it runs."""
+    model = archspec.compile("name: t\ninput: {resolution: 64}\n" + body).eval()
+    assert model.analysis.graph["params"] == sum(p.numel() for p in model.parameters())
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 64, 64)).shape == (2, 5)
+
+
 HEAD = "name: t\ninput: {resolution: 64}\nstem: {kind: maxxvit, channels: 32}\nstages:\n"
 MB = "kind: conv, block: mbconv, depth: 1"
 
