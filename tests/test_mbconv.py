@@ -26,6 +26,8 @@ from archspec.families.mbconv.rules import MBConvStageSpec, counts, out_grid, pl
 from archspec.families.stem.rules import MaxxVitStemSpec
 from archspec.families.stem.rules import plan as stem_plan
 from archspec.ir.plan import build_plan
+from archspec.search._evaluation.protocols import ProxyProtocol
+from archspec.search._evaluation.proxy import proxy_geometry
 from archspec.timm_bridge.convert import from_timm, maxxvit_key_from_timm, to_timm
 
 TOL = 1e-6
@@ -291,3 +293,19 @@ def test_fresh_mbconv_weights_follow_timms_init():
     part, state = theirs(0)
     problems = init_problems(state, theirs(1)[1], ours(0, part), ours(1, part))
     assert not problems, "\n".join(problems)
+
+
+def test_a_search_proxy_of_an_mbconv_hybrid_keeps_its_stem():
+    """The search's proxy of a maxxvit-stem hybrid (it raised AttributeError: no patch_size): the stem unchanged, the
+    input the smallest that gives the first attention stage its pooled 4 x 4 grid -- 4 x (2 (stem) x 2 x 2) = 32 px."""
+    class Data:  # the two fields the proxy's geometry reads
+        channels, num_classes = 3, 10
+
+    spec = archspec.load_spec(
+        "name: c\ninput: {resolution: 224}\nstem: {kind: maxxvit, channels: 16}\n"
+        "tokens: {cls_token: none, pos_embed: none}\nstages:\n"
+        "  - {kind: conv, block: mbconv, depth: 1, channels: 16, stride: 2}\n"
+        "  - {kind: conv, block: mbconv, depth: 1, channels: 32, stride: 2}\n"
+        "  - {depth: 1, dim: 32, heads: 2, from_map: {pool: avg, grid: 4}}\nhead: {pool: mean, num_classes: 5}\n")
+    geometry, doc = proxy_geometry(spec, Data(), ProxyProtocol(image_size=64))
+    assert geometry.image_size == (32, 32) and geometry.grids[2] == (4, 4) and doc["stem"] == spec.stem.model_dump()
