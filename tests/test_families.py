@@ -24,6 +24,7 @@ from archspec.families.conv_block.rules import ConvBlockShape
 from archspec.families.conv_mixer.rules import ConvMixerShape
 from archspec.families.downsample.rules import DownsampleShape
 from archspec.families.interface.rules import InterfaceShape, TokensToMapShape
+from archspec.families.mbconv.rules import MBConvShape
 from archspec.families.shrink.rules import ShrinkShape
 from archspec.families.stem.rules import StemShape
 from archspec.families.talking_heads.rules import TalkingHeadsShape
@@ -51,6 +52,11 @@ SAMPLES = {
     "conv_block": (ConvBlockShape("bottleneck", 16, 32, 8, 2, (7, 5), "avg", 8, 0.25), (1, 16, 7, 5), 12),
     # a hybrid's map -> tokens: a 7 x 5 map average-pooled (adaptive, uneven bins) to 3 x 2, 1x1 conv 12 -> 16
     "interface": (InterfaceShape(12, (7, 5), (3, 2), 16, True, True), (1, 12, 7, 5), 6),
+    # timm coatnet_0_rw's first MBConv: pool stride mode (2x2 avg pool: 7 x 5 -> 3 x 2), width from the input, early
+    # SE with ReLU, activation after the pre-norm, no output bias
+    "mbconv": (MBConvShape(16, 24, 2, (7, 5), "pool", "avg2", expansion=4.0, expand_output=False, se_ratio=0.25,
+                           se_act="relu", se_early=True, act="silu", pre_norm_act=True, output_bias=False),
+               (1, 16, 7, 5), 6),
 }
 # LeViT's batchnorm attention and block, the patch and identity stems: further shapes of the same families
 MORE = [
@@ -82,6 +88,17 @@ MORE = [
     ("conv_block", ConvBlockShape("bottleneck", 32, 64, 32, 1, (4, 3), "conv", mixer="gpsa"), (1, 32, 4, 3), 12),
     ("interface", InterfaceShape(16, (3, 3), (3, 3), 16, False, False), (1, 16, 3, 3), 9),  # every pixel a token
     ("interface", TokensToMapShape(16, (3, 4), 1), (1, 13, 16), 12),  # a conv tail's map: class token dropped
+    # MBConv: the tf ports' strided depthwise conv with SAME padding on an odd map (7 x 5 -> 4 x 3, the 2x2 pool
+    # padded to match), SE from the output width; the paper's strided 1x1 with a 3x3 pool; stride 1, kernel 5, no SE
+    ("mbconv", MBConvShape(16, 32, 2, (7, 5), "dw", "avg2", padding="same", se_ratio=0.25, act="gelu_tanh",
+                           norm_eps=1e-3), (1, 16, 7, 5), 12),
+    ("mbconv", MBConvShape(16, 32, 2, (7, 5), "1x1", "avg", expansion=2.0, se_ratio=1 / 16), (1, 16, 7, 5), 12),
+    ("mbconv", MBConvShape(24, 24, 1, (4, 3), "dw", "max2", kernel=5), (1, 24, 4, 3), 12),
+    ("mbconv", MBConvShape(16, 16, 2, (6, 6), "dw", "max", padding="same"), (1, 16, 6, 6), 9),  # pool, no 1x1
+    # CoAtNet's / MaxViT's stem (timm maxxvit.Stem): 33 x 31 -> 17 x 16; the tf ports' SAME padding and biases
+    ("stem", StemShape("maxxvit", 3, (33, 31), 16, stem_width=8, act="silu"), (1, 3, 33, 31), 272),
+    ("stem", StemShape("maxxvit", 3, (32, 30), 16, stem_width=16, act="gelu_tanh", bias=True, bn_eps=1e-3,
+                       padding="same"), (1, 3, 32, 30), 240),
 ]
 NO_MODULE = {"tokens", "head"}  # the model's own parameters; the head's classifier is tested in test_timm_api
 

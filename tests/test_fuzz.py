@@ -29,6 +29,7 @@ from archspec.errors import SpecError
 from archspec.spec import (
     SPEC_DIR,
     ArchSpec,
+    ConvStageBase,
     ConvStageSpec,
     ConvStemSpec,
     GPSASpec,
@@ -39,6 +40,9 @@ from archspec.spec import (
     LayerOverride,
     MapToTokensSpec,
     MaskSpec,
+    MaxxVitStemSpec,
+    MBConvSESpec,
+    MBConvStageSpec,
     MixerSpec,
     PatchStemSpec,
     RelBiasSpec,
@@ -64,7 +68,8 @@ KEYS = ["depth", "dim", "heads", "head_dim", "key_dim", "attn_ratio", "mlp_ratio
         "channels", "cls_token", "dist_token", "pos_embed", "pool", "num_classes", "distillation", "range", "window",
         "from_map", "grid", "proj",
         "mode", "kind", "resolution", "seed", "gating_trainable", "conv_init", "table", "alpha_init", "kernel", "bogus",
-        "groups", "base_width", "widths", "head_kinds"]
+        "groups", "base_width", "widths", "head_kinds", "block", "expansion", "expand_from", "stride_mode", "padding",
+        "pre_norm_act", "output_bias", "early", "rd_ratio"]
 VALUES: list[Any] = [None, True, False, 0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 48, 64, 4096, 4097, -1, -16, 2**31, 10**12,
                      0.0, 0.01, 0.5, 0.999, 1.0, 1.5, 2.0, 1e-9, 1e308, -0.5, math.nan, math.inf, "", "abc", "3",
                      "input", "none", "mean", "cls", "batchnorm", "layernorm", "hardswish", "gelu", "conv", "patch",
@@ -101,6 +106,9 @@ PLAUSIBLE: dict[str, list[Any]] = {
     # attention stage's; a conv stage's comes from VALUES and from these)
     "groups": [1, 2, 4, 32, 0], "base_width": [4, 16, 64, 1], "widths": [[24, 32], [4, 8], [8], [0, 4]],
     "head_kinds": [None, ["mhsa", "gpsa"], ["botnet_rel", "mhsa"], ["botnet_rel"] * 4],
+    # MBConv stages and the maxxvit stem (CoAtNet, MaxViT)
+    "block": ["mbconv", "basic", "bottleneck"], "expansion": [0.1, 1, 2.5, 4, 6], "expand_from": ["input", "output"],
+    "stride_mode": ["dw", "1x1", "pool"], "padding": ["symmetric", "same"], "rd_ratio": [0.01, 1 / 16, 0.25, 1.0],
 }
 
 
@@ -176,8 +184,9 @@ def _containers(node: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
 
 
 _MODELS = {"": [ArchSpec], "input": [InputSpec], "stem": [PatchStemSpec, ConvStemSpec, IdentityStemSpec,
-                                                            ResNetStemSpec],
-           "tokens": [TokensSpec], "stages": [StageSpec, ConvStageSpec], "se": [SESpec], "shrink": [ShrinkSpec],
+                                                            ResNetStemSpec, MaxxVitStemSpec],
+           "tokens": [TokensSpec], "stages": [StageSpec, ConvStageSpec, MBConvStageSpec], "se": [SESpec, MBConvSESpec],
+           "shrink": [ShrinkSpec],
            "layers": [LayerOverride],
            "head": [HeadOutSpec], "mixer": [MixerSpec], "gpsa": [GPSASpec], "mask": [MaskSpec],
            "rel_bias": [RelBiasSpec], "attention": [HeadSpec], "heads": [HeadSpec], "from_map": [MapToTokensSpec]}
@@ -228,14 +237,29 @@ def _check_built(spec, analysis) -> None:
     with torch.inference_mode():
         out = model(torch.randn(2, spec.input.channels, h, w))
     last = spec.stages[-1]  # a conv net or a conv tail ends on a conv stage's channels
-    expected = spec.head.num_classes or (last.channels if isinstance(last, ConvStageSpec) else last.dim)
+    expected = spec.head.num_classes or (last.channels if isinstance(last, ConvStageBase) else last.dim)
     assert tuple(out.shape) == (2, expected), spec.to_yaml()
     assert torch.isfinite(out).all(), spec.to_yaml()
 
 
+# bases of kinds no shipped spec has yet: CoAtNet's conv side (maxxvit stem, MBConv stages) alone and before
+# attention stages
+_MBCONV = {"kind": "conv", "block": "mbconv", "depth": 2, "channels": 16, "stride": 2}
+EXTRA_BASES = [
+    {"name": "mbconv", "input": {"resolution": 48}, "stem": {"kind": "maxxvit", "stem_width": 8, "channels": 16},
+     "stages": [{**_MBCONV, "stride_mode": "pool", "act": "silu", "se": {"rd_ratio": 0.25, "early": True}},
+                {**_MBCONV, "channels": 24, "padding": "same", "act": "gelu_tanh", "se": {}}],
+     "head": {"num_classes": 10}},
+    {"name": "mbconv_hybrid", "input": {"resolution": 48}, "stem": {"kind": "maxxvit", "channels": 8},
+     "tokens": {"cls_token": "none", "pos_embed": "none"},
+     "stages": [{**_MBCONV, "stride_mode": "1x1", "pool": "max"}, {"depth": 2, "dim": 32, "heads": 2}],
+     "head": {"pool": "mean", "num_classes": 10}},
+]
+
+
 def run_fuzz(n: int, seed: int) -> dict[str, int]:
     """Mutate and check ``n`` specs; returns counts (``invalid``, ``built``, ``skipped`` large ones)."""
-    bases = [small_base(p) for p in sorted(SPEC_DIR.glob("*.yaml"))]
+    bases = [small_base(p) for p in sorted(SPEC_DIR.glob("*.yaml"))] + EXTRA_BASES
     rng = random.Random(seed)
     stats = {"invalid": 0, "built": 0, "skipped": 0}
     for i in range(n):
@@ -265,10 +289,10 @@ def run_fuzz(n: int, seed: int) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_small_bases_are_valid_and_built(one_thread):
-    for path in sorted(SPEC_DIR.glob("*.yaml")):
-        spec = load_spec(small_base(path))
+    for base in [small_base(p) for p in sorted(SPEC_DIR.glob("*.yaml"))] + EXTRA_BASES:
+        spec = load_spec(base)
         analysis = analyze(spec)
-        assert analysis.macs <= BUILD_MACS and analysis.params <= BUILD_PARAMS, (path.name, analysis.macs,
+        assert analysis.macs <= BUILD_MACS and analysis.params <= BUILD_PARAMS, (base["name"], analysis.macs,
                                                                                  analysis.params)
         _check_built(spec, analysis)
 

@@ -26,7 +26,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["FAMILIES", "rules", "module", "build", "no_weight_decay_leaves"]
+__all__ = ["FAMILIES", "CONV_STAGE_FAMILIES", "rules", "module", "build", "no_weight_decay_leaves"]
 
 #: family name -> its package (``<package>.rules`` torch-free, ``<package>.module`` the torch side)
 FAMILIES: dict[str, str] = {
@@ -41,8 +41,12 @@ FAMILIES: dict[str, str] = {
     "class_attention": "archspec.families.class_attention",
     "head": "archspec.families.head",
     "conv_block": "archspec.families.conv_block",  # ResNet residual blocks of conv stages
+    "mbconv": "archspec.families.mbconv",          # MBConv blocks of conv stages (CoAtNet, MaxViT)
     "interface": "archspec.families.interface",    # a conv stage's map -> the next attention stage's tokens
 }
+
+#: the families whose blocks make a conv stage (``kind: conv``), on a feature map ``(B, C, H, W)``
+CONV_STAGE_FAMILIES = ("conv_block", "mbconv")
 
 
 def _package(name: str) -> str:

@@ -178,16 +178,17 @@ def walk(spec: ArchSpec) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 
 def _check_stage_kinds(b: _Builder) -> bool:
-    """Whether the spec is a conv net (a ResNet stem and conv stages only); raises every problem of a spec whose
-    stage kinds do not join: an attention stage after a conv tail (conv stages after attention stages), leading
-    conv stages after a token stem, a ResNet stem before attention stages with no conv stage between, a conv tail
+    """Whether the spec is a conv net (a map stem -- ResNet's or MaxxViT's -- and conv stages only); raises every
+    problem of a spec whose stage kinds do not join: an attention stage after a conv tail (conv stages after
+    attention stages), leading conv stages after a token stem, a map stem before attention stages with no conv
+    stage between, a conv tail
     with what needs the class token (:func:`_check_conv_tail`), and a conv net with class or distillation tokens,
     a position embedding, class-token pooling or CaiT's class attention.  A hybrid (conv stages, then attention
     stages) is checked by :func:`_add_interface`."""
     spec = b.spec
-    conv = [isinstance(s, CONV_BLOCK.ConvStageSpec) for s in spec.stages]
-    resnet_stem = spec.stem.kind == "resnet"
-    if not any(conv) and not resnet_stem:
+    conv = [isinstance(s, CONV_BLOCK.ConvStageBase) for s in spec.stages]
+    map_stem = spec.stem.kind in STEM.MAP_STEMS
+    if not any(conv) and not map_stem:
         return False
     # A conv stage after attention stages (a sandwich) takes the tokens back as a map: every stage after it must
     # be a conv stage, and the model ends on the ResNet head (see _add_tokens_to_map).
@@ -198,14 +199,15 @@ def _check_stage_kinds(b: _Builder) -> bool:
                       f"(from stages[{tail}]) is not supported: the map would need a second interface",
                       "end the model on its conv stages (conv, attention, conv), or move this stage before "
                       f"stages[{tail}]")
-    if n_conv and not resnet_stem:
-        b.problem(("stem", "kind"), f"conv stages need the feature map of a resnet stem, not the tokens of a "
-                  f"{spec.stem.kind} stem", "set stem: {kind: resnet}")
+    if n_conv and not map_stem:
+        b.problem(("stem", "kind"), f"conv stages need the feature map of a resnet stem or a maxxvit stem, not the "
+                  f"tokens of a {spec.stem.kind} stem",
+                  "set stem: {kind: resnet} (ResNet's) or {kind: maxxvit} (CoAtNet's, MaxViT's)")
     if spec.has_conv_tail:
         _check_conv_tail(b)
-    if resnet_stem and n_conv == 0:
-        b.problem(("stem", "kind"), "the resnet stem makes a feature map, which an attention stage takes only after "
-                  "a conv stage", "add a kind: conv stage first, or use a patch, conv or identity stem")
+    if map_stem and n_conv == 0:
+        b.problem(("stem", "kind"), f"the {spec.stem.kind} stem makes a feature map, which an attention stage takes "
+                  "only after a conv stage", "add a kind: conv stage first, or use a patch, conv or identity stem")
     if b.problems:
         raise SpecError(b.problems)
     if not spec.is_convnet:
@@ -268,19 +270,21 @@ def _add_tokens_to_map(b: _Builder, flow: _Flow) -> tuple[tuple[int, int], int]:
 
 def _add_conv_stages(b: _Builder, grid: tuple[int, int], channels: int, stages: range | None = None,
                      index: int = 0) -> tuple[tuple[int, int], int]:
-    """Each conv stage's residual blocks (family ``conv_block``), the leading ones unless ``stages`` says which
-    (a conv tail's); returns the map's size and channels after them.  ``tokens`` of a node is the map's pixel
-    count ``H x W``, ``dim`` its channels; ``layer`` counts blocks from ``index``."""
+    """Each conv stage's blocks (the stage's family: ``conv_block`` for ResNet's, ``mbconv`` for MBConv), the
+    leading ones unless ``stages`` says which (a conv tail's); returns the map's size and channels after them.
+    ``tokens`` of a node is the map's pixel count ``H x W``, ``dim`` its channels; ``layer`` counts blocks from
+    ``index``."""
     for i in (range(b.spec.n_conv_stages) if stages is None else stages):
         stage = b.spec.stages[i]
-        shapes, found = CONV_BLOCK.plan(stage, i, channels, grid)
+        rules = family_rules(stage.family)
+        shapes, found = rules.plan(stage, i, channels, grid)
         b.problems_of(found)
         for layer, block in enumerate(shapes):
-            grid = CONV_BLOCK.out_grid(block)
-            b.add_family(f"stages.{i}.blocks.{layer}", "conv_block", block, kind="block", label=CONV_BLOCK.label(block),
+            grid = rules.out_grid(block)
+            b.add_family(f"stages.{i}.blocks.{layer}", stage.family, block, kind="block", label=rules.label(block),
                          stage=i, layer=index + layer, tokens=grid[0] * grid[1], grid=grid, dim=block.channels,
-                         heads=CONV_BLOCK.head_letters(block), bn_channels=CONV_BLOCK.batchnorm_channels(block),
-                         bn_channels_into_bias=CONV_BLOCK.batchnorm_channels_into_bias(block))
+                         heads=rules.head_letters(block), bn_channels=rules.batchnorm_channels(block),
+                         bn_channels_into_bias=rules.batchnorm_channels_into_bias(block))
         if not shapes:  # refused: carry on with the map the stage would have made, to find later problems
             grid = (max((grid[0] - 1) // stage.stride + 1, 1), max((grid[1] - 1) // stage.stride + 1, 1))
         channels, index = stage.channels, index + stage.depth
@@ -288,7 +292,7 @@ def _add_conv_stages(b: _Builder, grid: tuple[int, int], channels: int, stages: 
 
 
 def _build_convnet(b: _Builder) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The IR of a conv net: the ResNet stem, each conv stage's residual blocks (family ``conv_block``), the
+    """The IR of a conv net: the map stem, each conv stage's blocks (family ``conv_block`` or ``mbconv``), the
     average-pool + classifier head."""
     _add_map_head(b, *_add_conv_stages(b, *_add_stem(b)))
     return _finish(b)

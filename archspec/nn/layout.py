@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from archspec.families import CONV_STAGE_FAMILIES
 from archspec.families.conv_block import rules as conv_blocks
 from archspec.families.stem import rules as stems
 from archspec.ir.plan import Plan
@@ -113,7 +114,7 @@ def layout_of(plan: Plan) -> ModelLayout:
     embed, interface, to_map = plan.first("embed"), plan.first("interface"), plan.first("to_map")
     blocks = [n for n in nodes if n["kind"] == "block"]
     n_stages = max(n["stage"] for n in blocks) + 1
-    conv = [all(n["family"] == "conv_block" for n in _stage_of(nodes, i) if n["kind"] == "block")
+    conv = [all(n["family"] in CONV_STAGE_FAMILIES for n in _stage_of(nodes, i) if n["kind"] == "block")
             for i in range(n_stages)]
     n_conv = next((i for i, c in enumerate(conv) if not c), n_stages)
     tail_start = to_map["stage"] if to_map is not None else n_stages

@@ -42,15 +42,23 @@ from archspec.families.attention.heads import GPSASpec, HeadSpec, MaskSpec, RelB
 from archspec.families.attention.kinds import HEAD_KINDS
 from archspec.families.attention.rules import check_value_dim
 from archspec.families.class_attention.rules import ClassAttentionSpec
-from archspec.families.conv_block.rules import AttentionMixerSpec, ConvStageSpec, GPSAMixerSpec, SESpec
+from archspec.families.conv_block.rules import (
+    AttentionMixerSpec,
+    ConvStageBase,
+    ConvStageSpec,
+    GPSAMixerSpec,
+    SESpec,
+)
 from archspec.families.downsample.rules import DownsampleSpec
 from archspec.families.head.rules import HeadOutSpec
 from archspec.families.interface.rules import MapToTokensSpec
+from archspec.families.mbconv.rules import MBConvSESpec, MBConvStageSpec
 from archspec.families.shrink.rules import ShrinkSpec
 from archspec.families.stem.rules import (
     ConvStemSpec,
     ConvTokenizerStemSpec,
     IdentityStemSpec,
+    MaxxVitStemSpec,
     PatchStemSpec,
     ResNetStemSpec,
     StemSpec,
@@ -59,7 +67,8 @@ from archspec.families.tokens.rules import TokensSpec
 
 __all__ = [
     "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec",
-    "ResNetStemSpec", "TokensSpec", "StageSpec", "ConvStageSpec", "SESpec", "GPSAMixerSpec", "AttentionMixerSpec",
+    "ResNetStemSpec", "MaxxVitStemSpec", "TokensSpec", "StageSpec", "ConvStageBase", "ConvStageSpec", "SESpec",
+    "MBConvStageSpec", "MBConvSESpec", "GPSAMixerSpec", "AttentionMixerSpec",
     "MapToTokensSpec", "AnyStage", "LayerOverride", "MixerSpec", "ShrinkSpec", "DownsampleSpec", "HeadOutSpec",
     "LayerPlan", "ClassAttentionSpec", "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "spec_to_yaml",
 ]
@@ -279,14 +288,19 @@ class StageSpec(StrictModel):
 
 
 def _stage_kind(value: Any) -> str | None:
-    """Which stage model a ``stages[]`` entry is: ``kind: conv`` a :class:`ConvStageSpec`, no kind or
-    ``kind: attention`` a :class:`StageSpec`; anything else names no stage kind."""
-    kind = value.get("kind", "attention") if isinstance(value, dict) else getattr(value, "kind", "attention")
+    """Which stage model a ``stages[]`` entry is: ``kind: conv`` a :class:`ConvStageSpec` (ResNet's blocks), or with
+    ``block: mbconv`` an :class:`MBConvStageSpec`; no kind or ``kind: attention`` a :class:`StageSpec`; anything
+    else names no stage kind."""
+    get = value.get if isinstance(value, dict) else lambda key, default=None: getattr(value, key, default)
+    kind = get("kind", "attention")
+    if kind == "conv" and get("block") == "mbconv":
+        return "mbconv_stage"
     return {"attention": "attention_stage", "conv": "conv_stage"}.get(kind) if isinstance(kind, str) else None
 
 
-#: a ``stages[]`` entry: an attention stage (the default) or a conv stage (``kind: conv``)
-AnyStage = Annotated[Annotated[StageSpec, Tag("attention_stage")] | Annotated[ConvStageSpec, Tag("conv_stage")],
+#: a ``stages[]`` entry: an attention stage (the default) or a conv stage (``kind: conv``: ResNet's or MBConv blocks)
+AnyStage = Annotated[Annotated[StageSpec, Tag("attention_stage")] | Annotated[ConvStageSpec, Tag("conv_stage")]
+                     | Annotated[MBConvStageSpec, Tag("mbconv_stage")],
                      Discriminator(_stage_kind, custom_error_type="stage_kind",
                                    custom_error_message="a stage's kind must be 'attention' (the default) or 'conv'")]
 
@@ -302,14 +316,15 @@ class ArchSpec(StrictModel):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the deterministic initialisation.")
     input: InputSpec = Field(default_factory=InputSpec, description="Input images.")
     stem: StemSpec = Field(default_factory=PatchStemSpec,
-                           description="Stem: patch, conv, conv_tokenizer, identity or resnet.")
+                           description="Stem: patch, conv, conv_tokenizer, identity, resnet or maxxvit.")
     tokens: TokensSpec = Field(
         default_factory=TokensSpec, description="Class/distillation tokens and position embedding (left out: a class "
         "token and a learned position embedding; none of either for a conv net, whose stages are all kind: conv)."
     )
     stages: list[AnyStage] = Field(..., min_length=1, max_length=8, description="Stages, in order: attention "
-                                   "stages (the default kind) or conv stages (kind: conv).  Conv stages before the "
-                                   "attention stages need a resnet stem; conv stages after them (a conv tail: conv, "
+                                   "stages (the default kind) or conv stages (kind: conv; block: basic, bottleneck "
+                                   "or mbconv).  Conv stages before the attention stages need a resnet or maxxvit "
+                                   "stem; conv stages after them (a conv tail: conv, "
                                    "attention, conv) take the tokens as a map on the last token grid, class and "
                                    "distillation tokens dropped, and end the model on ResNet's head (pool: mean).")
     class_attention: ClassAttentionSpec | None = Field(
@@ -354,14 +369,14 @@ class ArchSpec(StrictModel):
     @property
     def is_convnet(self) -> bool:
         """Whether every stage is a conv stage (a ResNet-like model: feature maps, average pool, classifier)."""
-        return all(isinstance(s, ConvStageSpec) for s in self.stages)
+        return all(isinstance(s, ConvStageBase) for s in self.stages)
 
     @property
     def n_conv_stages(self) -> int:
         """Conv stages before the first attention stage: > 0 for a hybrid (LeViT's grafting), 0 for a token
         model, ``len(stages)`` for a conv net."""
         n = 0
-        while n < len(self.stages) and isinstance(self.stages[n], ConvStageSpec):
+        while n < len(self.stages) and isinstance(self.stages[n], ConvStageBase):
             n += 1
         return n
 
@@ -370,7 +385,7 @@ class ArchSpec(StrictModel):
         """Index of the first conv stage after the attention stages (a conv-attention-conv sandwich: the tokens
         become a map again there, class and distillation tokens dropped); ``len(stages)`` when there is none."""
         n = self.n_conv_stages
-        while n < len(self.stages) and not isinstance(self.stages[n], ConvStageSpec):
+        while n < len(self.stages) and not isinstance(self.stages[n], ConvStageBase):
             n += 1
         return n if n > self.n_conv_stages else len(self.stages)
 
@@ -426,7 +441,7 @@ class ArchSpec(StrictModel):
 def _all_conv_stages(stages: Any) -> bool:
     """Whether raw ``stages`` (before validation) is a non-empty list whose every stage says ``kind: conv``."""
     return isinstance(stages, list) and bool(stages) and all(
-        isinstance(s, ConvStageSpec) or (isinstance(s, dict) and s.get("kind") == "conv") for s in stages)
+        isinstance(s, ConvStageBase) or (isinstance(s, dict) and s.get("kind") == "conv") for s in stages)
 
 
 class LayerPlan(StrictModel):

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from archspec._util.pydantic_base import HINT as _HINT
 from archspec._util.pydantic_base import StrictModel
 from archspec.errors import Locator, Problem, SpecError
-from archspec.spec.models import NAME_MAX, ArchSpec, ConvStageSpec, StageSpec
+from archspec.spec.models import NAME_MAX, ArchSpec, ConvStageSpec, MBConvStageSpec, StageSpec
 from archspec.spec.yaml_source import is_yaml_text, load_yaml, read_text_file
 
 __all__ = ["parse_spec", "shipped_specs", "SPEC_DIR"]
@@ -61,8 +61,8 @@ _HINTS = {
     "list_type": "use a list: [a, b] or '- a' lines",
     "missing": "this field is required",
     "literal_error": None,
-    "union_tag_invalid": "stem kinds: patch, conv, conv_tokenizer, identity, resnet",
-    "union_tag_not_found": "stem kinds: patch, conv, conv_tokenizer, identity, resnet",
+    "union_tag_invalid": "stem kinds: patch, conv, conv_tokenizer, identity, resnet, maxxvit",
+    "union_tag_not_found": "stem kinds: patch, conv, conv_tokenizer, identity, resnet, maxxvit",
     "stage_kind": "stage kinds: attention (the default), conv",
     "mixer_kind": "conv-stage mixer kinds: gpsa (T-CNN), attention (BoTNet)",
     "model_type": "write it as indented 'key: value' lines, or {key: value}",
@@ -70,15 +70,30 @@ _HINTS = {
     "string_pattern_mismatch": "use only letters, digits, '_', '.' and '-'",
 }
 
-_STAGE_TAGS = {"attention_stage": StageSpec, "conv_stage": ConvStageSpec}
+_STAGE_TAGS = {"attention_stage": StageSpec, "conv_stage": ConvStageSpec, "mbconv_stage": MBConvStageSpec}
+# what each stage model is called in a hint about a key that belongs to another kind of stage
+_STAGE_NAMES = {"attention_stage": "attention stages", "conv_stage": "ResNet conv stages (kind: conv, block: basic "
+                "or bottleneck)", "mbconv_stage": "MBConv stages (kind: conv, block: mbconv)"}
 
 # Markers pydantic puts in an error location for validator wrappers and the branches of a union
 # (``tokens.cls_token.int``); they are not spec keys.
 _LOC_MARKERS = frozenset({
     "function-after", "function-before", "function-wrap", "function-plain", "tagged-union", "nullable",
     "default", "lax-or-strict", "json-or-python", "chain", "is-instance", "int", "float", "str", "bool",
-    "none", "list", "tuple", "dict", "attention_stage", "conv_stage", "gpsa_mixer", "attention_mixer",
+    "none", "list", "tuple", "dict", "attention_stage", "conv_stage", "mbconv_stage", "gpsa_mixer", "attention_mixer",
 })
+
+
+def _other_stage_hint(key: str, tag: str) -> str | None:
+    """The hint for a key of another kind of stage (``stride_mode`` on an attention stage): which stages have it
+    and how a stage of this kind does the same; None when no other stage kind has the key."""
+    owners = [name for other, name in _STAGE_NAMES.items() if other != tag and key in _STAGE_TAGS[other].model_fields]
+    if not owners:
+        return None
+    how = ("write kind: conv (and its block) for a conv stage; an attention stage downsamples with 'downsample:' "
+           "(Swin, NAT) or 'shrink:' (LeViT)" if tag == "attention_stage"
+           else f"keys of this stage: {', '.join(sorted(_STAGE_TAGS[tag].model_fields))}")
+    return f"{key!r} is a key of {' and '.join(owners)}; {how}"
 
 
 def _clean_loc(loc: tuple, keep_last: bool = False) -> tuple:
@@ -92,7 +107,8 @@ def _clean_loc(loc: tuple, keep_last: bool = False) -> tuple:
             out.append(part)
         elif isinstance(part, str) and ("[" in part or part in _LOC_MARKERS):
             continue
-        elif isinstance(part, str) and part in ("patch", "conv", "identity", "resnet") and out and out[-1] == "stem":
+        elif isinstance(part, str) and part in ("patch", "conv", "conv_tokenizer", "identity", "resnet", "maxxvit") \
+                and out and out[-1] == "stem":
             continue  # discriminated-union branch name
         else:
             out.append(part)
@@ -130,6 +146,8 @@ def _problems_from_validation(exc: ValidationError) -> list[Problem]:
                 close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
                 hint = (f"did you mean {close[0]!r}?" if close else
                         f"keys allowed here: {', '.join(allowed)}" if allowed else "see `archspec schema`")
+                if tag is not None and len(path) == 3 and path[0] == "stages" and not close:
+                    hint = _other_stage_hint(key, tag) or hint
                 if not close and len(path) == 1:
                     hint += "; top-level keys starting with 'x-' are ignored (for YAML anchors)"
             message = f"unknown key {key!r}"

@@ -83,7 +83,8 @@ def spec_schema() -> dict[str, Any]:
                           "'attention', 'conv<K>' (pixel view) or 'token_conv<K>' (token grid)")
     _shorthand_or_mapping(defs, "DownsampleSpec", rf"^\s*(?:{'|'.join(DOWNSAMPLE_KINDS)})\s*$",
                           "the kind alone: " + " or ".join(DOWNSAMPLE_KINDS))
-    for stem in ("PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec", "ResNetStemSpec"):
+    for stem in ("PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec", "ResNetStemSpec",
+                 "MaxxVitStemSpec"):
         defs[stem]["required"] = ["kind"]  # the loader needs the tag to choose the stem
     # an attention stage may name its kind (the default); the loader drops it, so the model has no such field
     defs["StageSpec"]["properties"]["kind"] = {"const": "attention", "description": "'attention' (the default): "

@@ -18,6 +18,10 @@ Supported timm families (the blocks archspec mirrors):
   layernorm``), ``layers.{i}.downsample.{norm,reduction}`` <-> ``stages.{i}.downsample.{norm,reduction}`` (patch
   merging entering stage ``i``), ``layers.{i}.blocks.{j}`` <-> ``stages.{i}.blocks.{j}``, ``norm`` <-> ``norm``
   (``head.norm: before_pool``), ``head.fc`` <-> ``head`` (:func:`swin_key_from_timm`).
+* ``MaxxVit``'s conv side (CoAtNet, MaxViT: a ``stem: {kind: maxxvit}`` and ``block: mbconv`` conv stages): the
+  stem and blocks are timm's own ``maxxvit.Stem`` and ``MbConvBlock``, under timm's names: ``stem.*`` and a ``C``
+  block's ``stages.{i}.blocks.{j}.*`` are unchanged; an ``M`` block's (MaxViT) MBConv ``stages.{i}.blocks.{j}.conv.*``
+  <-> ``stages.{i}.blocks.{j}.*`` (:func:`maxxvit_key_from_timm`).  Attention blocks and the head are not mapped yet.
 * T-CNNs (``specs/t_resnet50d.yaml``, ``t_resnet50rs.yaml``: conv stages with ``mixer: {kind: gpsa}``) load a
   timm ResNet's weights one way (:func:`from_timm`): a transformed block's ``conv2.weight`` becomes its GPSA's
   ``W_out`` (T-CNN eq. 6), and the GPSA's own tensors (W_qry, W_key, W_val = I, centres, locality, gating),
@@ -166,6 +170,22 @@ def byobnet_key_from_timm(key: str) -> str:
     return f"stages.{match.group(1)}.blocks.{match.group(2)}." + rest
 
 
+_MAXXVIT_MBCONV = re.compile(r"^(stages\.\d+\.blocks\.\d+\.)conv\.")
+_MAXXVIT_PRE_NORM = re.compile(r"^stages\.\d+\.blocks\.\d+\.(conv\.)?pre_norm\.")
+
+
+def maxxvit_key_from_timm(key: str) -> str:
+    """A timm ``MaxxVit`` key (CoAtNet, MaxViT) -> archspec's MBConv conv stages': a MaxViT ``M`` block's MBConv
+    ``stages.0.blocks.1.conv.conv2_kxk.weight`` -> ``stages.0.blocks.1.conv2_kxk.weight``; the stem's and a ``C``
+    block's keys are archspec's already (timm's own modules under timm's names), unchanged."""
+    return _MAXXVIT_MBCONV.sub(r"\1", key)
+
+
+def _is_maxxvit(keys) -> bool:
+    """A timm MaxxVit state dict: its MBConv blocks have a ``pre_norm`` (ByobNet's ``conv1_1x1`` blocks have none)."""
+    return any(_MAXXVIT_PRE_NORM.match(k) for k in keys)
+
+
 def _is_byobnet(keys) -> bool:
     return any(".conv1_1x1." in k for k in keys)
 
@@ -204,7 +224,8 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
     """Convert a timm state dict into one that ``model.load_state_dict(..., strict=True)`` accepts.
 
     Args:
-        state_dict: a timm ViT/DeiT, ConViT, LeViT, CaiT, ResNet or Swin state dict (Swin: the structure's names,
+        state_dict: a timm ViT/DeiT, ConViT, LeViT, CaiT, ResNet, BoTNet, MaxxVit (its stem and MBConv blocks:
+            :func:`maxxvit_key_from_timm`) or Swin state dict (Swin: the structure's names,
             :func:`swin_key_from_timm`; the window attention's tensors are the window head kind's).
         model: the compiled archspec equivalent (same spec; see :data:`TIMM_EQUIVALENTS`), or a T-CNN of the
             ResNet (its GPSA blocks take the 3x3 convs' weights as ``W_out``, T-CNN eq. 6, and keep their own
@@ -213,6 +234,8 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
     Raises:
         ValueError: a timm block index beyond the archspec model's depth.
     """
+    if _is_convnet(model) and _is_maxxvit(state_dict):
+        return {maxxvit_key_from_timm(k): v for k, v in state_dict.items()}
     if _is_convnet(model) and _is_byobnet(state_dict):
         return {byobnet_key_from_timm(k): v for k, v in state_dict.items()}
     if _is_convnet(model):
@@ -257,7 +280,9 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
     ours = model.state_dict()
     if _is_convnet(model):
         out = {}
-        rename = byobnet_key_from_timm if _is_byobnet(timm_model.state_dict()) else resnet_key_from_timm
+        theirs = timm_model.state_dict()
+        rename = (maxxvit_key_from_timm if _is_maxxvit(theirs) else byobnet_key_from_timm if _is_byobnet(theirs)
+                  else resnet_key_from_timm)
         for key in timm_model.state_dict():
             src = rename(key)
             gpsa = src[:-len(".weight")] + ".out_weight" if src.endswith(".conv2.weight") else None

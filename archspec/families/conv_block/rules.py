@@ -31,7 +31,7 @@ a map twice as large a side as the CNN's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
@@ -42,7 +42,7 @@ from archspec.families.attention.kinds import hosted_by, rel_logits
 from archspec.families.attention.rules import AttentionShape, attention_macs_change, head_dims
 from archspec.families.attention.rules import counts as attention_counts
 
-__all__ = ["SESpec", "GPSAMixerSpec", "AttentionMixerSpec", "ConvStageSpec", "BotShape", "bot_counts",
+__all__ = ["ConvStageBase", "SESpec", "GPSAMixerSpec", "AttentionMixerSpec", "ConvStageSpec", "BotShape", "bot_counts",
            "make_divisible", "GPSA_HEADS", "gpsa_head_dim", "gpsa_counts", "gpsa_memory",
            "ConvBlockShape", "se_channels", "plan", "counts", "memory", "out_grid", "batchnorm_channels",
            "batchnorm_channels_into_bias", "label",
@@ -138,17 +138,43 @@ ConvMixer = Annotated[
                   custom_error_message="a conv stage's mixer kind must be 'gpsa' or 'attention'")]
 
 
-class ConvStageSpec(StrictModel):
+class ConvStageBase(StrictModel):
+    """What every conv stage (``kind: conv``) is, whatever its block: ``depth`` blocks on a feature map ending at
+    ``channels`` channels, the first striding by ``stride``, with a ``drop_path`` rate.  The subclasses hold the
+    fields (ResNet's :class:`ConvStageSpec`, MBConv's
+    :class:`~archspec.families.mbconv.rules.MBConvStageSpec`); ``family`` names the block family whose rules
+    plan and count their blocks (:mod:`archspec.ir.walk`).  ``isinstance(stage, ConvStageBase)`` tells a conv
+    stage from an attention stage."""
+
+    family: ClassVar[str]
+
+    @property
+    def dim(self) -> int:
+        """The stage's output width, under the attention stages' name (``channels``)."""
+        return self.channels
+
+    def drop_path_of(self, layer: int) -> float:
+        """The stochastic-depth rate of block ``layer`` of the stage."""
+        if isinstance(self.drop_path, tuple):
+            first, last = self.drop_path
+            return first + (last - first) * (layer / max(self.depth - 1, 1))
+        return self.drop_path
+
+
+class ConvStageSpec(ConvStageBase):
     """A conv stage (``kind: conv``): ``depth`` ResNet residual blocks of ``block`` with ``channels`` output
     channels; the first block strides by ``stride`` and gets a ``downsample`` shortcut when the stride or the
     width changes (timm ``resnet.make_blocks``)."""
+
+    family: ClassVar[str] = "conv_block"
 
     kind: Literal["conv"] = Field("conv", description="'conv': ResNet residual blocks on a feature map "
                                   "(stages without 'kind' are attention stages).  After attention stages (a conv "
                                   "tail) the map is the last attention stage's tokens on its grid, row-major, the "
                                   "class and distillation tokens dropped.")
     block: Literal["basic", "bottleneck"] = Field(..., description="'basic': two 3x3 convs (ResNet-18/34); "
-                                                  "'bottleneck': 1x1, 3x3, 1x1 (ResNet-50 and up).")
+                                                  "'bottleneck': 1x1, 3x3, 1x1 (ResNet-50 and up); 'mbconv': "
+                                                  "MBConv (stages[] (kind: conv, block: mbconv)).")
     depth: int = Field(..., ge=1, le=MAX_DEPTH, description="Number of blocks.")
     channels: int = Field(..., ge=1, le=MAX_DIM, description="Output channels of every block (timm: planes x "
                           "expansion, e.g. 256 for ResNet-50's first stage).")
@@ -176,6 +202,16 @@ class ConvStageSpec(StrictModel):
         "{kind: attention} BoTNet's multi-head self-attention on the map, any head kinds, in every block or the "
         "blocks of 'layers' (attention at stride 1, then a 2x2 average pool where the block strides).")
 
+    @field_validator("block", mode="before")
+    @classmethod
+    def _block_kind(cls, value: Any) -> Any:
+        # the stage model of block: mbconv is another one (the stage discriminator's); name every block here
+        if value not in ("basic", "bottleneck"):
+            raise ValueError(f"unknown conv block {value!r}; a conv stage's block is 'basic', 'bottleneck' "
+                             f"(ResNet) or 'mbconv' (MBConv: CoAtNet, MaxViT){HINT}use block: basic, bottleneck "
+                             "or mbconv")
+        return value
+
     @field_validator("downsample", mode="before")
     @classmethod
     def _shortcut_only(cls, value: Any) -> Any:
@@ -188,21 +224,9 @@ class ConvStageSpec(StrictModel):
         return value
 
     @property
-    def dim(self) -> int:
-        """The stage's output width, under the attention stages' name (``channels``)."""
-        return self.channels
-
-    @property
     def ratio(self) -> int:
         """The bottleneck ratio in force: ``expansion``, else timm's (4 bottleneck, 1 basic)."""
         return self.expansion if self.expansion is not None else EXPANSION[self.block]
-
-    def drop_path_of(self, layer: int) -> float:
-        """The stochastic-depth rate of block ``layer`` of the stage."""
-        if isinstance(self.drop_path, tuple):
-            first, last = self.drop_path
-            return first + (last - first) * (layer / max(self.depth - 1, 1))
-        return self.drop_path
 
 
 @dataclass(frozen=True)

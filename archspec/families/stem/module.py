@@ -9,12 +9,13 @@ from functools import partial
 
 from timm.layers import PatchEmbed
 from timm.models.levit import ConvNorm
+from timm.models.maxxvit import Stem as TimmMaxxVitStem
 from torch import Tensor, nn
 
 from ..activations import activation
 from .rules import StemShape, grid
 
-__all__ = ["PatchStem", "ConvStem", "ConvTokenizer", "IdentityStem", "ResNetStem", "build"]
+__all__ = ["PatchStem", "ConvStem", "ConvTokenizer", "IdentityStem", "ResNetStem", "maxxvit_stem", "build"]
 
 
 def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
@@ -166,6 +167,21 @@ class ResNetStem(nn.Module):
         return self.maxpool(self.act1(self.bn1(self.conv1(x))))
 
 
+def maxxvit_stem(shape: StemShape) -> nn.Module:
+    """CoAtNet's / MaxViT's stem, timm's own ``maxxvit.Stem`` (names ``conv1``, ``norm1``, ``conv2``): a 3x3
+    stride-2 conv ``in_chans -> stem_width``, ``BatchNormAct2d`` (``bn_eps``, ``act``), a 3x3 conv
+    ``stem_width -> dim``, both convs with ``bias`` and timm's ``padding`` ('' or 'same'); initialised by its
+    ``init_weights()`` (timm ``_init_conv``: ``normal(0, sqrt(2 / fan_out))``, biases 0).
+
+    Shapes: ``(B, in_chans, H, W) -> (B, dim, ceil(H / 2), ceil(W / 2))`` (a map).  MACs: ``H_out W_out 9
+    (in_chans w + w dim)``."""
+    stem = TimmMaxxVitStem(shape.in_chans, (shape.stem_width, shape.dim), padding="same" if shape.padding == "same"
+                           else "", bias=shape.bias, act_layer=shape.act, norm_layer="batchnorm2d",
+                           norm_eps=shape.bn_eps)
+    stem.init_weights()
+    return stem
+
+
 def build(shape: StemShape) -> nn.Module:
     """The module of a :class:`~.rules.StemShape` (raises as the stem classes)."""
     if shape.kind == "patch":
@@ -174,6 +190,8 @@ def build(shape: StemShape) -> nn.Module:
         return ConvTokenizer(shape.in_chans, shape.channels, shape.norm_eps)
     if shape.kind == "identity":
         return IdentityStem(shape.in_chans, shape.patch_size)
+    if shape.kind == "maxxvit":
+        return maxxvit_stem(shape)
     if shape.kind == "resnet":
         return ResNetStem(shape.in_chans, shape.dim, shape.stem_width, shape.pool, shape.stem_mid)
     return ConvStem(shape.in_chans, list(shape.channels), activation(shape.act))

@@ -1,15 +1,17 @@
 """Stems turning images ``(B, C_in, H, W)`` into tokens: torch-free rules -- spec models, shape, the one
 grid rule, checks, parameters, MACs, memory and the name of the first convolution.
 
-Five kinds: ViT's patch embedding (timm ``PatchEmbed``; with ``norm: layernorm`` Swin's, timm
+Six kinds: ViT's patch embedding (timm ``PatchEmbed``; with ``norm: layernorm`` Swin's, timm
 ``swin_transformer.SwinTransformer``'s ``PatchEmbed(norm_layer=LayerNorm)``), LeViT's convolutional stem (sec.
 4.2: 3x3 stride-2 convs with BatchNorm, timm ``levit.Stem16``), NAT's overlapping convolutional tokenizer
 (Hassani et al. 2022, sec. 3.2: two 3x3 stride-2 convs ``C_in -> C/2 -> C`` with bias and no activation between,
 then LayerNorm; the authors' ``ConvTokenizer``, Hugging Face ``NatEmbeddings``), CMHSA's identity patch stem
 (App. B: a token is its raw ``P x P x C`` pixels) and ResNet's stem (He et al. 2016, Tab. 1: 7x7 stride-2 conv,
 BatchNorm, ReLU, 3x3 stride-2 max-pool; or the deep stem of ResNet-C/D, He et al. 2019 "Bag of Tricks" fig. 2,
-and ResNet-RS's strided-conv pool, Bello et al. 2021 -- timm ``resnet.ResNet``'s stem).  The first four make
-tokens; the ResNet stem makes a feature map ``(B, C, H, W)`` for conv stages.  A stem's LayerNorm takes the first
+and ResNet-RS's strided-conv pool, Bello et al. 2021 -- timm ``resnet.ResNet``'s stem) and CoAtNet's / MaxViT's
+conv stem (timm ``maxxvit.Stem``: a 3x3 stride-2 conv, BatchNorm + activation, a 3x3 conv; Dai et al. 2021's
+"S0", Tu et al. 2022 fig. 2's "Stem").  The first four make tokens; the ResNet and MaxxViT stems make a feature
+map ``(B, C, H, W)`` for conv stages (:data:`MAP_STEMS`).  A stem's LayerNorm takes the first
 stage's ``norm_eps`` (Swin and NAT use one epsilon, torch's 1e-5, throughout).  The modules are in
 :mod:`archspec.families.stem.module`.
 """
@@ -25,7 +27,8 @@ from pydantic import Field, field_validator
 from archspec._util.memory import F32, NodeMemory
 from archspec._util.pydantic_base import StrictModel
 
-__all__ = ["PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec", "ResNetStemSpec", "StemSpec",
+__all__ = ["PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec", "ResNetStemSpec",
+           "MaxxVitStemSpec", "StemSpec", "MAP_STEMS",
            "StemShape", "plan", "grid", "reduction", "counts", "memory", "batchnorm_channels", "first_conv_name",
            "NO_WEIGHT_DECAY", "MAX_DIM", "TOKENIZER_LAYERS"]
 
@@ -33,6 +36,8 @@ MAX_DIM = 4096
 NO_WEIGHT_DECAY: frozenset[str] = frozenset()
 DEFAULT_CONV_LAYERS = 4  # LeViT's stem: C/8, C/4, C/2, C
 TOKENIZER_LAYERS = 2  # NAT's tokenizer: C/2, C
+#: the stems that make a feature map for conv stages (the others make tokens)
+MAP_STEMS = ("resnet", "maxxvit")
 
 
 class PatchStemSpec(StrictModel):
@@ -122,8 +127,31 @@ class ResNetStemSpec(StrictModel):
         return value
 
 
-StemSpec = Annotated[PatchStemSpec | ConvStemSpec | ConvTokenizerStemSpec | IdentityStemSpec | ResNetStemSpec,
-                     Field(discriminator="kind")]
+class MaxxVitStemSpec(StrictModel):
+    """CoAtNet's and MaxViT's conv stem (timm ``maxxvit.Stem``): a 3x3 stride-2 conv ``C_in -> stem_width``,
+    BatchNorm + ``act``, a 3x3 conv ``stem_width -> channels`` (no norm after it: each MBConv block pre-norms
+    its input).  Output: a map of ``channels`` channels at 1/2 of the input resolution, for conv stages.  timm
+    takes its activation, BatchNorm epsilon and padding from the model's ``conv_cfg``: write the first MBConv
+    stage's here."""
+
+    kind: Literal["maxxvit"] = "maxxvit"
+    channels: int = Field(64, ge=1, le=MAX_DIM, description="Output channels (timm stem_width, its last entry when "
+                          "a pair: 64 in coatnet_0_rw and maxvit_tiny_tf).")
+    stem_width: int | None = Field(None, ge=1, le=MAX_DIM, description="Width of the first conv (timm stem_width's "
+                                   "first entry: 32 in the rw configs); default channels.")
+    bias: bool = Field(False, description="Bias on both convs (timm stem_bias: maxvit_*_tf).")
+    act: Literal["gelu", "gelu_tanh", "silu", "relu"] = Field(
+        "gelu", description="Activation after the BatchNorm (timm conv_cfg.act_layer: silu in the rw configs, "
+        "gelu_tanh in the tf ports).")
+    norm_eps: float = Field(1e-5, gt=0, le=0.1, description="BatchNorm epsilon (timm conv_cfg.norm_eps: 1e-5; the tf "
+                            "ports 1e-3).")
+    padding: Literal["symmetric", "same"] = Field(
+        "symmetric", description="'symmetric': 1 pixel every side (timm padding ''); 'same': TensorFlow's SAME, the "
+        "strided conv pads bottom / right only (timm padding 'same': maxvit_*_tf).")
+
+
+StemSpec = Annotated[PatchStemSpec | ConvStemSpec | ConvTokenizerStemSpec | IdentityStemSpec | ResNetStemSpec
+                     | MaxxVitStemSpec, Field(discriminator="kind")]
 
 
 @dataclass(frozen=True)
@@ -133,7 +161,9 @@ class StemShape:
     map of ``dim`` channels, ``stem_width`` the deep stem's first conv width (0: the 7x7 stem), ``stem_mid`` its
     second conv's (0: ``stem_width``; timm's tiered stem: 32 after 24) and ``pool``; NAT's tokenizer
     (``conv_tokenizer``) its two convs' ``channels`` ``(C/2, C)``.  ``norm_eps``: the epsilon of a LayerNorm on the
-    tokens after it (Swin's patch stem, NAT's tokenizer); None: no norm."""
+    tokens after it (Swin's patch stem, NAT's tokenizer); None: no norm.  The MaxxViT stem: ``stem_width`` its
+    first conv's width, ``act``, ``bias`` on its convs, ``bn_eps`` its BatchNorm's epsilon, ``padding``
+    (``symmetric`` or ``same``)."""
 
     kind: str
     in_chans: int
@@ -146,14 +176,20 @@ class StemShape:
     pool: str = "max"
     stem_mid: int = 0
     norm_eps: float | None = None
+    bias: bool = False
+    bn_eps: float = 1e-5
+    padding: str = "symmetric"
 
 
 def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv_layers: int = DEFAULT_CONV_LAYERS
          ) -> tuple[int, int]:
     """Token grid ``(H, W)`` a stem makes of an image of ``img_size`` pixels: ``(H / P, W / P)`` for patch and
     identity stems (floor), ``conv_layers`` times ``s -> (s - 1) // 2 + 1`` for the conv stem (3x3, stride 2,
-    padding 1), twice for NAT's tokenizer.  Raises nothing."""
+    padding 1), twice for NAT's tokenizer, once for the MaxxViT stem (3x3 stride 2, padding 1 or SAME: ``ceil(s /
+    2)``).  Raises nothing."""
     h, w = int(img_size[0]), int(img_size[1])
+    if kind == "maxxvit":
+        return (h - 1) // 2 + 1, (w - 1) // 2 + 1
     if kind == "resnet":  # stride-2 conv (7x7 pad 3 or 3x3 pad 1), then the stride-2 pool (3x3 pad 1)
         return (h - 1) // 4 + 1, (w - 1) // 4 + 1
     if kind in ("conv", "conv_tokenizer"):
@@ -166,7 +202,9 @@ def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv
 
 def reduction(kind: str, patch_size: int | None = None, conv_layers: int = DEFAULT_CONV_LAYERS) -> int:
     """Pixels per token side after the stem: the patch size, or ``2 ** layers`` for the conv stem, 4 for ResNet's and
-    NAT's tokenizer."""
+    NAT's tokenizer, 2 for the MaxxViT stem."""
+    if kind == "maxxvit":
+        return 2
     if kind in ("resnet", "conv_tokenizer"):
         return 2 ** TOKENIZER_LAYERS
     return 2 ** conv_layers if kind == "conv" else patch_size
@@ -177,20 +215,27 @@ def first_conv_name(kind: str, deep: bool = False) -> str | None:
     ``patch_embed.proj``), ``stem.conv1.linear`` for LeViT's conv stem (timm LeViT's); None for the identity
     stem, which has no weights (its token width is ``channels x patch^2``: another ``in_chans`` is another
     architecture); ``stem.conv1`` for ResNet's (timm's ``conv1``), ``stem.conv1.0`` for its deep stem;
-    ``stem.proj.0`` for NAT's tokenizer (the authors' ``patch_embed.proj.0``)."""
+    ``stem.proj.0`` for NAT's tokenizer (the authors' ``patch_embed.proj.0``); ``stem.conv1`` for the MaxxViT stem
+    (timm's)."""
+    if kind == "maxxvit":
+        return "stem.conv1"
     if kind == "resnet":
         return "stem.conv1.0" if deep else "stem.conv1"
     return {"patch": "stem.proj", "conv": "stem.conv1.linear", "conv_tokenizer": "stem.proj.0"}.get(kind)
 
 
-def plan(stem: PatchStemSpec | ConvStemSpec | ConvTokenizerStemSpec | IdentityStemSpec | ResNetStemSpec,
-         in_chans: int, img_size: tuple[int, int], first_dim: int, norm_eps: float = 1e-6
+def plan(stem: PatchStemSpec | ConvStemSpec | ConvTokenizerStemSpec | IdentityStemSpec | ResNetStemSpec
+         | MaxxVitStemSpec, in_chans: int, img_size: tuple[int, int], first_dim: int, norm_eps: float = 1e-6
          ) -> tuple[StemShape, list[tuple[tuple, str, str]]]:
     """The stem's shape and its problems ``(path, message, hint)``: a patch that does not divide the input, an
     identity stem whose token width is not the first stage's, conv channels that do not end at it.  ``norm_eps``:
     the first stage's, for the stem's LayerNorm (a patch stem with ``norm: layernorm``, NAT's tokenizer)."""
     if stem.kind == "conv":
         return _plan_conv(stem, in_chans, img_size, first_dim)
+    if stem.kind == "maxxvit":
+        return StemShape("maxxvit", in_chans, tuple(img_size), stem.channels,
+                         stem_width=stem.stem_width or stem.channels, act=stem.act, bias=stem.bias,
+                         bn_eps=stem.norm_eps, padding=stem.padding), []
     if stem.kind == "conv_tokenizer":  # NAT: C_in -> C/2 -> C (the authors' embed_dim // 2)
         return StemShape("conv_tokenizer", in_chans, tuple(img_size), first_dim,
                          channels=(max(first_dim // 2, 1), first_dim), norm_eps=norm_eps), []
@@ -264,13 +309,18 @@ def counts(shape: StemShape) -> tuple[int, int]:
     weights + 2 BatchNorm parameters per channel and ``H_out W_out 9 c_in c_out`` MACs; NAT's tokenizer, per layer,
     ``9 c_in c_out + c_out`` (weights, bias) and ``H_out W_out 9 c_in c_out`` MACs; identity 0 and 0; ResNet, per
     conv ``k^2 c_in c_out`` weights (no bias) + 2 BatchNorm parameters per channel and ``H_out W_out k^2 c_in
-    c_out`` MACs (the max-pool counts none).  A LayerNorm on the tokens (``norm_eps`` set) adds ``2 C`` parameters
-    and no MACs."""
+    c_out`` MACs (the max-pool counts none); MaxxViT, ``9 c_in w + 9 w C`` weights (+ ``w + C`` biases), 2
+    BatchNorm parameters per channel of ``w``, and ``H_out W_out`` times the weights in MACs.  A LayerNorm on the
+    tokens (``norm_eps`` set) adds ``2 C`` parameters and no MACs."""
     params, macs = _counts_before_norm(shape)
     return params + (2 * shape.dim if shape.norm_eps is not None else 0), macs
 
 
 def _counts_before_norm(shape: StemShape) -> tuple[int, int]:
+    if shape.kind == "maxxvit":
+        (h, w), width = out_grid(shape), shape.stem_width
+        weights = 9 * shape.in_chans * width + 9 * width * shape.dim
+        return weights + (width + shape.dim if shape.bias else 0) + 2 * width, h * w * weights
     if shape.kind == "conv_tokenizer":
         layers = _conv_layers(shape)
         return (sum(9 * c * c_out + c_out for c, c_out, _, _ in layers),
@@ -296,7 +346,9 @@ def memory(shape: StemShape) -> NodeMemory:
     LayerNorm on the tokens one more copy of them.  The image itself is counted by the graph (it stays alive for
     the whole forward)."""
     rows, cols = out_grid(shape)
-    if shape.kind == "conv":
+    if shape.kind == "maxxvit":  # conv1, BatchNorm (activation in place), conv2
+        outputs, copies = [rows * cols * shape.stem_width, rows * cols * shape.dim], 2
+    elif shape.kind == "conv":
         outputs, copies = [h * w * c_out for _, c_out, h, w in _conv_layers(shape)], 2
     elif shape.kind == "conv_tokenizer":
         outputs, copies = [h * w * c_out for _, c_out, h, w in _conv_layers(shape)], 1
@@ -313,8 +365,8 @@ def memory(shape: StemShape) -> NodeMemory:
 def batchnorm_channels(shape: StemShape) -> int:
     """BatchNorm channels ``model.fuse()`` folds away: every conv layer's (conv stem); ResNet's stem: ``bn1``, the deep
     stem's two inner BatchNorms and the conv pool's (:func:`archspec.nn.fuse.fold_conv_batchnorms`); NAT's
-    tokenizer has none."""
-    if shape.kind == "conv_tokenizer":
+    tokenizer and the MaxxViT stem (timm's ``BatchNormAct2d``, which ``fuse()`` leaves) have none."""
+    if shape.kind in ("conv_tokenizer", "maxxvit"):
         return 0
     if shape.kind != "resnet":
         return sum(shape.channels)
@@ -324,7 +376,9 @@ def batchnorm_channels(shape: StemShape) -> int:
 
 def label(shape: StemShape) -> str:
     """The analysis table's kind: ``patch16`` (``patch4+ln`` with a LayerNorm), ``identity16``, ``conv4``,
-    ``tokenizer2`` (NAT's), ``resnet``, ``resnet-deep`` or ``resnet-tiered`` (``+convpool``)."""
+    ``tokenizer2`` (NAT's), ``resnet``, ``resnet-deep`` or ``resnet-tiered`` (``+convpool``), ``maxxvit``."""
+    if shape.kind == "maxxvit":
+        return "maxxvit"
     if shape.kind == "resnet":
         deep = "-tiered" if shape.stem_mid and shape.stem_mid != shape.stem_width else "-deep"
         return "resnet" + (deep if shape.stem_width else "") + ("+convpool" if shape.pool == "conv" else "")

@@ -13,7 +13,7 @@ from pathlib import Path
 from archspec.families.attention.heads import without_unused_new_kinds
 from archspec.io.builddir import staging_prefix
 from archspec.search._evaluation.protocols import LatencyProtocol
-from archspec.spec import ArchSpec, ConvStageSpec
+from archspec.spec import ArchSpec, ConvStageBase
 from archspec.spec.stable import stable_dump
 
 __all__ = ["LatencyCache", "architecture_key"]
@@ -30,7 +30,7 @@ def architecture_key(spec: ArchSpec) -> str:
     """
     data = stable_dump(spec, exclude=set(_IGNORED))
     for i, stage in enumerate(data["stages"]):  # per-layer resolved heads, mixer and drop path: one spelling
-        if isinstance(spec.stages[i], ConvStageSpec):  # conv stages have one spelling already
+        if isinstance(spec.stages[i], ConvStageBase):  # conv stages have one spelling already
             continue
         for key in ("attention", "layers", "mixer", "drop_path"):
             stage.pop(key, None)

@@ -17,6 +17,7 @@ import torch
 
 from archspec._util.memo import ContentMemo
 from archspec.errors import SpecError
+from archspec.families.stem.rules import reduction
 from archspec.io.datasets import Dataset
 from archspec.ir.checked import load_spec
 from archspec.ir.graph import build_graph
@@ -136,22 +137,24 @@ def _patch_stem(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple[dict
 
 
 def _resnet_input(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple[dict, tuple[int, int]]:
-    """The stem unchanged; the input ``map * F`` per side, at most the real one (``F`` = 4 x the conv strides).
+    """The stem unchanged; the input ``map * F`` per side, at most the real one (``F`` = the stem's reduction x the
+    conv strides).
 
-    A ResNet stem divides by 4 and every conv stage by its stride (each a ceiling division, so the map is
-    ``ceil(H / F)``): the input size is the only knob.  ``map`` is the feature map the first attention stage
-    needs to get a first token grid of ``target``: its ``from_map`` grid for ``pool: avg`` (pooling keeps that
-    grid while the map is at least as large: a 1-stage graft keeps 14x14 tokens from 56 px), ``target`` itself
-    otherwise (every pixel a token).  A multiple of ``F`` so that every stride halves a side exactly.  This is
-    the smallest such size, above ``cap`` when the tokens need it (the token grids win: the module's rule; a
-    graft after 3 ResNet-50 stages without pooling keeps its full 224 px).  A pure conv net has no tokens: its
-    input is ``cap`` (at most the real size).  Source: timm ``resnet.ResNet`` (stem /4, stage strides).
+    A ResNet stem divides by 4 (the maxxvit stem of CoAtNet / MaxViT by 2) and every conv stage by its stride
+    (each a ceiling division, so the map is ``ceil(H / F)``): the input size is the only knob.  ``map`` is the
+    feature map the first attention stage needs to get a first token grid of ``target``: its ``from_map`` grid for
+    ``pool: avg`` (pooling keeps that grid while the map is at least as large: a 1-stage graft keeps 14x14 tokens
+    from 56 px), ``target`` itself otherwise (every pixel a token).  A multiple of ``F`` so that every stride halves
+    a side exactly.  This is the smallest such size, above ``cap`` when the tokens need it (the token grids win:
+    the module's rule; a graft after 3 ResNet-50 stages without pooling keeps its full 224 px).  A pure conv net
+    has no tokens: its input is ``cap`` (at most the real size).  Source: timm ``resnet.ResNet`` (stem /4, stage
+    strides), timm ``maxxvit.MaxxVit`` (stem /2).
     """
     real = spec.input.resolution
     if spec.is_convnet:
         return spec.stem.model_dump(mode="json"), (min(cap, real[0]), min(cap, real[1]))
     lead = spec.n_conv_stages
-    factor = 4 * math.prod(stage.stride for stage in spec.stages[:lead])
+    factor = reduction(spec.stem.kind) * math.prod(stage.stride for stage in spec.stages[:lead])
     interface = spec.stages[lead].from_map
     needed = interface.grid if interface is not None and interface.pool == "avg" else target
     size = (min(needed[0] * factor, real[0]), min(needed[1] * factor, real[1]))
@@ -167,7 +170,8 @@ def _tokenizer_input(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple
 # a candidate's proxy (geometry and validated proxy spec) by the candidate's content and the proxy settings
 _PROXIES = ContentMemo(256)
 
-_STEM_RULES = {"conv": _conv_stem, "resnet": _resnet_input, "conv_tokenizer": _tokenizer_input}  # else _patch_stem
+_STEM_RULES = {"conv": _conv_stem, "resnet": _resnet_input, "maxxvit": _resnet_input,  # map stems: input size only
+               "conv_tokenizer": _tokenizer_input}  # else _patch_stem
 
 
 def _geometry_doc(spec: ArchSpec, data: Dataset, cap: int, target: tuple[int, int]) -> dict:

@@ -17,7 +17,7 @@ from archspec.errors import SpecError, format_path
 from archspec.families.attention.heads import HeadSpec, MaskSpec
 from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW, Placement
 from archspec.ir.checked import load_spec
-from archspec.spec import ArchSpec, ConvStageSpec, spec_to_yaml
+from archspec.spec import ArchSpec, ConvStageBase, spec_to_yaml
 
 __all__ = ["attention_layers", "token_stages", "strip_mask", "with_mask", "apply_placement", "placement_heads",
            "head0_placement", "soft_heads", "first_spec", "parse_window", "rule_thresholds", "layer_label",
@@ -37,7 +37,7 @@ def attention_layers(spec: ArchSpec) -> list[tuple[int, int, list[HeadSpec]]]:
 
 def token_stages(spec: ArchSpec) -> list[int]:
     """Indices of the spec's attention (token) stages; a hybrid's conv stages are not among them."""
-    return [i for i, stage in enumerate(spec.stages) if not isinstance(stage, ConvStageSpec)]
+    return [i for i, stage in enumerate(spec.stages) if not isinstance(stage, ConvStageBase)]
 
 
 def strip_mask(head: HeadSpec) -> HeadSpec:

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from archspec.errors import Problem
-from archspec.spec import ArchSpec, ConvStageSpec, StageSpec
+from archspec.spec import ArchSpec, ConvStageSpec, MBConvStageSpec, StageSpec
 
 MARKERS = ("choice", "int", "float", "ref")
 _MARKER_OPTIONS = {"choice": {"share"}, "ref": set(), "int": {"step", "log"}, "float": {"step", "log"}}
@@ -288,7 +288,8 @@ class Checker:
                     if is_marker(kind) else "'attention' (the default) or 'conv'")
             self.add(path + ("kind",), f"a stage's kind must be 'attention' or 'conv', got {kind!r}", hint)
             return
-        self.value(node, path, ConvStageSpec if kind == "conv" else StageSpec)
+        model = StageSpec if kind != "conv" else MBConvStageSpec if node.get("block") == "mbconv" else ConvStageSpec
+        self.value(node, path, model)
 
     def heads_mix(self, node: Any, path: tuple) -> None:
         if isinstance(node, str):

@@ -106,7 +106,7 @@ from archspec.ir.graph import build_graph
 from archspec.search import DEFAULT_SPACE, SPACES_DIR
 from archspec.search._space.checks import MARKERS, SPACE_KEYS, SPACE_NAME_RE, Checker, is_marker
 from archspec.search._space.sampling import EnumTrial, MinTrial, Sampler, next_prefix
-from archspec.spec import ArchSpec, ConvStageSpec
+from archspec.spec import ArchSpec, ConvStageBase
 from archspec.spec.yaml_source import is_yaml_text, load_yaml, read_text_file
 
 __all__ = ["SearchSpace", "load_space", "mask_placement_space", "MARKERS"]
@@ -377,7 +377,7 @@ def mask_placement_space(spec: ArchSpec, windows: Sequence[str] = ("3x3", "3x5",
     doc_spec["name"] = spec.name
     any_stage = False
     for i, stage in enumerate(spec.stages):
-        if isinstance(stage, ConvStageSpec) or stage.mixer.kind == "conv" or i not in grids:
+        if isinstance(stage, ConvStageBase) or stage.mixer.kind == "conv" or i not in grids:
             continue  # a hybrid's conv stages (attention inside bottlenecks too) take no MaiT mask
         rows, cols = grids[i]
         fitting = [name for name, (r, c) in parsed if r <= rows and c <= cols]

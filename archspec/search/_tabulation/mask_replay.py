@@ -45,7 +45,7 @@ from archspec.search import SPACES_DIR
 from archspec.search._modes.mask_placement import parse_window, rule_thresholds
 from archspec.search._space.language import SearchSpace, load_space
 from archspec.search._tabulation.oracle import design_seconds, linear_at
-from archspec.spec import ConvStageSpec
+from archspec.spec import ConvStageBase
 
 __all__ = ["uniform_als", "mask_groups", "mask_depths", "mask_table_space", "als_at", "mask_geometry", "rule_score",
            "AlsReplay", "replay_als", "replay_soft", "table_replay_report", "check_als_rows", "shipped_spaces"]
@@ -111,7 +111,7 @@ def mask_depths(space: str | SearchSpace) -> dict[int, int]:
         SpecError: ``space`` is not a shipped space or a readable space file (:func:`load_space`).
     """
     spec = _first_spec(space)
-    return {i: stage.depth for i, stage in enumerate(spec.stages) if not isinstance(stage, ConvStageSpec)}
+    return {i: stage.depth for i, stage in enumerate(spec.stages) if not isinstance(stage, ConvStageBase)}
 
 
 def _first_spec(space: str | SearchSpace):
