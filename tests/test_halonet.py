@@ -119,6 +119,25 @@ def test_halonet26t_logits_equal_timm_both_directions(one_thread) -> None:
     assert spread > 1e-2 and forward <= 1e-5 and backward <= 1e-5, (forward, backward, spread)
 
 
+@pytest.mark.slow  # FlopCounterMode over a 256 px forward of each
+def test_halonet26t_macs_equal_the_flop_counter_on_both_models(one_thread) -> None:
+    x = torch.randn(1, 3, 256, 256)
+    ours, reference = archspec.compile("halonet26t").eval(), timm.create_model("halonet26t").eval()
+    assert archspec.analyze("halonet26t").macs == reference_macs(ours, x) == reference_macs(reference, x)
+
+
+def test_fuse_folds_all_but_the_batchnorms_after_haloattn(one_thread) -> None:
+    """HaloAttn has no output projection: its bn2 stays (one a halo block), every other BatchNorm folds; same logits."""
+    from archspec.nn.fuse import count_batchnorms
+
+    model = _randomised_tiny()
+    folded = model.fuse()
+    x = torch.randn(2, 3, 64, 64)
+    assert count_batchnorms(folded) == 2
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def _without_classifier(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if not k.startswith("head.fc.")}
 

@@ -172,4 +172,5 @@ KIND = register_head_kind(HeadKind(
     "only.",
     shorthands=SHORTHANDS, legend=LEGEND, letter=letter, terms=terms, problems=problems,
     no_weight_decay=NO_WEIGHT_DECAY, hosts=frozenset({HOST}),
-    argument_hint="; write the halo as a mapping: {halo: {block_size: 8, halo_size: 2}}"))
+    argument_hint=f"{HINT}a halo's block and halo sizes are fields: write it as a mapping, {{halo: {{block_size: 8, "
+    "halo_size: 2}}"))
