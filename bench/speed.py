@@ -1,11 +1,14 @@
 """Speed ratios measured side by side in one run: archspec vs timm, masked vs unmasked MaiT, one masked layer.
 
     OMP_NUM_THREADS=1 python bench/speed.py [--part timm masks kernel] [--quick] [--compile] [--device cpu|cuda]
+                                            [--models ...] [--clock wall|thread]
 
 Parts (each prints a Markdown table; every case is measured twice, interleaved A B A B, so the noise shows):
 
 * ``timm``: every timm-parity model (same weights via :mod:`archspec.timm_bridge.convert`), forward images/s ratio
-  archspec / timm; LeViT also folded (``model.fuse()``, BatchNorm into the linears, LeViT sec. 5.3).
+  archspec / timm, at the spec's input size (224 px, 256 for ``botnet26t`` / ``halonet26t``, timm ByobNets whose
+  weights convert though their fresh classifier init differs: :data:`BYOB_TWINS`); LeViT also folded
+  (``model.fuse()``, BatchNorm into the linears, LeViT sec. 5.3).
 * ``masks``: ``mait_tiny_sch2`` vs the same model with every mask removed (same weights), at 224/384/512 px:
   forward and training step (forward + backward of the cross-entropy), ratio unmasked time / masked time
   (> 1 = the masked model is faster), and peak memory: on CUDA ``max_memory_allocated``; on CPU the bytes the
@@ -19,7 +22,9 @@ Parts (each prints a Markdown table; every case is measured twice, interleaved A
 
 CPU protocol: batch 1, one thread (LeViT's).  CUDA: bf16 autocast, batch 256 at 224 px, 64 at 384, 32 at 512.
 Times are medians of 7 interleaved ``torch.utils.benchmark.Timer.timeit`` samples per round; only the ratios
-mean something on a shared machine.
+mean something on a shared machine.  ``--clock thread`` (CPU, ``timm`` part) times each sample by the calling
+thread's CPU time (``time.thread_time``) instead of the wall clock: with one torch thread that is the time the model
+ran, whatever share of the cores other jobs on a loaded machine take.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import argparse
 import contextlib
 import copy
 import statistics
+import time
+from types import SimpleNamespace
 
 import timm
 import torch
@@ -40,6 +47,8 @@ from archspec.ir.checked import load_spec
 from archspec.timm_bridge.convert import TIMM_EQUIVALENTS, load_timm_weights
 
 PARITY = ["deit_tiny", "convit_tiny", "levit_128s", "levit_256"]
+#: shipped specs with a timm twin outside TIMM_EQUIVALENTS (timm ByobNet's fresh head init is not archspec's)
+BYOB_TWINS = {"botnet26t": "botnet26t_256", "halonet26t": "halonet26t"}
 GPU_BATCH = {224: 256, 384: 64, 512: 32}
 
 
@@ -71,10 +80,25 @@ def _train_step(model, x, device):
     return run
 
 
-def _pair(fn_a, fn_b, device, min_time: float) -> list[tuple[float, float]]:
+class _ThreadClock:
+    """``Timer``'s ``timeit(number).median`` by the calling thread's CPU time (one torch thread on CPU)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def timeit(self, number: int) -> SimpleNamespace:
+        start = time.thread_time()
+        for _ in range(number):
+            self.fn()
+        return SimpleNamespace(median=(time.thread_time() - start) / number)
+
+
+def _pair(fn_a, fn_b, device, min_time: float, clock: str = "wall") -> list[tuple[float, float]]:
     """Two rounds ``[(a_s, b_s), (a_s, b_s)]``; in each, ``a`` and ``b`` alternate 7 times and the medians are kept,
-    so drift on a shared machine hits both alike.  ``min_time`` seconds per case and round."""
-    timers = [_timer(fn_a, device), _timer(fn_b, device)]
+    so drift on a shared machine hits both alike.  ``min_time`` seconds per case and round; ``clock`` ``thread``
+    times by the thread's CPU time."""
+    make = _ThreadClock if clock == "thread" else (lambda fn: _timer(fn, device))
+    timers = [make(fn_a), make(fn_b)]
     once = [t.timeit(1).median for t in timers]  # warm-up, and the call count per sample
     numbers = [max(1, round(min_time / 7 / max(t, 1e-6))) for t in once]
     rounds = []
@@ -111,23 +135,23 @@ def op_shares(model, x, runs: int = 30) -> dict[str, float]:
             "gemm_conv": sum(e.self_cpu_time_total for e in events if e.key in gemm) / total}
 
 
-def bench_timm(device: torch.device, min_time: float, models: list[str]) -> None:
+def bench_timm(device: torch.device, min_time: float, models: list[str], clock: str = "wall") -> None:
     """archspec vs timm, forward throughput ratio (archspec images/s / timm images/s), same weights."""
     batch = 1 if device.type == "cpu" else GPU_BATCH[224]
-    x = torch.randn(batch, 3, 224, 224, device=device)
-    print(f"\n### archspec vs timm, forward, batch {batch}, {device.type}\n")
+    print(f"\n### archspec vs timm, forward, batch {batch}, {device.type}, {clock} clock\n")
     print("| model | archspec ms / timm ms (2 rounds) | throughput ratio archspec / timm |")
     print("|---|---|---|")
     shares = []
     for name in models:
-        reference = timm.create_model(TIMM_EQUIVALENTS[name], pretrained=False).eval()
+        x = torch.randn(batch, 3, *load_spec(name).input.resolution, device=device)
+        reference = timm.create_model({**TIMM_EQUIVALENTS, **BYOB_TWINS}[name], pretrained=False).eval()
         ours = load_timm_weights(archspec.compile(name), reference).eval().to(device)
         reference.to(device)
         variants = [(name, ours)]
         if name.startswith("levit"):
             variants.append((f"{name} folded", ours.fuse()))
         for label, model in variants:
-            rounds = _pair(_forward(model, x, device), _forward(reference, x, device), device, min_time)
+            rounds = _pair(_forward(model, x, device), _forward(reference, x, device), device, min_time, clock)
             ms, ratio = _fmt(rounds, batch)
             print(f"| {label} | {ms} | {ratio} |", flush=True)
         if name.startswith("levit") and device.type == "cpu":
@@ -272,6 +296,8 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="*", type=int, default=[224, 384, 512])
     parser.add_argument("--models", nargs="*", default=PARITY)
     parser.add_argument("--no-train", action="store_true", help="skip the training-step rows")
+    parser.add_argument("--clock", choices=["wall", "thread"], default="wall",
+                        help="timm part on CPU: time by the wall clock, or by this thread's CPU time (loaded machines)")
     parser.add_argument("--compile", action="store_true",
                         help="masks part: add forward (and training-step) rows with both models under torch.compile "
                              "(minutes per size)")
@@ -286,7 +312,7 @@ def main() -> None:
     if "kernel" in args.part:
         bench_kernel(device, min_time, not args.no_train)
     if "timm" in args.part:
-        bench_timm(device, min_time, args.models)
+        bench_timm(device, min_time, args.models, args.clock if device.type == "cpu" else "wall")
     if "masks" in args.part:
         bench_masks(device, min_time, args.sizes, not args.no_train, args.compile)
 

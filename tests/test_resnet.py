@@ -84,7 +84,7 @@ def test_logits_equal_timm_both_directions(name: str) -> None:
     assert forward <= 1e-5 and backward <= 1e-5, (forward, backward)
 
 
-def _small_parity(ours: torch.nn.Module, reference: torch.nn.Module, size: int) -> tuple[float, float]:
+def logit_parity(ours: torch.nn.Module, reference: torch.nn.Module, size: int) -> tuple[float, float]:
     """Max |logit difference| timm -> archspec and archspec -> timm at ``size`` px, each with randomised weights."""
     x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
     randomise(reference, 1)
@@ -108,7 +108,7 @@ def test_grouped_and_tiered_logits_equal_timm_at_64px(name: str, one_thread) -> 
     reference = timm.create_model(TIMM_EQUIVALENTS[name], pretrained=False)
     ours = archspec.compile(name, img_size=64)
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in reference.parameters())
-    forward, backward = _small_parity(ours, reference, 64)
+    forward, backward = logit_parity(ours, reference, 64)
     assert forward <= 1e-5 and backward <= 1e-5, (forward, backward)
 
 
@@ -122,7 +122,7 @@ def test_held_out_timm_resnets_read_and_match(name: str, one_thread) -> None:
     spec = resnet_spec_from_timm(reference, resolution=64, name=name)
     ours = archspec.compile(spec)
     assert archspec.analyze(spec).params == sum(p.numel() for p in reference.parameters())
-    forward, backward = _small_parity(ours, reference, 64)
+    forward, backward = logit_parity(ours, reference, 64)
     assert forward <= 1e-5 and backward <= 1e-5, (forward, backward)
 
 

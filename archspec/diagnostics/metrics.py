@@ -23,6 +23,10 @@ Attention inside conv stages' bottlenecks (BoTNet, T-CNN) is read on the map's p
 * ``mixer: {kind: attention}`` with mixed heads: an :class:`Attention` on the pixels (as any token layer);
 * all heads ``botnet_rel``: timm's ``BottleneckAttn``, ``softmax(q k^T / sqrt(d) + rel_logits)`` ``(B, H, HW, HW)``
   recomputed from its input as its forward does (attention runs at stride 1; the pool comes after);
+* every head one ``halo``: timm's ``HaloAttn`` (HaloNet), each ``b x b`` query block's softmax over its
+  ``(b + 2h)^2`` window recomputed as its forward does and scattered into ``(B, H, HW, HW)`` (0 outside the window;
+  the halo's zero padding, keys of the layer too, left out, so a border row sums to at most 1); a strided layer
+  (its queries subsampled in each block: not one query per pixel) is not read;
 * T-CNN's :class:`~archspec.families.conv_block.module.ConvGPSA` (9 heads, eq. 7 with its gating): queries
   every pixel of the map -- at stride 2 the layer itself queries every other one, we take all of them (our choice,
   so the map stays square) -- and keys the map's pixels; the conv padding's zero pixels, also keys of the layer,
@@ -36,6 +40,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from timm.layers.bottleneck_attn import BottleneckAttn
+from timm.layers.halo_attn import HaloAttn
 from torch import Tensor, nn
 
 from archspec.families.attention.mask_terms import window_mask
@@ -46,13 +51,13 @@ from archspec.families.talking_heads.module import TalkingHeadAttn
 
 __all__ = ["attention_maps", "attention_layers", "AttentionLayer", "attention_locality_score", "layer_als",
            "nonlocality", "patch_window_mask", "cross_layer_similarity", "layer_cross_similarity", "layer_gating",
-           "layer_gauss", "bottleneck_attention", "conv_gpsa_attention", "SELF_ATTENTION_LAYERS",
+           "layer_gauss", "bottleneck_attention", "halo_attention", "conv_gpsa_attention", "SELF_ATTENTION_LAYERS",
            "MAP_ATTENTION_LAYERS"]
 
 # Token-to-token attention layers (square (B, H, N, N) maps on a patch grid): what the diagnostics read.
 SELF_ATTENTION_LAYERS = (Attention, TalkingHeadAttn)
-# Attention on a feature map's pixels inside a bottleneck (input (B, C, H, W)): BoTNet's and T-CNN's
-MAP_ATTENTION_LAYERS = (BottleneckAttn, ConvGPSA)
+# Attention on a feature map's pixels inside a bottleneck (input (B, C, H, W)): BoTNet's, HaloNet's and T-CNN's
+MAP_ATTENTION_LAYERS = (BottleneckAttn, HaloAttn, ConvGPSA)
 
 
 class AttentionLayer(NamedTuple):
@@ -79,6 +84,44 @@ def bottleneck_attention(layer: BottleneckAttn, x: Tensor) -> Tensor:
     return logits.softmax(dim=-1).reshape(B, layer.num_heads, q.shape[1], q.shape[1])
 
 
+def halo_attention(layer: HaloAttn, x: Tensor) -> Tensor:
+    """timm ``HaloAttn``'s probabilities (HaloNet, unstrided queries) on its input map ``x`` ``(B, C, H, W)``:
+    ``(B, heads, HW, HW)``, row-major pixels.  Each ``b x b`` block's ``softmax(q k^T * scale + rel_logits)`` over
+    its ``(b + 2h)^2`` window, as the layer's forward computes it (timm's ``(B heads, d_qk + d_v)`` split of the
+    ``kv`` channels included), is written at its query and key pixels; keys outside the window are 0 and the
+    halo's zero padding is left out (a border row sums to 1 minus its share on the padding).
+
+    Raises:
+        ValueError: a strided layer (its subsampled queries are not one per pixel).
+    """
+    if layer.block_stride != 1:
+        raise ValueError("a strided HaloAttn queries every other pixel of a block: no (HW, HW) map")
+    B, _, H, W = x.shape
+    b, halo, win, heads = layer.block_size, layer.halo_size, layer.win_size, layer.num_heads
+    nh, nw, d = H // b, W // b, layer.dim_head_qk
+    q = layer.q(x).reshape(-1, d, nh, b, nw, b).permute(0, 1, 3, 5, 2, 4)
+    q = q.reshape(B * heads, d, -1, nh * nw).transpose(1, 3)  # (B heads, blocks, b^2, d)
+    kv = F.pad(layer.kv(x), [halo] * 4).unfold(2, win, b).unfold(3, win, b)
+    kv = kv.reshape(B * heads, d + layer.dim_head_v, nh * nw, -1).permute(0, 2, 3, 1)
+    logits = q @ kv[..., :d].transpose(-1, -2)
+    if layer.scale_pos_embed:
+        logits = (logits + layer.pos_embed(q)) * layer.scale
+    else:
+        logits = logits * layer.scale + layer.pos_embed(q)
+    # pixel of each block's queries and of its window's keys (H W for a padded key: a column dropped below)
+    rows, cols = torch.arange(nh, device=x.device) * b, torch.arange(nw, device=x.device) * b
+    r = (rows[:, None, None, None] + torch.arange(b, device=x.device)[None, None, :, None])
+    c = (cols[None, :, None, None] + torch.arange(b, device=x.device)[None, None, None, :])
+    queries = (r * W + c).reshape(nh * nw, b * b)
+    kr = rows[:, None, None, None] - halo + torch.arange(win, device=x.device)[None, None, :, None]
+    kc = cols[None, :, None, None] - halo + torch.arange(win, device=x.device)[None, None, None, :]
+    inside = (kr >= 0) & (kr < H) & (kc >= 0) & (kc < W)
+    keys = torch.where(inside, kr * W + kc, H * W).reshape(nh * nw, win * win)
+    dense = logits.new_zeros(B * heads, H * W, H * W + 1)
+    dense[:, queries[:, :, None], keys[:, None, :]] = logits.softmax(dim=-1)
+    return dense[..., :-1].reshape(B, heads, H * W, H * W)
+
+
 def conv_gpsa_attention(layer: ConvGPSA, x: Tensor) -> Tensor:
     """T-CNN's GPSA probabilities (eq. 7, gated content + positional) on its input map ``x`` ``(B, C, H, W)``:
     ``(B, 9, HW, HW)``, every pixel a query (at stride 2 the layer queries every other one), the map's pixels as
@@ -99,9 +142,15 @@ def conv_gpsa_attention(layer: ConvGPSA, x: Tensor) -> Tensor:
     return ((1 - gate) * content + gate * position[None])[..., inner]
 
 
+#: each map attention layer's probabilities on its input map
+_MAP_PROBABILITIES = {BottleneckAttn: bottleneck_attention, HaloAttn: halo_attention, ConvGPSA: conv_gpsa_attention}
+
+
 def _letters(module: nn.Module) -> str:
     if isinstance(module, BottleneckAttn):
         return " ".join(["B"] * module.num_heads)  # botnet_rel's letter
+    if isinstance(module, HaloAttn):
+        return " ".join(["H"] * module.num_heads)  # halo's letter
     if isinstance(module, ConvGPSA):
         return " ".join(["P"] * module.num_heads)
     return " ".join(h.letter for h in module.head_specs)
@@ -111,7 +160,8 @@ def _letters(module: nn.Module) -> str:
 def attention_layers(model: nn.Module, x: Tensor) -> dict[str, AttentionLayer]:
     """``{module path: AttentionLayer}`` for every self-attention layer of ``model``: the token layers
     (:data:`SELF_ATTENTION_LAYERS`) and the attention inside bottlenecks (:data:`MAP_ATTENTION_LAYERS`, on the
-    map's pixels, no prefix tokens; an :class:`Attention` inside a bottleneck is a token layer on the pixels).
+    map's pixels, no prefix tokens; an :class:`Attention` inside a bottleneck is a token layer on the pixels; a
+    strided ``HaloAttn`` is left out: :func:`halo_attention`).
 
     One forward pass in ``eval`` mode without gradients; a forward pre-hook on each layer computes its
     probabilities from its input (after masks, biases and GPSA gating, without dropout; for CaiT's talking heads
@@ -125,9 +175,9 @@ def attention_layers(model: nn.Module, x: Tensor) -> dict[str, AttentionLayer]:
             def hook(mod: nn.Module, args: tuple, _name: str = name) -> None:
                 out[_name] = AttentionLayer(mod.get_attention(args[0]).detach(), tuple(mod.grid),
                                             mod.num_prefix_tokens, _letters(mod))
-        elif isinstance(module, MAP_ATTENTION_LAYERS):
+        elif isinstance(module, MAP_ATTENTION_LAYERS) and getattr(module, "block_stride", 1) == 1:
             def hook(mod: nn.Module, args: tuple, _name: str = name) -> None:
-                probs = bottleneck_attention if isinstance(mod, BottleneckAttn) else conv_gpsa_attention
+                probs = _MAP_PROBABILITIES[type(mod)]
                 out[_name] = AttentionLayer(probs(mod, args[0]).detach(), tuple(args[0].shape[-2:]), 0, _letters(mod))
         else:
             continue

@@ -37,8 +37,8 @@ def fold_conv_batchnorms(model: nn.Module) -> int:
     ``convN`` / ``bnN``, the stem's ``conv1`` (or its deep ``Sequential``'s last conv) / ``bn1``, and adjacent conv /
     BatchNorm children of any ``nn.Sequential`` (deep stem, conv pool, ``downsample`` shortcuts).  A bottleneck's
     ``bn2`` after a mixer in ``conv2``'s place folds into the mixer's output layer (:func:`fold_mixer_batchnorm`);
-    only timm's ``BottleneckAttn`` (no output projection) keeps it.  Eval-mode semantics (the running statistics).
-    Returns the number of BatchNorms folded."""
+    only timm's ``BottleneckAttn`` and ``HaloAttn`` (no output projection) keep it.  Eval-mode semantics (the
+    running statistics).  Returns the number of BatchNorms folded."""
     folded = 0
     parts = _resnet_parts()
     for module in list(model.modules()):
@@ -87,9 +87,9 @@ def fold_mixer_batchnorm(mixer: nn.Module, bn: nn.BatchNorm2d) -> bool:
     ``(D_out, heads D_in)`` linear; its bias created if absent), and
     :class:`~archspec.families.conv_block.module.MapAttention`'s output projection (``proj``, or its last
     ``nn.Linear`` once LeViT's ``LinearNorm`` is folded).  MapAttention's stride-2 pool is a 2x2 average without
-    padding, so it commutes with the affine map.  Anything else (timm's ``BottleneckAttn``, which has no output
-    projection) is left alone, as is a BatchNorm without running statistics (it normalises by the batch even in
-    eval mode).
+    padding, so it commutes with the affine map.  Anything else (timm's ``BottleneckAttn`` and ``HaloAttn``, which
+    have no output projection) is left alone, as is a BatchNorm without running statistics (it normalises by the
+    batch even in eval mode).
     """
     if type(bn) is not nn.BatchNorm2d or bn.running_mean is None or bn.running_var is None:
         return False

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import DropPath
 from timm.layers.bottleneck_attn import BottleneckAttn
+from timm.layers.halo_attn import HaloAttn
 from timm.layers.squeeze_excite import SEModule
 from timm.models.resnet import BasicBlock, Bottleneck, downsample_avg, downsample_conv
 from torch import Tensor, nn
@@ -251,8 +252,15 @@ class MapAttention(nn.Module):
 def build_bot(bot: BotShape) -> nn.Module:
     """The attention mixer of ``bot``: ``(B, C, H, W) -> (B, C, H / s, W / s)``.  Every head ``botnet_rel``: timm's
     own ``layers.BottleneckAttn(C, C, feat_size=grid, stride, num_heads)`` (Srinivas et al. 2021; names ``qkv``,
-    ``pos_embed.height_rel`` / ``width_rel``; timm's init); else :class:`MapAttention` around archspec's
-    ``Attention`` (the token stages' head kinds, d = C / heads)."""
+    ``pos_embed.height_rel`` / ``width_rel``; timm's init); every head one ``halo``: timm's own
+    ``layers.HaloAttn(C, C, stride, num_heads, dim_head, block_size, halo_size, qk_ratio)`` (Vaswani et al. 2021;
+    names ``q``, ``kv``, ``pos_embed.height_rel`` / ``width_rel``; timm's init, as ``ByobNet``'s blocks reset it);
+    else :class:`MapAttention` around archspec's ``Attention`` (the token stages' head kinds, d = C / heads)."""
+    if bot.halo is not None:
+        spec = bot.halo
+        return HaloAttn(bot.dim, bot.dim, feat_size=bot.grid, stride=bot.stride, num_heads=len(bot.heads),
+                        dim_head=spec.dim_head, block_size=spec.block_size, halo_size=spec.halo_size,
+                        qk_ratio=spec.qk_ratio, qkv_bias=bot.qkv_bias)
     if bot.timm:
         return BottleneckAttn(bot.dim, bot.dim, feat_size=bot.grid, stride=bot.stride, num_heads=len(bot.heads),
                               qkv_bias=bot.qkv_bias)
@@ -294,7 +302,7 @@ def build(shape: ConvBlockShape) -> nn.Module:
     if shape.mixer == "gpsa":  # timm's Bottleneck calls self.conv2(x): the GPSA takes its place and its name
         module.conv2 = ConvGPSA(shape.mid, shape.mid, shape.stride, alpha=shape.locality_strength,
                                 gating=shape.gating_init)
-    if shape.bot is not None:  # BoTNet: attention (+ pool) in conv2's place; bn2, act2 are timm's post_attn
+    if shape.bot is not None:  # BoTNet / HaloNet: attention in conv2's place; bn2, act2 are timm's post_attn
         module.conv2 = build_bot(shape.bot)
     if shape.zero_init_last:
         module.zero_init_last()

@@ -37,8 +37,9 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from archspec._util.memory import F32, NodeMemory
 from archspec._util.pydantic_base import HINT, DropPathRate, StrictModel
+from archspec._util.units import make_divisible
 from archspec.families.attention.heads import KINDS, HeadSpec
-from archspec.families.attention.kinds import hosted_by, rel_logits
+from archspec.families.attention.kinds import halo, hosted_by, rel_logits
 from archspec.families.attention.rules import AttentionShape, attention_macs_change, head_dims
 from archspec.families.attention.rules import counts as attention_counts
 
@@ -89,17 +90,20 @@ class AttentionMixerSpec(StrictModel):
     attention runs at stride 1 and a 2x2 average pool follows (BoTNet sec. 4 / timm ``BottleneckAttn.pool``).
 
     Heads are the token stages' kinds, composed per head (MHSA, GPSA, LeViT bias, CMHSA signed bias, hard / soft /
-    strict masks), plus BoTNet's relative logits (``botnet_rel``, the default).  A layer whose heads are all
-    ``botnet_rel`` is timm's ``BottleneckAttn`` (one 1x1 ``qkv`` conv, no output projection); any other layer is
-    archspec's :class:`~archspec.families.attention.module.Attention` on the pixels (``qk``, ``v``, ``proj``), with
+    strict masks), plus BoTNet's relative logits (``botnet_rel``, the default) and HaloNet's blocked local attention
+    (``halo``, Vaswani et al. 2021).  A layer whose heads are all ``botnet_rel`` is timm's ``BottleneckAttn`` (one
+    1x1 ``qkv`` conv, no output projection); one whose heads are all the same ``halo`` is timm's ``HaloAttn`` (``q``
+    and ``kv`` 1x1 convs, no output projection; it strides its own queries); any other layer is archspec's
+    :class:`~archspec.families.attention.module.Attention` on the pixels (``qk``, ``v``, ``proj``), with
     ``d = inner width / heads`` per head."""
 
     kind: Literal["attention"] = Field(..., description="'attention': multi-head self-attention on the map's pixels "
                                        "(BoTNet); 'gpsa': T-CNN's GPSA.")
-    heads: int = Field(4, ge=1, le=64, description="Attention heads (BoTNet / timm BottleneckAttn: 4); the inner "
-                       "width must be divisible by it.")
+    heads: int = Field(4, ge=1, le=64, description="Attention heads (BoTNet / timm BottleneckAttn: 4; HaloNet: "
+                       "8); the inner width must be divisible by it.")
     attention: HeadSpec = Field(default_factory=lambda: HeadSpec(rel_logits={}),
-                                description="Head kind of every head (default botnet_rel: BoTNet's relative logits).")
+                                description="Head kind of every head (default botnet_rel: BoTNet's relative logits; "
+                                "{halo: {block_size: 8, halo_size: 2}}: HaloNet's).")
     head_kinds: list[HeadSpec] | None = Field(
         None, description="One head kind per head (overrides 'attention'), e.g. [mhsa, levit_bias, mask:3x3, gpsa].")
     layers: list[int] | None = Field(
@@ -268,20 +272,26 @@ class ConvBlockShape:
         return inner_width(self.width, self.base_width, self.groups)
 
 
-#: the head kinds timm's ``BottleneckAttn`` runs (BoTNet's relative logits), read from the registry
-TIMM_KINDS = hosted_by("bottleneck_attn")
+#: the registry's hosts that are timm layers: ``BottleneckAttn`` (BoTNet's relative logits), ``HaloAttn`` (HaloNet)
+TIMM_HOSTS = ("bottleneck_attn", halo.HOST)
+#: the head kinds timm's layers run, read from the registry
+TIMM_KINDS = frozenset().union(*(hosted_by(host) for host in TIMM_HOSTS))
 
 
-def _in_timm_layer(head: HeadSpec) -> bool:
-    """A head timm's ``BottleneckAttn`` runs: it has kinds, every one of them :data:`TIMM_KINDS`."""
-    return bool(head.kinds) and head.kinds <= TIMM_KINDS
+def timm_host(heads: tuple[HeadSpec, ...]) -> str | None:
+    """The timm layer (one of :data:`TIMM_HOSTS`) that runs every head of a layer -- each head has kinds, all hosted
+    by it -- or None (archspec's ``Attention``, or a mix no layer runs)."""
+    return next((host for host in TIMM_HOSTS
+                 if all(h.kinds and h.kinds <= hosted_by(host) for h in heads)), None)
 
 
 @dataclass(frozen=True)
 class BotShape:
     """An attention mixer in a bottleneck: ``dim`` inner channels on a ``grid`` map (the block's input grid: BoTNet
-    attends at stride 1), ``heads`` head kinds, ``qkv_bias``; ``stride`` 2 adds the 2x2 average pool.  ``timm``:
-    every head ``botnet_rel`` (timm's ``BottleneckAttn``); else archspec's ``Attention`` on the pixels."""
+    attends at stride 1; HaloNet's layer strides itself), ``heads`` head kinds, ``qkv_bias``; ``stride`` 2 adds
+    the 2x2 average pool (BoTNet) or strides the queries (HaloNet).  ``timm``: every head ``botnet_rel`` (timm's
+    ``BottleneckAttn``) or every head one ``halo`` (timm's ``HaloAttn``); else archspec's ``Attention`` on the
+    pixels."""
 
     dim: int
     grid: tuple[int, int]
@@ -290,25 +300,31 @@ class BotShape:
     qkv_bias: bool = False
 
     @property
+    def host(self) -> str | None:
+        """The timm layer that runs the heads (:func:`timm_host`: ``bottleneck_attn``, ``halo_attn``), or None."""
+        return timm_host(self.heads)
+
+    @property
     def timm(self) -> bool:
-        """Every head is ``botnet_rel`` and nothing else (the kinds timm's ``BottleneckAttn`` runs, the registry's
-        ``bottleneck_attn`` host): the layer is timm's ``BottleneckAttn``."""
-        return all(_in_timm_layer(h) for h in self.heads)
+        """The layer is timm's (``BottleneckAttn`` or ``HaloAttn``): every head's kinds are one timm host's."""
+        return self.host is not None
+
+    @property
+    def halo(self) -> halo.HaloSpec | None:
+        """The layer's halo (every head's) where it is timm's ``HaloAttn``, else None."""
+        return self.heads[0].halo if self.host == halo.HOST else None
 
     @property
     def qk_dim(self) -> int:
-        """Per-head q/k width: timm ``make_divisible(dim, 8) // heads`` for BottleneckAttn, else ``dim // heads``."""
+        """Per-head q/k width: timm ``make_divisible(dim, 8) // heads`` for BottleneckAttn, ``HaloAttn``'s
+        (:func:`~archspec.families.attention.kinds.halo.layer_dims`), else ``dim // heads``."""
+        if self.halo is not None:
+            return halo.layer_dims(self.halo, self.dim, len(self.heads))[0]
         return make_divisible(self.dim) // len(self.heads) if self.timm else self.dim // len(self.heads)
 
     @property
     def v_dim(self) -> int:
         return self.dim // len(self.heads)
-
-
-def make_divisible(v: float, divisor: int = 8) -> int:
-    """timm ``layers.helpers.make_divisible(v, divisor, min_value=None, round_limit=.9)``."""
-    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
-    return new_v + divisor if new_v < 0.9 * v else new_v
 
 
 def attention_shape(bot: BotShape):
@@ -323,11 +339,14 @@ def bot_counts(bot: BotShape) -> tuple[int, int]:
     """(params, MACs per image) of an attention mixer.  timm's ``BottleneckAttn``: the 1x1 ``qkv`` conv
     ``C (2 h d + h d_v)`` weights (+ bias) and ``N`` times that in MACs, the tables
     (:func:`archspec.families.attention.kinds.rel_logits.table_params`) and their MACs, ``Q K^T`` and ``A V``
-    ``h N^2 (d + d_v)``; the average pool 0.  Other layers: the attention family's
+    ``h N^2 (d + d_v)``; the average pool 0.  timm's ``HaloAttn``:
+    :func:`archspec.families.attention.kinds.halo.layer_counts`.  Other layers: the attention family's
     :func:`~archspec.families.attention.rules.counts` on the ``N = H W`` pixels."""
 
     if not bot.timm:
         return attention_counts(attention_shape(bot))
+    if bot.halo is not None:
+        return halo.layer_counts(bot.halo, bot.dim, len(bot.heads), bot.grid, bot.stride, bot.qkv_bias)
     h, d, dv = len(bot.heads), bot.qk_dim, bot.v_dim
     n = bot.grid[0] * bot.grid[1]
     out = h * (2 * d + dv)
@@ -424,7 +443,8 @@ def plan(stage: ConvStageSpec, index: int, in_chans: int, grid: tuple[int, int]
 def _attention_problems(stage: ConvStageSpec, index: int, grid: tuple[int, int]) -> list[tuple[tuple, str, str]]:
     """An attention mixer's problems: block indices past the depth, an inner width the heads do not divide, a
     strided attention block on odd sides or at a stride other than 2 (BoTNet pools 2x2 after attention), BoTNet's
-    relative logits mixed with other kinds in one layer, and each head kind's own checks on the block's map."""
+    relative logits or HaloNet's halo mixed with other kinds in one layer, each head kind's own checks on the
+    block's map, and a halo layer's (:func:`archspec.families.attention.kinds.halo.layer_problems`)."""
 
     mixer, at = stage.mixer, ("stages", index, "mixer")
     out: list[tuple[tuple, str, str]] = []
@@ -439,24 +459,28 @@ def _attention_problems(stage: ConvStageSpec, index: int, grid: tuple[int, int])
                     "use a head count that divides channels / expansion"))
     if 0 in layers and stage.stride > 1:
         if stage.stride != 2:
-            out.append((at, f"an attention block strides by attending at stride 1, then a 2x2 average pool (BoTNet); "
-                        f"stride {stage.stride} has no such pool", "use stride: 2 (or 1) on this stage"))
+            out.append((at, "an attention block strides by 2 only (BoTNet attends at stride 1, then pools 2x2; "
+                        f"HaloNet subsamples its query blocks); stride {stage.stride} is neither",
+                        "use stride: 2 (or 1) on this stage"))
         elif grid[0] % 2 or grid[1] % 2:
             out.append((at, f"the first block attends on a {grid[0]}x{grid[1]} map, then pools 2x2: odd sides would "
                         "floor where the shortcut's strided conv rounds up (the two maps would differ)",
                         "use an input resolution that leaves even sides here, or stride: 1"))
     kinds = mixer.kinds()
     where = at + (("head_kinds",) if mixer.head_kinds is not None else ("attention",))
-    if any(h.kinds & TIMM_KINDS for h in kinds) and not all(_in_timm_layer(h) for h in kinds):
-        out.append((where, "botnet_rel heads are timm's BottleneckAttn, whose layer has no room for other kinds: "
-                    "every head of a layer is botnet_rel, or none is",
-                    "make every head botnet_rel, or use mhsa / levit_bias / signed_bias / masks / gpsa"))
+    host = timm_host(kinds)
+    if any(h.kinds & TIMM_KINDS for h in kinds) and host is None:
+        out.append((where, "botnet_rel and halo heads run in timm's layers (BottleneckAttn, HaloAttn), which have no "
+                    "room for other kinds: every head of a layer is botnet_rel, or every head is halo, or none is",
+                    "make every head botnet_rel (or halo), or use mhsa / levit_bias / signed_bias / masks / gpsa"))
     g = grid
     for layer in range(stage.depth):
         if layer in layers:
             for kind in KINDS:
                 if "attention" in kind.hosts:  # the kinds archspec's Attention runs on the pixels
                     out += kind.problems(kinds, g, 0, where)
+            if host == halo.HOST:
+                out += halo.layer_problems(kinds, g, where, layer)
         if layer == 0:
             g = strided_grid(g, stage.stride)
     return list(dict.fromkeys(out))
@@ -585,7 +609,12 @@ def memory(shape: ConvBlockShape) -> NodeMemory:
         peak, kept = gpsa_memory(c, o, shape.grid, shape.stride)
         act = max(act, x_in + 2 * sizes[0] + peak)
         saved += kept
-    if shape.bot is not None:  # an estimate: q, k, v, two (h, N, N) logits (content, relative) and A, A V
+    if shape.bot is not None and shape.bot.halo is not None:
+        bot = shape.bot
+        peak, kept = halo.layer_memory(bot.halo, bot.dim, len(bot.heads), bot.grid, bot.stride)
+        act = max(act, x_in + 2 * sizes[0] + peak)
+        saved += kept
+    elif shape.bot is not None:  # an estimate: q, k, v, two (h, N, N) logits (content, relative) and A, A V
         n, h = shape.grid[0] * shape.grid[1], len(shape.bot.heads)
         peak = 3 * n * shape.bot.dim + 3 * h * n * n + n * shape.bot.dim
         act = max(act, x_in + 2 * sizes[0] + peak)
