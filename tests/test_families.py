@@ -147,11 +147,11 @@ def _imports(path: Path) -> set[str]:
 
 
 TORCH_SIDE = ("torch", "timm", "torchvision", ".module", ".kernels", ".mask_terms", ".tables", ".position_terms",
-              ".head_paths", ".zero_pad", "archspec.nn.blocks")
+              ".head_paths", ".zero_pad", ".local_kernels", "archspec.nn.blocks")
 # a family's torch files: module.py, and beside the attention family's the mixins its Attention inherits
-# (position_terms.py, head_paths.py) and CMHSA's zero tokens (zero_pad.py)
+# (position_terms.py, head_paths.py), CMHSA's zero tokens (zero_pad.py) and the local kinds' kernels (local_kernels.py)
 TORCH_FILES = ("module.py", "kernels.py", "mask_terms.py", "tables.py", "activations.py", "position_terms.py",
-               "head_paths.py", "zero_pad.py")
+               "head_paths.py", "zero_pad.py", "local_kernels.py")
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "archspec" / "families").glob("**/*.py")), ids=lambda p: str(p.name))
