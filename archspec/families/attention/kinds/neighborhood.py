@@ -47,7 +47,7 @@ from .registry import HeadKind, PathContext, ShorthandArgument, register_head_ki
 if TYPE_CHECKING:  # annotations only
     from torch import Tensor
 
-__all__ = ["NeighborhoodSpec", "FIELD", "SHORTHANDS", "LEGEND", "PATH", "letter", "terms", "params", "pairs",
+__all__ = ["NeighborhoodSpec", "FIELD", "SHORTHANDS", "LEGEND", "PATH", "letter", "terms", "params", "tables", "pairs",
            "problems", "tiled_path_pays", "path", "path_macs", "path_memory", "NO_WEIGHT_DECAY",
            "NeighborhoodTerms", "KIND"]
 
@@ -63,6 +63,7 @@ NO_WEIGHT_DECAY = frozenset({"rpb"})  # NAT's no_weight_decay_keywords
 #: the tiled gather kernel's path
 PATH = "neighborhood"
 MAX_KERNEL, MAX_DILATION = 127, 128
+I64 = 8
 _KERNEL_TEXT = r"\s*\d+\s*"
 
 
@@ -117,6 +118,18 @@ def params(heads: Sequence, grid: tuple[int, int]) -> int:
 
 def _fits(spec: NeighborhoodSpec, grid: tuple[int, int]) -> bool:
     return spec.kernel * spec.dilation <= min(grid)
+
+
+def _windows(heads: Sequence) -> list[tuple[int, int]]:
+    """The distinct ``(kernel, dilation)`` of a layer's neighbourhood heads, in order of first use."""
+    return list(dict.fromkeys((s.kernel, s.dilation) for s in _specs(heads)))
+
+
+def tables(heads: Sequence, n_tokens: int, n_patches: int) -> int:
+    """Bytes of the constant tables: per distinct ``(kernel, dilation)`` the windows' starts, int64 ``(N_p, 2)``
+    (:func:`~archspec.families.attention.local_kernels.neighborhood_starts`; the generic paths' ``(N, N)`` window
+    and bias index are made of them per forward, and their products cached by the layer)."""
+    return I64 * 2 * n_patches * len(_windows(heads))
 
 
 def pairs(spec: NeighborhoodSpec, grid: tuple[int, int], n_prefix: int) -> int:
@@ -221,9 +234,10 @@ def path_memory(key: tuple, grid: tuple[int, int], n_prefix: int, qk_dim: int, v
 # ----------------------------------------------------------------------------------- torch side
 class NeighborhoodTerms(KindTerms):
     """Neighbourhood heads in one layer: ``rpb`` ``(n_rpb, 2k - 1, 2k - 1)`` (NAT's and Hugging Face's name and
-    shape; the heads with ``rpb`` in head order), no buffers (the windows are rebuilt from NATTEN's index rules
-    where a generic path needs them; the tiled kernel keeps its tables per grid).  Publishes
-    ``layer.neighborhood_heads`` and ``layer.rpb_heads`` (head indices).
+    shape; the heads with ``rpb`` in head order) and, per distinct ``(kernel, dilation)``, the non-persistent window
+    starts ``neighborhood{k}d{d}_starts`` ``(N_p, 2)`` from which the generic paths make the ``(N, N)`` window by
+    tensor operations (traceable, and ``N`` times smaller than the window); the tiled kernel keeps its own tables per
+    grid.  Publishes ``layer.neighborhood_heads`` and ``layer.rpb_heads`` (head indices).
 
     Raises:
         ValueError: a prefix token, a window beyond the grid, biased heads of different kernels (the IR's checks).
@@ -234,6 +248,10 @@ class NeighborhoodTerms(KindTerms):
         specs = layer.head_specs
         layer.neighborhood_heads = self.heads
         layer.rpb_heads = [i for i in self.heads if specs[i].neighborhood.rpb]
+        self.windows = {}
+        for i in self.heads:
+            spec = specs[i].neighborhood
+            self.windows.setdefault((spec.kernel, spec.dilation), []).append(i)
         if not self.heads:
             return
         for _, message, hint in problems(specs, layer.grid, layer.num_prefix_tokens, ()):  # the IR's own checks
@@ -247,37 +265,42 @@ class NeighborhoodTerms(KindTerms):
         if layer.rpb_heads:
             timm_layers.trunc_normal_(layer.rpb, std=0.02)
 
-    def _windows(self, layer: Any) -> dict[tuple[int, int], list[int]]:
-        """The layer's neighbourhood heads by ``(kernel, dilation)``."""
-        out: dict[tuple[int, int], list[int]] = {}
-        for i in self.heads:
-            spec = layer.head_specs[i].neighborhood
-            out.setdefault((spec.kernel, spec.dilation), []).append(i)
-        return out
+    def build_grid_tables(self, layer: Any, device: Any) -> None:
+        """The window starts of each ``(kernel, dilation)`` on the layer's grid
+        (:func:`~archspec.families.attention.local_kernels.neighborhood_starts`)."""
+        for kernel, dilation in self.windows:
+            layer.register_buffer(f"neighborhood{kernel}d{dilation}_starts",
+                                  local_kernels.neighborhood_starts(layer.grid, kernel, dilation).to(device),
+                                  persistent=False)
+
+    def _window(self, layer: Any, kernel: int, dilation: int) -> tuple[Tensor, Tensor]:
+        """``(allowed, index)``, ``(N, N)``, of one ``(kernel, dilation)`` on the layer's grid."""
+        starts = getattr(layer, f"neighborhood{kernel}d{dilation}_starts")
+        return local_kernels.neighborhood_window_mask(starts, layer.grid, kernel, dilation)
 
     def bias(self, layer: Any) -> list[tuple[Any, Tensor]]:
         """NAT's bias on the patch-patch block, ``(heads, (n, N_p, N_p))`` per ``(kernel, dilation)``: each biased
         head's table read at each attended pair's offset (:func:`~archspec.families.attention.local_kernels.
-        neighborhood_mask`; the entry outside a window is never used: those pairs are ``-inf``)."""
+        neighborhood_window_mask`; the entry outside a window is never used: those pairs are ``-inf``)."""
         parts = []
-        for (kernel, dilation), heads in self._windows(layer).items():
+        for (kernel, dilation), heads in self.windows.items():
             biased = [h for h in heads if h in layer.rpb_heads]
             if biased:
-                _, index = local_kernels.neighborhood_mask(layer.grid, kernel, dilation)
+                _, index = self._window(layer, kernel, dilation)
                 rows = layer.select_heads(layer.rpb, [layer.rpb_heads.index(h) for h in biased], dim=0)
-                parts.append((biased, rows.flatten(1)[:, index.to(rows.device)]))
+                parts.append((biased, rows.flatten(1)[:, index]))
         return parts
 
     def blocked_pairs(self, layer: Any) -> Tensor | None:
         """Bool ``(H, N, N)``: the pairs outside each neighbourhood head's window (False for the other heads)."""
         if not self.heads:
             return None
-        n = layer.num_tokens
-        blocked = torch.zeros(layer.num_heads, n, n, dtype=torch.bool, device=layer.parameter_device)
-        for (kernel, dilation), heads in self._windows(layer).items():
-            allowed, _ = local_kernels.neighborhood_mask(layer.grid, kernel, dilation)
-            blocked[heads] = ~allowed.to(blocked.device)
-        return blocked
+        outside = {}
+        for (kernel, dilation), heads in self.windows.items():
+            allowed, _ = self._window(layer, kernel, dilation)
+            outside.update(dict.fromkeys(heads, ~allowed))
+        keep = torch.zeros_like(next(iter(outside.values())))
+        return torch.stack([outside.get(h, keep) for h in range(layer.num_heads)])
 
     def path_forward(self, layer: Any, key: tuple, heads: list[int], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The tiled kernel (:func:`~archspec.families.attention.local_kernels.neighborhood_attention`) on the heads
@@ -291,7 +314,8 @@ KIND = register_head_kind(HeadKind(
     field=FIELD, spec=NeighborhoodSpec,
     description="Neighbourhood attention: the k x k nearest keys, clamped inside the grid, optionally dilated, with "
     "NAT's relative-position bias (NAT / DiNAT; shorthand neighborhood, neighborhood:7).",
-    shorthands=SHORTHANDS, legend=LEGEND, letter=letter, terms=terms, params=params, problems=problems,
+    shorthands=SHORTHANDS, legend=LEGEND, letter=letter, terms=terms, params=params, tables=tables,
+    problems=problems,
     no_weight_decay=NO_WEIGHT_DECAY,
     shorthand_argument=ShorthandArgument("kernel", _KERNEL_TEXT, "a kernel", "neighborhood:7",
                                          "a neighbourhood head with a 7x7 window"),
