@@ -38,6 +38,7 @@ from ..local_rules import (
     NA_TILE,
     check_neighborhood,
     check_no_prefix_tokens,
+    neighborhood_bias_macs,
     neighborhood_executed_pairs,
     neighborhood_pairs,
 )
@@ -217,9 +218,12 @@ def path(spec: NeighborhoodSpec, context: PathContext) -> tuple | None:
 def path_macs(key: tuple, grid: tuple[int, int], n_prefix: int, qk_dim: int, v_dim: int) -> int:
     """The tiled kernel's products beyond the dense ones: ``(executed - N^2) (qk_dim + v_dim)``, its executed pairs
     :func:`~archspec.families.attention.local_rules.neighborhood_executed_pairs` (every query of a tile against the
-    tile's block of keys)."""
+    tile's block of keys), plus, with NAT's bias, the products that read the table at every executed pair
+    (:func:`~archspec.families.attention.local_rules.neighborhood_bias_macs`; per forward, as GPSA's positional
+    projection is counted)."""
     n = grid[0] * grid[1]
-    return (neighborhood_executed_pairs(grid, key[1], key[2]) - n * n) * (qk_dim + v_dim)
+    bias = neighborhood_bias_macs(grid, key[1], key[2]) if key[3] else 0
+    return (neighborhood_executed_pairs(grid, key[1], key[2]) - n * n) * (qk_dim + v_dim) + bias
 
 
 def path_memory(key: tuple, grid: tuple[int, int], n_prefix: int, qk_dim: int, v_dim: int) -> tuple[int, int]:
