@@ -417,22 +417,36 @@ def test_validate_build_and_inspect_on_the_command_line(tmp_path, capsys):
     assert all(0 < als <= 1 for row in layers for als in row["als"])
 
 
-@pytest.mark.slow  # a few training steps, then a resumed run: seconds
-def test_train_a_few_steps_and_resume(tmp_path):
+@pytest.mark.slow  # a few training steps, twice: seconds
+def test_train_a_few_steps_and_resume(tmp_path, monkeypatch):
+    """``fit`` (what ``archspec train`` runs) trains the neighbourhood model, the rpb tables included; a run stopped
+    after its step-2 checkpoint (Ctrl-C during step 3) resumes to the uninterrupted run's weights, bit for bit."""
     from train_fixtures import image_folder, quick_config
 
-    from archspec.train import fit
+    from archspec.train import Trainer, fit
 
     folder = image_folder(tmp_path / "stripes", per_class=8)
-    spec = TINY_NAT.replace("num_classes: 10", "num_classes: 2")
-    whole = fit(spec, folder, quick_config(steps=4, eval_every=2, batch_size=4), out=tmp_path / "whole",
-                progress=False)
-    fit(spec, folder, quick_config(steps=2, eval_every=2, batch_size=4), out=tmp_path / "part", progress=False)
-    resumed = fit(spec, folder, quick_config(steps=4, eval_every=2, batch_size=4), out=tmp_path / "part",
-                  resume=True, progress=False)
+    spec = tmp_path / "tiny_nat.yaml"
+    spec.write_text(TINY_NAT.replace("num_classes: 10", "num_classes: 2"))
+    config = quick_config(steps=4, eval_every=2, batch_size=4, checkpoint_every=1)
+    whole = fit(spec, folder, config, out=tmp_path / "whole", progress=False)
+    step = Trainer.step
+
+    def interrupted(self, x, y, at):
+        if at == 3:
+            raise KeyboardInterrupt
+        return step(self, x, y, at)
+
+    monkeypatch.setattr(Trainer, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fit(spec, folder, config, out=tmp_path / "part", progress=False)
+    monkeypatch.setattr(Trainer, "step", step)
+    resumed = fit(spec, folder, config, out=tmp_path / "part", resume=True, progress=False)
     assert resumed.steps == whole.steps == 4
     a, b = whole.model.state_dict(), resumed.model.state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a) and any("rpb" in k for k in a)
+    assert any(k.endswith("rpb") for k in a) and all(torch.equal(a[k], b[k]) for k in a)
+    initial = archspec.compile(spec.read_text()).state_dict()
+    assert not torch.equal(a["stages.0.blocks.0.attn.rpb"], initial["stages.0.blocks.0.attn.rpb"])
 
 
 @pytest.mark.slow  # PT2E quantisation: seconds
