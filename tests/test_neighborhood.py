@@ -363,21 +363,29 @@ head: {pool: mean, norm: before_pool, num_classes: 10}
 """
 
 
-def _tiny_model() -> torch.nn.Module:
-    """TINY_NAT (20x20 grid: the tiled kernel; 10x10: dense SDPA beside a global head) with weights of a useful
+#: one block a stage, for the exporters and Inductor (whose time grows with the ops): the dilated layer on the tiled
+#: kernel, then the dense layer beside a global head
+TINY_NAT_1_1 = TINY_NAT.replace("depth: 2, dim: 16", "depth: 1, dim: 16").replace("range: 1, attention",
+                                                                                  "range: 0, attention")
+
+
+def _tiny_model(text: str = TINY_NAT) -> torch.nn.Module:
+    """A tiny NAT (20x20 grid: the tiled kernel; 10x10: dense SDPA beside a global head) with weights of a useful
     scale."""
     torch.manual_seed(0)
-    model = archspec.compile(TINY_NAT).eval()
+    model = archspec.compile(text).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)
     return model
 
 
-def test_tiny_spec_takes_both_paths():
-    model = _tiny_model()
-    groups = [m._groups for m in model.modules() if isinstance(m, Attention)]
-    assert [[key[0] for key, _ in g] for g in groups] == [["neighborhood"], ["neighborhood"], ["sdpa"]]
+def test_tiny_specs_take_both_paths():
+    for text, paths in ((TINY_NAT, [["neighborhood"], ["neighborhood"], ["sdpa"]]),
+                        (TINY_NAT_1_1, [["neighborhood"], ["sdpa"]])):
+        groups = [m._groups for m in _tiny_model(text).modules() if isinstance(m, Attention)]
+        assert [[key[0] for key, _ in g] for g in groups] == paths
+    assert [h.neighborhood.dilation for h in load_spec(TINY_NAT_1_1).layer_plans(0)[0].heads] == [2, 2]
 
 
 def test_attention_maps_per_head_are_the_windows():
@@ -473,7 +481,7 @@ def test_onnx_equals_eager(tmp_path):
     from archspec.deploy.onnx_export import export_onnx, ort_session, run_onnx
     from archspec.io.images import sample_batch
 
-    model = _tiny_model()
+    model = _tiny_model(TINY_NAT_1_1)
     photos = sample_batch((80, 80))
     export_onnx(model, tmp_path / "n.onnx", photos[:2], {"test": True})
     session = ort_session(tmp_path / "n.onnx", threads=1)
@@ -485,12 +493,12 @@ def test_onnx_equals_eager(tmp_path):
             assert (got - expected).abs().max().item() <= 1e-4 * expected.abs().max().item()
 
 
-@pytest.mark.slow  # Inductor: tens of seconds
+@pytest.mark.slow  # Inductor: ~30 s
 def test_torch_compile_equals_eager():
     from archspec.diagnostics.timing import compile_for_inference
     from archspec.io.images import sample_batch
 
-    model = _tiny_model()
+    model = _tiny_model(TINY_NAT_1_1)
     photos = sample_batch((80, 80))
     compiled = compile_for_inference(model)
     with torch.no_grad():
