@@ -503,3 +503,18 @@ def test_torch_compile_equals_eager():
     compiled = compile_for_inference(model)
     with torch.no_grad():
         torch.testing.assert_close(compiled(photos), model(photos), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ the benchmarks
+def test_bench_crossover_quick_runs(bench_module):
+    """bench/local_kernels.py --crossover --quick: every (kernel, dilation, side) that fits, the three forms timed."""
+    rows = bench_module("local_kernels").main(["--crossover", "--quick"])
+    assert {(r["kernel"], r["dilation"], r["side"]) for r in rows} == {
+        (k, d, s) for k in (3, 5, 7) for d in (1, 2) for s in (7, 8, 10) if k * d <= s}
+    assert all(r["tiled_ms"] > 0 and r["dense_over_tiled"] > 0 for r in rows)
+
+
+@pytest.mark.slow  # nat_mini at 224 px, dense and default, once each
+def test_bench_models_quick_gives_the_same_logits(bench_module):
+    rows = bench_module("local_kernels").main(["--models", "nat_mini", "--quick"])
+    assert len(rows) == 1 and rows[0]["max_abs_diff"] < TOL and rows[0]["ratio"] > 0
