@@ -184,18 +184,18 @@ def _error_text(check) -> tuple[str, str, str]:
 
 # ----------------------------------------------------------------------------------- paths
 # Crossover measured with bench/local_kernels.py --crossover (2 heads of 32 -- every NAT-Mini layer's head dim --,
-# batch 1, one CPU thread, torch 2.14; docs/benchmarks.md): the tiled kernel against the generic path's dense
-# masked attention (explicit logits or SDPA with the (N, N) float mask, whichever is faster) overtakes it between
-# 256 and 400 patches for kernels 3 and 5 (16x16: 0.5-0.6x, 20x20: 1.3-2.1x) and between 400 and 576 for kernel 7
-# (20x20: 0.9x, 24x24: 1.4x); dilation shifts it little.
+# batch 1, one CPU thread, torch 2.14, a shared 2-core machine; docs/benchmarks.md): the tiled kernel against the
+# generic path's dense masked attention (explicit logits or SDPA with the (N, N) float mask, the faster) is slower
+# up to 256 patches (16x16: 0.4-0.7x), faster from 400 for kernel 3 (20x20: 2-5x) and around 400-576 for kernels 5
+# and 7 (kernel 7, 20x20: 0.9-1.1x, 24x24: 0.9-1.4x, 28x28: 1.6x); dilation 2 moves it little.
 _CROSSOVER_BASE_PATCHES = 300
-_CROSSOVER_PATCHES_PER_WINDOW_CELL = 4
+_CROSSOVER_PATCHES_PER_WINDOW_CELL = 6
 
 
 def tiled_path_pays(grid: tuple[int, int], kernel: int, dilation: int) -> bool:
     """Whether the tiled kernel is expected to beat the generic dense masked path on CPU (``attn_impl='auto'``).
 
-    Rule (our measurement): ``rows * cols >= 300 + 4 k^2`` (k 3: 336 patches, k 7: 496, a 23x23 grid and up; NAT's
+    Rule (our measurement): ``rows * cols >= 300 + 6 k^2`` (k 3: 354 patches, a 19x19 grid; k 7: 594, 25x25; NAT's
     224-px grids 56 and 28 take the tiled kernel, 14 and 7 the dense one).  Below it the kernel's tiles, gathers and
     padding cost more than the ``N^2`` products they save.  ``dilation`` is the rule's argument but does not move it
     within the measurement's noise.
