@@ -518,3 +518,12 @@ def test_bench_crossover_quick_runs(bench_module):
 def test_bench_models_quick_gives_the_same_logits(bench_module):
     rows = bench_module("local_kernels").main(["--models", "nat_mini", "--quick"])
     assert len(rows) == 1 and rows[0]["max_abs_diff"] < TOL and rows[0]["ratio"] > 0
+
+
+def test_mait_on_tiles_is_exact(bench_module):
+    """bench/mait_tiled.py: MaiT's hard masks on the neighbourhood tiles (a virtual key for the non-neighbours) and
+    archspec's linear-time path both equal the dense formula (checked inside the script against
+    ``softmax(M (.) Q K^T s) V``)."""
+    rows = bench_module("mait_tiled").main(["--quick"])
+    assert {r["form"] for r in rows} >= {"linear-time window path", "tiled, tile 4", "tiled, tile 8"}
+    assert all(r["max_abs_diff"] < TOL for r in rows if r["max_abs_diff"] is not None)
