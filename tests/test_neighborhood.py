@@ -115,7 +115,7 @@ def test_fast_and_dense_gradients_agree(heads, grid):
 
 def test_windows_made_by_tensor_ops_are_the_index_rules():
     """The per-patch starts buffer and the traceable window made of it equal the index rules' (N, N) tables."""
-    for grid, kernel, dilation in [((9, 11), 3, 1), ((10, 9), 3, 3), ((13, 17), (3, 5), (4, 2)), ((56, 56), 7, 8)]:
+    for grid, kernel, dilation in [((9, 11), 3, 1), ((10, 9), 3, 3), ((13, 17), (3, 5), (4, 2)), ((28, 28), 7, 4)]:
         starts = lk.neighborhood_starts(grid, kernel, dilation)
         for mine, theirs in zip(lk.neighborhood_window_mask(starts, grid, kernel, dilation),
                                 lk.neighborhood_mask(grid, kernel, dilation)):
@@ -262,6 +262,33 @@ def test_bad_input_exits_2_located_and_writes_nothing(text, line, column, field,
     assert f"{source}:{line}:{column}" in err and field in err and "Traceback" not in err, err
     assert all(word in err for word in words), err
     assert not out.exists()
+
+
+def _bottleneck(attention) -> dict:
+    return {"name": "bot_nat", "input": {"resolution": 64}, "stem": {"kind": "resnet", "channels": 16},
+            "stages": [{"kind": "conv", "block": "bottleneck", "depth": 2, "channels": 64,
+                        "mixer": {"kind": "attention", "heads": 2, "attention": attention}}],
+            "head": {"num_classes": 10}}
+
+
+def test_neighbourhood_heads_in_a_bottleneck_attend_the_pixel_map():
+    """A bottleneck's attention mixer (BoTNet's place; archspec's Attention on the 16x16 map) takes neighbourhood
+    heads: the tiled kernel and the dense path agree, the papers' count drops the pairs outside the windows (as the
+    token stages' does), and a window beyond the map is refused where it is written."""
+    model = archspec.compile(_bottleneck("neighborhood:3")).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        with attention_impl(model, "fast"):
+            fast = model(x)
+        with attention_impl(model, "dense"):
+            dense = model(x)
+            dense_macs = reference_macs(model, x)
+    assert (fast - dense).abs().max().item() < TOL
+    n, layers, dims = 16 * 16, 2, 2 * (8 + 8)  # two blocks, two heads of 8 (inner width 16)
+    assert archspec.analyze(_bottleneck("neighborhood:3")).macs == dense_macs - layers * (n * n - n * 9) * dims
+    with pytest.raises(SpecError) as info:
+        load_spec(_bottleneck({"neighborhood": {"kernel": 5, "dilation": 4}}))
+    assert format_path(info.value.problems[0].path) == "stages[0].mixer.attention.neighborhood.dilation"
 
 
 def test_biased_heads_of_one_layer_share_their_kernel():
