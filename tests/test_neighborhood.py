@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from layer_reference import float64_qkv
 from macs_reference import reference_macs
 from test_local_kernels import naive_axis
 
@@ -43,12 +44,9 @@ def _one_thread(one_thread):
 def _naive_layer(layer: Attention, x: torch.Tensor) -> torch.Tensor:
     """The layer's output recomputed in float64 from its projections: per query its naive window (per head its kind:
     a neighbourhood with or without NAT's bias, or every token), the softmax by hand."""
-    B, N, C = x.shape
+    B, N, _ = x.shape
     H, d, grid = layer.num_heads, layer.qk_dim, layer.grid
-    x = x.double()
-    qk = x @ layer.qk.weight.double().T + layer.qk.bias.double()
-    q, k = qk[..., :H * d].view(B, N, H, d), qk[..., H * d:].view(B, N, H, d)
-    v = (x @ layer.v.weight.double().T + layer.v.bias.double()).view(B, N, H, layer.v_dim)
+    q, k, v = float64_qkv(layer, x)
     out = torch.zeros(B, N, H, layer.v_dim, dtype=torch.float64)
     for h, spec in enumerate(layer.head_specs):
         nb = spec.neighborhood
