@@ -111,6 +111,25 @@ def test_fast_and_dense_gradients_agree(heads, grid):
         assert (grad - grads["dense"][name]).abs().max().item() < TOL, name
 
 
+@pytest.mark.slow  # Dynamo traces the layer and its backward: seconds
+def test_torch_compile_traces_the_tiled_kernel_whole():
+    """Under torch.compile every plain neighbourhood head takes the tiled kernel, even on a grid where eager runs it
+    on SDPA, with no graph break (fullgraph; the kernel's cached tables are traced as constants) and the eager
+    result, forward and gradients.  The ``eager`` backend checks the trace without a C++ toolchain."""
+    layer = _layer([{"neighborhood": {"kernel": 3, "dilation": 2}}, "neighborhood:3", "mhsa"], (9, 8))
+    assert [key[0] for key, _ in layer._groups] == ["sdpa"]
+    assert [key[0] for key, _ in layer._compiled_plan[0]] == ["neighborhood", "neighborhood", "sdpa"]
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    x = torch.randn(2, 72, layer.dim)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), layer(x), atol=TOL, rtol=TOL)
+    layer.train()
+    xg, reference = x.clone().requires_grad_(), x.clone().requires_grad_()
+    compiled(xg).sum().backward()
+    layer.set_attn_impl("dense")(reference).sum().backward()
+    torch.testing.assert_close(xg.grad, reference.grad, atol=TOL, rtol=TOL)
+
+
 def test_windows_made_by_tensor_ops_are_the_index_rules():
     """The per-patch starts buffer and the traceable window made of it equal the index rules' (N, N) tables."""
     for grid, kernel, dilation in [((9, 11), 3, 1), ((10, 9), 3, 3), ((13, 17), (3, 5), (4, 2)), ((28, 28), 7, 4)]:

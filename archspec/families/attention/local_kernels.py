@@ -57,6 +57,8 @@ def _cached_tables(build):
 
     @wraps(build)
     def plain_tensors(*args):
+        if torch.compiler.is_dynamo_compiling():  # Dynamo traces the builder (its tables become graph constants)
+            return build(*args)
         with torch.inference_mode(False), unset_fake_temporarily():
             return build(*args)
 
