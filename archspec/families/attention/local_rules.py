@@ -217,8 +217,10 @@ def check_neighborhood(grid: Sequence[int], kernel: int | Sequence[int],
             raise ValueError(f"dilation {d} must be >= 1")
     for side, k, d, name in zip((rows, cols), kern, dil, ("rows", "cols")):
         if k * d > side:
+            fix = (f"dilation <= {side // k} for kernel {k}" if k <= side else
+                   f"a kernel of at most {side - 1 + side % 2}" if side >= 3 else "a larger grid")
             raise ValueError(f"kernel {k} x dilation {d} = {k * d} is beyond the grid's {side} {name}{HINT}use "
-                             f"kernel * dilation <= {side} (dilation <= {side // k} for kernel {k})")
+                             f"kernel * dilation <= {side} ({fix}), or a larger input")
     return kern, dil
 
 
