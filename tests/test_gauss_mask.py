@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from layer_reference import float64_qkv
 from torch import nn
 
 import archspec
@@ -63,12 +64,8 @@ def _reference(layer: Attention, x: torch.Tensor, alpha: dict, sigma: dict, mask
     per head, ``b`` from ``alpha[h]``, ``sigma[h]`` (tensors, so gradients reach them) for the Gaussian heads.
     ``masks[h] = (mode, window, a)``: MaiT's mask on the (biased) logits of head ``h``, non-neighbours set to 0
     (``'hard'``, eq. 2) or scaled by ``a`` (``'soft'``, eq. 4)."""
-    B, N, C = x.shape
     H, d, p = layer.num_heads, layer.qk_dim, layer.num_prefix_tokens
-    x = x.double()
-    qk = x @ layer.qk.weight.double().T + layer.qk.bias.double()
-    q, k = qk[..., :H * d].view(B, N, H, d), qk[..., H * d:].view(B, N, H, d)
-    v = (x @ layer.v.weight.double().T + layer.v.bias.double()).view(B, N, H, layer.v_dim)
+    q, k, v = float64_qkv(layer, x)
     d2 = _d2_by_hand(layer.grid)
     heads = []
     for h in range(H):

@@ -122,7 +122,7 @@ def test_a_kind_registered_from_outside_is_picked_up_everywhere():
 
 def test_the_registry_is_the_one_list_of_kinds():
     """The built-in kinds, in the order their letters compose; HeadSpec's fields are exactly the registry's."""
-    assert list(HEAD_KINDS) == ["gpsa", "rel_bias", "mask", "gauss_mask", "rel_logits", "halo"]
+    assert list(HEAD_KINDS) == ["gpsa", "rel_bias", "mask", "gauss_mask", "rel_logits", "halo", "neighborhood"]
     assert [kind.field for kind in KINDS] == list(HEAD_KINDS) == list(HeadSpec.model_fields)
     assert HeadSpec.model_validate({"gpsa": {}, "mask": {}}).letter == "PM"
     assert head_kind("mask") is HEAD_KINDS["mask"]

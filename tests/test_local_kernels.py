@@ -169,7 +169,7 @@ def test_swin_window_mask_by_hand():
 
 
 # ------------------------------------------------------------------------------------------------ NAT naive reference
-def _naive_axis(i: int, length: int, kernel: int, dilation: int) -> tuple[list[int], list[int]]:
+def naive_axis(i: int, length: int, kernel: int, dilation: int) -> tuple[list[int], list[int]]:
     """Keys of position ``i`` on one axis and their places on the ``2k - 1`` bias axis, from the definition."""
     sub = list(range(i % dilation, length, dilation))  # the positions congruent to i mod dilation
     at = sub.index(i)
@@ -184,9 +184,9 @@ def _naive_na(q, k, v, grid, kernel, dilation, rpb, scale):
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
             for i in range(rows):
-                keys_r, bias_r = _naive_axis(i, rows, kernel, dilation)
+                keys_r, bias_r = naive_axis(i, rows, kernel, dilation)
                 for j in range(cols):
-                    keys_c, bias_c = _naive_axis(j, cols, kernel, dilation)
+                    keys_c, bias_c = naive_axis(j, cols, kernel, dilation)
                     keys = [r * cols + c for r in keys_r for c in keys_c]
                     logits = k[b, h, keys] @ q[b, h, i * cols + j] * scale
                     if rpb is not None:
@@ -202,10 +202,10 @@ NA_CASES = [((7, 7), 3, 1), ((7, 7), 3, 2), ((7, 7), 5, 1), ((7, 7), 7, 1), ((10
 
 def test_naive_axis_by_hand():
     """Length 7, kernel 3, dilation 2: sub-grids [0, 2, 4, 6] and [1, 3, 5]; windows clamped inside them."""
-    assert _naive_axis(0, 7, 3, 2) == ([0, 2, 4], [2, 3, 4])
-    assert _naive_axis(6, 7, 3, 2) == ([2, 4, 6], [0, 1, 2])
-    assert _naive_axis(5, 7, 3, 2) == ([1, 3, 5], [0, 1, 2])
-    assert _naive_axis(3, 7, 3, 2) == ([1, 3, 5], [1, 2, 3])
+    assert naive_axis(0, 7, 3, 2) == ([0, 2, 4], [2, 3, 4])
+    assert naive_axis(6, 7, 3, 2) == ([2, 4, 6], [0, 1, 2])
+    assert naive_axis(5, 7, 3, 2) == ([1, 3, 5], [0, 1, 2])
+    assert naive_axis(3, 7, 3, 2) == ([1, 3, 5], [1, 2, 3])
 
 
 @pytest.mark.parametrize("grid,kernel,dilation", NA_CASES)
@@ -213,9 +213,9 @@ def test_neighborhood_indices_are_the_definition(grid, kernel, dilation):
     keys, bias = neighborhood_indices(grid, kernel, dilation)
     width = 2 * kernel - 1
     for i in range(grid[0]):
-        keys_r, bias_r = _naive_axis(i, grid[0], kernel, dilation)
+        keys_r, bias_r = naive_axis(i, grid[0], kernel, dilation)
         for j in range(grid[1]):
-            keys_c, bias_c = _naive_axis(j, grid[1], kernel, dilation)
+            keys_c, bias_c = naive_axis(j, grid[1], kernel, dilation)
             t = i * grid[1] + j
             assert keys[t].tolist() == [r * grid[1] + c for r in keys_r for c in keys_c]
             assert bias[t].tolist() == [r * width + c for r in bias_r for c in bias_c]

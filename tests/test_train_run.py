@@ -444,3 +444,12 @@ def test_device_transform_normalises_as_timm_and_erases_only_in_training():
     torch.manual_seed(0)
     erased = DeviceTransform(3, "cpu", reprob=1.0)(x)
     assert (erased != out).any(dim=(1, 2, 3)).all()
+
+
+def test_yaml_text_longer_than_a_file_name_is_a_spec_not_a_build_directory():
+    """``fit`` takes a spec's YAML text: a text longer than the file system's name limit is not asked about as a path
+    (it raised ``OSError: File name too long``)."""
+    from archspec.train.run import is_build_dir
+
+    text = TINY + "".join(f"# a comment line {i} to pass the file name limit\n" for i in range(10))
+    assert len(text) > 300 and not is_build_dir(text)

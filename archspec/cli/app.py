@@ -206,7 +206,9 @@ def _executed_note(analysis) -> str:
         return ""
     rows = [row for row in analysis.rows if row.macs_executed != row.macs]
     why = [text for letter, text in (("M", "hard-masked heads run on the linear-time window path"),
-                                     ("P", "GPSA heads run as SDPA plus a P V product"))
+                                     ("P", "GPSA heads run as SDPA plus a P V product"),
+                                     ("N", "neighbourhood heads run on whole key blocks per query tile, or every pair "
+                                      "on small grids"))
            if any(letter in row.heads for row in rows)]
     return f" ({human(analysis.macs_executed)} executed: {'; '.join(why) or 'the attention paths chosen'})"
 

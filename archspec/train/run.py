@@ -48,6 +48,7 @@ from archspec.io.builddir import BUILD, is_build, only_build_files, uncreatable,
 from archspec.ir.checked import load_spec
 from archspec.nn.compiler import compile as compile_spec
 from archspec.spec import ArchSpec
+from archspec.spec.yaml_source import is_yaml_text
 from archspec.train.batches import StreamBatches, quiet_worker
 from archspec.train.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from archspec.train.config import TrainConfig, check_config, recipe
@@ -288,8 +289,11 @@ def _check(config: TrainConfig, seed: int) -> None:
 
 
 def is_build_dir(source: Any) -> bool:
-    """Whether ``source`` names an archspec build directory (its weights are the starting point)."""
+    """Whether ``source`` names an archspec build directory (its weights are the starting point); YAML text never
+    does (a long one is no file name: asking the file system would raise)."""
 
+    if isinstance(source, str) and is_yaml_text(source):
+        return False
     return isinstance(source, (str, os.PathLike)) and Path(source).is_dir() and is_build(source)
 
 

@@ -19,11 +19,12 @@ have none and no paper says what one would see), so ``N`` must be ``H W``.  The 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .local_rules import (
     NA_TILE,
@@ -43,7 +44,25 @@ from .local_rules import (
 )
 
 __all__ = ["dense_local_attention", "relative_bias", "swin_window_mask", "swin_padded_kv", "window_attention",
-           "neighborhood_indices", "neighborhood_mask", "neighborhood_attention"]
+           "neighborhood_indices", "neighborhood_mask", "neighborhood_starts", "neighborhood_window_mask",
+           "neighborhood_attention"]
+
+
+def _cached_tables(build):
+    """``functools.lru_cache`` (64 entries) of a table builder whose tables are always plain tensors: built outside
+    ``inference_mode`` (a table first built in an inference forward, ``archspec build``'s photo, is reused by a later
+    training forward, and autograd cannot save an inference tensor for backward) and outside any fake-tensor mode (a
+    table first built while ``torch.export`` traces would otherwise be a fake tensor, kept in the cache and refused
+    as a constant of the exported program)."""
+
+    @wraps(build)
+    def plain_tensors(*args):
+        if torch.compiler.is_dynamo_compiling():  # Dynamo traces the builder (its tables become graph constants)
+            return build(*args)
+        with torch.inference_mode(False), unset_fake_temporarily():
+            return build(*args)
+
+    return lru_cache(maxsize=64)(plain_tensors)
 
 
 def _check_tokens(q: Tensor, grid: tuple[int, int], kind: str) -> None:
@@ -169,7 +188,7 @@ def swin_padded_kv(k: Tensor, v: Tensor, grid: Sequence[int], window: int | Sequ
                                 ).expand(-1, -1, n_pad, -1)], dim=2) for t, p in zip((k, v), pads))
 
 
-@lru_cache(maxsize=64)
+@_cached_tables
 def _swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
                         device: torch.device) -> tuple[Tensor | None, Tensor]:
     """timm's per-window tables on ``device``: the additive region mask ``(nW, A, A)`` (``-100`` across regions,
@@ -322,7 +341,52 @@ def neighborhood_mask(grid: Sequence[int], kernel: int | Sequence[int],
     return allowed, index
 
 
-@lru_cache(maxsize=64)
+def neighborhood_starts(grid: Sequence[int], kernel: int | Sequence[int],
+                        dilation: int | Sequence[int] = 1) -> Tensor:
+    """Each patch's first key row and column (NATTEN's window start,
+    :func:`~archspec.families.attention.local_rules.na_window_start`), long ``(H W, 2)``: the per-patch table
+    :func:`neighborhood_window_mask` reads (``8 x 2 x H W`` bytes, where the ``(N, N)`` tables are ``N`` times more).
+
+    Raises:
+        ValueError: as :func:`~archspec.families.attention.local_rules.check_neighborhood`.
+    """
+    grid = as_pair(tuple(grid), "grid")
+    (kh, kw), (dh, dw) = check_neighborhood(grid, kernel, dilation)
+    rows = torch.tensor([na_window_start(r, grid[0], kh, dh) for r in range(grid[0])])
+    cols = torch.tensor([na_window_start(c, grid[1], kw, dw) for c in range(grid[1])])
+    return torch.stack([rows.repeat_interleave(grid[1]), cols.repeat(grid[0])], dim=1)
+
+
+def neighborhood_window_mask(starts: Tensor, grid: Sequence[int], kernel: int | Sequence[int],
+                             dilation: int | Sequence[int] = 1) -> tuple[Tensor, Tensor]:
+    """:func:`neighborhood_mask` from the window starts (:func:`neighborhood_starts`) by tensor operations only, so
+    that a model tracing it (``torch.export``, ONNX) makes no constant of it: key ``j`` is in query ``i``'s window on
+    an axis when it lies ``0, d, .., (k - 1) d`` after the query's start; its bias position is the offset in
+    sub-grid units, ``(j - i) / d + k - 1`` (NATTEN's ``get_pb_start`` plus the key's place in the window).
+
+    Args:
+        starts: long ``(H W, 2)``; grid ``(H, W)``; kernel, dilation as :func:`neighborhood_mask`.
+
+    Returns:
+        ``allowed`` bool ``(N, N)`` and ``index`` long ``(N, N)`` into the flattened ``(2k_h-1)(2k_w-1)`` table (0
+        where not allowed), equal to :func:`neighborhood_mask`'s.
+    """
+    (rows, cols), (kh, kw), (dh, dw) = (as_pair(tuple(grid), "grid"), as_pair(kernel, "kernel"),
+                                        as_pair(dilation, "dilation"))
+    token = torch.arange(rows * cols, device=starts.device)
+
+    def axis(position: Tensor, start: Tensor, k: int, d: int) -> tuple[Tensor, Tensor]:
+        offset = position[None, :] - start[:, None]
+        inside = (offset >= 0) & (offset < k * d) & (offset % d == 0)
+        return inside, torch.div(position[None, :] - position[:, None], d, rounding_mode="floor") + k - 1
+
+    row_in, row_bias = axis(token // cols, starts[:, 0], kh, dh)
+    col_in, col_bias = axis(token % cols, starts[:, 1], kw, dw)
+    allowed = row_in & col_in
+    return allowed, (row_bias * (2 * kw - 1) + col_bias).masked_fill(~allowed, 0)
+
+
+@_cached_tables
 def _tile_axis(length: int, kernel: int, tile: int) -> tuple[Tensor, Tensor, Tensor]:
     """One axis of the tiled undilated kernel: query tiles of ``tile`` positions (the last padded; padding
     queries copy the last position's window), each reading a block of ``kb = min(tile + kernel - 1, length)``
@@ -348,7 +412,7 @@ def _tile_axis(length: int, kernel: int, tile: int) -> tuple[Tensor, Tensor, Ten
     return block, torch.zeros(ok.shape).masked_fill(~ok, float("-inf")), bias
 
 
-@lru_cache(maxsize=64)
+@_cached_tables
 def _tile_outside(grid: tuple[int, int], kernel: tuple[int, int], tile: tuple[int, int], device: torch.device,
                   dtype: torch.dtype) -> Tensor:
     """The additive window mask of every tile, ``(n_h, n_w, T_h T_w, kb_h kb_w)``: 0 inside a query's window,

@@ -32,7 +32,7 @@ from archspec._util.pydantic_base import HINT
 __all__ = ["SWIN_MASK_VALUE", "as_pair", "check_no_prefix_tokens", "resolve_window", "padded_grid", "SwinAxis",
            "swin_axis", "window_partition_pairs", "window_attended_pairs", "check_neighborhood", "na_window_start",
            "na_bias_start", "NeighborhoodAxis", "neighborhood_axis", "neighborhood_pairs", "NA_TILE",
-           "residue_lengths", "neighborhood_executed_pairs"]
+           "residue_lengths", "neighborhood_executed_pairs", "neighborhood_bias_macs"]
 
 #: timm's additive logit between tokens of different shifted-window regions (``get_attn_mask``: ``-100.0``)
 SWIN_MASK_VALUE = -100.0
@@ -217,8 +217,10 @@ def check_neighborhood(grid: Sequence[int], kernel: int | Sequence[int],
             raise ValueError(f"dilation {d} must be >= 1")
     for side, k, d, name in zip((rows, cols), kern, dil, ("rows", "cols")):
         if k * d > side:
+            fix = (f"dilation <= {side // k} for kernel {k}" if k <= side else
+                   f"a kernel of at most {side - 1 + side % 2}" if side >= 3 else "a larger grid")
             raise ValueError(f"kernel {k} x dilation {d} = {k * d} is beyond the grid's {side} {name}{HINT}use "
-                             f"kernel * dilation <= {side} (dilation <= {side // k} for kernel {k})")
+                             f"kernel * dilation <= {side} ({fix}), or a larger input")
     return kern, dil
 
 
@@ -291,10 +293,33 @@ def residue_lengths(length: int, dilation: int) -> list[tuple[int, int]]:
 
 def _tiled_axis_pairs(length: int, kernel: int, dilation: int, tile: int) -> int:
     """Per axis, summed over its sub-axes: (padded query positions) x (keys of a tile's block)."""
+    return sum(count * _tiled_axis_rows(sub, kernel, tile) for count, sub in residue_lengths(length, dilation))
+
+
+def _tiled_axis_rows(length: int, kernel: int, tile: int) -> int:
+    """One undilated axis of the tiled kernel: padded query positions times the keys of a tile's block."""
+    side = min(tile, length)
+    return -(-length // side) * side * min(side + kernel - 1, length)
+
+
+def neighborhood_bias_macs(grid: Sequence[int], kernel: int | Sequence[int], dilation: int | Sequence[int] = 1,
+                           tile: int = NA_TILE) -> int:
+    """MACs per head of the tiled kernel's relative-position bias (``local_kernels._tile_bias``): once per call, for
+    every shape of sub-grid (the sub-grids of one shape share it), ``onehot_rows @ rpb @ onehot_cols^T`` --
+    ``R (2k_h - 1)(2k_w - 1) + R (2k_w - 1) C`` with ``R``, ``C`` the padded queries times block keys of the rows
+    and the columns (:func:`neighborhood_executed_pairs`' axes).  Exact products (one non-zero term each), counted as
+    the FLOP counter counts them; per forward, not per image.
+
+    Raises:
+        ValueError: as :func:`check_neighborhood`.
+    """
+    (kh, kw), (dh, dw) = check_neighborhood(grid, kernel, dilation)
+    rows, cols = _grid(grid)
     total = 0
-    for count, sub in residue_lengths(length, dilation):
-        side = min(tile, sub)
-        total += count * -(-sub // side) * side * min(side + kernel - 1, sub)
+    for _, sub_r in residue_lengths(rows, dh):
+        r = _tiled_axis_rows(sub_r, kh, tile)
+        for _, sub_c in residue_lengths(cols, dw):
+            total += r * (2 * kh - 1) * (2 * kw - 1) + r * (2 * kw - 1) * _tiled_axis_rows(sub_c, kw, tile)
     return total
 
 

@@ -10,7 +10,8 @@ the projections, the attention products and the kernel-dependent parts: which pa
 memory of the logit phase (:func:`memory`), read from the logit terms each head carries (:func:`head_terms`).
 
 MAC convention (the papers' "FLOPs"): every linear counts ``tokens x d_in x d_out``; attention counts
-``Q K^T`` and ``A V`` as ``N^2 (qk_dim + v_dim)`` per head; softmax, norms, biases and masks count 0.
+``Q K^T`` and ``A V`` as ``N^2 (qk_dim + v_dim)`` per head, or the fewer (query, key) pairs a head's kind states
+(:func:`head_pairs`: NAT's ``H W k^2``) times ``qk_dim + v_dim``; softmax, norms, biases and masks count 0.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from .heads import KINDS, HeadSpec
 from .kinds import SDPA_TERMS, PathContext, path_owner
 
 __all__ = ["AttentionShape", "AttnDims", "head_dims", "check_value_dim", "counts", "memory", "executed_macs",
-           "problems", "head_problems", "batchnorm_channels", "label", "head_terms", "attention_macs_change",
-           "head_path", "buffers", "caches", "NO_WEIGHT_DECAY", "RESAMPLED_TABLES"]
+           "problems", "head_problems", "batchnorm_channels", "label", "head_terms", "head_pairs",
+           "attention_macs_change", "head_path", "buffers", "caches", "NO_WEIGHT_DECAY", "RESAMPLED_TABLES"]
 
 #: parameter leaf names an optimizer must not decay (every head kind's)
 NO_WEIGHT_DECAY = frozenset().union(*(kind.no_weight_decay for kind in KINDS))
@@ -131,6 +132,16 @@ def head_terms(head: HeadSpec) -> frozenset[str]:
                                if getattr(head, kind.field) is not None))
 
 
+def head_pairs(head: HeadSpec, grid: tuple[int, int], n_prefix: int = 0) -> int:
+    """(query, key) pairs the papers count for one head on ``grid`` with ``n_prefix`` prefix tokens: the fewest any
+    of its kinds states (``HeadKind.pairs``: a neighbourhood head's ``H W k^2``), else every pair, ``N^2``.  Raises
+    nothing."""
+    n = n_prefix + grid[0] * grid[1]
+    stated = [kind.pairs(getattr(head, kind.field), tuple(grid), n_prefix) for kind in KINDS
+              if getattr(head, kind.field) is not None]
+    return min([n * n] + [p for p in stated if p is not None])
+
+
 # ----------------------------------------------------------------------------------- counts
 def _linear(n_tokens: int, d_in: int, d_out: int, bias: bool, bn: bool = False) -> tuple[int, int]:
     """(params, MACs) of a linear (optionally followed by BatchNorm: 2 d_out params) over N tokens."""
@@ -143,7 +154,8 @@ def counts(shape: AttentionShape) -> tuple[int, int]:
 
     Projections: layernorm family ``qk`` + ``v`` (bias if ``qkv_bias``) and ``proj`` (bias); batchnorm family one
     ``qkv`` and one ``proj`` ``LinearNorm`` (no bias, 2 BatchNorm parameters per channel).  Products
-    ``N^2 H (qk_dim + v_dim)``.  Plus what each head kind adds (``HeadKind.params`` / ``HeadKind.macs``).
+    ``N^2 (qk_dim + v_dim)`` per head, or the head's pairs (:func:`head_pairs`) times ``qk_dim + v_dim``.  Plus
+    what each head kind adds (``HeadKind.params`` / ``HeadKind.macs``).
     """
     heads, dims, dim, n = shape.heads, shape.dims, shape.dim, shape.n_tokens
     qk_out, v_out = 2 * len(heads) * dims.qk_dim, len(heads) * dims.v_dim
@@ -157,8 +169,8 @@ def counts(shape: AttentionShape) -> tuple[int, int]:
         p_proj, m_proj = _linear(n, v_out, dim, bias=True)
     grid = shape.attention_grid
     params = p_qkv + p_proj + sum(kind.params(heads, grid) for kind in KINDS)
-    macs = (m_qkv + m_proj + n * n * len(heads) * (dims.qk_dim + dims.v_dim)
-            + sum(kind.macs(heads, grid) for kind in KINDS))
+    pairs = sum(head_pairs(head, grid, shape.n_prefix) for head in heads)
+    macs = m_qkv + m_proj + pairs * (dims.qk_dim + dims.v_dim) + sum(kind.macs(heads, grid) for kind in KINDS)
     return params, macs
 
 
@@ -195,11 +207,16 @@ def head_path(head: HeadSpec, grid: tuple[int, int], attn_impl: str = "auto", co
 
 def attention_macs_change(heads: Sequence[HeadSpec], qk_dim: int, v_dim: int, grid: tuple[int, int],
                           n_prefix: int) -> int:
-    """Executed minus papers' MACs per image of one attention layer under ``attn_impl='auto'``: the sum over its
-    heads of what the kind owning each head's path states (:func:`head_path`; MaiT's linear-time heads save
-    ``N^2 (qk_dim + v_dim) - window_attention_macs``, GPSA's path adds its ``P @ v``, ``N^2 v_dim``)."""
+    """Executed minus papers' MACs per image of one attention layer under ``attn_impl='auto'``, summed over its
+    heads: the dense products ``N^2 (qk_dim + v_dim)`` minus the papers' (:func:`head_pairs`; 0 unless a kind states
+    fewer pairs), plus what the kind owning the head's path states it executes beyond the dense products
+    (:func:`head_path`, ``HeadKind.path_macs``: MaiT's linear-time heads save ``N^2 (qk_dim + v_dim) -
+    window_attention_macs``, GPSA's path adds its ``P @ v``, ``N^2 v_dim``, the neighbourhood kernel runs its tiles'
+    pairs)."""
+    n = n_prefix + grid[0] * grid[1]
     change = 0
     for head in heads:
+        change += (n * n - head_pairs(head, grid, n_prefix)) * (qk_dim + v_dim)
         key = head_path(head, grid, n_prefix=n_prefix)
         owner = path_owner(key[0])
         if owner is not None:
@@ -249,7 +266,8 @@ def buffers(shape: AttentionShape) -> int:
 def caches(shape: AttentionShape) -> int:
     """Bytes of the constants :class:`~.module.Attention` caches in its first eval forward (``attn_impl='auto'``),
     from the logit terms its heads carry and the paths they take (:func:`head_path`): the ``(H, N, N)`` float32
-    position bias (a head with a ``bias`` term), the float32 ``(H, N, N)`` additive mask of the paths that read it
+    position bias (a head with a ``bias`` term, and a head on a path that is not a kind's standalone path), the
+    float32 ``(H, N, N)`` additive mask of the paths that read it
     (``sdpa`` and the kinds' ``additive_mask_paths``, when a head has a ``bias`` or ``block`` term), each kind's own
     caches (``HeadKind.caches``: MaiT's hard-mask term, GPSA's positional attention), and the stacked ``qk`` + ``v``
     weights of the layernorm family's single projection GEMM."""
@@ -258,7 +276,8 @@ def caches(shape: AttentionShape) -> int:
     paths = frozenset(head_path(head, shape.attention_grid, n_prefix=shape.n_prefix)[0] for head in heads)
     terms = frozenset().union(*(head_terms(head) for head in heads))
     reads_additive = {"sdpa"}.union(*(kind.additive_mask_paths for kind in KINDS))
-    total = F32 * h * n * n if "bias" in terms else 0
+    reads_terms = paths - frozenset().union(*(kind.standalone_paths for kind in KINDS))
+    total = F32 * h * n * n if "bias" in terms and reads_terms else 0
     total += F32 * h * n * n if terms & SDPA_TERMS and paths & reads_additive else 0
     total += sum(kind.caches(heads, paths, n, n_patches) for kind in KINDS)
     if shape.norm == "layernorm":
@@ -266,11 +285,28 @@ def caches(shape: AttentionShape) -> int:
     return total
 
 
+def _own_path_memory(shape: AttentionShape) -> tuple[list[HeadSpec], int, int]:
+    """The heads whose logit phase is the generic ``(N, N)`` one, and the elements alive and saved of the others,
+    those on a path whose kind states its memory (``HeadKind.path_memory``: the neighbourhood kernel's tiles)."""
+    generic, alive, saved = [], 0, 0
+    for head in shape.heads:
+        key = head_path(head, shape.attention_grid, n_prefix=shape.n_prefix)
+        owner = path_owner(key[0])
+        if owner is None or owner.path_memory is None:
+            generic.append(head)
+            continue
+        head_alive, head_saved = owner.path_memory(key, shape.attention_grid, shape.n_prefix, shape.dims.qk_dim,
+                                                   shape.dims.v_dim)
+        alive, saved = alive + head_alive, saved + head_saved
+    return generic, alive, saved
+
+
 def memory(shape: AttentionShape) -> NodeMemory:
     """Bytes (batch 1, float32) of the attention half of a block on ``N`` tokens, width ``dim``.
 
     Alive throughout: the block input, the norm output (layernorm family), q/k/v; then the largest of
-    the q/k copies of the ``Q K^T`` matmul, the logit phase (see :func:`_logit_terms`), ``A V`` with
+    the q/k copies of the ``Q K^T`` matmul, the logit phase (see :func:`_logit_terms`; a head on a path whose kind
+    states its memory, ``HeadKind.path_memory``, counts that instead of ``(N, N)`` logits), ``A V`` with
     its contiguous copy of v, and the output projection.  Rule: :mod:`archspec.ir.graph`.
     """
     heads, n, dim = shape.heads, shape.n_tokens, shape.dim
@@ -279,8 +315,10 @@ def memory(shape: AttentionShape) -> NodeMemory:
     n_heads = len(heads)
     x = n * dim
     qk, v, out = n * 2 * n_heads * shape.dims.qk_dim, n * n_heads * shape.dims.v_dim, n * n_heads * shape.dims.v_dim
-    logits = n_heads * n * n
-    alive_logits, saved_logits, _ = _logit_terms(heads, n, n_patches)
+    generic, own_alive, own_saved = _own_path_memory(shape)
+    logits = len(generic) * n * n
+    alive_logits, saved_logits, _ = _logit_terms(generic, n, n_patches)
+    alive_logits, saved_logits = alive_logits + own_alive, saved_logits + own_saved
     base = x + (0 if batchnorm else x) + qk + v
     phases = [
         qk + v if batchnorm else 0,  # LinearNorm: linear output and its BatchNorm output at once

@@ -342,4 +342,5 @@ KIND = register_head_kind(HeadKind(
                                     {"type": "string", "pattern": f"^{_WINDOW_TEXT}$",
                                      "description": "'rows x cols', e.g. '3x5'"})},
     hashed_when_unused=True, paths=frozenset({"window", "hard", "flex"}), path=path, path_macs=path_macs,
+    standalone_paths=frozenset({"window"}),
     layer_terms=MaskTerms, layer_methods=MaskMethods))

@@ -75,6 +75,10 @@ def _no_caches(heads: Sequence, paths: frozenset[str], n_tokens: int, n_patches:
     return 0
 
 
+def _every_pair(spec: Any, grid: tuple[int, int], n_prefix: int) -> int | None:
+    return None
+
+
 @dataclass(frozen=True)
 class PathContext:
     """What a kind's path rule sees of a head and its layer: ``terms``, the logit terms of the whole head (every kind
@@ -142,8 +146,17 @@ class HeadKind:
       of this kind (a hashable key whose first item is one of ``paths``; ``context``: a :class:`PathContext`), None to
       leave it to the generic ``sdpa`` / ``dense`` paths or another kind -- a fast path chosen at construction, by
       the kind's own rule of when it pays; ``path_macs(key, grid, n_prefix, qk_dim, v_dim)``:
-      executed minus papers' MACs of one head on one of its paths; ``additive_mask_paths``: its paths that read
-      the layer's additive (bias + ``-inf``) mask, cached in eval mode.
+      the MACs one head executes on one of its paths minus the dense products ``N^2 (qk_dim + v_dim)`` (the papers'
+      count unless a kind states fewer ``pairs``); ``additive_mask_paths``: its paths that read
+      the layer's additive (bias + ``-inf``) mask, cached in eval mode; ``standalone_paths``: its paths that read
+      none of the layer's composed terms (position bias, additive mask, logit terms: the kernel computes its heads
+      from q, k, v and the kind's own parameters), so a layer whose heads all take such paths builds and caches
+      none of them; ``path_memory(key, grid, n_prefix, qk_dim, v_dim) -> (alive, saved)``: the elements one head
+      keeps alive at its peak and saves for backward on one of the kind's paths, in place of the ``(N, N)`` logit
+      phases of the generic paths, or None (those phases are counted).
+    * ``pairs(spec, grid, n_prefix) -> int | None``: the (query, key) pairs the papers count for a head of the kind
+      (its ``Q K^T`` and ``A V`` each cost that times the head dim: NAT's ``H W k^2``), or None for every pair,
+      ``N^2``.  A head composing several kinds counts the fewest any of them states.
 
     Torch side: ``layer_terms``, a :class:`~archspec.families.attention.kinds.layer_terms.KindTerms` subclass
     built per layer (None: no archspec layer runs the kind), and ``layer_methods``, a mixin of public methods
@@ -174,6 +187,9 @@ class HeadKind:
     path: Callable[[Any, PathContext], tuple | None] | None = None
     path_macs: Callable[[tuple, tuple[int, int], int, int, int], int] = _no_macs_change
     additive_mask_paths: frozenset[str] = frozenset()
+    standalone_paths: frozenset[str] = frozenset()
+    path_memory: Callable[[tuple, tuple[int, int], int, int, int], tuple[int, int]] | None = None
+    pairs: Callable[[Any, tuple[int, int], int], int | None] = _every_pair
     layer_terms: type | None = None
     layer_methods: type | None = None
 
@@ -200,6 +216,8 @@ def _clashes(kind: HeadKind) -> list[str]:
     out += [f"unknown host {host!r} (hosts: {', '.join(sorted(HOSTS))})" for host in kind.hosts - HOSTS]
     if kind.paths and kind.path is None:
         out.append("it names paths but has no path rule")
+    if not kind.standalone_paths <= kind.paths:
+        out.append(f"standalone paths {sorted(kind.standalone_paths - kind.paths)} are not among its paths")
     return out
 
 
