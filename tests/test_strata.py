@@ -200,9 +200,9 @@ def test_a_design_whose_zero_cost_score_fails_is_ranked_last_and_the_look_goes_o
     def failing(spec):
         raise TrainingFailure("out of memory scoring the largest design")
 
-    assert _score(None, None, SimpleNamespace(zc_score="naswot"), failing) == (-math.inf, 0.0)
+    assert _score(None, None, "naswot", failing) == (-math.inf, 0.0)
     scored = SimpleNamespace(scores={"naswot": 3.5}, seconds={"naswot": 0.25})
-    assert _score(None, None, SimpleNamespace(zc_score="naswot"), lambda spec: (scored, None)) == (3.5, 0.25)
+    assert _score(None, None, "naswot", lambda spec: (scored, None)) == (3.5, 0.25)
 
 
 @pytest.mark.slow  # 1.5-3.4 s in the quick subset (docs/contributing.md: over a second is slow)

@@ -84,6 +84,7 @@ from archspec.search._engine.session import (
 from archspec.search._engine.study import worker_seed
 from archspec.search._evaluation.check_rate import static_check_rate
 from archspec.search._evaluation.latency_cache import LatencyCache
+from archspec.search._evaluation.priors import PriorSampler
 from archspec.search._evaluation.scoring import objective_name
 from archspec.search._evaluation.verify import (
     TimeReserve,
@@ -159,9 +160,9 @@ def _optimize(study: optuna.Study, objective: CandidateObjective, progress, cfg:
     gc.freeze()
     try:
         with progress:
-            if cfg.sampler == "strata":  # the look is part of the search: inside --timeout
-                progress.status("looking at every candidate (latency, zero-cost score)")
-                objective.enqueue_strata(study)
+            if isinstance(study.sampler, PriorSampler):  # its look is part of the search: inside --timeout
+                progress.status(study.sampler.look_status)
+                study.sampler.look_first(study, objective.prior_look())
             left = None if cfg.timeout is None else max(0.0, cfg.timeout - (time.perf_counter() - start))
             study.optimize(objective, n_trials=None, timeout=left, callbacks=[stopper, reserve],
                            catch=(Exception,), gc_after_trial=False)  # StopRules collects after a trained candidate

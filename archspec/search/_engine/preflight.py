@@ -29,10 +29,11 @@ from archspec.search._engine.study import make_sampler
 from archspec.search._evaluation.budget import static_check
 from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._evaluation.priors import MAX_PRIOR_POINTS
+from archspec.search._evaluation.verify import verify_count
 from archspec.search._tabulation.oracle import load_table
 
-__all__ = ["preflight", "first_problem", "check_budgets_feasible", "check_space_valid", "check_data_path",
-           "check_fidelity", "check_oracle", "check_seed", "MAX_ORACLE_POINTS"]
+__all__ = ["preflight", "first_problem", "study_sampler", "strata_count", "check_budgets_feasible", "check_space_valid",
+           "check_data_path", "check_fidelity", "check_oracle", "check_seed", "MAX_ORACLE_POINTS"]
 
 def first_problem(exc: SpecError) -> str:
     """The first problem of ``exc``, formatted (its message when it has none)."""
@@ -86,6 +87,22 @@ def check_strata_space(space) -> None:
                                                f"cannot be listed: {first_problem(exc)}",
                                "search a finite space of a few hundred points (e.g. levit_small), or use "
                                "`sampler` random / tpe") from None
+
+
+def strata_count(cfg: SearchConfig) -> int:
+    """The cost strata of ``sampler="strata"``: ``cfg.strata``, or by default the trained candidates less the
+    verification re-trainings (a run cut by ``timeout`` with a large ``trials`` should name them).  Raises nothing."""
+    return cfg.strata or max(1, cfg.trials - verify_count(cfg.verify, cfg.trials))
+
+
+def study_sampler(cfg: SearchConfig, seed: int, n_objectives: int):
+    """The study's Optuna sampler of ``cfg`` (``sampler``, ``sampler_startup``, the strata), seeded with ``seed``
+    (:func:`~archspec.search._engine.study.make_sampler`).
+
+    Raises:
+        SpecError: an unknown ``sampler``.
+    """
+    return make_sampler(cfg.sampler, seed, n_objectives, cfg.sampler_startup, n_strata=strata_count(cfg))
 
 
 def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
@@ -174,7 +191,7 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     if oracle is None:
         check_data_path(cfg.data)
     check_outputs(cfg, name)
-    sampler = make_sampler(cfg.sampler, cfg.seed, n_objectives, cfg.sampler_startup)
+    sampler = study_sampler(cfg, cfg.seed, n_objectives)
     if oracle is not None:  # nothing is trained: the table answers; no images are read
         return oracle.dataset(), sampler, oracle
     # Decoding every image is the last input check (the slowest): still nothing written.

@@ -54,6 +54,7 @@ from archspec.search._engine.config import (  # torch-free: the command line rea
     SAMPLERS,
 )
 from archspec.search._engine.front_sampler import FrontMutationSampler
+from archspec.search._engine.strata import StrataSampler
 
 __all__ = [
     "StorageInfo", "check_storage", "resolve_storage", "open_study", "make_sampler", "SAMPLERS",
@@ -345,8 +346,8 @@ def _rdb_storage(url: str, engine_kwargs: dict, heartbeat: int | None, attempts:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def make_sampler(name: str, seed: int | None, n_objectives: int,
-                 n_startup_trials: int = DEFAULT_SAMPLER_STARTUP) -> optuna.samplers.BaseSampler:
+def make_sampler(name: str, seed: int | None, n_objectives: int, n_startup_trials: int = DEFAULT_SAMPLER_STARTUP,
+                 n_strata: int = 1) -> optuna.samplers.BaseSampler:
     """An Optuna sampler by name, seeded for reproducible sampling.
 
     ``tpe``: multivariate TPE, multi-objective and constraint aware (Optuna reads the
@@ -355,9 +356,9 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
     (constrained domination).  ``gp``: Gaussian-process BO.  ``random``: random search (the command line's
     default: :data:`archspec.search.DEFAULT_SAMPLER`).  ``front``: local search, one-parameter mutations
     of the non-dominated trials after ``n_startup_trials`` random draws
-    (:class:`archspec.search._engine.front_sampler.FrontMutationSampler`).  ``strata``: random draws; the best
-    zero-cost score of each cost stratum comes first as queued trials, which the search loop enqueues before its
-    first trial (:func:`archspec.search._engine.strata.enqueue_strata`).
+    (:class:`archspec.search._engine.front_sampler.FrontMutationSampler`).  ``strata``: random draws after the best
+    zero-cost score of each of ``n_strata`` cost strata, queued by its priors hook before the first trial
+    (:class:`archspec.search._engine.strata.StrataSampler`).
     ``n_startup_trials``: random trials before TPE's or the GP's model is used (Optuna's own default is 10; 6
     here, for searches of 10-20 trained candidates); NSGA-II's population (at least 4).
     """
@@ -370,8 +371,10 @@ def make_sampler(name: str, seed: int | None, n_objectives: int,
             return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, n_startup_trials))
         if name == "gp":
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup_trials)
-        if name in ("random", "strata"):  # strata: the queued picks first (enqueue_strata), then random draws
+        if name == "random":
             return optuna.samplers.RandomSampler(seed=seed)
+        if name == "strata":
+            return StrataSampler(seed=seed, n_strata=n_strata)
         if name == "front":
             return FrontMutationSampler(seed=seed, n_startup_trials=n_startup_trials)
     raise SpecError.single(("sampler",), f"unknown sampler {name!r}", f"choose one of {', '.join(SAMPLERS)}")
