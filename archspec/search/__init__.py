@@ -76,8 +76,9 @@ _EXPORTS = {
     "MASKS_PROXY_DEFAULTS": _DEFAULTS, "MASKS_TRIAL_TIMEOUT_S": _DEFAULTS, "BUDGET_OPTIONS": _DEFAULTS,
     "validate_study_name": "archspec.search._engine.study",
     # the mode contract
-    "SampledMode": f"{_MODES}.base", "RoundsMode": f"{_MODES}.base", "Candidate": f"{_MODES}.base",
-    "RoundResult": f"{_MODES}.base", "RunContext": f"{_MODES}.base",
+    "SampledMode": "archspec.search._engine.mode", "RoundsMode": "archspec.search._engine.mode",
+    "Candidate": "archspec.search._engine.mode",
+    "RoundResult": "archspec.search._engine.mode", "RunContext": "archspec.search._engine.mode",
     # what a candidate is measured by
     "Budgets": f"{_EVAL}.budget", "parse_quantity": f"{_EVAL}.budget", "static_check": f"{_EVAL}.budget",
     "static_check_rate": f"{_EVAL}.check_rate",

@@ -1,14 +1,14 @@
 """The search engine: one Optuna study, its run directory, and the trial loop every search mode shares.
 
-Every mode is a thin client stating the contract of :mod:`archspec.search._modes.base` (what it samples or
+Every mode is a thin client stating the contract of :mod:`archspec.search._engine.mode` (what it samples or
 proposes, how a trial is evaluated, what it writes at the end); this module runs it:
 
-* :func:`run_sampled` -- a :class:`~archspec.search._modes.base.SampledMode` (mode 1,
+* :func:`run_sampled` -- a :class:`~archspec.search._engine.mode.SampledMode` (mode 1,
 :mod:`archspec.search._modes.design`;
   mode 2's ``--strategy optuna``): preflight, open the run, Optuna's loop over
   :class:`~archspec.search._engine.objective.CandidateObjective` until the stop rules or ``--timeout``, then trials.csv,
   the Pareto / best specs, the mode's own files and summary.json;
-* :func:`run_rounds` -- a :class:`~archspec.search._modes.base.RoundsMode` (mode 2's ``als`` and ``soft``): open the
+* :func:`run_rounds` -- a :class:`~archspec.search._engine.mode.RoundsMode` (mode 2's ``als`` and ``soft``): open the
   run, then ask/tell one trial per proposed candidate (:mod:`archspec.search._engine.round_trial`), then the mode's
   results
   and summary.json.
@@ -60,6 +60,7 @@ from archspec.search._engine.early_stop import (
     study_zero_cost_summary,
 )
 from archspec.search._engine.failures import CandidateFailure, TrialTimeout, deadline_hook, fail_reason
+from archspec.search._engine.mode import RoundsMode, RunContext, SampledMode
 from archspec.search._engine.objective import CandidateObjective
 from archspec.search._engine.preflight import (
     check_budgets_feasible,
@@ -93,7 +94,6 @@ from archspec.search._evaluation.verify import (
     verify_front,
     without_second_seed,
 )
-from archspec.search._modes.base import RoundsMode, RunContext, SampledMode
 from archspec.search._report import results, run_files
 from archspec.search._report.progress import ProgressDisplay
 
@@ -249,7 +249,7 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
 
 
 class CallbackMode(SampledMode):
-    """A :class:`~archspec.search._modes.base.SampledMode` made of a space and optional callbacks (what
+    """A :class:`~archspec.search._engine.mode.SampledMode` made of a space and optional callbacks (what
     :func:`run_optuna_search` takes): ``train_fn`` replaces :meth:`train`, ``after_train(trial, spec, result)``
     and ``finalize_extra(study, run_dir, summary, files, best_file)`` are :meth:`after_train` and :meth:`finish`."""
 
@@ -302,12 +302,12 @@ def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name:
 
 # ----------------------------------------------------------------------------------- rounds modes
 def run_rounds(mode: RoundsMode, cfg: SearchConfig, name: str) -> SearchOutcome:
-    """Run a :class:`~archspec.search._modes.base.RoundsMode` as study ``name``: one trial per proposed candidate.
+    """Run a :class:`~archspec.search._engine.mode.RoundsMode` as study ``name``: one trial per proposed candidate.
 
     Checks ``--data`` and ``--out`` / ``--storage`` and decodes the data
     (:func:`~archspec.search._engine.preflight.preflight_rounds`) before anything is written; then opens the run (a
     random sampler the rounds never consult, no heartbeat: a dead worker's RUNNING trial is found by its pid),
-    evaluates each :meth:`~archspec.search._modes.base.RoundsMode.propose`'d candidate
+    evaluates each :meth:`~archspec.search._engine.mode.RoundsMode.propose`'d candidate
     (:func:`~archspec.search._engine.round_trial.evaluate_round`) until the mode returns ``None`` or Ctrl-C, and
     writes the
     mode's results and summary.json under the run lock.

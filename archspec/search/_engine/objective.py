@@ -52,7 +52,7 @@ from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # annotations only: the data is torch-side
     from archspec.io.datasets import Dataset
-    from archspec.search._modes.base import SampledMode
+    from archspec.search._engine.mode import SampledMode
 
 __all__ = ["CandidateObjective"]
 
@@ -61,7 +61,7 @@ class CandidateObjective:
     """The Optuna objective of a search (design or mask placement): one call evaluates one candidate.
 
     Args:
-        mode: the :class:`~archspec.search._modes.base.SampledMode` searched: its ``space`` is sampled, its ``train``
+        mode: the :class:`~archspec.search._engine.mode.SampledMode` searched: its ``space`` is sampled, its ``train``
             trains a candidate (unless ``oracle``) and its ``after_train`` reads the trained result.
         data: the :class:`~archspec.io.datasets.Dataset` of the proxy training.
         cfg: the :class:`~archspec.search._engine.config.SearchConfig` (budgets, protocols, limits).

@@ -295,7 +295,7 @@ def _check_oracle_latency(table, searched: list[tuple[dict, str]], space: str, f
 
 
 def preflight_rounds(cfg: SearchConfig, name: str):
-    """The inputs a rounds mode (:class:`~archspec.search._modes.base.RoundsMode`) shares with every search: ``data``,
+    """The inputs a rounds mode (:class:`~archspec.search._engine.mode.RoundsMode`) shares with every search: ``data``,
     then ``out`` / ``storage``, then every image decoded (the slowest check, still nothing written).
 
     Returns the :class:`~archspec.io.datasets.Dataset`.

@@ -34,7 +34,7 @@ Three strategies (Li et al. 2022, "MaiT"):
     alpha is below ``alpha_threshold`` (it learned to suppress non-neighbours: local) gets a hard
     mask of the window, the others none (global).
 
-Each strategy is a client of the engine's contract (:mod:`archspec.search._modes.base`), in
+Each strategy is a client of the engine's contract (:mod:`archspec.search._engine.mode`), in
 :mod:`archspec.search._modes.mask_strategies`: ``optuna`` a sampled mode
 (:func:`~archspec.search._engine.loop.run_sampled`),
 ``als`` and ``soft`` rounds modes (:func:`~archspec.search._engine.loop.run_rounds`).  The placement rule itself

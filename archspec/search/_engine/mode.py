@@ -20,7 +20,9 @@ stop rules, trials.csv and summary.json:
    :meth:`RoundsMode.write_results`), under the run directory's lock.
 
 The engine entry points are :func:`archspec.search._engine.loop.run_sampled` and
-:func:`archspec.search._engine.loop.run_rounds`.  This module imports neither torch nor Optuna.
+:func:`archspec.search._engine.loop.run_rounds`.  The contract lives beside the loop, as ``BaseSampler`` lives with
+Optuna's samplers: the engine imports nothing of the modes (:mod:`archspec.search._modes`), they import the engine.
+This module imports neither torch nor Optuna.
 """
 
 from __future__ import annotations
