@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import TrialState
 
 from archspec.errors import SpecError
-from archspec.search._engine.config import GEOMETRY_ATTR, ZERO_COST_ATTR, SearchConfig
+from archspec.search._engine.config import ZERO_COST_ATTR, SearchConfig
 from archspec.search._engine.fidelity import (
     RUNGS_ATTR,
     make_pruner,
@@ -34,7 +34,7 @@ from archspec.search._engine.fidelity import (
     rung_schedule,
     zero_cost_summary,
 )
-from archspec.search._evaluation.protocols import ZERO_COST_SCORES
+from archspec.search._evaluation.protocols import GEOMETRY_ATTR, ZERO_COST_SCORES
 
 if TYPE_CHECKING:  # annotations only
     from archspec.spec import ArchSpec

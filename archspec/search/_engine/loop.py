@@ -83,17 +83,17 @@ from archspec.search._engine.session import (
     zombie_notes,
 )
 from archspec.search._engine.study import worker_seed
-from archspec.search._evaluation.check_rate import static_check_rate
-from archspec.search._evaluation.latency_cache import LatencyCache
-from archspec.search._evaluation.priors import PriorSampler
-from archspec.search._evaluation.scoring import objective_name
-from archspec.search._evaluation.verify import (
+from archspec.search._engine.verify import (
     TimeReserve,
     mark_ties,
     verify_count,
     verify_front,
     without_second_seed,
 )
+from archspec.search._evaluation.check_rate import static_check_rate
+from archspec.search._evaluation.latency_cache import LatencyCache
+from archspec.search._evaluation.priors import PriorSampler
+from archspec.search._evaluation.scoring import objective_name
 from archspec.search._report import results, run_files
 from archspec.search._report.progress import ProgressDisplay
 
@@ -143,7 +143,7 @@ def _optimize(study: optuna.Study, objective: CandidateObjective, progress, cfg:
               notes: list[str], verify: int = 0) -> tuple[bool, float]:
     """Run Optuna's loop until :class:`StopRules` or ``--timeout`` stop it: ``(interrupted, seconds)``; ``verify``
     re-trainings come after it inside the same budget (``--trials`` less ``verify`` candidates, and the time of
-    ``verify`` mean trainings kept back from ``--timeout``: :mod:`archspec.search._evaluation.verify`).
+    ``verify`` mean trainings kept back from ``--timeout``: :mod:`archspec.search._engine.verify`).
 
     Ctrl-C ends the loop, not the run: every finished trial is in the study and the results still get written."""
     stopper = StopRules(objective, cfg.trials - verify, lambda t: progress.done(t, objective.attempted))

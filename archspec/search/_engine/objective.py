@@ -34,7 +34,7 @@ import optuna
 from optuna.trial import TrialState
 
 from archspec.errors import SpecError
-from archspec.search._engine.config import GEOMETRY_ATTR, SearchConfig
+from archspec.search._engine.config import SearchConfig
 from archspec.search._engine.early_stop import rung_stops, zero_cost_of, zero_cost_stops
 from archspec.search._engine.failures import CandidateFailure, deadline_hook, fail_reason
 from archspec.search._engine.preflight import first_problem, study_sampler
@@ -48,6 +48,7 @@ from archspec.search._engine.study import (
 from archspec.search._evaluation.budget import static_check
 from archspec.search._evaluation.latency_cache import LatencyCache, architecture_key
 from archspec.search._evaluation.priors import Look, prior_candidates
+from archspec.search._evaluation.protocols import GEOMETRY_ATTR
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # annotations only: the data is torch-side

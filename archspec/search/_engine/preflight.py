@@ -26,10 +26,10 @@ from archspec.search._engine.config import SearchConfig
 from archspec.search._engine.fidelity import FIDELITIES, ZERO_COST_RANKINGS
 from archspec.search._engine.session import check_outputs
 from archspec.search._engine.study import make_sampler
+from archspec.search._engine.verify import verify_count
 from archspec.search._evaluation.budget import static_check
 from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._evaluation.priors import MAX_PRIOR_POINTS
-from archspec.search._evaluation.verify import verify_count
 from archspec.search._tabulation.oracle import load_table
 
 __all__ = ["preflight", "first_problem", "study_sampler", "strata_count", "check_budgets_feasible", "check_space_valid",

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from archspec._util.units import human
 from archspec.ir.checked import load_spec
-from archspec.search._engine.config import GEOMETRY_ATTR
+from archspec.search._evaluation.protocols import GEOMETRY_ATTR
 from archspec.search._report import run_files
 from archspec.search._report.plots import plot_history, plot_pareto
 
@@ -399,7 +399,7 @@ def _points_table(summary: dict):
 
 def verify_lines(verification: dict | None) -> list[str]:
     """What ``--verify`` found, for the printed summary: each re-trained design's two scores, the rank agreement of
-    the two seeds and the seed spread (:mod:`archspec.search._evaluation.verify`).  Nothing without a verification."""
+    the two seeds and the seed spread (:mod:`archspec.search._engine.verify`).  Nothing without a verification."""
     if not verification:
         return []
 
