@@ -61,6 +61,8 @@ _DEFAULTS = "archspec.search._engine.defaults"  # stdlib only: the parser's defa
 _MODES = "archspec.search._modes"
 _EVAL = "archspec.search._evaluation"
 _TABLES = "archspec.search._tabulation"
+_PLACE = "archspec.search._space.mask_placement"
+_SCORES = "archspec.search._evaluation.mask_scores"
 
 # public name -> the private module that defines it (PEP 562: imported on first use)
 _EXPORTS = {
@@ -101,12 +103,12 @@ _EXPORTS = {
     "mask_table_space": f"{_TABLES}.mask_replay", "mask_depths": f"{_TABLES}.mask_replay",
     "reference_data": f"{_TABLES}.rows", "train_row": f"{_TABLES}.rows",
     # mask placement (mode 2's parts, for the bench's studies of it)
-    "attention_layers": f"{_MODES}.mask_placement", "apply_placement": f"{_MODES}.mask_placement",
-    "placement_heads": f"{_MODES}.mask_placement", "head0_placement": f"{_MODES}.mask_placement",
-    "soft_heads": f"{_MODES}.mask_placement",
-    "ALS_IMAGES": f"{_MODES}.mask_scores", "layer_scores": f"{_MODES}.mask_scores",
-    "learned_alphas": f"{_MODES}.mask_scores", "uniform_baselines": f"{_MODES}.mask_scores",
-    "train_keeping_model": f"{_MODES}.mask_scores",
+    "attention_layers": _PLACE, "apply_placement": _PLACE,
+    "placement_heads": _PLACE, "head0_placement": _PLACE,
+    "soft_heads": _PLACE,
+    "ALS_IMAGES": _SCORES, "layer_scores": _SCORES,
+    "learned_alphas": _SCORES, "uniform_baselines": _SCORES,
+    "train_keeping_model": _SCORES,
 }
 
 # A literal list (the API docs read it statically); tests keep it equal to _EXPORTS plus the constants.

@@ -21,7 +21,7 @@ point is per group, so this replay decides per group on the group's ALS -- the m
    (the space masks heads 0..m-1: heads are exchangeable there, so a count is the placement); stop early when a
    calibration changes nothing, as the live rule does.
 
-The uniform baseline ``u`` of a layer (:func:`uniform_als`) is what :func:`archspec.search._modes.mask_scores.
+The uniform baseline ``u`` of a layer (:func:`uniform_als`) is what :func:`archspec.search._evaluation.mask_scores.
 uniform_baselines` computes on a model, from the grid alone.
 
 MaiT sec. 4.3 (``strategy="soft"``, :func:`replay_soft`) trains one model that is no point of the space, every head
@@ -42,8 +42,8 @@ from archspec.errors import SpecError
 from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW, assign_from_als, calibrate
 from archspec.ir.analysis import analyze
 from archspec.search import SPACES_DIR
-from archspec.search._modes.mask_placement import parse_window, rule_thresholds
 from archspec.search._space.language import SearchSpace, load_space
+from archspec.search._space.mask_placement import parse_window, rule_thresholds
 from archspec.search._tabulation.oracle import design_seconds, linear_at
 from archspec.spec import ConvStageSpec
 
@@ -353,7 +353,7 @@ def table_replay_report(table, replay_seed: int, steps: int, *, strategy: str = 
 
     Raises:
         SpecError: as :func:`replay_als` / :func:`replay_soft` / :func:`mask_table_space`; thresholds live placement
-            refuses (:func:`~archspec.search._modes.mask_placement.rule_thresholds`); a window that is not ``RxC``
+            refuses (:func:`~archspec.search._space.mask_placement.rule_thresholds`); a window that is not ``RxC``
             with odd sides, or not the table's; rows whose ALS lacks a layer of the space or has another head count.
     """
     space = space if isinstance(space, SearchSpace) else mask_table_space(table, space)
