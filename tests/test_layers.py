@@ -29,7 +29,7 @@ def _lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
 def test_the_layers_contract_is_kept():
     proc = _lint_imports(ROOT, ROOT)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    assert "2 kept, 0 broken" in proc.stdout
+    assert "3 kept, 0 broken" in proc.stdout
 
 
 def test_the_command_line_may_not_enter_search_by_a_side_door(tmp_path):
@@ -41,6 +41,17 @@ def test_the_command_line_may_not_enter_search_by_a_side_door(tmp_path):
     proc = _lint_imports(tmp_path, tmp_path)
     assert proc.returncode != 0
     assert "archspec.cli.table -> archspec.search._tabulation.oracle" in proc.stdout
+
+
+def test_the_search_inside_is_layered(tmp_path):
+    """The third contract can fail: the evaluation importing the engine (the hub issue 82 undid) is refused."""
+    shutil.copytree(ROOT / "archspec", tmp_path / "archspec", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    priors = tmp_path / "archspec" / "search" / "_evaluation" / "priors.py"
+    priors.write_text(priors.read_text(encoding="utf-8") + "\nfrom archspec.search._engine import strata  # upward\n")
+    proc = _lint_imports(tmp_path, tmp_path)
+    assert proc.returncode != 0
+    assert "archspec.search._evaluation is not allowed to import archspec.search._engine" in proc.stdout
 
 
 # bench script -> why it may import one of search's private modules

@@ -76,7 +76,7 @@ _EXPORTS = {
     "DEFAULT_FIDELITY": _DEFAULTS, "DEFAULT_SAMPLER": _DEFAULTS, "DEFAULT_SAMPLER_STARTUP": _DEFAULTS,
     "DEFAULT_VERIFY": _DEFAULTS, "FIDELITIES": _DEFAULTS, "SAMPLERS": _DEFAULTS, "ZERO_COST_RANKINGS": _DEFAULTS,
     "MASKS_PROXY_DEFAULTS": _DEFAULTS, "MASKS_TRIAL_TIMEOUT_S": _DEFAULTS, "BUDGET_OPTIONS": _DEFAULTS,
-    "validate_study_name": "archspec.search._engine.study",
+    "validate_study_name": "archspec.search._storage",
     # the mode contract
     "SampledMode": "archspec.search._engine.mode", "RoundsMode": "archspec.search._engine.mode",
     "Candidate": "archspec.search._engine.mode",

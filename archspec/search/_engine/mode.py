@@ -38,8 +38,8 @@ if TYPE_CHECKING:  # annotations only: the study, the space and the data import 
 
     from archspec.io.datasets import Dataset
     from archspec.search._engine.config import SearchConfig
-    from archspec.search._engine.study import StorageInfo
     from archspec.search._space.language import SearchSpace
+    from archspec.search._storage import StorageInfo
     from archspec.spec import ArchSpec
 
 __all__ = ["SearchMode", "SampledMode", "RoundsMode", "Candidate", "RoundResult", "RunContext"]

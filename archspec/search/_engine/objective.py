@@ -38,17 +38,12 @@ from archspec.search._engine.config import SearchConfig
 from archspec.search._engine.early_stop import rung_stops, zero_cost_of, zero_cost_stops
 from archspec.search._engine.failures import CandidateFailure, deadline_hook, fail_reason
 from archspec.search._engine.preflight import first_problem, study_sampler
-from archspec.search._engine.study import (
-    ARCH_KEY_ATTR,
-    mark_worker,
-    reused_attrs,
-    same_architecture,
-    worker_seed,
-)
+from archspec.search._engine.study import ARCH_KEY_ATTR, reused_attrs, same_architecture, worker_seed
 from archspec.search._evaluation.budget import static_check
 from archspec.search._evaluation.latency_cache import LatencyCache, architecture_key
 from archspec.search._evaluation.priors import Look, prior_candidates
 from archspec.search._evaluation.protocols import GEOMETRY_ATTR
+from archspec.search._storage import mark_worker
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # annotations only: the data is torch-side

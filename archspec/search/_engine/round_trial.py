@@ -17,8 +17,8 @@ from optuna.trial import TrialState
 
 from archspec.ir.analysis import analyze
 from archspec.search._engine.mode import Candidate, RoundResult, RoundsMode, RunContext
-from archspec.search._engine.study import mark_worker
 from archspec.search._evaluation.latency_cache import LatencyCache
+from archspec.search._storage import mark_worker
 from archspec.train.failures import stored_name
 
 __all__ = ["evaluate_round"]

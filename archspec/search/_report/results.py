@@ -128,7 +128,7 @@ def spec_of_trial(trial, space=None):
 
 def trial_provenance(study_name: str, trial, cfg, info, summary: dict, spec) -> dict:
     """The provenance block of an emitted spec (``cfg``: the :class:`~archspec.search._engine.config.SearchConfig`,
-    ``info``: the storage, :class:`~archspec.search._engine.study.StorageInfo`)."""
+    ``info``: the storage, :class:`~archspec.search._storage.StorageInfo`)."""
     ua = trial.user_attrs
     objectives = {"accuracy": ua.get("accuracy")}
     if ua.get("latency_ms") is not None:
