@@ -25,9 +25,6 @@ maximises accuracy alone, the budgets acting as constraints.  ``--trials N`` cou
 training (failures included); infeasible samples are extra and cheap.  Each worker reseeds its sampler on its
 first trial (:func:`~archspec.search._engine.study.worker_seed`), so workers sharing a storage and resumed runs do not
 replay one another's sequence.
-
-The names below the engine's own (``SearchConfig``, ``open_run``, ``check_budgets_feasible``, ...) are
-re-exported from those modules, so ``from archspec.search._engine.loop import X`` keeps working.
 """
 
 from __future__ import annotations
@@ -42,42 +39,27 @@ from typing import TYPE_CHECKING
 import optuna
 
 from archspec.search._engine.config import (
-    BUDGET_OPTIONS,
-    DEFAULT_TIMEOUT_S,
-    DEFAULT_TRIAL_TIMEOUT_S,
-    DEFAULT_TRIALS,
     SearchConfig,
     SearchOutcome,
     complete_config,
 )
 from archspec.search._engine.early_stop import (
-    MAX_CONSECUTIVE_DUPLICATES,
-    MAX_CONSECUTIVE_INFEASIBLE,
     StopRules,
     fidelity_plan,
     fidelity_summary,
     stop_notes,
     study_zero_cost_summary,
 )
-from archspec.search._engine.failures import CandidateFailure, TrialTimeout, deadline_hook, fail_reason
 from archspec.search._engine.mode import RoundsMode, RunContext, SampledMode
 from archspec.search._engine.objective import CandidateObjective
 from archspec.search._engine.preflight import (
-    check_budgets_feasible,
-    check_data_path,
-    check_fidelity,
-    check_oracle,
-    check_space_valid,
     preflight,
     preflight_rounds,
 )
 from archspec.search._engine.round_trial import evaluate_round
 from archspec.search._engine.session import (
-    check_outputs,
     open_run,
     quiet_optuna,
-    resume_message,
-    run_dir_of,
     run_lock,
     settings_notes,
     zombie_notes,
@@ -100,20 +82,7 @@ from archspec.search._report.progress import ProgressDisplay
 if TYPE_CHECKING:  # annotations only: the space imports torch-side modules
     from archspec.search._space.language import SearchSpace
 
-__all__ = [
-    # the engine
-    "run_sampled", "run_rounds", "run_optuna_search", "CallbackMode",
-    # settings and result (archspec.search._engine.config)
-    "SearchConfig", "SearchOutcome", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S", "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS",
-    # the objective, rungs and stop rules (archspec.search._engine.objective, archspec.search._engine.early_stop)
-    "CandidateObjective", "StopRules", "stop_notes", "MAX_CONSECUTIVE_INFEASIBLE", "MAX_CONSECUTIVE_DUPLICATES",
-    # failures and deadlines (archspec.search._engine.failures)
-    "CandidateFailure", "TrialTimeout", "deadline_hook", "fail_reason",
-    # study and run directory (archspec.search._engine.session)
-    "quiet_optuna", "run_dir_of", "check_outputs", "open_run", "run_lock", "zombie_notes", "resume_message",
-    # input checks (archspec.search._engine.preflight)
-    "check_budgets_feasible", "check_space_valid", "check_data_path", "check_fidelity", "check_oracle",
-]
+__all__ = ["run_sampled", "run_rounds"]
 
 
 # ----------------------------------------------------------------------------------- sampled modes
