@@ -49,7 +49,7 @@ class SearchConfig:
     :class:`archspec.search._evaluation.latency.LatencyProtocol`.
     ``budgets``, ``protocol`` and ``latency`` may also be dicts of their fields (a budget as a number or a
     quantity such as ``"1G"``), or ``None`` for the defaults; :func:`complete_config` makes the objects.
-    Nothing else is checked here: :func:`archspec.search._engine.loop.run_optuna_search` checks every field before
+    Nothing else is checked here: :func:`archspec.search._engine.loop.run_sampled` checks every field before
     it writes anything.
     """
 

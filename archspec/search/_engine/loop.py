@@ -32,9 +32,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import optuna
 
@@ -78,9 +76,6 @@ from archspec.search._evaluation.priors import PriorSampler
 from archspec.search._evaluation.scoring import objective_name
 from archspec.search._report import results, run_files
 from archspec.search._report.progress import ProgressDisplay
-
-if TYPE_CHECKING:  # annotations only: the space imports torch-side modules
-    from archspec.search._space.language import SearchSpace
 
 __all__ = ["run_sampled", "run_rounds"]
 
@@ -215,58 +210,6 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     summary["wall_seconds"] = round(time.perf_counter() - wall_start, 2)
     run_files.atomic_write_text(run_dir / "summary.json", results.summary_json(summary))
     return SearchOutcome(study, summary, run_dir, interrupted, best_file)
-
-
-class CallbackMode(SampledMode):
-    """A :class:`~archspec.search._engine.mode.SampledMode` made of a space and optional callbacks (what
-    :func:`run_optuna_search` takes): ``train_fn`` replaces :meth:`train`, ``after_train(trial, spec, result)``
-    and ``finalize_extra(study, run_dir, summary, files, best_file)`` are :meth:`after_train` and :meth:`finish`."""
-
-    def __init__(self, space: SearchSpace, label: str, extra_attrs: dict | None = None,
-                 after_train: Callable | None = None, finalize_extra: Callable | None = None,
-                 train_fn: Callable | None = None):
-        self.space, self.label, self.extra_attrs = space, label, dict(extra_attrs or {})
-        self.after_train_fn, self.finalize_extra, self.train_fn = after_train, finalize_extra, train_fn
-
-    def study_attrs(self) -> dict:
-        return self.extra_attrs
-
-    def train(self, spec, data, protocol, seed=0, report=None, on_model=None, progress=None):
-        if self.train_fn is None:
-            return super().train(spec, data, protocol, seed=seed, report=report, on_model=on_model, progress=progress)
-        kwargs = {} if on_model is None else {"on_model": on_model}
-        return self.train_fn(spec, data, protocol, seed=seed, report=report, **kwargs)
-
-    def after_train(self, trial, spec, result) -> None:
-        if self.after_train_fn is not None:
-            self.after_train_fn(trial, spec, result)
-
-    def finish(self, study, run_dir, summary, files, best_file):
-        if self.finalize_extra is None:
-            return None
-        return self.finalize_extra(study, run_dir, summary, files, best_file)
-
-
-def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name: str, extra_attrs: dict | None = None,
-                      after_train: Callable | None = None, finalize_extra: Callable | None = None,
-                      train_fn: Callable | None = None) -> SearchOutcome:
-    """Run (or resume) an Optuna search of ``space``: :func:`run_sampled` of a :class:`CallbackMode`.
-
-    Args:
-        space: a :class:`~archspec.search._space.language.SearchSpace`.
-        cfg: the settings.
-        mode: label for the summary ("design" or "masks/optuna").
-        name: the study name.
-        extra_attrs: more study attributes (provenance).
-        after_train: ``f(trial, spec, result)`` after a successful proxy training.
-        finalize_extra: ``f(study, run_dir, summary, files, best_file)`` adds files / summary entries; a path it
-            returns replaces ``best_file``.
-        train_fn: replaces :func:`~archspec.search._evaluation.proxy.train_proxy` (same signature).
-
-    Raises:
-        SpecError: bad input (budgets, space, data, run directory, storage); nothing is written then.
-    """
-    return run_sampled(CallbackMode(space, mode, extra_attrs, after_train, finalize_extra, train_fn), cfg, name)
 
 
 # ----------------------------------------------------------------------------------- rounds modes
