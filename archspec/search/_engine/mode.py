@@ -72,7 +72,7 @@ class SearchMode:
         ``model``...).
 
         Raises:
-            archspec.search.TrainingFailure: the candidate could not be trained (the engine records a FAIL).
+            archspec.train.failures.TrainingFailure: the candidate could not be trained (the engine records a FAIL).
         """
 
         kwargs = {} if progress is None else {"progress": progress}

@@ -40,7 +40,7 @@ def make_sampler(name: str, seed: int | None, n_objectives: int, n_startup_trial
     constraints set with ``trial.set_constraint``; infeasible trials are ranked last), with
     ``constant_liar`` so that concurrent workers do not propose the same point.  ``nsga2``: NSGA-II
     (constrained domination).  ``gp``: Gaussian-process BO.  ``random``: random search (the command line's
-    default: :data:`archspec.search.DEFAULT_SAMPLER`).  ``front``: local search, one-parameter mutations
+    default: :data:`archspec.search.cli_support.DEFAULT_SAMPLER`).  ``front``: local search, one-parameter mutations
     of the non-dominated trials after ``n_startup_trials`` random draws
     (:class:`archspec.search._engine.front_sampler.FrontMutationSampler`).  ``strata``: random draws after the best
     zero-cost score of each of ``n_strata`` cost strata, queued by its priors hook before the first trial
