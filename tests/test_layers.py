@@ -221,3 +221,40 @@ def test_function_local_imports_outside_the_command_line_say_why():
 def test_version_lives_in_a_leaf_module():
     tree = ast.parse((ROOT / "archspec" / "_version.py").read_text(encoding="utf-8"))
     assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+# Files of archspec/ that read a SearchConfig field (issue 82: "a search's config passes through at most 24 files";
+# 15 on main before it, 14 after; docs/architecture.md, "Where a search's config goes"): the ceiling only goes down.
+CONFIG_FILES_CEILING = 14
+
+
+def _config_readers(root: Path) -> dict[str, set[str]]:
+    """File -> what it reads of a SearchConfig: ``cfg.<field>`` (a name or attribute called ``cfg``, ``config`` or
+    ``search_cfg``, and a field of SearchConfig), or the name ``SearchConfig`` in code (docstrings do not count)."""
+    import dataclasses
+
+    from archspec.search import SearchConfig
+
+    fields = {f.name for f in dataclasses.fields(SearchConfig)}
+    readers: dict[str, set[str]] = {}
+    for path in sorted((root / "archspec").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            seen = None
+            if isinstance(node, ast.Attribute) and node.attr in fields:
+                base = node.value
+                name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
+                seen = f"{name}.{node.attr}" if name in ("cfg", "config", "search_cfg") else None
+            elif isinstance(node, ast.Name) and node.id == "SearchConfig":
+                seen = "SearchConfig"
+            if seen:
+                readers.setdefault(str(path.relative_to(root)), set()).add(seen)
+    return readers
+
+
+def test_a_search_config_passes_through_few_files():
+    readers = _config_readers(ROOT)
+    assert len(readers) <= CONFIG_FILES_CEILING, sorted(readers)
+    # the evaluation, the tabulation, the space and the storage measure and store candidates: they take the values
+    # they need, never the config
+    below_the_engine = ("_evaluation", "_tabulation", "_space", "_storage")
+    assert not [f for f in readers if any(f"search/{part}" in f for part in below_the_engine)], sorted(readers)
