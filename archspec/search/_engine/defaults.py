@@ -1,7 +1,8 @@
 """The defaults of a search run, and the names the command line offers (stdlib only: no spec parser, no Optuna,
 no torch), so ``archspec search --help`` prints them without importing anything heavy.
 
-:mod:`archspec.search._engine.config` re-exports every name; the public ones are faces of :mod:`archspec.search`.
+:mod:`archspec.search._engine.config` re-exports every name; the command line reads them from its face,
+:mod:`archspec.search.cli_support`.
 """
 
 from __future__ import annotations
