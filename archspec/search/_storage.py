@@ -202,13 +202,22 @@ def _journal_target(url: str) -> _Target:
         raw = raw[2:]
     if not raw:
         raise _storage_error(url, "no file path after 'journal:'", "e.g. `storage` journal:runs/shared.log")
-    path = Path(raw).expanduser()
+    return _file_target(url, Path(raw).expanduser(), "journal", _JOURNAL_MAGIC, "an Optuna journal", _verify_journal)
+
+
+def _file_target(url: str, path: Path, kind: str, magic: bytes, what: str, verify) -> _Target:
+    """The storage file ``path`` checked before anything opens it: its directory exists, the file is absent, empty
+    or ``what`` (it starts with ``magic``), ``verify(url, path)`` finds it whole, and it can be written.
+
+    Raises:
+        SpecError: at ``storage``, saying which of these fails.
+    """
     if not path.parent.is_dir():
         raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
-    _check_existing_file(url, path, _JOURNAL_MAGIC, "an Optuna journal")
-    _verify_journal(url, path)
+    _check_existing_file(url, path, magic, what)
+    verify(url, path)
     _check_writable(url, path)
-    return _Target(url, "journal", path)
+    return _Target(url, kind, path)
 
 
 def _make_url(url: str):
@@ -234,13 +243,7 @@ def _sqlalchemy_target(url: str) -> _Target:
     if not database or database == ":memory:":
         raise _storage_error(url, "an in-memory SQLite database cannot be shared or resumed",
                              "give a file: sqlite:///runs/name/study.db, or use `storage` memory")
-    path = Path(database).expanduser()
-    if not path.parent.is_dir():
-        raise _storage_error(url, f"directory {str(path.parent)!r} does not exist", "create it first")
-    _check_existing_file(url, path, _SQLITE_MAGIC, "an SQLite database")
-    _verify_sqlite(url, path)
-    _check_writable(url, path)
-    return _Target(url, "sqlite", path)
+    return _file_target(url, Path(database).expanduser(), "sqlite", _SQLITE_MAGIC, "an SQLite database", _verify_sqlite)
 
 
 def check_storage(url: str | None, run_dir: Path | None = None) -> None:
