@@ -132,7 +132,8 @@ def _rates(n: int, repeats: int) -> dict:
 
     from archspec.errors import SpecError
     from archspec.io.datasets import load_data
-    from archspec.search import Budgets, ProxyProtocol, load_space, static_check, static_check_rate
+    from archspec.search import Budgets, ProxyProtocol, load_space, static_check
+    from archspec.search._evaluation.check_rate import static_check_rate
 
     space, budgets = load_space(None), Budgets(macs=1e9)
     protocol = ProxyProtocol()

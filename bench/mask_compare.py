@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 
 def placements(found: Path | None) -> dict:
     from archspec.ir.checked import load_spec
-    from archspec.search import apply_placement, attention_layers, placement_heads
+    from archspec.search._space.mask_placement import apply_placement, attention_layers, placement_heads
 
     sch1 = load_spec("mait_tiny_sch1")
     layers = attention_layers(sch1)
@@ -153,7 +153,8 @@ def _device_name(device: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     from archspec import analyze
     from archspec.io.datasets import load_data
-    from archspec.search import MASKS_PROXY_DEFAULTS, ProxyProtocol, train_proxy
+    from archspec.search import ProxyProtocol, train_proxy
+    from archspec.search.cli_support import MASKS_PROXY_DEFAULTS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--found", type=Path, default=None, help="best.yaml of `archspec search masks`")

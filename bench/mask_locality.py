@@ -54,7 +54,7 @@ def thirds(n: int) -> tuple[range, range]:
 def profile(model, images, strategy: str, window=(3, 3)) -> dict:
     """Early / late mean normalised ALS of the masked heads, and the decisions per third, of a trained model."""
     from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW, normalise_als
-    from archspec.search import layer_scores, learned_alphas, uniform_baselines
+    from archspec.search._evaluation.mask_scores import layer_scores, learned_alphas, uniform_baselines
 
     scores = layer_scores(model, images, window)
     norm = normalise_als(scores, uniform_baselines(model, window))
@@ -92,16 +92,10 @@ def run_candidate(name: str, spec_name: str, quick: bool, datasets: dict, max_im
 
     from archspec.io.datasets import load_data
     from archspec.ir.checked import load_spec
-    from archspec.search import (
-        ALS_IMAGES,
-        MASKS_PROXY_DEFAULTS,
-        ProxyProtocol,
-        apply_placement,
-        head0_placement,
-        placement_heads,
-        soft_heads,
-        train_proxy,
-    )
+    from archspec.search import ProxyProtocol, train_proxy
+    from archspec.search._evaluation.mask_scores import ALS_IMAGES
+    from archspec.search._space.mask_placement import apply_placement, head0_placement, placement_heads, soft_heads
+    from archspec.search.cli_support import MASKS_PROXY_DEFAULTS
 
     data_name, strategy, lr, steps = CANDIDATES[name]
     if quick:

@@ -81,7 +81,7 @@ def found_placement(spec: dict, strategy: str, args, work: Path) -> dict | None:
 
 def train(spec_doc: dict, data, protocol, seed: int):
     from archspec.ir.checked import load_spec
-    from archspec.search import train_keeping_model
+    from archspec.search._evaluation.mask_scores import train_keeping_model
 
     return train_keeping_model(load_spec(spec_doc), data, protocol, seed)[0]
 
@@ -93,7 +93,7 @@ def als_plot(result, data, path: Path) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from archspec.search import layer_scores
+    from archspec.search._evaluation.mask_scores import layer_scores
 
     images = data.val.tensors[0][:128]
     scores = layer_scores(result.model, images, (3, 3))
@@ -138,7 +138,8 @@ def main(argv=None) -> int:
     import torch
 
     from archspec.io.datasets import load_data
-    from archspec.search import MASKS_PROXY_DEFAULTS, ProxyProtocol
+    from archspec.search import ProxyProtocol
+    from archspec.search.cli_support import MASKS_PROXY_DEFAULTS
 
     torch.set_num_threads(1)
     out = Path(args.out)

@@ -12,9 +12,9 @@ many heads carry MaiT's hard mask) is read once, copied first so that every repl
 --replays - 1``; issue 55 asks for at least 50) runs, at its default budget:
 
 * ``als`` -- MaiT's rule (``archspec search masks --oracle TABLE --strategy als``):
-  :func:`archspec.search.table_replay_report` at replay seed ``r``, ``--steps`` proxy steps (default the masks
-  proxy's 400), 2 rounds, window 3x3, the default thresholds; each round's training one table row, the seed that
-  answers each point drawn per replay (``OracleTable.seed_of``).  CPU: the training seconds of the rows it read.
+  :func:`archspec.search.cli_support.table_replay_report` at replay seed ``r``, ``--steps`` proxy steps (default the
+  masks proxy's 400), 2 rounds, window 3x3, the default thresholds; each round's training one table row, the seed
+  that answers each point drawn per replay (``OracleTable.seed_of``).  CPU: the training seconds of the rows it read.
 * ``soft`` -- MaiT sec. 4.3 (``archspec search masks --oracle TABLE --strategy soft``): its one training, every
   head soft-masked, is the table's soft-mask row (``<table>.soft.jsonl``, written by ``bench/soft_rows.py``) of the
   seed drawn per replay; heads whose learned alpha is below 0.5 at ``--steps`` get the hard mask.  Scored on every
@@ -107,7 +107,7 @@ def ordered_groups(params: dict, name: str = "the table") -> list[str]:
         Refused: a parameter that is not a per-group mask count (``name`` is not a mask table).
     """
     from archspec.errors import SpecError
-    from archspec.search import mask_groups
+    from archspec.search._tabulation.mask_replay import mask_groups
 
     try:
         groups = mask_groups(params)
@@ -139,7 +139,7 @@ def _signature(params: dict) -> tuple:
 
 def space_heads(space_name: str) -> int:
     """Heads per attention layer of a masks space (its first point's static analysis, as
-    :func:`archspec.search.table_replay_report` reads it)."""
+    :func:`archspec.search.cli_support.table_replay_report` reads it)."""
     from archspec.ir.analysis import analyze
     from archspec.search import load_space
 
@@ -203,13 +203,13 @@ def at_least(value: float, best_fixed: float, error: float) -> bool:
 
 # ---------------------------------------------------------------------------------------------- the replays
 def replay_als(table, truth, by_params: dict, groups: list[str], replay: int, steps: int) -> dict:
-    """One replay of ``--strategy als`` (:func:`archspec.search.table_replay_report`), scored held-out.
+    """One replay of ``--strategy als`` (:func:`archspec.search.cli_support.table_replay_report`), scored held-out.
 
     Raises:
         SpecError: the rule reaches a point the table lacks.
         Refused: it returns a point the table lacks.
     """
-    from archspec.search import table_replay_report
+    from archspec.search.cli_support import table_replay_report
 
     report = table_replay_report(table, replay, steps)
     key = by_params.get(_signature(report["placement"]))
@@ -222,13 +222,14 @@ def replay_als(table, truth, by_params: dict, groups: list[str], replay: int, st
 
 
 def replay_soft(table, truth, by_params: dict, groups: list[str], replay: int, steps: int) -> dict:
-    """One replay of ``--strategy soft`` (:func:`archspec.search.table_replay_report` on the table's soft-mask rows),
-    scored on every reference seed: the strategy trains the soft-mask model, never the point it returns.
+    """One replay of ``--strategy soft`` (:func:`archspec.search.cli_support.table_replay_report` on the table's
+    soft-mask rows), scored on every reference seed: the strategy trains the soft-mask model,
+    never the point it returns.
 
     Raises:
         Refused: it returns a point the table lacks.
     """
-    from archspec.search import table_replay_report
+    from archspec.search.cli_support import table_replay_report
 
     report = table_replay_report(table, replay, steps, strategy="soft")
     key = by_params.get(_signature(report["placement"]))
@@ -245,7 +246,8 @@ def replay_search(table_path: str, table, truth, groups: list[str], replay: int,
     candidates of ``steps``-step masks proxies), scored held-out; its CPU as ``search_works``' ``trace`` counts it."""
     import optuna
 
-    from archspec.search import DEFAULT_SAMPLER_STARTUP, MASKS_PROXY_DEFAULTS, run_design
+    from archspec.search import run_design
+    from archspec.search.cli_support import DEFAULT_SAMPLER_STARTUP, MASKS_PROXY_DEFAULTS
 
     protocol = {**MASKS_PROXY_DEFAULTS, "steps": steps, **WORKS.TSE["protocol"]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -376,7 +378,7 @@ def measure(table_source: str, replays: int, steps: int, trials: int, first_seed
     adjusted = WORKS.holm({name: s["vs_als"]["wilcoxon_p"] for name, s in strategies.items() if "vs_als" in s})
     for name, p in adjusted.items():
         strategies[name]["vs_als"]["holm_p"] = p
-    from archspec.search import DEFAULT_SAMPLER
+    from archspec.search.cli_support import DEFAULT_SAMPLER
 
     return {"table": str(table_source), "space": table.space, "designs": len(truth.accuracy), "space_points": points,
             "seeds": table.seeds, "replays": replays, "replay_seeds": [seeds[0], seeds[-1]], "steps": steps,
@@ -470,7 +472,7 @@ def text(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from archspec.search import MASKS_PROXY_DEFAULTS
+    from archspec.search.cli_support import MASKS_PROXY_DEFAULTS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", default=DEFAULT_TABLE, help="a mask table (path or shipped name; default "

@@ -71,7 +71,8 @@ def _train(task: dict) -> dict:
 
     from archspec.io.datasets import load_data
     from archspec.ir.checked import load_spec
-    from archspec.search import ProxyProtocol, TrainingFailure, train_proxy
+    from archspec.search import ProxyProtocol, train_proxy
+    from archspec.train.failures import TrainingFailure
 
     torch.set_num_threads(task["protocol"]["threads"] or 1)
     key = (task["data"], task["image_size"], task["data_seed"], task["max_images"])
@@ -145,7 +146,7 @@ def zero_cost_rows(archs, data, protocol, seed: int) -> list[tuple[dict, dict]]:
     proxy at its proxy geometry, one training batch), as the search's zero-cost rung computes them."""
     import math
 
-    from archspec.search import ZERO_COST_SCORES, score_proxy
+    from archspec.search._evaluation.proxy import ZERO_COST_SCORES, score_proxy
 
     out = []
     for spec, _, _ in archs:
@@ -209,7 +210,8 @@ def main(argv=None) -> int:
 
     from archspec._util.units import human
     from archspec.io.datasets import load_data
-    from archspec.search import Budgets, ProxyProtocol, load_space, parse_quantity
+    from archspec.search import Budgets, ProxyProtocol, load_space
+    from archspec.search.cli_support import parse_quantity
     from archspec.train import resolve_device
 
     try:

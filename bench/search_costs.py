@@ -71,18 +71,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from archspec.search import (
-        DEFAULT_TIMEOUT_S,
-        DEFAULT_TRIALS,
-        Budgets,
-        LatencyProtocol,
-        ProxyProtocol,
-        SearchConfig,
-        load_space,
-        parse_quantity,
-        run_design,
-        static_check_rate,
-    )
+    from archspec.search import Budgets, LatencyProtocol, ProxyProtocol, SearchConfig, load_space, run_design
+    from archspec.search._evaluation.check_rate import static_check_rate
+    from archspec.search.cli_support import DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, parse_quantity
 
     budgets = Budgets(macs=parse_quantity(args.budget_flops, "--budget-flops"))
     space = load_space(None)

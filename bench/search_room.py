@@ -59,7 +59,7 @@ def proxy_of(table, key: str, seeds: tuple[int, ...], kind: str, steps: int) -> 
     """What ranks ``key`` when its proxy reads the rows of ``seeds``: the mean over them of minus the mean
     training loss to ``steps`` (``tse``), the val top-1 at ``steps`` (``accuracy``), or the final top-1
     (``final``, the whole protocol)."""
-    from archspec.search import curve_at
+    from archspec.search._tabulation.oracle import curve_at
 
     values = []
     for seed in seeds:

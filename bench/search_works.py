@@ -35,7 +35,10 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from archspec.errors import SpecError
-from archspec.search import PROXY_SCORES, design_seconds
+from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW
+from archspec.search._tabulation.mask_replay import als_at, group_als, mask_groups
+from archspec.search._tabulation.oracle import design_seconds
+from archspec.search.cli_support import PROXY_SCORES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TABLE = ROOT / "archspec" / "search" / "tables" / "levit_small.jsonl"
@@ -149,15 +152,42 @@ def fidelity_table(rows: list[dict], seeds: tuple[int, ...] | None = None, als: 
     return out
 
 
+def rule_score(round1_row: dict, steps: int, params: dict[str, int], *, heads: int, u: float,
+               high: float = DEFAULT_ALS_HIGH, low: float = DEFAULT_ALS_LOW,
+               depths: dict[int, int] | None = None) -> float:
+    """MaiT's assignment rule (sec. 4.2 step 2) read as a score of any placement, for ranking a mask table's points.
+
+    ``round1_row`` is the table row the rule's first round reads (head 0 masked in every layer: every group
+    ``m = 1``); ``a_g`` is head 0's ALS above uniform attention in group ``g`` at the last curve step ``<= steps``
+    (as the replay, :func:`archspec.search._tabulation.mask_replay.replay_als`, reads it; ``u`` the layer's uniform
+    ALS).  The rule masks every head of a group where ``a_g >= high`` and none where ``a_g <= low``; its continuous
+    form, a choice of archspec's (MaiT ranks nothing), rewards masked heads where head 0 was local and charges them
+    where it was not, centred half-way between the thresholds::
+
+        score = sum_g  m_g / heads * (a_g - (high + low) / 2)
+
+    with ``m_g`` the placement's masked heads in group ``g`` (``params``).  Unitless; larger = more as MaiT's rule
+    would place masks.
+
+    ``depths`` (``{stage: depth}``, ``mask_depths``) places a whole-stage count's layers.
+
+    Raises:
+        SpecError: ``params`` is not a per-group mask point, or the row holds no ALS.
+        KeyError: a group's layer has no ALS in the row.
+    """
+    groups = mask_groups(params, depths)
+    a = group_als(als_at(round1_row, steps), groups, u)
+    centre = (high + low) / 2.0
+    return float(sum(m / heads * (a[name][0] - centre) for name, m in params.items()))
+
+
 def rule_fidelities(designs: list[dict[int, dict]], seeds: tuple[int, ...], steps: list[int], clocks: list[dict],
                     heads: int, u: float) -> list[dict]:
     """MaiT's rule as a fidelity of a mask table (issue 52's "fidelity of ALS"): at each curve step, every design
-    scored by :func:`archspec.search.rule_score` from the round-1 row (every group one masked head: the row the
+    scored by :func:`rule_score` from the round-1 row (every group one masked head: the row the
     rule's first round reads) *of the same seed*, against the mean final top-1 of the other seeds
     (:func:`cross_seed`).  One training ranks every design, so its cost is the round-1 design's seconds to that
     step (per span the least of its seeds, as every cost here).  No round-1 design among ``designs``: nothing."""
-    from archspec.search import rule_score
-
     index = next((i for i, d in enumerate(designs) if set(d[seeds[0]]["params"].values()) == {1}), None)
     if index is None:
         return []
@@ -175,7 +205,7 @@ def als_geometry(table_file: Path) -> dict | None:
     """``{"heads": H, "u": uniform ALS}`` of a mask table from its ``.meta.json`` sidecar (the space and the ALS
     window of its protocol), or None for a table whose rows hold no ALS or that has no sidecar."""
     from archspec.families.attention.kinds.mask import parse_window
-    from archspec.search import mask_geometry, uniform_als
+    from archspec.search._tabulation.mask_replay import mask_geometry, uniform_als
 
     meta = table_file.with_suffix(".meta.json")
     if not meta.is_file():
@@ -189,7 +219,7 @@ def als_geometry(table_file: Path) -> dict | None:
 
 def table_file(table: str) -> Path:
     """A table's JSONL from a path or a shipped table's name (``mait_small``)."""
-    from archspec.search import TABLES_DIR
+    from archspec.search._tabulation.oracle import TABLES_DIR
 
     path = Path(table).expanduser()
     if not path.exists() and path.parent == Path(".") and (TABLES_DIR / f"{path.name}.jsonl").is_file():
@@ -657,7 +687,8 @@ def markdown(result: dict) -> str:
 def proxy_value(row: dict, score: str, steps: int) -> float:
     """What a search's proxy of ``steps`` steps answers for one tabulated row (as the oracle does): the curve's
     val top-1, or with ``score == "tse"`` minus the mean training loss up to that step."""
-    from archspec.search import curve_at, proxy_score
+    from archspec.search._evaluation.scoring import proxy_score
+    from archspec.search._tabulation.oracle import curve_at
 
     return proxy_score(score, *curve_at(row, steps), steps)
 
@@ -859,7 +890,8 @@ def design_costs(table_path, steps: tuple[int, ...] = (120, 200, 938)) -> dict:
     """What the oracle's cost rule (``OracleTable.training_seconds``: per span the least of a design's rows) charges
     against the mean of the design's reference seeds' own clocks (the rule before 2026-11-28), at each of ``steps``:
     the ratio's median, 5th percentile and minimum over the designs, and both sums in seconds."""
-    from archspec.search import linear_at, load_table
+    from archspec.search import load_table
+    from archspec.search._tabulation.oracle import linear_at
 
     table = load_table(table_path) if isinstance(table_path, str | Path) else table_path
     keys = sorted(table.tabulated)
@@ -902,7 +934,8 @@ def cost_bins(table_path: str, step: int, bins: int) -> dict:
     table's latency pass, mean of its passes): :func:`cost_binned` per seed, averaged over seeds; also each
     proxy's and the reference's Kendall tau with MACs.  Why val top-1's fronts can beat TSE's though TSE ranks the
     table better (docs/search-works.md, "The proxy score").  Raises nothing of its own."""
-    from archspec.search import curve_at, load_table
+    from archspec.search import load_table
+    from archspec.search._tabulation.oracle import curve_at
 
     table = load_table(table_path)
     keys, seeds = sorted(table.tabulated), table.seeds
@@ -937,7 +970,8 @@ def front_planes(table_path: str, step: int, trials: int = 20, draws: int = 2000
     "median_macs"}}}``, medians over ``draws``.  Shows how much of a proxy's MACs-plane hypervolume depends on the
     front being chosen in the latency plane.  No Optuna; needs the table's latency pass.  Raises nothing of its
     own."""
-    from archspec.search import curve_at, load_table
+    from archspec.search import load_table
+    from archspec.search._tabulation.oracle import curve_at
 
     table = load_table(table_path)
     truth, rng = Truth(table), np.random.default_rng(seed)

@@ -6,12 +6,12 @@
 ``archspec search masks --strategy soft`` (MaiT sec. 4.3) trains one model, every head of every layer with MaiT's
 soft 3x3 mask (a learned ``alpha`` per head, initialised at 0.5), and hard-masks the heads whose alpha ends below
 0.5.  That model is no point of the mask space, so the table cannot answer it -- until its rows exist: this script
-trains it (the space's point 0/0/0 with every head soft-masked, ``archspec.search.soft_heads`` at the protocol's ALS
-window) under the table's own protocol (``archspec.search.table_protocol``; refused when the table's sidecar
-records another) at each seed the sidecar lacks, and appends each row as it finishes: a table row
-(``archspec.search.train_row``: curve, TSE, ALS, final top-1) with the learned alphas at every curve step
-(``alphas``) and no zero-cost scores (``zc`` empty: nothing reads them of this model).  Then ``archspec search masks
---oracle TABLE --strategy soft`` and ``bench/mask_works.py`` replay the strategy on the table.
+trains it (the space's point 0/0/0 with every head soft-masked, ``archspec.search._space.mask_placement.soft_heads``
+at the protocol's ALS window) under the table's own protocol (``archspec.search.table_protocol``; refused when the
+table's sidecar records another) at each seed the sidecar lacks, and appends each row as it finishes: a table row
+(``archspec.search._tabulation.rows.train_row``: curve, TSE, ALS, final top-1) with the learned alphas at every curve
+step (``alphas``) and no zero-cost scores (``zc`` empty: nothing reads them of this model).  Then ``archspec search
+masks --oracle TABLE --strategy soft`` and ``bench/mask_works.py`` replay the strategy on the table.
 
 mait_small's three took 742-809 s of training each at 1,876 steps, one thread beside two table workers on this
 project's 2-core VM.  Exit 2 with a message when the table or its protocol sidecar is missing, unreadable or records
@@ -26,18 +26,11 @@ import sys
 from pathlib import Path
 
 from archspec.errors import SpecError
-from archspec.search import (
-    TABLES_DIR,
-    apply_placement,
-    architecture_key,
-    git_commit,
-    load_space,
-    machine,
-    reference_data,
-    soft_heads,
-    table_protocol,
-    train_row,
-)
+from archspec.search import architecture_key, load_space, table_protocol
+from archspec.search._space.mask_placement import apply_placement, soft_heads
+from archspec.search._tabulation.oracle import TABLES_DIR
+from archspec.search._tabulation.rows import reference_data, train_row
+from archspec.search._tabulation.tabulate import git_commit, machine
 
 
 def soft_spec(space):

@@ -24,17 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from archspec.search import (
-    TABLES_DIR,
-    export_table,
-    git_commit,
-    import_table,
-    load_space,
-    machine,
-    seed_check,
-    table_protocol,
-    tabulate,
-)
+from archspec.search import export_table, import_table, load_space, seed_check, table_protocol, tabulate
+from archspec.search._tabulation.oracle import TABLES_DIR
+from archspec.search._tabulation.tabulate import git_commit, machine
 
 
 def grow(space_name: str, seeds: list[int], designs: int | None, storage: str | None) -> int:

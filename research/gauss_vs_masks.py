@@ -26,15 +26,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from archspec.search import (
-    TABLES_DIR,
-    architecture_key,
-    load_space,
-    load_table,
-    reference_data,
-    table_protocol,
-    train_row,
-)
+from archspec.search import architecture_key, load_space, load_table, table_protocol
+from archspec.search._tabulation.oracle import TABLES_DIR
+from archspec.search._tabulation.rows import reference_data, train_row
 
 
 def designs(space_name: str = "mait_small") -> dict[str, object]:

@@ -19,7 +19,6 @@ from archspec.search._tabulation.mask_replay import (
     mask_groups,
     replay_als,
     replay_soft,
-    rule_score,
     uniform_als,
 )
 from archspec.search._tabulation.oracle import TABLES_DIR, OracleTable
@@ -169,11 +168,12 @@ def test_search_masks_oracle_optuna_searches_the_tables_points(tmp_path, capsys)
     assert best in load_table(partial).tabulated
 
 
-def test_the_rules_score_of_a_placement_by_hand():
+def test_the_rules_score_of_a_placement_by_hand(bench_module):
     """Round-1 row with head 0 above uniform at 0.9 / 0.5 / 0.1 per group; thresholds 0.8 / 0.2 centre the score at
     0.5: placement 3/1/0 scores 3/3 * 0.4 + 1/3 * 0 + 0 = 0.4, placement 0/2/3 scores 0 + 0 + 3/3 * -0.4 = -0.4,
     and 1/1/1 (the round-1 point itself) 1/3 * (0.4 + 0 - 0.4) = 0.  With thresholds 0.9 / 0.5 (centre 0.7) 3/1/0
-    scores 0.2 - 0.2 / 3."""
+    scores 0.2 - 0.2 / 3.  (The score is research: bench/search_works.py's, reading the table as the replay does.)"""
+    rule_score = bench_module("search_works").rule_score
     row = _row((1, 1, 1), _layers([[0.9, 0.0, 0.0], [0.5, 0.0, 0.0], [0.1, 0.0, 0.0]]), 0)
     score = lambda counts, **kw: rule_score(row, 100, dict(zip(GROUPS, counts)), heads=3, u=U, **kw)  # noqa: E731
     assert score((3, 1, 0)) == pytest.approx(0.4)
@@ -288,7 +288,8 @@ def test_a_soft_masked_model_has_its_alphas_read_and_a_hard_one_none():
     """The row writer's alpha reader: mait_small's model with every head soft-masked starts every alpha at
     sigmoid(logit(0.5)) = 0.5 (MaiT sec. 4.3's init, archspec's alpha_init); a hard-masked point has no alpha."""
     from archspec.nn.compiler import compile as compile_spec
-    from archspec.search import apply_placement, load_space, soft_heads
+    from archspec.search import load_space
+    from archspec.search._space.mask_placement import apply_placement, soft_heads
     from archspec.search._tabulation.rows import _alpha_reader
 
     points = {tuple(p[g] for g in GROUPS): spec for p, spec in load_space("mait_small").points()}

@@ -37,7 +37,8 @@ def _write_table(path: Path, skip: tuple = ()) -> Path:
     """Every point of mait_small but ``skip``, seeds 0-2, rows shaped like the shipped table's first row: final top-1
     ``_base + OFFSET[seed]``, 1 s of training a step, a TSE that ranks like the accuracy; ALS 0.5 above uniform on
     every head, except at 1/1/1 where head 0 reads 0.9 / 0.5 / 0.1 per group (MaiT's rule: 1/1/1 -> 3/1/0, kept)."""
-    from archspec.search import TABLES_DIR, architecture_key, load_space
+    from archspec.search import architecture_key, load_space
+    from archspec.search._tabulation.oracle import TABLES_DIR
 
     template = json.loads((TABLES_DIR / "mait_small.jsonl").read_text().splitlines()[0])
     steps = [s for s, *_ in template["curve"]]

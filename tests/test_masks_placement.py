@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from archspec.families.attention.placement import assign_from_als, calibrate, normalise_als, soft_placement
-from archspec.search._modes.base import RoundsMode
+from archspec.search._engine.mode import RoundsMode
 
 
 def test_assignment_sec_4_2():

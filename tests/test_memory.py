@@ -268,7 +268,7 @@ def test_search_rejects_candidates_whose_training_batch_is_over_the_limit():
 
 
 def test_search_refuses_a_space_whose_smallest_point_is_over_the_limit():
-    from archspec.search._engine.loop import check_budgets_feasible
+    from archspec.search._engine.preflight import check_budgets_feasible
     from archspec.search._evaluation.budget import Budgets
     from archspec.search._space.language import load_space
 

@@ -130,9 +130,8 @@ def test_space_schema_accepts_shipped_and_documented_spaces(capsys) -> None:
 
     from search_fixtures import TINY_SPACE
 
-    from archspec.search import SPACES_DIR
     from archspec.search._space import language as space
-    from archspec.search._space.language import load_space
+    from archspec.search._space.language import SPACES_DIR, load_space
     from archspec.spec.schema import SPACE_SCHEMA_FILE_NAME, space_schema
 
     schema = space_schema()

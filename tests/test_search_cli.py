@@ -300,9 +300,9 @@ def test_sampler_startup_reaches_the_sampler_and_a_negative_one_exits_2(space_fi
 
     seen = []
 
-    def spy(name, seed, n_objectives, n_startup_trials=6):
+    def spy(name, seed, n_objectives, n_startup_trials=6, **kwargs):
         seen.append((name, n_startup_trials))
-        return make_sampler(name, seed, n_objectives, n_startup_trials)
+        return make_sampler(name, seed, n_objectives, n_startup_trials, **kwargs)
 
     monkeypatch.setattr(preflight, "make_sampler", spy)
     assert _search(space_file, tmp_path / "run", "--trials", "1", "--sampler", "tpe", "--sampler-startup", "9") == 0

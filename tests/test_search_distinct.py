@@ -13,9 +13,10 @@ import yaml
 from search_fixtures import TINY_SPACE
 
 from archspec.search._engine.config import DEFAULT_SAMPLER
-from archspec.search._engine.study import make_sampler, resolve_storage, same_architecture, worker_seed
+from archspec.search._engine.study import make_sampler, same_architecture, worker_seed
 from archspec.search._evaluation.latency import architecture_key
 from archspec.search._space.language import load_space
+from archspec.search._storage import resolve_storage
 
 # --fidelity none: these tests count trained architectures, so every candidate must train
 FAST = ["--proxy-size", "32", "--proxy-batch", "8", "--max-images", "60", "--latency-repeats", "2",
@@ -110,7 +111,7 @@ def test_architecture_in_training_elsewhere_is_skipped(space_file, tmp_path):
     """A key that a live worker is training (RUNNING, claimed) is not trained again: the trial steps back."""
     import os
 
-    from archspec.search._engine.study import worker_identity
+    from archspec.search._storage import worker_identity
 
     storage = f"journal:{tmp_path / 'r.log'}"
     _search(space_file, tmp_path / "run", storage, 1, "--no-progress")

@@ -22,7 +22,7 @@ from search_fixtures import TINY_SPACE
 
 from archspec.cli import main
 from archspec.errors import SpecError
-from archspec.search._engine.study import check_storage
+from archspec.search._storage import check_storage
 
 MAIT = """\
 name: tiny_mait

@@ -383,7 +383,7 @@ def test_verify_retrains_the_fronts_best_with_another_table_seed_inside_the_tria
     once), then the best two trained designs are answered
     again by the other table seed (seed 0 rows hold finals - 0, seed 1 rows finals - 0.01: the two seeds agree on
     the order, tau 1, and differ by the table's curve at 80 steps); both scores and the spread are reported."""
-    from archspec.search._evaluation.verify import verify_count
+    from archspec.search._engine.verify import verify_count
 
     path, points = _table(tmp_path, finals=[0.5, 0.9, 0.6, 0.7])
     table = load_table(path)
@@ -422,7 +422,7 @@ def test_ties_within_the_seed_spread_and_the_time_reserve_by_hand():
     is not.  The time reserve stops sampling once elapsed + k x mean training time reaches the timeout."""
     from types import SimpleNamespace
 
-    from archspec.search._evaluation.verify import TimeReserve, mark_ties, verify_count
+    from archspec.search._engine.verify import TimeReserve, mark_ties, verify_count
 
     points = [{"trial": 1, "accuracy": 0.80}, {"trial": 2, "accuracy": 0.79}, {"trial": 3, "accuracy": 0.70}]
     mark_ties(points, {"seed_spread": 0.02, "designs": [{"trial": 1, "score": [0.80, 0.78]}]})

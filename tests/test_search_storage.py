@@ -22,7 +22,7 @@ import yaml
 from search_fixtures import TINY_SPACE
 
 from archspec.cli import main
-from archspec.search._engine.study import _journal_damage, check_storage, resolve_storage
+from archspec.search._storage import _journal_damage, check_storage, resolve_storage
 
 FAST = ["--proxy-steps", "1", "--proxy-size", "32", "--max-images", "40", "--latency-repeats", "1", "--no-progress",
         "--study-name", "t", "--trials", "1"]

@@ -15,9 +15,9 @@ import yaml
 from search_fixtures import TINY_SPACE
 
 from archspec.errors import SpecError
-from archspec.search._engine.study import (
+from archspec.search._engine.study import make_sampler
+from archspec.search._storage import (
     fail_zombie_trials,
-    make_sampler,
     open_study,
     resolve_storage,
     validate_study_name,

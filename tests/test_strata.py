@@ -200,9 +200,9 @@ def test_a_design_whose_zero_cost_score_fails_is_ranked_last_and_the_look_goes_o
     def failing(spec):
         raise TrainingFailure("out of memory scoring the largest design")
 
-    assert _score(None, None, SimpleNamespace(zc_score="naswot"), failing) == (-math.inf, 0.0)
+    assert _score(None, None, "naswot", failing) == (-math.inf, 0.0)
     scored = SimpleNamespace(scores={"naswot": 3.5}, seconds={"naswot": 0.25})
-    assert _score(None, None, SimpleNamespace(zc_score="naswot"), lambda spec: (scored, None)) == (3.5, 0.25)
+    assert _score(None, None, "naswot", lambda spec: (scored, None)) == (3.5, 0.25)
 
 
 @pytest.mark.slow  # 1.5-3.4 s in the quick subset (docs/contributing.md: over a second is slow)
@@ -233,3 +233,48 @@ def test_bad_strata_option_is_refused_before_anything_is_written(tmp_path, capsy
     err = capsys.readouterr().err
     assert rc == 2 and says in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------- the priors hook
+def test_the_strata_sampler_draws_what_optunas_random_sampler_draws():
+    """StrataSampler is RandomSampler plus a hook: with an empty queue, the same seed gives the same parameters."""
+    from archspec.search._engine.strata import StrataSampler
+
+    def draws(sampler) -> list[dict]:
+        study = optuna.create_study(sampler=sampler)
+        study.optimize(lambda t: t.suggest_int("x", 0, 99) + t.suggest_float("y", 0.0, 1.0), n_trials=8)
+        return [t.params for t in study.trials]
+
+    assert draws(StrataSampler(seed=4, n_strata=3)) == draws(optuna.samplers.RandomSampler(seed=4))
+
+
+@pytest.mark.slow  # a 3-trial replay on the shipped table: seconds
+def test_the_loop_hands_any_prior_sampler_its_look_once_before_the_first_trial(tmp_path, monkeypatch):
+    """The engine knows the hook, not the strata: a sampler of its own (here one that queues the two cheapest
+    candidates it was shown) gets the objective's look once, before any trial -- every tabulated design of the space,
+    counted here from the table -- and its picks are the first trials."""
+    import archspec.search._engine.preflight as preflight
+    from archspec.search import load_table, run_design
+    from archspec.search._evaluation.priors import PriorSampler
+
+    calls, shown, picked = [], [], []
+
+    class Cheapest(PriorSampler, optuna.samplers.RandomSampler):
+        def look_first(self, study, look):
+            calls.append(len(study.trials))
+            candidates = list(look()[0])
+            shown.append(len(candidates))
+            for pick in sorted(candidates, key=lambda c: c.cost)[:2]:
+                picked.append(dict(pick.params))
+                study.enqueue_trial(dict(pick.params))
+            return 2
+
+    monkeypatch.setattr(preflight, "make_sampler", lambda *args, **kwargs: Cheapest(seed=0))
+    out = run_design(space="levit_small", oracle="levit_small", oracle_subset=True, objective="pareto", trials=3,
+                     timeout=None, trial_timeout=None, protocol={"steps": 120}, seed=0, storage="memory",
+                     out=tmp_path / "run", progress=False, sampler="random", zc_score="macs", fidelity="none",
+                     verify=0)
+    table = load_table("levit_small")
+    keys = {architecture_key(spec) for _, spec in load_space("levit_small").points()} & set(table.tabulated)
+    first = [t.params for t in sorted(out.study.trials, key=lambda t: t.number)[:2]]
+    assert calls == [0] and shown == [len(keys)] and first == picked

@@ -75,7 +75,7 @@ def _trials(storage: str):
 
 
 def _storage(url: str):
-    from archspec.search._engine.study import resolve_storage
+    from archspec.search._storage import resolve_storage
 
     return resolve_storage(url).storage
 

@@ -20,7 +20,7 @@ from archspec._util.units import human
 from archspec._util.urls import hide_password
 from archspec.cli.common import whole_number as _positive_int
 from archspec.errors import SpecError
-from archspec.search import (
+from archspec.search.cli_support import (
     BUDGET_OPTIONS,
     DEFAULT_FIDELITY,
     DEFAULT_SAMPLER,
@@ -181,7 +181,7 @@ def _add_common(p: argparse.ArgumentParser, defaults: bool) -> None:
 
 def _add_run_options(p: argparse.ArgumentParser, d) -> None:
     """Run, storage and resume options; ``d(value)`` is the default (or ``argparse.SUPPRESS``)."""
-    from archspec.search import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS  # no Optuna, no torch
+    from archspec.search.cli_support import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS  # stdlib only
 
     run = p.add_argument_group("run, storage and resume")
     run.add_argument("--study-name", default=d(None), metavar="NAME",
@@ -375,10 +375,11 @@ def _add_masks_parser(modes) -> None:
 
 def _masks_on_table(args: argparse.Namespace) -> int:
     """``archspec search masks --oracle TABLE``: the strategy replayed on a mask table (issue 52).  ``als``: MaiT's
-    rule, each round's training a row of the table (:func:`archspec.search.table_replay_report`); ``soft``: the
-    table's soft-mask rows (``<table>.soft.jsonl``) as its one training; ``optuna``: a search of the table's points
-    by accuracy (mode 1 on the table's space, TPE)."""
-    from archspec.search import MASKS_PROXY_DEFAULTS, load_table, mask_table_space, run_design, table_replay_report
+    rule, each round's training a row of the table (:func:`archspec.search.cli_support.table_replay_report`);
+    ``soft``: the table's soft-mask rows (``<table>.soft.jsonl``) as its one training; ``optuna``: a search of the
+    table's points by accuracy (mode 1 on the table's space, TPE)."""
+    from archspec.search import load_table, run_design
+    from archspec.search.cli_support import MASKS_PROXY_DEFAULTS, mask_table_space, table_replay_report
 
     table = load_table(args.oracle)
     try:  # a mask table of SPEC (a space file) or of a shipped space, or exit 2 here
@@ -406,7 +407,7 @@ def _masks_on_table(args: argparse.Namespace) -> int:
 def _run(run, cfg):
     """``run(cfg)`` (``run_design`` / ``run_masks``), its errors naming this command's options: the library names
     a budget by its field (``budgets.macs``), the command line by its flag (``--budget-flops``;
-    :data:`archspec.search.BUDGET_OPTIONS`).
+    :data:`archspec.search.cli_support.BUDGET_OPTIONS`).
 
     Raises:
         SpecError: what ``run`` raises, with the budget fields renamed to their options.
@@ -420,7 +421,8 @@ def _run(run, cfg):
 # ----------------------------------------------------------------------------------- building configs
 def _budgets(args):
     from archspec._util.memory import parse_memory
-    from archspec.search import Budgets, parse_quantity
+    from archspec.search import Budgets
+    from archspec.search.cli_support import parse_quantity
 
     return Budgets(
         macs=parse_quantity(args.budget_flops, "--budget-flops") if getattr(args, "budget_flops", None) else None,
@@ -485,7 +487,8 @@ def _with_devices(args, cfg):
 def _config(args, devices: bool = True, **overrides):
     """The :class:`SearchConfig` of the command line, ``overrides`` replacing fields; ``devices=False`` leaves the
     devices unparsed and the latency protocol unset (torch-free, for :func:`_announce`; :func:`_with_devices` next)."""
-    from archspec.search import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS, SearchConfig
+    from archspec.search import SearchConfig
+    from archspec.search.cli_support import DEFAULT_TIMEOUT_S, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TRIALS
 
     cfg = SearchConfig(
         budgets=_budgets(args), protocol=_protocol(args), latency=None,
@@ -504,7 +507,7 @@ def _config(args, devices: bool = True, **overrides):
         strata=getattr(args, "strata", None),
     )
     if args.study_name is not None:
-        from archspec.search import validate_study_name
+        from archspec.search.cli_support import validate_study_name
 
         validate_study_name(args.study_name)
     cfg = replace(cfg, **overrides)
@@ -514,7 +517,7 @@ def _config(args, devices: bool = True, **overrides):
 def _report(outcome, args) -> int:
     """Print the outcome's summary (JSON with ``--json``, else tables); the exit status: 130 interrupted,
     1 no best.yaml (nothing usable trained), else 0."""
-    from archspec.search import jsonable, print_summary
+    from archspec.search.cli_support import jsonable, print_summary
 
     summary = outcome.summary
     if args.json:
@@ -582,7 +585,7 @@ def list_points(space_source: str | None, as_json: bool) -> int:
 
 def cmd_search_masks(args: argparse.Namespace) -> int:
     """Mode 2 handler."""
-    from archspec.search import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S
+    from archspec.search.cli_support import DEFAULT_TRIALS, MASKS_PROXY_DEFAULTS, MASKS_TRIAL_TIMEOUT_S
 
     if getattr(args, "list", None):  # design-search only: masks train the given spec (or replay a table)
         raise SpecError.single(("--list",), "--list applies to mode 1 (design search), not to masks",

@@ -107,7 +107,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"imported {n} rows of {args.import_table}")
         return 0
     if args.report:
-        print(json.dumps(tab.seed_check(tab.study_rows(space, args.storage, protocol)), indent=1))
+        from archspec.search.cli_support import study_rows
+
+        print(json.dumps(tab.seed_check(study_rows(space, args.storage, protocol)), indent=1))
         return 0
     progress = tab.tabulate(space, seeds=args.seeds, designs=args.designs, storage=args.storage, protocol=protocol,
                             max_pairs=args.max_pairs, log=lambda line: print(line, flush=True))

@@ -1,7 +1,7 @@
-"""Architecture search: the public faces of the engine, its two modes, the tabulated spaces and their ingredients.
+"""Architecture search: its product face -- the two modes, the space language, the settings and results, the tables.
 
-The Python API (what ``archspec search`` and ``archspec table`` call; each name is imported on first use, so
-``import archspec.search`` imports neither torch nor Optuna)::
+The Python API (each name is imported on first use, so ``import archspec.search`` imports neither torch nor
+Optuna)::
 
     from archspec.search import run_design, run_masks, load_space
 
@@ -13,121 +13,92 @@ The Python API (what ``archspec search`` and ``archspec table`` call; each name 
     space = load_space()                   # the embedded LeViT-family space, or a YAML path / dict
     def objective(trial):                  # your own Optuna objective
         spec = space.sample(trial)         # an ArchSpec; compile(spec) is the model
-        ...
+        check = static_check(spec, Budgets(macs=1e9))  # MACs, params, memory against the budgets: no weights
+        ...                                # train_proxy / measure_latency under a ProxyProtocol / LatencyProtocol
 
-This module is the only door: the command line (:mod:`archspec.cli`) and the bench scripts import names from
-here, never from the private sub-packages below (an import-linter contract in pyproject.toml and
-tests/test_layers.py hold it).  The inside, as ``optuna/study/`` and ``optuna/samplers/`` are laid out:
+    table = load_table("levit_small")      # a tabulated space: every design trained with three seeds
+    table.rows[architecture_key(spec)]     # a design's rows, keyed as the search keys it
 
-* ``_engine/``     -- the shared Optuna engine: ``config`` (:class:`SearchConfig`; no Optuna, no torch),
-  ``defaults`` (stdlib only), ``loop`` (``run_sampled``, ``run_rounds``), ``session`` (a run's directory
-  opened: study, lock, resume), ``preflight`` (input checks, cheapest first), ``objective`` (one sampled
-  candidate = one trial),
-  ``round_trial`` (one proposed candidate = one trial), ``early_stop`` (fidelity rungs, stop rules),
-  ``failures`` (fail reasons, deadlines), ``study`` (storages, samplers, zombie trials), ``front_sampler``
-  (``--sampler front``), ``fidelity``;
-* ``_modes/``      -- the mode contract ``base`` (:class:`SampledMode`, :class:`RoundsMode`, :class:`Candidate`,
-  :class:`RoundResult`, :class:`RunContext`, as Optuna's ``BaseSampler`` is to a study), mode 1 ``design``
-  (:func:`run_design`), mode 2 ``masks`` (:func:`run_masks`) with its strategies ``mask_strategies``, the
-  torch-free spec surgery ``mask_placement`` and the torch scores ``mask_scores``;
-* ``_evaluation/`` -- what a candidate is measured by: ``budget`` (static feasibility), ``proxy`` (proxy
-  training), ``latency``, ``zero_cost``, ``scoring`` (what ranks a trained proxy), ``verify`` (the front
-  trained again);
+The names, as Optuna's ``study`` and ``samplers`` faces hold theirs (10 and 13), are what a user calls:
+
+* the modes: :func:`run_design` (mode 1, design under budgets), :func:`run_masks` and :class:`MaskConfig` (mode 2,
+  MaiT mask placement);
+* the space language: :func:`load_space`, :class:`SearchSpace`;
+* the settings and the result: :class:`SearchConfig` (``run_design``'s keywords), :class:`Budgets`,
+  :class:`ProxyProtocol`, :class:`LatencyProtocol`, :class:`SearchOutcome`;
+* what applies those settings to one spec, in a user's own objective: :func:`static_check`, :func:`train_proxy`,
+  :func:`measure_latency`, and :func:`architecture_key` (a design's identity in a study and a table);
+* tabulated spaces (``archspec table``, ``--oracle``): :func:`tabulate`, :func:`table_protocol`,
+  :func:`export_table`, :func:`import_table`, :func:`seed_check`, :func:`load_table`.
+
+The command line (:mod:`archspec.cli`) has a second face, :mod:`archspec.search.cli_support`: the defaults and
+choices of its options, the parsing and printing it shares with the library, and the commands that replay a mask
+table.  Neither it nor anything else outside the package imports the private inside below (an import-linter
+contract in pyproject.toml; tests/test_layers.py holds the bench and research scripts to the faces, but for the
+private modules it lists, each with its reason).  The inside, as ``optuna/study/`` and ``optuna/samplers/`` are
+laid out, in layers that import only downward (a third import-linter contract):
+
+* ``_modes/``      -- the modes: ``design`` (:func:`run_design`), ``masks`` (:func:`run_masks`) and its strategies
+  ``mask_strategies``;
+* ``_engine/``     -- the shared Optuna engine: ``mode`` (the mode contract: ``SampledMode``, ``RoundsMode``,
+  ``Candidate``, ``RoundResult``, ``RunContext``, as Optuna's ``BaseSampler`` is to a study), ``loop``
+  (``run_sampled``, ``run_rounds``), ``config`` (:class:`SearchConfig`; no Optuna, no torch), ``defaults`` (stdlib
+  only), ``session`` (a run's directory opened: study, lock, resume), ``preflight`` (input checks, cheapest
+  first), ``objective`` (one sampled candidate = one trial), ``round_trial`` (one proposed candidate = one trial),
+  ``early_stop`` (fidelity rungs, stop rules), ``failures`` (fail reasons, deadlines), ``study`` (samplers,
+  distinct candidates), ``front_sampler`` (``--sampler front``), ``strata`` (``--sampler strata``), ``verify``
+  (the front trained again), ``fidelity``;
+* ``_tabulation/`` -- ``archspec table``: ``tabulate`` (a finite space trained on an Optuna storage), ``exchange``
+  (a table's rows out and in, the seed check), ``rows`` (one row), ``checks`` (a table's rules), ``oracle``
+  (``--oracle``: evaluations answered from a table, and the table checked against the search), ``mask_replay``
+  (MaiT's ALS rule replayed on a mask table);
 * ``_report/``     -- ``results`` (trials.csv, the chosen specs, the summary), ``progress`` (while it runs),
   ``plots``, and ``run_files`` (the run directory's marker, atomic writes, emitted specs with provenance);
-* ``_tabulation/`` -- ``archspec table``: ``tabulate`` (a finite space trained on an Optuna storage), ``exchange``
-  (a table's rows out and in, the seed check), ``rows``
-  (one row), ``checks`` (a table's rules), ``oracle`` (``--oracle``: evaluations answered from a table),
-  ``mask_replay`` (MaiT's ALS rule replayed on a mask table);
+* ``_evaluation/`` -- what a candidate is measured by: ``budget`` (static feasibility), ``proxy`` (proxy
+  training), ``latency``, ``zero_cost``, ``scoring`` (what ranks a trained proxy), ``priors`` (the look at every
+  candidate before the first trial, and the hook of a sampler that uses it), ``mask_scores`` (ALS and alphas read
+  off a trained model);
 * ``_space/``      -- ``language``: the declarative search-space language (:func:`load_space`), its markers and
-  structural check (``checks``) and its sampling (``sampling``).
+  structural check (``checks``), its sampling (``sampling``), and ``mask_placement`` (a placement of MaiT masks
+  on a spec);
+* ``_storage``     -- Optuna storages: resolution, checks, a study opened or resumed, workers and zombie trials.
 
-Data beside the code: ``spaces/`` (the shipped search spaces, :data:`SPACES_DIR`) and ``tables/`` (the
-shipped tabulated spaces, :data:`TABLES_DIR`).  The proxy training data comes from
-:mod:`archspec.io.datasets` (``load_data``), shared with training and the weight transfers.
+Data beside the code: ``spaces/`` (the shipped search spaces) and ``tables/`` (the shipped tabulated spaces).  The
+proxy training data comes from :mod:`archspec.io.datasets` (``load_data``), shared with training and the weight
+transfers.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from archspec._util.lazy import lazy_exports
 
-SPACES_DIR = Path(__file__).resolve().parent / "spaces"
-DEFAULT_SPACE = SPACES_DIR / "levit_family.yaml"
-
 _CONFIG = "archspec.search._engine.config"
-_DEFAULTS = "archspec.search._engine.defaults"  # stdlib only: the parser's defaults
-_MODES = "archspec.search._modes"
 _EVAL = "archspec.search._evaluation"
 _TABLES = "archspec.search._tabulation"
 
 # public name -> the private module that defines it (PEP 562: imported on first use)
 _EXPORTS = {
     # the two modes and the space language
-    "run_design": f"{_MODES}.design", "run_masks": f"{_MODES}.masks", "MaskConfig": f"{_MODES}.masks",
+    "run_design": "archspec.search._modes.design", "run_masks": "archspec.search._modes.masks",
+    "MaskConfig": "archspec.search._modes.masks",
     "load_space": "archspec.search._space.language", "SearchSpace": "archspec.search._space.language",
-    "mask_placement_space": "archspec.search._space.language",
-    # settings, outcome and defaults (torch- and Optuna-free)
-    "SearchConfig": _CONFIG, "SearchOutcome": _CONFIG, "complete_config": _CONFIG,
-    "DEFAULT_TRIALS": _DEFAULTS, "DEFAULT_TIMEOUT_S": _DEFAULTS, "DEFAULT_TRIAL_TIMEOUT_S": _DEFAULTS,
-    "DEFAULT_FIDELITY": _DEFAULTS, "DEFAULT_SAMPLER": _DEFAULTS, "DEFAULT_SAMPLER_STARTUP": _DEFAULTS,
-    "DEFAULT_VERIFY": _DEFAULTS, "FIDELITIES": _DEFAULTS, "SAMPLERS": _DEFAULTS, "ZERO_COST_RANKINGS": _DEFAULTS,
-    "MASKS_PROXY_DEFAULTS": _DEFAULTS, "MASKS_TRIAL_TIMEOUT_S": _DEFAULTS, "BUDGET_OPTIONS": _DEFAULTS,
-    "validate_study_name": "archspec.search._engine.study",
-    # the mode contract
-    "SampledMode": f"{_MODES}.base", "RoundsMode": f"{_MODES}.base", "Candidate": f"{_MODES}.base",
-    "RoundResult": f"{_MODES}.base", "RunContext": f"{_MODES}.base",
-    # what a candidate is measured by
-    "Budgets": f"{_EVAL}.budget", "parse_quantity": f"{_EVAL}.budget", "static_check": f"{_EVAL}.budget",
-    "static_check_rate": f"{_EVAL}.check_rate",
-    "ProxyProtocol": f"{_EVAL}.protocols", "train_proxy": f"{_EVAL}.proxy", "score_proxy": f"{_EVAL}.proxy",
-    "TrainingFailure": f"{_EVAL}.proxy",
-    "LatencyProtocol": f"{_EVAL}.protocols", "measure_latency": f"{_EVAL}.latency",
-    "architecture_key": f"{_EVAL}.latency",
-    "ZERO_COST_SCORES": f"{_EVAL}.zero_cost", "zero_cost_scores": f"{_EVAL}.zero_cost",
-    "PROXY_SCORES": f"{_EVAL}.scoring", "proxy_score": f"{_EVAL}.scoring",
-    # what a search reports
-    "print_summary": "archspec.search._report.results", "jsonable": "archspec.search._report.run_files",
+    # the settings and the result (torch- and Optuna-free)
+    "SearchConfig": _CONFIG, "SearchOutcome": _CONFIG, "Budgets": f"{_EVAL}.budget",
+    "ProxyProtocol": f"{_EVAL}.protocols", "LatencyProtocol": f"{_EVAL}.protocols",
+    # the settings applied to one spec (a user's own objective)
+    "static_check": f"{_EVAL}.budget", "train_proxy": f"{_EVAL}.proxy", "measure_latency": f"{_EVAL}.latency",
+    "architecture_key": f"{_EVAL}.latency_cache",
     # tabulated spaces (archspec table, --oracle)
-    "tabulate": f"{_TABLES}.tabulate", "table_protocol": f"{_TABLES}.tabulate", "study_rows": f"{_TABLES}.exchange",
-    "export_table": f"{_TABLES}.exchange", "import_table": f"{_TABLES}.exchange", "seed_check": f"{_TABLES}.exchange",
-    "git_commit": f"{_TABLES}.tabulate", "machine": f"{_TABLES}.tabulate",
-    "TABLES_DIR": f"{_TABLES}.oracle", "load_table": f"{_TABLES}.oracle", "curve_at": f"{_TABLES}.oracle",
-    "linear_at": f"{_TABLES}.oracle", "design_seconds": f"{_TABLES}.oracle", "mask_groups": f"{_TABLES}.mask_replay",
-    "table_replay_report": f"{_TABLES}.mask_replay", "mask_geometry": f"{_TABLES}.mask_replay",
-    "rule_score": f"{_TABLES}.mask_replay", "uniform_als": f"{_TABLES}.mask_replay",
-    "mask_table_space": f"{_TABLES}.mask_replay", "mask_depths": f"{_TABLES}.mask_replay",
-    "reference_data": f"{_TABLES}.rows", "train_row": f"{_TABLES}.rows",
-    # mask placement (mode 2's parts, for the bench's studies of it)
-    "attention_layers": f"{_MODES}.mask_placement", "apply_placement": f"{_MODES}.mask_placement",
-    "placement_heads": f"{_MODES}.mask_placement", "head0_placement": f"{_MODES}.mask_placement",
-    "soft_heads": f"{_MODES}.mask_placement",
-    "ALS_IMAGES": f"{_MODES}.mask_scores", "layer_scores": f"{_MODES}.mask_scores",
-    "learned_alphas": f"{_MODES}.mask_scores", "uniform_baselines": f"{_MODES}.mask_scores",
-    "train_keeping_model": f"{_MODES}.mask_scores",
+    "tabulate": f"{_TABLES}.tabulate", "table_protocol": f"{_TABLES}.tabulate", "export_table": f"{_TABLES}.exchange",
+    "import_table": f"{_TABLES}.exchange", "seed_check": f"{_TABLES}.exchange", "load_table": f"{_TABLES}.oracle",
 }
 
-# A literal list (the API docs read it statically); tests keep it equal to _EXPORTS plus the constants.
+# A literal list (the API docs read it statically); tests keep it equal to _EXPORTS.
 __all__ = [
-    "SPACES_DIR", "DEFAULT_SPACE",
-    "run_design", "run_masks", "MaskConfig", "load_space", "SearchSpace", "mask_placement_space",
-    "SearchConfig", "SearchOutcome", "complete_config", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S",
-    "DEFAULT_TRIAL_TIMEOUT_S", "DEFAULT_FIDELITY", "DEFAULT_SAMPLER", "DEFAULT_SAMPLER_STARTUP", "DEFAULT_VERIFY",
-    "FIDELITIES", "SAMPLERS", "ZERO_COST_RANKINGS", "MASKS_PROXY_DEFAULTS", "MASKS_TRIAL_TIMEOUT_S",
-    "BUDGET_OPTIONS", "validate_study_name",
-    "SampledMode", "RoundsMode", "Candidate", "RoundResult", "RunContext",
-    "Budgets", "parse_quantity", "static_check", "static_check_rate", "ProxyProtocol", "train_proxy",
-    "score_proxy", "TrainingFailure", "LatencyProtocol", "measure_latency", "architecture_key", "ZERO_COST_SCORES",
-    "zero_cost_scores", "PROXY_SCORES", "proxy_score",
-    "print_summary", "jsonable",
-    "tabulate", "table_protocol", "study_rows", "export_table", "import_table", "seed_check", "git_commit",
-    "machine", "TABLES_DIR", "load_table", "curve_at", "linear_at", "design_seconds", "mask_groups",
-    "table_replay_report", "mask_geometry", "rule_score", "uniform_als", "mask_table_space", "mask_depths",
-    "reference_data", "train_row",
-    "attention_layers", "apply_placement", "placement_heads", "head0_placement", "soft_heads", "ALS_IMAGES",
-    "layer_scores", "learned_alphas", "uniform_baselines", "train_keeping_model",
+    "run_design", "run_masks", "MaskConfig", "load_space", "SearchSpace",
+    "SearchConfig", "SearchOutcome", "Budgets", "ProxyProtocol", "LatencyProtocol",
+    "static_check", "train_proxy", "measure_latency", "architecture_key",
+    "tabulate", "table_protocol", "export_table", "import_table", "seed_check", "load_table",
 ]
-
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -22,7 +22,6 @@ from archspec.search._engine.defaults import (
     DEFAULT_TRIALS,
     DEFAULT_VERIFY,
     FIDELITIES,
-    GEOMETRY_ATTR,
     MASKS_PROXY_DEFAULTS,
     MASKS_TRIAL_TIMEOUT_S,
     SAMPLERS,
@@ -34,7 +33,7 @@ from archspec.search._evaluation.protocols import LatencyProtocol, ProxyProtocol
 
 __all__ = [
     "SearchConfig", "SearchOutcome", "complete_config", "FIDELITIES", "ZERO_COST_RANKINGS", "DEFAULT_FIDELITY",
-    "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S", "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS", "GEOMETRY_ATTR",
+    "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S", "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS",
     "ZERO_COST_ATTR", "MASKS_PROXY_DEFAULTS", "MASKS_TRIAL_TIMEOUT_S", "warmup_warning", "SAMPLERS",
     "DEFAULT_SAMPLER", "DEFAULT_SAMPLER_STARTUP", "DEFAULT_VERIFY",
 ]
@@ -50,7 +49,7 @@ class SearchConfig:
     :class:`archspec.search._evaluation.latency.LatencyProtocol`.
     ``budgets``, ``protocol`` and ``latency`` may also be dicts of their fields (a budget as a number or a
     quantity such as ``"1G"``), or ``None`` for the defaults; :func:`complete_config` makes the objects.
-    Nothing else is checked here: :func:`archspec.search._engine.loop.run_optuna_search` checks every field before
+    Nothing else is checked here: :func:`archspec.search._engine.loop.run_sampled` checks every field before
     it writes anything.
     """
 

@@ -1,14 +1,15 @@
 """The defaults of a search run, and the names the command line offers (stdlib only: no spec parser, no Optuna,
 no torch), so ``archspec search --help`` prints them without importing anything heavy.
 
-:mod:`archspec.search._engine.config` re-exports every name; the public ones are faces of :mod:`archspec.search`.
+:mod:`archspec.search._engine.config` re-exports every name; the command line reads them from its face,
+:mod:`archspec.search.cli_support`.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "FIDELITIES", "ZERO_COST_RANKINGS", "DEFAULT_FIDELITY", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S",
-    "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS", "GEOMETRY_ATTR", "ZERO_COST_ATTR", "MASKS_PROXY_DEFAULTS",
+    "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS", "ZERO_COST_ATTR", "MASKS_PROXY_DEFAULTS",
     "MASKS_TRIAL_TIMEOUT_S", "SAMPLERS", "DEFAULT_SAMPLER", "DEFAULT_SAMPLER_STARTUP", "DEFAULT_VERIFY",
 ]
 
@@ -16,7 +17,7 @@ DEFAULT_TRIALS = 16          # trained candidates of the bare `archspec search -
 DEFAULT_TIMEOUT_S = 540.0    # ... or this many seconds of search, whichever comes first (2 CPU cores: < 10 min)
 DEFAULT_TRIAL_TIMEOUT_S = 150.0  # one candidate's proxy training may take at most this long
 # --verify: the front's best designs trained again with a second seed, inside the budget
-# (archspec.search._evaluation.verify).
+# (archspec.search._engine.verify).
 # Three is the fewest whose rank agreement is more than a coin flip (tau over 3 pairs); on levit_small two seeds of
 # one design differ by as much as a front's designs do (docs/search-works.md), so the front says how sure it is.
 DEFAULT_VERIFY = 3
@@ -66,9 +67,8 @@ SAMPLERS = ("tpe", "nsga2", "gp", "random", "front", "strata")  # archspec.searc
 DEFAULT_SAMPLER = "random"
 DEFAULT_SAMPLER_STARTUP = 6  # random trials before TPE's or the GP's model (Optuna's n_startup_trials)
 
-# Trial user attributes: the proxy's input size, stem and stage grids next to the real grids
-# (archspec.search._evaluation.proxy.ProxyGeometry.describe), and the zero-cost scores of the candidate.
-GEOMETRY_ATTR = "proxy_geometry"
+# Trial user attribute: the zero-cost scores of the candidate (the proxy's geometry:
+# archspec.search._evaluation.protocols.GEOMETRY_ATTR).
 ZERO_COST_ATTR = "zero_cost"
 
 # The command-line option of each budget field: the library's errors name the field (budgets.macs), and

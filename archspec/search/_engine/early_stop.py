@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import gc
 import math
+from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import optuna
 from optuna.trial import TrialState
 
 from archspec.errors import SpecError
-from archspec.search._engine.config import GEOMETRY_ATTR, ZERO_COST_ATTR, SearchConfig
+from archspec.search._engine.config import ZERO_COST_ATTR, SearchConfig
 from archspec.search._engine.fidelity import (
     RUNGS_ATTR,
     make_pruner,
@@ -33,14 +34,14 @@ from archspec.search._engine.fidelity import (
     rung_schedule,
     zero_cost_summary,
 )
-from archspec.search._evaluation.protocols import ZERO_COST_SCORES
+from archspec.search._evaluation.protocols import GEOMETRY_ATTR, ZERO_COST_SCORES
 
 if TYPE_CHECKING:  # annotations only
-    from archspec.search._engine.objective import CandidateObjective
     from archspec.spec import ArchSpec
 
 __all__ = ["MAX_CONSECUTIVE_INFEASIBLE", "MAX_CONSECUTIVE_DUPLICATES", "MAX_UNTABULATED_REPEATS", "fidelity_plan",
-           "rung_stops", "zero_cost_stops", "fidelity_summary", "study_zero_cost_summary", "StopRules", "stop_notes"]
+           "rung_stops", "zero_cost_stops", "fidelity_summary", "study_zero_cost_summary", "StopRules", "stop_notes",
+           "SearchCounts"]
 
 MAX_CONSECUTIVE_INFEASIBLE = 2000
 # Samples in a row, since the last trained candidate, of architectures the study already trained or is
@@ -51,6 +52,22 @@ MAX_CONSECUTIVE_DUPLICATES = 20
 # keeps proposing it (issue 57: 152 infeasible trials for 2 trained, until the timeout).  Random sampling repeats a
 # given design 10 times before training anything else only when the space is all but exhausted.
 MAX_UNTABULATED_REPEATS = 10
+
+
+
+
+class SearchCounts(Protocol):
+    """What the stop rules and the summaries read of a running search: the counts its objective keeps
+    (:class:`~archspec.search._engine.objective.CandidateObjective` has them; the rules need nothing else of it, so
+    this module does not import it, and it imports this one)."""
+
+    oracle: Any                       # the --oracle table, or None (no candidate builds a model then)
+    attempted: int                    # candidates that reached training (the --trials count)
+    consecutive_infeasible: int       # infeasible samples in a row
+    consecutive_duplicates: int       # samples in a row of architectures the study already has
+    untabulated_repeats: Counter[str]  # --oracle-subset: proposals of each design the table lacks
+    stopped: int                      # candidates stopped at a rung
+    zc_scored: int                    # candidates the zero-cost rung scored
 
 
 # ----------------------------------------------------------------------------------- rungs
@@ -139,7 +156,7 @@ def zero_cost_stops(trial, spec: ArchSpec, latency: float, macs: int | None, par
     return stops, f"stopped at the zero-cost rung ({name} {value:.4g}): not promotable"
 
 
-def fidelity_summary(study, cfg: SearchConfig, rungs, objective: CandidateObjective) -> dict | None:
+def fidelity_summary(study, cfg: SearchConfig, rungs, objective: SearchCounts) -> dict | None:
     """Rungs, candidates stopped early, and each rung's rank correlation with the last (whole study)."""
     if rungs is None:
         return None
@@ -149,7 +166,7 @@ def fidelity_summary(study, cfg: SearchConfig, rungs, objective: CandidateObject
             "rung_correlations": rung_correlations(values, rungs)}
 
 
-def study_zero_cost_summary(study, cfg: SearchConfig, objective: CandidateObjective) -> dict:
+def study_zero_cost_summary(study, cfg: SearchConfig, objective: SearchCounts) -> dict:
     """The zero-cost rung over the whole study (:func:`~archspec.search._engine.fidelity.zero_cost_summary`), plus this
     run's counts."""
     scored = [{**t.user_attrs[ZERO_COST_ATTR],
@@ -166,7 +183,7 @@ class StopRules:
     (:data:`MAX_CONSECUTIVE_INFEASIBLE`) or only architectures the study already has
     (:data:`MAX_CONSECUTIVE_DUPLICATES`) in a row.  ``on_done(trial)`` hears of every finished trial."""
 
-    def __init__(self, objective: CandidateObjective, n: int, on_done: Callable[[Any], None]):
+    def __init__(self, objective: SearchCounts, n: int, on_done: Callable[[Any], None]):
         self.objective, self.n, self.on_done = objective, n, on_done
 
     def __call__(self, study: optuna.Study, trial) -> None:
@@ -188,7 +205,7 @@ class StopRules:
             study.stop()
 
 
-def _stuck_on_untabulated(objective: CandidateObjective) -> str | None:
+def _stuck_on_untabulated(objective: SearchCounts) -> str | None:
     """The design the table lacks that the sampler proposed :data:`MAX_UNTABULATED_REPEATS` times since the last
     trained candidate (its architecture key), or ``None``."""
     repeats = getattr(objective, "untabulated_repeats", None)
@@ -198,7 +215,7 @@ def _stuck_on_untabulated(objective: CandidateObjective) -> str | None:
     return key if count >= MAX_UNTABULATED_REPEATS else None
 
 
-def stop_notes(objective: CandidateObjective, cfg: SearchConfig, interrupted: bool, search_seconds: float) -> list[str]:
+def stop_notes(objective: SearchCounts, cfg: SearchConfig, interrupted: bool, search_seconds: float) -> list[str]:
     """Why the search stopped before ``--trials`` candidates, when it did: a space exhausted by the budgets or by
     duplicates, or ``--timeout`` (``search_seconds``: how long the optimisation ran)."""
     notes = []

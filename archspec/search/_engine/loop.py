@@ -1,14 +1,14 @@
 """The search engine: one Optuna study, its run directory, and the trial loop every search mode shares.
 
-Every mode is a thin client stating the contract of :mod:`archspec.search._modes.base` (what it samples or
+Every mode is a thin client stating the contract of :mod:`archspec.search._engine.mode` (what it samples or
 proposes, how a trial is evaluated, what it writes at the end); this module runs it:
 
-* :func:`run_sampled` -- a :class:`~archspec.search._modes.base.SampledMode` (mode 1,
+* :func:`run_sampled` -- a :class:`~archspec.search._engine.mode.SampledMode` (mode 1,
 :mod:`archspec.search._modes.design`;
   mode 2's ``--strategy optuna``): preflight, open the run, Optuna's loop over
   :class:`~archspec.search._engine.objective.CandidateObjective` until the stop rules or ``--timeout``, then trials.csv,
   the Pareto / best specs, the mode's own files and summary.json;
-* :func:`run_rounds` -- a :class:`~archspec.search._modes.base.RoundsMode` (mode 2's ``als`` and ``soft``): open the
+* :func:`run_rounds` -- a :class:`~archspec.search._engine.mode.RoundsMode` (mode 2's ``als`` and ``soft``): open the
   run, then ask/tell one trial per proposed candidate (:mod:`archspec.search._engine.round_trial`), then the mode's
   results
   and summary.json.
@@ -25,9 +25,6 @@ maximises accuracy alone, the budgets acting as constraints.  ``--trials N`` cou
 training (failures included); infeasible samples are extra and cheap.  Each worker reseeds its sampler on its
 first trial (:func:`~archspec.search._engine.study.worker_seed`), so workers sharing a storage and resumed runs do not
 replay one another's sequence.
-
-The names below the engine's own (``SearchConfig``, ``open_run``, ``check_budgets_feasible``, ...) are
-re-exported from those modules, so ``from archspec.search._engine.loop import X`` keeps working.
 """
 
 from __future__ import annotations
@@ -35,84 +32,52 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import optuna
 
 from archspec.search._engine.config import (
-    BUDGET_OPTIONS,
-    DEFAULT_TIMEOUT_S,
-    DEFAULT_TRIAL_TIMEOUT_S,
-    DEFAULT_TRIALS,
     SearchConfig,
     SearchOutcome,
     complete_config,
 )
 from archspec.search._engine.early_stop import (
-    MAX_CONSECUTIVE_DUPLICATES,
-    MAX_CONSECUTIVE_INFEASIBLE,
     StopRules,
     fidelity_plan,
     fidelity_summary,
     stop_notes,
     study_zero_cost_summary,
 )
-from archspec.search._engine.failures import CandidateFailure, TrialTimeout, deadline_hook, fail_reason
+from archspec.search._engine.mode import RoundsMode, RunContext, SampledMode
 from archspec.search._engine.objective import CandidateObjective
 from archspec.search._engine.preflight import (
-    check_budgets_feasible,
-    check_data_path,
-    check_fidelity,
-    check_oracle,
-    check_space_valid,
     preflight,
     preflight_rounds,
 )
 from archspec.search._engine.round_trial import evaluate_round
 from archspec.search._engine.session import (
-    check_outputs,
     open_run,
     quiet_optuna,
-    resume_message,
-    run_dir_of,
     run_lock,
     settings_notes,
     zombie_notes,
 )
 from archspec.search._engine.study import worker_seed
-from archspec.search._evaluation.check_rate import static_check_rate
-from archspec.search._evaluation.latency_cache import LatencyCache
-from archspec.search._evaluation.scoring import objective_name
-from archspec.search._evaluation.verify import (
+from archspec.search._engine.verify import (
     TimeReserve,
     mark_ties,
     verify_count,
     verify_front,
     without_second_seed,
 )
-from archspec.search._modes.base import RoundsMode, RunContext, SampledMode
+from archspec.search._evaluation.check_rate import static_check_rate
+from archspec.search._evaluation.latency_cache import LatencyCache
+from archspec.search._evaluation.priors import PriorSampler
+from archspec.search._evaluation.scoring import objective_name
 from archspec.search._report import results, run_files
 from archspec.search._report.progress import ProgressDisplay
 
-if TYPE_CHECKING:  # annotations only: the space imports torch-side modules
-    from archspec.search._space.language import SearchSpace
-
-__all__ = [
-    # the engine
-    "run_sampled", "run_rounds", "run_optuna_search", "CallbackMode",
-    # settings and result (archspec.search._engine.config)
-    "SearchConfig", "SearchOutcome", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S", "DEFAULT_TRIAL_TIMEOUT_S", "BUDGET_OPTIONS",
-    # the objective, rungs and stop rules (archspec.search._engine.objective, archspec.search._engine.early_stop)
-    "CandidateObjective", "StopRules", "stop_notes", "MAX_CONSECUTIVE_INFEASIBLE", "MAX_CONSECUTIVE_DUPLICATES",
-    # failures and deadlines (archspec.search._engine.failures)
-    "CandidateFailure", "TrialTimeout", "deadline_hook", "fail_reason",
-    # study and run directory (archspec.search._engine.session)
-    "quiet_optuna", "run_dir_of", "check_outputs", "open_run", "run_lock", "zombie_notes", "resume_message",
-    # input checks (archspec.search._engine.preflight)
-    "check_budgets_feasible", "check_space_valid", "check_data_path", "check_fidelity", "check_oracle",
-]
+__all__ = ["run_sampled", "run_rounds"]
 
 
 # ----------------------------------------------------------------------------------- sampled modes
@@ -142,7 +107,7 @@ def _optimize(study: optuna.Study, objective: CandidateObjective, progress, cfg:
               notes: list[str], verify: int = 0) -> tuple[bool, float]:
     """Run Optuna's loop until :class:`StopRules` or ``--timeout`` stop it: ``(interrupted, seconds)``; ``verify``
     re-trainings come after it inside the same budget (``--trials`` less ``verify`` candidates, and the time of
-    ``verify`` mean trainings kept back from ``--timeout``: :mod:`archspec.search._evaluation.verify`).
+    ``verify`` mean trainings kept back from ``--timeout``: :mod:`archspec.search._engine.verify`).
 
     Ctrl-C ends the loop, not the run: every finished trial is in the study and the results still get written."""
     stopper = StopRules(objective, cfg.trials - verify, lambda t: progress.done(t, objective.attempted))
@@ -159,9 +124,9 @@ def _optimize(study: optuna.Study, objective: CandidateObjective, progress, cfg:
     gc.freeze()
     try:
         with progress:
-            if cfg.sampler == "strata":  # the look is part of the search: inside --timeout
-                progress.status("looking at every candidate (latency, zero-cost score)")
-                objective.enqueue_strata(study)
+            if isinstance(study.sampler, PriorSampler):  # its look is part of the search: inside --timeout
+                progress.status(study.sampler.look_status)
+                study.sampler.look_first(study, objective.prior_look())
             left = None if cfg.timeout is None else max(0.0, cfg.timeout - (time.perf_counter() - start))
             study.optimize(objective, n_trials=None, timeout=left, callbacks=[stopper, reserve],
                            catch=(Exception,), gc_after_trial=False)  # StopRules collects after a trained candidate
@@ -247,66 +212,14 @@ def run_sampled(mode: SampledMode, cfg: SearchConfig, name: str) -> SearchOutcom
     return SearchOutcome(study, summary, run_dir, interrupted, best_file)
 
 
-class CallbackMode(SampledMode):
-    """A :class:`~archspec.search._modes.base.SampledMode` made of a space and optional callbacks (what
-    :func:`run_optuna_search` takes): ``train_fn`` replaces :meth:`train`, ``after_train(trial, spec, result)``
-    and ``finalize_extra(study, run_dir, summary, files, best_file)`` are :meth:`after_train` and :meth:`finish`."""
-
-    def __init__(self, space: SearchSpace, label: str, extra_attrs: dict | None = None,
-                 after_train: Callable | None = None, finalize_extra: Callable | None = None,
-                 train_fn: Callable | None = None):
-        self.space, self.label, self.extra_attrs = space, label, dict(extra_attrs or {})
-        self.after_train_fn, self.finalize_extra, self.train_fn = after_train, finalize_extra, train_fn
-
-    def study_attrs(self) -> dict:
-        return self.extra_attrs
-
-    def train(self, spec, data, protocol, seed=0, report=None, on_model=None, progress=None):
-        if self.train_fn is None:
-            return super().train(spec, data, protocol, seed=seed, report=report, on_model=on_model, progress=progress)
-        kwargs = {} if on_model is None else {"on_model": on_model}
-        return self.train_fn(spec, data, protocol, seed=seed, report=report, **kwargs)
-
-    def after_train(self, trial, spec, result) -> None:
-        if self.after_train_fn is not None:
-            self.after_train_fn(trial, spec, result)
-
-    def finish(self, study, run_dir, summary, files, best_file):
-        if self.finalize_extra is None:
-            return None
-        return self.finalize_extra(study, run_dir, summary, files, best_file)
-
-
-def run_optuna_search(space: SearchSpace, cfg: SearchConfig, *, mode: str, name: str, extra_attrs: dict | None = None,
-                      after_train: Callable | None = None, finalize_extra: Callable | None = None,
-                      train_fn: Callable | None = None) -> SearchOutcome:
-    """Run (or resume) an Optuna search of ``space``: :func:`run_sampled` of a :class:`CallbackMode`.
-
-    Args:
-        space: a :class:`~archspec.search._space.language.SearchSpace`.
-        cfg: the settings.
-        mode: label for the summary ("design" or "masks/optuna").
-        name: the study name.
-        extra_attrs: more study attributes (provenance).
-        after_train: ``f(trial, spec, result)`` after a successful proxy training.
-        finalize_extra: ``f(study, run_dir, summary, files, best_file)`` adds files / summary entries; a path it
-            returns replaces ``best_file``.
-        train_fn: replaces :func:`~archspec.search._evaluation.proxy.train_proxy` (same signature).
-
-    Raises:
-        SpecError: bad input (budgets, space, data, run directory, storage); nothing is written then.
-    """
-    return run_sampled(CallbackMode(space, mode, extra_attrs, after_train, finalize_extra, train_fn), cfg, name)
-
-
 # ----------------------------------------------------------------------------------- rounds modes
 def run_rounds(mode: RoundsMode, cfg: SearchConfig, name: str) -> SearchOutcome:
-    """Run a :class:`~archspec.search._modes.base.RoundsMode` as study ``name``: one trial per proposed candidate.
+    """Run a :class:`~archspec.search._engine.mode.RoundsMode` as study ``name``: one trial per proposed candidate.
 
     Checks ``--data`` and ``--out`` / ``--storage`` and decodes the data
     (:func:`~archspec.search._engine.preflight.preflight_rounds`) before anything is written; then opens the run (a
     random sampler the rounds never consult, no heartbeat: a dead worker's RUNNING trial is found by its pid),
-    evaluates each :meth:`~archspec.search._modes.base.RoundsMode.propose`'d candidate
+    evaluates each :meth:`~archspec.search._engine.mode.RoundsMode.propose`'d candidate
     (:func:`~archspec.search._engine.round_trial.evaluate_round`) until the mode returns ``None`` or Ctrl-C, and
     writes the
     mode's results and summary.json under the run lock.

@@ -34,28 +34,21 @@ import optuna
 from optuna.trial import TrialState
 
 from archspec.errors import SpecError
-from archspec.search._engine.config import GEOMETRY_ATTR, SearchConfig
+from archspec.search._engine.config import SearchConfig
 from archspec.search._engine.early_stop import rung_stops, zero_cost_of, zero_cost_stops
 from archspec.search._engine.failures import CandidateFailure, deadline_hook, fail_reason
-from archspec.search._engine.preflight import first_problem
-from archspec.search._engine.strata import enqueue_strata
-from archspec.search._engine.study import (
-    ARCH_KEY_ATTR,
-    make_sampler,
-    mark_worker,
-    reused_attrs,
-    same_architecture,
-    worker_seed,
-)
+from archspec.search._engine.preflight import first_problem, study_sampler
+from archspec.search._engine.study import ARCH_KEY_ATTR, reused_attrs, same_architecture, worker_seed
 from archspec.search._evaluation.budget import static_check
 from archspec.search._evaluation.latency_cache import LatencyCache, architecture_key
-from archspec.search._evaluation.priors import prior_candidates
-from archspec.search._evaluation.verify import verify_count
+from archspec.search._evaluation.priors import Look, prior_candidates
+from archspec.search._evaluation.protocols import GEOMETRY_ATTR
+from archspec.search._storage import mark_worker
 from archspec.spec import ArchSpec
 
 if TYPE_CHECKING:  # annotations only: the data is torch-side
     from archspec.io.datasets import Dataset
-    from archspec.search._modes.base import SampledMode
+    from archspec.search._engine.mode import SampledMode
 
 __all__ = ["CandidateObjective"]
 
@@ -64,7 +57,7 @@ class CandidateObjective:
     """The Optuna objective of a search (design or mask placement): one call evaluates one candidate.
 
     Args:
-        mode: the :class:`~archspec.search._modes.base.SampledMode` searched: its ``space`` is sampled, its ``train``
+        mode: the :class:`~archspec.search._engine.mode.SampledMode` searched: its ``space`` is sampled, its ``train``
             trains a candidate (unless ``oracle``) and its ``after_train`` reads the trained result.
         data: the :class:`~archspec.io.datasets.Dataset` of the proxy training.
         cfg: the :class:`~archspec.search._engine.config.SearchConfig` (budgets, protocols, limits).
@@ -160,25 +153,22 @@ class CandidateObjective:
         self.first_trial = trial.number
         seed = worker_seed(self.cfg.seed, trial.number)
         if seed != self.cfg.seed:
-            trial.study.sampler = make_sampler(self.cfg.sampler, seed, self.n_objectives,
-                                               self.cfg.sampler_startup)
+            trial.study.sampler = study_sampler(self.cfg, seed, self.n_objectives)
 
-    def enqueue_strata(self, study: optuna.Study) -> int:
-        """``--sampler strata``: look at every candidate (this objective's latency and zero-cost measures, so the
-        look reads what the trials read and fills the same latency cache) and queue the best of each cost stratum
-        as the study's next trials (:func:`archspec.search._engine.strata.enqueue_strata`); once per study.
-        Strata: ``cfg.strata``, or by default the trained candidates less the verification re-trainings (a run
-        cut by ``--timeout`` with a large ``--trials`` should name them).  Returns the picks queued.
+    def prior_look(self) -> Look:
+        """The look at every candidate a sampler that uses priors reads before the first trial
+        (:class:`~archspec.search._evaluation.priors.PriorSampler`): this objective's latency and zero-cost measures
+        (:meth:`latency_of`, the ``--zc-score`` of :func:`~archspec.search._engine.early_stop.zero_cost_of`), so the
+        look reads what the trials read and fills the same latency cache.
 
-        Raises:
+        Raises (when called):
             SpecError: the space cannot be listed, or (under ``--oracle``) a design or its latency is not in the
                 table.
         """
-        look = prior_candidates(self.space, self.cfg, self.data, self.oracle, self.latency_of,
-                                lambda spec: zero_cost_of(spec, self.cfg, self.data, self.oracle,
-                                                          names=(self.cfg.zc_score,)))
-        n_strata = self.cfg.strata or max(1, self.cfg.trials - verify_count(self.cfg.verify, self.cfg.trials))
-        return enqueue_strata(study, look, n_strata, self.cfg.seed)
+        cfg = self.cfg
+        return prior_candidates(self.space, self.data, self.oracle, self.latency_of,
+                                lambda spec: zero_cost_of(spec, cfg, self.data, self.oracle, names=(cfg.zc_score,)),
+                                budgets=cfg.budgets, protocol=cfg.protocol, score=cfg.zc_score)
 
     def _constraint(self, trial, key: str, value: float, budget: float | None) -> None:
         if budget is not None:

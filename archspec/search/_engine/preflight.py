@@ -14,7 +14,6 @@ refused without importing torch.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import optuna
@@ -26,13 +25,13 @@ from archspec.search._engine.config import SearchConfig
 from archspec.search._engine.fidelity import FIDELITIES, ZERO_COST_RANKINGS
 from archspec.search._engine.session import check_outputs
 from archspec.search._engine.study import make_sampler
+from archspec.search._engine.verify import verify_count
 from archspec.search._evaluation.budget import static_check
-from archspec.search._evaluation.latency_cache import architecture_key
 from archspec.search._evaluation.priors import MAX_PRIOR_POINTS
-from archspec.search._tabulation.oracle import load_table
+from archspec.search._tabulation.oracle import table_for_search
 
-__all__ = ["preflight", "first_problem", "check_budgets_feasible", "check_space_valid", "check_data_path",
-           "check_fidelity", "check_oracle", "check_seed", "MAX_ORACLE_POINTS"]
+__all__ = ["preflight", "first_problem", "study_sampler", "strata_count", "check_budgets_feasible", "check_space_valid",
+           "check_data_path", "check_fidelity", "check_oracle", "check_seed"]
 
 def first_problem(exc: SpecError) -> str:
     """The first problem of ``exc``, formatted (its message when it has none)."""
@@ -86,6 +85,22 @@ def check_strata_space(space) -> None:
                                                f"cannot be listed: {first_problem(exc)}",
                                "search a finite space of a few hundred points (e.g. levit_small), or use "
                                "`sampler` random / tpe") from None
+
+
+def strata_count(cfg: SearchConfig) -> int:
+    """The cost strata of ``sampler="strata"``: ``cfg.strata``, or by default the trained candidates less the
+    verification re-trainings (a run cut by ``timeout`` with a large ``trials`` should name them).  Raises nothing."""
+    return cfg.strata or max(1, cfg.trials - verify_count(cfg.verify, cfg.trials))
+
+
+def study_sampler(cfg: SearchConfig, seed: int, n_objectives: int):
+    """The study's Optuna sampler of ``cfg`` (``sampler``, ``sampler_startup``, the strata), seeded with ``seed``
+    (:func:`~archspec.search._engine.study.make_sampler`).
+
+    Raises:
+        SpecError: an unknown ``sampler``.
+    """
+    return make_sampler(cfg.sampler, seed, n_objectives, cfg.sampler_startup, n_strata=strata_count(cfg))
 
 
 def check_space_valid(space, n: int = 12, seed: int = 0) -> None:
@@ -174,7 +189,7 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     if oracle is None:
         check_data_path(cfg.data)
     check_outputs(cfg, name)
-    sampler = make_sampler(cfg.sampler, cfg.seed, n_objectives, cfg.sampler_startup)
+    sampler = study_sampler(cfg, cfg.seed, n_objectives)
     if oracle is not None:  # nothing is trained: the table answers; no images are read
         return oracle.dataset(), sampler, oracle
     # Decoding every image is the last input check (the slowest): still nothing written.
@@ -184,101 +199,28 @@ def preflight(space, cfg: SearchConfig, name: str, n_objectives: int):
     return data, sampler, None
 
 
-MAX_ORACLE_POINTS = 10_000  # an oracle search checks every point of its space against the table
-
-
-_POINTS_MEMO: dict[str, list[tuple[dict, str]]] = {}  # space document (sorted JSON) -> its keyed points
-
-
-def _keyed_points(space) -> list[tuple[dict, str]]:
-    """``(params, architecture key)`` of every point of ``space``, memoised per space document in this process: a
-    200-replay comparison lists the same space 200 times (a third of an oracle replay's CPU before the memo)."""
-
-    memo_key = json.dumps(space.document, sort_keys=True, default=str)
-    if memo_key not in _POINTS_MEMO:
-        _POINTS_MEMO[memo_key] = [(params, architecture_key(spec))
-                                  for params, spec in space.points(limit=MAX_ORACLE_POINTS)]
-    return _POINTS_MEMO[memo_key]
-
-
 def check_oracle(cfg: SearchConfig, space, n_objectives: int):
     """The :class:`~archspec.search._tabulation.oracle.OracleTable` of ``cfg.oracle`` (``None`` without one), checked
-    against
-    the search: the table tabulates ``space``, covers ``protocol.steps``, and has latency where the search needs it.
+    against the search (:func:`~archspec.search._tabulation.oracle.table_for_search`): it tabulates ``space``, covers
+    ``protocol.steps``, holds the zero-cost score the strata sampler or the zero-cost rung ranks by, and latency where
+    the front or a latency budget needs it.
 
     Raises:
-        SpecError: at ``oracle`` / ``protocol.steps``.
+        SpecError: at ``oracle`` / ``oracle_subset`` / ``protocol.steps``.
     """
     if cfg.oracle is None:
         if cfg.oracle_subset:
             raise SpecError.single(("oracle_subset",), "`oracle_subset` needs `oracle` TABLE",
                                    "add `oracle` levit_small (or a table file), or drop `oracle_subset`")
         return None
-
-    table = load_table(cfg.oracle)
-    if table.space != space.name:
-        raise SpecError.single(("oracle",), f"the table tabulates space {table.space!r}, not {space.name!r}",
-                               f"add `space` {table.space}", str(cfg.oracle))
-    table.check_steps(cfg.protocol.steps)
-    tabulated = table.tabulated
-    points = _keyed_points(space)
-    missing = [params for params, key in points if key not in tabulated]
-    if cfg.oracle_subset and len(missing) == len(points):
-        raise SpecError.single(("oracle",), f"the table holds no design of space {space.name!r} with every "
-                                              f"reference seed {table.seeds}",
-                               f"tabulate some first: archspec table {space.name}", str(cfg.oracle))
-    if missing and not cfg.oracle_subset:
-        raise SpecError.single(("oracle",), f"the table lacks {len(missing)} design(s) of space {space.name!r}, "
-                               f"e.g. {missing[0]}", f"finish it (archspec table {space.name}), or "
-                               "search only the designs it holds (`oracle_subset`)",
-                               str(cfg.oracle))
-    if (cfg.sampler == "strata" or cfg.fidelity == "zc") and cfg.zc_score not in ("params", "macs"):
-        _check_oracle_scores(table, cfg.zc_score, str(cfg.oracle))
-    if n_objectives == 2 or cfg.budgets.latency_ms is not None:
-        _check_oracle_latency(table, [(params, key) for params, key in points if key in tabulated], space.name,
-                              str(cfg.oracle))
-    return table
-
-
-def _check_oracle_scores(table, score: str, file: str) -> None:
-    """Every tabulated row holds the zero-cost ``score`` that the strata sampler or the zero-cost rung ranks by
-    (``null`` is a score that failed and ranks last; a missing one would rank a design last without a word, or
-    fail the rung).
-
-    Raises:
-        SpecError: at ``oracle``: rows without ``score``, naming how many and the first one's line.
-    """
-    rows = [(key, seed, row) for key in sorted(table.tabulated) for seed, row in table.rows[key].items()]
-    lacking = [(key, seed) for key, seed, row in rows if score not in row["zc"]]
-    if not lacking:
-        return
-    line = table.lines.get(lacking[0])
-    where = "" if len(lacking) == len(rows) else f" ({len(lacking)} of its {len(rows)} rows, e.g. line {line})"
-    raise SpecError.single(("oracle",), f"the table holds no {score} zero-cost score{where}: the strata sampler "
-                           "and the zero-cost rung rank by it", "rank by `zc_score` params or macs (no table score "
-                           "needed), or tabulate the scores (archspec table records synflow, naswot, grad_norm)", file)
-
-
-def _check_oracle_latency(table, searched: list[tuple[dict, str]], space: str, file: str) -> None:
-    """Every design the search can meet (``searched``: ``(params, key)``) has a tabulated latency: one without
-    would fail as a trial each time it is sampled while the search samples on.
-
-    Raises:
-        SpecError: at ``oracle``: no latency at all, or none for some of the searched designs.
-    """
-    if not table.latency_ms:
-        raise SpecError.single(("oracle",), "the table has no latency yet (its latency pass has not run)",
-                               "search with `objective` accuracy, or run bench/space_table.py --latency", file)
-    lacking = [params for params, key in searched if key not in table.latency_ms]
-    if lacking:
-        raise SpecError.single(("oracle",), f"its latency sidecar lacks {len(lacking)} of the {len(searched)} "
-                                              f"tabulated designs of space {space!r}, e.g. {lacking[0]}",
-                               "finish its latency pass (bench/space_table.py --latency --resume), or search with "
-                               "`objective` accuracy and no `budgets.latency_ms`", file)
+    ranks_by_score = (cfg.sampler == "strata" or cfg.fidelity == "zc") and cfg.zc_score not in ("params", "macs")
+    return table_for_search(cfg.oracle, space, steps=cfg.protocol.steps, subset=cfg.oracle_subset,
+                            score=cfg.zc_score if ranks_by_score else None,
+                            latency=n_objectives == 2 or cfg.budgets.latency_ms is not None)
 
 
 def preflight_rounds(cfg: SearchConfig, name: str):
-    """The inputs a rounds mode (:class:`~archspec.search._modes.base.RoundsMode`) shares with every search: ``data``,
+    """The inputs a rounds mode (:class:`~archspec.search._engine.mode.RoundsMode`) shares with every search: ``data``,
     then ``out`` / ``storage``, then every image decoded (the slowest check, still nothing written).
 
     Returns the :class:`~archspec.io.datasets.Dataset`.

@@ -1,4 +1,4 @@
-"""One round of a rounds mode (:class:`~archspec.search._modes.base.RoundsMode`): a proposed candidate as one trial.
+"""One round of a rounds mode (:class:`~archspec.search._engine.mode.RoundsMode`): a proposed candidate as one trial.
 
 Optuna's ask/tell: :func:`evaluate_round` asks the study for a trial, records what the candidate is (the
 mode's attrs, ``round``, ``spec``, MACs and params at the real input size), measures its latency (ms, cached
@@ -16,9 +16,9 @@ import time
 from optuna.trial import TrialState
 
 from archspec.ir.analysis import analyze
-from archspec.search._engine.study import mark_worker
+from archspec.search._engine.mode import Candidate, RoundResult, RoundsMode, RunContext
 from archspec.search._evaluation.latency_cache import LatencyCache
-from archspec.search._modes.base import Candidate, RoundResult, RoundsMode, RunContext
+from archspec.search._storage import mark_worker
 from archspec.train.failures import stored_name
 
 __all__ = ["evaluate_round"]
@@ -59,7 +59,7 @@ def _train(run: RunContext, mode: RoundsMode, candidate: Candidate, trial, cache
 
 
 def evaluate_round(run: RunContext, mode: RoundsMode, candidate: Candidate, cache: LatencyCache) -> RoundResult | None:
-    """Train ``candidate`` as one trial of ``run.study``: its :class:`~archspec.search._modes.base.RoundResult`, or
+    """Train ``candidate`` as one trial of ``run.study``: its :class:`~archspec.search._engine.mode.RoundResult`, or
     ``None``
     when it failed (the reason is on the trial, user attr ``fail_reason``, and in ``run.notes``).
 

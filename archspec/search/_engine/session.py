@@ -19,7 +19,8 @@ from optuna.trial import TrialState
 
 from archspec._util.imports import try_import
 from archspec.search._engine.config import SearchConfig
-from archspec.search._engine.study import (
+from archspec.search._report import run_files
+from archspec.search._storage import (
     HEARTBEAT_INTERVAL_S,
     StorageInfo,
     check_storage,
@@ -27,7 +28,6 @@ from archspec.search._engine.study import (
     open_study,
     resolve_storage,
 )
-from archspec.search._report import run_files
 
 with try_import() as _fcntl:  # POSIX only: no lock where it does not exist
     import fcntl
@@ -55,7 +55,7 @@ def check_outputs(cfg: SearchConfig, name: str) -> None:
 
     Raises:
         SpecError: ``--out`` is not a usable run directory (:func:`run_files.check_run_dir`), or ``--storage``
-            is refused by :func:`~archspec.search._engine.study.check_storage` (a non-SQLite ``study.db`` in an
+            is refused by :func:`~archspec.search._storage.check_storage` (a non-SQLite ``study.db`` in an
             existing run directory included).
     """
     out = run_dir_of(cfg, name)
@@ -128,7 +128,7 @@ def run_lock(run_dir: Path):
 
 
 def zombie_notes(study: optuna.Study) -> list[str]:
-    """Fail the RUNNING trials of dead workers (:func:`~archspec.search._engine.study.fail_zombie_trials`); the note
+    """Fail the RUNNING trials of dead workers (:func:`~archspec.search._storage.fail_zombie_trials`); the note
     saying so, if there were any."""
     zombies = fail_zombie_trials(study)
     return [f"marked {len(zombies)} stale RUNNING trial(s) of dead workers as FAIL: {zombies}"] if zombies else []

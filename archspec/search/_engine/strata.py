@@ -11,8 +11,10 @@ bins of equal count, and the best-scoring design of each bin is queued with Optu
 visited in bit-reversed order (0, n/2, n/4, 3n/4, ...) so that a search stopped early (``--timeout``) has still
 spread its designs over the whole cost range.
 
-Queued trials rather than a sampler of its own: the storage hands each pick to exactly one worker, the look runs
-once per study (not once per worker), and a resumed run finds the queue where it was.
+Queued trials rather than a sampling rule of its own: the storage hands each pick to exactly one worker, the look
+runs once per study (not once per worker), and a resumed run finds the queue where it was.  :class:`StrataSampler`
+is Optuna's random sampler with the priors hook (:class:`~archspec.search._evaluation.priors.PriorSampler`): the
+search loop hands it the look before the first trial, and it queues the picks.
 
 Which cost and which score (and whether this rule beats random draws at all) is for the replays on the finished
 table to say: ``bench/search_works.py priors`` and docs/search-works.md.  A zero-cost score must be computed at the
@@ -26,30 +28,19 @@ Torch-free: the candidates come from a callable the engine provides
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import optuna
 
-__all__ = ["ScoredCandidate", "bit_reversed_order", "stratified_picks", "enqueue_strata"]
+from archspec.search._evaluation.priors import Look, PriorSampler, ScoredCandidate
+
+__all__ = ["ScoredCandidate", "bit_reversed_order", "stratified_picks", "enqueue_strata", "StrataSampler"]
 
 PRIOR_SECONDS_ATTR = "prior_seconds"  # study user attribute: CPU seconds the look at every candidate took
 PRIOR_CANDIDATES_ATTR = "prior_candidates"  # study user attribute: candidates the look measured and scored
 STRATA_ATTR = "strata"  # study user attribute: picks queued (its presence: the look is done for this study)
 STRATUM_ATTR = "stratum"  # trial user attribute of a queued pick: its cost bin, 0 = the cheapest
-
-
-@dataclass(frozen=True)
-class ScoredCandidate:
-    """One point of the space as the prior sees it: ``params`` (the space's parameter names -> values, as
-    ``SearchSpace.points`` yields them), ``cost`` (ms of latency or MACs: lower is cheaper) and ``score`` (a
-    zero-cost score: higher ranks better; ``-inf`` when it could not be computed)."""
-
-    params: dict[str, Any]
-    cost: float
-    score: float
 
 
 def bit_reversed_order(n: int) -> list[int]:
@@ -78,8 +69,7 @@ def stratified_picks(candidates: Sequence[ScoredCandidate], n_strata: int,
     return [best[i] for i in bit_reversed_order(len(best))]
 
 
-def enqueue_strata(study: optuna.Study, look: Callable[[], tuple[Sequence[ScoredCandidate], float]],
-                   n_strata: int, seed: int | None) -> int:
+def enqueue_strata(study: optuna.Study, look: Look, n_strata: int, seed: int | None) -> int:
     """Queue :func:`stratified_picks` of ``look()`` as waiting trials of ``study`` (Optuna's ``enqueue_trial``,
     ``skip_if_exists``): the storage hands each to exactly one worker, in trial-number order (the bit-reversed
     order of the strata), and the study's sampler (random draws) takes over once the queue is empty.  Done once
@@ -112,3 +102,23 @@ def enqueue_strata(study: optuna.Study, look: Callable[[], tuple[Sequence[Scored
     study.set_user_attr(PRIOR_CANDIDATES_ATTR, len(candidates))
     study.set_user_attr(STRATA_ATTR, len(picks))
     return len(picks)
+
+
+class StrataSampler(PriorSampler, optuna.samplers.RandomSampler):
+    """``--sampler strata``: Optuna's :class:`~optuna.samplers.RandomSampler` (seeded with ``seed``: the same draws)
+    whose priors hook queues :func:`stratified_picks` of ``n_strata`` cost strata first (:func:`enqueue_strata`,
+    its bins shuffled by ``seed``).
+
+    Raises:
+        ValueError: ``n_strata`` below 1.
+    """
+
+    def __init__(self, seed: int | None, n_strata: int):
+        if n_strata < 1:
+            raise ValueError(f"n_strata must be >= 1, not {n_strata}")
+        super().__init__(seed=seed)
+        self.seed, self.n_strata = seed, n_strata
+
+    def look_first(self, study: optuna.Study, look: Look) -> int:
+        """:func:`enqueue_strata` of ``look`` into ``study``: the picks queued (0 when the study had them)."""
+        return enqueue_strata(study, look, self.n_strata, self.seed)

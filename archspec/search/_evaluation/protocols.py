@@ -17,9 +17,12 @@ from archspec.search._evaluation.scoring import PROXY_SCORES, proxy_score
 from archspec.train.config import AUGMENTATIONS as _AUGMENTATIONS
 from archspec.train.config import TrainConfig
 
-__all__ = ["LatencyProtocol", "ProxyProtocol", "ZERO_COST_SCORES", "ZeroCostResult"]
+__all__ = ["LatencyProtocol", "ProxyProtocol", "ZERO_COST_SCORES", "ZeroCostResult", "GEOMETRY_ATTR"]
 
 ZERO_COST_SCORES = ("naswot", "synflow", "grad_norm")
+# Trial user attribute: the proxy's input size, stem and stage grids next to the real grids
+# (archspec.search._evaluation.proxy.ProxyGeometry.describe): written by the search, reported in trials.csv.
+GEOMETRY_ATTR = "proxy_geometry"
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Mode 1 of ``archspec search``: design an architecture under MAC / parameter / latency budgets.
 
 A thin client of :mod:`archspec.search._engine.loop`: :class:`DesignMode` is the
-:class:`~archspec.search._modes.base.SampledMode` of a design space (``--space``, default the embedded LeViT-family
+:class:`~archspec.search._engine.mode.SampledMode` of a design space (``--space``, default the embedded LeViT-family
 space) with the engine's defaults for training and results; :func:`run_design` names the study after the
 space, objective and budgets and hands the mode to :func:`~archspec.search._engine.loop.run_sampled`, which samples
 candidates, rejects over-budget ones statically (never trained), measures latency, proxy-trains the rest and
@@ -18,7 +18,7 @@ from typing import Any
 from archspec._util.units import human
 from archspec.search._engine.config import SearchConfig, SearchOutcome, complete_config
 from archspec.search._engine.loop import run_sampled
-from archspec.search._modes.base import SampledMode
+from archspec.search._engine.mode import SampledMode
 from archspec.search._space.language import SearchSpace, load_space
 
 __all__ = ["run_design", "default_study_name", "DesignMode"]

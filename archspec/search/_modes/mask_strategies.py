@@ -1,13 +1,13 @@
-"""Mode 2's strategies as clients of the engine's contract (:mod:`archspec.search._modes.base`).
+"""Mode 2's strategies as clients of the engine's contract (:mod:`archspec.search._engine.mode`).
 
-* :class:`OptunaPlacement` -- ``--strategy optuna``, a :class:`~archspec.search._modes.base.SampledMode`: Optuna over
+* :class:`OptunaPlacement` -- ``--strategy optuna``, a :class:`~archspec.search._engine.mode.SampledMode`: Optuna over
   :func:`~archspec.search._space.language.mask_placement_space`; after each training it records the ALS (3x3 window, on
-  :data:`~archspec.search._modes.mask_scores.ALS_IMAGES` held-out images), and at the end writes the best trial's
+  :data:`~archspec.search._evaluation.mask_scores.ALS_IMAGES` held-out images), and at the end writes the best trial's
   heatmap and als.json.
-* :class:`AlsPlacement` -- ``--strategy als``, a :class:`~archspec.search._modes.base.RoundsMode`: MaiT sec. 4.2's
+* :class:`AlsPlacement` -- ``--strategy als``, a :class:`~archspec.search._engine.mode.RoundsMode`: MaiT sec. 4.2's
   rounds, head 0 masked everywhere, then assignment and calibration from the ALS
   (:mod:`archspec.families.attention.placement`).
-* :class:`SoftPlacement` -- ``--strategy soft``, a :class:`~archspec.search._modes.base.RoundsMode`: sec. 4.3, one
+* :class:`SoftPlacement` -- ``--strategy soft``, a :class:`~archspec.search._engine.mode.RoundsMode`: sec. 4.3, one
   soft-masked training, then a hard mask where the learned alpha is low.
 
 Both rounds strategies write best.yaml (the placement on the spec at its real input size, with provenance),
@@ -30,8 +30,10 @@ from archspec.families.attention.placement import (
 )
 from archspec.ir.analysis import analyze
 from archspec.ir.checked import load_spec
-from archspec.search._modes.base import Candidate, RoundResult, RoundsMode, RunContext, SampledMode
-from archspec.search._modes.mask_placement import (
+from archspec.search._engine.mode import Candidate, RoundResult, RoundsMode, RunContext, SampledMode
+from archspec.search._evaluation.mask_scores import als_images, layer_scores, learned_alphas, uniform_baselines
+from archspec.search._report import plots, results, run_files
+from archspec.search._space.mask_placement import (
     als_table,
     apply_placement,
     attention_layers,
@@ -42,8 +44,6 @@ from archspec.search._modes.mask_placement import (
     provenance_free_yaml,
     soft_heads,
 )
-from archspec.search._modes.mask_scores import als_images, layer_scores, learned_alphas, uniform_baselines
-from archspec.search._report import plots, results, run_files
 from archspec.spec import ArchSpec
 
 __all__ = ["OptunaPlacement", "PlacementRounds", "AlsPlacement", "SoftPlacement"]
@@ -65,7 +65,7 @@ class OptunaPlacement(SampledMode):
 
     def train(self, spec, data, protocol, seed=0, report=None, on_model=None, progress=None):
         """The default training, keeping the data for the ALS images
-        (:func:`~archspec.search._modes.mask_scores.als_images`)."""
+        (:func:`~archspec.search._evaluation.mask_scores.als_images`)."""
         self.data = data
         return super().train(spec, data, protocol, seed=seed, report=report, on_model=on_model, progress=progress)
 

@@ -34,13 +34,13 @@ Three strategies (Li et al. 2022, "MaiT"):
     alpha is below ``alpha_threshold`` (it learned to suppress non-neighbours: local) gets a hard
     mask of the window, the others none (global).
 
-Each strategy is a client of the engine's contract (:mod:`archspec.search._modes.base`), in
+Each strategy is a client of the engine's contract (:mod:`archspec.search._engine.mode`), in
 :mod:`archspec.search._modes.mask_strategies`: ``optuna`` a sampled mode
 (:func:`~archspec.search._engine.loop.run_sampled`),
 ``als`` and ``soft`` rounds modes (:func:`~archspec.search._engine.loop.run_rounds`).  The placement rule itself
 (assignment, calibration, soft alphas, the uniform baseline) is :mod:`archspec.families.attention.placement`;
-the spec surgery :mod:`archspec.search._modes.mask_placement`; the scores read off a trained model
-:mod:`archspec.search._modes.mask_scores`.
+the spec surgery :mod:`archspec.search._space.mask_placement`; the scores read off a trained model
+:mod:`archspec.search._evaluation.mask_scores`.
 
 Every strategy writes ``best.yaml`` (the placement on SPEC at its real input size, with
 provenance; ``archspec build`` accepts it), an ALS heatmap (layer x head) and ``als.json``.
@@ -75,7 +75,10 @@ from archspec.search._engine.config import (
 )
 from archspec.search._engine.loop import run_rounds, run_sampled
 from archspec.search._engine.session import quiet_optuna
-from archspec.search._modes.mask_placement import (
+from archspec.search._evaluation.mask_scores import ALS_IMAGES, layer_scores, train_keeping_model, uniform_baselines
+from archspec.search._modes.mask_strategies import AlsPlacement, OptunaPlacement, SoftPlacement
+from archspec.search._space.language import mask_placement_space
+from archspec.search._space.mask_placement import (
     apply_placement,
     attention_layers,
     first_spec,
@@ -86,9 +89,6 @@ from archspec.search._modes.mask_placement import (
     rule_thresholds,
     token_stages,
 )
-from archspec.search._modes.mask_scores import ALS_IMAGES, layer_scores, train_keeping_model, uniform_baselines
-from archspec.search._modes.mask_strategies import AlsPlacement, OptunaPlacement, SoftPlacement
-from archspec.search._space.language import mask_placement_space
 from archspec.spec import ArchSpec
 
 # The entry point, and (re-exported from the modules named in the docstring, for their importers: bench/,

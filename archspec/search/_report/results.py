@@ -29,7 +29,7 @@ from rich.table import Table
 
 from archspec._util.units import human
 from archspec.ir.checked import load_spec
-from archspec.search._engine.config import GEOMETRY_ATTR
+from archspec.search._evaluation.protocols import GEOMETRY_ATTR
 from archspec.search._report import run_files
 from archspec.search._report.plots import plot_history, plot_pareto
 
@@ -128,7 +128,7 @@ def spec_of_trial(trial, space=None):
 
 def trial_provenance(study_name: str, trial, cfg, info, summary: dict, spec) -> dict:
     """The provenance block of an emitted spec (``cfg``: the :class:`~archspec.search._engine.config.SearchConfig`,
-    ``info``: the storage, :class:`~archspec.search._engine.study.StorageInfo`)."""
+    ``info``: the storage, :class:`~archspec.search._storage.StorageInfo`)."""
     ua = trial.user_attrs
     objectives = {"accuracy": ua.get("accuracy")}
     if ua.get("latency_ms") is not None:
@@ -399,7 +399,7 @@ def _points_table(summary: dict):
 
 def verify_lines(verification: dict | None) -> list[str]:
     """What ``--verify`` found, for the printed summary: each re-trained design's two scores, the rank agreement of
-    the two seeds and the seed spread (:mod:`archspec.search._evaluation.verify`).  Nothing without a verification."""
+    the two seeds and the seed spread (:mod:`archspec.search._engine.verify`).  Nothing without a verification."""
     if not verification:
         return []
 

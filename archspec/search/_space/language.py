@@ -103,13 +103,17 @@ from archspec.errors import Locator, Problem, SpecError
 from archspec.families.attention.heads import MaskSpec
 from archspec.ir.checked import load_spec
 from archspec.ir.graph import build_graph
-from archspec.search import DEFAULT_SPACE, SPACES_DIR
 from archspec.search._space.checks import MARKERS, SPACE_KEYS, SPACE_NAME_RE, Checker, is_marker
 from archspec.search._space.sampling import EnumTrial, MinTrial, Sampler, next_prefix
 from archspec.spec import ArchSpec, ConvStageBase
 from archspec.spec.yaml_source import is_yaml_text, load_yaml, read_text_file
 
-__all__ = ["SearchSpace", "load_space", "mask_placement_space", "MARKERS"]
+__all__ = ["SearchSpace", "load_space", "mask_placement_space", "MARKERS", "SPACES_DIR", "DEFAULT_SPACE"]
+
+# the shipped search spaces (package data beside the code) and the one a bare `archspec search` searches
+SPACES_DIR = Path(__file__).resolve().parents[1] / "spaces"
+DEFAULT_SPACE = SPACES_DIR / "levit_family.yaml"
+
 
 class SearchSpace:
     """A declarative search space (see the module docstring for the language).

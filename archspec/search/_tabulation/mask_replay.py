@@ -21,13 +21,13 @@ point is per group, so this replay decides per group on the group's ALS -- the m
    (the space masks heads 0..m-1: heads are exchangeable there, so a count is the placement); stop early when a
    calibration changes nothing, as the live rule does.
 
-The uniform baseline ``u`` of a layer (:func:`uniform_als`) is what :func:`archspec.search._modes.mask_scores.
+The uniform baseline ``u`` of a layer (:func:`uniform_als`) is what :func:`archspec.search._evaluation.mask_scores.
 uniform_baselines` computes on a model, from the grid alone.
 
 MaiT sec. 4.3 (``strategy="soft"``, :func:`replay_soft`) trains one model that is no point of the space, every head
 soft-masked; a mask table's soft-mask sidecar holds its rows (learned alphas at every curve step), so it replays the
-same way.  :func:`rule_score` reads the rule's first round as a score of every placement (the table's "fidelity of
-ALS").
+same way.  (The rule's first round read as a score of every placement, the table's "fidelity of ALS", is
+``bench/search_works.py``'s ``rule_score``: research, not the product.)
 """
 
 from __future__ import annotations
@@ -41,13 +41,12 @@ from typing import Any
 from archspec.errors import SpecError
 from archspec.families.attention.placement import DEFAULT_ALS_HIGH, DEFAULT_ALS_LOW, assign_from_als, calibrate
 from archspec.ir.analysis import analyze
-from archspec.search import SPACES_DIR
-from archspec.search._modes.mask_placement import parse_window, rule_thresholds
-from archspec.search._space.language import SearchSpace, load_space
+from archspec.search._space.language import SPACES_DIR, SearchSpace, load_space
+from archspec.search._space.mask_placement import parse_window, rule_thresholds
 from archspec.search._tabulation.oracle import design_seconds, linear_at
 from archspec.spec import ConvStageBase
 
-__all__ = ["uniform_als", "mask_groups", "mask_depths", "mask_table_space", "als_at", "mask_geometry", "rule_score",
+__all__ = ["uniform_als", "mask_groups", "mask_depths", "mask_table_space", "als_at", "mask_geometry",
            "AlsReplay", "replay_als", "replay_soft", "table_replay_report", "check_als_rows", "shipped_spaces"]
 
 # the per-group choice of a masks space (archspec.search._space.sampling's names): layers a-b, one layer, or the stage
@@ -179,35 +178,6 @@ def mask_geometry(space: str | SearchSpace) -> tuple[int, tuple[int, int], int]:
     layer = next(row for row in analyze(spec).rows if row.heads)  # heads: one letter a head ('A A A')
     grid = (int(layer.grid[0]), int(layer.grid[1]))
     return len(layer.heads.split()), grid, layer.tokens - grid[0] * grid[1]
-
-
-def rule_score(round1_row: dict, steps: int, params: dict[str, int], *, heads: int, u: float,
-               high: float = DEFAULT_ALS_HIGH, low: float = DEFAULT_ALS_LOW,
-               depths: dict[int, int] | None = None) -> float:
-    """MaiT's assignment rule (sec. 4.2 step 2) read as a score of any placement, for ranking a mask table's points.
-
-    ``round1_row`` is the table row the rule's first round reads (head 0 masked in every layer: every group
-    ``m = 1``); ``a_g`` is head 0's ALS above uniform attention in group ``g`` at the last curve step ``<= steps``
-    (as :func:`replay_als` reads it, ``u`` the layer's uniform ALS).  The rule masks every head of a group where
-    ``a_g >= high`` and none where ``a_g <= low``; its continuous form, a choice of archspec's (MaiT ranks nothing),
-    rewards masked heads where head 0 was local and charges them where it was not, centred half-way between the
-    thresholds::
-
-        score = sum_g  m_g / heads * (a_g - (high + low) / 2)
-
-    with ``m_g`` the placement's masked heads in group ``g`` (``params``).  Unitless; larger = more as MaiT's rule
-    would place masks.
-
-    ``depths`` (``{stage: depth}``, :func:`mask_depths`) places a whole-stage count's layers.
-
-    Raises:
-        SpecError: ``params`` is not a per-group mask point, or the row holds no ALS.
-        KeyError: a group's layer has no ALS in the row.
-    """
-    groups = mask_groups(params, depths)
-    a = group_als(als_at(round1_row, steps), groups, u)
-    centre = (high + low) / 2.0
-    return float(sum(m / heads * (a[name][0] - centre) for name, m in params.items()))
 
 
 @dataclass
@@ -353,7 +323,7 @@ def table_replay_report(table, replay_seed: int, steps: int, *, strategy: str = 
 
     Raises:
         SpecError: as :func:`replay_als` / :func:`replay_soft` / :func:`mask_table_space`; thresholds live placement
-            refuses (:func:`~archspec.search._modes.mask_placement.rule_thresholds`); a window that is not ``RxC``
+            refuses (:func:`~archspec.search._space.mask_placement.rule_thresholds`); a window that is not ``RxC``
             with odd sides, or not the table's; rows whose ALS lacks a layer of the space or has another head count.
     """
     space = space if isinstance(space, SearchSpace) else mask_table_space(table, space)

@@ -6,8 +6,9 @@ geometric series of steps), the training seconds up to each point, the zero-cost
 MACs, parameters and -- after the separate latency pass -- CPU latency.  This is how NAS benchmarks
 (NAS-Bench-201, JAHS-Bench-201) let search methods be compared in seconds with many repeats.
 
-The oracle replaces exactly three measurements of :class:`archspec.search._engine.loop.CandidateObjective`; the engine,
-sampler, budgets, rungs and reports stay the real ones:
+The oracle replaces exactly three measurements of the search's objective
+(:class:`archspec.search._engine.objective.CandidateObjective`); the engine, sampler, budgets, rungs and reports stay
+the real ones:
 
 * training a proxy for ``k`` steps: the table's curve at step ``k`` (linear in ``log k`` between tabulated
   steps; the curve's last step is the longest proxy there is), reported at every evaluation point the engine
@@ -23,7 +24,9 @@ trials.csv), so that a comparison scores each design on the reference seeds that
 issue 54 the seed was ``--seed`` modulo 3 for every design: twenty repeats replayed three noise draws.)  A design
 that is not in the table is an error (exit 2).
 
-A table is user input: every row and sidecar is checked by shape and by value as it is read
+A search that reads a table checks it against itself first (:func:`table_for_search`: the space, the steps, every
+design, the score it ranks by, latency where it needs it).  A table is user input: every row and sidecar is
+checked by shape and by value as it is read
 (:mod:`archspec.search._tabulation.checks`: finite numbers, accuracies in [0, 1], cumulative TSE, one row per design and
 seed, one protocol), each violation a :class:`~archspec.errors.SpecError` naming the file, line and field.
 """
@@ -52,7 +55,8 @@ from archspec.search._tabulation.checks import (
     short_curve,
 )
 
-__all__ = ["TABLES_DIR", "OracleTable", "load_table", "table_path", "curve_at", "design_seconds"]
+__all__ = ["TABLES_DIR", "OracleTable", "load_table", "table_for_search", "table_path", "curve_at",
+           "design_seconds", "MAX_ORACLE_POINTS"]
 
 TABLES_DIR = Path(__file__).resolve().parents[1] / "tables"
 _OPTION = ("oracle",)  # the SearchConfig field (``--oracle`` on the command line)
@@ -380,6 +384,96 @@ def load_table(source: str | os.PathLike) -> OracleTable:
     space = meta.get("protocol", {}).get("space", path.stem)
     return OracleTable(file=name, space=space, rows=by_key, latency_ms=latency, meta=meta, lines=lines,
                        soft_rows=_soft_rows(path.with_suffix(".soft.jsonl"), meta.get("protocol_id"), by_key, name))
+
+
+MAX_ORACLE_POINTS = 10_000  # a search on a table checks every point of its space against it
+
+
+_POINTS_MEMO: dict[str, list[tuple[dict, str]]] = {}  # space document (sorted JSON) -> its keyed points
+
+
+def _keyed_points(space) -> list[tuple[dict, str]]:
+    """``(params, architecture key)`` of every point of ``space``, memoised per space document in this process: a
+    200-replay comparison lists the same space 200 times (a third of an oracle replay's CPU before the memo)."""
+
+    memo_key = json.dumps(space.document, sort_keys=True, default=str)
+    if memo_key not in _POINTS_MEMO:
+        _POINTS_MEMO[memo_key] = [(params, architecture_key(spec))
+                                  for params, spec in space.points(limit=MAX_ORACLE_POINTS)]
+    return _POINTS_MEMO[memo_key]
+
+
+def table_for_search(source, space, *, steps: int, subset: bool = False, score: str | None = None,
+                     latency: bool = False) -> OracleTable:
+    """The table ``source`` (a path or a shipped name, :func:`load_table`) checked against a search of ``space`` that
+    reads it (``archspec search --oracle``): it tabulates ``space``, covers ``steps`` proxy steps, holds every
+    design of the space (with ``subset``: at least one; the others are left to the search as infeasible), every row
+    the zero-cost ``score`` the search ranks by (``None``: none needed), and, with ``latency``, a latency for every
+    tabulated design of the space.
+
+    Raises:
+        SpecError: at ``oracle``, naming the table and what it lacks (or at ``protocol.steps``: the curves end
+            before ``steps``).
+    """
+    table = load_table(source)
+    file = str(source)
+    if table.space != space.name:
+        raise SpecError.single(("oracle",), f"the table tabulates space {table.space!r}, not {space.name!r}",
+                               f"add `space` {table.space}", file)
+    table.check_steps(steps)
+    tabulated = table.tabulated
+    points = _keyed_points(space)
+    missing = [params for params, key in points if key not in tabulated]
+    if subset and len(missing) == len(points):
+        raise SpecError.single(("oracle",), f"the table holds no design of space {space.name!r} with every "
+                                              f"reference seed {table.seeds}",
+                               f"tabulate some first: archspec table {space.name}", file)
+    if missing and not subset:
+        raise SpecError.single(("oracle",), f"the table lacks {len(missing)} design(s) of space {space.name!r}, "
+                               f"e.g. {missing[0]}", f"finish it (archspec table {space.name}), or "
+                               "search only the designs it holds (`oracle_subset`)", file)
+    if score is not None:
+        _check_scores(table, score, file)
+    if latency:
+        _check_latency(table, [(params, key) for params, key in points if key in tabulated], space.name, file)
+    return table
+
+
+def _check_scores(table, score: str, file: str) -> None:
+    """Every tabulated row holds the zero-cost ``score`` that the strata sampler or the zero-cost rung ranks by
+    (``null`` is a score that failed and ranks last; a missing one would rank a design last without a word, or
+    fail the rung).
+
+    Raises:
+        SpecError: at ``oracle``: rows without ``score``, naming how many and the first one's line.
+    """
+    rows = [(key, seed, row) for key in sorted(table.tabulated) for seed, row in table.rows[key].items()]
+    lacking = [(key, seed) for key, seed, row in rows if score not in row["zc"]]
+    if not lacking:
+        return
+    line = table.lines.get(lacking[0])
+    where = "" if len(lacking) == len(rows) else f" ({len(lacking)} of its {len(rows)} rows, e.g. line {line})"
+    raise SpecError.single(("oracle",), f"the table holds no {score} zero-cost score{where}: the strata sampler "
+                           "and the zero-cost rung rank by it", "rank by `zc_score` params or macs (no table score "
+                           "needed), or tabulate the scores (archspec table records synflow, naswot, grad_norm)", file)
+
+
+def _check_latency(table, searched: list[tuple[dict, str]], space: str, file: str) -> None:
+    """Every design the search can meet (``searched``: ``(params, key)``) has a tabulated latency: one without
+    would fail as a trial each time it is sampled while the search samples on.
+
+    Raises:
+        SpecError: at ``oracle``: no latency at all, or none for some of the searched designs.
+    """
+    if not table.latency_ms:
+        raise SpecError.single(("oracle",), "the table has no latency yet (its latency pass has not run)",
+                               "search with `objective` accuracy, or run bench/space_table.py --latency", file)
+    lacking = [params for params, key in searched if key not in table.latency_ms]
+    if lacking:
+        raise SpecError.single(("oracle",), f"its latency sidecar lacks {len(lacking)} of the {len(searched)} "
+                                              f"tabulated designs of space {space!r}, e.g. {lacking[0]}",
+                               "finish its latency pass (bench/space_table.py --latency --resume), or search with "
+                               "`objective` accuracy and no `budgets.latency_ms`", file)
 
 
 def _soft_rows(path: Path, protocol_id: str | None, points: dict, name: str) -> dict[int, dict]:

@@ -16,11 +16,11 @@ measurement:
 * zero-cost: SynFlow, NASWOT and grad-norm of the untrained model on one batch
   (:func:`archspec.search._evaluation.proxy.score_proxy`);
 * ALS (protocols with ``als``): MaiT eq. 3 per layer and head at every curve step, on the first ``als.images``
-  curve-validation images with the protocol's window (:func:`archspec.search._modes.mask_scores.layer_scores`, what
+  curve-validation images with the protocol's window (:func:`archspec.search._evaluation.mask_scores.layer_scores`, what
   ``archspec search masks --strategy als`` reads of a trained model);
 * soft-mask alphas (models with MaiT's soft mask, sec. 4.3): each head's learned ``alpha`` at every curve step
-  (:func:`archspec.search._modes.mask_scores.learned_alphas`, what ``--strategy soft`` reads), so that a mask table's
-  soft-mask rows (``<table>.soft.jsonl``) let the strategy run on the table.
+  (:func:`archspec.search._evaluation.mask_scores.learned_alphas`, what ``--strategy soft`` reads), so that a mask
+  table's soft-mask rows (``<table>.soft.jsonl``) let the strategy run on the table.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from archspec.errors import SpecError
 from archspec.families.attention.heads import MaskSpec
 from archspec.io.datasets import Dataset, load_data
 from archspec.nn.compiler import compile as compile_spec
+from archspec.search._evaluation.mask_scores import layer_scores, learned_alphas
 from archspec.search._evaluation.proxy import ProxyProtocol, proxy_spec, score_proxy
 from archspec.search._evaluation.zero_cost import ZERO_COST_SCORES
-from archspec.search._modes.mask_scores import layer_scores, learned_alphas
 from archspec.spec import ArchSpec
 from archspec.train.batches import TensorBatches
 from archspec.train.config import TrainConfig, check_config

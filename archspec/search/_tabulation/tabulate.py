@@ -16,7 +16,7 @@ The work is an Optuna study (``table.<space>``), one trial per (point, seed):
   moment both see it, and the later trial steps back (``duplicate_of``), so no pair is trained twice;
 * a worker killed mid-pair leaves a RUNNING trial: the next worker to look marks it failed (its process is gone
   on this host, or, on PostgreSQL, its Optuna heartbeat is stale:
-  :func:`archspec.search._engine.study.fail_zombie_trials`)
+  :func:`archspec.search._storage.fail_zombie_trials`)
   and enqueues the pair again -- Optuna's ``RetryFailedTrialCallback`` idea, done on the same storage;
 * the protocol is a study user attribute: a worker whose protocol differs is refused before it writes anything.
 
@@ -55,7 +55,9 @@ from archspec.errors import SpecError
 from archspec.families.attention.heads import MaskSpec
 from archspec.io.builddir import uncreatable
 from archspec.ir.analysis import analyze
-from archspec.search._engine.study import (
+from archspec.search._evaluation.latency_cache import architecture_key
+from archspec.search._space.language import SearchSpace, load_space
+from archspec.search._storage import (
     HEARTBEAT_INTERVAL_S,
     StorageInfo,
     check_storage,
@@ -63,8 +65,6 @@ from archspec.search._engine.study import (
     mark_worker,
     resolve_storage,
 )
-from archspec.search._evaluation.latency_cache import architecture_key
-from archspec.search._space.language import SearchSpace, load_space
 from archspec.train.config import AUGMENTATIONS
 from archspec.train.failures import stored_name
 
@@ -255,7 +255,7 @@ def open_table_study(space: SearchSpace, protocol: dict, storage: str | None,
     """Open (or, with ``create``, create) the table study; refuse another protocol before writing anything.
 
     Raises:
-        SpecError: a bad storage (:func:`archspec.search._engine.study.check_storage`), no such study
+        SpecError: a bad storage (:func:`archspec.search._storage.check_storage`), no such study
             (``create=False``), a study written under another protocol.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a worker's own lines say what it does

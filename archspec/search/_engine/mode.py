@@ -20,7 +20,9 @@ stop rules, trials.csv and summary.json:
    :meth:`RoundsMode.write_results`), under the run directory's lock.
 
 The engine entry points are :func:`archspec.search._engine.loop.run_sampled` and
-:func:`archspec.search._engine.loop.run_rounds`.  This module imports neither torch nor Optuna.
+:func:`archspec.search._engine.loop.run_rounds`.  The contract lives beside the loop, as ``BaseSampler`` lives with
+Optuna's samplers: the engine imports nothing of the modes (:mod:`archspec.search._modes`), they import the engine.
+This module imports neither torch nor Optuna.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ if TYPE_CHECKING:  # annotations only: the study, the space and the data import 
 
     from archspec.io.datasets import Dataset
     from archspec.search._engine.config import SearchConfig
-    from archspec.search._engine.study import StorageInfo
     from archspec.search._space.language import SearchSpace
+    from archspec.search._storage import StorageInfo
     from archspec.spec import ArchSpec
 
 __all__ = ["SearchMode", "SampledMode", "RoundsMode", "Candidate", "RoundResult", "RunContext"]
@@ -70,7 +72,7 @@ class SearchMode:
         ``model``...).
 
         Raises:
-            archspec.search.TrainingFailure: the candidate could not be trained (the engine records a FAIL).
+            archspec.train.failures.TrainingFailure: the candidate could not be trained (the engine records a FAIL).
         """
 
         kwargs = {} if progress is None else {"progress": progress}

@@ -15,7 +15,7 @@ import torch
 from archspec.diagnostics.metrics import attention_locality_score, layer_als, patch_window_mask
 from archspec.families.attention.module import Attention
 from archspec.search._evaluation import proxy
-from archspec.search._modes.mask_placement import token_stages
+from archspec.search._space.mask_placement import token_stages
 from archspec.spec import ArchSpec
 
 __all__ = ["ALS_IMAGES", "als_images", "attention_modules", "layer_scores", "uniform_baselines", "learned_alphas",
