@@ -98,8 +98,8 @@ def test_a_fifo_as_weights_is_refused_without_blocking(saved) -> None:
 def _without_unused_gauss_mask(value):
     """The spec's JSON with every head's unused newer kinds left out (heads carry all their kinds' keys): a
     ``null`` of any kind but the four older than gauss_mask (``gpsa``, ``rel_bias``, ``mask``, BoTNet's
-    ``rel_logits``) -- ``gauss_mask`` and the kinds after it -- the digest's rule since gauss_mask was added, so that digests saved
-    before it still match."""
+    ``rel_logits``) -- ``gauss_mask`` and the kinds after it -- the digest's rule since gauss_mask was added, so
+    that digests saved before it still match."""
     if isinstance(value, list):
         return [_without_unused_gauss_mask(v) for v in value]
     if isinstance(value, dict):
