@@ -26,7 +26,7 @@ from .kinds import SDPA_TERMS, PathContext, path_owner
 
 __all__ = ["AttentionShape", "AttnDims", "head_dims", "check_value_dim", "counts", "memory", "executed_macs",
            "problems", "head_problems", "batchnorm_channels", "label", "head_terms", "attention_macs_change",
-           "head_path", "buffers", "caches", "NO_WEIGHT_DECAY", "RESAMPLED_TABLES"]
+           "head_path", "buffers", "caches", "NO_WEIGHT_DECAY", "RESAMPLED_TABLES", "attention_pairs", "logit_elements"]
 
 #: parameter leaf names an optimizer must not decay (every head kind's)
 NO_WEIGHT_DECAY = frozenset().union(*(kind.no_weight_decay for kind in KINDS))
@@ -157,9 +157,20 @@ def counts(shape: AttentionShape) -> tuple[int, int]:
         p_proj, m_proj = _linear(n, v_out, dim, bias=True)
     grid = shape.attention_grid
     params = p_qkv + p_proj + sum(kind.params(heads, grid) for kind in KINDS)
-    macs = (m_qkv + m_proj + n * n * len(heads) * (dims.qk_dim + dims.v_dim)
-            + sum(kind.macs(heads, grid) for kind in KINDS))
+    pairs = sum(attention_pairs(head, grid, shape.n_prefix) for head in heads)
+    macs = m_qkv + m_proj + pairs * (dims.qk_dim + dims.v_dim) + sum(kind.macs(heads, grid) for kind in KINDS)
     return params, macs
+
+
+def attention_pairs(head: HeadSpec, grid: tuple[int, int], n_prefix: int) -> int:
+    """(query, key) pairs one head attends in the papers' MAC count: its first kind's ``HeadKind.attention_pairs``
+    (Swin's windows: ``M^2 H W``), else every pair, ``N^2``.  Raises nothing."""
+    for kind in KINDS:
+        spec = getattr(head, kind.field)
+        if spec is not None and kind.attention_pairs is not None:
+            return kind.attention_pairs(spec, grid, n_prefix)
+    n = n_prefix + grid[0] * grid[1]
+    return n * n
 
 
 def batchnorm_channels(shape: AttentionShape) -> int:
@@ -181,15 +192,20 @@ def head_path(head: HeadSpec, grid: tuple[int, int], attn_impl: str = "auto", co
 
     ``grid``: the layer's (attention) token grid, ``n_prefix`` its prefix tokens; ``compiled``: the plan while
     ``torch.compile`` traces the layer (a kind may choose another path then: MaiT's linear-time kernel, which
-    Inductor fuses).  Raises nothing.
+    Inductor fuses).  Under ``attn_impl='dense'`` a head takes ``("dense",)``, the layer's reference, unless one of
+    its kinds ``owns_reference`` (Swin's windows, whose padding keys the ``N x N`` formula has no room for): then
+    that kind's path, where it runs its own reference.  Raises nothing.
     """
     context = PathContext(head_terms(head), head.kinds, tuple(grid), n_prefix, attn_impl, compiled)
+    dense = attn_impl == "dense"
     for kind in KINDS:
         spec = getattr(head, kind.field)
-        if spec is not None and kind.path is not None:
+        if spec is not None and kind.path is not None and (kind.owns_reference or not dense):
             key = kind.path(spec, context)
             if key is not None:
                 return key
+    if dense:
+        return ("dense",)
     return ("sdpa",) if context.terms <= SDPA_TERMS else ("dense",)
 
 
@@ -214,16 +230,28 @@ def executed_macs(shape: AttentionShape) -> int:
 
 
 # ----------------------------------------------------------------------------------- memory
-def _logit_terms(heads: Sequence[HeadSpec], n: int, n_patches: int) -> tuple[int, int, int]:
-    """(extra ``(H, N, N)`` copies alive in the logit phase, copies saved, positional-attention elements
-    ``n_positional N_p^2``), from the logit terms the heads carry (:func:`head_terms`)."""
-    n_heads = len(heads)
+def logit_elements(head: HeadSpec, grid: tuple[int, int], n_prefix: int) -> int:
+    """Elements of one head's logit matrix on its path under ``attn_impl='auto'``: what the kind owning the path
+    states (``HeadKind.path_logits``: Swin's windows, ``n_windows (w_h w_w)^2``), else ``N^2``.  Raises nothing."""
+    key = head_path(head, grid, n_prefix=n_prefix)
+    owner = path_owner(key[0])
+    if owner is not None and owner.path_logits is not None:
+        return owner.path_logits(key, grid, n_prefix)
+    n = n_prefix + grid[0] * grid[1]
+    return n * n
+
+
+def _logit_terms(heads: Sequence[HeadSpec], n: int, n_patches: int, grid: tuple[int, int]) -> tuple[int, int, int]:
+    """(extra copies of the logits alive in the logit phase, copies saved, in elements; positional-attention
+    elements ``n_positional N_p^2``), from the logit terms the heads carry (:func:`head_terms`); the logits are
+    ``N^2`` per head but on a path that keeps fewer (:func:`logit_elements`: Swin's windows)."""
     per_head = [head_terms(h) for h in heads]
     terms = frozenset().union(*per_head)
     n_positional = sum("positional" in t for t in per_head)
     soft, hard, strict = "scale" in terms, "zero" in terms, "block" in terms
     bias = "bias" in terms
-    logits = n_heads * n * n
+    n_heads = len(heads)
+    logits = sum(logit_elements(h, grid, n - n_patches) for h in heads)
     if n_positional or hard or soft:  # explicit softmax path: matmul, scale, bias, mask product, softmax
         alive = 2 * logits + (logits if soft else 0) + (logits if bias else 0) + (logits // 4 if strict else 0)
         saved = (3 + bias + hard + soft + strict) * logits
@@ -249,17 +277,25 @@ def buffers(shape: AttentionShape) -> int:
 def caches(shape: AttentionShape) -> int:
     """Bytes of the constants :class:`~.module.Attention` caches in its first eval forward (``attn_impl='auto'``),
     from the logit terms its heads carry and the paths they take (:func:`head_path`): the ``(H, N, N)`` float32
-    position bias (a head with a ``bias`` term), the float32 ``(H, N, N)`` additive mask of the paths that read it
-    (``sdpa`` and the kinds' ``additive_mask_paths``, when a head has a ``bias`` or ``block`` term), each kind's own
+    position bias (a head with a ``bias`` term, and a path that reads the layer's terms: not a kind's
+    ``self_contained_paths``, nor an SDPA group of heads without terms), the float32 ``(H, N, N)`` additive mask of
+    the paths that read it (an SDPA group with a biased or blocking head, the kinds' ``additive_mask_paths``, when a
+    head has a ``bias`` or ``block`` term), each kind's own
     caches (``HeadKind.caches``: MaiT's hard-mask term, GPSA's positional attention), and the stacked ``qk`` + ``v``
     weights of the layernorm family's single projection GEMM."""
     heads, n, dims = shape.heads, shape.n_tokens, shape.dims
     n_patches, h = n - shape.n_prefix, len(heads)
-    paths = frozenset(head_path(head, shape.attention_grid, n_prefix=shape.n_prefix)[0] for head in heads)
+    keys = [head_path(head, shape.attention_grid, n_prefix=shape.n_prefix) for head in heads]
+    paths = frozenset(key[0] for key in keys)
     terms = frozenset().union(*(head_terms(head) for head in heads))
-    reads_additive = {"sdpa"}.union(*(kind.additive_mask_paths for kind in KINDS))
-    total = F32 * h * n * n if "bias" in terms else 0
-    total += F32 * h * n * n if terms & SDPA_TERMS and paths & reads_additive else 0
+    reads_additive = set().union(*(kind.additive_mask_paths for kind in KINDS))
+    self_contained = set().union(*(kind.self_contained_paths for kind in KINDS))
+    # a group of heads reads the layer's (H, N, N) terms unless its path is self-contained or it is an SDPA group of
+    # heads without terms (Attention's _group_forward passes such a group no mask)
+    sdpa_terms = any(key == ("sdpa",) and head_terms(head) for key, head in zip(keys, heads))
+    reads_terms = sdpa_terms or bool(paths - self_contained - {"sdpa"})
+    total = F32 * h * n * n if "bias" in terms and reads_terms else 0
+    total += F32 * h * n * n if terms & SDPA_TERMS and (sdpa_terms or paths & reads_additive) else 0
     total += sum(kind.caches(heads, paths, n, n_patches) for kind in KINDS)
     if shape.norm == "layernorm":
         total += F32 * h * (2 * dims.qk_dim + dims.v_dim) * (shape.dim + (1 if shape.qkv_bias else 0))
@@ -279,8 +315,8 @@ def memory(shape: AttentionShape) -> NodeMemory:
     n_heads = len(heads)
     x = n * dim
     qk, v, out = n * 2 * n_heads * shape.dims.qk_dim, n * n_heads * shape.dims.v_dim, n * n_heads * shape.dims.v_dim
-    logits = n_heads * n * n
-    alive_logits, saved_logits, _ = _logit_terms(heads, n, n_patches)
+    logits = sum(logit_elements(h, shape.attention_grid, shape.n_prefix) for h in heads)
+    alive_logits, saved_logits, _ = _logit_terms(heads, n, n_patches, shape.attention_grid)
     base = x + (0 if batchnorm else x) + qk + v
     phases = [
         qk + v if batchnorm else 0,  # LinearNorm: linear output and its BatchNorm output at once

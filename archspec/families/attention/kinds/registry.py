@@ -45,9 +45,10 @@ TERMS = frozenset({"bias", "block", "zero", "scale", "positional"})
 SDPA_TERMS = frozenset({"bias", "block"})
 #: the paths every layer has: ``sdpa`` (one SDPA call) and ``dense`` (the explicit-logits reference formula)
 GENERIC_PATHS = frozenset({"sdpa", "dense"})
-#: the layers that run head kinds: archspec's ``Attention`` (token stages, and a bottleneck's pixel attention),
-#: CaiT's talking heads, and timm's ``BottleneckAttn`` (BoTNet's relative logits)
-HOSTS = frozenset({"attention", "talking_heads", "bottleneck_attn"})
+#: the layers that run head kinds: archspec's ``Attention`` in token stages (``attention``) and on a bottleneck's
+#: pixel map in a conv stage (``pixel_attention``), CaiT's talking heads, and timm's ``BottleneckAttn`` (BoTNet's
+#: relative logits)
+HOSTS = frozenset({"attention", "pixel_attention", "talking_heads", "bottleneck_attn"})
 #: shorthands and letters no kind may take: plain MHSA, and CaiT's class attention in the tables
 RESERVED_SHORTHANDS = frozenset({"mhsa", "global"})
 RESERVED_LETTERS = frozenset({"A", "C"})
@@ -80,8 +81,8 @@ class PathContext:
     """What a kind's path rule sees of a head and its layer: ``terms``, the logit terms of the whole head (every kind
     it composes: :data:`TERMS`), and ``kinds``, those kinds' fields (a kind's own kernel usually takes a head only when
     it is the head's one kind); the layer's token ``grid`` ``(rows, cols)`` and ``n_prefix`` tokens; ``attn_impl``
-    (``auto``, ``fast``, ``flex``; never ``dense``, which takes no path); ``compiled``, whether ``torch.compile`` is
-    tracing the layer (the plan fixed into the graph)."""
+    (``auto``, ``fast``, ``flex``; ``dense`` only for a kind that ``owns_reference``: the others take no path
+    there); ``compiled``, whether ``torch.compile`` is tracing the layer (the plan fixed into the graph)."""
 
     terms: frozenset[str]
     kinds: frozenset[str]
@@ -132,7 +133,16 @@ class HeadKind:
       ``check_heads(heads)``: a parse-time check of one layer's heads list (raises ``ValueError``), or None.
     * ``no_weight_decay``: parameter leaf names an optimizer must not decay; ``resampled_tables``: leaf name ->
       table kind of learned tables resampled when the grid changes.
-    * ``hosts``: the layers that take the kind (:data:`HOSTS`).
+    * ``hosts``: the layers that take the kind (:data:`HOSTS`; default: archspec's ``Attention`` in token stages and
+      on a bottleneck's pixels).
+    * ``at_layer(spec, layer) -> spec``: the head as the stage-local block ``layer`` runs it, where the kind's spec
+      says something per layer (Swin's ``shift: alternate``: shifted in every odd block); applied when a stage's
+      layers are resolved (:meth:`archspec.spec.ArchSpec.layer_plans`), or None.
+    * ``at_other_resolution(spec) -> spec``: the head of a spec moved to another input size
+      (:func:`archspec.ir.checked.with_resolution`, timm's ``img_size=``), or None (unchanged).
+    * ``attention_pairs(spec, grid, n_prefix) -> int``: the (query, key) pairs one head of the kind attends in the
+      papers' MAC count, ``Q K^T`` and ``A V`` each costing that many times the head dim (Swin's ``M^2 H W``); None:
+      every pair, ``N^2``.
     * ``shorthand_argument``: what ``name:text`` sets, or None (then ``argument_hint`` helps a user who tried).
     * ``schema_alternatives``: spec field -> JSON Schema alternatives the loader also accepts for that
       ``[a, b]`` pair field (``window: 3`` or ``'3x5'``).
@@ -143,7 +153,13 @@ class HeadKind:
       leave it to the generic ``sdpa`` / ``dense`` paths or another kind -- a fast path chosen at construction, by
       the kind's own rule of when it pays; ``path_macs(key, grid, n_prefix, qk_dim, v_dim)``:
       executed minus papers' MACs of one head on one of its paths; ``additive_mask_paths``: its paths that read
-      the layer's additive (bias + ``-inf``) mask, cached in eval mode.
+      the layer's additive (bias + ``-inf``) mask, cached in eval mode; ``path_logits(key, grid, n_prefix)``: elements
+      of one head's logit matrix on the kind's path ``key`` (its activation memory), None: ``N^2``;
+      ``self_contained_paths``: its paths that read none of the layer's ``(H, N, N)`` terms (position bias,
+      additive mask), so a layer whose heads all take them builds and caches neither.
+    * ``owns_reference``: the kind's path rule also runs under ``attn_impl='dense'`` (and attention dropout in
+      training): its exact reference is not the layer's ``N x N`` formula (Swin's padding keys), so its heads run on
+      its path there too, where ``KindTerms.path_forward`` runs the reference (``layer.uses_dense_reference()``).
 
     Torch side: ``layer_terms``, a :class:`~archspec.families.attention.kinds.layer_terms.KindTerms` subclass
     built per layer (None: no archspec layer runs the kind), and ``layer_methods``, a mixin of public methods
@@ -165,7 +181,10 @@ class HeadKind:
     check_heads: Callable[[Sequence], None] | None = None
     no_weight_decay: frozenset[str] = frozenset()
     resampled_tables: Mapping[str, str] = field(default_factory=dict)
-    hosts: frozenset[str] = frozenset({"attention"})
+    hosts: frozenset[str] = frozenset({"attention", "pixel_attention"})
+    at_layer: Callable[[Any, int], Any] | None = None
+    at_other_resolution: Callable[[Any], Any] | None = None
+    attention_pairs: Callable[[Any, tuple[int, int], int], int] | None = None
     shorthand_argument: ShorthandArgument | None = None
     argument_hint: str = ""
     schema_alternatives: Mapping[str, tuple[dict, ...]] = field(default_factory=dict)
@@ -174,6 +193,9 @@ class HeadKind:
     path: Callable[[Any, PathContext], tuple | None] | None = None
     path_macs: Callable[[tuple, tuple[int, int], int, int, int], int] = _no_macs_change
     additive_mask_paths: frozenset[str] = frozenset()
+    path_logits: Callable[[tuple, tuple[int, int], int], int] | None = None
+    self_contained_paths: frozenset[str] = frozenset()
+    owns_reference: bool = False
     layer_terms: type | None = None
     layer_methods: type | None = None
 
@@ -200,6 +222,8 @@ def _clashes(kind: HeadKind) -> list[str]:
     out += [f"unknown host {host!r} (hosts: {', '.join(sorted(HOSTS))})" for host in kind.hosts - HOSTS]
     if kind.paths and kind.path is None:
         out.append("it names paths but has no path rule")
+    if not kind.self_contained_paths <= kind.paths:
+        out.append("its self-contained paths are not among its paths")
     return out
 
 
