@@ -173,7 +173,8 @@ def swin_padded_kv(k: Tensor, v: Tensor, grid: Sequence[int], window: int | Sequ
 def _swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
                         device: torch.device) -> tuple[Tensor | None, Tensor]:
     """timm's per-window tables on ``device``: the additive region mask ``(nW, A, A)`` (``-100`` across regions,
-    None without shift: timm passes ``mask=None``) and ``relative_position_index`` ``(A, A)``, ``A = w_h w_w``."""
+    None without shift: timm passes ``mask=None``) and ``relative_position_index`` flattened, ``(A A,)``,
+    ``A = w_h w_w``."""
     rows, cols = swin_axis(grid[0], window[0], shift[0]), swin_axis(grid[1], window[1], shift[1])
     region = torch.tensor(rows.region)[:, None] * 3 + torch.tensor(cols.region)[None]  # timm's cnt = 3 h + w
     windows = region.view(rows.padded // window[0], window[0], cols.padded // window[1], window[1])
@@ -185,7 +186,7 @@ def _swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: t
     wr, wc = torch.meshgrid(torch.arange(window[0]), torch.arange(window[1]), indexing="ij")
     wr, wc = wr.flatten(), wc.flatten()
     index = (wr[:, None] - wr[None] + window[0] - 1) * (2 * window[1] - 1) + (wc[:, None] - wc[None] + window[1] - 1)
-    return mask, index.to(device)
+    return mask, index.flatten().to(device)
 
 
 def _partition(t: Tensor, window: tuple[int, int]) -> Tensor:
@@ -196,10 +197,11 @@ def _partition(t: Tensor, window: tuple[int, int]) -> Tensor:
 
 
 def _reverse(t: Tensor, window: tuple[int, int], padded: tuple[int, int]) -> Tensor:
-    """Inverse of :func:`_partition` (timm ``window_reverse``)."""
+    """Inverse of :func:`_partition` (timm ``window_reverse``), laid out ``(B, H_p, W_p, h, d)``: one copy, after
+    which an output projection over ``(B, N, h d)`` reads the cropped, unrolled grid without another."""
     B, h, _, _, d = t.shape
     t = t.view(B, h, padded[0] // window[0], padded[1] // window[1], window[0], window[1], d)
-    return t.permute(0, 1, 2, 4, 3, 5, 6).reshape(B, h, padded[0], padded[1], d)
+    return t.permute(0, 2, 4, 3, 5, 1, 6).reshape(B, padded[0], padded[1], h, d)
 
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], window: int | Sequence[int],
@@ -213,10 +215,12 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
     input of its qkv projection with zeros); partition into windows; per window ``softmax(q k^T scale + B + M) v``
     with ``B`` the ``relative_position_bias_table`` read through ``relative_position_index`` and ``M`` timm's
     ``-100`` region mask when any shift is non-zero, in timm's order (``q * scale``, ``@ k^T``, ``+ B``, ``+ M``,
-    softmax, ``@ v``); reverse the partition, crop the padding, roll back by ``+shift``.  Autograd keeps the
-    windows' weights (``N w_h w_w`` per head).  Window and shift are resolved as timm does
-    (:func:`~archspec.families.attention.local_rules.resolve_window`: clamped to a smaller grid, shift 0 on an
-    axis the window covers).
+    softmax, ``@ v``); reverse the partition, crop the padding, roll back by ``+shift``.  The roll reads q, k, v
+    where they lie (strided views of the projection's output need no copy first), and the reverse writes the output
+    laid out ``(B, N, heads, d_v)`` (returned as its ``(B, heads, N, d_v)`` view), so an output projection over
+    ``(B, N, heads d_v)`` reads it without a copy.  Autograd keeps the windows' weights (``N w_h w_w`` per head).
+    Window and shift are resolved as timm does (:func:`~archspec.families.attention.local_rules.resolve_window`:
+    clamped to a smaller grid, shift 0 on an axis the window covers).
 
     Args:
         q, k: ``(B, heads, H W, d)``; v: ``(B, heads, H W, d_v)``.
@@ -247,15 +251,15 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
     # timm's WindowAttention (its default, non-fused path) in its order.  On CPU it beats SDPA with a float mask
     # ~3x at 49-token windows (2.6-3.1 ms vs 8.9-10.3 ms for Swin-T's first stage: 3 heads, 64 windows, one thread).
     attn = (q_w * (q.shape[-1] ** -0.5 if scale is None else scale)) @ k_w.transpose(-2, -1)  # (B, h, nW, A, A)
-    if bias_table is not None:
-        attn = attn + bias_table.to(q.dtype)[index].permute(2, 0, 1).unsqueeze(1)  # (heads, 1, A, A)
+    if bias_table is not None:  # (heads, 1, A, A), contiguous as timm's _get_rel_pos_bias makes it
+        area, heads = win[0] * win[1], q.shape[1]
+        attn = attn + bias_table.to(q.dtype)[index].view(area, area, heads).permute(2, 0, 1).contiguous().unsqueeze(1)
     if mask is not None:
         attn = attn + mask.to(q.dtype)  # (nW, A, A)
-    out = attn.softmax(dim=-1) @ v_w
-    out = _reverse(out, win, padded)[:, :, :grid[0], :grid[1]]
+    out = _reverse(attn.softmax(dim=-1) @ v_w, win, padded)[:, :grid[0], :grid[1]]  # (B, H, W, h, d_v)
     if any(sh):
-        out = torch.roll(out, shifts=sh, dims=(2, 3))
-    return out.reshape(q.shape[0], q.shape[1], grid[0] * grid[1], -1)
+        out = torch.roll(out, shifts=sh, dims=(1, 2))
+    return out.reshape(q.shape[0], grid[0] * grid[1], q.shape[1], -1).transpose(1, 2)
 
 
 def _rolled_padded(t: Tensor, grid: tuple[int, int], padded: tuple[int, int], shift: tuple[int, int],
