@@ -42,7 +42,8 @@ from .local_rules import (
     swin_axis,
 )
 
-__all__ = ["dense_local_attention", "relative_bias", "swin_window_mask", "swin_padded_kv", "window_attention",
+__all__ = ["dense_local_attention", "relative_bias", "swin_window_mask", "swin_padded_kv", "swin_window_tables",
+           "window_attention",
            "neighborhood_indices", "neighborhood_mask", "neighborhood_attention"]
 
 
@@ -169,12 +170,28 @@ def swin_padded_kv(k: Tensor, v: Tensor, grid: Sequence[int], window: int | Sequ
                                 ).expand(-1, -1, n_pad, -1)], dim=2) for t, p in zip((k, v), pads))
 
 
-@lru_cache(maxsize=64)
-def _swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
-                        device: torch.device) -> tuple[Tensor | None, Tensor]:
-    """timm's per-window tables on ``device``: the additive region mask ``(nW, A, A)`` (``-100`` across regions,
-    None without shift: timm passes ``mask=None``) and ``relative_position_index`` flattened, ``(A A,)``,
-    ``A = w_h w_w``."""
+#: swin_window_tables' tables by (grid, window, shift, device): a plain dict, not ``lru_cache``, so that
+#: ``torch.compile`` reads a table built before it traced (the window kind builds them when a layer is built)
+#: instead of tracing the Python that builds it
+_SWIN_TABLES: dict[tuple, tuple[Tensor | None, Tensor]] = {}
+_SWIN_TABLES_MAX = 256
+
+
+def swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+                       device: torch.device) -> tuple[Tensor | None, Tensor]:
+    """timm's per-window tables on ``device`` for an already resolved window and shift (kept per arguments, built
+    once): the additive region mask ``(nW, A, A)`` (``-100`` across regions, None without shift: timm passes
+    ``mask=None``) and ``relative_position_index`` flattened, ``(A A,)``, ``A = w_h w_w``."""
+    key = (tuple(grid), tuple(window), tuple(shift), torch.device(device))
+    if key not in _SWIN_TABLES:
+        if len(_SWIN_TABLES) >= _SWIN_TABLES_MAX:
+            _SWIN_TABLES.clear()
+        _SWIN_TABLES[key] = _build_swin_window_tables(*key)
+    return _SWIN_TABLES[key]
+
+
+def _build_swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+                              device: torch.device) -> tuple[Tensor | None, Tensor]:
     rows, cols = swin_axis(grid[0], window[0], shift[0]), swin_axis(grid[1], window[1], shift[1])
     region = torch.tensor(rows.region)[:, None] * 3 + torch.tensor(cols.region)[None]  # timm's cnt = 3 h + w
     windows = region.view(rows.padded // window[0], window[0], cols.padded // window[1], window[1])
@@ -243,7 +260,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
     _check_tokens(q, grid, "window")
     win, sh = resolve_window(grid, window, shift)
     padded = padded_grid(grid, win)
-    mask, index = _swin_window_tables(grid, win, sh, q.device)
+    mask, index = swin_window_tables(grid, win, sh, q.device)
     _check_table(bias_table, ((2 * win[0] - 1) * (2 * win[1] - 1), q.shape[1]), "bias_table")
     pads = (None, None) if pad_kv is None else pad_kv
     q_w, k_w, v_w = [_partition(_rolled_padded(t, grid, padded, sh, pad), win)

@@ -302,6 +302,13 @@ class WindowTerms(KindTerms):
         """timm ``WindowAttention.reset_parameters``: ``trunc_normal_(std=.02)``."""
         timm_layers.trunc_normal_(layer.relative_position_bias_table, std=0.02)
 
+    def build_grid_tables(self, layer: Any, device: Any) -> None:
+        """timm's region mask and relative-position index for the layer's grid, built now (kept by
+        :func:`~archspec.families.attention.local_kernels.swin_window_tables`, not on the layer), so that
+        ``torch.compile`` reads them instead of tracing the Python that builds them."""
+        win, shift = resolved(self.spec, layer.grid)
+        local_kernels.swin_window_tables(layer.grid, win, shift, device)
+
     def resize_grid(self, layer: Any, old: tuple[int, int], new: tuple[int, int]) -> None:
         """Where the resolved window changes (a grid smaller than the window), the table resampled to it as timm's
         ``WindowAttention.set_window_size`` (``resize_rel_pos_bias_table``)."""
