@@ -277,24 +277,23 @@ def buffers(shape: AttentionShape) -> int:
 def caches(shape: AttentionShape) -> int:
     """Bytes of the constants :class:`~.module.Attention` caches in its first eval forward (``attn_impl='auto'``),
     from the logit terms its heads carry and the paths they take (:func:`head_path`): the ``(H, N, N)`` float32
-    position bias (a head with a ``bias`` term, and a path that reads the layer's terms: not a kind's
-    ``self_contained_paths``, nor an SDPA group of heads without terms), the float32 ``(H, N, N)`` additive mask of
-    the paths that read it (an SDPA group with a biased or blocking head, the kinds' ``additive_mask_paths``, when a
-    head has a ``bias`` or ``block`` term), each kind's own
+    position bias (a head with a ``bias`` term, on a path other than a kind's ``self_contained_paths``), the float32
+    ``(H, N, N)`` additive mask of the paths that read it (an SDPA group with a head with terms, the kinds'
+    ``additive_mask_paths``, when such a head has a ``bias`` or ``block`` term), each kind's own
     caches (``HeadKind.caches``: MaiT's hard-mask term, GPSA's positional attention), and the stacked ``qk`` + ``v``
     weights of the layernorm family's single projection GEMM."""
     heads, n, dims = shape.heads, shape.n_tokens, shape.dims
     n_patches, h = n - shape.n_prefix, len(heads)
     keys = [head_path(head, shape.attention_grid, n_prefix=shape.n_prefix) for head in heads]
     paths = frozenset(key[0] for key in keys)
-    terms = frozenset().union(*(head_terms(head) for head in heads))
-    reads_additive = set().union(*(kind.additive_mask_paths for kind in KINDS))
     self_contained = set().union(*(kind.self_contained_paths for kind in KINDS))
-    # a group of heads reads the layer's (H, N, N) terms unless its path is self-contained or it is an SDPA group of
-    # heads without terms (Attention's _group_forward passes such a group no mask)
+    # the terms of the heads on paths that read the layer's terms (a self-contained path's heads keep theirs to
+    # themselves: Swin's windows), and whether an SDPA group has a head with terms (Attention's _group_forward gives
+    # an SDPA group of heads without terms no mask)
+    terms = frozenset().union(*(head_terms(head) for key, head in zip(keys, heads) if key[0] not in self_contained))
     sdpa_terms = any(key == ("sdpa",) and head_terms(head) for key, head in zip(keys, heads))
-    reads_terms = sdpa_terms or bool(paths - self_contained - {"sdpa"})
-    total = F32 * h * n * n if "bias" in terms and reads_terms else 0
+    reads_additive = set().union(*(kind.additive_mask_paths for kind in KINDS))
+    total = F32 * h * n * n if "bias" in terms else 0
     total += F32 * h * n * n if terms & SDPA_TERMS and (sdpa_terms or paths & reads_additive) else 0
     total += sum(kind.caches(heads, paths, n, n_patches) for kind in KINDS)
     if shape.norm == "layernorm":

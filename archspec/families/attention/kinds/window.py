@@ -271,6 +271,23 @@ def path_logits(key: tuple, grid: tuple[int, int], n_prefix: int) -> int:
 
 
 # ----------------------------------------------------------------------------------- torch side
+_GRID_MASKS: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def _grid_mask(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+               device: Any) -> tuple[Tensor, Tensor]:
+    """:func:`~archspec.families.attention.local_kernels.swin_window_mask` over the grid's tokens only, bool and
+    long ``(N, N)`` on ``device``, kept per arguments (the last few)."""
+    key = (tuple(grid), tuple(window), tuple(shift), str(device))
+    if key not in _GRID_MASKS:
+        if len(_GRID_MASKS) >= 8:
+            _GRID_MASKS.clear()
+        allowed, index = local_kernels.swin_window_mask(grid, window, shift)
+        n = grid[0] * grid[1]
+        _GRID_MASKS[key] = allowed[:, :n].to(device), index[:, :n].to(device)
+    return _GRID_MASKS[key]
+
+
 class WindowTerms(KindTerms):
     """Swin windows in one layer: timm's ``relative_position_bias_table`` ``((2 w_h - 1)(2 w_w - 1), n_window)`` (the
     window resolved on the layer's grid; trunc-normal 0.02 as timm's ``WindowAttention.reset_parameters``), the
@@ -324,28 +341,23 @@ class WindowTerms(KindTerms):
 
     # ------------------------------------------------------------------ N x N terms (diagnostics, mixed layers)
     def _mask(self, layer: Any) -> tuple[Tensor, Tensor]:
-        """``(allowed, index)`` over the grid's tokens ``(N, N)`` (the padding keys left out)."""
+        """``(allowed, index)`` over the grid's tokens ``(N, N)`` (the padding keys left out), kept per grid and
+        device outside the layer (:func:`_grid_mask`): only the ``N x N`` paths of a layer mixing window heads with
+        others, and the diagnostics, read them."""
         win, shift = resolved(self.spec, layer.grid)
-        allowed, index = local_kernels.swin_window_mask(layer.grid, win, shift)
-        n = layer.num_patches
-        device = layer.parameter_device
-        return allowed[:, :n].to(device), index[:, :n].to(device)
+        return _grid_mask(layer.grid, win, shift, layer.parameter_device)
 
     def bias(self, layer: Any) -> list[tuple[Any, Tensor]]:
         """The window heads' table read at each pair's offset inside its window, ``(n_window, N, N)``."""
-        _, index = layer.cached_term("window.index", lambda: self._mask(layer), layer.parameter_device, constant=True)
+        _, index = self._mask(layer)
         return [(self.heads, local_kernels.relative_bias(layer.relative_position_bias_table.t(), index))]
 
     def blocked_pairs(self, layer: Any) -> Tensor:
         """``(H, N, N)``: the pairs outside a window head's window (or across timm's shifted regions)."""
-
-        def build() -> Tensor:
-            allowed, _ = self._mask(layer)
-            block = torch.zeros(layer.num_heads, *allowed.shape, dtype=torch.bool, device=allowed.device)
-            block[self.heads] = ~allowed
-            return block
-
-        return layer.cached_term("window.block", build, layer.parameter_device, constant=True)
+        allowed, _ = self._mask(layer)
+        block = torch.zeros(layer.num_heads, *allowed.shape, dtype=torch.bool, device=allowed.device)
+        block[self.heads] = ~allowed
+        return block
 
     # ------------------------------------------------------------------ the partition and its reference
     def _pad_kv(self, layer: Any, heads: list[int]) -> tuple[Tensor, Tensor] | None:
