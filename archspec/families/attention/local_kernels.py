@@ -186,7 +186,8 @@ def swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tu
     if key not in _SWIN_TABLES:
         if len(_SWIN_TABLES) >= _SWIN_TABLES_MAX:
             _SWIN_TABLES.clear()
-        _SWIN_TABLES[key] = _build_swin_window_tables(*key)
+        with torch.device("cpu"):  # built from index lists on the CPU, whatever device context is active (meta)
+            _SWIN_TABLES[key] = _build_swin_window_tables(*key)
     return _SWIN_TABLES[key]
 
 

@@ -271,21 +271,30 @@ def path_logits(key: tuple, grid: tuple[int, int], n_prefix: int) -> int:
 
 
 # ----------------------------------------------------------------------------------- torch side
-_GRID_MASKS: dict[tuple, tuple[Tensor, Tensor]] = {}
+_MASKS: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def _padded_mask(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+                 device: Any) -> tuple[Tensor, Tensor]:
+    """:func:`~archspec.families.attention.local_kernels.swin_window_mask`, bool and long ``(N, N_k)`` (the grid's
+    tokens, then timm's padding keys) on ``device``, kept per arguments (the last few): what the dense reference
+    and, over the grid's tokens only (:func:`_grid_mask`), the ``N x N`` terms read."""
+    key = (tuple(grid), tuple(window), tuple(shift), str(device))
+    if key not in _MASKS:
+        if len(_MASKS) >= 8:
+            _MASKS.clear()
+        with torch.device("cpu"):  # index lists on the CPU, whatever device context is active (meta)
+            allowed, index = local_kernels.swin_window_mask(grid, window, shift)
+        _MASKS[key] = allowed.to(device), index.to(device)
+    return _MASKS[key]
 
 
 def _grid_mask(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
                device: Any) -> tuple[Tensor, Tensor]:
-    """:func:`~archspec.families.attention.local_kernels.swin_window_mask` over the grid's tokens only, bool and
-    long ``(N, N)`` on ``device``, kept per arguments (the last few)."""
-    key = (tuple(grid), tuple(window), tuple(shift), str(device))
-    if key not in _GRID_MASKS:
-        if len(_GRID_MASKS) >= 8:
-            _GRID_MASKS.clear()
-        allowed, index = local_kernels.swin_window_mask(grid, window, shift)
-        n = grid[0] * grid[1]
-        _GRID_MASKS[key] = allowed[:, :n].to(device), index[:, :n].to(device)
-    return _GRID_MASKS[key]
+    """:func:`_padded_mask` over the grid's tokens only, ``(N, N)``: the padding keys left out."""
+    allowed, index = _padded_mask(grid, window, shift, device)
+    n = grid[0] * grid[1]
+    return allowed[:, :n], index[:, :n]
 
 
 class WindowTerms(KindTerms):
@@ -382,10 +391,9 @@ class WindowTerms(KindTerms):
         if not layer.uses_dense_reference():
             return local_kernels.window_attention(q, k, v, layer.grid, win, shift, bias_table=table,
                                                   scale=layer.scale, pad_kv=pad_kv)
-        allowed, index = local_kernels.swin_window_mask(layer.grid, win, shift)
+        allowed, index = _padded_mask(layer.grid, win, shift, q.device)
         keys, values = local_kernels.swin_padded_kv(k, v, layer.grid, win, shift, pad_kv)
-        mask = local_kernels.relative_bias(table.t(), index.to(q.device)).to(q.dtype)
-        mask = mask.masked_fill(~allowed.to(q.device), float("-inf"))
+        mask = local_kernels.relative_bias(table.t(), index).to(q.dtype).masked_fill(~allowed, float("-inf"))
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.unsqueeze(0), scale=layer.scale,
                                               dropout_p=layer.attn_drop_p if layer.training else 0.0)
 
