@@ -49,9 +49,20 @@ class HeadPathsMixin:
         if self.attn_impl == "dense":
             self._groups, self._head_order = [], None
             self._compiled_plan = ([], None)
+            self.token_roll = None
             return
         self._groups, self._head_order = self._group_heads(compiled=False)
         self._compiled_plan = self._group_heads(compiled=True)
+        self.token_roll = self._plan_token_roll()
+
+    def _plan_token_roll(self) -> tuple[int, int] | None:
+        """The roll of the token grid the layer applies around its projections (``KindTerms.token_roll``): only
+        when every head takes one kind's path, in eager and compiled plans alike, and no prefix token is present."""
+        groups, compiled = self._groups, self._compiled_plan[0]
+        if len(groups) != 1 or [key for key, _ in compiled] != [groups[0][0]] or self.num_prefix_tokens:
+            return None
+        owner = self._path_terms.get(groups[0][0][0])
+        return None if owner is None else owner.token_roll(self, groups[0][0])
 
     def _group_heads(self, compiled: bool, impl: str | None = None
                      ) -> tuple[list[tuple[tuple, list[int]]], list[int] | None]:

@@ -224,7 +224,7 @@ def _reverse(t: Tensor, window: tuple[int, int], padded: tuple[int, int]) -> Ten
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], window: int | Sequence[int],
                      shift: int | Sequence[int] = 0, bias_table: Tensor | None = None, scale: float | None = None,
-                     pad_kv: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                     pad_kv: tuple[Tensor, Tensor] | None = None, rolled: bool = False) -> Tensor:
     """Swin W-MSA (``shift`` 0) / SW-MSA by window partition, as timm 1.0's ``SwinTransformerBlock._attn`` and
     ``WindowAttention.forward`` compute it, on already projected ``q, k, v``.
 
@@ -248,6 +248,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
         scale: logit scale, default ``d ** -0.5`` (timm's ``head_dim ** -0.5``).
         pad_kv: key and value of a padding token, each broadcastable to ``(B, heads, 1, d)`` (the qkv bias's k and
             v parts); None for zeros.
+        rolled: q, k, v are already rolled by ``-shift`` (the caller rolled the tokens before projecting them, as
+            timm rolls ``x``), and the output is returned in that rolled order, for the caller to roll back.
 
     Returns:
         ``(B, heads, H W, d_v)``, equal to :func:`dense_local_attention` on :func:`swin_window_mask` and
@@ -264,7 +266,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
     mask, index = swin_window_tables(grid, win, sh, q.device)
     _check_table(bias_table, ((2 * win[0] - 1) * (2 * win[1] - 1), q.shape[1]), "bias_table")
     pads = (None, None) if pad_kv is None else pad_kv
-    q_w, k_w, v_w = [_partition(_rolled_padded(t, grid, padded, sh, pad), win)
+    roll = (0, 0) if rolled else sh
+    q_w, k_w, v_w = [_partition(_rolled_padded(t, grid, padded, roll, pad), win)
                      for t, pad in zip((q, k, v), (None, *pads))]
     # timm's WindowAttention (its default, non-fused path) in its order.  On CPU it beats SDPA with a float mask
     # ~3x at 49-token windows (2.6-3.1 ms vs 8.9-10.3 ms for Swin-T's first stage: 3 heads, 64 windows, one thread).
@@ -275,8 +278,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
     if mask is not None:
         attn = attn + mask.to(q.dtype)  # (nW, A, A)
     out = _reverse(attn.softmax(dim=-1) @ v_w, win, padded)[:, :grid[0], :grid[1]]  # (B, H, W, h, d_v)
-    if any(sh):
-        out = torch.roll(out, shifts=sh, dims=(1, 2))
+    if any(roll):
+        out = torch.roll(out, shifts=roll, dims=(1, 2))
     return out.reshape(q.shape[0], grid[0] * grid[1], q.shape[1], -1).transpose(1, 2)
 
 

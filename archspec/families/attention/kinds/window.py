@@ -379,10 +379,18 @@ class WindowTerms(KindTerms):
             k_bias, v_bias = k_bias[heads], v_bias[heads]
         return k_bias.unsqueeze(1), v_bias.unsqueeze(1)
 
+    def token_roll(self, layer: Any, key: tuple) -> tuple[int, int] | None:
+        """A layer whose heads are all window heads rolls its input by ``-shift`` before its q/k/v projection and its
+        output back after the output projection, as timm rolls ``x`` (one roll, not three of q, k, v): the
+        projections act per token, so the result is the same.  None without shift."""
+        _, _, shift = key
+        return tuple(shift) if any(shift) else None
+
     def path_forward(self, layer: Any, key: tuple, heads: list[int], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """``("swin", window, shift)``: timm's partition (:func:`~archspec.families.attention.local_kernels.
-        window_attention`), or under the dense reference (``layer.uses_dense_reference()``) SDPA over the grid's
-        tokens and the padding keys with the window as its mask (``-inf`` outside) and attention dropout."""
+        window_attention`; on q, k, v the layer already rolled where ``layer.token_roll`` is set), or under the dense
+        reference (``layer.uses_dense_reference()``) SDPA over the grid's tokens and the padding keys with the window
+        as its mask (``-inf`` outside) and attention dropout."""
         _, win, shift = key
         table = layer.relative_position_bias_table
         if heads != self.heads:
@@ -390,7 +398,8 @@ class WindowTerms(KindTerms):
         pad_kv = self._pad_kv(layer, heads)
         if not layer.uses_dense_reference():
             return local_kernels.window_attention(q, k, v, layer.grid, win, shift, bias_table=table,
-                                                  scale=layer.scale, pad_kv=pad_kv)
+                                                  scale=layer.scale, pad_kv=pad_kv,
+                                                  rolled=layer.token_roll is not None)
         allowed, index = _padded_mask(layer.grid, win, shift, q.device)
         keys, values = local_kernels.swin_padded_kv(k, v, layer.grid, win, shift, pad_kv)
         mask = local_kernels.relative_bias(table.t(), index).to(q.dtype).masked_fill(~allowed, float("-inf"))
