@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock
 from torch import nn
-from train_fixtures import image_folder
+from train_fixtures import folder  # noqa: F401 - the striped image folder, a pytest fixture used by name
 
 import archspec
 from archspec import compile as compile_spec
@@ -384,12 +384,6 @@ stages:
   - {depth: 1, dim: 64, heads: 4, norm_eps: 1.0e-5, attention: "window:4", downsample: patch_merging}
 head: {pool: mean, norm: before_pool, num_classes: 10}
 """
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    """The striped image folder of tests/train_fixtures.py (two classes, 16 px PNGs)."""
-    return image_folder(tmp_path_factory.mktemp("data") / "stripes")
 
 
 @pytest.fixture
