@@ -54,7 +54,13 @@ def test_static_counts_match_flop_counter(name: str) -> None:
             measured_macs = reference_macs(model, x) - _outside_the_windows(model)
         executed = reference_macs(model, x)  # 224 px grids: no linear-time heads, whose elementwise work it'd miss
     analysis = model.analysis.graph
-    assert abs(analysis["macs"] - measured_macs) <= 0.02 * measured_macs
+    # a kind whose exact reference is not the dense formula (Swin's windows: the masked N x N reference multiplies
+    # every pair, the papers count M^2 H W) has its papers' count checked against what its path executes
+    dense_is_papers = all(layer._dense_whole for layer in model.modules() if isinstance(layer, Attention))
+    if dense_is_papers:
+        assert abs(analysis["macs"] - measured_macs) <= 0.02 * measured_macs
+    else:
+        assert analysis["macs"] == analysis["macs_executed"]  # Swin at its own size: windows divide the grids
     assert abs(analysis["macs_executed"] - executed) <= 0.02 * executed
     assert analysis["params"] == sum(p.numel() for p in model.parameters())
 

@@ -26,6 +26,19 @@ class Case:
     count: int | None = None  # expected number of problems, when it matters (no per-layer repeats)
 
 
+# A Swin stage (32 px, 4x4 patches with a LayerNorm: an 8x8 grid) whose heads the window cases write on line 10.
+_SWIN_STAGE = """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4, norm: layernorm}
+tokens: {cls_token: none, pos_embed: none}
+head: {pool: mean}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    attention: """
+
 # A valid base most cases vary: 32x32 input, 4x4 patches -> 8x8 grid, 64 wide, 4 heads.
 CASES = [
     # --- YAML level ---------------------------------------------------------------------------
@@ -537,7 +550,7 @@ stages:
   - depth: 2
     dim: 64
     heads: 4
-""", "input.resolution", 3, ("65536 tokens", "cap of 4096"), "larger patch size"),
+""", "input.resolution", 3, ("65536 tokens", "cap of 16384"), "larger patch size"),
     Case("pool-cls-without-class-token", """\
 name: t
 input: {resolution: 32}
@@ -779,6 +792,34 @@ stages:
     heads: 4
     mixer: token_conv15
 """, "stages[0].mixer.kernel", 10, "kernel 15 is larger than the 4x4 token grid", "at most 9", count=1),
+    # --- Swin's window head kind (_SWIN_STAGE: a Swin stage on an 8x8 grid, its heads on line 10) ---------------
+    Case("window-larger-than-grid", _SWIN_STAGE + "{window: {size: 12}}\n", "stages[0].attention.window.size", 10,
+         "window 12x12 is larger than the 8x8 token grid", "clamp: true", count=1),
+    Case("window-shift-not-below-window", _SWIN_STAGE + "{window: {size: 4, shift: 4}}\n",
+         "stages[0].attention.window.shift", 10, "shift 4 must be in [0, window) = [0, 4)", "window // 2"),
+    Case("window-on-a-conv-stage", """\
+name: t
+input: {resolution: 64}
+stem: {kind: resnet}
+stages:
+  - kind: conv
+    block: bottleneck
+    depth: 1
+    channels: 256
+    mixer: {kind: attention, heads: 4, attention: "window:4"}
+""", "stages[0].mixer.attention", 9, "head kind window does not run in a bottleneck's attention",
+         "attention stage"),
+    Case("window-with-class-token", """\
+name: t
+input: {resolution: 32}
+stem: {kind: patch, patch_size: 4}
+tokens: {cls_token: input}
+stages:
+  - depth: 2
+    dim: 64
+    heads: 4
+    attention: "window:4"
+""", "stages[0].attention.window", 9, "prefix (class/distillation) token", "global average pooling", count=1),
 ]
 
 

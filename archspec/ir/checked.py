@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable, Sequence
 
 from archspec.errors import Problem, SpecError
+from archspec.families.attention.heads import at_other_resolution
 from archspec.ir.plan import check_spec
 from archspec.spec import ArchSpec, parse_spec
 
@@ -55,12 +56,18 @@ def load_spec(source: str | os.PathLike | dict | ArchSpec, check: bool = True,
 def with_resolution(spec: ArchSpec, img_size: int | Sequence[int]) -> ArchSpec:
     """``spec`` at input resolution ``img_size`` (an int or ``(H, W)`` in pixels), fully re-checked.
 
+    At a size other than the spec's own, each head is what its kind makes of it there
+    (:func:`~archspec.families.attention.heads.at_other_resolution`: Swin's windows get ``clamp: true``, timm's rule
+    for a window larger than its grid, which the spec's own size refuses).
+
     Raises:
         SpecError: the spec is invalid at that size; every problem names the size.
     """
 
     size = tuple(int(v) for v in (img_size if isinstance(img_size, Iterable) else (img_size, img_size)))
     data = spec.model_dump()
+    if size != tuple(spec.input.resolution):  # the head kinds' rules at another size (Swin's windows clamp)
+        data = at_other_resolution(data)
     data["input"] = {**data["input"], "resolution": size}
     try:
         return load_spec(data)

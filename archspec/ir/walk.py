@@ -25,7 +25,9 @@ from archspec.spec import ArchSpec, LayerPlan
 
 __all__ = ["walk", "check_stage_overrides", "MAX_TOKENS", "MAX_PARAMS"]
 
-MAX_TOKENS = 4096  # attention memory grows with N^2; 4096 tokens is a 64x64 grid
+#: the stem grid's cap: a 128x128 grid (Swin at 512 px; windowed heads attend N w^2 pairs, global heads N^2, which
+#: the memory limit, archspec.ir.plan.check_memory, bounds first: 4096 tokens, a 64x64 grid, until Swin at 384 px)
+MAX_TOKENS = 16384
 MAX_PARAMS = 1_000_000_000  # 4 GB of float32 weights
 _NO_MEMORY = NodeMemory()  # nodes that hold nothing (the input)
 

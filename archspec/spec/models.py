@@ -430,6 +430,7 @@ class ArchSpec(StrictModel):
                 rate = first + (last - first) * (layer / max(stage.depth - 1, 1))
             else:
                 rate = stage.drop_path
+            heads = [head.at_layer(layer) for head in heads]  # what a kind says per layer (Swin's shift: alternate)
             plans.append(LayerPlan(heads=heads, mixer=mixer, drop_path=rate, origin=origin))
         return plans
 

@@ -13,7 +13,9 @@ Supported timm families (the blocks archspec mirrors):
   ResNet.
 * ``ByobNet`` BoTNets (``specs/botnet26t.yaml``, timm ``botnet26t_256``): conv stages whose attention mixer is
   timm's ``BottleneckAttn``; :func:`byobnet_key_from_timm` renames the ConvNormAct pairs to ResNet's names.
-* ``SwinTransformer``'s structure (the window attention's own tensors are the window head kind's, not mapped here):
+* ``SwinTransformer`` (``specs/swin_tiny_patch4_window7_224.yaml``, ``swin_base_patch4_window12_384.yaml``): the
+  window head kind keeps timm's ``attn.relative_position_bias_table`` under its name, and ``attn.qkv`` splits into
+  ``qk`` and ``v`` as ViT's; the structure's names:
   ``patch_embed.proj`` / ``patch_embed.norm`` <-> ``stem.proj`` / ``stem.norm`` (a patch stem with ``norm:
   layernorm``), ``layers.{i}.downsample.{norm,reduction}`` <-> ``stages.{i}.downsample.{norm,reduction}`` (patch
   merging entering stage ``i``), ``layers.{i}.blocks.{j}`` <-> ``stages.{i}.blocks.{j}``, ``norm`` <-> ``norm``
@@ -77,6 +79,8 @@ TIMM_EQUIVALENTS = {
     "resnext50_32x4d": "resnext50_32x4d",
     "resnet26t": "resnet26t",
     "seresnext26d_32x4d": "seresnext26d_32x4d",
+    "swin_tiny_patch4_window7_224": "swin_tiny_patch4_window7_224",
+    "swin_base_patch4_window12_384": "swin_base_patch4_window12_384",
 }
 
 _QKV = re.compile(r"^(?P<prefix>.*\.attn)\.qkv\.(?P<kind>weight|bias)$")

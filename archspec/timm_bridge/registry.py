@@ -31,6 +31,7 @@ from typing import Any
 from timm.models import build_model_with_cfg, register_model
 
 from archspec.errors import SpecError
+from archspec.families.attention.heads import at_other_resolution
 from archspec.ir.checked import load_spec
 from archspec.ir.plan import build_plan
 from archspec.nn.layout import layout_of
@@ -56,6 +57,8 @@ def _spec_with_kwargs(spec: Any, num_classes: int | None, in_chans: int | None, 
         data["input"] = {**data["input"], "channels": in_chans}
     if img_size is not None:
         size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        if size != tuple(spec.input.resolution):  # as with_resolution: Swin's windows clamp there, as timm's do
+            data = at_other_resolution(data)
         data["input"] = {**data["input"], "resolution": size}
     if global_pool is not None:
         pools = {"token": "cls", "avg": "mean"}

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .kernels import is_compiling
 from .position_terms import apply_logit_terms
-from .rules import head_path
+from .rules import head_path, head_terms
 
 __all__ = ["HeadPathsMixin"]
 
@@ -37,18 +37,40 @@ class HeadPathsMixin:
 
     def _plan_paths(self) -> None:
         """Group heads by path (static: head kinds, grid, ``attn_impl``); ``_groups`` lists ``(key, heads)``
-        by first head, ``_head_order`` the permutation restoring head order after concatenation (or None)."""
+        by first head, ``_head_order`` the permutation restoring head order after concatenation (or None).
+
+        The dense reference has its own plan, ``_dense_plan``: every head on ``("dense",)`` (then ``_dense_whole``:
+        the layer's one reference formula) except the heads of a kind that ``owns_reference`` (Swin's windows), on
+        that kind's path, where it runs its own reference.  ``_sdpa_unmasked``: heads without logit terms, which an
+        SDPA group made only of them runs with no mask."""
+        self._sdpa_unmasked = frozenset(h for h, spec in enumerate(self.head_specs) if not head_terms(spec))
+        self._dense_plan = self._group_heads(compiled=False, impl="dense")
+        self._dense_whole = all(key == ("dense",) for key, _ in self._dense_plan[0])
         if self.attn_impl == "dense":
             self._groups, self._head_order = [], None
             self._compiled_plan = ([], None)
+            self.token_roll = None
             return
         self._groups, self._head_order = self._group_heads(compiled=False)
         self._compiled_plan = self._group_heads(compiled=True)
+        self.token_roll = self._plan_token_roll()
 
-    def _group_heads(self, compiled: bool) -> tuple[list[tuple[tuple, list[int]]], list[int] | None]:
+    def _plan_token_roll(self) -> tuple[int, int] | None:
+        """The roll of the token grid the layer applies around its projections (``KindTerms.token_roll``): only
+        when every head takes one kind's path, in eager and compiled plans alike, and no prefix token is present."""
+        groups, compiled = self._groups, self._compiled_plan[0]
+        if len(groups) != 1 or [key for key, _ in compiled] != [groups[0][0]] or self.num_prefix_tokens:
+            return None
+        owner = self._path_terms.get(groups[0][0][0])
+        return None if owner is None else owner.token_roll(self, groups[0][0])
+
+    def _group_heads(self, compiled: bool, impl: str | None = None
+                     ) -> tuple[list[tuple[tuple, list[int]]], list[int] | None]:
         groups: dict[tuple, list[int]] = {}
         for head in range(self.num_heads):
-            groups.setdefault(self._head_path(head, compiled), []).append(head)
+            key = (self._head_path(head, compiled) if impl is None else
+                   head_path(self.head_specs[head], self.grid, impl, compiled, self.num_prefix_tokens))
+            groups.setdefault(key, []).append(head)
         ordered = sorted(groups.items(), key=lambda item: item[1][0])
         order = [h for _, heads in ordered for h in heads]
         in_order = order == list(range(self.num_heads))
@@ -92,7 +114,9 @@ class HeadPathsMixin:
         owner = self._path_terms.get(key[0])
         if owner is not None:
             return owner.path_forward(self, key, heads, q, k, v)
-        additive = self.additive_mask(q.dtype)
+        # a group of heads without terms needs no mask, even where other heads of the layer have one (it would be
+        # zero on these heads, and building it costs (H, N, N): Swin's windows beside global heads)
+        additive = None if self._sdpa_unmasked.issuperset(heads) else self.additive_mask(q.dtype)
         if additive is not None:
             additive = self.select_heads(additive, heads, dim=0)
         if additive is not None and not self._masked_sdpa_fused:
@@ -112,8 +136,11 @@ class HeadPathsMixin:
         return t.index_select(dim, torch.tensor(heads, device=t.device))
 
     def _plan(self) -> tuple[list[tuple[tuple, list[int]]], list[int] | None]:
-        """``(groups, head_order)`` of the running mode.  Under ``torch.compile`` this is a trace-time branch:
-        the compiled plan is fixed into the graph."""
+        """``(groups, head_order)`` of the running mode: the dense reference's (:meth:`uses_dense_reference`), else
+        the eager or the compiled plan.  Under ``torch.compile`` this is a trace-time branch: the compiled plan is
+        fixed into the graph."""
+        if self.uses_dense_reference():
+            return self._dense_plan
         return self._compiled_plan if is_compiling() else (self._groups, self._head_order)
 
     def _group_outputs(self, q: Tensor, k: Tensor, v: Tensor, groups) -> list[Tensor]:
@@ -130,14 +157,16 @@ class HeadPathsMixin:
             if opened:
                 self._forward_memo = None
 
-    def _uses_dense(self) -> bool:
+    def uses_dense_reference(self) -> bool:
         """The dense reference runs: ``attn_impl == 'dense'``, or attention dropout active in training (the fast
-        paths have no dropout on implicit weights)."""
+        paths have no dropout on implicit weights).  A kind that ``owns_reference`` reads it in its
+        ``path_forward`` to run its own reference."""
         return self.attn_impl == "dense" or (self.training and self.attn_drop_p > 0)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """``(B, H, N, v_dim)`` on the planned paths (or the dense reference, :meth:`_uses_dense`)."""
-        if self._uses_dense():
+        """``(B, H, N, v_dim)`` on the planned paths (or the dense reference, :meth:`uses_dense_reference`: the
+        layer's one formula, with the heads of a kind that owns its reference on that kind's path)."""
+        if self.uses_dense_reference() and self._dense_whole:
             return self._dense_forward(q, k, v)
         groups, head_order = self._plan()
         outs = self._group_outputs(q, k, v, groups)
@@ -151,7 +180,7 @@ class HeadPathsMixin:
     def _projects_per_group(self) -> bool:
         """Training through several head groups with a plain ``nn.Linear`` output projection (ConViT/DeiT layout):
         project each group's output by its columns of ``proj.weight`` and sum (:meth:`_project_groups`)."""
-        return (self.norm == "layernorm" and torch.is_grad_enabled() and not self._uses_dense()
+        return (self.norm == "layernorm" and torch.is_grad_enabled() and not self.uses_dense_reference()
                 and len(self._plan()[0]) > 1)
 
     def _project_groups(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -28,7 +28,7 @@ from .kinds.rel_logits import RelLogitsSpec
 
 __all__ = ["HeadSpec", "GPSASpec", "RelBiasSpec", "RelLogitsSpec", "MaskSpec", "GaussMaskSpec", "KINDS",
            "HEAD_SHORTHANDS", "HEAD_LETTERS", "head_letters_legend", "coerce_heads", "StrictModel",
-           "NEW_KINDS", "without_unused_new_kinds"]
+           "NEW_KINDS", "without_unused_new_kinds", "at_other_resolution"]
 
 #: The head kinds (the registry's, fixed from now on), in the order their letters compose.
 KINDS: tuple[HeadKind, ...] = seal_head_kinds()
@@ -114,6 +114,14 @@ class HeadSpecBase(StrictModel):
         """True for plain content attention (no head kind)."""
         return not self.kinds
 
+    def at_layer(self, layer: int) -> HeadSpecBase:
+        """This head as the stage-local block ``layer`` runs it: each kind's ``HeadKind.at_layer`` applied (Swin's
+        ``shift: alternate`` becomes the shift of that block); ``self`` when no kind says anything per layer.  Raises
+        nothing."""
+        updates = {kind.field: kind.at_layer(getattr(self, kind.field), layer) for kind in KINDS
+                   if kind.at_layer is not None and getattr(self, kind.field) is not None}
+        return self.model_copy(update=updates) if updates else self
+
 
 #: HeadSpec's description (schema, reference).  Written out, not generated from the registry: the search spaces'
 #: schema (archspec/search/spaces/archspec-space.schema.json) embeds it.
@@ -149,6 +157,25 @@ def without_unused_new_kinds(value: Any) -> Any:
         return {k: without_unused_new_kinds(v) for k, v in value.items()
                 if not (head and k in NEW_KINDS and v is None)}
     return value
+
+
+def at_other_resolution(value: Any) -> Any:
+    """``value`` (a dump of a spec, ``model_dump()``, or of parts of one) as it is moved to another input size: in
+    each head's dump, each kind's ``HeadKind.at_other_resolution`` applied to its field (Swin's windows clamp to a
+    smaller grid there, as timm's do).  Raises nothing."""
+    if isinstance(value, list):
+        return [at_other_resolution(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if set(HeadSpec.model_fields) <= set(value):  # a HeadSpec's dump
+        head = dict(value)
+        for kind in KINDS:
+            if kind.at_other_resolution is not None and head.get(kind.field) is not None:
+                spec = head[kind.field]
+                spec = kind.spec.model_validate(spec) if isinstance(spec, dict) else spec
+                head[kind.field] = kind.at_other_resolution(spec).model_dump()
+        return head
+    return {k: at_other_resolution(v) for k, v in value.items()}
 
 
 def coerce_heads(heads: Sequence[HeadSpec | str | dict]) -> tuple[HeadSpec, ...]:

@@ -43,9 +43,9 @@ from .local_rules import (
     swin_axis,
 )
 
-__all__ = ["dense_local_attention", "relative_bias", "swin_window_mask", "swin_padded_kv", "window_attention",
-           "neighborhood_indices", "neighborhood_mask", "neighborhood_starts", "neighborhood_window_mask",
-           "neighborhood_attention"]
+__all__ = ["dense_local_attention", "relative_bias", "swin_window_mask", "swin_padded_kv", "swin_window_tables",
+           "window_attention", "neighborhood_indices", "neighborhood_mask", "neighborhood_starts",
+           "neighborhood_window_mask", "neighborhood_attention"]
 
 
 def _cached_tables(build):
@@ -188,11 +188,33 @@ def swin_padded_kv(k: Tensor, v: Tensor, grid: Sequence[int], window: int | Sequ
                                 ).expand(-1, -1, n_pad, -1)], dim=2) for t, p in zip((k, v), pads))
 
 
-@_cached_tables
-def _swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
-                        device: torch.device) -> tuple[Tensor | None, Tensor]:
-    """timm's per-window tables on ``device``: the additive region mask ``(nW, A, A)`` (``-100`` across regions,
-    None without shift: timm passes ``mask=None``) and ``relative_position_index`` ``(A, A)``, ``A = w_h w_w``."""
+#: swin_window_tables' tables by (grid, window, shift, device): a plain dict, not ``lru_cache``, so that
+#: ``torch.compile`` reads a table built before it traced (the window kind builds them when a layer is built)
+#: instead of tracing the Python that builds it
+_SWIN_TABLES: dict[tuple, tuple[Tensor | None, Tensor]] = {}
+_SWIN_TABLES_MAX = 256
+
+
+def swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+                       device: torch.device) -> tuple[Tensor | None, Tensor]:
+    """timm's per-window tables on ``device`` for an already resolved window and shift (kept per arguments, built
+    once): the additive region mask ``(nW, A, A)`` (``-100`` across regions, None without shift: timm passes
+    ``mask=None``) and ``relative_position_index`` flattened, ``(A A,)``, ``A = w_h w_w``."""
+    key = (tuple(grid), tuple(window), tuple(shift), torch.device(device))
+    if key not in _SWIN_TABLES:
+        if len(_SWIN_TABLES) >= _SWIN_TABLES_MAX:
+            _SWIN_TABLES.clear()
+        if torch.compiler.is_dynamo_compiling():  # traced: the tables become graph constants
+            return _build_swin_window_tables(*key)
+        # built from index lists on the CPU whatever device context is active (meta), and as plain tensors
+        # (_cached_tables says why: outside inference_mode and any fake-tensor mode)
+        with torch.device("cpu"), torch.inference_mode(False), unset_fake_temporarily():
+            _SWIN_TABLES[key] = _build_swin_window_tables(*key)
+    return _SWIN_TABLES[key]
+
+
+def _build_swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+                              device: torch.device) -> tuple[Tensor | None, Tensor]:
     rows, cols = swin_axis(grid[0], window[0], shift[0]), swin_axis(grid[1], window[1], shift[1])
     region = torch.tensor(rows.region)[:, None] * 3 + torch.tensor(cols.region)[None]  # timm's cnt = 3 h + w
     windows = region.view(rows.padded // window[0], window[0], cols.padded // window[1], window[1])
@@ -204,7 +226,7 @@ def _swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: t
     wr, wc = torch.meshgrid(torch.arange(window[0]), torch.arange(window[1]), indexing="ij")
     wr, wc = wr.flatten(), wc.flatten()
     index = (wr[:, None] - wr[None] + window[0] - 1) * (2 * window[1] - 1) + (wc[:, None] - wc[None] + window[1] - 1)
-    return mask, index.to(device)
+    return mask, index.flatten().to(device)
 
 
 def _partition(t: Tensor, window: tuple[int, int]) -> Tensor:
@@ -215,15 +237,16 @@ def _partition(t: Tensor, window: tuple[int, int]) -> Tensor:
 
 
 def _reverse(t: Tensor, window: tuple[int, int], padded: tuple[int, int]) -> Tensor:
-    """Inverse of :func:`_partition` (timm ``window_reverse``)."""
+    """Inverse of :func:`_partition` (timm ``window_reverse``), laid out ``(B, H_p, W_p, h, d)``: one copy, after
+    which an output projection over ``(B, N, h d)`` reads the cropped, unrolled grid without another."""
     B, h, _, _, d = t.shape
     t = t.view(B, h, padded[0] // window[0], padded[1] // window[1], window[0], window[1], d)
-    return t.permute(0, 1, 2, 4, 3, 5, 6).reshape(B, h, padded[0], padded[1], d)
+    return t.permute(0, 2, 4, 3, 5, 1, 6).reshape(B, padded[0], padded[1], h, d)
 
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], window: int | Sequence[int],
                      shift: int | Sequence[int] = 0, bias_table: Tensor | None = None, scale: float | None = None,
-                     pad_kv: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                     pad_kv: tuple[Tensor, Tensor] | None = None, rolled: bool = False) -> Tensor:
     """Swin W-MSA (``shift`` 0) / SW-MSA by window partition, as timm 1.0's ``SwinTransformerBlock._attn`` and
     ``WindowAttention.forward`` compute it, on already projected ``q, k, v``.
 
@@ -232,10 +255,12 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
     input of its qkv projection with zeros); partition into windows; per window ``softmax(q k^T scale + B + M) v``
     with ``B`` the ``relative_position_bias_table`` read through ``relative_position_index`` and ``M`` timm's
     ``-100`` region mask when any shift is non-zero, in timm's order (``q * scale``, ``@ k^T``, ``+ B``, ``+ M``,
-    softmax, ``@ v``); reverse the partition, crop the padding, roll back by ``+shift``.  Autograd keeps the
-    windows' weights (``N w_h w_w`` per head).  Window and shift are resolved as timm does
-    (:func:`~archspec.families.attention.local_rules.resolve_window`: clamped to a smaller grid, shift 0 on an
-    axis the window covers).
+    softmax, ``@ v``); reverse the partition, crop the padding, roll back by ``+shift``.  The roll reads q, k, v
+    where they lie (strided views of the projection's output need no copy first), and the reverse writes the output
+    laid out ``(B, N, heads, d_v)`` (returned as its ``(B, heads, N, d_v)`` view), so an output projection over
+    ``(B, N, heads d_v)`` reads it without a copy.  Autograd keeps the windows' weights (``N w_h w_w`` per head).
+    Window and shift are resolved as timm does (:func:`~archspec.families.attention.local_rules.resolve_window`:
+    clamped to a smaller grid, shift 0 on an axis the window covers).
 
     Args:
         q, k: ``(B, heads, H W, d)``; v: ``(B, heads, H W, d_v)``.
@@ -245,6 +270,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
         scale: logit scale, default ``d ** -0.5`` (timm's ``head_dim ** -0.5``).
         pad_kv: key and value of a padding token, each broadcastable to ``(B, heads, 1, d)`` (the qkv bias's k and
             v parts); None for zeros.
+        rolled: q, k, v are already rolled by ``-shift`` (the caller rolled the tokens before projecting them, as
+            timm rolls ``x``), and the output is returned in that rolled order, for the caller to roll back.
 
     Returns:
         ``(B, heads, H W, d_v)``, equal to :func:`dense_local_attention` on :func:`swin_window_mask` and
@@ -258,23 +285,24 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
     _check_tokens(q, grid, "window")
     win, sh = resolve_window(grid, window, shift)
     padded = padded_grid(grid, win)
-    mask, index = _swin_window_tables(grid, win, sh, q.device)
+    mask, index = swin_window_tables(grid, win, sh, q.device)
     _check_table(bias_table, ((2 * win[0] - 1) * (2 * win[1] - 1), q.shape[1]), "bias_table")
     pads = (None, None) if pad_kv is None else pad_kv
-    q_w, k_w, v_w = [_partition(_rolled_padded(t, grid, padded, sh, pad), win)
+    roll = (0, 0) if rolled else sh
+    q_w, k_w, v_w = [_partition(_rolled_padded(t, grid, padded, roll, pad), win)
                      for t, pad in zip((q, k, v), (None, *pads))]
     # timm's WindowAttention (its default, non-fused path) in its order.  On CPU it beats SDPA with a float mask
     # ~3x at 49-token windows (2.6-3.1 ms vs 8.9-10.3 ms for Swin-T's first stage: 3 heads, 64 windows, one thread).
     attn = (q_w * (q.shape[-1] ** -0.5 if scale is None else scale)) @ k_w.transpose(-2, -1)  # (B, h, nW, A, A)
-    if bias_table is not None:
-        attn = attn + bias_table.to(q.dtype)[index].permute(2, 0, 1).unsqueeze(1)  # (heads, 1, A, A)
+    if bias_table is not None:  # (heads, 1, A, A), contiguous as timm's _get_rel_pos_bias makes it
+        area, heads = win[0] * win[1], q.shape[1]
+        attn = attn + bias_table.to(q.dtype)[index].view(area, area, heads).permute(2, 0, 1).contiguous().unsqueeze(1)
     if mask is not None:
         attn = attn + mask.to(q.dtype)  # (nW, A, A)
-    out = attn.softmax(dim=-1) @ v_w
-    out = _reverse(out, win, padded)[:, :, :grid[0], :grid[1]]
-    if any(sh):
-        out = torch.roll(out, shifts=sh, dims=(2, 3))
-    return out.reshape(q.shape[0], q.shape[1], grid[0] * grid[1], -1)
+    out = _reverse(attn.softmax(dim=-1) @ v_w, win, padded)[:, :grid[0], :grid[1]]  # (B, H, W, h, d_v)
+    if any(roll):
+        out = torch.roll(out, shifts=roll, dims=(1, 2))
+    return out.reshape(q.shape[0], grid[0] * grid[1], q.shape[1], -1).transpose(1, 2)
 
 
 def _rolled_padded(t: Tensor, grid: tuple[int, int], padded: tuple[int, int], shift: tuple[int, int],

@@ -345,6 +345,9 @@ class Attention(*_layer_methods(), PositionTermsMixin, HeadPathsMixin, nn.Module
         """
         self._check_input(x)
         B, N, _ = x.shape
+        roll = None if self.uses_dense_reference() else self.token_roll
+        if roll is not None:  # a kind's cyclic roll of the grid, around the per-token projections (Swin's shift)
+            x = self._roll_tokens(x, (-roll[0], -roll[1]))
         q, k, v = self._qkv(x)
         if self._projects_per_group():
             return self.proj_drop(self._project_groups(q, k, v))
@@ -354,7 +357,13 @@ class Attention(*_layer_methods(), PositionTermsMixin, HeadPathsMixin, nn.Module
             out = self.proj(self.proj_act(out))
         else:
             out = self.proj(out)
-        return self.proj_drop(out)
+        out = self.proj_drop(out)
+        return out if roll is None else self._roll_tokens(out, roll)
+
+    def _roll_tokens(self, x: Tensor, shifts: tuple[int, int]) -> Tensor:
+        """``(B, N, C)`` rolled on the token grid by ``shifts`` ``(rows, cols)`` (no prefix tokens)."""
+        B, N, C = x.shape
+        return torch.roll(x.view(B, *self.grid, C), shifts, (1, 2)).view(B, N, C)
 
     def extra_repr(self) -> str:
         letters = "".join(f"[{h.letter}]" for h in self.head_specs)

@@ -27,7 +27,8 @@ from .kinds import SDPA_TERMS, PathContext, path_owner
 
 __all__ = ["AttentionShape", "AttnDims", "head_dims", "check_value_dim", "counts", "memory", "executed_macs",
            "problems", "head_problems", "batchnorm_channels", "label", "head_terms", "head_pairs",
-           "attention_macs_change", "head_path", "buffers", "caches", "NO_WEIGHT_DECAY", "RESAMPLED_TABLES"]
+           "attention_macs_change", "head_path", "buffers", "caches", "NO_WEIGHT_DECAY", "RESAMPLED_TABLES",
+           "logit_elements"]
 
 #: parameter leaf names an optimizer must not decay (every head kind's)
 NO_WEIGHT_DECAY = frozenset().union(*(kind.no_weight_decay for kind in KINDS))
@@ -193,15 +194,20 @@ def head_path(head: HeadSpec, grid: tuple[int, int], attn_impl: str = "auto", co
 
     ``grid``: the layer's (attention) token grid, ``n_prefix`` its prefix tokens; ``compiled``: the plan while
     ``torch.compile`` traces the layer (a kind may choose another path then: MaiT's linear-time kernel, which
-    Inductor fuses).  Raises nothing.
+    Inductor fuses).  Under ``attn_impl='dense'`` a head takes ``("dense",)``, the layer's reference, unless one of
+    its kinds ``owns_reference`` (Swin's windows, whose padding keys the ``N x N`` formula has no room for): then
+    that kind's path, where it runs its own reference.  Raises nothing.
     """
     context = PathContext(head_terms(head), head.kinds, tuple(grid), n_prefix, attn_impl, compiled)
+    dense = attn_impl == "dense"
     for kind in KINDS:
         spec = getattr(head, kind.field)
-        if spec is not None and kind.path is not None:
+        if spec is not None and kind.path is not None and (kind.owns_reference or not dense):
             key = kind.path(spec, context)
             if key is not None:
                 return key
+    if dense:
+        return ("dense",)
     return ("sdpa",) if context.terms <= SDPA_TERMS else ("dense",)
 
 
@@ -231,16 +237,28 @@ def executed_macs(shape: AttentionShape) -> int:
 
 
 # ----------------------------------------------------------------------------------- memory
-def _logit_terms(heads: Sequence[HeadSpec], n: int, n_patches: int) -> tuple[int, int, int]:
-    """(extra ``(H, N, N)`` copies alive in the logit phase, copies saved, positional-attention elements
-    ``n_positional N_p^2``), from the logit terms the heads carry (:func:`head_terms`)."""
-    n_heads = len(heads)
+def logit_elements(head: HeadSpec, grid: tuple[int, int], n_prefix: int) -> int:
+    """Elements of one head's logit matrix on its path under ``attn_impl='auto'``: what the kind owning the path
+    states (``HeadKind.path_logits``: Swin's windows, ``n_windows (w_h w_w)^2``), else ``N^2``.  Raises nothing."""
+    key = head_path(head, grid, n_prefix=n_prefix)
+    owner = path_owner(key[0])
+    if owner is not None and owner.path_logits is not None:
+        return owner.path_logits(key, grid, n_prefix)
+    n = n_prefix + grid[0] * grid[1]
+    return n * n
+
+
+def _logit_terms(heads: Sequence[HeadSpec], n: int, n_patches: int, grid: tuple[int, int]) -> tuple[int, int, int]:
+    """(extra copies of the logits alive in the logit phase, copies saved, in elements; positional-attention
+    elements ``n_positional N_p^2``), from the logit terms the heads carry (:func:`head_terms`); the logits are
+    ``N^2`` per head but on a path that keeps fewer (:func:`logit_elements`: Swin's windows)."""
     per_head = [head_terms(h) for h in heads]
     terms = frozenset().union(*per_head)
     n_positional = sum("positional" in t for t in per_head)
     soft, hard, strict = "scale" in terms, "zero" in terms, "block" in terms
     bias = "bias" in terms
-    logits = n_heads * n * n
+    n_heads = len(heads)
+    logits = sum(logit_elements(h, grid, n - n_patches) for h in heads)
     if n_positional or hard or soft:  # explicit softmax path: matmul, scale, bias, mask product, softmax
         alive = 2 * logits + (logits if soft else 0) + (logits if bias else 0) + (logits // 4 if strict else 0)
         saved = (3 + bias + hard + soft + strict) * logits
@@ -266,19 +284,24 @@ def buffers(shape: AttentionShape) -> int:
 def caches(shape: AttentionShape) -> int:
     """Bytes of the constants :class:`~.module.Attention` caches in its first eval forward (``attn_impl='auto'``),
     from the logit terms its heads carry and the paths they take (:func:`head_path`): the ``(H, N, N)`` float32
-    position bias (a head with a ``bias`` term, and a head on a path that is not a kind's standalone path), the
-    float32 ``(H, N, N)`` additive mask of the paths that read it
-    (``sdpa`` and the kinds' ``additive_mask_paths``, when a head has a ``bias`` or ``block`` term), each kind's own
+    position bias (a head with a ``bias`` term, on a path other than a kind's ``standalone_paths``), the float32
+    ``(H, N, N)`` additive mask of the paths that read it (an SDPA group with a head with terms, the kinds'
+    ``additive_mask_paths``, when such a head has a ``bias`` or ``block`` term), each kind's own
     caches (``HeadKind.caches``: MaiT's hard-mask term, GPSA's positional attention), and the stacked ``qk`` + ``v``
     weights of the layernorm family's single projection GEMM."""
     heads, n, dims = shape.heads, shape.n_tokens, shape.dims
     n_patches, h = n - shape.n_prefix, len(heads)
-    paths = frozenset(head_path(head, shape.attention_grid, n_prefix=shape.n_prefix)[0] for head in heads)
-    terms = frozenset().union(*(head_terms(head) for head in heads))
-    reads_additive = {"sdpa"}.union(*(kind.additive_mask_paths for kind in KINDS))
-    reads_terms = paths - frozenset().union(*(kind.standalone_paths for kind in KINDS))
-    total = F32 * h * n * n if "bias" in terms and reads_terms else 0
-    total += F32 * h * n * n if terms & SDPA_TERMS and paths & reads_additive else 0
+    keys = [head_path(head, shape.attention_grid, n_prefix=shape.n_prefix) for head in heads]
+    paths = frozenset(key[0] for key in keys)
+    standalone = set().union(*(kind.standalone_paths for kind in KINDS))
+    # the terms of the heads on paths that read the layer's terms (a standalone path's heads keep theirs to
+    # themselves: Swin's windows, NAT's tiles), and whether an SDPA group has a head with terms (Attention's
+    # _group_forward gives an SDPA group of heads without terms no mask)
+    terms = frozenset().union(*(head_terms(head) for key, head in zip(keys, heads) if key[0] not in standalone))
+    sdpa_terms = any(key == ("sdpa",) and head_terms(head) for key, head in zip(keys, heads))
+    reads_additive = set().union(*(kind.additive_mask_paths for kind in KINDS))
+    total = F32 * h * n * n if "bias" in terms else 0
+    total += F32 * h * n * n if terms & SDPA_TERMS and (sdpa_terms or paths & reads_additive) else 0
     total += sum(kind.caches(heads, paths, n, n_patches) for kind in KINDS)
     if shape.norm == "layernorm":
         total += F32 * h * (2 * dims.qk_dim + dims.v_dim) * (shape.dim + (1 if shape.qkv_bias else 0))
@@ -316,8 +339,8 @@ def memory(shape: AttentionShape) -> NodeMemory:
     x = n * dim
     qk, v, out = n * 2 * n_heads * shape.dims.qk_dim, n * n_heads * shape.dims.v_dim, n * n_heads * shape.dims.v_dim
     generic, own_alive, own_saved = _own_path_memory(shape)
-    logits = len(generic) * n * n
-    alive_logits, saved_logits, _ = _logit_terms(generic, n, n_patches)
+    logits = sum(logit_elements(h, shape.attention_grid, shape.n_prefix) for h in generic)
+    alive_logits, saved_logits, _ = _logit_terms(generic, n, n_patches, shape.attention_grid)
     alive_logits, saved_logits = alive_logits + own_alive, saved_logits + own_saved
     base = x + (0 if batchnorm else x) + qk + v
     phases = [

@@ -39,7 +39,7 @@ from archspec._util.memory import F32, NodeMemory
 from archspec._util.pydantic_base import HINT, DropPathRate, StrictModel
 from archspec._util.units import make_divisible
 from archspec.families.attention.heads import KINDS, HeadSpec
-from archspec.families.attention.kinds import halo, hosted_by, rel_logits
+from archspec.families.attention.kinds import halo, head_kind, hosted_by, rel_logits
 from archspec.families.attention.rules import AttentionShape, attention_macs_change, head_dims
 from archspec.families.attention.rules import counts as attention_counts
 
@@ -440,6 +440,20 @@ def plan(stage: ConvStageSpec, index: int, in_chans: int, grid: tuple[int, int]
     return shapes, problems
 
 
+def _unhosted(heads: tuple[HeadSpec, ...], where: tuple) -> list[tuple[tuple, str, str]]:
+    """A head kind no bottleneck layer runs (neither archspec's pixel attention nor timm's ``BottleneckAttn``:
+    Swin's windows belong to token stages), the first one found."""
+    runs = hosted_by("pixel_attention") | TIMM_KINDS
+    for head in heads:
+        other = sorted(head.kinds - runs)
+        if other:
+            hosts = sorted(set().union(*(head_kind(name).hosts for name in other)))
+            return [(where, f"head kind {', '.join(other)} does not run in a bottleneck's attention (it runs in: "
+                     f"{', '.join(hosts)})", "use it in an attention stage (kind: attention), or use mhsa / "
+                     "levit_bias / signed_bias / masks / gpsa / botnet_rel heads here")]
+    return []
+
+
 def _attention_problems(stage: ConvStageSpec, index: int, grid: tuple[int, int]) -> list[tuple[tuple, str, str]]:
     """An attention mixer's problems: block indices past the depth, an inner width the heads do not divide, a
     strided attention block on odd sides or at a stride other than 2 (BoTNet pools 2x2 after attention), BoTNet's
@@ -473,11 +487,12 @@ def _attention_problems(stage: ConvStageSpec, index: int, grid: tuple[int, int])
         out.append((where, "botnet_rel and halo heads run in timm's layers (BottleneckAttn, HaloAttn), which have no "
                     "room for other kinds: every head of a layer is botnet_rel, or every head is halo, or none is",
                     "make every head botnet_rel (or halo), or use mhsa / levit_bias / signed_bias / masks / gpsa"))
+    out += _unhosted(kinds, where)
     g = grid
     for layer in range(stage.depth):
         if layer in layers:
             for kind in KINDS:
-                if "attention" in kind.hosts:  # the kinds archspec's Attention runs on the pixels
+                if "pixel_attention" in kind.hosts:  # the kinds archspec's Attention runs on the pixels
                     out += kind.problems(kinds, g, 0, where)
             if host == halo.HOST:
                 out += halo.layer_problems(kinds, g, where, layer)

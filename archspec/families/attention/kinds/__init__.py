@@ -31,7 +31,7 @@ from .registry import (
 # The built-in kinds: each registers itself on import, so this line is their list, in the order their letters
 # compose (a new kind adds its module's name here).
 # isort: off
-from . import gpsa, rel_bias, mask, gauss_mask, rel_logits, halo, neighborhood  # noqa: F401
+from . import gpsa, rel_bias, mask, gauss_mask, rel_logits, halo, neighborhood, window  # noqa: F401
 # isort: on
 
 __all__ = ["HeadKind", "ShorthandArgument", "PathContext", "KindTerms", "HEAD_KINDS", "register_head_kind", "head_kind",

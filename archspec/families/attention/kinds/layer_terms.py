@@ -10,7 +10,8 @@ branch on a kind's name.  Shapes: ``H`` heads, ``N = p + N_p`` tokens (``p`` pre
 
 What the layer offers its kinds (its public attributes and methods): ``grid``, ``num_patches``, ``num_tokens``,
 ``num_prefix_tokens``, ``num_heads``, ``head_specs``, ``qk_dim``, ``v_dim``, ``dim``, ``norm``, ``scale``,
-``training``, ``parameter_device``; ``select_heads(t, heads, dim)``; ``position_bias()`` ``(H, N, N)``;
+``training``, ``parameter_device``; ``select_heads(t, heads, dim)``; ``uses_dense_reference()`` (the dense reference
+runs: ``attn_impl='dense'`` or attention dropout in training); ``position_bias()`` ``(H, N, N)``;
 ``additive_mask(dtype)`` (bias and ``-inf``, ``(H, N, N)``, what SDPA takes); ``logit_terms(dtype)`` (the composed
 ``(zero, scale, block)``); ``cached_term(key, build, device, constant=False)`` (a term built once per forward, cached
 in eval mode); ``value_rows(head)``; ``register_buffer`` / attribute assignment for its parameters, buffers and
@@ -90,6 +91,14 @@ class KindTerms:
         return None
 
     # ------------------------------------------------------------------ fast paths
+    def token_roll(self, layer: Any, key: tuple) -> tuple[int, int] | None:
+        """Where every head of the layer takes the kind's path ``key``: a cyclic roll ``(rows, cols)`` of the token
+        grid that the layer applies to its input before its projections, and undoes on its output (``torch.roll``
+        by ``-roll``, then ``+roll``), in place of the kind rolling q, k and v in ``path_forward`` (which then finds
+        ``layer.token_roll`` set).  Exact where the roll commutes with the per-token projections: Swin's cyclic
+        shift, one roll of ``x`` as timm does instead of three.  Default None (no roll)."""
+        return None
+
     def path_forward(self, layer: Any, key: tuple, heads: list[int], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Output ``(B, len(heads), N, v_dim)`` of the heads ``heads`` on the kind's path ``key`` (one of the
         ``HeadKind.paths`` its rule chose at construction); q, k, v hold those heads only.

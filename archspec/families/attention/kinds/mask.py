@@ -335,7 +335,7 @@ _WINDOW_TEXT = WINDOW_PATTERN.replace("(", "").replace(")", "")
 KIND = register_head_kind(HeadKind(
     field=FIELD, spec=MaskSpec, description="MaiT attention mask.", shorthands=SHORTHANDS, legend=LEGEND,
     letter=letter, terms=terms, params=params, macs=macs, tables=tables, caches=caches, problems=problems,
-    no_weight_decay=NO_WEIGHT_DECAY, hosts=frozenset({"attention", "talking_heads"}),
+    no_weight_decay=NO_WEIGHT_DECAY, hosts=frozenset({"attention", "pixel_attention", "talking_heads"}),
     shorthand_argument=ShorthandArgument("window", WINDOW_PATTERN, "a window", "mask:3x5",
                                          "a hard mask with a 3x5 window"),
     schema_alternatives={"window": ({"type": "integer", "description": "square window"},

@@ -45,9 +45,10 @@ TERMS = frozenset({"bias", "block", "zero", "scale", "positional"})
 SDPA_TERMS = frozenset({"bias", "block"})
 #: the paths every layer has: ``sdpa`` (one SDPA call) and ``dense`` (the explicit-logits reference formula)
 GENERIC_PATHS = frozenset({"sdpa", "dense"})
-#: the layers that run head kinds: archspec's ``Attention`` (token stages, and a bottleneck's pixel attention),
-#: CaiT's talking heads, timm's ``BottleneckAttn`` (BoTNet's relative logits) and ``HaloAttn`` (HaloNet's halo)
-HOSTS = frozenset({"attention", "talking_heads", "bottleneck_attn", "halo_attn"})
+#: the layers that run head kinds: archspec's ``Attention`` in token stages (``attention``) and on a bottleneck's
+#: pixel map in a conv stage (``pixel_attention``), CaiT's talking heads, timm's ``BottleneckAttn`` (BoTNet's
+#: relative logits) and ``HaloAttn`` (HaloNet's halo)
+HOSTS = frozenset({"attention", "pixel_attention", "talking_heads", "bottleneck_attn", "halo_attn"})
 #: shorthands and letters no kind may take: plain MHSA, and CaiT's class attention in the tables
 RESERVED_SHORTHANDS = frozenset({"mhsa", "global"})
 RESERVED_LETTERS = frozenset({"A", "C"})
@@ -84,8 +85,8 @@ class PathContext:
     """What a kind's path rule sees of a head and its layer: ``terms``, the logit terms of the whole head (every kind
     it composes: :data:`TERMS`), and ``kinds``, those kinds' fields (a kind's own kernel usually takes a head only when
     it is the head's one kind); the layer's token ``grid`` ``(rows, cols)`` and ``n_prefix`` tokens; ``attn_impl``
-    (``auto``, ``fast``, ``flex``; never ``dense``, which takes no path); ``compiled``, whether ``torch.compile`` is
-    tracing the layer (the plan fixed into the graph)."""
+    (``auto``, ``fast``, ``flex``; ``dense`` only for a kind that ``owns_reference``: the others take no path
+    there); ``compiled``, whether ``torch.compile`` is tracing the layer (the plan fixed into the graph)."""
 
     terms: frozenset[str]
     kinds: frozenset[str]
@@ -136,7 +137,13 @@ class HeadKind:
       ``check_heads(heads)``: a parse-time check of one layer's heads list (raises ``ValueError``), or None.
     * ``no_weight_decay``: parameter leaf names an optimizer must not decay; ``resampled_tables``: leaf name ->
       table kind of learned tables resampled when the grid changes.
-    * ``hosts``: the layers that take the kind (:data:`HOSTS`).
+    * ``hosts``: the layers that take the kind (:data:`HOSTS`; default: archspec's ``Attention`` in token stages and
+      on a bottleneck's pixels).
+    * ``at_layer(spec, layer) -> spec``: the head as the stage-local block ``layer`` runs it, where the kind's spec
+      says something per layer (Swin's ``shift: alternate``: shifted in every odd block); applied when a stage's
+      layers are resolved (:meth:`archspec.spec.ArchSpec.layer_plans`), or None.
+    * ``at_other_resolution(spec) -> spec``: the head of a spec moved to another input size
+      (:func:`archspec.ir.checked.with_resolution`, timm's ``img_size=``), or None (unchanged).
     * ``shorthand_argument``: what ``name:text`` sets, or None (then ``argument_hint`` helps a user who tried).
     * ``schema_alternatives``: spec field -> JSON Schema alternatives the loader also accepts for that
       ``[a, b]`` pair field (``window: 3`` or ``'3x5'``).
@@ -153,10 +160,14 @@ class HeadKind:
       from q, k, v and the kind's own parameters), so a layer whose heads all take such paths builds and caches
       none of them; ``path_memory(key, grid, n_prefix, qk_dim, v_dim) -> (alive, saved)``: the elements one head
       keeps alive at its peak and saves for backward on one of the kind's paths, in place of the ``(N, N)`` logit
-      phases of the generic paths, or None (those phases are counted).
+      phases of the generic paths, or None; ``path_logits(key, grid, n_prefix)``: elements of one head's logit
+      matrix on the kind's path where the generic phases apply to fewer logits (Swin's windows), None: ``N^2``.
     * ``pairs(spec, grid, n_prefix) -> int | None``: the (query, key) pairs the papers count for a head of the kind
-      (its ``Q K^T`` and ``A V`` each cost that times the head dim: NAT's ``H W k^2``), or None for every pair,
-      ``N^2``.  A head composing several kinds counts the fewest any of them states.
+      (its ``Q K^T`` and ``A V`` each cost that times the head dim: NAT's ``H W k^2``, Swin's ``H W M^2``), or None
+      for every pair, ``N^2``.  A head composing several kinds counts the fewest any of them states.
+    * ``owns_reference``: the kind's path rule also runs under ``attn_impl='dense'`` (and attention dropout in
+      training): its exact reference is not the layer's ``N x N`` formula (Swin's padding keys), so its heads run on
+      its path there too, where ``KindTerms.path_forward`` runs the reference (``layer.uses_dense_reference()``).
 
     Torch side: ``layer_terms``, a :class:`~archspec.families.attention.kinds.layer_terms.KindTerms` subclass
     built per layer (None: no archspec layer runs the kind), and ``layer_methods``, a mixin of public methods
@@ -178,7 +189,9 @@ class HeadKind:
     check_heads: Callable[[Sequence], None] | None = None
     no_weight_decay: frozenset[str] = frozenset()
     resampled_tables: Mapping[str, str] = field(default_factory=dict)
-    hosts: frozenset[str] = frozenset({"attention"})
+    hosts: frozenset[str] = frozenset({"attention", "pixel_attention"})
+    at_layer: Callable[[Any, int], Any] | None = None
+    at_other_resolution: Callable[[Any], Any] | None = None
     shorthand_argument: ShorthandArgument | None = None
     argument_hint: str = ""
     schema_alternatives: Mapping[str, tuple[dict, ...]] = field(default_factory=dict)
@@ -189,7 +202,9 @@ class HeadKind:
     additive_mask_paths: frozenset[str] = frozenset()
     standalone_paths: frozenset[str] = frozenset()
     path_memory: Callable[[tuple, tuple[int, int], int, int, int], tuple[int, int]] | None = None
+    path_logits: Callable[[tuple, tuple[int, int], int], int] | None = None
     pairs: Callable[[Any, tuple[int, int], int], int | None] = _every_pair
+    owns_reference: bool = False
     layer_terms: type | None = None
     layer_methods: type | None = None
 
