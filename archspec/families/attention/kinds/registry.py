@@ -46,8 +46,9 @@ SDPA_TERMS = frozenset({"bias", "block"})
 #: the paths every layer has: ``sdpa`` (one SDPA call) and ``dense`` (the explicit-logits reference formula)
 GENERIC_PATHS = frozenset({"sdpa", "dense"})
 #: the layers that run head kinds: archspec's ``Attention`` (token stages, and a bottleneck's pixel attention),
-#: CaiT's talking heads, timm's ``BottleneckAttn`` (BoTNet's relative logits) and ``HaloAttn`` (HaloNet's halo)
-HOSTS = frozenset({"attention", "talking_heads", "bottleneck_attn", "halo_attn"})
+#: CaiT's talking heads, timm's ``BottleneckAttn`` (BoTNet's relative logits), ``HaloAttn`` (HaloNet's halo) and
+#: ``MobileVitBlock`` (MobileViT's grid)
+HOSTS = frozenset({"attention", "talking_heads", "bottleneck_attn", "halo_attn", "mobilevit_block"})
 #: shorthands and letters no kind may take: plain MHSA, and CaiT's class attention in the tables
 RESERVED_SHORTHANDS = frozenset({"mhsa", "global"})
 RESERVED_LETTERS = frozenset({"A", "C"})
