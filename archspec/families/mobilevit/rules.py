@@ -2,9 +2,9 @@
 size, parameters, MACs, memory and the table labels.
 
 Mehta & Rastegari 2022, "MobileViT: Light-weight, General-purpose, and Mobile-friendly Vision Transformer" (ICLR;
-sec. 3.1, fig. 1b, Table 4 of the appendix), as timm writes it (``byobnet.py``'s ``ByobNet`` with ``mobilevit.py``'s
-``model_cfgs``).  Three stage kinds, all ``kind: conv`` (blocks on a feature map), all built from timm's own modules
-(:mod:`.module`):
+sec. 3.1, fig. 1b and the appendix's architecture table), as timm writes it (``byobnet.py``'s ``ByobNet`` with
+``mobilevit.py``'s ``model_cfgs``).  Three stage kinds, all ``kind: conv`` (blocks on a feature map), all built from
+timm's own modules (:mod:`.module`):
 
 ``block: mv2``         ``depth`` MobileNetV2 inverted residuals (the paper's "MV2"; timm ``BottleneckBlock`` with
                        ``bottle_in``, ``linear_out`` and a depthwise ``k x k``): 1x1 ``C_in -> M`` + BN + act,

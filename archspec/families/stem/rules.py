@@ -10,7 +10,7 @@ then LayerNorm; the authors' ``ConvTokenizer``, Hugging Face ``NatEmbeddings``),
 BatchNorm, ReLU, 3x3 stride-2 max-pool; or the deep stem of ResNet-C/D, He et al. 2019 "Bag of Tricks" fig. 2,
 and ResNet-RS's strided-conv pool, Bello et al. 2021 -- timm ``resnet.ResNet``'s stem) and CoAtNet's / MaxViT's
 conv stem (timm ``maxxvit.Stem``: a 3x3 stride-2 conv, BatchNorm + activation, a 3x3 conv; Dai et al. 2021's
-"S0", Tu et al. 2022 fig. 2's "Stem") and MobileViT's (Mehta & Rastegari 2022, Table 4's "Conv-3x3 / 2"; timm
+"S0", Tu et al. 2022 fig. 2's "Stem") and MobileViT's (Mehta & Rastegari 2022: a strided 3x3 conv; timm
 ByobNet's ``stem_type='3x3'``, one ``ConvNormAct``: a 3x3 stride-2 conv, BatchNorm + activation).  The first four
 make tokens; the ResNet, MaxxViT and MobileViT stems make a feature map ``(B, C, H, W)`` for conv stages
 (:data:`MAP_STEMS`).  A stem's LayerNorm takes the first
@@ -153,7 +153,7 @@ class MaxxVitStemSpec(StrictModel):
 
 
 class MobileViTStemSpec(StrictModel):
-    """MobileViT's stem (Mehta & Rastegari 2022, Table 4: "Conv-3x3, stride 2"; timm ByobNet ``stem_type='3x3'``
+    """MobileViT's stem (Mehta & Rastegari 2022: a 3x3 stride-2 conv first; timm ByobNet ``stem_type='3x3'``
     without a pool, as ``mobilevit_*`` configure it): one ``ConvNormAct``, a 3x3 stride-2 conv ``C_in -> channels``
     without bias, BatchNorm + ``act``.  Output: a map of ``channels`` channels at 1/2 of the input resolution, for
     conv stages."""

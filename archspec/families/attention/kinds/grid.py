@@ -2,8 +2,8 @@
 
 MobileViT-v1 (Mehta & Rastegari 2022, "MobileViT: Light-weight, General-purpose, and Mobile-friendly Vision
 Transformer", sec. 3.1 and fig. 1b): the map is unfolded into ``p x p`` patches and the transformer attends, for each
-pixel position ``(i, j)`` inside a patch, among the pixels at that position in every patch ("each pixel ... attends
-the pixels at the same location in the other patches"; timm ``mobilevit.MobileVitBlock``'s unfold into
+pixel position ``(i, j)`` inside a patch, among the pixels at that position in every patch (timm
+``mobilevit.MobileVitBlock``'s unfold into
 ``(B * P, N, C)``, ``P = p^2`` sequences of ``N = HW / P`` tokens).  On the token grid that is a partition by
 residue: a head of stride ``(s_h, s_w)`` lets token ``(i, j)`` attend token ``(i', j')`` iff ``i' = i mod s_h`` and
 ``j' = j mod s_w``.  MaxViT's grid attention (Tu et al. 2022, sec. 3.2) is the same partition with stride ``H / G``
