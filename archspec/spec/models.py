@@ -41,6 +41,7 @@ from archspec._util.pydantic_base import DropPathRate, StrictModel
 from archspec.families.attention.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
 from archspec.families.attention.kinds import HEAD_KINDS
 from archspec.families.attention.rules import check_value_dim
+from archspec.families.block.rules import check_mlp_ratio
 from archspec.families.class_attention.rules import ClassAttentionSpec
 from archspec.families.conv_block.rules import (
     AttentionMixerSpec,
@@ -287,12 +288,7 @@ class StageSpec(StrictModel):
     @field_validator("mlp_ratio")
     @classmethod
     def _hidden(cls, value: float, info: ValidationInfo) -> float:
-        # timm's Mlp would silently use a hidden width of dim for 0, and the counts would be wrong.
-        dim = info.data.get("dim")
-        if dim is not None and int(dim * value) < 1:
-            raise ValueError(f"MLP hidden width int(dim * mlp_ratio) = int({dim} * {value:g}) is 0"
-                             f"{_HINT}use mlp_ratio >= {1 / dim:g} (timm would silently widen it to dim)")
-        return value
+        return check_mlp_ratio(info.data.get("dim"), value)
 
 
 #: a conv stage's ``block`` -> the tag of its stage model when it is not ResNet's (:class:`ConvStageSpec`)

@@ -40,6 +40,7 @@ from archspec._util.pydantic_base import HINT, DropPathRate, StrictModel
 from archspec.families.attention.heads import HeadSpec
 from archspec.families.attention.kinds import grid as grid_kind
 from archspec.families.attention.kinds import hosted_by
+from archspec.families.block.rules import check_mlp_ratio
 from archspec.families.conv_block.rules import MAX_DEPTH, MAX_DIM, ConvStageBase, make_divisible, strided_grid
 from archspec.families.mbconv.rules import ActName
 
@@ -106,11 +107,7 @@ class MobileViTTransformerSpec(StrictModel):
     @field_validator("mlp_ratio")
     @classmethod
     def _hidden(cls, value: float, info: ValidationInfo) -> float:
-        dim = info.data.get("dim")
-        if dim is not None and int(dim * value) < 1:
-            raise ValueError(f"MLP hidden width int(dim * mlp_ratio) = int({dim} * {value:g}) is 0"
-                             f"{HINT}use mlp_ratio >= {1 / dim:g}")
-        return value
+        return check_mlp_ratio(info.data.get("dim"), value)
 
 
 class MobileViTStageSpec(_OddKernelStage):
