@@ -6,8 +6,8 @@
 Parts (each prints a Markdown table; every case is measured twice, interleaved A B A B, so the noise shows):
 
 * ``timm``: every timm-parity model (same weights via :mod:`archspec.timm_bridge.convert`), forward images/s ratio
-  archspec / timm, at the spec's input size (224 px, 256 for ``botnet26t`` / ``halonet26t``, timm ByobNets whose
-  weights convert though their fresh classifier init differs: :data:`BYOB_TWINS`); LeViT also folded
+  archspec / timm, at the spec's input size (224 px, 256 for ``botnet26t`` / ``halonet26t`` / ``mobilevit_xxs``, timm
+  ByobNets whose weights convert though their fresh classifier init differs: :data:`BYOB_TWINS`); LeViT also folded
   (``model.fuse()``, BatchNorm into the linears, LeViT sec. 5.3).
 * ``masks``: ``mait_tiny_sch2`` vs the same model with every mask removed (same weights), at 224/384/512 px:
   forward and training step (forward + backward of the cross-entropy), ratio unmasked time / masked time
@@ -48,7 +48,7 @@ from archspec.timm_bridge.convert import TIMM_EQUIVALENTS, load_timm_weights
 
 PARITY = ["deit_tiny", "convit_tiny", "levit_128s", "levit_256"]
 #: shipped specs with a timm twin outside TIMM_EQUIVALENTS (timm ByobNet's fresh head init is not archspec's)
-BYOB_TWINS = {"botnet26t": "botnet26t_256", "halonet26t": "halonet26t"}
+BYOB_TWINS = {"botnet26t": "botnet26t_256", "halonet26t": "halonet26t", "mobilevit_xxs": "mobilevit_xxs"}
 GPU_BATCH = {224: 256, 384: 64, 512: 32}
 
 

@@ -25,6 +25,7 @@ from archspec.families.conv_mixer.rules import ConvMixerShape
 from archspec.families.downsample.rules import DownsampleShape
 from archspec.families.interface.rules import InterfaceShape, TokensToMapShape
 from archspec.families.mbconv.rules import MBConvShape
+from archspec.families.mobilevit.rules import ConvBNActShape, MobileViTShape, MV2Shape
 from archspec.families.shrink.rules import ShrinkShape
 from archspec.families.stem.rules import StemShape
 from archspec.families.talking_heads.rules import TalkingHeadsShape
@@ -57,6 +58,10 @@ SAMPLES = {
     "mbconv": (MBConvShape(16, 24, 2, (7, 5), "pool", "avg2", expansion=4.0, expand_output=False, se_ratio=0.25,
                            se_act="relu", se_early=True, act="silu", pre_norm_act=True, output_bias=False),
                (1, 16, 7, 5), 6),
+    # MobileViT's block on an odd map: 7 x 5 resized to 8 x 6 for its 2x2 patches (4 sequences of 12 pixels), 2
+    # layers of 4 heads, back to 7 x 5 for the fusion conv (timm MobileVitBlock)
+    "mobilevit": (MobileViTShape(16, (7, 5), 24, 2, coerce_heads(["grid:2x2"] * 4), mlp_ratio=2.0), (1, 16, 7, 5),
+                  35),
 }
 # LeViT's batchnorm attention and block, the patch and identity stems: further shapes of the same families
 MORE = [
@@ -99,6 +104,19 @@ MORE = [
     ("stem", StemShape("maxxvit", 3, (33, 31), 16, stem_width=8, act="silu"), (1, 3, 33, 31), 272),
     ("stem", StemShape("maxxvit", 3, (32, 30), 16, stem_width=16, act="gelu_tanh", bias=True, bn_eps=1e-3,
                        padding="same"), (1, 3, 32, 30), 240),
+    # MobileViT's: MV2 strided on an odd map (7 x 5 -> 4 x 3, no residual), MV2 with its residual (kernel 5), the
+    # block with a 2x1 patch, without fusion, with GELU; ByobNet's final conv and a strided 3x3 conv + BN + act;
+    # the stem (timm ByobNet '3x3')
+    ("mobilevit", MV2Shape(16, 24, 2, (7, 5), expansion=2.0), (1, 16, 7, 5), 12),
+    ("mobilevit", MV2Shape(24, 24, 1, (4, 3), expansion=4.0, kernel=5), (1, 24, 4, 3), 12),
+    ("mobilevit", MobileViTShape(16, (4, 6), 32, 1, coerce_heads(["grid:2x1"] * 2), mlp_ratio=1.5, act="gelu",
+                                 fusion=False), (1, 16, 4, 6), 24),
+    ("mobilevit", ConvBNActShape(16, 40, 1, (4, 3)), (1, 16, 4, 3), 12),
+    ("mobilevit", ConvBNActShape(16, 8, 2, (7, 5), kernel=3, act="relu"), (1, 16, 7, 5), 12),
+    ("stem", StemShape("mobilevit", 3, (33, 31), 16, act="silu"), (1, 3, 33, 31), 272),
+    # grid heads in archspec's Attention: a 6 x 4 grid in 2x2 and 3x1 cells beside a global head
+    ("attention", AttentionShape(24, coerce_heads(["grid:2x2", "grid:3x1", "mhsa"]), (6, 4), 0, AttnDims(8, 8), True),
+     (1, 24, 24), 24),
 ]
 NO_MODULE = {"tokens", "head"}  # the model's own parameters; the head's classifier is tested in test_timm_api
 

@@ -123,7 +123,7 @@ def test_a_kind_registered_from_outside_is_picked_up_everywhere():
 def test_the_registry_is_the_one_list_of_kinds():
     """The built-in kinds, in the order their letters compose; HeadSpec's fields are exactly the registry's."""
     assert list(HEAD_KINDS) == ["gpsa", "rel_bias", "mask", "gauss_mask", "rel_logits", "halo", "neighborhood",
-                                "window"]
+                                "window", "grid"]
     assert [kind.field for kind in KINDS] == list(HEAD_KINDS) == list(HeadSpec.model_fields)
     assert HeadSpec.model_validate({"gpsa": {}, "mask": {}}).letter == "PM"
     assert head_kind("mask") is HEAD_KINDS["mask"]
@@ -138,6 +138,7 @@ def test_layers_take_the_kinds_their_hosts_name():
     assert hosted_by("bottleneck_attn") == {"rel_logits"}
     assert hosted_by("halo_attn") == {"halo"}
     assert "window" in hosted_by("attention") and "window" not in hosted_by("pixel_attention")
+    assert hosted_by("mobilevit_block") == {"grid"}
     with pytest.raises(ValueError, match="head 1 .* rel_logits, which Attention does not run .*bottleneck_attn"):
         Attention(16, ["mhsa", "botnet_rel"], (2, 2))
 

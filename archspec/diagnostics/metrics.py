@@ -31,6 +31,11 @@ Attention inside conv stages' bottlenecks (BoTNet, T-CNN) is read on the map's p
   every pixel of the map -- at stride 2 the layer itself queries every other one, we take all of them (our choice,
   so the map stays square) -- and keys the map's pixels; the conv padding's zero pixels, also keys of the layer,
   are left out, so a row sums to 1 minus the share on the padding (ALS and nonlocality count real pixels only).
+
+MobileViT's blocks (timm ``MobileVitBlock``, every head a ``grid``): each transformer layer's
+``softmax(q k^T / sqrt(d))`` over the patches of one offset, recomputed from the layer's input and scattered into
+``(B, H, T, T)`` on the block's (resized) ``H' x W'`` pixels, row-major (0 between pixels of different offsets:
+:func:`mobilevit_attention`); a layer is named ``<block>.transformer.<l>.attn``.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from timm.layers.bottleneck_attn import BottleneckAttn
 from timm.layers.halo_attn import HaloAttn
+from timm.models.mobilevit import MobileVitBlock
+from timm.models.vision_transformer import Attention as TimmAttention
 from torch import Tensor, nn
 
 from archspec.families.attention.mask_terms import window_mask
@@ -51,8 +58,8 @@ from archspec.families.talking_heads.module import TalkingHeadAttn
 
 __all__ = ["attention_maps", "attention_layers", "AttentionLayer", "attention_locality_score", "layer_als",
            "nonlocality", "patch_window_mask", "cross_layer_similarity", "layer_cross_similarity", "layer_gating",
-           "layer_gauss", "bottleneck_attention", "halo_attention", "conv_gpsa_attention", "SELF_ATTENTION_LAYERS",
-           "MAP_ATTENTION_LAYERS"]
+           "layer_gauss", "bottleneck_attention", "halo_attention", "conv_gpsa_attention", "mobilevit_attention",
+           "SELF_ATTENTION_LAYERS", "MAP_ATTENTION_LAYERS"]
 
 # Token-to-token attention layers (square (B, H, N, N) maps on a patch grid): what the diagnostics read.
 SELF_ATTENTION_LAYERS = (Attention, TalkingHeadAttn)
@@ -142,6 +149,27 @@ def conv_gpsa_attention(layer: ConvGPSA, x: Tensor) -> Tensor:
     return ((1 - gate) * content + gate * position[None])[..., inner]
 
 
+def mobilevit_attention(layer: TimmAttention, x: Tensor, grid: tuple[int, int], patch: tuple[int, int]) -> Tensor:
+    """One transformer layer of a timm ``MobileVitBlock`` (MobileViT sec. 3.1): its probabilities on its input
+    ``x`` ``(B P, N, D)`` (the block's unfold of a ``grid = (H', W')`` map into ``P = p_h p_w`` sequences of ``N``
+    patches, after ``norm1``), ``softmax(q k^T * scale)`` per sequence as timm's ``Attention`` computes it, written
+    at their pixels of the map: ``(B, heads, H' W', H' W')``, row-major, 0 between pixels of different offsets."""
+    (rows, cols), (ph, pw) = grid, patch
+    bp, n, _ = x.shape
+    b, heads = bp // (ph * pw), layer.num_heads
+    q, k, _ = layer.qkv(x).reshape(bp, n, 3, heads, layer.head_dim).permute(2, 0, 3, 1, 4)
+    probs = ((layer.q_norm(q) * layer.scale) @ layer.k_norm(k).transpose(-2, -1)).softmax(dim=-1)
+    # sequence (i, j), patch (a, c) -> pixel (a p_h + i, c p_w + j): timm's unfold, B P = (B, P) batch-major
+    a = torch.arange(rows // ph, device=x.device)[:, None] * ph
+    c = torch.arange(cols // pw, device=x.device)[None, :] * pw
+    offsets = torch.arange(ph, device=x.device)[:, None] * cols + torch.arange(pw, device=x.device)[None, :]
+    pixels = (offsets.reshape(-1, 1) + (a * cols + c).reshape(1, -1))  # (P, N)
+    dense = probs.new_zeros(b, heads, rows * cols, rows * cols)
+    probs = probs.reshape(b, ph * pw, heads, n, n).transpose(1, 2)  # (B, heads, P, N, N)
+    dense[:, :, pixels[:, :, None], pixels[:, None, :]] = probs
+    return dense
+
+
 #: each map attention layer's probabilities on its input map
 _MAP_PROBABILITIES = {BottleneckAttn: bottleneck_attention, HaloAttn: halo_attention, ConvGPSA: conv_gpsa_attention}
 
@@ -156,12 +184,34 @@ def _letters(module: nn.Module) -> str:
     return " ".join(h.letter for h in module.head_specs)
 
 
+def _mobilevit_hooks(name: str, block: MobileVitBlock, out: dict[str, AttentionLayer]) -> list:
+    """Pre-hooks reading a MobileViT block's transformer layers into ``out`` (:func:`mobilevit_attention`): one on the
+    block noting the map its patches tile (each side rounded up to whole patches, as timm's forward resizes it), one
+    on each layer's attention."""
+    seen: dict[str, tuple[int, int]] = {}
+    patch = tuple(block.patch_size)
+
+    def on_block(mod: nn.Module, args: tuple) -> None:
+        h, w = args[0].shape[-2:]
+        seen["grid"] = (-(-h // patch[0]) * patch[0], -(-w // patch[1]) * patch[1])
+
+    handles = [block.register_forward_pre_hook(on_block)]
+    for index, layer in enumerate(block.transformer):
+        def hook(mod: nn.Module, args: tuple, _name: str = f"{name}.transformer.{index}.attn".lstrip(".")) -> None:
+            grid = seen["grid"]
+            out[_name] = AttentionLayer(mobilevit_attention(mod, args[0], grid, patch).detach(), grid, 0,
+                                        " ".join(["O"] * mod.num_heads))  # the grid kind's letter
+        handles.append(layer.attn.register_forward_pre_hook(hook))
+    return handles
+
+
 @torch.no_grad()
 def attention_layers(model: nn.Module, x: Tensor) -> dict[str, AttentionLayer]:
     """``{module path: AttentionLayer}`` for every self-attention layer of ``model``: the token layers
     (:data:`SELF_ATTENTION_LAYERS`) and the attention inside bottlenecks (:data:`MAP_ATTENTION_LAYERS`, on the
     map's pixels, no prefix tokens; an :class:`Attention` inside a bottleneck is a token layer on the pixels; a
-    strided ``HaloAttn`` is left out: :func:`halo_attention`).
+    strided ``HaloAttn`` is left out: :func:`halo_attention`), and each transformer layer of a MobileViT block on
+    its map's pixels (:func:`mobilevit_attention`).
 
     One forward pass in ``eval`` mode without gradients; a forward pre-hook on each layer computes its
     probabilities from its input (after masks, biases and GPSA gating, without dropout; for CaiT's talking heads
@@ -179,6 +229,9 @@ def attention_layers(model: nn.Module, x: Tensor) -> dict[str, AttentionLayer]:
             def hook(mod: nn.Module, args: tuple, _name: str = name) -> None:
                 probs = _MAP_PROBABILITIES[type(mod)]
                 out[_name] = AttentionLayer(probs(mod, args[0]).detach(), tuple(args[0].shape[-2:]), 0, _letters(mod))
+        elif isinstance(module, MobileVitBlock):
+            handles += _mobilevit_hooks(name, module, out)
+            continue
         else:
             continue
         handles.append(module.register_forward_pre_hook(hook))

@@ -42,11 +42,12 @@ FAMILIES: dict[str, str] = {
     "head": "archspec.families.head",
     "conv_block": "archspec.families.conv_block",  # ResNet residual blocks of conv stages
     "mbconv": "archspec.families.mbconv",          # MBConv blocks of conv stages (CoAtNet, MaxViT)
+    "mobilevit": "archspec.families.mobilevit",    # MV2, MobileViT and conv + BN + act blocks of conv stages
     "interface": "archspec.families.interface",    # a conv stage's map -> the next attention stage's tokens
 }
 
 #: the families whose blocks make a conv stage (``kind: conv``), on a feature map ``(B, C, H, W)``
-CONV_STAGE_FAMILIES = ("conv_block", "mbconv")
+CONV_STAGE_FAMILIES = ("conv_block", "mbconv", "mobilevit")
 
 
 def _package(name: str) -> str:

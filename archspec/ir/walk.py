@@ -202,9 +202,9 @@ def _check_stage_kinds(b: _Builder) -> bool:
                       "end the model on its conv stages (conv, attention, conv), or move this stage before "
                       f"stages[{tail}]")
     if n_conv and not map_stem:
-        b.problem(("stem", "kind"), f"conv stages need the feature map of a resnet stem or a maxxvit stem, not the "
-                  f"tokens of a {spec.stem.kind} stem",
-                  "set stem: {kind: resnet} (ResNet's) or {kind: maxxvit} (CoAtNet's, MaxViT's)")
+        b.problem(("stem", "kind"), f"conv stages need the feature map of a resnet, maxxvit or mobilevit stem, not "
+                  f"the tokens of a {spec.stem.kind} stem",
+                  "set stem: {kind: resnet} (ResNet's), {kind: maxxvit} (CoAtNet's, MaxViT's) or {kind: mobilevit}")
     if spec.has_conv_tail:
         _check_conv_tail(b)
     if map_stem and n_conv == 0:
@@ -272,7 +272,7 @@ def _add_tokens_to_map(b: _Builder, flow: _Flow) -> tuple[tuple[int, int], int]:
 
 def _add_conv_stages(b: _Builder, grid: tuple[int, int], channels: int, stages: range | None = None,
                      index: int = 0) -> tuple[tuple[int, int], int]:
-    """Each conv stage's blocks (the stage's family: ``conv_block`` for ResNet's, ``mbconv`` for MBConv), the
+    """Each conv stage's blocks (the stage's family: ``conv_block`` for ResNet's, ``mbconv``, ``mobilevit``), the
     leading ones unless ``stages`` says which (a conv tail's); returns the map's size and channels after them.
     ``tokens`` of a node is the map's pixel count ``H x W``, ``dim`` its channels; ``layer`` counts blocks from
     ``index``."""
@@ -289,7 +289,7 @@ def _add_conv_stages(b: _Builder, grid: tuple[int, int], channels: int, stages: 
                          bn_channels_into_bias=rules.batchnorm_channels_into_bias(block))
         if not shapes:  # refused: carry on with the map the stage would have made, to find later problems
             grid = (max((grid[0] - 1) // stage.stride + 1, 1), max((grid[1] - 1) // stage.stride + 1, 1))
-        channels, index = stage.channels, index + stage.depth
+        channels, index = stage.channels, index + (len(shapes) or stage.depth)  # a MobileViT stage: depth + 1
     return grid, channels
 
 

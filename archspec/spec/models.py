@@ -36,11 +36,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from archspec._util.pydantic_base import HINT as _HINT
 from archspec._util.pydantic_base import DropPathRate, StrictModel
 from archspec.families.attention.heads import GPSASpec, HeadSpec, MaskSpec, RelBiasSpec
 from archspec.families.attention.kinds import HEAD_KINDS
 from archspec.families.attention.rules import check_value_dim
+from archspec.families.block.rules import check_mlp_ratio
 from archspec.families.class_attention.rules import ClassAttentionSpec
 from archspec.families.conv_block.rules import (
     AttentionMixerSpec,
@@ -53,12 +53,19 @@ from archspec.families.downsample.rules import DownsampleSpec
 from archspec.families.head.rules import HeadOutSpec
 from archspec.families.interface.rules import MapToTokensSpec
 from archspec.families.mbconv.rules import MBConvSESpec, MBConvStageSpec
+from archspec.families.mobilevit.rules import (
+    ConvBNActStageSpec,
+    MobileViTStageSpec,
+    MobileViTTransformerSpec,
+    MV2StageSpec,
+)
 from archspec.families.shrink.rules import ShrinkSpec
 from archspec.families.stem.rules import (
     ConvStemSpec,
     ConvTokenizerStemSpec,
     IdentityStemSpec,
     MaxxVitStemSpec,
+    MobileViTStemSpec,
     PatchStemSpec,
     ResNetStemSpec,
     StemSpec,
@@ -67,8 +74,9 @@ from archspec.families.tokens.rules import TokensSpec
 
 __all__ = [
     "ArchSpec", "InputSpec", "PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec",
-    "ResNetStemSpec", "MaxxVitStemSpec", "TokensSpec", "StageSpec", "ConvStageBase", "ConvStageSpec", "SESpec",
-    "MBConvStageSpec", "MBConvSESpec", "GPSAMixerSpec", "AttentionMixerSpec",
+    "ResNetStemSpec", "MaxxVitStemSpec", "MobileViTStemSpec", "TokensSpec", "StageSpec", "ConvStageBase",
+    "ConvStageSpec", "SESpec", "MBConvStageSpec", "MBConvSESpec", "MV2StageSpec", "MobileViTStageSpec",
+    "MobileViTTransformerSpec", "ConvBNActStageSpec", "GPSAMixerSpec", "AttentionMixerSpec",
     "MapToTokensSpec", "AnyStage", "LayerOverride", "MixerSpec", "ShrinkSpec", "DownsampleSpec", "HeadOutSpec",
     "LayerPlan", "ClassAttentionSpec", "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "spec_to_yaml",
 ]
@@ -279,28 +287,32 @@ class StageSpec(StrictModel):
     @field_validator("mlp_ratio")
     @classmethod
     def _hidden(cls, value: float, info: ValidationInfo) -> float:
-        # timm's Mlp would silently use a hidden width of dim for 0, and the counts would be wrong.
-        dim = info.data.get("dim")
-        if dim is not None and int(dim * value) < 1:
-            raise ValueError(f"MLP hidden width int(dim * mlp_ratio) = int({dim} * {value:g}) is 0"
-                             f"{_HINT}use mlp_ratio >= {1 / dim:g} (timm would silently widen it to dim)")
-        return value
+        return check_mlp_ratio(info.data.get("dim"), value)
+
+
+#: a conv stage's ``block`` -> the tag of its stage model when it is not ResNet's (:class:`ConvStageSpec`)
+CONV_BLOCK_TAGS = {"mbconv": "mbconv_stage", "mv2": "mv2_stage", "mobilevit": "mobilevit_stage",
+                   "conv_bn_act": "conv_bn_act_stage"}
 
 
 def _stage_kind(value: Any) -> str | None:
     """Which stage model a ``stages[]`` entry is: ``kind: conv`` a :class:`ConvStageSpec` (ResNet's blocks), or with
-    ``block: mbconv`` an :class:`MBConvStageSpec`; no kind or ``kind: attention`` a :class:`StageSpec`; anything
-    else names no stage kind."""
+    ``block: mbconv`` an :class:`MBConvStageSpec`, ``mv2`` / ``mobilevit`` / ``conv_bn_act`` MobileViT's
+    (:data:`CONV_BLOCK_TAGS`); no kind or ``kind: attention`` a :class:`StageSpec`; anything else names no stage
+    kind."""
     get = value.get if isinstance(value, dict) else lambda key, default=None: getattr(value, key, default)
-    kind = get("kind", "attention")
-    if kind == "conv" and get("block") == "mbconv":
-        return "mbconv_stage"
+    kind, block = get("kind", "attention"), get("block")
+    if kind == "conv" and isinstance(block, str) and block in CONV_BLOCK_TAGS:
+        return CONV_BLOCK_TAGS[block]
     return {"attention": "attention_stage", "conv": "conv_stage"}.get(kind) if isinstance(kind, str) else None
 
 
-#: a ``stages[]`` entry: an attention stage (the default) or a conv stage (``kind: conv``: ResNet's or MBConv blocks)
+#: a ``stages[]`` entry: an attention stage (the default) or a conv stage (``kind: conv``: ResNet's, MBConv or
+#: MobileViT's blocks)
 AnyStage = Annotated[Annotated[StageSpec, Tag("attention_stage")] | Annotated[ConvStageSpec, Tag("conv_stage")]
-                     | Annotated[MBConvStageSpec, Tag("mbconv_stage")],
+                     | Annotated[MBConvStageSpec, Tag("mbconv_stage")] | Annotated[MV2StageSpec, Tag("mv2_stage")]
+                     | Annotated[MobileViTStageSpec, Tag("mobilevit_stage")]
+                     | Annotated[ConvBNActStageSpec, Tag("conv_bn_act_stage")],
                      Discriminator(_stage_kind, custom_error_type="stage_kind",
                                    custom_error_message="a stage's kind must be 'attention' (the default) or 'conv'")]
 
@@ -316,16 +328,16 @@ class ArchSpec(StrictModel):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the deterministic initialisation.")
     input: InputSpec = Field(default_factory=InputSpec, description="Input images.")
     stem: StemSpec = Field(default_factory=PatchStemSpec,
-                           description="Stem: patch, conv, conv_tokenizer, identity, resnet or maxxvit.")
+                           description="Stem: patch, conv, conv_tokenizer, identity, resnet, maxxvit or mobilevit.")
     tokens: TokensSpec = Field(
         default_factory=TokensSpec, description="Class/distillation tokens and position embedding (left out: a class "
         "token and a learned position embedding; none of either for a conv net, whose stages are all kind: conv)."
     )
     stages: list[AnyStage] = Field(..., min_length=1, max_length=8, description="Stages, in order: attention "
-                                   "stages (the default kind) or conv stages (kind: conv; block: basic, bottleneck "
-                                   "or mbconv).  Conv stages before the attention stages need a resnet or maxxvit "
-                                   "stem; conv stages after them (a conv tail: conv, "
-                                   "attention, conv) take the tokens as a map on the last token grid, class and "
+                                   "stages (the default kind) or conv stages (kind: conv; block: basic, bottleneck, "
+                                   "mbconv, mv2, mobilevit or conv_bn_act).  Conv stages before the attention stages "
+                                   "need a resnet, maxxvit or mobilevit stem; conv stages after them (a conv tail: "
+                                   "conv, attention, conv) take the tokens as a map on the last token grid, class and "
                                    "distillation tokens dropped, and end the model on ResNet's head (pool: mean).")
     class_attention: ClassAttentionSpec | None = Field(
         None, description="CaiT class-attention stage after the last stage (needs tokens.cls_token: <total depth>).")

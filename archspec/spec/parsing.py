@@ -19,7 +19,16 @@ from pydantic import ValidationError
 from archspec._util.pydantic_base import HINT as _HINT
 from archspec._util.pydantic_base import StrictModel
 from archspec.errors import Locator, Problem, SpecError
-from archspec.spec.models import NAME_MAX, ArchSpec, ConvStageSpec, MBConvStageSpec, StageSpec
+from archspec.spec.models import (
+    NAME_MAX,
+    ArchSpec,
+    ConvBNActStageSpec,
+    ConvStageSpec,
+    MBConvStageSpec,
+    MobileViTStageSpec,
+    MV2StageSpec,
+    StageSpec,
+)
 from archspec.spec.yaml_source import is_yaml_text, load_yaml, read_text_file
 
 __all__ = ["parse_spec", "shipped_specs", "SPEC_DIR"]
@@ -61,8 +70,8 @@ _HINTS = {
     "list_type": "use a list: [a, b] or '- a' lines",
     "missing": "this field is required",
     "literal_error": None,
-    "union_tag_invalid": "stem kinds: patch, conv, conv_tokenizer, identity, resnet, maxxvit",
-    "union_tag_not_found": "stem kinds: patch, conv, conv_tokenizer, identity, resnet, maxxvit",
+    "union_tag_invalid": "stem kinds: patch, conv, conv_tokenizer, identity, resnet, maxxvit, mobilevit",
+    "union_tag_not_found": "stem kinds: patch, conv, conv_tokenizer, identity, resnet, maxxvit, mobilevit",
     "stage_kind": "stage kinds: attention (the default), conv",
     "mixer_kind": "conv-stage mixer kinds: gpsa (T-CNN), attention (BoTNet)",
     "model_type": "write it as indented 'key: value' lines, or {key: value}",
@@ -70,18 +79,28 @@ _HINTS = {
     "string_pattern_mismatch": "use only letters, digits, '_', '.' and '-'",
 }
 
-_STAGE_TAGS = {"attention_stage": StageSpec, "conv_stage": ConvStageSpec, "mbconv_stage": MBConvStageSpec}
+_STAGE_TAGS = {"attention_stage": StageSpec, "conv_stage": ConvStageSpec, "mbconv_stage": MBConvStageSpec,
+               "mv2_stage": MV2StageSpec, "mobilevit_stage": MobileViTStageSpec,
+               "conv_bn_act_stage": ConvBNActStageSpec}
 # what each stage model is called in a hint about a key that belongs to another kind of stage
 _STAGE_NAMES = {"attention_stage": "attention stages", "conv_stage": "ResNet conv stages (kind: conv, block: basic "
-                "or bottleneck)", "mbconv_stage": "MBConv stages (kind: conv, block: mbconv)"}
+                "or bottleneck)", "mbconv_stage": "MBConv stages (kind: conv, block: mbconv)",
+                "mv2_stage": "MV2 stages (kind: conv, block: mv2)",
+                "mobilevit_stage": "MobileViT stages (kind: conv, block: mobilevit)",
+                "conv_bn_act_stage": "conv + BN + act stages (kind: conv, block: conv_bn_act)"}
 
 # Markers pydantic puts in an error location for validator wrappers and the branches of a union
 # (``tokens.cls_token.int``); they are not spec keys.
 _LOC_MARKERS = frozenset({
     "function-after", "function-before", "function-wrap", "function-plain", "tagged-union", "nullable",
     "default", "lax-or-strict", "json-or-python", "chain", "is-instance", "int", "float", "str", "bool",
-    "none", "list", "tuple", "dict", "attention_stage", "conv_stage", "mbconv_stage", "gpsa_mixer", "attention_mixer",
+    "none", "list", "tuple", "dict", "attention_stage", "conv_stage", "mbconv_stage", "mv2_stage", "mobilevit_stage",
+    "conv_bn_act_stage", "gpsa_mixer", "attention_mixer",
 })
+
+
+# the stem union's branch names (pydantic's tags), dropped after "stem" in a location
+_STEM_BRANCHES = frozenset({"patch", "conv", "conv_tokenizer", "identity", "resnet", "maxxvit", "mobilevit"})
 
 
 def _other_stage_hint(key: str, tag: str) -> str | None:
@@ -107,8 +126,7 @@ def _clean_loc(loc: tuple, keep_last: bool = False) -> tuple:
             out.append(part)
         elif isinstance(part, str) and ("[" in part or part in _LOC_MARKERS):
             continue
-        elif isinstance(part, str) and part in ("patch", "conv", "conv_tokenizer", "identity", "resnet", "maxxvit") \
-                and out and out[-1] == "stem":
+        elif isinstance(part, str) and part in _STEM_BRANCHES and out and out[-1] == "stem":
             continue  # discriminated-union branch name
         else:
             out.append(part)

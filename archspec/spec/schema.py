@@ -84,7 +84,7 @@ def spec_schema() -> dict[str, Any]:
     _shorthand_or_mapping(defs, "DownsampleSpec", rf"^\s*(?:{'|'.join(DOWNSAMPLE_KINDS)})\s*$",
                           "the kind alone: " + " or ".join(DOWNSAMPLE_KINDS))
     for stem in ("PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec", "ResNetStemSpec",
-                 "MaxxVitStemSpec"):
+                 "MaxxVitStemSpec", "MobileViTStemSpec"):
         defs[stem]["required"] = ["kind"]  # the loader needs the tag to choose the stem
     # an attention stage may name its kind (the default); the loader drops it, so the model has no such field
     defs["StageSpec"]["properties"]["kind"] = {"const": "attention", "description": "'attention' (the default): "

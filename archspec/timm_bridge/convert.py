@@ -24,6 +24,10 @@ Supported timm families (the blocks archspec mirrors):
   stem and blocks are timm's own ``maxxvit.Stem`` and ``MbConvBlock``, under timm's names: ``stem.*`` and a ``C``
   block's ``stages.{i}.blocks.{j}.*`` are unchanged; an ``M`` block's (MaxViT) MBConv ``stages.{i}.blocks.{j}.conv.*``
   <-> ``stages.{i}.blocks.{j}.*`` (:func:`maxxvit_key_from_timm`).  Attention blocks and the head are not mapped yet.
+* ``ByobNet`` MobileViTs (``specs/mobilevit_xxs.yaml``, timm ``mobilevit_xxs``): the stem and blocks are timm's
+  own (``ConvNormAct``, ``BottleneckBlock``, ``MobileVitBlock``), so only the prefixes differ: ``stages.{i}.{j}`` <->
+  ``stages.{i}.blocks.{j}``, ``final_conv`` <-> the last stage's ``stages.{n-1}.blocks.0`` (a ``conv_bn_act``
+  stage), ``head.fc`` <-> ``head`` (:func:`mobilevit_key_from_timm`).
 * T-CNNs (``specs/t_resnet50d.yaml``, ``t_resnet50rs.yaml``: conv stages with ``mixer: {kind: gpsa}``) load a
   timm ResNet's weights one way (:func:`from_timm`): a transformed block's ``conv2.weight`` becomes its GPSA's
   ``W_out`` (T-CNN eq. 6), and the GPSA's own tensors (W_qry, W_key, W_val = I, centres, locality, gating),
@@ -54,6 +58,7 @@ where the hub can be reached); the tests use random initialisations.
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import torch
 from timm.layers.squeeze_excite import SEModule
@@ -185,6 +190,27 @@ def maxxvit_key_from_timm(key: str) -> str:
     return _MAXXVIT_MBCONV.sub(r"\1", key)
 
 
+_MOBILEVIT_FINAL = re.compile(r"^final_conv\.")
+
+
+def mobilevit_key_from_timm(key: str, n_stages: int) -> str:
+    """A timm MobileViT key (``ByobNet`` of ``mobilevit.py``) -> archspec's, for a model of ``n_stages`` stages whose
+    last is ByobNet's ``final_conv`` (a ``conv_bn_act`` stage): ``stages.2.1.transformer.0.attn.qkv.weight`` ->
+    ``stages.2.blocks.1.transformer.0.attn.qkv.weight``, ``final_conv.bn.weight`` ->
+    ``stages.5.blocks.0.bn.weight``, ``head.fc.bias`` -> ``head.bias``; the stem's keys unchanged (timm's own
+    ``ConvNormAct``)."""
+    key = _BYOB_LAYER.sub(r"stages.\1.blocks.\2.", key)
+    key = _MOBILEVIT_FINAL.sub(f"stages.{n_stages - 1}.blocks.0.", key)
+    return re.sub(r"^head\.fc\.", "head.", key)
+
+
+def _is_mobilevit(model: nn.Module) -> bool:
+    """An archspec model with MobileViT's stages (family ``mobilevit``): its blocks are timm ByobNet's own, named as
+    timm names them (not ResNet's, as the other ByobNets' are)."""
+    stages = getattr(getattr(model, "spec", None), "stages", ())
+    return any(getattr(stage, "family", None) == "mobilevit" for stage in stages)
+
+
 def _is_maxxvit(keys) -> bool:
     """A timm MaxxVit state dict: its MBConv blocks have a ``pre_norm`` (ByobNet's ``conv1_1x1`` blocks have none)."""
     return any(_MAXXVIT_PRE_NORM.match(k) for k in keys)
@@ -228,9 +254,9 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
     """Convert a timm state dict into one that ``model.load_state_dict(..., strict=True)`` accepts.
 
     Args:
-        state_dict: a timm ViT/DeiT, ConViT, LeViT, CaiT, ResNet, BoTNet, MaxxVit (its stem and MBConv blocks:
-            :func:`maxxvit_key_from_timm`) or Swin state dict (Swin: the structure's names,
-            :func:`swin_key_from_timm`; the window attention's tensors are the window head kind's).
+        state_dict: a timm ViT/DeiT, ConViT, LeViT, CaiT, ResNet, BoTNet, MobileViT (:func:`mobilevit_key_from_timm`),
+            MaxxVit (its stem and MBConv blocks: :func:`maxxvit_key_from_timm`) or Swin state dict (Swin: the
+            structure's names, :func:`swin_key_from_timm`; the window attention's tensors are the window head kind's).
         model: the compiled archspec equivalent (same spec; see :data:`TIMM_EQUIVALENTS`), or a T-CNN of the
             ResNet (its GPSA blocks take the 3x3 convs' weights as ``W_out``, T-CNN eq. 6, and keep their own
             W_qry, W_key, W_val = I, centres, locality and gating: see the module docstring).
@@ -238,6 +264,8 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
     Raises:
         ValueError: a timm block index beyond the archspec model's depth.
     """
+    if _is_convnet(model) and _is_mobilevit(model):
+        return {mobilevit_key_from_timm(k, len(model.stages)): v for k, v in state_dict.items()}
     if _is_convnet(model) and _is_maxxvit(state_dict):
         return {maxxvit_key_from_timm(k): v for k, v in state_dict.items()}
     if _is_convnet(model) and _is_byobnet(state_dict):
@@ -285,7 +313,8 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
     if _is_convnet(model):
         out = {}
         theirs = timm_model.state_dict()
-        rename = (maxxvit_key_from_timm if _is_maxxvit(theirs) else byobnet_key_from_timm if _is_byobnet(theirs)
+        rename = (partial(mobilevit_key_from_timm, n_stages=len(model.stages)) if _is_mobilevit(model)
+                  else maxxvit_key_from_timm if _is_maxxvit(theirs) else byobnet_key_from_timm if _is_byobnet(theirs)
                   else resnet_key_from_timm)
         for key in timm_model.state_dict():
             src = rename(key)

@@ -14,12 +14,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from archspec._util.memory import F32, NodeMemory
+from archspec._util.pydantic_base import HINT
 from archspec.families import rules
 
 __all__ = ["BlockShape", "counts", "executed_macs", "memory", "batchnorm_channels", "label", "mlp_memory",
-           "NO_WEIGHT_DECAY"]
+           "check_mlp_ratio", "NO_WEIGHT_DECAY"]
 
 NO_WEIGHT_DECAY: frozenset[str] = frozenset()
+
+
+def check_mlp_ratio(dim: int | None, mlp_ratio: float) -> float:
+    """An MLP ratio that leaves a hidden width: ``int(dim x mlp_ratio) >= 1`` (timm's ``Mlp`` would silently use a
+    hidden width of ``dim`` for 0, and the counts would be wrong); a pydantic validator's check (``dim`` None: not
+    known yet, passed).  Returns ``mlp_ratio``.
+
+    Raises:
+        ValueError: the hidden width rounds to 0 (the message carries a hint after ``HINT``).
+    """
+    if dim is not None and int(dim * mlp_ratio) < 1:
+        raise ValueError(f"MLP hidden width int(dim * mlp_ratio) = int({dim} * {mlp_ratio:g}) is 0"
+                         f"{HINT}use mlp_ratio >= {1 / dim:g} (timm would silently widen it to dim)")
+    return mlp_ratio
 
 
 @dataclass(frozen=True)

@@ -209,11 +209,11 @@ class ConvStageSpec(ConvStageBase):
     @field_validator("block", mode="before")
     @classmethod
     def _block_kind(cls, value: Any) -> Any:
-        # the stage model of block: mbconv is another one (the stage discriminator's); name every block here
+        # the stage models of mbconv and MobileViT's blocks are others (the stage discriminator's); name every block
         if value not in ("basic", "bottleneck"):
             raise ValueError(f"unknown conv block {value!r}; a conv stage's block is 'basic', 'bottleneck' "
-                             f"(ResNet) or 'mbconv' (MBConv: CoAtNet, MaxViT){HINT}use block: basic, bottleneck "
-                             "or mbconv")
+                             "(ResNet), 'mbconv' (MBConv: CoAtNet, MaxViT), 'mv2', 'mobilevit' or 'conv_bn_act' "
+                             f"(MobileViT){HINT}use block: basic, bottleneck, mbconv, mv2, mobilevit or conv_bn_act")
         return value
 
     @field_validator("downsample", mode="before")

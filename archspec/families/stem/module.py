@@ -13,9 +13,11 @@ from timm.models.maxxvit import Stem as TimmMaxxVitStem
 from torch import Tensor, nn
 
 from ..activations import activation
+from ..mobilevit.module import byob_layers, init_as_byobnet
 from .rules import StemShape, grid
 
-__all__ = ["PatchStem", "ConvStem", "ConvTokenizer", "IdentityStem", "ResNetStem", "maxxvit_stem", "build"]
+__all__ = ["PatchStem", "ConvStem", "ConvTokenizer", "IdentityStem", "ResNetStem", "maxxvit_stem", "mobilevit_stem",
+           "build"]
 
 
 def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
@@ -182,6 +184,16 @@ def maxxvit_stem(shape: StemShape) -> nn.Module:
     return stem
 
 
+def mobilevit_stem(shape: StemShape) -> nn.Module:
+    """MobileViT's stem, timm ByobNet's ``stem_type='3x3'`` (``create_byob_stem`` without a pool): one
+    ``ConvNormAct`` (names ``conv``, ``bn``), a 3x3 stride-2 conv ``in_chans -> dim`` without bias, BatchNorm +
+    ``act``; initialised as timm ``ByobNet`` (``normal(0, sqrt(2 / fan_out))``, BatchNorm 1 and 0).
+
+    Shapes: ``(B, in_chans, H, W) -> (B, dim, ceil(H / 2), ceil(W / 2))`` (a map).  MACs: ``H_out W_out 9 in_chans
+    dim``."""
+    return init_as_byobnet(byob_layers(shape.act).conv_norm_act(shape.in_chans, shape.dim, 3, stride=2))
+
+
 def build(shape: StemShape) -> nn.Module:
     """The module of a :class:`~.rules.StemShape` (raises as the stem classes)."""
     if shape.kind == "patch":
@@ -192,6 +204,8 @@ def build(shape: StemShape) -> nn.Module:
         return IdentityStem(shape.in_chans, shape.patch_size)
     if shape.kind == "maxxvit":
         return maxxvit_stem(shape)
+    if shape.kind == "mobilevit":
+        return mobilevit_stem(shape)
     if shape.kind == "resnet":
         return ResNetStem(shape.in_chans, shape.dim, shape.stem_width, shape.pool, shape.stem_mid)
     return ConvStem(shape.in_chans, list(shape.channels), activation(shape.act))

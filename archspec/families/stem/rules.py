@@ -10,8 +10,10 @@ then LayerNorm; the authors' ``ConvTokenizer``, Hugging Face ``NatEmbeddings``),
 BatchNorm, ReLU, 3x3 stride-2 max-pool; or the deep stem of ResNet-C/D, He et al. 2019 "Bag of Tricks" fig. 2,
 and ResNet-RS's strided-conv pool, Bello et al. 2021 -- timm ``resnet.ResNet``'s stem) and CoAtNet's / MaxViT's
 conv stem (timm ``maxxvit.Stem``: a 3x3 stride-2 conv, BatchNorm + activation, a 3x3 conv; Dai et al. 2021's
-"S0", Tu et al. 2022 fig. 2's "Stem").  The first four make tokens; the ResNet and MaxxViT stems make a feature
-map ``(B, C, H, W)`` for conv stages (:data:`MAP_STEMS`).  A stem's LayerNorm takes the first
+"S0", Tu et al. 2022 fig. 2's "Stem") and MobileViT's (Mehta & Rastegari 2022: a strided 3x3 conv; timm
+ByobNet's ``stem_type='3x3'``, one ``ConvNormAct``: a 3x3 stride-2 conv, BatchNorm + activation).  The first four
+make tokens; the ResNet, MaxxViT and MobileViT stems make a feature map ``(B, C, H, W)`` for conv stages
+(:data:`MAP_STEMS`).  A stem's LayerNorm takes the first
 stage's ``norm_eps`` (Swin and NAT use one epsilon, torch's 1e-5, throughout).  The modules are in
 :mod:`archspec.families.stem.module`.
 """
@@ -28,7 +30,7 @@ from archspec._util.memory import F32, NodeMemory
 from archspec._util.pydantic_base import StrictModel
 
 __all__ = ["PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec", "ResNetStemSpec",
-           "MaxxVitStemSpec", "StemSpec", "MAP_STEMS",
+           "MaxxVitStemSpec", "MobileViTStemSpec", "StemSpec", "MAP_STEMS",
            "StemShape", "plan", "grid", "reduction", "counts", "memory", "batchnorm_channels", "first_conv_name",
            "NO_WEIGHT_DECAY", "MAX_DIM", "TOKENIZER_LAYERS"]
 
@@ -37,7 +39,7 @@ NO_WEIGHT_DECAY: frozenset[str] = frozenset()
 DEFAULT_CONV_LAYERS = 4  # LeViT's stem: C/8, C/4, C/2, C
 TOKENIZER_LAYERS = 2  # NAT's tokenizer: C/2, C
 #: the stems that make a feature map for conv stages (the others make tokens)
-MAP_STEMS = ("resnet", "maxxvit")
+MAP_STEMS = ("resnet", "maxxvit", "mobilevit")
 
 
 class PatchStemSpec(StrictModel):
@@ -150,8 +152,20 @@ class MaxxVitStemSpec(StrictModel):
         "strided conv pads bottom / right only (timm padding 'same': maxvit_*_tf).")
 
 
+class MobileViTStemSpec(StrictModel):
+    """MobileViT's stem (Mehta & Rastegari 2022: a 3x3 stride-2 conv first; timm ByobNet ``stem_type='3x3'``
+    without a pool, as ``mobilevit_*`` configure it): one ``ConvNormAct``, a 3x3 stride-2 conv ``C_in -> channels``
+    without bias, BatchNorm + ``act``.  Output: a map of ``channels`` channels at 1/2 of the input resolution, for
+    conv stages."""
+
+    kind: Literal["mobilevit"] = "mobilevit"
+    channels: int = Field(16, ge=1, le=MAX_DIM, description="Output channels (timm stem_chs: 16 in mobilevit_xxs).")
+    act: Literal["silu", "relu", "gelu", "gelu_tanh"] = Field("silu", description="Activation after the BatchNorm "
+                                                              "(timm act_layer: silu, the paper's Swish).")
+
+
 StemSpec = Annotated[PatchStemSpec | ConvStemSpec | ConvTokenizerStemSpec | IdentityStemSpec | ResNetStemSpec
-                     | MaxxVitStemSpec, Field(discriminator="kind")]
+                     | MaxxVitStemSpec | MobileViTStemSpec, Field(discriminator="kind")]
 
 
 @dataclass(frozen=True)
@@ -163,7 +177,7 @@ class StemShape:
     (``conv_tokenizer``) its two convs' ``channels`` ``(C/2, C)``.  ``norm_eps``: the epsilon of a LayerNorm on the
     tokens after it (Swin's patch stem, NAT's tokenizer); None: no norm.  The MaxxViT stem: ``stem_width`` its
     first conv's width, ``act``, ``bias`` on its convs, ``bn_eps`` its BatchNorm's epsilon, ``padding``
-    (``symmetric`` or ``same``)."""
+    (``symmetric`` or ``same``).  The MobileViT stem: ``act``."""
 
     kind: str
     in_chans: int
@@ -188,7 +202,7 @@ def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv
     padding 1), twice for NAT's tokenizer, once for the MaxxViT stem (3x3 stride 2, padding 1 or SAME: ``ceil(s /
     2)``).  Raises nothing."""
     h, w = int(img_size[0]), int(img_size[1])
-    if kind == "maxxvit":
+    if kind in ("maxxvit", "mobilevit"):
         return (h - 1) // 2 + 1, (w - 1) // 2 + 1
     if kind == "resnet":  # stride-2 conv (7x7 pad 3 or 3x3 pad 1), then the stride-2 pool (3x3 pad 1)
         return (h - 1) // 4 + 1, (w - 1) // 4 + 1
@@ -202,8 +216,8 @@ def grid(kind: str, img_size: Sequence[int], patch_size: int | None = None, conv
 
 def reduction(kind: str, patch_size: int | None = None, conv_layers: int = DEFAULT_CONV_LAYERS) -> int:
     """Pixels per token side after the stem: the patch size, or ``2 ** layers`` for the conv stem, 4 for ResNet's and
-    NAT's tokenizer, 2 for the MaxxViT stem."""
-    if kind == "maxxvit":
+    NAT's tokenizer, 2 for the MaxxViT and MobileViT stems."""
+    if kind in ("maxxvit", "mobilevit"):
         return 2
     if kind in ("resnet", "conv_tokenizer"):
         return 2 ** TOKENIZER_LAYERS
@@ -216,17 +230,19 @@ def first_conv_name(kind: str, deep: bool = False) -> str | None:
     stem, which has no weights (its token width is ``channels x patch^2``: another ``in_chans`` is another
     architecture); ``stem.conv1`` for ResNet's (timm's ``conv1``), ``stem.conv1.0`` for its deep stem;
     ``stem.proj.0`` for NAT's tokenizer (the authors' ``patch_embed.proj.0``); ``stem.conv1`` for the MaxxViT stem
-    (timm's)."""
+    (timm's), ``stem.conv`` for the MobileViT stem (timm ByobNet's)."""
     if kind == "maxxvit":
         return "stem.conv1"
+    if kind == "mobilevit":
+        return "stem.conv"
     if kind == "resnet":
         return "stem.conv1.0" if deep else "stem.conv1"
     return {"patch": "stem.proj", "conv": "stem.conv1.linear", "conv_tokenizer": "stem.proj.0"}.get(kind)
 
 
 def plan(stem: PatchStemSpec | ConvStemSpec | ConvTokenizerStemSpec | IdentityStemSpec | ResNetStemSpec
-         | MaxxVitStemSpec, in_chans: int, img_size: tuple[int, int], first_dim: int, norm_eps: float = 1e-6
-         ) -> tuple[StemShape, list[tuple[tuple, str, str]]]:
+         | MaxxVitStemSpec | MobileViTStemSpec, in_chans: int, img_size: tuple[int, int], first_dim: int,
+         norm_eps: float = 1e-6) -> tuple[StemShape, list[tuple[tuple, str, str]]]:
     """The stem's shape and its problems ``(path, message, hint)``: a patch that does not divide the input, an
     identity stem whose token width is not the first stage's, conv channels that do not end at it.  ``norm_eps``:
     the first stage's, for the stem's LayerNorm (a patch stem with ``norm: layernorm``, NAT's tokenizer)."""
@@ -236,6 +252,8 @@ def plan(stem: PatchStemSpec | ConvStemSpec | ConvTokenizerStemSpec | IdentitySt
         return StemShape("maxxvit", in_chans, tuple(img_size), stem.channels,
                          stem_width=stem.stem_width or stem.channels, act=stem.act, bias=stem.bias,
                          bn_eps=stem.norm_eps, padding=stem.padding), []
+    if stem.kind == "mobilevit":
+        return StemShape("mobilevit", in_chans, tuple(img_size), stem.channels, act=stem.act), []
     if stem.kind == "conv_tokenizer":  # NAT: C_in -> C/2 -> C (the authors' embed_dim // 2)
         return StemShape("conv_tokenizer", in_chans, tuple(img_size), first_dim,
                          channels=(max(first_dim // 2, 1), first_dim), norm_eps=norm_eps), []
@@ -310,13 +328,17 @@ def counts(shape: StemShape) -> tuple[int, int]:
     ``9 c_in c_out + c_out`` (weights, bias) and ``H_out W_out 9 c_in c_out`` MACs; identity 0 and 0; ResNet, per
     conv ``k^2 c_in c_out`` weights (no bias) + 2 BatchNorm parameters per channel and ``H_out W_out k^2 c_in
     c_out`` MACs (the max-pool counts none); MaxxViT, ``9 c_in w + 9 w C`` weights (+ ``w + C`` biases), 2
-    BatchNorm parameters per channel of ``w``, and ``H_out W_out`` times the weights in MACs.  A LayerNorm on the
+    BatchNorm parameters per channel of ``w``, and ``H_out W_out`` times the weights in MACs; MobileViT, ``9 c_in C``
+    weights + 2 BatchNorm parameters per channel and ``H_out W_out 9 c_in C`` MACs.  A LayerNorm on the
     tokens (``norm_eps`` set) adds ``2 C`` parameters and no MACs."""
     params, macs = _counts_before_norm(shape)
     return params + (2 * shape.dim if shape.norm_eps is not None else 0), macs
 
 
 def _counts_before_norm(shape: StemShape) -> tuple[int, int]:
+    if shape.kind == "mobilevit":
+        (h, w), weights = out_grid(shape), 9 * shape.in_chans * shape.dim
+        return weights + 2 * shape.dim, h * w * weights
     if shape.kind == "maxxvit":
         (h, w), width = out_grid(shape), shape.stem_width
         weights = 9 * shape.in_chans * width + 9 * width * shape.dim
@@ -348,6 +370,8 @@ def memory(shape: StemShape) -> NodeMemory:
     rows, cols = out_grid(shape)
     if shape.kind == "maxxvit":  # conv1, BatchNorm (activation in place), conv2
         outputs, copies = [rows * cols * shape.stem_width, rows * cols * shape.dim], 2
+    elif shape.kind == "mobilevit":  # conv, BatchNorm (activation in place)
+        outputs, copies = [rows * cols * shape.dim], 2
     elif shape.kind == "conv":
         outputs, copies = [h * w * c_out for _, c_out, h, w in _conv_layers(shape)], 2
     elif shape.kind == "conv_tokenizer":
@@ -365,8 +389,8 @@ def memory(shape: StemShape) -> NodeMemory:
 def batchnorm_channels(shape: StemShape) -> int:
     """BatchNorm channels ``model.fuse()`` folds away: every conv layer's (conv stem); ResNet's stem: ``bn1``, the deep
     stem's two inner BatchNorms and the conv pool's (:func:`archspec.nn.fuse.fold_conv_batchnorms`); NAT's
-    tokenizer and the MaxxViT stem (timm's ``BatchNormAct2d``, which ``fuse()`` leaves) have none."""
-    if shape.kind in ("conv_tokenizer", "maxxvit"):
+    tokenizer, the MaxxViT and MobileViT stems (timm's ``BatchNormAct2d``, which ``fuse()`` leaves) have none."""
+    if shape.kind in ("conv_tokenizer", "maxxvit", "mobilevit"):
         return 0
     if shape.kind != "resnet":
         return sum(shape.channels)
@@ -376,9 +400,10 @@ def batchnorm_channels(shape: StemShape) -> int:
 
 def label(shape: StemShape) -> str:
     """The analysis table's kind: ``patch16`` (``patch4+ln`` with a LayerNorm), ``identity16``, ``conv4``,
-    ``tokenizer2`` (NAT's), ``resnet``, ``resnet-deep`` or ``resnet-tiered`` (``+convpool``), ``maxxvit``."""
-    if shape.kind == "maxxvit":
-        return "maxxvit"
+    ``tokenizer2`` (NAT's), ``resnet``, ``resnet-deep`` or ``resnet-tiered`` (``+convpool``), ``maxxvit``,
+    ``mobilevit``."""
+    if shape.kind in ("maxxvit", "mobilevit"):
+        return shape.kind
     if shape.kind == "resnet":
         deep = "-tiered" if shape.stem_mid and shape.stem_mid != shape.stem_width else "-deep"
         return "resnet" + (deep if shape.stem_width else "") + ("+convpool" if shape.pool == "conv" else "")

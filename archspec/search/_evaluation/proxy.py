@@ -140,9 +140,9 @@ def _resnet_input(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple[di
     """The stem unchanged; the input ``map * F`` per side, at most the real one (``F`` = the stem's reduction x the
     conv strides).
 
-    A ResNet stem divides by 4 (the maxxvit stem of CoAtNet / MaxViT by 2) and every conv stage by its stride
-    (each a ceiling division, so the map is ``ceil(H / F)``): the input size is the only knob.  ``map`` is the
-    feature map the first attention stage needs to get a first token grid of ``target``: its ``from_map`` grid for
+    A ResNet stem divides by 4 (the maxxvit stem of CoAtNet / MaxViT and MobileViT's by 2) and every conv stage by
+    its stride (each a ceiling division, so the map is ``ceil(H / F)``): the input size is the only knob.  ``map`` is
+    the feature map the first attention stage needs to get a first token grid of ``target``: its ``from_map`` grid for
     ``pool: avg`` (pooling keeps that grid while the map is at least as large: a 1-stage graft keeps 14x14 tokens
     from 56 px), ``target`` itself otherwise (every pixel a token).  A multiple of ``F`` so that every stride halves
     a side exactly.  This is the smallest such size, above ``cap`` when the tokens need it (the token grids win:
@@ -170,7 +170,8 @@ def _tokenizer_input(spec: ArchSpec, target: tuple[int, int], cap: int) -> tuple
 # a candidate's proxy (geometry and validated proxy spec) by the candidate's content and the proxy settings
 _PROXIES = ContentMemo(256)
 
-_STEM_RULES = {"conv": _conv_stem, "resnet": _resnet_input, "maxxvit": _resnet_input,  # map stems: input size only
+# map stems (resnet, maxxvit, mobilevit): the input size only
+_STEM_RULES = {"conv": _conv_stem, "resnet": _resnet_input, "maxxvit": _resnet_input, "mobilevit": _resnet_input,
                "conv_tokenizer": _tokenizer_input}  # else _patch_stem
 
 

@@ -16,9 +16,20 @@ from typing import Any
 from pydantic import BaseModel
 
 from archspec.errors import Problem
-from archspec.spec import ArchSpec, ConvStageSpec, MBConvStageSpec, StageSpec
+from archspec.spec import (
+    ArchSpec,
+    ConvBNActStageSpec,
+    ConvStageSpec,
+    MBConvStageSpec,
+    MobileViTStageSpec,
+    MV2StageSpec,
+    StageSpec,
+)
 
 MARKERS = ("choice", "int", "float", "ref")
+#: a conv stage's ``block`` -> its stage model where it is not ResNet's
+CONV_STAGE_MODELS = {"mbconv": MBConvStageSpec, "mv2": MV2StageSpec, "mobilevit": MobileViTStageSpec,
+                     "conv_bn_act": ConvBNActStageSpec}
 _MARKER_OPTIONS = {"choice": {"share"}, "ref": set(), "int": {"step", "log"}, "float": {"step", "log"}}
 SPACE_KEYS = ("name", "kind", "description", "protocol", "spec")
 _HEADS_MIX_KEYS = ("base", "masked", "window", "group", "per_layer")
@@ -288,8 +299,7 @@ class Checker:
                     if is_marker(kind) else "'attention' (the default) or 'conv'")
             self.add(path + ("kind",), f"a stage's kind must be 'attention' or 'conv', got {kind!r}", hint)
             return
-        model = StageSpec if kind != "conv" else MBConvStageSpec if node.get("block") == "mbconv" else ConvStageSpec
-        self.value(node, path, model)
+        self.value(node, path, StageSpec if kind != "conv" else CONV_STAGE_MODELS.get(node.get("block"), ConvStageSpec))
 
     def heads_mix(self, node: Any, path: tuple) -> None:
         if isinstance(node, str):

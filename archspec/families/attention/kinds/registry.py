@@ -47,8 +47,9 @@ SDPA_TERMS = frozenset({"bias", "block"})
 GENERIC_PATHS = frozenset({"sdpa", "dense"})
 #: the layers that run head kinds: archspec's ``Attention`` in token stages (``attention``) and on a bottleneck's
 #: pixel map in a conv stage (``pixel_attention``), CaiT's talking heads, timm's ``BottleneckAttn`` (BoTNet's
-#: relative logits) and ``HaloAttn`` (HaloNet's halo)
-HOSTS = frozenset({"attention", "pixel_attention", "talking_heads", "bottleneck_attn", "halo_attn"})
+#: relative logits), ``HaloAttn`` (HaloNet's halo) and ``MobileVitBlock`` (MobileViT's grid)
+HOSTS = frozenset({"attention", "pixel_attention", "talking_heads", "bottleneck_attn", "halo_attn",
+                   "mobilevit_block"})
 #: shorthands and letters no kind may take: plain MHSA, and CaiT's class attention in the tables
 RESERVED_SHORTHANDS = frozenset({"mhsa", "global"})
 RESERVED_LETTERS = frozenset({"A", "C"})
