@@ -23,6 +23,7 @@ from test_resnet import logit_parity
 from timm.models.byobnet import ByoBlockCfg, ByobNet, ByoModelCfg
 from timm.models.mobilevit import MobileVitBlock
 from timm.models.vision_transformer import Attention as TimmAttention
+from verb_checks import compiles_in_one_graph, int8_is_close_to_float, onnx_equals_pytorch, train_and_resume
 
 import archspec
 from archspec.cli import main
@@ -327,58 +328,21 @@ def test_build_and_inspect_a_small_mobilevit(tmp_path, capsys, one_thread) -> No
 
 @pytest.mark.slow  # two short training runs
 def test_train_and_resume_a_small_mobilevit(tmp_path, one_thread) -> None:
-    from train_fixtures import image_folder
-
     source = tmp_path / "tiny_mobilevit.yaml"
     source.write_text(_tiny((2, 2), 64), encoding="utf-8")
-    data, run = image_folder(tmp_path / "stripes"), tmp_path / "run"
-    quick = ["--data", str(data), "--out", str(run), "--max-images", "40", "--batch-size", "8", "--workers", "0",
-             "--quiet"]
-    assert main(["train", str(source), *quick, "--steps", "2", "--checkpoint-every", "1"]) == 0
-    (run / "summary.json").unlink()  # what a kill after the checkpoint leaves
-    assert main(["train", str(source), *quick, "--steps", "4", "--resume"]) == 0
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 4 and (run / "model" / "model.safetensors").is_file()
+    train_and_resume(source, tmp_path)
 
 
 @pytest.mark.slow  # PT2E quantisation: seconds
 def test_int8_of_a_small_mobilevit_is_close_to_float(one_thread) -> None:
-    """test_deploy's tolerance on the three real photographs: per image cosine >= 0.98, relative L2 <= 0.2."""
-    from deploy_fixtures import augmented
-
-    from archspec.deploy.int8 import quantize
-    from archspec.io.images import sample_batch
-
-    model, photos = _randomised_tiny(), sample_batch((64, 64))
-    quantized = quantize(model, [augmented(photos)], torch_compile=False)
-    with torch.no_grad():
-        expected, got = model(photos), quantized(photos)
-    cosine = torch.nn.functional.cosine_similarity(got, expected, dim=1)
-    relative = (got - expected).norm(dim=1) / expected.norm(dim=1)
-    assert (cosine >= 0.98).all() and (relative <= 0.2).all(), (cosine, relative)
+    int8_is_close_to_float(_randomised_tiny(), (64, 64))
 
 
 @pytest.mark.slow  # the dynamo ONNX exporter: seconds
 def test_onnx_of_a_small_mobilevit_equals_pytorch(tmp_path, one_thread) -> None:
-    pytest.importorskip("onnxruntime")
-    from archspec.deploy.onnx_export import export_onnx, ort_session, run_onnx
-    from archspec.io.images import sample_batch
-
-    model, photos = _randomised_tiny(), sample_batch((64, 64))
-    export_onnx(model, tmp_path / "m.onnx", photos[:2], {"test": True})
-    session = ort_session(tmp_path / "m.onnx", threads=1)
-    with torch.no_grad():
-        for x in (photos, photos[:1]):
-            expected = model(x)
-            assert (run_onnx(session, x) - expected).abs().max().item() <= 1e-4 * max(expected.abs().max().item(), 1)
+    onnx_equals_pytorch(_randomised_tiny(), (64, 64), tmp_path / "m.onnx")
 
 
-@pytest.mark.slow  # Dynamo's trace of the whole model
+@pytest.mark.slow  # Dynamo's trace of the whole model (no graph break in timm's MobileVitBlock)
 def test_torch_compile_traces_a_small_mobilevit_in_one_graph(one_thread) -> None:
-    """torch.compile (Dynamo, fullgraph: no graph break in timm's MobileVitBlock) gives the eager logits; the
-    ``eager`` backend checks the trace without a C++ toolchain (``archspec build --torch-compile`` runs Inductor)."""
-    model = _randomised_tiny()
-    x = torch.randn(2, 3, 64, 64)
-    compiled = torch.compile(model, backend="eager", fullgraph=True)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    compiles_in_one_graph(_randomised_tiny(), (64, 64))

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from layer_reference import float64_qkv
 from macs_reference import reference_macs
+from test_families import eval_buffer_bytes
 from test_local_kernels import naive_axis
 
 import archspec
@@ -211,12 +212,7 @@ def test_buffer_rule_is_the_modules_bytes(heads, grid):
     module = build("attention", shape).eval()
     with torch.no_grad():
         module(torch.randn(1, grid[0] * grid[1], 16))
-    real = sum(b.numel() * b.element_size() for b in module.buffers())
-    for name, value in vars(module).items():
-        if name.endswith("_cache") and value is not None:
-            tensors = value.values() if isinstance(value, dict) else value if isinstance(value, tuple) else (value,)
-            real += sum(t.numel() * t.element_size() for t in tensors if t is not None)
-    assert rules("attention").buffers(shape) == real
+    assert rules("attention").buffers(shape) == eval_buffer_bytes(module)
 
 
 @pytest.mark.parametrize("name", ["nat_mini", "dinat_mini"])

@@ -13,6 +13,7 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from test_families import eval_buffer_bytes
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock
 from torch import nn
 from train_fixtures import folder  # noqa: F401 - the striped image folder, a pytest fixture used by name
@@ -191,12 +192,7 @@ def test_attention_buffer_rule_holds_for_window_layers(heads, grid, one_thread):
     module = Attention(32, shape.heads, grid, qk_dim=8, v_dim=8).eval()
     with torch.no_grad():
         module(torch.randn(1, grid[0] * grid[1], 32))
-    real = sum(b.numel() * b.element_size() for b in module.buffers())
-    for name, value in vars(module).items():
-        if name.endswith("_cache") and value is not None:
-            tensors = value.values() if isinstance(value, dict) else value if isinstance(value, tuple) else (value,)
-            real += sum(t.numel() * t.element_size() for t in tensors if t is not None)
-    assert rules("attention").buffers(shape) == real
+    assert rules("attention").buffers(shape) == eval_buffer_bytes(module)
 
 
 # ------------------------------------------------------------------------------------------------ mixed layers
