@@ -379,6 +379,12 @@ class ArchSpec(StrictModel):
         return sum(s.depth for s in self.stages[self.n_conv_stages:self.tail_start])
 
     @property
+    def plan(self) -> str:
+        """The stage plan in CoAtNet's letters (Dai et al. 2021, sec. 3.2): ``C`` a conv stage (whatever its block
+        or mixer), ``T`` an attention stage, joined by ``-`` (``C-C-T-T``)."""
+        return "-".join("C" if isinstance(s, ConvStageBase) else "T" for s in self.stages)
+
+    @property
     def is_convnet(self) -> bool:
         """Whether every stage is a conv stage (a ResNet-like model: feature maps, average pool, classifier)."""
         return all(isinstance(s, ConvStageBase) for s in self.stages)

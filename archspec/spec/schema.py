@@ -135,11 +135,12 @@ def _or_marker(prop: dict[str, Any]) -> dict[str, Any]:
 
 
 def space_schema() -> dict[str, Any]:
-    """JSON Schema of a search-space file: ``name``, ``kind``, ``description``, ``protocol`` and a ``spec`` in
-    which any value may be a marker (``choice``, ``int``, ``float``, ``ref``), ``stages`` may be ``{count, items}``
-    or a labelled choice of stage lists, and a stage is an attention stage (which may have ``heads_mix``) or a conv
-    stage (see :mod:`archspec.search._space.language`).  Labelled-choice alternatives are not checked (their
-    place's schema cannot be tied to them); ``archspec search`` checks them.  Raises nothing.
+    """JSON Schema of a search-space file: ``name``, ``kind``, ``description``, ``protocol``, top-level ``x-...``
+    keys for YAML anchors, and a ``spec`` in which any value may be a marker (``choice``, ``int``, ``float``,
+    ``ref``), ``stages`` may be ``{count, items}`` or a labelled choice of stage lists, and a stage is an attention
+    stage (which may have ``heads_mix``) or a conv stage (see :mod:`archspec.search._space.language`).
+    Labelled-choice alternatives are not checked (their place's schema cannot be tied to them); ``archspec search``
+    checks them.  Raises nothing.
     """
     spec = spec_schema()
     defs = spec.pop("$defs")
@@ -164,6 +165,7 @@ def space_schema() -> dict[str, Any]:
                                                         "items": stage_list["items"]}}})
     return {"$schema": SCHEMA_DIALECT, "$id": SPACE_SCHEMA_ID, "title": "archspec search space", "type": "object",
             "required": ["spec"], "additionalProperties": False,
+            "patternProperties": {X_KEY_PATTERN: {"description": "ignored: a place for YAML anchors"}},
             "properties": {"name": {"type": "string", "pattern": r"^[A-Za-z0-9_.\-]+$"},
                            "kind": {"enum": ["design", "masks"]}, "description": {"type": "string"},
                            "protocol": {"type": "object", "description": "fields of the table protocol this "

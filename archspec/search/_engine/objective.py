@@ -200,6 +200,7 @@ class CandidateObjective:
         check = static_check(spec, budgets, self.data, self.cfg.protocol)  # memory: also the proxy batch
         trial.set_user_attr("macs", int(check.macs))
         trial.set_user_attr("params", int(check.params))
+        trial.set_user_attr("plan", spec.plan)
         if check.macs == 0 and check.params == 0 and not check.feasible:
             raise CandidateFailure(check.reason or "invalid spec")
         self._constraint(trial, "macs", check.macs, budgets.macs)

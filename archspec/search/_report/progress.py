@@ -31,7 +31,8 @@ def progress_line(trial, elapsed: float, attempted: int, total: int, timeout: fl
     """One log line for a finished trial (the progress report when stdout is not a terminal), at most ``width``.
 
     ``trial 3 COMPLETE acc=0.912 ms=12.80 macs=807.2M 35s eta 130s trained 5/16``: state (with why,
-    cut to fit), proxy accuracy, latency in ms, MACs, ETA; a value the trial does not have is ``-``.  ETA
+    cut to fit), proxy accuracy, latency in ms, MACs, the stage plan where a stage is conv (``plan=C-C-T-T``), ETA;
+    a value the trial does not have is ``-``.  ETA
     (seconds): the pace so far (elapsed / trained) times the candidates still to train, capped by what is
     left of ``timeout``; ``-`` before the first trained one without a timeout.  The full
     reasons are in ``trials.csv`` and the summary.  Raises nothing.  Source: archspec.
@@ -41,8 +42,9 @@ def progress_line(trial, elapsed: float, attempted: int, total: int, timeout: fl
     left = [elapsed / attempted * max(total - attempted, 0)] if attempted else []
     if timeout is not None:
         left.append(max(timeout - elapsed, 0.0))
+    plan = ua.get("plan") or ""
     facts = (f" acc={'-' if acc is None else f'{acc:.3f}'} ms={'-' if lat is None else f'{lat:.2f}'} "
-             f"macs={'-' if macs is None else human(macs)} {elapsed:.0f}s "
+             f"macs={'-' if macs is None else human(macs)}{f' plan={plan}' if 'C' in plan else ''} {elapsed:.0f}s "
              f"eta {f'{min(left):.0f}s' if left else '-'} trained {attempted}/{total}")
     head = f"trial {trial.number} {state_label(trial)}"
     room = max(width - len(facts), 12)

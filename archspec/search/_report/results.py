@@ -38,7 +38,7 @@ __all__ = ["TRIAL_COLUMNS", "trial_status", "trial_rows", "write_trials_csv", "i
 
 
 # ----------------------------------------------------------------------------------- trials table
-TRIAL_COLUMNS = ["number", "state", "status", "accuracy", "latency_ms", "macs", "params", "train_seconds",
+TRIAL_COLUMNS = ["number", "state", "status", "accuracy", "latency_ms", "macs", "params", "plan", "train_seconds",
                  "duration_s", "val_loss", "train_loss", "loss_sum", "score", "feasible", "fail_reason", "worker_pid",
                  "datetime_start", "datetime_complete", "reused_from", "duplicate_of", "arch_key", "proxy_grids",
                  "oracle_seed"]
@@ -64,7 +64,7 @@ def _trial_row(t) -> dict:
     return {
         "number": t.number, "state": t.state.name, "status": trial_status(t),
         "accuracy": ua.get("accuracy"), "latency_ms": ua.get("latency_ms"), "macs": ua.get("macs"),
-        "params": ua.get("params"), "train_seconds": ua.get("train_seconds"),
+        "params": ua.get("params"), "plan": ua.get("plan"), "train_seconds": ua.get("train_seconds"),
         "duration_s": round(duration, 3) if duration is not None else None,
         "val_loss": ua.get("val_loss"), "train_loss": ua.get("train_loss"),
         "loss_sum": ua.get("loss_sum"), "score": ua.get("score"),  # TSE, and the value it was ranked by
@@ -248,7 +248,7 @@ def _write_pareto(study, space, cfg, run_dir: Path, info, summary: dict, feasibl
         pareto_files[fname] = _emit_trial(t, space, cfg, info, summary, pareto_rank=rank)
         points.append({"rank": rank, "trial": t.number, **_ranked_by(t, cfg), "latency_ms": t.values[1],
                        "macs": t.user_attrs.get("macs"), "params": t.user_attrs.get("params"),
-                       **_grids(t), "file": f"pareto/{fname}"})
+                       "plan": t.user_attrs.get("plan"), **_grids(t), "file": f"pareto/{fname}"})
     if pareto_files:
         run_files.replace_dir(run_dir / "pareto", pareto_files)
         files.append(f"pareto/ ({len(pareto_files)} specs)")
@@ -271,6 +271,7 @@ def _write_best_trial(study, space, cfg, run_dir: Path, info, summary: dict, fea
         points.append({"rank": 0, "trial": best_trial.number, **_ranked_by(best_trial, cfg),
                        "latency_ms": best_trial.user_attrs.get("latency_ms"),
                        "macs": best_trial.user_attrs.get("macs"), "params": best_trial.user_attrs.get("params"),
+                       "plan": best_trial.user_attrs.get("plan"),
                        "file": "best.yaml"})
     _plot(summary, files, plot_history, feasible, run_dir / "pareto.png", "maximize", _score_label(cfg),
           f"{summary['study']}: optimisation history ({len(feasible)} trained feasible)")
@@ -385,7 +386,10 @@ def _points_table(summary: dict):
     """The Pareto front / best trial as a ``rich`` table."""
     table = Table(title=summary.get("table_title", "Pareto front (trained, feasible)"), title_justify="left")
     scored = any("score" in p for p in summary["pareto"])  # --proxy-score tse: the value it was ranked by
-    columns = ("rank", "trial", *(("score",) if scored else ()), "accuracy", "latency ms", "MACs", "params", "spec")
+    # the stage plan (C-C-T-T) where a design has conv stages: a hybrid space's answer is its plan
+    planned = any("C" in (p.get("plan") or "") for p in summary["pareto"])
+    columns = ("rank", "trial", *(("score",) if scored else ()), "accuracy", "latency ms", "MACs", "params",
+               *(("plan",) if planned else ()), "spec")
     for col in columns:
         table.add_column(col, justify="left" if col == "spec" else "right")
     for p in summary["pareto"]:
@@ -393,7 +397,8 @@ def _points_table(summary: dict):
         rank = str(p.get("rank", "")) + (" ~" if p.get("within_seed_spread") else "")  # --verify: a tie in noise
         table.add_row(rank, str(p["trial"]), *score, _fmt(p.get("accuracy")),
                       _fmt(p.get("latency_ms"), 2), human(p["macs"]) if p.get("macs") is not None else "-",
-                      human(p["params"]) if p.get("params") is not None else "-", str(p.get("file", "")))
+                      human(p["params"]) if p.get("params") is not None else "-",
+                      *((p.get("plan") or "-",) if planned else ()), str(p.get("file", "")))
     return table
 
 

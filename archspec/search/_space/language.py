@@ -265,7 +265,8 @@ def _from_document(data: Any, locator: Locator | None, file: str | None) -> Sear
         raise SpecError.single((), f"a search space must be a mapping, got {type(data).__name__}",
                                "top-level keys: name, kind, description, protocol, spec", file)
     for key in data:
-        if key not in SPACE_KEYS:
+        # top-level x-... keys hold YAML anchors (x-common: &common ...), as in spec files and Compose files
+        if key not in SPACE_KEYS and not (isinstance(key, str) and key.startswith("x-")):
             checker.unknown((), key, SPACE_KEYS)
     name = data.get("name", Path(file).stem if file and file[0] != "<" else "space")
     if not isinstance(name, str) or not SPACE_NAME_RE.match(name):

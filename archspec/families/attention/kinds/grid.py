@@ -78,6 +78,8 @@ class GridSpec(StrictModel):
     def _parse_stride(cls, value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return (value, value)
+        if isinstance(value, str) and value.strip().isdigit():  # grid:2, as window:7 is a square
+            return int(value), int(value)
         if isinstance(value, str):
             match = re.fullmatch(STRIDE_PATTERN, value)
             if not match:
