@@ -56,7 +56,7 @@ from archspec.spec import (
 N_MUTANTS = 3000
 SEED = 20240611
 BUILD_MACS = 25_000_000  # valid mutants at or under this many MACs per image are built and run (T-CNN at 48 px: 21M)
-BUILD_PARAMS = 2_000_000
+BUILD_PARAMS = 2_500_000  # Swin-B small base: 2.48M
 
 HEAD_KINDS = ["mhsa", "gpsa", "mask", "mask:3x5", "mask:5x5", "soft_mask", "strict_mask", "levit_bias", "signed_bias",
               {"gpsa": {"gating_trainable": False, "conv_init": False}}, {"gpsa": {"locality_strength": 3.0}},
@@ -117,8 +117,8 @@ def _scale(dim: int) -> int:
 
 
 def _shrink_stage(stage: dict, heads_width: bool) -> dict:
-    depth = min(stage["depth"], 3)
-    stage = dict(stage, depth=depth)
+    depth = min(stage.get("depth", 1), 3)  # a stage without a depth (MobileViT's final 1x1 conv) is one block
+    stage = dict(stage, depth=depth) if "depth" in stage else dict(stage)
     if stage.get("kind") == "conv":  # a quarter of the channels keeps bottleneck widths divisible by 4
         stage["channels"] = max(4, stage["channels"] // 4)
         return stage
@@ -133,6 +133,28 @@ def _shrink_stage(stage: dict, heads_width: bool) -> dict:
             layers.append(dict(override, range=[start, min(end, depth - 1)]))
     stage["layers"] = layers
     return stage
+
+
+def _small_locality(node: Any) -> Any:
+    """The local head kinds at a small base's grids: 3x3 windows clamped to a smaller grid as timm clamps them (Swin
+    at 48 px: grids 12, 6, 3, 2), 3x3 neighbourhoods with dilation at most 2 (NAT, DiNAT), 2x2 halo blocks with a
+    halo of 1 (HaloNet) -- the kinds stay in the bases, their sizes fit."""
+    if isinstance(node, str):
+        small = {"window": {"window": {"size": 3, "clamp": True}}, "neighborhood": "neighborhood:3"}
+        return small.get(node.split(":")[0], node)
+    if isinstance(node, list):
+        return [_small_locality(value) for value in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _small_locality(value) for key, value in node.items()}
+    if isinstance(out.get("window"), dict):
+        out["window"] = dict(out["window"], size=3, clamp=True)
+    if isinstance(out.get("neighborhood"), dict):
+        dilation = min(out["neighborhood"].get("dilation", 1), 2)
+        out["neighborhood"] = dict(out["neighborhood"], kernel=3, dilation=dilation)
+    if isinstance(out.get("halo"), dict):
+        out["halo"] = dict(out["halo"], block_size=2, halo_size=1)
+    return out
 
 
 def _range(text: Any) -> tuple[int, int]:
@@ -166,6 +188,9 @@ def small_base(path: Path) -> dict:
         doc["input"]["resolution"] = 16
         for stage in doc["stages"]:
             stage.update(dim=48, head_dim=48) if "head_dim" in stage else stage.update(dim=48)
+    if "neighborhood" in str(doc["stages"]):
+        doc["input"]["resolution"] = 96  # NAT's /4 tokenizer: grids 24, 12, 6, 3, each at least a 3x3 kernel
+    doc["stages"] = _small_locality(doc["stages"])
     tokens = doc.get("tokens", {})
     if isinstance(tokens.get("cls_token"), int):
         tokens["cls_token"] = min(tokens["cls_token"], sum(s["depth"] for s in doc["stages"]))

@@ -355,3 +355,15 @@ def test_window_partition_pairs_are_what_the_kernel_multiplies(grid, window, shi
     q, k, v = _qkv(grid, heads=2, dim=8, batch=1)
     macs = _product_macs(lambda: window_attention(q, k, v, grid, window, shift))
     assert macs == window_partition_pairs(grid, window, shift) * 2 * 8 * 2
+
+
+def test_tables_first_built_on_the_meta_device_serve_a_real_forward():
+    """The MAC counter runs whole models under ``torch.device("meta")`` (tests/macs_reference.py); the tiled
+    kernel's cached tables first built there stay CPU tensors, so a later real forward on the same grid equals the
+    dense reference (it raised "Cannot copy out of meta tensor" when a meta table was cached)."""
+    grid, kernel = (30, 29), 7  # a grid no other test uses: its tables are first built under the meta device
+    q, k, v = _qkv(grid)
+    with torch.device("meta"):
+        neighborhood_attention(q.to("meta"), k.to("meta"), v.to("meta"), grid, kernel, tile=7)
+    allowed, _ = neighborhood_mask(grid, kernel)
+    _assert_close(neighborhood_attention(q, k, v, grid, kernel, tile=7), dense_local_attention(q, k, v, allowed))

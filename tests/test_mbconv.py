@@ -244,7 +244,7 @@ MB = "kind: conv, block: mbconv, depth: 1"
     (f"  - {{{MB}, channels: 48}}\n", "stages[0].channels", 5, "changes the width from 32 to 48 at stride 1",
      "use stride: 2"),
     ("  - {kind: conv, block: mbconvv, depth: 1, channels: 32}\n", "stages[0].block", 5, "unknown conv block",
-     "block: basic, bottleneck or mbconv"),
+     "block: basic, bottleneck, mbconv, mv2, mobilevit or conv_bn_act"),
     (f"  - {{{MB}, channels: 32, se: {{rd_ratio: 0.001}}}}\n", "stages[0].se.rd_ratio", 5, "is 0 channels",
      "raise se.rd_ratio"),
     # a 36 px input: 18 x 18 after the stem, 9 x 9 after the first stage; the second stage's 2x2 shortcut pool floors

@@ -206,7 +206,7 @@ NO_TOKENS = "tokens: {cls_token: none, pos_embed: none}\n"
     (f"stem: {{kind: resnet}}\nstages:\n  - {CONV}\n  - {ATTN}\n  - {CONV}\nhead: {{pool: cls}}\n",
      "head.pool", 8, "class and distillation tokens dropped"),
     (f"stem: {{kind: patch}}\n{NO_TOKENS}stages:\n  - {CONV}\nhead: {{pool: mean}}\n",
-     "stem.kind", 3, "conv stages need the feature map of a resnet stem"),
+     "stem.kind", 3, "conv stages need the feature map of a resnet, maxxvit or mobilevit stem"),
     (f"stem: {{kind: resnet}}\n{NO_TOKENS}stages:\n  - {ATTN}\nhead: {{pool: mean}}\n",
      "stem.kind", 3, "an attention stage takes only after a conv stage"),
     (f"stem: {{kind: resnet}}\ntokens: {{cls_token: input}}\nstages:\n  - {CONV}\nhead: {{pool: mean}}\n",

@@ -53,13 +53,15 @@ def _cached_tables(build):
     ``inference_mode`` (a table first built in an inference forward, ``archspec build``'s photo, is reused by a later
     training forward, and autograd cannot save an inference tensor for backward) and outside any fake-tensor mode (a
     table first built while ``torch.export`` traces would otherwise be a fake tensor, kept in the cache and refused
-    as a constant of the exported program)."""
+    as a constant of the exported program), and on the CPU unless the builder names a device (a table first built
+    under ``with torch.device("meta")``, the MAC counter's model, would otherwise be a meta tensor, kept in the cache
+    and refused by the next real forward: "Cannot copy out of meta tensor")."""
 
     @wraps(build)
     def plain_tensors(*args):
         if torch.compiler.is_dynamo_compiling():  # Dynamo traces the builder (its tables become graph constants)
             return build(*args)
-        with torch.inference_mode(False), unset_fake_temporarily():
+        with torch.device("cpu"), torch.inference_mode(False), unset_fake_temporarily():
             return build(*args)
 
     return lru_cache(maxsize=64)(plain_tensors)
