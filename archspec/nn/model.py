@@ -56,6 +56,13 @@ for _leaf in FX_LEAF_MODULES:
 NO_WEIGHT_DECAY_LEAVES = no_weight_decay_leaves()
 
 
+def _halves(stage: nn.Module) -> bool:
+    """Whether a token stage halves its grid: it opens with a transition (LeViT's shrinking attention, Swin's patch
+    merging, NAT's conv downsampler) or its first block pools (CoAtNet's ``downsample: pool``)."""
+    return not isinstance(stage.downsample, nn.Identity) or bool(
+        stage.blocks and getattr(stage.blocks[0], "downsamples", False))
+
+
 class Stage(nn.Module):
     """One stage: an optional transition ``downsample`` (LeViT's shrinking attention, Swin's patch merging, NAT's
     conv downsampler) then ``blocks``. ``(B, N, C) -> (B, N', C')``."""
@@ -293,6 +300,7 @@ class ArchModel(nn.Module):
                 continue
             if not isinstance(stage.downsample, nn.Identity):
                 x = stage.downsample(x)
+            if _halves(stage):
                 grid = ((grid[0] - 1) // 2 + 1, (grid[1] - 1) // 2 + 1)
             for block in stage.blocks:
                 if self.cls_at == index and index > 0:
@@ -375,7 +383,7 @@ class ArchModel(nn.Module):
                 reduction *= layout.stage_strides[s]
                 info.append(dict(num_chs=layout.stage_dims[s], reduction=reduction, module=f"stages.{s}"))
                 continue
-            if not isinstance(stage.downsample, nn.Identity):
+            if _halves(stage):
                 reduction *= 2
             dim = layout.stage_dims[s]
             if self._per_block_levels():
@@ -498,6 +506,10 @@ class ArchModel(nn.Module):
                     stage.downsample.set_grid(grid)
                 grid = stage.downsample.out_grid
             for block in stage.blocks:
+                if hasattr(block, "set_grid"):  # a pre-norm block moves its mixer (and its pools, CoAtNet's)
+                    block.set_grid(grid)
+                    grid = block.out_grid
+                    continue
                 mixer = block.attn
                 if tuple(mixer.grid) == tuple(grid):
                     continue

@@ -23,6 +23,7 @@ from functools import lru_cache, wraps
 
 import torch
 import torch.nn.functional as F
+from timm.layers.pos_embed_rel import gen_relative_log_coords
 from torch import Tensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -44,6 +45,7 @@ from .local_rules import (
 )
 
 __all__ = ["dense_local_attention", "relative_bias", "swin_window_mask", "swin_padded_kv", "swin_window_tables",
+           "log_offsets",
            "window_attention", "neighborhood_indices", "neighborhood_mask", "neighborhood_starts",
            "neighborhood_window_mask", "neighborhood_attention"]
 
@@ -211,6 +213,26 @@ def swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tu
         with torch.device("cpu"), torch.inference_mode(False), unset_fake_temporarily():
             _SWIN_TABLES[key] = _build_swin_window_tables(*key)
     return _SWIN_TABLES[key]
+
+
+#: log_offsets' tables by (window, device), kept as the window tables are
+_LOG_OFFSETS: dict[tuple, Tensor] = {}
+
+
+def log_offsets(window: tuple[int, int], device: torch.device) -> Tensor:
+    """The input of a window's MLP relative-position term, ``((2 w_h - 1)(2 w_w - 1), 2)``: each offset ``(dy, dx)``
+    (query minus key, row-major from ``(1 - w_h, 1 - w_w)``, the rows of Swin's table) as ``sign(t) log(1 + |t|)``
+    (timm ``gen_relative_log_coords(mode='cr')``, what ``RelPosMlp`` feeds its MLP); kept per window and device,
+    built as :func:`swin_window_tables` builds its tables."""
+    key = (tuple(window), torch.device(device))
+    if key not in _LOG_OFFSETS:
+        if len(_LOG_OFFSETS) >= _SWIN_TABLES_MAX:
+            _LOG_OFFSETS.clear()
+        if torch.compiler.is_dynamo_compiling():
+            return gen_relative_log_coords(tuple(window), mode="cr").reshape(-1, 2).to(device)
+        with torch.device("cpu"), torch.inference_mode(False), unset_fake_temporarily():
+            _LOG_OFFSETS[key] = gen_relative_log_coords(tuple(window), mode="cr").reshape(-1, 2).to(device)
+    return _LOG_OFFSETS[key]
 
 
 def _build_swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
