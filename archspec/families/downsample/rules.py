@@ -96,17 +96,18 @@ class BlockPoolSpec(StrictModel):
         return _expand(value)
 
 
-def _downsample_kind(value: Any) -> str | None:
+def _downsample_kind(value: Any) -> str:
     """Which model a ``downsample:`` is: ``pool`` a :class:`BlockPoolSpec`, anything else a :class:`DownsampleSpec`
-    (whose own validation names a wrong kind)."""
+    (whose own validation names a wrong kind).  The tags are in :mod:`archspec.spec.parsing`'s location markers, so
+    that an error's path stays ``stages[i].downsample``."""
     kind = value.strip() if isinstance(value, str) else (value.get("kind") if isinstance(value, dict)
                                                          else getattr(value, "kind", None))
-    return "block_pool" if kind == "pool" else "node"
+    return "block_pool" if kind == "pool" else "downsample_node"
 
 
 #: a stage's ``downsample``: a node entering the stage (Swin's, NAT's) or its first block's pooling (CoAtNet's)
-AnyDownsample = Annotated[Annotated[DownsampleSpec, Tag("node")] | Annotated[BlockPoolSpec, Tag("block_pool")],
-                          Discriminator(_downsample_kind)]
+AnyDownsample = Annotated[Annotated[DownsampleSpec, Tag("downsample_node")]
+                          | Annotated[BlockPoolSpec, Tag("block_pool")], Discriminator(_downsample_kind)]
 
 
 @dataclass(frozen=True)
