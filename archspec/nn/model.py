@@ -136,8 +136,9 @@ class ArchModel(nn.Module):
         self.num_features = self.head_hidden_size = self.embed_dim = layout.dim_out
         # a conv net or a conv tail ends on a map: timm ResNet's head (average pool + classifier, no norm)
         self.ends_on_map = layout.ends_on_map
-        # a conv net's classifier is timm ResNet's fc (torch's default init); the others' timm ViT's / LeViT's
-        self._resnet_fc = layout.is_convnet
+        # a conv net's classifier is timm ResNet's fc (torch's default init), and so is a MaxxVit's (CoAtNet, MaxViT:
+        # timm's ClassifierHead has no init of its own); the others' timm ViT's / LeViT's
+        self._resnet_fc = layout.is_convnet or layout.stem_kind == "maxxvit"
         self.batchnorm_head = layout.batchnorm_head
         self.distilled = layout.distilled
         self.distilled_training = False
@@ -218,7 +219,7 @@ class ArchModel(nn.Module):
         self.head_dist = self._make_head(num_classes) if self.distilled else None
 
     def _make_head(self, num_classes: int) -> nn.Module:
-        if self._resnet_fc:  # timm ResNet's fc: torch's default init (timm's init_weights leaves it)
+        if self._resnet_fc:  # timm ResNet's / MaxxVit's fc: torch's default init (timm's init_weights leaves it)
             return nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         return build_classifier(self.num_features, num_classes, self.batchnorm_head, self.drop_rate)
 

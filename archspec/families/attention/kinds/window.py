@@ -204,8 +204,9 @@ def at_layer(spec: WindowSpec, layer: int) -> WindowSpec:
 
 
 def at_other_resolution(spec: WindowSpec) -> WindowSpec:
-    """At another input size the window clamps to a smaller grid, as timm's does: ``clamp: true``."""
-    return spec.model_copy(update={"clamp": True})
+    """At another input size the window clamps to a smaller grid, as timm's does: ``clamp: true``; a full window is
+    the grid at every size and stays as written."""
+    return spec if spec.size == FULL else spec.model_copy(update={"clamp": True})
 
 
 def attention_pairs(spec: WindowSpec, grid: tuple[int, int], n_prefix: int) -> int:
