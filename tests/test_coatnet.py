@@ -6,7 +6,8 @@ The reference is timm's own model: the shipped ``coatnet_nano_rw_224`` and small
 ``coatnet_nano_rw`` config (scaled down, with each relative-position term, expand_first and shortcut_bias) have
 timm's parameter count and, with every weight randomised, timm's logits within 1e-5 in fp32, converted both ways by
 ``archspec.timm_bridge``; a fresh model follows timm's init (``vit_eff``: xavier-uniform).  Bad input exits 2 with
-file:line:column, field and hint; validate / build / inspect, ONNX and int8 run on a small CoAtNet.
+file:line:column, field and hint; validate / build / inspect, train and resume, ONNX, int8 and torch.compile run
+on a small CoAtNet.
 """
 
 from __future__ import annotations
@@ -208,3 +209,32 @@ def test_int8_and_onnx_of_a_small_coatnet_agree_with_eager(tmp_path, one_thread)
         got = quantized(photos)
     cosine = torch.nn.functional.cosine_similarity(got, expected, dim=1)
     assert (cosine >= 0.98).all(), cosine
+
+
+@pytest.mark.slow  # Dynamo's trace of the whole model
+def test_torch_compile_traces_a_small_coatnet_in_one_graph(one_thread) -> None:
+    """torch.compile (Dynamo, fullgraph: no graph break in the pooling blocks or the full-window bias) gives the eager
+    logits; the ``eager`` backend checks the trace without a C++ toolchain (``archspec build --torch-compile`` runs
+    Inductor on it)."""
+    torch.manual_seed(0)
+    model = archspec.compile(_small("mlp")).eval()
+    x = torch.randn(2, 3, 64, 64)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # two short training runs
+def test_train_and_resume_a_small_coatnet(tmp_path, one_thread) -> None:
+    from train_fixtures import image_folder
+
+    source = tmp_path / "small_coat.yaml"
+    source.write_text(_small(), encoding="utf-8")
+    data, run = image_folder(tmp_path / "stripes"), tmp_path / "run"
+    quick = ["--data", str(data), "--out", str(run), "--max-images", "40", "--batch-size", "8", "--workers", "0",
+             "--quiet"]
+    assert main(["train", str(source), *quick, "--steps", "2", "--checkpoint-every", "1"]) == 0
+    (run / "summary.json").unlink()  # what a kill after the checkpoint leaves
+    assert main(["train", str(source), *quick, "--steps", "4", "--resume"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 4 and (run / "model" / "model.safetensors").is_file()
