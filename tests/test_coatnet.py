@@ -2,12 +2,12 @@
 then relative-attention stages whose first block pools (``downsample: pool``, timm ``TransformerBlock2d(stride=2)``)
 over the whole grid (``window: {size: full}``, timm ``RelPosBias`` / ``RelPosBiasTf`` / ``RelPosMlp``).
 
-The reference is timm's own model: the shipped ``coatnet_nano_rw_224`` and small ``MaxxVit``s built from timm's own
-``coatnet_nano_rw`` config (scaled down, with each relative-position term, expand_first and shortcut_bias) have
-timm's parameter count and, with every weight randomised, timm's logits within 1e-5 in fp32, converted both ways by
-``archspec.timm_bridge``; a fresh model follows timm's init (``vit_eff``: xavier-uniform).  Bad input exits 2 with
-file:line:column, field and hint; validate / build / inspect, train and resume, ONNX, int8 and torch.compile run
-on a small CoAtNet.
+The reference is timm's own model: the shipped ``coatnet_nano_rw_224`` and ``coatnet_0_rw_224``, and small
+``MaxxVit``s built from timm's own ``coatnet_nano_rw`` config (scaled down, with each relative-position term,
+expand_first and shortcut_bias) have timm's parameter count and, with every weight randomised, timm's logits within
+1e-5 in fp32, converted both ways by ``archspec.timm_bridge``; a fresh model follows timm's init (``vit_eff``:
+xavier-uniform).  Bad input exits 2 with file:line:column, field and hint; validate / build / inspect, train and
+resume, ONNX, int8 and torch.compile run on a small CoAtNet.
 """
 
 from __future__ import annotations
@@ -100,19 +100,20 @@ def test_small_coatnets_equal_timm_maxxvit(rel_pos, attention, shortcut_bias, re
     assert forward <= TOL and backward <= TOL, (forward, backward)
 
 
-def test_coatnet_nano_params_equal_timm() -> None:
-    reference = timm.create_model(NAME, pretrained=False)
-    assert archspec.analyze(NAME).params == _params(reference) == 15_141_244
+@pytest.mark.parametrize("name, params", [(NAME, 15_141_244), ("coatnet_0_rw_224", 27_435_562)])
+def test_shipped_coatnet_params_equal_timm(name: str, params: int) -> None:
+    reference = timm.create_model(name, pretrained=False)
+    assert archspec.analyze(name).params == _params(reference) == params
 
 
-@pytest.mark.slow  # two 15 M-parameter models, each direction: seconds
-@pytest.mark.parametrize("size", [224, 256])
-def test_coatnet_nano_logits_equal_timm_both_directions(size: int, one_thread) -> None:
+@pytest.mark.slow  # two 15-27 M-parameter models, each direction: seconds
+@pytest.mark.parametrize("name, size", [(NAME, 224), (NAME, 256), ("coatnet_0_rw_224", 224)])
+def test_shipped_coatnet_logits_equal_timm_both_directions(name: str, size: int, one_thread) -> None:
     """At the spec's 224 px and at 256 px (the full-window tables 31x31 and 15x15: timm built at ``img_size=256``,
     archspec's model moved there by ``img_size``), through timm's registry of the shipped specs."""
-    reference = timm.create_model(NAME, pretrained=False, img_size=size)
-    assert _params(timm.create_model(f"archspec_{NAME}", pretrained=False, img_size=size)) == _params(reference)
-    forward, backward = _both_ways(NAME, reference, size, img_size=size)
+    reference = timm.create_model(name, pretrained=False, img_size=size)
+    assert _params(timm.create_model(f"archspec_{name}", pretrained=False, img_size=size)) == _params(reference)
+    forward, backward = _both_ways(name, reference, size, img_size=size)
     assert forward <= TOL and backward <= TOL, (forward, backward)
 
 

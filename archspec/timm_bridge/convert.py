@@ -24,11 +24,11 @@ Supported timm families (the blocks archspec mirrors):
   stem and blocks are timm's own ``maxxvit.Stem`` and ``MbConvBlock``, under timm's names: ``stem.*`` and a ``C``
   block's ``stages.{i}.blocks.{j}.*`` are unchanged; an ``M`` block's (MaxViT) MBConv ``stages.{i}.blocks.{j}.conv.*``
   <-> ``stages.{i}.blocks.{j}.*`` (:func:`maxxvit_key_from_timm`).  CoAtNet's ``T`` blocks (timm
-  ``TransformerBlock2d``; ``specs/coatnet_nano_rw_224.yaml``) are archspec's pre-norm blocks: ``norm1.norm`` <->
-  ``norm1``, ``attn.rel_pos.relative_position_bias_table`` <-> ``attn.relative_position_bias_table``, timm's 1x1
-  convs (``shortcut.expand``, ``attn.proj``, ``mlp.fc1/fc2``) <-> Linears, the fused head-major ``attn.qkv`` <->
-  ``qk`` and ``v``; ``head.fc`` <-> ``head`` (:func:`maxxvit_from_timm`, :func:`maxxvit_to_timm`).  MaxViT's ``M``
-  blocks' attention is not mapped yet.
+  ``TransformerBlock2d``; ``specs/coatnet_nano_rw_224.yaml``, ``coatnet_0_rw_224.yaml``) are archspec's pre-norm
+  blocks: ``norm1.norm`` <-> ``norm1``, ``attn.rel_pos.relative_position_bias_table`` <->
+  ``attn.relative_position_bias_table``, timm's 1x1 convs (``shortcut.expand``, ``attn.proj``, ``mlp.fc1/fc2``) <->
+  Linears, the fused head-major ``attn.qkv`` <-> ``qk`` and ``v``; ``head.fc`` <-> ``head``
+  (:func:`maxxvit_from_timm`, :func:`maxxvit_to_timm`).  MaxViT's ``M`` blocks' attention is not mapped yet.
 * T-CNNs (``specs/t_resnet50d.yaml``, ``t_resnet50rs.yaml``: conv stages with ``mixer: {kind: gpsa}``) load a
   timm ResNet's weights one way (:func:`from_timm`): a transformed block's ``conv2.weight`` becomes its GPSA's
   ``W_out`` (T-CNN eq. 6), and the GPSA's own tensors (W_qry, W_key, W_val = I, centres, locality, gating),
@@ -87,6 +87,7 @@ TIMM_EQUIVALENTS = {
     "swin_tiny_patch4_window7_224": "swin_tiny_patch4_window7_224",
     "swin_base_patch4_window12_384": "swin_base_patch4_window12_384",
     "coatnet_nano_rw_224": "coatnet_nano_rw_224",
+    "coatnet_0_rw_224": "coatnet_0_rw_224",
 }
 
 _QKV = re.compile(r"^(?P<prefix>.*\.attn)\.qkv\.(?P<kind>weight|bias)$")
