@@ -266,6 +266,19 @@ def _reverse(t: Tensor, window: tuple[int, int], padded: tuple[int, int]) -> Ten
     return t.permute(0, 2, 4, 3, 5, 1, 6).reshape(B, padded[0], padded[1], h, d)
 
 
+def _whole_grid_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Tensor | None, index: Tensor,
+                          scale: float | None) -> Tensor:
+    """A window that is the whole grid (no partition, no padding, no shift): ``softmax(q k^T scale + B) v`` by SDPA
+    with the bias as its float mask, as timm ``maxxvit.Attention2d`` (fused) computes CoAtNet's relative attention;
+    ``(B, heads, N, d_v)``.  One big window is where SDPA pays on CPU (timm's choice there too); Swin's many small
+    windows keep :func:`window_attention`'s explicit product."""
+    bias = None
+    if bias_table is not None:
+        n = q.shape[2]
+        bias = bias_table.to(q.dtype)[index].view(n, n, q.shape[1]).permute(2, 0, 1).unsqueeze(0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
 def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], window: int | Sequence[int],
                      shift: int | Sequence[int] = 0, bias_table: Tensor | None = None, scale: float | None = None,
                      pad_kv: tuple[Tensor, Tensor] | None = None, rolled: bool = False) -> Tensor:
@@ -309,6 +322,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
     padded = padded_grid(grid, win)
     mask, index = swin_window_tables(grid, win, sh, q.device)
     _check_table(bias_table, ((2 * win[0] - 1) * (2 * win[1] - 1), q.shape[1]), "bias_table")
+    if win == grid and mask is None:  # one window, the grid (CoAtNet's full window): timm Attention2d's SDPA
+        return _whole_grid_attention(q, k, v, bias_table, index, scale)
     pads = (None, None) if pad_kv is None else pad_kv
     roll = (0, 0) if rolled else sh
     q_w, k_w, v_w = [_partition(_rolled_padded(t, grid, padded, roll, pad), win)
