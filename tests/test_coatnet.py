@@ -227,15 +227,8 @@ def test_torch_compile_traces_a_small_coatnet_in_one_graph(one_thread) -> None:
 
 @pytest.mark.slow  # two short training runs
 def test_train_and_resume_a_small_coatnet(tmp_path, one_thread) -> None:
-    from train_fixtures import image_folder
+    from train_fixtures import train_then_resume
 
     source = tmp_path / "small_coat.yaml"
     source.write_text(_small(), encoding="utf-8")
-    data, run = image_folder(tmp_path / "stripes"), tmp_path / "run"
-    quick = ["--data", str(data), "--out", str(run), "--max-images", "40", "--batch-size", "8", "--workers", "0",
-             "--quiet"]
-    assert main(["train", str(source), *quick, "--steps", "2", "--checkpoint-every", "1"]) == 0
-    (run / "summary.json").unlink()  # what a kill after the checkpoint leaves
-    assert main(["train", str(source), *quick, "--steps", "4", "--resume"]) == 0
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 4 and (run / "model" / "model.safetensors").is_file()
+    assert train_then_resume(source, tmp_path)["steps"] == 4

@@ -44,7 +44,16 @@ ALL_KINDS = (*KINDS, "pool")
 _HELP = "patch_merging: Swin's 2x2 merging; conv: NAT's 3x3 stride-2 conv; pool: CoAtNet's first block pools"
 
 
-class DownsampleSpec(StrictModel):
+class _KindShorthand(StrictModel):
+    """A ``downsample:`` model that also reads the kind alone (``downsample: pool``) as ``{kind: pool}``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return _expand(value)
+
+
+class DownsampleSpec(_KindShorthand):
     """Downsampling entering a hierarchical stage (not stage 0): the token grid halves (ceil) and the width becomes
     the stage's ``dim``.  ``patch_merging``: Swin's 2x2 patch merging (timm ``PatchMerging``: LayerNorm(4C) +
     Linear(4C, dim, bias=False)); ``conv``: NAT's 3x3 stride-2 conv (bias-free) + LayerNorm.  Shorthand: the kind
@@ -53,11 +62,6 @@ class DownsampleSpec(StrictModel):
     kind: Literal["patch_merging", "conv"] = Field(
         ..., description="'patch_merging': Swin's 2x2 concatenation + LayerNorm + Linear (timm PatchMerging); "
         "'conv': NAT's 3x3 stride-2 conv + LayerNorm (NAT ConvDownsampler).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, value: Any) -> Any:
-        return _expand(value)
 
 
 def _expand(value: Any) -> Any:
@@ -74,7 +78,7 @@ def _expand(value: Any) -> Any:
     return value
 
 
-class BlockPoolSpec(StrictModel):
+class BlockPoolSpec(_KindShorthand):
     """CoAtNet's downsampling entering a transformer stage: the stage's first block downsamples inside itself (timm
     ``TransformerBlock2d(stride=2)``; Dai et al. 2021, App. A.1): ``x <- Proj(Pool(x)) + Attention(Pool(Norm(x)))``,
     then its MLP at the stage's width.  The grid halves (both sides must be even), the width becomes ``dim``.
@@ -89,11 +93,6 @@ class BlockPoolSpec(StrictModel):
         "configs, expand_first=False), input / head_dim heads, the output projection widening to dim.")
     shortcut_bias: bool = Field(True, description="Bias of the shortcut's 1x1 projection (timm shortcut_bias; False "
                                 "in coatnet_0_rw).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, value: Any) -> Any:
-        return _expand(value)
 
 
 def _downsample_kind(value: Any) -> str:
