@@ -147,7 +147,7 @@ def _small_locality(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     out = {key: _small_locality(value) for key, value in node.items()}
-    if isinstance(out.get("window"), dict):
+    if isinstance(out.get("window"), dict) and out["window"].get("size") != "full":  # CoAtNet's: the whole grid
         out["window"] = dict(out["window"], size=3, clamp=True)
     if isinstance(out.get("neighborhood"), dict):
         dilation = min(out["neighborhood"].get("dilation", 1), 2)
@@ -173,7 +173,7 @@ def small_base(path: Path) -> dict:
     widths = stem.get("kind") != "identity"
     if stem.get("kind") == "conv" and stem.get("channels"):
         stem["channels"] = [max(1, c // 4) for c in stem["channels"]]
-    if stem.get("kind") == "resnet":  # ResNet stems and conv stages: a quarter of the widths
+    if stem.get("kind") in ("resnet", "maxxvit"):  # ResNet / MaxxVit stems and conv stages: a quarter of the widths
         stem["channels"] = max(1, stem.get("channels", 64) // 4)
         if stem.get("stem_width"):
             stem["stem_width"] = max(1, stem["stem_width"] // 4)
@@ -188,6 +188,8 @@ def small_base(path: Path) -> dict:
         doc["input"]["resolution"] = 16
         for stage in doc["stages"]:
             stage.update(dim=48, head_dim=48) if "head_dim" in stage else stage.update(dim=48)
+    if any(isinstance(s.get("downsample"), dict) and s["downsample"].get("kind") == "pool" for s in doc["stages"]):
+        doc["input"]["resolution"] = 64  # CoAtNet's pooling blocks need even grids: 16, 8, 4, 2 at 64 px
     if "neighborhood" in str(doc["stages"]):
         doc["input"]["resolution"] = 96  # NAT's /4 tokenizer: grids 24, 12, 6, 3, each at least a 3x3 kernel
     doc["stages"] = _small_locality(doc["stages"])

@@ -19,7 +19,8 @@ from macs_reference import reference_macs
 from test_init import init_problems
 from test_resnet import logit_parity
 from timm.models.byobnet import ByoBlockCfg, ByobNet, ByoModelCfg
-from verb_checks import compiles_in_one_graph, int8_is_close_to_float, onnx_equals_pytorch, train_and_resume
+from train_fixtures import train_then_resume
+from verb_checks import compiles_in_one_graph, int8_is_close_to_float, onnx_equals_pytorch
 
 import archspec
 from archspec.cli import main
@@ -246,7 +247,7 @@ def test_halo_probabilities_reproduce_the_layer(one_thread) -> None:
 def test_train_and_resume_a_small_halonet(tmp_path, one_thread) -> None:
     source = tmp_path / "tiny_halonet.yaml"
     source.write_text(_tiny({"block_size": 4, "halo_size": 1}, 64), encoding="utf-8")
-    train_and_resume(source, tmp_path)
+    assert train_then_resume(source, tmp_path)["steps"] == 4
 
 
 @pytest.mark.slow  # PT2E quantisation: seconds

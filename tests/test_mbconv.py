@@ -247,6 +247,9 @@ MB = "kind: conv, block: mbconv, depth: 1"
      "block: basic, bottleneck, mbconv, mv2, mobilevit or conv_bn_act"),
     (f"  - {{{MB}, channels: 32, se: {{rd_ratio: 0.001}}}}\n", "stages[0].se.rd_ratio", 5, "is 0 channels",
      "raise se.rd_ratio"),
+    # expand_from input: block 0's inner width int(0.005 x 128) = 0, block 1's int(0.005 x 256) = 1 (the fuzzer's find)
+    ("  - {kind: conv, block: mbconv, depth: 2, channels: 64, stride: 2, expand_from: input, se: {rd_ratio: 0.005}}\n",
+     "stages[0].se.rd_ratio", 5, "is 0 channels", "raise se.rd_ratio"),
     # a 36 px input: 18 x 18 after the stem, 9 x 9 after the first stage; the second stage's 2x2 shortcut pool floors
     # that to 4 x 4 where its strided depthwise conv gives 5 x 5
     (f"  - {{{MB}, channels: 48, stride: 2}}\n  - {{{MB}, channels: 64, stride: 2}}\n", "stages[1].pool", 6,

@@ -38,6 +38,8 @@ TIMM_TWINS = {
     "botnet26t": "botnet26t_256",
     "halonet26t": "halonet26t",
     "mobilevit_xxs": "mobilevit_xxs",
+    "coatnet_nano_rw_224": "coatnet_nano_rw_224",
+    "coatnet_0_rw_224": "coatnet_0_rw_224",
 }
 MACS_CHECKED = ("deit_tiny", "convit_tiny", "levit_128s")  # cait_xxs24: tests/test_cait.py
 MACS_TOL = 0.02
@@ -48,7 +50,7 @@ EXPECTED_SPECS = {
     "cmhsa_k5_conv", "cmhsa_k5", "cait_xxs24", "masked_cait_xxs24", "resnet18", "resnet50", "resnet50d", "resnetrs50",
     "levit_graft_r50s0_deit12", "levit_graft_r50s1_deit9", "levit_graft_r50s2_deit6", "levit_graft_r50s3_deit3",
     "levit_graft_r50s4_deit0", "resnet26t", "resnext50_32x4d", "seresnext26d_32x4d", "botnet26t",
-    "halonet26t", "mobilevit_xxs",
+    "halonet26t", "mobilevit_xxs", "coatnet_nano_rw_224", "coatnet_0_rw_224",
 }
 
 

@@ -91,9 +91,10 @@ NATIVE = {"nat_mini", "dinat_mini", "halonet26t"}
 
 
 def _clamp_windows(node) -> None:
-    """Every window head of a dumped spec with ``clamp: true`` (what timm's ``img_size=`` gives a Swin spec)."""
+    """Every window head of a dumped spec with ``clamp: true`` (what timm's ``img_size=`` gives a Swin spec; a
+    ``full`` window, CoAtNet's, is the whole grid at any size and stays as written)."""
     if isinstance(node, dict):
-        if isinstance(node.get("window"), dict):
+        if isinstance(node.get("window"), dict) and node["window"].get("size") != "full":
             node["window"]["clamp"] = True
         for value in node.values():
             _clamp_windows(value)

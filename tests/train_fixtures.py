@@ -1,13 +1,16 @@
 """What the training-run tests share (tests/test_train_run.py, tests/test_train_safety.py): a one-block ViT for
-two classes, a folder of striped PNGs it can learn, and a quick TrainConfig."""
+two classes, a folder of striped PNGs it can learn, and a quick TrainConfig; the families' train-and-resume check
+(:func:`train_then_resume`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from archspec.cli import main
 from archspec.train import TrainConfig
 from tests.test_train import TINY as TINY_10
 
@@ -28,6 +31,20 @@ def image_folder(root: Path, per_class: int = 24, size: int = 16) -> Path:
             pixels = np.clip(pattern + rng.normal(0, 30, (size, size)), 0, 255).astype(np.uint8)
             Image.fromarray(np.stack([pixels] * 3, -1)).save(root / label / f"{i}.png")
     return root
+
+
+def train_then_resume(source: Path, tmp_path: Path) -> dict:
+    """``archspec train`` of the spec file ``source`` on a striped folder: 2 steps with a checkpoint after each, the
+    summary deleted (what a kill after the checkpoint leaves), then ``--resume`` to 4 steps; returns the final
+    summary (asserting both runs exit 0 and the weights were written)."""
+    data, run = image_folder(tmp_path / "stripes"), tmp_path / "run"
+    quick = ["--data", str(data), "--out", str(run), "--max-images", "40", "--batch-size", "8", "--workers", "0",
+             "--quiet"]
+    assert main(["train", str(source), *quick, "--steps", "2", "--checkpoint-every", "1"]) == 0
+    (run / "summary.json").unlink()
+    assert main(["train", str(source), *quick, "--steps", "4", "--resume"]) == 0
+    assert (run / "model" / "model.safetensors").is_file()
+    return json.loads((run / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")

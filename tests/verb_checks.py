@@ -1,36 +1,21 @@
 """Every verb on a small model of a family (issue 83, item 4): the checks each family's tests run on their own tiny
-spec -- train and resume, int8 close to float, ONNX equal to PyTorch, one Dynamo graph.
+model -- int8 close to float, ONNX equal to PyTorch, one Dynamo graph (train and resume:
+``train_fixtures.train_then_resume``).
 
-Each check's reference is independent of the path it tests: the resumed run's step count and files, the float
+Each check's reference is independent of the path it tests: the float
 model's logits (test_deploy's tolerance on the three real photographs), PyTorch's logits for ONNX Runtime's, and
 the eager logits for the traced model's.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from deploy_fixtures import augmented
-from train_fixtures import image_folder
 
-from archspec.cli import main
 from archspec.io.images import sample_batch
-
-
-def train_and_resume(source: Path, tmp_path: Path) -> None:
-    """Two steps with a checkpoint each step, the summary removed (what a kill after the checkpoint leaves), then
-    ``--resume`` to four steps: the run ends at step 4 with its weights written."""
-    data, run = image_folder(tmp_path / "stripes"), tmp_path / "run"
-    quick = ["--data", str(data), "--out", str(run), "--max-images", "40", "--batch-size", "8", "--workers", "0",
-             "--quiet"]
-    assert main(["train", str(source), *quick, "--steps", "2", "--checkpoint-every", "1"]) == 0
-    (run / "summary.json").unlink()
-    assert main(["train", str(source), *quick, "--steps", "4", "--resume"]) == 0
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 4 and (run / "model" / "model.safetensors").is_file()
 
 
 def int8_is_close_to_float(model: torch.nn.Module, size: tuple[int, int]) -> None:

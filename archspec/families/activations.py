@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from timm.layers.activations import GELUTanh
 from torch import nn
 
 __all__ = ["ACTIVATIONS", "activation"]
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "hardswish": nn.Hardswish, "relu": nn.ReLU}
+#: ``gelu_tanh``: TensorFlow's tanh-approximated GELU, timm's ``GELUTanh`` (the MaxViT ``_tf`` ports)
+ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "gelu_tanh": GELUTanh, "hardswish": nn.Hardswish,
+                                           "relu": nn.ReLU}
 
 
 def activation(name: str) -> type[nn.Module]:
-    """The ``nn.Module`` class of ``name`` (``gelu``, ``hardswish``, ``relu``).
+    """The ``nn.Module`` class of ``name`` (``gelu``, ``gelu_tanh``, ``hardswish``, ``relu``).
 
     Raises:
         KeyError: an unknown name (the spec's ``Literal`` fields allow only these).

@@ -16,7 +16,7 @@ from archspec._util.memory import F32, NodeMemory
 from archspec.errors import Problem, SpecError
 from archspec.families import rules as family_rules
 from archspec.families.attention.rules import AttentionShape, head_dims
-from archspec.families.block.rules import BlockShape
+from archspec.families.block.rules import BlockEntry, BlockShape
 from archspec.families.conv_mixer.rules import ConvMixerShape
 from archspec.families.head.rules import HeadShape
 from archspec.families.talking_heads.rules import TalkingHeadsShape
@@ -318,16 +318,19 @@ def _add_interface(b: _Builder, grid: tuple[int, int], channels: int) -> tuple[t
     i = b.spec.n_conv_stages
     stage = b.spec.stages[i]
     for field, what in (("shrink", "a shrinking attention"), ("downsample", "a downsample")):
-        if getattr(stage, field) is not None:
+        if getattr(stage, field) is not None and not _pools_in_block(stage):
             b.problem(("stages", i, field), "the first attention stage after conv stages takes the map through its "
                       f"interface (from_map); {what} cannot open it", f"remove {field} here; pool the map "
-                      "with from_map: {pool: avg, grid: N} instead")
-    shape, found = INTERFACE.plan(stage.from_map, channels, grid, stage.dim, ("stages", i))
+                      "with from_map: {pool: avg, grid: N} instead, or let its first block pool (downsample: pool, "
+                      "CoAtNet's)")
+    # a stage whose first block pools takes the map's pixels at the map's width (the block changes it)
+    width = channels if _pools_in_block(stage) else stage.dim
+    shape, found = INTERFACE.plan(stage.from_map, channels, grid, width, ("stages", i))
     b.problems_of(found)
     out = INTERFACE.out_grid(shape)
     b.add_family("interface", "interface", shape, kind="interface", label=INTERFACE.label(shape), stage=i,
-                 tokens=out[0] * out[1], grid=out, dim=stage.dim)
-    return out, stage.dim
+                 tokens=out[0] * out[1], grid=out, dim=width)
+    return out, width
 
 
 def _add_stem(b: _Builder) -> tuple[tuple[int, int], int]:
@@ -402,11 +405,14 @@ def _add_stage(b: _Builder, i: int, flow: _Flow, tokens: TokensPlan) -> None:
                   "(where a feature map becomes tokens); this stage receives tokens",
                   "remove from_map here, or put kind: conv stages before this stage")
     opens_hybrid = i == b.spec.n_conv_stages and i > 0  # its transitions are refused by _add_interface
+    entry = None
     if stage.shrink is not None and stage.downsample is not None:
         b.problem(("stages", i, "downsample"), "a stage opens with one transition, but this one has both shrink "
-                  "and downsample", "keep one: shrink (LeViT) or downsample (Swin, NAT)")
+                  "and downsample", "keep one: shrink (LeViT) or downsample (Swin, NAT, CoAtNet's pool)")
     elif stage.shrink is not None and not opens_hybrid:
         _add_shrink(b, i, flow)
+    elif _pools_in_block(stage):
+        entry = _block_entry(b, i, flow)
     elif stage.downsample is not None and not opens_hybrid:
         _add_downsample(b, i, flow)
     elif i > b.spec.n_conv_stages and stage.dim != flow.dim:
@@ -434,8 +440,44 @@ def _add_stage(b: _Builder, i: int, flow: _Flow, tokens: TokensPlan) -> None:
     for layer, plan in enumerate(plans):
         if tokens.cls_at is not None and tokens.cls_at == flow.block_index and tokens.cls_at > 0:
             _add_insert(b, flow, tokens)
-        _add_block(b, i, layer, plan, dims, flow)
+        _add_block(b, i, layer, plan, dims, flow, entry if layer == 0 else None)
         flow.block_index += 1
+
+
+def _pools_in_block(stage: Any) -> bool:
+    """Whether ``stage``'s first block downsamples inside itself (``downsample: pool``, CoAtNet's)."""
+    return getattr(getattr(stage, "downsample", None), "kind", None) == "pool"
+
+
+def _block_entry(b: _Builder, i: int, flow: _Flow) -> BlockEntry | None:
+    """CoAtNet's downsampling first block of ``stages[i]`` (``downsample: pool``): its entry (input width and grid,
+    pool, shortcut bias) and its problems -- prefix tokens, an odd grid side (timm's 2x2 pool would floor it), a
+    first block that is not an attention block of the layernorm family, an input width the heads cannot split
+    (``attention: input``); advances ``flow`` to the pooled grid and the stage's width.  None when refused."""
+    stage, at = b.spec.stages[i], ("stages", i, "downsample")
+    spec, (rows, cols) = stage.downsample, flow.grid
+    found = len(b.problems)
+    if flow.n_prefix:
+        b.problem(at, "a block that pools its input needs a pure token grid, but a class/distillation token is "
+                  "present", "use tokens: {cls_token: none} (CoAtNet has none), or insert it after this stage")
+    if rows % 2 or cols % 2:
+        b.problem(at, f"the first block's 2x2 pool needs even sides, but this stage enters on a {rows}x{cols} grid "
+                  "(timm's pool would floor an odd side, which its stage's grid rounds up)",
+                  f"use an input size whose grid here has even sides ({rows + rows % 2}x{cols + cols % 2}), or "
+                  "downsample: patch_merging (which pads)")
+    if stage.norm != "layernorm" or stage.talking_heads or stage.layers and any(
+            o.mixer is not None and o.mixer.kind == "conv" and o.range[0] == 0 for o in stage.layers) \
+            or stage.mixer.kind == "conv":
+        b.problem(at, "a block that pools its input is a pre-norm attention block (timm TransformerBlock2d)",
+                  "use norm: layernorm, no talking_heads and an attention mixer in the stage's first layer")
+    dims = head_dims(stage.dim, stage.heads, stage.head_dim, stage.key_dim, stage.attn_ratio)
+    if spec.attention == "input" and (flow.dim % dims.qk_dim or dims.qk_dim != dims.v_dim):
+        b.problem(("stages", i, "downsample", "attention"), f"attention at the input width {flow.dim} splits it into "
+                  f"heads of {dims.qk_dim} channels, which do not divide it (or the value width "
+                  f"{dims.v_dim} differs)", f"use attention: output, or a head_dim dividing {flow.dim}")
+    entry = BlockEntry(flow.dim, tuple(flow.grid), spec.pool, spec.shortcut_bias)
+    flow.grid, flow.dim = (max(rows // 2, 1), max(cols // 2, 1)), stage.dim
+    return entry if len(b.problems) == found else None
 
 
 def _add_shrink(b: _Builder, i: int, flow: _Flow) -> None:
@@ -468,8 +510,11 @@ def _add_downsample(b: _Builder, i: int, flow: _Flow) -> None:
     flow.grid, flow.dim = out_grid, stage.dim
 
 
-def _mixer(b: _Builder, i: int, layer: int, plan: LayerPlan, dims, flow: _Flow) -> tuple[str, Any]:
-    """The block's token mixer: its family, its shape, and (recorded) the problems its rules find."""
+def _mixer(b: _Builder, i: int, layer: int, plan: LayerPlan, dims, flow: _Flow,
+           entry: BlockEntry | None = None) -> tuple[str, Any]:
+    """The block's token mixer: its family, its shape, and (recorded) the problems its rules find.  A block that
+    pools its input (``entry``) attends from its input width: with ``attention: input`` at that width
+    (``in_dim / head_dim`` of the layer's heads), else at the stage's, projecting to the stage's width."""
     spec, stage = b.spec, b.spec.stages[i]
     if plan.mixer.kind == "conv":  # CMHSA phase 1: K x K conv on the pixel view, c = d / P^2 channels
         at: tuple = ("stages", i, "mixer")  # where the conv mixer of this layer was written
@@ -485,17 +530,24 @@ def _mixer(b: _Builder, i: int, layer: int, plan: LayerPlan, dims, flow: _Flow) 
         _report_layer(b.problems, path, layer, text, hint)
     if stage.talking_heads:  # CaiT
         return "talking_heads", TalkingHeadsShape(flow.dim, tuple(plan.heads), flow.grid, flow.n_prefix, stage.qkv_bias)
-    return "attention", AttentionShape(flow.dim, tuple(plan.heads), flow.grid, flow.n_prefix, dims, stage.qkv_bias,
-                                       stage.norm, stage.act, plan.mixer.pad_tokens)
+    heads, dim, out_dim = tuple(plan.heads), flow.dim, None
+    if entry is not None:
+        dim, out_dim = entry.in_dim, flow.dim
+        if stage.downsample.attention == "input":
+            heads = heads[:max(entry.in_dim // dims.qk_dim, 1)]
+    return "attention", AttentionShape(dim, heads, flow.grid, flow.n_prefix, dims, stage.qkv_bias, stage.norm,
+                                       stage.act, plan.mixer.pad_tokens, out_dim=out_dim, init=stage.init)
 
 
-def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims, flow: _Flow) -> None:
-    """One block of ``stages[i]`` (family ``block``): token mixer (attention, talking heads or conv) + MLP."""
+def _add_block(b: _Builder, i: int, layer: int, plan: LayerPlan, dims, flow: _Flow,
+               entry: BlockEntry | None = None) -> None:
+    """One block of ``stages[i]`` (family ``block``): token mixer (attention, talking heads or conv) + MLP; with
+    ``entry``, a block that pools its input first (CoAtNet's)."""
     stage = b.spec.stages[i]
-    mixer_family, mixer = _mixer(b, i, layer, plan, dims, flow)
+    mixer_family, mixer = _mixer(b, i, layer, plan, dims, flow, entry)
     n_tokens = flow.n_prefix + flow.grid[0] * flow.grid[1]
     shape = BlockShape(flow.dim, n_tokens, stage.mlp_ratio, stage.norm, stage.norm_eps, stage.act, stage.layer_scale,
-                       plan.drop_path, mixer_family, mixer)
+                       plan.drop_path, mixer_family, mixer, entry=entry, init=stage.init)
     label, heads = BLOCK.label(shape)
     b.add_family(f"stages.{i}.blocks.{layer}", "block", shape, kind="block", label=label, stage=i,
                  layer=flow.block_index, heads=heads, tokens=n_tokens, grid=flow.grid, dim=flow.dim,

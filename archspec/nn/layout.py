@@ -36,7 +36,8 @@ class ModelLayout:
         tail_start: the first stage of a conv tail (conv stages after the token stages); ``n_stages`` when none.
         stage_dims: each stage's width after it (a conv stage's channels).
         stage_strides: each stage's reduction of its input's side: a conv stage's first stride, 2 for a token
-            stage opening with a transition (:data:`TRANSITIONS`: a shrinking attention or a downsample), else 1.
+            stage opening with a transition (:data:`TRANSITIONS`: a shrinking attention or a downsample) or whose
+            first block pools (CoAtNet's ``downsample: pool``), else 1.
         patch_grid: the token grid where the token stages start (the stem's, or a hybrid's interface's; a conv
             net's: the stem's map).
         stem_kind, stem_patch_size, stem_conv_layers, stem_deep: the stem's kind, patch size (None for conv and
@@ -124,7 +125,8 @@ def layout_of(plan: Plan) -> ModelLayout:
         if conv[i]:
             strides.append(stage[0]["shape"].stride)
         else:
-            strides.append(2 if stage[0]["kind"] in TRANSITIONS else 1)
+            pools = getattr(stage[0]["shape"], "entry", None) is not None  # CoAtNet's first block pools
+            strides.append(2 if stage[0]["kind"] in TRANSITIONS or pools else 1)
     token_blocks = [n for n in blocks if n["family"] == "block"]
     head_shape, stem_shape = head["shape"], stem["shape"]
     tokens = embed["tokens_plan"] if embed is not None else None

@@ -56,6 +56,13 @@ for _leaf in FX_LEAF_MODULES:
 NO_WEIGHT_DECAY_LEAVES = no_weight_decay_leaves()
 
 
+def _halves(stage: nn.Module) -> bool:
+    """Whether a token stage halves its grid: it opens with a transition (LeViT's shrinking attention, Swin's patch
+    merging, NAT's conv downsampler) or its first block pools (CoAtNet's ``downsample: pool``)."""
+    return not isinstance(stage.downsample, nn.Identity) or bool(
+        stage.blocks and getattr(stage.blocks[0], "downsamples", False))
+
+
 class Stage(nn.Module):
     """One stage: an optional transition ``downsample`` (LeViT's shrinking attention, Swin's patch merging, NAT's
     conv downsampler) then ``blocks``. ``(B, N, C) -> (B, N', C')``."""
@@ -129,8 +136,9 @@ class ArchModel(nn.Module):
         self.num_features = self.head_hidden_size = self.embed_dim = layout.dim_out
         # a conv net or a conv tail ends on a map: timm ResNet's head (average pool + classifier, no norm)
         self.ends_on_map = layout.ends_on_map
-        # a conv net's classifier is timm ResNet's fc (torch's default init); the others' timm ViT's / LeViT's
-        self._resnet_fc = layout.is_convnet
+        # a conv net's classifier is timm ResNet's fc (torch's default init), and so is a MaxxVit's (CoAtNet, MaxViT:
+        # timm's ClassifierHead has no init of its own); the others' timm ViT's / LeViT's
+        self._resnet_fc = layout.is_convnet or layout.stem_kind == "maxxvit"
         self.batchnorm_head = layout.batchnorm_head
         self.distilled = layout.distilled
         self.distilled_training = False
@@ -211,7 +219,7 @@ class ArchModel(nn.Module):
         self.head_dist = self._make_head(num_classes) if self.distilled else None
 
     def _make_head(self, num_classes: int) -> nn.Module:
-        if self._resnet_fc:  # timm ResNet's fc: torch's default init (timm's init_weights leaves it)
+        if self._resnet_fc:  # timm ResNet's / MaxxVit's fc: torch's default init (timm's init_weights leaves it)
             return nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         return build_classifier(self.num_features, num_classes, self.batchnorm_head, self.drop_rate)
 
@@ -293,6 +301,7 @@ class ArchModel(nn.Module):
                 continue
             if not isinstance(stage.downsample, nn.Identity):
                 x = stage.downsample(x)
+            if _halves(stage):
                 grid = ((grid[0] - 1) // 2 + 1, (grid[1] - 1) // 2 + 1)
             for block in stage.blocks:
                 if self.cls_at == index and index > 0:
@@ -375,7 +384,7 @@ class ArchModel(nn.Module):
                 reduction *= layout.stage_strides[s]
                 info.append(dict(num_chs=layout.stage_dims[s], reduction=reduction, module=f"stages.{s}"))
                 continue
-            if not isinstance(stage.downsample, nn.Identity):
+            if _halves(stage):
                 reduction *= 2
             dim = layout.stage_dims[s]
             if self._per_block_levels():
@@ -498,6 +507,10 @@ class ArchModel(nn.Module):
                     stage.downsample.set_grid(grid)
                 grid = stage.downsample.out_grid
             for block in stage.blocks:
+                if hasattr(block, "set_grid"):  # a pre-norm block moves its mixer (and its pools, CoAtNet's)
+                    block.set_grid(grid)
+                    grid = block.out_grid
+                    continue
                 mixer = block.attn
                 if tuple(mixer.grid) == tuple(grid):
                     continue

@@ -49,7 +49,7 @@ from archspec.families.conv_block.rules import (
     GPSAMixerSpec,
     SESpec,
 )
-from archspec.families.downsample.rules import DownsampleSpec
+from archspec.families.downsample.rules import AnyDownsample, BlockPoolSpec, DownsampleSpec
 from archspec.families.head.rules import HeadOutSpec
 from archspec.families.interface.rules import MapToTokensSpec
 from archspec.families.mbconv.rules import MBConvSESpec, MBConvStageSpec
@@ -77,7 +77,8 @@ __all__ = [
     "ResNetStemSpec", "MaxxVitStemSpec", "MobileViTStemSpec", "TokensSpec", "StageSpec", "ConvStageBase",
     "ConvStageSpec", "SESpec", "MBConvStageSpec", "MBConvSESpec", "MV2StageSpec", "MobileViTStageSpec",
     "MobileViTTransformerSpec", "ConvBNActStageSpec", "GPSAMixerSpec", "AttentionMixerSpec",
-    "MapToTokensSpec", "AnyStage", "LayerOverride", "MixerSpec", "ShrinkSpec", "DownsampleSpec", "HeadOutSpec",
+    "MapToTokensSpec", "AnyStage", "LayerOverride", "MixerSpec", "ShrinkSpec", "DownsampleSpec", "BlockPoolSpec",
+    "HeadOutSpec",
     "LayerPlan", "ClassAttentionSpec", "HeadSpec", "GPSASpec", "RelBiasSpec", "MaskSpec", "spec_to_yaml",
 ]
 
@@ -238,7 +239,13 @@ class StageSpec(StrictModel):
         "activation on A V before the projection).",
     )
     norm_eps: float = Field(1e-6, gt=0, le=1e-2, description="LayerNorm epsilon (timm ViT/ConViT: 1e-6).")
-    act: Literal["gelu", "hardswish", "relu"] = Field("gelu", description="MLP (and LeViT attention) activation.")
+    act: Literal["gelu", "gelu_tanh", "hardswish", "relu"] = Field(
+        "gelu", description="MLP (and LeViT attention) activation; gelu_tanh: TensorFlow's approximation (the MaxViT "
+        "tf ports).")
+    init: Literal["trunc_normal", "xavier"] = Field(
+        "trunc_normal", description="Initialisation of the blocks' linears: 'trunc_normal' timm ViT's (std .02, zero "
+        "biases); 'xavier' timm MaxxVit's weight_init='vit_eff' (xavier-uniform, zero biases but the MLP's "
+        "normal(1e-6): CoAtNet, MaxViT).")
     qkv_bias: bool = Field(True, description="Bias on q/k/v projections (DeiT True, ConViT False); LeViT has none.")
     drop_path: DropPathRate = Field(
         0.0, description="Stochastic depth: one rate for every block, or [first, last] linearly spaced over the stage."
@@ -258,9 +265,10 @@ class StageSpec(StrictModel):
         default_factory=list, description="Per-layer overrides (non-overlapping ranges)."
     )
     shrink: ShrinkSpec | None = Field(None, description="LeViT shrinking attention at the stage's entry (not stage 0).")
-    downsample: DownsampleSpec | None = Field(
-        None, description="Hierarchical downsampling at the stage's entry (not stage 0, not with shrink, no class "
-        "token): 'patch_merging' (Swin) or 'conv' (NAT); the grid halves (ceil), the width becomes dim.")
+    downsample: AnyDownsample | None = Field(
+        None, description="Hierarchical downsampling at the stage's entry (not with shrink, no class token): "
+        "'patch_merging' (Swin) or 'conv' (NAT), not on stage 0, the grid halving (ceil); or 'pool' (CoAtNet): the "
+        "stage's first block pools inside itself, the grid halving (even sides).  The width becomes dim.")
     from_map: MapToTokensSpec | None = Field(
         None, description="The first attention stage after conv stages: how their feature map becomes its tokens "
         "(pooling to a grid, 1x1 projection; LeViT sec. 3.2 grafting).  Default: every pixel a token, projected "

@@ -95,7 +95,7 @@ _LOC_MARKERS = frozenset({
     "function-after", "function-before", "function-wrap", "function-plain", "tagged-union", "nullable",
     "default", "lax-or-strict", "json-or-python", "chain", "is-instance", "int", "float", "str", "bool",
     "none", "list", "tuple", "dict", "attention_stage", "conv_stage", "mbconv_stage", "mv2_stage", "mobilevit_stage",
-    "conv_bn_act_stage", "gpsa_mixer", "attention_mixer",
+    "conv_bn_act_stage", "gpsa_mixer", "attention_mixer", "downsample_node", "block_pool",
 })
 
 

@@ -48,7 +48,11 @@ _SHORTHAND_TEXT += "".join(f"; a {kind.field} kind may name {kind.shorthand_argu
 
 
 def _pair_or(prop: dict[str, Any], *alternatives: dict[str, Any]) -> dict[str, Any]:
-    """``prop`` (a ``[a, b]`` array schema) also accepting ``alternatives``; keeps its description and default."""
+    """``prop`` (a ``[a, b]`` array schema, or an ``anyOf`` holding one: a window's ``[a, b] | 'full'``) also accepting
+    ``alternatives``; keeps its description and default."""
+    if "anyOf" in prop:
+        prop["anyOf"] = [*alternatives, *prop["anyOf"]]
+        return prop
     pair = {k: prop.pop(k) for k in ("maxItems", "minItems", "prefixItems", "type")}
     prop["anyOf"] = [*alternatives, pair]
     return prop
@@ -83,6 +87,7 @@ def spec_schema() -> dict[str, Any]:
                           "'attention', 'conv<K>' (pixel view) or 'token_conv<K>' (token grid)")
     _shorthand_or_mapping(defs, "DownsampleSpec", rf"^\s*(?:{'|'.join(DOWNSAMPLE_KINDS)})\s*$",
                           "the kind alone: " + " or ".join(DOWNSAMPLE_KINDS))
+    _shorthand_or_mapping(defs, "BlockPoolSpec", r"^\s*pool\s*$", "the kind alone: pool")
     for stem in ("PatchStemSpec", "ConvStemSpec", "ConvTokenizerStemSpec", "IdentityStemSpec", "ResNetStemSpec",
                  "MaxxVitStemSpec", "MobileViTStemSpec"):
         defs[stem]["required"] = ["kind"]  # the loader needs the tag to choose the stem

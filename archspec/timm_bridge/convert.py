@@ -23,7 +23,12 @@ Supported timm families (the blocks archspec mirrors):
 * ``MaxxVit``'s conv side (CoAtNet, MaxViT: a ``stem: {kind: maxxvit}`` and ``block: mbconv`` conv stages): the
   stem and blocks are timm's own ``maxxvit.Stem`` and ``MbConvBlock``, under timm's names: ``stem.*`` and a ``C``
   block's ``stages.{i}.blocks.{j}.*`` are unchanged; an ``M`` block's (MaxViT) MBConv ``stages.{i}.blocks.{j}.conv.*``
-  <-> ``stages.{i}.blocks.{j}.*`` (:func:`maxxvit_key_from_timm`).  Attention blocks and the head are not mapped yet.
+  <-> ``stages.{i}.blocks.{j}.*`` (:func:`maxxvit_key_from_timm`).  CoAtNet's ``T`` blocks (timm
+  ``TransformerBlock2d``; ``specs/coatnet_nano_rw_224.yaml``, ``coatnet_0_rw_224.yaml``) are archspec's pre-norm
+  blocks: ``norm1.norm`` <-> ``norm1``, ``attn.rel_pos.relative_position_bias_table`` <->
+  ``attn.relative_position_bias_table``, timm's 1x1 convs (``shortcut.expand``, ``attn.proj``, ``mlp.fc1/fc2``) <->
+  Linears, the fused head-major ``attn.qkv`` <-> ``qk`` and ``v``; ``head.fc`` <-> ``head``
+  (:func:`maxxvit_from_timm`, :func:`maxxvit_to_timm`).  MaxViT's ``M`` blocks' attention is not mapped yet.
 * ``ByobNet`` MobileViTs (``specs/mobilevit_xxs.yaml``, timm ``mobilevit_xxs``): the stem and blocks are timm's
   own (``ConvNormAct``, ``BottleneckBlock``, ``MobileVitBlock``), so only the prefixes differ: ``stages.{i}.{j}`` <->
   ``stages.{i}.blocks.{j}``, ``final_conv`` <-> the last stage's ``stages.{n-1}.blocks.0`` (a ``conv_bn_act``
@@ -86,6 +91,8 @@ TIMM_EQUIVALENTS = {
     "seresnext26d_32x4d": "seresnext26d_32x4d",
     "swin_tiny_patch4_window7_224": "swin_tiny_patch4_window7_224",
     "swin_base_patch4_window12_384": "swin_base_patch4_window12_384",
+    "coatnet_nano_rw_224": "coatnet_nano_rw_224",
+    "coatnet_0_rw_224": "coatnet_0_rw_224",
 }
 
 _QKV = re.compile(r"^(?P<prefix>.*\.attn)\.qkv\.(?P<kind>weight|bias)$")
@@ -183,11 +190,107 @@ _MAXXVIT_MBCONV = re.compile(r"^(stages\.\d+\.blocks\.\d+\.)conv\.")
 _MAXXVIT_PRE_NORM = re.compile(r"^stages\.\d+\.blocks\.\d+\.(conv\.)?pre_norm\.")
 
 
+_MAXXVIT_T_BLOCK = re.compile(r"^(?P<block>stages\.\d+\.blocks\.\d+\.)(?P<rest>.*)$")
+#: a MaxxVit transformer block's names -> archspec's pre-norm block's (timm's 1x1 convs are archspec's Linears)
+_MAXXVIT_RENAMES = (("norm1.norm.", "norm1."), ("attn.rel_pos.relative_position_bias_table",
+                                                  "attn.relative_position_bias_table"),
+                    ("attn.rel_pos.mlp.", "attn.rel_pos_mlp."))
+
+
+def _qkv_rows(value: Tensor, heads: int, head_first: bool) -> Tensor:
+    """timm's fused ``qkv`` rows (``(3 A, ...)``, ``A = heads d``) in archspec's order ``[q; k; v]``, each head-major:
+    timm's ``head_first`` layout is ``(heads, 3, d)`` (``Attention2d`` / ``AttentionCl`` with ``head_first=True``),
+    the ``_tf`` ports' ``(3, heads, d)`` is archspec's already."""
+    if not head_first:
+        return value
+    rest = value.shape[1:]
+    d = value.shape[0] // (3 * heads)
+    return value.reshape(heads, 3, d, *rest).transpose(0, 1).reshape(value.shape)
+
+
+def _qkv_rows_back(value: Tensor, heads: int, head_first: bool) -> Tensor:
+    """The inverse of :func:`_qkv_rows`."""
+    if not head_first:
+        return value
+    rest = value.shape[1:]
+    d = value.shape[0] // (3 * heads)
+    return value.reshape(3, heads, d, *rest).transpose(0, 1).reshape(value.shape)
+
+
 def maxxvit_key_from_timm(key: str) -> str:
-    """A timm ``MaxxVit`` key (CoAtNet, MaxViT) -> archspec's MBConv conv stages': a MaxViT ``M`` block's MBConv
-    ``stages.0.blocks.1.conv.conv2_kxk.weight`` -> ``stages.0.blocks.1.conv2_kxk.weight``; the stem's and a ``C``
-    block's keys are archspec's already (timm's own modules under timm's names), unchanged."""
-    return _MAXXVIT_MBCONV.sub(r"\1", key)
+    """A timm ``MaxxVit`` key (CoAtNet, MaxViT) -> archspec's name for it: the stem's and a ``C`` block's (timm's own
+    modules) unchanged, a MaxViT ``M`` block's MBConv ``stages.0.blocks.1.conv.conv2_kxk.weight`` ->
+    ``stages.0.blocks.1.conv2_kxk.weight``; a ``T`` block's (timm ``TransformerBlock2d``) as archspec's pre-norm block
+    names it -- ``norm1.norm.*`` (the downsampling block's norm) -> ``norm1.*``,
+    ``attn.rel_pos.relative_position_bias_table`` -> ``attn.relative_position_bias_table``, ``attn.rel_pos.mlp.*`` ->
+    ``attn.rel_pos_mlp.*``; ``norm.*`` (the final LayerNorm2d) unchanged, ``head.fc.*`` -> ``head.*``.
+    (``attn.qkv`` splits into ``qk`` and ``v``: not a rename, :func:`maxxvit_from_timm`.)"""
+    if key.startswith("head.fc."):
+        return "head." + key[len("head.fc."):]
+    if _MAXXVIT_MBCONV.match(key):
+        return _MAXXVIT_MBCONV.sub(r"\1", key)
+    match = _MAXXVIT_T_BLOCK.match(key)
+    if not match:
+        return key
+    rest = match["rest"]
+    for theirs, ours in _MAXXVIT_RENAMES:
+        if rest.startswith(theirs):
+            rest = ours + rest[len(theirs):]
+            break
+    return match["block"] + rest
+
+
+def _attention_heads(model: nn.Module, prefix: str) -> int:
+    """Heads of the attention layer at ``prefix`` (``stages.2.blocks.0.attn``) of ``model``."""
+    return model.get_submodule(prefix).num_heads
+
+
+def maxxvit_from_timm(state_dict: dict[str, Tensor], model: ArchModel, head_first: bool = True
+                      ) -> dict[str, Tensor]:
+    """A timm ``MaxxVit`` state dict (CoAtNet: ``C`` and ``T`` blocks) -> ``model``'s: names by
+    :func:`maxxvit_key_from_timm`; a ``T`` block's 1x1 convs (``shortcut.expand``, ``attn.proj``, ``mlp.fc1``,
+    ``mlp.fc2``) as Linear weights; its ``attn.qkv`` split into ``attn.qk`` (rows ``[q; k]``) and ``attn.v``, from
+    timm's ``head_first`` layout (``MaxxVitTransformerCfg.head_first``: True but in the ``_tf`` ports)."""
+    ours_like = model.state_dict()
+    out: dict[str, Tensor] = {}
+    for key, value in state_dict.items():
+        ours = maxxvit_key_from_timm(key)
+        qkv = _QKV.match(ours)
+        if qkv and _MAXXVIT_T_BLOCK.match(ours):
+            rows = _qkv_rows(value.reshape(value.shape[0], -1) if value.dim() > 1 else value,
+                             _attention_heads(model, qkv["prefix"]), head_first)
+            split = 2 * rows.shape[0] // 3
+            out[f"{qkv['prefix']}.qk.{qkv['kind']}"] = rows[:split].clone()
+            out[f"{qkv['prefix']}.v.{qkv['kind']}"] = rows[split:].clone()
+            continue
+        like = ours_like.get(ours)
+        if like is not None and like.dim() == 2 and value.dim() == 4:  # a 1x1 conv of timm's is our Linear
+            value = value.reshape(like.shape)
+        out[ours] = value
+    return out
+
+
+def maxxvit_to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
+    """``model``'s weights as ``timm_model``'s (a timm ``MaxxVit``) state dict: the inverse of
+    :func:`maxxvit_from_timm`, the qkv layout read from ``timm_model``'s attention layers (``head_first``).
+
+    Raises:
+        KeyError: a tensor of ``timm_model`` has no archspec counterpart.
+    """
+    ours = model.state_dict()
+    out: dict[str, Tensor] = {}
+    for key, like in timm_model.state_dict().items():
+        src = maxxvit_key_from_timm(key)
+        qkv = _QKV.match(src)
+        if qkv and _MAXXVIT_T_BLOCK.match(src):
+            rows = torch.cat([ours[f"{qkv['prefix']}.qk.{qkv['kind']}"], ours[f"{qkv['prefix']}.v.{qkv['kind']}"]])
+            head_first = getattr(timm_model.get_submodule(key.rsplit(".qkv.", 1)[0]), "head_first", True)
+            out[key] = _qkv_rows_back(rows, _attention_heads(model, qkv["prefix"]), head_first).reshape(like.shape)
+            continue
+        if src not in ours:
+            raise KeyError(f"timm tensor {key!r} has no archspec counterpart (looked for {src!r})")
+        out[key] = ours[src].reshape(like.shape)
+    return out
 
 
 _MOBILEVIT_FINAL = re.compile(r"^final_conv\.")
@@ -250,7 +353,7 @@ def _stage_of(model: ArchModel) -> list[tuple[int, int]]:
     return [(s, j) for s, stage in enumerate(model.stages) for j in range(len(stage.blocks))]
 
 
-def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tensor]:
+def from_timm(state_dict: dict[str, Tensor], model: ArchModel, head_first: bool = True) -> dict[str, Tensor]:
     """Convert a timm state dict into one that ``model.load_state_dict(..., strict=True)`` accepts.
 
     Args:
@@ -266,8 +369,8 @@ def from_timm(state_dict: dict[str, Tensor], model: ArchModel) -> dict[str, Tens
     """
     if _is_convnet(model) and _is_mobilevit(model):
         return {mobilevit_key_from_timm(k, len(model.stages)): v for k, v in state_dict.items()}
-    if _is_convnet(model) and _is_maxxvit(state_dict):
-        return {maxxvit_key_from_timm(k): v for k, v in state_dict.items()}
+    if _is_maxxvit(state_dict):
+        return maxxvit_from_timm(state_dict, model, head_first)
     if _is_convnet(model) and _is_byobnet(state_dict):
         return {byobnet_key_from_timm(k): v for k, v in state_dict.items()}
     if _is_convnet(model):
@@ -310,12 +413,13 @@ def to_timm(model: ArchModel, timm_model: nn.Module) -> dict[str, Tensor]:
         KeyError: a tensor of ``timm_model`` has no archspec counterpart.
     """
     ours = model.state_dict()
+    if _is_maxxvit(timm_model.state_dict()):
+        return maxxvit_to_timm(model, timm_model)
     if _is_convnet(model):
         out = {}
         theirs = timm_model.state_dict()
         rename = (partial(mobilevit_key_from_timm, n_stages=len(model.stages)) if _is_mobilevit(model)
-                  else maxxvit_key_from_timm if _is_maxxvit(theirs) else byobnet_key_from_timm if _is_byobnet(theirs)
-                  else resnet_key_from_timm)
+                  else byobnet_key_from_timm if _is_byobnet(theirs) else resnet_key_from_timm)
         for key in timm_model.state_dict():
             src = rename(key)
             gpsa = src[:-len(".weight")] + ".out_weight" if src.endswith(".conv2.weight") else None
@@ -357,7 +461,9 @@ def load_timm_weights(model: ArchModel, timm_model_or_state: nn.Module | dict[st
         RuntimeError: missing or unexpected keys, or shape mismatches (the architectures differ).
     """
     state = timm_model_or_state.state_dict() if isinstance(timm_model_or_state, nn.Module) else timm_model_or_state
-    model.load_state_dict(from_timm(state, model), strict=True)
+    head_first = all(getattr(m, "head_first", True) for m in timm_model_or_state.modules()) \
+        if isinstance(timm_model_or_state, nn.Module) else True
+    model.load_state_dict(from_timm(state, model, head_first), strict=True)
     return model
 
 

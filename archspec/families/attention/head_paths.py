@@ -184,7 +184,7 @@ class HeadPathsMixin:
                 and len(self._plan()[0]) > 1)
 
     def _project_groups(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """``proj(act(concat_heads(out)))`` as ``sum_g act(out_g) @ W[:, heads_g]^T + b``, ``(B, N, dim)``.
+        """``proj(act(concat_heads(out)))`` as ``sum_g act(out_g) @ W[:, heads_g]^T + b``, ``(B, N, out_dim)``.
 
         Why: autograd keeps the projection's input for backward.  Unmasked, that input is SDPA's own output
         (laid out ``(B, N, H, d)``, so the reshape is a view), which SDPA keeps anyway; a concatenation of head
@@ -193,10 +193,10 @@ class HeadPathsMixin:
         more than the unmasked model's."""
         B, N = q.shape[0], q.shape[2]
         groups, _ = self._plan()
-        weight = self.proj.weight.view(self.dim, self.num_heads, self.v_dim)
+        weight = self.proj.weight.view(self.out_dim, self.num_heads, self.v_dim)
         out = None
         for (_, heads), o in zip(groups, self._group_outputs(q, k, v, groups)):
-            w = self.select_heads(weight, heads, dim=1).reshape(self.dim, len(heads) * self.v_dim)
+            w = self.select_heads(weight, heads, dim=1).reshape(self.out_dim, len(heads) * self.v_dim)
             part = F.linear(self.proj_act(o.transpose(1, 2).reshape(B, N, -1)), w)
             out = part if out is None else out + part
         return out if self.proj.bias is None else out + self.proj.bias

@@ -23,6 +23,7 @@ from functools import lru_cache, wraps
 
 import torch
 import torch.nn.functional as F
+from timm.layers.pos_embed_rel import gen_relative_log_coords
 from torch import Tensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -44,6 +45,7 @@ from .local_rules import (
 )
 
 __all__ = ["dense_local_attention", "relative_bias", "swin_window_mask", "swin_padded_kv", "swin_window_tables",
+           "log_offsets",
            "window_attention", "neighborhood_indices", "neighborhood_mask", "neighborhood_starts",
            "neighborhood_window_mask", "neighborhood_attention"]
 
@@ -215,6 +217,26 @@ def swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tu
     return _SWIN_TABLES[key]
 
 
+#: log_offsets' tables by (window, device), kept as the window tables are
+_LOG_OFFSETS: dict[tuple, Tensor] = {}
+
+
+def log_offsets(window: tuple[int, int], device: torch.device) -> Tensor:
+    """The input of a window's MLP relative-position term, ``((2 w_h - 1)(2 w_w - 1), 2)``: each offset ``(dy, dx)``
+    (query minus key, row-major from ``(1 - w_h, 1 - w_w)``, the rows of Swin's table) as ``sign(t) log(1 + |t|)``
+    (timm ``gen_relative_log_coords(mode='cr')``, what ``RelPosMlp`` feeds its MLP); kept per window and device,
+    built as :func:`swin_window_tables` builds its tables."""
+    key = (tuple(window), torch.device(device))
+    if key not in _LOG_OFFSETS:
+        if len(_LOG_OFFSETS) >= _SWIN_TABLES_MAX:
+            _LOG_OFFSETS.clear()
+        if torch.compiler.is_dynamo_compiling():
+            return gen_relative_log_coords(tuple(window), mode="cr").reshape(-1, 2).to(device)
+        with torch.device("cpu"), torch.inference_mode(False), unset_fake_temporarily():
+            _LOG_OFFSETS[key] = gen_relative_log_coords(tuple(window), mode="cr").reshape(-1, 2).to(device)
+    return _LOG_OFFSETS[key]
+
+
 def _build_swin_window_tables(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
                               device: torch.device) -> tuple[Tensor | None, Tensor]:
     rows, cols = swin_axis(grid[0], window[0], shift[0]), swin_axis(grid[1], window[1], shift[1])
@@ -244,6 +266,19 @@ def _reverse(t: Tensor, window: tuple[int, int], padded: tuple[int, int]) -> Ten
     B, h, _, _, d = t.shape
     t = t.view(B, h, padded[0] // window[0], padded[1] // window[1], window[0], window[1], d)
     return t.permute(0, 2, 4, 3, 5, 1, 6).reshape(B, padded[0], padded[1], h, d)
+
+
+def _whole_grid_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Tensor | None, index: Tensor,
+                          scale: float | None) -> Tensor:
+    """A window that is the whole grid (no partition, no padding, no shift): ``softmax(q k^T scale + B) v`` by SDPA
+    with the bias as its float mask, as timm ``maxxvit.Attention2d`` (fused) computes CoAtNet's relative attention;
+    ``(B, heads, N, d_v)``.  One big window is where SDPA pays on CPU (timm's choice there too); Swin's many small
+    windows keep :func:`window_attention`'s explicit product."""
+    bias = None
+    if bias_table is not None:
+        n = q.shape[2]
+        bias = bias_table.to(q.dtype)[index].view(n, n, q.shape[1]).permute(2, 0, 1).unsqueeze(0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], window: int | Sequence[int],
@@ -289,6 +324,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, grid: Sequence[int], windo
     padded = padded_grid(grid, win)
     mask, index = swin_window_tables(grid, win, sh, q.device)
     _check_table(bias_table, ((2 * win[0] - 1) * (2 * win[1] - 1), q.shape[1]), "bias_table")
+    if win == grid and mask is None:  # one window, the grid (CoAtNet's full window): timm Attention2d's SDPA
+        return _whole_grid_attention(q, k, v, bias_table, index, scale)
     pads = (None, None) if pad_kv is None else pad_kv
     roll = (0, 0) if rolled else sh
     q_w, k_w, v_w = [_partition(_rolled_padded(t, grid, padded, roll, pad), win)

@@ -37,6 +37,7 @@ re-exported here.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -65,6 +66,8 @@ __all__ = ["Attention", "ZeroPadTokens", "build", "coerce_heads", "ATTN_IMPLS", 
 #: exact path (a kind's fast path where its rule says it pays); ``fast`` the kinds' fast paths on every grid
 #: (tests, benchmarks); ``flex`` the kinds' FlexAttention paths.
 ATTN_IMPLS = ("auto", "dense", "fast", "flex")
+#: the linears' initialisations (:meth:`Attention.init_linear`)
+INITS = ("trunc_normal", "xavier")
 
 #: the kinds an Attention layer runs, in registry order
 _HOSTED = tuple(kind for kind in KINDS if "attention" in kind.hosts and kind.layer_terms is not None)
@@ -116,6 +119,10 @@ class Attention(*_layer_methods(), PositionTermsMixin, HeadPathsMixin, nn.Module
         proj_act: activation class applied to ``concat_h(A_h V_h)`` before ``proj`` (LeViT: ``nn.Hardswish``).
         attn_drop: dropout on the attention probabilities (only instantiated as a real dropout when > 0).
         proj_drop: dropout after ``proj``.
+        out_dim: width of the output projection (layernorm family), default ``dim``: CoAtNet's downsampling block
+            attends at its input width and projects to the stage's (timm ``Attention2d(dim, dim_out)``).
+        init: the linears' initialisation (:meth:`init_linear`): ``'trunc_normal'`` timm ViT's, ``'xavier'`` timm
+            ``MaxxVit``'s (``weight_init='vit_eff'``).
 
     Raises:
         ValueError: empty ``heads``; ``dim`` not divisible by the head count when ``qk_dim``/``v_dim`` are
@@ -136,9 +143,15 @@ class Attention(*_layer_methods(), PositionTermsMixin, HeadPathsMixin, nn.Module
         proj_act: type[nn.Module] | None = None,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        out_dim: int | None = None,
+        init: Literal["trunc_normal", "xavier"] = "trunc_normal",
     ) -> None:
         super().__init__()
         specs = coerce_heads(heads)
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        self.init = init
+        self.out_dim = int(out_dim if out_dim is not None else dim)
         self._set_dims(dim, specs, grid, num_prefix_tokens, qk_dim, v_dim, norm)
         self._check_kinds(specs)
         self._build_projections(qkv_bias, proj_act, attn_drop, proj_drop)
@@ -198,7 +211,7 @@ class Attention(*_layer_methods(), PositionTermsMixin, HeadPathsMixin, nn.Module
             self.qk = nn.Linear(dim, 2 * H * dqk, bias=qkv_bias)
             self.v = nn.Linear(dim, H * dv, bias=qkv_bias)
             self.proj_act = proj_act() if proj_act is not None else nn.Identity()
-            self.proj = nn.Linear(H * dv, dim)
+            self.proj = nn.Linear(H * dv, self.out_dim)
         else:
             # timm levit.Attention: qkv = LinearNorm, per-head layout (H, [q, k, v]); proj = (act, ln)
             self.qkv = LinearNorm(dim, H * (2 * dqk + dv))
@@ -235,20 +248,38 @@ class Attention(*_layer_methods(), PositionTermsMixin, HeadPathsMixin, nn.Module
     def reset_parameters(self) -> None:
         """Initialise all parameters (deterministic given torch's RNG state).
 
-        layernorm family: like timm ViT / ConViT ``_init_weights`` -- ``trunc_normal_(std=.02)`` on every
-        Linear weight (``qk``, ``v``, ``proj``), zero biases.  batchnorm family: timm ``LinearNorm`` defaults
+        layernorm family: every Linear by :meth:`init_linear` (``qk`` and ``v`` as the one ``qkv`` of timm's layouts:
+        ``xavier`` draws them with the fused matrix's fans).  batchnorm family: timm ``LinearNorm`` defaults
         (PyTorch Linear init, BN weight 1, ``proj`` BN weight 0), as timm LeViT.  Then each kind's own init, in
         registry order (``KindTerms.reset_parameters``: bias tables at 0, soft-mask logits at ``logit(alpha_init)``,
         the Gaussian heads' ``alpha_init`` / ``sigma_init``, GPSA's ``pos_proj``, gating and ConViT's convolutional
         init, which also sets the conv-initialised heads' value rows).
         """
         if self.norm == "layernorm":
-            for lin in (self.qk, self.v, self.proj):
-                trunc_normal_(lin.weight, std=0.02)
-                if lin.bias is not None:
-                    nn.init.zeros_(lin.bias)
+            fan_out = self.qk.out_features + self.v.out_features
+            self.init_linear(self.qk, fans=(self.dim, fan_out))
+            self.init_linear(self.v, fans=(self.dim, fan_out))
+            self.init_linear(self.proj)
         for terms in self._active_terms:
             terms.reset_parameters(self)
+
+    @torch.no_grad()
+    def init_linear(self, linear: nn.Linear, fans: tuple[int, int] | None = None, mlp: bool = False) -> None:
+        """One Linear of the layer (its kinds' too) by the layer's ``init``.  ``'trunc_normal'``: timm ViT's
+        ``init_weights_vit_timm``, ``trunc_normal_(std=.02)``, zero bias.  ``'xavier'``: timm ``MaxxVit``'s
+        ``_init_transformer`` (``weight_init='vit_eff'``), ``xavier_uniform_`` with ``fans`` ``(fan_in, fan_out)``
+        (default the Linear's own: a part of a fused matrix passes the whole's), zero bias, or ``normal(1e-6)`` for a
+        linear of an MLP (``mlp``: timm's ``'mlp' in name`` rule, which also covers ``RelPosMlp``)."""
+        if self.init == "trunc_normal":
+            trunc_normal_(linear.weight, std=0.02)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+            return
+        fan_in, fan_out = fans if fans is not None else (linear.in_features, linear.out_features)
+        bound = math.sqrt(6.0 / (fan_in + fan_out))
+        nn.init.uniform_(linear.weight, -bound, bound)
+        if linear.bias is not None:
+            nn.init.normal_(linear.bias, std=1e-6) if mlp else nn.init.zeros_(linear.bias)
 
     # ------------------------------------------------------------------ implementation
     def set_attn_impl(self, impl: str) -> Attention:
@@ -367,7 +398,8 @@ class Attention(*_layer_methods(), PositionTermsMixin, HeadPathsMixin, nn.Module
 
     def extra_repr(self) -> str:
         letters = "".join(f"[{h.letter}]" for h in self.head_specs)
-        return (f"dim={self.dim}, heads={letters}, grid={self.grid}, prefix={self.num_prefix_tokens}, "
+        out = f", out_dim={self.out_dim}" if self.out_dim != self.dim else ""
+        return (f"dim={self.dim}{out}, heads={letters}, grid={self.grid}, prefix={self.num_prefix_tokens}, "
                 f"qk_dim={self.qk_dim}, v_dim={self.v_dim}, norm={self.norm}, attn_impl={self.attn_impl}")
 
 
@@ -382,7 +414,8 @@ def build(shape: AttentionShape) -> nn.Module:
     batchnorm = shape.norm == "batchnorm"
     attn = Attention(shape.dim, shape.heads, shape.attention_grid, num_prefix_tokens=shape.n_prefix,
                      qk_dim=shape.dims.qk_dim, v_dim=shape.dims.v_dim, qkv_bias=shape.qkv_bias and not batchnorm,
-                     norm=shape.norm, proj_act=activation(shape.act) if batchnorm else None)
+                     norm=shape.norm, proj_act=activation(shape.act) if batchnorm else None,
+                     out_dim=shape.out_dim, init=shape.init)
     return ZeroPadTokens(attn, shape.grid, shape.pad_tokens) if shape.pad_tokens else attn
 
 

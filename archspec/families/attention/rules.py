@@ -88,6 +88,13 @@ class AttentionShape:
     norm: str = "layernorm"
     act: str | None = None
     pad_tokens: int = 0
+    out_dim: int | None = None
+    init: str = "trunc_normal"
+
+    @property
+    def width_out(self) -> int:
+        """The output projection's width: ``out_dim`` (CoAtNet's downsampling block), else ``dim``."""
+        return self.dim if self.out_dim is None else self.out_dim
 
     @property
     def attention_grid(self) -> tuple[int, int]:
@@ -167,7 +174,7 @@ def counts(shape: AttentionShape) -> tuple[int, int]:
         p_qk, m_qk = _linear(n, dim, qk_out, shape.qkv_bias)
         p_v, m_v = _linear(n, dim, v_out, shape.qkv_bias)
         p_qkv, m_qkv = p_qk + p_v, m_qk + m_v
-        p_proj, m_proj = _linear(n, v_out, dim, bias=True)
+        p_proj, m_proj = _linear(n, v_out, shape.width_out, bias=True)
     grid = shape.attention_grid
     params = p_qkv + p_proj + sum(kind.params(heads, grid) for kind in KINDS)
     pairs = sum(head_pairs(head, grid, shape.n_prefix) for head in heads)
@@ -337,6 +344,7 @@ def memory(shape: AttentionShape) -> NodeMemory:
     batchnorm = shape.norm == "batchnorm"
     n_heads = len(heads)
     x = n * dim
+    x_out = n * shape.width_out
     qk, v, out = n * 2 * n_heads * shape.dims.qk_dim, n * n_heads * shape.dims.v_dim, n * n_heads * shape.dims.v_dim
     generic, own_alive, own_saved = _own_path_memory(shape)
     logits = sum(logit_elements(h, shape.attention_grid, shape.n_prefix) for h in generic)
@@ -348,9 +356,9 @@ def memory(shape: AttentionShape) -> NodeMemory:
         logits + qk,                 # Q K^T: contiguous copies of q and k
         alive_logits,
         logits + v + out,            # A V: probabilities, contiguous v, output
-        3 * out + 2 * x,             # transpose copy, activation, projection (+ its BatchNorm)
+        3 * out + 2 * x_out,         # transpose copy, activation, projection (+ its BatchNorm)
     ]
-    act = base + max(phases) + x     # + the residual sum
-    saved = base - x + (qk + v if batchnorm else 0) + saved_logits + 3 * out + 3 * x
+    act = base + max(phases) + x_out  # + the residual sum
+    saved = base - x + (qk + v if batchnorm else 0) + saved_logits + 3 * out + x + 2 * x_out
     return NodeMemory(act=F32 * act, saved=F32 * saved, buffers=buffers(shape))
 

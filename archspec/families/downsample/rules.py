@@ -14,26 +14,46 @@ Two kinds, each entering a stage (``stages[i].downsample``, ``i > 0``) and halvi
                    LayerNorm(C_out).  NAT puts it at the end of a level; entering the next stage is the same place.
 
 The modules are in :mod:`archspec.families.downsample.module`.
+
+A third kind is not a node of its own: ``pool`` (:class:`BlockPoolSpec`) makes the stage's *first block* downsample
+inside itself, as CoAtNet's transformer stages do (Dai et al. 2021, App. A.1: ``x <- Proj(Pool(x)) +
+Attention(Pool(Norm(x)))``; timm ``maxxvit.TransformerBlock2d(stride=2)``): LayerNorm at the input width, a 2x2
+stride-2 pool, attention from the input width to the stage's (``attention``: at the input width, timm
+``expand_first=False``, or at the stage's), and a shortcut of the same pool then a 1x1 projection when the width
+changes.  Neither ``patch_merging`` nor ``conv`` can express it: the norm comes before the pool, and only the shortcut
+projects.  The block family holds it (:class:`~archspec.families.block.rules.BlockEntry`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from archspec._util.memory import F32, NodeMemory
 from archspec._util.pydantic_base import HINT, StrictModel
 
-__all__ = ["DownsampleSpec", "DownsampleShape", "KINDS", "plan", "out_grid", "counts", "memory", "label",
-           "NO_WEIGHT_DECAY"]
+__all__ = ["DownsampleSpec", "BlockPoolSpec", "AnyDownsample", "DownsampleShape", "KINDS", "plan", "out_grid", "counts",
+           "memory", "label", "NO_WEIGHT_DECAY"]
 
 NO_WEIGHT_DECAY: frozenset[str] = frozenset()
 KINDS = ("patch_merging", "conv")
+#: every ``downsample`` kind a stage may open with: the two nodes, and the first block's own pooling
+ALL_KINDS = (*KINDS, "pool")
+_HELP = "patch_merging: Swin's 2x2 merging; conv: NAT's 3x3 stride-2 conv; pool: CoAtNet's first block pools"
 
 
-class DownsampleSpec(StrictModel):
+class _KindShorthand(StrictModel):
+    """A ``downsample:`` model that also reads the kind alone (``downsample: pool``) as ``{kind: pool}``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return _expand(value)
+
+
+class DownsampleSpec(_KindShorthand):
     """Downsampling entering a hierarchical stage (not stage 0): the token grid halves (ceil) and the width becomes
     the stage's ``dim``.  ``patch_merging``: Swin's 2x2 patch merging (timm ``PatchMerging``: LayerNorm(4C) +
     Linear(4C, dim, bias=False)); ``conv``: NAT's 3x3 stride-2 conv (bias-free) + LayerNorm.  Shorthand: the kind
@@ -43,15 +63,50 @@ class DownsampleSpec(StrictModel):
         ..., description="'patch_merging': Swin's 2x2 concatenation + LayerNorm + Linear (timm PatchMerging); "
         "'conv': NAT's 3x3 stride-2 conv + LayerNorm (NAT ConvDownsampler).")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            if value.strip() not in KINDS:
-                raise ValueError(f"downsample must be one of {', '.join(KINDS)} or a mapping, got {value!r}"
-                                 f"{HINT}patch_merging: Swin's 2x2 merging; conv: NAT's 3x3 stride-2 conv")
-            return {"kind": value.strip()}
-        return value
+
+def _expand(value: Any) -> Any:
+    """``downsample: <kind>`` as ``{kind: <kind>}``.
+
+    Raises:
+        ValueError: a string naming no kind.
+    """
+    if isinstance(value, str):
+        if value.strip() not in ALL_KINDS:
+            raise ValueError(f"downsample must be one of {', '.join(ALL_KINDS)} or a mapping, got {value!r}"
+                             f"{HINT}{_HELP}")
+        return {"kind": value.strip()}
+    return value
+
+
+class BlockPoolSpec(_KindShorthand):
+    """CoAtNet's downsampling entering a transformer stage: the stage's first block downsamples inside itself (timm
+    ``TransformerBlock2d(stride=2)``; Dai et al. 2021, App. A.1): ``x <- Proj(Pool(x)) + Attention(Pool(Norm(x)))``,
+    then its MLP at the stage's width.  The grid halves (both sides must be even), the width becomes ``dim``.
+    Shorthand: ``downsample: pool``."""
+
+    kind: Literal["pool"] = Field(..., description="'pool': the stage's first block pools inside itself (CoAtNet).")
+    pool: Literal["avg2", "max2"] = Field("avg2", description="The 2x2 stride-2 pool of the attention's input and "
+                                          "of the shortcut (timm pool_type avg2; max2 a max-pool).")
+    attention: Literal["input", "output"] = Field(
+        "output", description="The width the first block's attention runs at: 'output' the stage's dim (timm "
+        "expand_first=True, its default), heads as the stage's; 'input' the block's input width (timm's rw "
+        "configs, expand_first=False), input / head_dim heads, the output projection widening to dim.")
+    shortcut_bias: bool = Field(True, description="Bias of the shortcut's 1x1 projection (timm shortcut_bias; False "
+                                "in coatnet_0_rw).")
+
+
+def _downsample_kind(value: Any) -> str:
+    """Which model a ``downsample:`` is: ``pool`` a :class:`BlockPoolSpec`, anything else a :class:`DownsampleSpec`
+    (whose own validation names a wrong kind).  The tags are in :mod:`archspec.spec.parsing`'s location markers, so
+    that an error's path stays ``stages[i].downsample``."""
+    kind = value.strip() if isinstance(value, str) else (value.get("kind") if isinstance(value, dict)
+                                                         else getattr(value, "kind", None))
+    return "block_pool" if kind == "pool" else "downsample_node"
+
+
+#: a stage's ``downsample``: a node entering the stage (Swin's, NAT's) or its first block's pooling (CoAtNet's)
+AnyDownsample = Annotated[Annotated[DownsampleSpec, Tag("downsample_node")]
+                          | Annotated[BlockPoolSpec, Tag("block_pool")], Discriminator(_downsample_kind)]
 
 
 @dataclass(frozen=True)

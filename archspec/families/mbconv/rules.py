@@ -229,7 +229,9 @@ def plan(stage: MBConvStageSpec, index: int, in_chans: int, grid: tuple[int, int
     first = shapes[0]
     if not problems:
         problems += _first_block_problems(first, at)
-    if se is not None and shapes[-1].se_channels < 1:
+    # every block's: with expand_from input the first block's inner width is the narrower (timm would silently
+    # fall back to its SE default, 1/16 rounded to 8 channels, for a 0)
+    if se is not None and any(shape.se_channels < 1 for shape in shapes):
         base = "output" if stage.expand_from == "output" else "inner"
         problems.append((at + ("se", "rd_ratio"), f"the SE's reduced width int({se.rd_ratio:g} x the {base} width) "
                          "is 0 channels", "raise se.rd_ratio, or remove se"))

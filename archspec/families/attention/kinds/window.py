@@ -71,8 +71,11 @@ SHORTHANDS = {"window": {"window": {}}}
 LEGEND = {"W": "window (Swin W-MSA / SW-MSA)"}
 #: timm's ``SwinTransformer.no_weight_decay``: the bias tables
 NO_WEIGHT_DECAY = frozenset({"relative_position_bias_table"})
-#: ``7`` or ``rows x cols`` (``7x5``) as YAML writes a window; no groups (the JSON Schema's pattern is this one)
-SIZE_PATTERN = r"\s*\d+\s*[xX]?\s*\d*\s*"
+#: ``7``, ``rows x cols`` (``7x5``) or ``full`` as YAML writes a window; no groups (the JSON Schema's pattern is this
+#: one, its groups stripped): a character class admits ``full``, the validator refuses anything else
+SIZE_PATTERN = r"\s*[\dful]+\s*[xX]?\s*\d*\s*"
+#: the window size that is the whole token grid (CoAtNet's global attention with its relative bias)
+FULL = "full"
 MAX_WINDOW_SIDE = 256
 PATH = "swin"
 
@@ -87,7 +90,7 @@ def _pair(value: Any) -> Any:
     if isinstance(value, str) and value.strip() != "alternate":
         match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", value)
         if not match:
-            raise ValueError(f"a window must look like 7 or '7x5' (rows x cols), got {value!r}")
+            raise ValueError(f"a window must look like 7, '7x5' (rows x cols) or 'full', got {value!r}")
         return int(match.group(1)), int(match.group(2) or match.group(1))
     return value
 
@@ -101,9 +104,10 @@ class WindowSpec(StrictModel):
     stage, 0 in the even ones.
     """
 
-    size: tuple[int, int] = Field(
-        (7, 7), strict=False, description="Window 'rows x cols' in tokens (Swin's M: 7 at 224 px, 12 at 384 px); "
-        "an int for a square window.")
+    size: tuple[int, int] | Literal["full"] = Field(
+        (7, 7), description="Window 'rows x cols' in tokens (Swin's M: 7 at 224 px, 12 at 384 px); "
+        "an int for a square window; 'full': the whole token grid, at every input size (CoAtNet's global "
+        "relative attention, timm TransformerBlock2d).")
     shift: int | tuple[int, int] | Literal["alternate"] = Field(
         "alternate", description="Cyclic shift of the partition in tokens, 0 <= shift < size (W-MSA: "
         "0, SW-MSA: size // 2); 'alternate' is Swin's rule, size // 2 in the odd blocks of the stage, 0 in the "
@@ -111,15 +115,28 @@ class WindowSpec(StrictModel):
     clamp: bool = Field(
         False, description="A window larger than its token grid is clamped to the grid, shift 0 (timm's rule); "
         "false refuses it.  archspec sets it on a model moved to another input size.")
+    pad: bool = Field(
+        True, description="A grid that is not a multiple of the window is padded at the bottom / right (Swin, "
+        "timm); false refuses it (MaxViT's block attention: timm window_partition asserts the window divides the "
+        "map).")
+    rel_pos: Literal["bias", "bias_tf", "mlp"] = Field(
+        "bias", description="The relative-position term: 'bias' a learned ((2h-1)(2w-1), heads) table (Swin, timm "
+        "RelPosBias), 'bias_tf' a (heads, 2h-1, 2w-1) table read at key minus query (timm RelPosBiasTf, the "
+        "TensorFlow MaxViT ports), 'mlp' an MLP on log-spaced offsets (timm RelPosMlp, 'rmlp' models).")
+    rel_pos_dim: int = Field(512, ge=1, le=4096, description="Hidden width of rel_pos: mlp (timm rel_pos_dim).")
 
     @field_validator("size", mode="before")
     @classmethod
     def _parse_size(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() == FULL:
+            return FULL
         return _pair(value)
 
     @field_validator("size")
     @classmethod
-    def _sides(cls, value: tuple[int, int]) -> tuple[int, int]:
+    def _sides(cls, value: tuple[int, int] | str) -> tuple[int, int] | str:
+        if value == FULL:
+            return value
         if min(value) < 1 or max(value) > MAX_WINDOW_SIDE:
             raise ValueError(f"window {value[0]}x{value[1]} must have sides between 1 and {MAX_WINDOW_SIDE}")
         return value
@@ -136,6 +153,11 @@ class WindowSpec(StrictModel):
     def _below_window(cls, value: Any, info: ValidationInfo) -> Any:
         size = info.data.get("size")
         if value == "alternate" or size is None:
+            return value
+        if size == FULL:
+            if any(value):
+                raise ValueError(f"a full window covers the grid: there is nothing to shift, got shift {list(value)}"
+                                 f"{HINT}use shift: 0 with size: full")
             return value
         for side, s in zip(size, value):
             if not 0 <= s < side:
@@ -160,24 +182,31 @@ def shift_of(spec: WindowSpec) -> tuple[int, int]:
     return (0, 0) if spec.shift == "alternate" else tuple(spec.shift)
 
 
+def size_on(spec: WindowSpec, grid: Sequence[int]) -> tuple[int, int]:
+    """The window's requested size on ``grid``: ``size``, or the grid itself for ``size: full``."""
+    return (int(grid[0]), int(grid[1])) if spec.size == FULL else tuple(spec.size)
+
+
 def resolved(spec: WindowSpec, grid: Sequence[int]) -> tuple[tuple[int, int], tuple[int, int]]:
     """``(window, shift)`` as the layer runs them on ``grid`` (timm's clamp, whatever ``clamp`` says: the check of a
-    window larger than the grid is :func:`problems`').  Raises nothing for a valid spec."""
-    return resolve_window(tuple(grid), spec.size, shift_of(spec))
+    window larger than the grid is :func:`problems`'; a full window is the grid, unshifted).  Raises nothing for a
+    valid spec."""
+    return resolve_window(tuple(grid), size_on(spec, grid), shift_of(spec))
 
 
 def at_layer(spec: WindowSpec, layer: int) -> WindowSpec:
     """``shift: alternate`` resolved for the stage-local block ``layer``: ``size // 2`` when it is odd, else 0
-    (timm ``SwinTransformerStage``)."""
+    (timm ``SwinTransformerStage``); a full window is never shifted."""
     if spec.shift != "alternate":
         return spec
-    shift = (spec.size[0] // 2, spec.size[1] // 2) if layer % 2 else (0, 0)
+    shift = (spec.size[0] // 2, spec.size[1] // 2) if layer % 2 and spec.size != FULL else (0, 0)
     return spec.model_copy(update={"shift": shift})
 
 
 def at_other_resolution(spec: WindowSpec) -> WindowSpec:
-    """At another input size the window clamps to a smaller grid, as timm's does: ``clamp: true``."""
-    return spec.model_copy(update={"clamp": True})
+    """At another input size the window clamps to a smaller grid, as timm's does: ``clamp: true``; a full window is
+    the grid at every size and stays as written."""
+    return spec if spec.size == FULL else spec.model_copy(update={"clamp": True})
 
 
 def attention_pairs(spec: WindowSpec, grid: tuple[int, int], n_prefix: int) -> int:
@@ -190,19 +219,36 @@ def _windows(heads: Sequence) -> list[tuple[int, WindowSpec]]:
     return [(i, h.window) for i, h in enumerate(heads) if getattr(h, FIELD, None) is not None]
 
 
+def offsets(spec: WindowSpec, grid: Sequence[int]) -> int:
+    """Relative offsets of the window resolved on ``grid``, ``(2 w_h - 1)(2 w_w - 1)``: the rows of a bias table, the
+    points an MLP term is evaluated at."""
+    (wh, ww), _ = resolved(spec, grid)
+    return (2 * wh - 1) * (2 * ww - 1)
+
+
 def params(heads: Sequence, grid: tuple[int, int]) -> int:
-    """The bias table's ``(2 w_h - 1)(2 w_w - 1)`` entries per window head (the window resolved on ``grid``)."""
-    total = 0
-    for _, spec in _windows(heads):
-        (wh, ww), _ = resolved(spec, grid)
-        total += (2 * wh - 1) * (2 * ww - 1)
-    return total
+    """A table's ``(2 w_h - 1)(2 w_w - 1)`` entries per window head (``bias``, ``bias_tf``; the window resolved on
+    ``grid``), or the layer's one MLP (``mlp``, timm ``RelPosMlp``: ``Linear(2, d)``, ReLU, ``Linear(d, n)`` with
+    biases, ``n`` the window heads)."""
+    found = _windows(heads)
+    if not found:
+        return 0
+    spec = found[0][1]
+    if spec.rel_pos == "mlp":
+        hidden = spec.rel_pos_dim
+        return 3 * hidden + (hidden + 1) * len(found)
+    return sum(offsets(s, grid) for _, s in found)
 
 
 def macs(heads: Sequence, grid: tuple[int, int]) -> int:
     """The bias and the region mask are additions: 0 MACs (the papers' convention; the products are counted through
-    :func:`attention_pairs`)."""
-    return 0
+    :func:`attention_pairs`); ``rel_pos: mlp`` evaluates its MLP at every offset, ``T (2 d + d n)`` (``T`` offsets,
+    hidden ``d``, ``n`` window heads), once per forward."""
+    found = _windows(heads)
+    if not found or found[0][1].rel_pos != "mlp":
+        return 0
+    spec = found[0][1]
+    return offsets(spec, grid) * spec.rel_pos_dim * (2 + len(found))
 
 
 def _at(where: tuple, index: int, name: str) -> tuple:
@@ -233,19 +279,34 @@ def problems(heads: Sequence, grid: tuple[int, int], n_prefix: int, where: tuple
         except ValueError as exc:
             out.append((_at(where, found[0][0], "size")[:-1], *_split(str(exc))))
     for index, spec in found:
-        if not spec.clamp:
+        if not spec.clamp and spec.size != FULL:
             try:
                 resolve_window(grid, spec.size, shift_of(spec), clamp=False)
             except ValueError as exc:
                 text, hint = _split(str(exc))
                 out.append((_at(where, index, "size"), text, hint + "; or clamp: true (timm's rule)"))
                 break
-    layouts = {(spec.size, spec.shift, spec.clamp) for _, spec in found}
+    for index, spec in found:
+        if not spec.pad:
+            (wh, ww), _ = resolved(spec, grid)
+            if grid[0] % wh or grid[1] % ww:
+                out.append((_at(where, index, "size"), f"window {wh}x{ww} does not divide the {grid[0]}x{grid[1]} "
+                            "token grid, and pad: false refuses padding (MaxViT's window partition)",
+                            f"use a window dividing the grid (rows: {_divisors(grid[0])}; cols: {_divisors(grid[1])}), "
+                            "an input size whose grid here is a multiple of the window, or pad: true (Swin's)"))
+                break
+    layouts = {(spec.size, spec.shift, spec.clamp, spec.pad, spec.rel_pos, spec.rel_pos_dim) for _, spec in found}
     if len(layouts) > 1:
-        out.append((_at(where, found[-1][0], "size")[:-1], "the window heads of a layer share one window partition, "
-                    f"but this layer has {len(layouts)} (size, shift, clamp) settings",
-                    "give every window head of the layer the same size and shift (other heads may be of any kind)"))
+        out.append((_at(where, found[-1][0], "size")[:-1], "the window heads of a layer share one window partition "
+                    f"and one relative-position term, but this layer has {len(layouts)} settings",
+                    "give every window head of the layer the same size, shift, pad and rel_pos (other heads may be "
+                    "of any kind)"))
     return out
+
+
+def _divisors(side: int) -> str:
+    """The largest few divisors of ``side`` (a hint's windows that fit), ascending."""
+    return ", ".join(str(d) for d in [d for d in range(1, min(side, MAX_WINDOW_SIDE) + 1) if side % d == 0][-4:])
 
 
 def path(spec: WindowSpec, context: PathContext) -> tuple:
@@ -299,14 +360,17 @@ def _grid_mask(grid: tuple[int, int], window: tuple[int, int], shift: tuple[int,
 
 
 class WindowTerms(KindTerms):
-    """Swin windows in one layer: timm's ``relative_position_bias_table`` ``((2 w_h - 1)(2 w_w - 1), n_window)`` (the
-    window resolved on the layer's grid; trunc-normal 0.02 as timm's ``WindowAttention.reset_parameters``), the
-    ``N x N`` terms for the diagnostics, the partition path and its dense reference.  Publishes
+    """Windows in one layer: their relative-position term (the window resolved on the layer's grid) -- ``bias``: timm's
+    ``relative_position_bias_table`` ``((2 w_h - 1)(2 w_w - 1), n_window)`` (trunc-normal 0.02 as timm's
+    ``WindowAttention.reset_parameters`` and ``RelPosBias``); ``bias_tf``: the same name, ``(n_window, 2 w_h - 1,
+    2 w_w - 1)`` read at key minus query (normal 0.02, timm ``RelPosBiasTf``); ``mlp``: ``rel_pos_mlp``, timm's ``Mlp(2,
+    rel_pos_dim, n_window)`` with ReLU and dropout 0.125 after it, on the log-spaced offsets (timm ``RelPosMlp``, mode
+    ``cr``) --, the ``N x N`` terms for the diagnostics, the partition path and its dense reference.  Publishes
     ``layer.window_heads``.
 
     Raises (construction):
         ValueError: window heads in a ``batchnorm`` layer (LeViT's: its padding tokens' keys would be a BatchNorm's
-            of zero), with prefix tokens, or with different windows or shifts in one layer.
+            of zero), with prefix tokens, or with different windows, shifts or terms in one layer.
     """
 
     def __init__(self, layer: Any, heads: Sequence[int]) -> None:
@@ -318,35 +382,75 @@ class WindowTerms(KindTerms):
         if layer.norm != "layernorm":
             raise ValueError("window heads run in layernorm attention layers (Swin's), not batchnorm ones")
         check_no_prefix_tokens("window", layer.num_prefix_tokens)
-        if len({(s.size, s.shift) for s in specs}) > 1:
-            raise ValueError("the window heads of a layer share one window size and shift")
+        if len({(s.size, s.shift, s.rel_pos, s.rel_pos_dim) for s in specs}) > 1:
+            raise ValueError("the window heads of a layer share one window size, shift and relative-position term")
         self.spec = layer.head_specs[self.heads[0]].window
         self.all_heads = self.heads == list(range(layer.num_heads))
+        n = len(self.heads)
+        if self.spec.rel_pos == "mlp":
+            layer.rel_pos_mlp = timm_layers.Mlp(2, hidden_features=self.spec.rel_pos_dim, out_features=n,
+                                                act_layer=nn.ReLU, bias=True, drop=(0.125, 0.0))
+            return
         (wh, ww), _ = resolved(self.spec, layer.grid)
-        layer.relative_position_bias_table = nn.Parameter(torch.zeros((2 * wh - 1) * (2 * ww - 1), len(self.heads)))
+        shape = ((2 * wh - 1) * (2 * ww - 1), n) if self.spec.rel_pos == "bias" else (n, 2 * wh - 1, 2 * ww - 1)
+        layer.relative_position_bias_table = nn.Parameter(torch.zeros(shape))
 
     def reset_parameters(self, layer: Any) -> None:
-        """timm ``WindowAttention.reset_parameters``: ``trunc_normal_(std=.02)``."""
-        timm_layers.trunc_normal_(layer.relative_position_bias_table, std=0.02)
+        """``bias``: ``trunc_normal_(std=.02)`` (timm ``WindowAttention``, ``RelPosBias``); ``bias_tf``: ``normal_(std=
+        .02)`` (timm ``RelPosBiasTf``); ``mlp``: the layer's own rule for its linears (``layer.init_linear``: timm ViT's
+        trunc-normal, or ``MaxxVit``'s xavier-uniform with the biases of an ``mlp`` at ``normal(1e-6)``)."""
+        if self.spec.rel_pos == "mlp":
+            for linear in (layer.rel_pos_mlp.fc1, layer.rel_pos_mlp.fc2):
+                layer.init_linear(linear, mlp=True)
+        elif self.spec.rel_pos == "bias":
+            timm_layers.trunc_normal_(layer.relative_position_bias_table, std=0.02)
+        else:
+            nn.init.normal_(layer.relative_position_bias_table, std=0.02)
+
+    def table(self, layer: Any, heads: Sequence[int] | None = None) -> Tensor:
+        """The term as Swin's table ``((2 w_h - 1)(2 w_w - 1), len(heads))``, row ``(dy + w_h - 1)(2 w_w - 1) + dx + w_w
+        - 1`` for the offset query minus key (timm's ``relative_position_index``), for the layer's window heads
+        ``heads`` (default all): ``bias`` as stored; ``bias_tf`` flipped on both axes (it is read at key minus query);
+        ``mlp`` evaluated at the window's log-spaced offsets (a constant per window:
+        :func:`~archspec.families.attention.local_kernels.log_offsets`)."""
+        if self.spec.rel_pos == "mlp":
+            (wh, ww), _ = resolved(self.spec, layer.grid)
+            coords = local_kernels.log_offsets((wh, ww), layer.parameter_device)
+            flat = layer.rel_pos_mlp(coords.to(layer.rel_pos_mlp.fc1.weight.dtype)).view(-1, len(self.heads))
+        elif self.spec.rel_pos == "bias_tf":
+            table = layer.relative_position_bias_table
+            flat = table.flip(1, 2).reshape(table.shape[0], -1).t()
+        else:
+            flat = layer.relative_position_bias_table
+        if heads is None or list(heads) == self.heads:
+            return flat
+        return flat[:, [self.heads.index(h) for h in heads]]
 
     def build_grid_tables(self, layer: Any, device: Any) -> None:
         """timm's region mask and relative-position index for the layer's grid, built now (kept by
         :func:`~archspec.families.attention.local_kernels.swin_window_tables`, not on the layer), so that
-        ``torch.compile`` reads them instead of tracing the Python that builds them."""
+        ``torch.compile`` reads them instead of tracing the Python that builds them; the MLP term's offsets too."""
         win, shift = resolved(self.spec, layer.grid)
         local_kernels.swin_window_tables(layer.grid, win, shift, device)
+        if self.spec.rel_pos == "mlp":
+            local_kernels.log_offsets(win, device)
 
     def resize_grid(self, layer: Any, old: tuple[int, int], new: tuple[int, int]) -> None:
-        """Where the resolved window changes (a grid smaller than the window), the table resampled to it as timm's
-        ``WindowAttention.set_window_size`` (``resize_rel_pos_bias_table``)."""
+        """Where the resolved window changes (a grid smaller than the window; a full window on any new grid), the
+        table resampled to it as timm's ``WindowAttention.set_window_size`` and ``RelPosBias(Tf).set_window_size``
+        (``resize_rel_pos_bias_table``); the MLP term has nothing to resample (timm ``RelPosMlp``)."""
         before, _ = resolved(self.spec, old)
         after, _ = resolved(self.spec, new)
-        if before == after:
+        if before == after or self.spec.rel_pos == "mlp":
             return
         table = layer.relative_position_bias_table
-        shape = ((2 * after[0] - 1) * (2 * after[1] - 1), table.shape[1])
-        resized = timm_layers.resize_rel_pos_bias_table(table.data, new_window_size=after, new_bias_shape=shape,
-                                                        old_window_size=before)
+        if self.spec.rel_pos == "bias":
+            shape = ((2 * after[0] - 1) * (2 * after[1] - 1), table.shape[1])
+            resized = timm_layers.resize_rel_pos_bias_table(table.data, new_window_size=after, new_bias_shape=shape,
+                                                            old_window_size=before)
+        else:
+            shape = (table.shape[0], 2 * after[0] - 1, 2 * after[1] - 1)
+            resized = timm_layers.resize_rel_pos_bias_table(table.data, new_window_size=after, new_bias_shape=shape)
         layer.relative_position_bias_table = nn.Parameter(resized, requires_grad=table.requires_grad)
 
     # ------------------------------------------------------------------ N x N terms (diagnostics, mixed layers)
@@ -360,7 +464,7 @@ class WindowTerms(KindTerms):
     def bias(self, layer: Any) -> list[tuple[Any, Tensor]]:
         """The window heads' table read at each pair's offset inside its window, ``(n_window, N, N)``."""
         _, index = self._mask(layer)
-        return [(self.heads, local_kernels.relative_bias(layer.relative_position_bias_table.t(), index))]
+        return [(self.heads, local_kernels.relative_bias(self.table(layer).t(), index))]
 
     def blocked_pairs(self, layer: Any) -> Tensor:
         """``(H, N, N)``: the pairs outside a window head's window (or across timm's shifted regions)."""
@@ -393,9 +497,7 @@ class WindowTerms(KindTerms):
         reference (``layer.uses_dense_reference()``) SDPA over the grid's tokens and the padding keys with the window
         as its mask (``-inf`` outside) and attention dropout."""
         _, win, shift = key
-        table = layer.relative_position_bias_table
-        if heads != self.heads:
-            table = table[:, [self.heads.index(h) for h in heads]]
+        table = self.table(layer, heads)
         pad_kv = self._pad_kv(layer, heads)
         if not layer.uses_dense_reference():
             return local_kernels.window_attention(q, k, v, layer.grid, win, shift, bias_table=table,
