@@ -110,12 +110,13 @@ def _without_unused_gauss_mask(value):
 
 
 def _without_unused_hierarchy(dump: dict) -> dict:
-    """The spec's JSON without the fields issue 81 added, where unused: the patch stem's ``"norm": "none"``, the
-    head's ``"norm": null`` and an attention stage's ``"downsample": null`` (a conv stage's ``downsample``, its
-    shortcut, is older)."""
+    """The spec's JSON without the fields issues 81 and 83 added, where unused: the patch stem's ``"norm": "none"``,
+    the head's ``"norm": null``, an attention stage's ``"downsample": null`` and ``"init": "trunc_normal"`` (a conv
+    stage's ``downsample``, its shortcut, is older)."""
     dump = {**dump, "stem": {k: v for k, v in dump["stem"].items() if (k, v) != ("norm", "none")},
             "head": {k: v for k, v in dump["head"].items() if (k, v) != ("norm", None)}}
-    dump["stages"] = [s if s.get("kind") == "conv" else {k: v for k, v in s.items() if (k, v) != ("downsample", None)}
+    unused = [("downsample", None), ("init", "trunc_normal")]  # a list: a used downsample is a dict
+    dump["stages"] = [s if s.get("kind") == "conv" else {k: v for k, v in s.items() if (k, v) not in unused}
                       for s in dump["stages"]]
     return dump
 

@@ -3,10 +3,10 @@ out while the spec does not use it.
 
 Build directories (``spec_digest``) and tabulated search rows (``architecture_key``) are keyed by hashes of a
 spec's JSON dump; every field of the language, defaults included, is in that dump.  A field added later -- a head
-kind, Swin's stem norm, a stage's ``downsample``, the head's final-norm placement -- would change every stored hash
-although no stored spec uses it, and a shipped table's rows would no longer be found (the levit_small and mait_small
-tables, every saved build).  :func:`stable_dump` drops such a field where it holds the value that means "not used";
-a spec that uses it hashes with it.  A new field of the spec language with a "not used" value goes in
+kind, Swin's stem norm, a stage's ``downsample`` or ``init``, the head's final-norm placement -- would change every
+stored hash although no stored spec uses it, and a shipped table's rows would no longer be found (the levit_small
+and mait_small tables, every saved build).  :func:`stable_dump` drops such a field where it holds the value that
+means "not used"; a spec that uses it hashes with it.  A new field of the spec language with a "not used" value goes in
 :data:`ADDED_FIELDS` (``tests/test_gauss_mask.py::test_the_new_kind_keeps_stored_digests_and_keys`` fails until it
 does).
 """
@@ -25,7 +25,8 @@ __all__ = ["ADDED_FIELDS", "stable_dump", "without_unused_added_fields"]
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "stem": {"norm": "none"},                # Swin's patch-embedding LayerNorm (issue 81)
     "head": {"norm": None},                  # the final norm before or after the mean pool (issue 81)
-    "token_stage": {"downsample": None},     # Swin's patch merging / NAT's conv downsampler entering a stage (issue 81)
+    "token_stage": {"downsample": None,      # Swin's patch merging / NAT's conv downsampler entering a stage (issue 81)
+                    "init": "trunc_normal"},  # CoAtNet's xavier init of a token stage (issue 83)
 }
 
 
