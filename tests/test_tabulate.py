@@ -23,7 +23,7 @@ from search_fixtures import tiny_masks_space
 import archspec
 from archspec.errors import SpecError
 from archspec.search._space.language import load_space
-from archspec.search._tabulation.exchange import export_table, import_table, study_rows
+from archspec.search._tabulation.exchange import _reference_seeds, export_table, import_table, study_rows
 from archspec.search._tabulation.oracle import TABLES_DIR, load_table
 from archspec.search._tabulation.tabulate import ordered_points, protocol_id, table_protocol, tabulate
 
@@ -170,9 +170,26 @@ def test_export_writes_exactly_the_rows_of_the_study_and_the_oracle_reads_them(t
     assert n == len(rows) == DESIGNS * len(SEEDS) and rows == study_rows(space, url, protocol)
     assert {r["protocol_id"] for r in rows} == {protocol_id(protocol)}
     meta = json.loads(path.with_suffix(".meta.json").read_text())
-    assert meta["protocol"] == protocol and meta["reference_seeds"] == [0, 1, 2]
+    # the seeds the designs were trained with (0 and 1), not the default three: with [0, 1, 2] the oracle would
+    # answer for none of them
+    assert meta["protocol"] == protocol and meta["reference_seeds"] == list(SEEDS)
     table = load_table(path)
     assert len(table.rows) == DESIGNS and table.meta["protocol_id"] == protocol_id(protocol)
+    assert len(table.tabulated) == DESIGNS
+
+
+def test_export_without_a_seed_common_to_every_design_asks_for_the_reference_seeds(tmp_path, space, protocol):
+    """Two designs trained with disjoint seeds: no seed answers for both, so the sidecar's rule refuses (path
+    ``seeds``, which the CLI names ``--seeds``); named seeds, or the replaced sidecar's, are taken as they are."""
+    url = f"journal:{tmp_path / 't.journal'}"
+    tabulate(space, seeds=(0,), designs=1, storage=url, protocol=protocol, train=_fake, log=lambda s: None)
+    rows = study_rows(space, url, protocol)
+    other = [{**row, "key": "another", "seed": 1} for row in rows]
+    with pytest.raises(SpecError, match="no seed is trained for every design") as info:
+        _reference_seeds(rows + other, None, {})
+    assert info.value.problems[0].path == ("seeds",)
+    assert _reference_seeds(rows + other, [1], {}) == [1]
+    assert _reference_seeds(rows, None, {"reference_seeds": [4]}) == [4]
 
 
 def test_export_never_overwrites_a_file_archspec_did_not_write(tmp_path, space, protocol):
@@ -271,6 +288,11 @@ def test_the_cli_exports_and_reports_what_the_study_holds(tmp_path, space, proto
     flags = ["--storage", url, "--steps", "20", "--curve-steps", "10", "20", "--warmup-steps", "2"]
     assert main(["table", "mait_small", *flags, "--export", str(tmp_path / "m.jsonl")]) == 0
     assert f"wrote {DESIGNS * len(SEEDS)} rows" in capsys.readouterr().out
+    assert json.loads((tmp_path / "m.meta.json").read_text())["reference_seeds"] == [0, 1]
+    # --seeds with --export names the reference: seed 0 alone (a single-seed table of the same rows)
+    assert main(["table", "mait_small", *flags, "--seeds", "0", "--export", str(tmp_path / "m0.jsonl")]) == 0
+    assert json.loads((tmp_path / "m0.meta.json").read_text())["reference_seeds"] == [0]
+    capsys.readouterr()
     assert main(["table", "mait_small", *flags, "--report"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["designs"] == DESIGNS and -1 <= report["tau"] <= 1

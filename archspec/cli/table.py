@@ -37,8 +37,9 @@ def add_table_parser(sub) -> None:
     p = sub.add_parser("table", help="tabulate a finite search space (every point, every seed) on an Optuna storage",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("space", metavar="SPACE", help="a shipped space (levit_small, mait_small) or a space YAML file")
-    p.add_argument("--seeds", type=whole_number("--seeds", 0, 2**32 - 1), nargs="+", default=[0, 1, 2],
-                   help="seeds of every point (default 0 1 2: the 3-seed mean is the reference)")
+    p.add_argument("--seeds", type=whole_number("--seeds", 0, 2**32 - 1), nargs="+", default=None,
+                   help="seeds of every point (default 0 1 2: the 3-seed mean is the reference); with --export, the "
+                   "reference seeds its sidecar names (default: the seeds every exported design has)")
     p.add_argument("--designs", type=whole_number("--designs"), default=None, metavar="N",
                    help="only the first N points of the fixed order (a seeded random draw; the seed check: 24)")
     p.add_argument("--storage", default=None, metavar="URL",
@@ -99,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
         raise SpecError.single(("--export",), "--export, --import and --report are separate steps: give one")
     if args.export:
         path, n = tab.export_table(space, args.export, storage=args.storage, protocol=protocol,
-                                   command=_command(args))
+                                   reference_seeds=args.seeds, command=_command(args))
         print(f"wrote {n} rows to {path} (and {path.with_suffix('.meta.json').name})")
         return 0
     if args.import_table:
@@ -111,7 +112,8 @@ def _run(args: argparse.Namespace) -> int:
 
         print(json.dumps(tab.seed_check(study_rows(space, args.storage, protocol)), indent=1))
         return 0
-    progress = tab.tabulate(space, seeds=args.seeds, designs=args.designs, storage=args.storage, protocol=protocol,
+    progress = tab.tabulate(space, seeds=args.seeds or [0, 1, 2], designs=args.designs, storage=args.storage,
+                            protocol=protocol,
                             max_pairs=args.max_pairs, log=lambda line: print(line, flush=True))
     if progress.failed and not progress.trained:
         print(f"trained nothing here: {progress.failed} tries, every one failed (the first: {progress.reasons[0]})"

@@ -61,16 +61,19 @@ def study_rows(space: str | SearchSpace, storage: str | None = None, protocol: d
 
 
 def export_table(space: str | SearchSpace, out: str | os.PathLike, *, storage: str | None = None,
-                 protocol: dict | None = None, reference_seeds: Sequence[int] = (0, 1, 2),
+                 protocol: dict | None = None, reference_seeds: Sequence[int] | None = None,
                  command: str | None = None) -> tuple[Path, int]:
     """Write the table study's rows as ``out`` (JSON lines, one row per pair) and ``<out stem>.meta.json`` (protocol,
     protocol_id, reference seeds, machine, commits): the format :func:`archspec.search._tabulation.oracle.load_table`
-    reads.
+    reads.  The sidecar's ``reference_seeds`` (the seeds a design needs for the oracle to answer it) are
+    ``reference_seeds`` where given, else those of the sidecar being replaced, else the seeds every exported design
+    has (a table tabulated with ``--seeds 0`` names ``[0]``, not the default three it never trained).
     Returns ``(path, rows)``.  Both files are replaced atomically.
 
     Raises:
-        SpecError: no such table, another protocol, ``out`` not ending in ``.jsonl``, or ``out`` an existing file
-            archspec did not write (not a table of the same protocol): never overwritten.
+        SpecError: no such table, another protocol, ``out`` not ending in ``.jsonl``, ``out`` an existing file
+            archspec did not write (not a table of the same protocol): never overwritten; no seed common to every
+            design when no reference seeds are named.
     """
     space = space if isinstance(space, SearchSpace) else load_space(space)
     protocol = protocol or table_protocol(space)
@@ -87,7 +90,7 @@ def export_table(space: str | SearchSpace, out: str | os.PathLike, *, storage: s
     commits = list(dict.fromkeys([*old_meta.get("commits", []), *(r.get("commit") for r in rows if r.get("commit"))]))
     row_machines = sorted({r["machine"] for r in rows if r.get("machine")} | set(old_meta.get("row_machines", [])))
     meta = {"protocol": protocol, "protocol_id": protocol_id(protocol),
-            "reference_seeds": list(old_meta.get("reference_seeds", reference_seeds)),
+            "reference_seeds": _reference_seeds(rows, reference_seeds, old_meta),
             "command": hide_password(command or old_meta.get("command") or f"archspec table {space.name}"),
             "machine": old_meta.get("machine") or machine(), "commits": commits, "row_machines": row_machines}
     try:
@@ -97,6 +100,23 @@ def export_table(space: str | SearchSpace, out: str | os.PathLike, *, storage: s
     except OSError as exc:  # a disk that filled, a directory made read-only since the check
         raise SpecError.single(("out",), f"cannot write it: {exc.strerror or exc}", None, str(out)) from None
     return path, len(rows)
+
+
+def _reference_seeds(rows: list[dict], given: Sequence[int] | None, old_meta: dict) -> list[int]:
+    """The sidecar's reference seeds: ``given``, else the replaced sidecar's, else the seeds every design in ``rows``
+    has (sorted)."""
+    if given:
+        return sorted(set(given))
+    if old_meta.get("reference_seeds"):
+        return list(old_meta["reference_seeds"])
+    by_design: dict[str, set[int]] = {}
+    for row in rows:
+        by_design.setdefault(row["key"], set()).add(int(row["seed"]))
+    common = sorted(set.intersection(*by_design.values()))
+    if not common:
+        raise SpecError.single(("seeds",), "no seed is trained for every design in the table, so it would answer "
+                               "for none", "name the reference seeds with `seeds` (e.g. 0 1 2)")
+    return common
 
 
 def _check_writable(path: Path, name: str) -> None:
