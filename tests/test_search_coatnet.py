@@ -49,6 +49,10 @@ def test_the_grid_of_a_t_stage_is_maxvits_seven_by_seven():
         "stages.C-T-T-T.2.depth": 3, "stages.C-T-T-T.2.dim": 256, "stages.C-T-T-T.2.attention": "grid:2"}))
     assert spec.plan == "C-T-T-T"
     assert spec.stages[1].attention.grid.stride == (4, 4) and spec.stages[2].attention.grid.stride == (2, 2)
+    rows = {row.layer: row for row in analyze(spec).rows}
+    for stage, stride in ((1, 4), (2, 2)):  # each grid / stride = 7: the 7 x 7 groups of MaxViT's grid attention
+        grid = rows[f"stages.{stage}.blocks.0"].grid
+        assert (grid[0] // stride, grid[1] // stride) == (7, 7) and grid[0] % stride == 0
 
 
 def test_a_space_file_takes_top_level_anchor_keys_and_still_refuses_unknown_ones(tmp_path: Path):
